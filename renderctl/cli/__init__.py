@@ -1,0 +1,1 @@
+"""The command line and the dashboard: the only place typer and rich are imported."""

@@ -1,0 +1,320 @@
+"""The command line: typer options in, one core call, rich or plain or JSON out.
+
+Each command builds its settings, calls one function of the core, and renders what comes
+back. Errors from the core are ``RenderctlError`` subclasses carrying their exit code; they
+are printed as one clear message, never as a traceback.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import signal
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+
+from renderctl.cli import console as out
+from renderctl.errors import ExitCode, ManifestError, QueueBusy, RenderctlError, Saturated
+
+app = typer.Typer(
+    name="renderctl",
+    help="Crash-safe batch runner for PDF renders: a durable directory queue and a supervised "
+    "worker pool with per-job memory ceilings.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+dead_app = typer.Typer(help="The dead-letter folder: list, retry, purge.", no_args_is_help=True)
+app.add_typer(dead_app, name="dead")
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+QueueOpt = Annotated[
+    Path | None,
+    typer.Option("--queue", "-q", help="queue folder [env RENDERCTL_QUEUE; default ./.renderctl]",
+                 show_default=False),
+]
+OutOpt = Annotated[
+    Path | None,
+    typer.Option("--out", "-o", help="output root [env RENDERCTL_OUT; default ./out]",
+                 show_default=False),
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output")]
+ManifestsArg = Annotated[list[Path], typer.Argument(help="manifest files (TOML or JSON)")]
+
+
+def queue_path(opt: Path | None) -> Path:
+    if opt is not None:
+        return opt
+    return Path(os.environ.get("RENDERCTL_QUEUE") or ".renderctl")
+
+
+def out_root(opt: Path | None) -> Path:
+    if opt is not None:
+        return opt
+    return Path(os.environ.get("RENDERCTL_OUT") or "out")
+
+
+def handle_errors(fn: F) -> F:
+    """Turn core errors into one message and the contract's exit code."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except ManifestError as exc:
+            for p in exc.problems:
+                out.err(str(p))
+            out.err(f"{len(exc.problems)} problem(s); nothing was enqueued")
+            raise typer.Exit(ExitCode.USAGE) from None
+        except (Saturated, QueueBusy) as exc:
+            out.err(str(exc))
+            raise typer.Exit(exc.exit_code) from None
+        except RenderctlError as exc:
+            out.err(str(exc))
+            raise typer.Exit(exc.exit_code) from None
+        except OSError as exc:
+            where = f" ({exc.filename})" if exc.filename else ""
+            out.err(f"I/O error{where}: {exc.strerror or exc}")
+            raise typer.Exit(ExitCode.IO_ERROR) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _limits(memory_mb: int | None, timeout: float | None, max_attempts: int | None) -> Any:
+    from renderctl.manifest import Limits
+
+    base = Limits()
+    return Limits(
+        memory_mb=memory_mb if memory_mb is not None else base.memory_mb,
+        timeout_s=timeout if timeout is not None else base.timeout_s,
+        max_attempts=max_attempts if max_attempts is not None else base.max_attempts,
+    )
+
+
+MemOpt = Annotated[int | None, typer.Option("--memory-mb", help="default memory ceiling (MB)",
+                                            min=1, show_default=False)]
+TimeoutOpt = Annotated[float | None, typer.Option("--timeout", help="default timeout (s)",
+                                                  min=0.001, show_default=False)]
+AttemptsOpt = Annotated[int | None, typer.Option("--max-attempts", help="default attempts",
+                                                 min=1, show_default=False)]
+
+
+@app.command()
+@handle_errors
+def validate(manifests: ManifestsArg, out_dir: OutOpt = None, as_json: JsonOpt = False) -> None:
+    """Check manifests only; exit 0 if valid, 2 with every problem listed if not."""
+    from renderctl.manifest import load_manifests
+
+    try:
+        jobs = load_manifests(manifests, out_root=out_root(out_dir))
+    except ManifestError as exc:
+        if as_json:
+            out.print_json({"valid": False, "problems": [p.__dict__ for p in exc.problems]})
+            raise typer.Exit(ExitCode.USAGE) from None
+        raise
+    if as_json:
+        out.print_json({"valid": True, "jobs": len(jobs)})
+    else:
+        print(f"ok: {len(jobs)} job(s) in {len(manifests)} manifest(s)")
+
+
+def do_submit(
+    manifests: list[Path], *, queue: Path | None, out_dir: Path | None, replace: bool,
+    max_pending: int | None, limits: Any,
+) -> Any:
+    from renderctl.manifest import load_manifests
+    from renderctl.store import Queue
+
+    jobs = load_manifests(manifests, out_root=out_root(out_dir), limits=limits)
+    q = Queue(queue_path(queue))
+    return q.submit(jobs, replace=replace, max_pending=max_pending)
+
+
+@app.command()
+@handle_errors
+def submit(
+    manifests: ManifestsArg,
+    queue: QueueOpt = None,
+    out_dir: OutOpt = None,
+    replace: Annotated[bool, typer.Option("--replace", help="replace jobs whose spec changed")
+                       ] = False,
+    max_pending: Annotated[int | None, typer.Option("--max-pending", min=0,
+                                                    help="reject the whole submit if pending "
+                                                    "would exceed this")] = None,
+    memory_mb: MemOpt = None,
+    timeout: TimeoutOpt = None,
+    max_attempts: AttemptsOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Validate manifests, then enqueue all their jobs atomically (all or nothing)."""
+    res = do_submit(manifests, queue=queue, out_dir=out_dir, replace=replace,
+                    max_pending=max_pending, limits=_limits(memory_mb, timeout, max_attempts))
+    if as_json:
+        out.print_json({"accepted": list(res.accepted), "already_accepted": list(res.already),
+                        "replaced": list(res.replaced)})
+        return
+    print(f"accepted {len(res.accepted)} job(s)"
+          + (f", replaced {len(res.replaced)}" if res.replaced else "")
+          + (f", {len(res.already)} already accepted" if res.already else "")
+          + f" into {queue_path(queue)}")
+
+
+@app.command()
+@handle_errors
+def status(queue: QueueOpt = None, as_json: JsonOpt = False) -> None:
+    """Counts per state, oldest pending age, running jobs, and the runner (if any)."""
+    from renderctl.cli.views import render_status, status_json
+    from renderctl.store import Queue
+
+    q = Queue(queue_path(queue), create=False)
+    st = q.status()
+    if as_json:
+        out.print_json(status_json(q, st))
+    else:
+        render_status(out.console(), q, st)
+
+
+@app.command()
+@handle_errors
+def show(job_id: Annotated[str, typer.Argument(help="job id")], queue: QueueOpt = None,
+         as_json: JsonOpt = False) -> None:
+    """One job: state, attempts, errors, output."""
+    from renderctl.cli.views import render_job, show_json
+    from renderctl.store import Queue
+
+    q = Queue(queue_path(queue), create=False)
+    view = q.get(job_id)
+    if as_json:
+        out.print_json(show_json(view))
+    else:
+        render_job(out.console(), view)
+
+
+@app.command()
+def schema() -> None:
+    """Print the manifest's JSON Schema."""
+    from renderctl.manifest import json_schema
+
+    print(json.dumps(json_schema(), indent=2))
+
+
+@app.command()
+def kinds(as_json: JsonOpt = False) -> None:
+    """List every renderer (built-in and from plugins) with its params."""
+    from renderctl.render.registry import all_specs
+
+    specs = all_specs()
+    if as_json:
+        out.print_json({k: {"description": s.description, "inputs": [s.min_inputs, s.max_inputs],
+                            "output": s.output,
+                            "params": [{"name": p.name, "type": p.type, "required": p.required,
+                                        "description": p.description} for p in s.params]}
+                        for k, s in specs.items()})
+        return
+    for kind, spec in specs.items():
+        print(f"{kind}: {spec.description}")
+        for p in spec.params:
+            req = "required" if p.required else "optional"
+            print(f"    {p.name} ({p.type}, {req}): {p.description}")
+
+
+@app.command()
+@handle_errors
+def cancel(job_ids: Annotated[list[str], typer.Argument(help="job ids")],
+           queue: QueueOpt = None, as_json: JsonOpt = False) -> None:
+    """Cancel jobs: pending ones at once; running ones are killed by the runner."""
+    from renderctl.control import cancel_jobs
+    from renderctl.store import Queue
+
+    q = Queue(queue_path(queue), create=False)
+    results = cancel_jobs(q, job_ids)
+    if as_json:
+        out.print_json({r.job_id: r.outcome for r in results})
+    else:
+        for r in results:
+            print(f"{r.job_id}: {r.outcome}")
+    if any(r.outcome == "not found" for r in results):
+        raise typer.Exit(ExitCode.USAGE)
+
+
+@dead_app.command("list")
+@handle_errors
+def dead_list(queue: QueueOpt = None, as_json: JsonOpt = False) -> None:
+    """Dead-lettered jobs with their last outcome."""
+    from renderctl.lifecycle import State
+    from renderctl.store import Queue
+
+    q = Queue(queue_path(queue), create=False)
+    rows = []
+    for jid in q.list_ids(State.DEAD):
+        view = q.find(jid)
+        if view is None:
+            continue
+        last = view.record.attempts[-1] if view.record.attempts else {}
+        rows.append({"id": jid, "attempts": len(view.record.attempts),
+                     "outcome": last.get("outcome"), "error": last.get("error"),
+                     "reason": view.record.reason})
+    if as_json:
+        out.print_json(rows)
+        return
+    for r in rows:
+        print(f"{r['id']}\t{r['outcome']}\tattempts={r['attempts']}\t{r['error'] or r['reason']}")
+    if not rows:
+        print("no dead-lettered jobs")
+
+
+@dead_app.command("retry")
+@handle_errors
+def dead_retry(
+    job_ids: Annotated[list[str] | None, typer.Argument(help="job ids")] = None,
+    all_: Annotated[bool, typer.Option("--all", help="retry every dead job")] = False,
+    queue: QueueOpt = None,
+) -> None:
+    """Return dead jobs to pending with a fresh attempt budget (history is kept)."""
+    from renderctl.errors import UserError
+    from renderctl.lifecycle import State
+    from renderctl.store import Queue
+
+    q = Queue(queue_path(queue), create=False)
+    if all_:
+        ids = q.list_ids(State.DEAD)
+    elif job_ids:
+        ids = job_ids
+    else:
+        raise UserError("name job ids or use --all")
+    revived = q.dead_retry(ids)
+    missing = sorted(set(ids) - set(revived))
+    print(f"retried {len(revived)} job(s)")
+    if missing:
+        out.err("not in dead/: " + ", ".join(missing))
+        raise typer.Exit(ExitCode.USAGE)
+
+
+@dead_app.command("purge")
+@handle_errors
+def dead_purge(queue: QueueOpt = None) -> None:
+    """Delete every dead-lettered record."""
+    from renderctl.store import Queue
+
+    n = Queue(queue_path(queue), create=False).dead_purge()
+    print(f"purged {n} job(s)")
+
+
+def main() -> None:
+    # A closed pipe (`renderctl status | head`) is not an error worth a traceback.
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    try:
+        app()
+    except KeyboardInterrupt:
+        sys.exit(ExitCode.SIGINT)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,126 @@
+"""Rendering `status` and `show`, as rich tables on a terminal, plain lines otherwise."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from renderctl.cli.console import human_bytes, human_duration, plain
+from renderctl.lifecycle import State
+from renderctl.store import JobView, Queue, QueueStatus
+
+STATUS_SCHEMA_VERSION = 1
+
+
+def status_json(q: Queue, st: QueueStatus) -> dict[str, Any]:
+    """`status --json`: stable schema; counts for every state at top level."""
+    now = q.clock.wall()
+    return {
+        "schema": STATUS_SCHEMA_VERSION,
+        "queue": str(q.path),
+        **{s.value: st.counts[s.value] for s in State},
+        "corrupt": st.corrupt,
+        "oldest_pending_age_s": st.oldest_pending_age_s,
+        "runner": st.runner,
+        "running_jobs": [
+            {"id": r.spec.id, "kind": r.spec.kind,
+             "attempt": r.lease.attempt if r.lease else None,
+             "holder_pid": r.lease.holder.pid if r.lease else None,
+             "elapsed_s": (now - r.lease.claimed_at) if r.lease else None,
+             "memory_mb": r.spec.memory_mb, "timeout_s": r.spec.timeout_s}
+            for r in st.running
+        ],
+    }
+
+
+def render_status(c: Console, q: Queue, st: QueueStatus) -> None:
+    data = status_json(q, st)
+    runner = st.runner
+    runner_line = (f"runner pid {runner.get('pid')} on {runner.get('host')}"
+                   + (f", memory guard {runner['guard']}" if runner.get("guard") else "")
+                   if runner else "no runner")
+    if plain():
+        counts = " ".join(f"{s.value}={data[s.value]}" for s in State)
+        print(f"queue {q.path}: {counts} corrupt={st.corrupt}")
+        print(f"oldest pending: {human_duration(st.oldest_pending_age_s)}; {runner_line}")
+        for j in data["running_jobs"]:
+            print(f"running {j['id']} kind={j['kind']} attempt={j['attempt']} "
+                  f"elapsed={human_duration(j['elapsed_s'])} pid={j['holder_pid']}")
+        return
+    t = Table(title=f"queue {q.path}", show_header=True)
+    for s in State:
+        t.add_column(s.value, justify="right")
+    t.add_column("corrupt", justify="right")
+    t.add_row(*[str(data[s.value]) for s in State], str(st.corrupt))
+    c.print(t)
+    c.print(f"oldest pending: {human_duration(st.oldest_pending_age_s)}; {runner_line}")
+    if data["running_jobs"]:
+        rt = Table(title="running")
+        for col in ("id", "kind", "attempt", "elapsed", "timeout", "ceiling"):
+            rt.add_column(col)
+        for j in data["running_jobs"]:
+            rt.add_row(j["id"], j["kind"], str(j["attempt"]), human_duration(j["elapsed_s"]),
+                       human_duration(j["timeout_s"]), f"{j['memory_mb']} MB")
+        c.print(rt)
+
+
+def show_json(view: JobView) -> dict[str, Any]:
+    rec = view.record
+    return {
+        "id": rec.spec.id,
+        "state": view.state.value,
+        "spec": rec.spec.to_json(),
+        "accepted_at": rec.accepted_at,
+        "attempts": [dict(a) for a in rec.attempts],
+        "lease": rec.lease.to_json() if rec.lease else None,
+        "result": dict(rec.result) if rec.result else None,
+        "reason": rec.reason,
+        "not_before": rec.not_before or None,
+        "file": str(view.path),
+    }
+
+
+def _ts(t: float | None) -> str:
+    if not t:
+        return "-"
+    return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")[:-4] + "Z"
+
+
+def render_job(c: Console, view: JobView) -> None:
+    rec = view.record
+    lines = [
+        f"job {rec.spec.id}: {view.state.value}" + (f" ({rec.reason})" if rec.reason else ""),
+        f"  kind {rec.spec.kind}; output {rec.spec.output_path}",
+        f"  accepted {_ts(rec.accepted_at)}; ceiling {rec.spec.memory_mb} MB; "
+        f"timeout {human_duration(rec.spec.timeout_s)}; max attempts {rec.spec.max_attempts}",
+    ]
+    if rec.result:
+        r = rec.result
+        lines.append(f"  published {r.get('path')} ({human_bytes(r.get('bytes'))}, "
+                     f"{r.get('pages', '-')} pages, sha256 {str(r.get('sha256'))[:16]}...)")
+    if rec.lease and view.state is State.RUNNING:
+        lines.append(f"  lease: attempt {rec.lease.attempt}, holder pid {rec.lease.holder.pid} "
+                     f"on {rec.lease.holder.host}, expires {_ts(rec.lease.expires_at)}")
+    for a in rec.attempts:
+        detail = [f"attempt {a.get('n')}: {a.get('outcome')}",
+                  f"elapsed {human_duration(a.get('elapsed_s'))}"]
+        if a.get("peak_memory_bytes"):
+            detail.append(f"peak {human_bytes(a['peak_memory_bytes'])}")
+        if a.get("exit_code") is not None:
+            detail.append(f"exit {a['exit_code']}")
+        if a.get("signal"):
+            detail.append(f"signal {a['signal']}")
+        lines.append("  " + ", ".join(detail))
+        if a.get("error"):
+            lines.append(f"    error: {a['error']}")
+        if a.get("stderr_tail"):
+            for ln in str(a["stderr_tail"]).splitlines()[-5:]:
+                lines.append(f"    | {ln}")
+    if plain():
+        print("\n".join(lines))
+    else:
+        for ln in lines:
+            c.print(ln, markup=False)

@@ -1,0 +1,125 @@
+"""One root exception, grouped by whose fault it is, and the exit codes of DESIGN.md.
+
+- ``UserError``: the person at the keyboard gave us something wrong (manifest, option, id).
+- ``QueueError``: the queue or output folder could not be used (I/O, busy, saturated).
+- ``JobError``: raised *inside* a job by a renderer or a user callable; it decides the
+  attempt's outcome (``InvalidInput`` and ``InvalidOutput`` dead-letter at once).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    """Process exit codes; scripts and cron rely on these (DESIGN.md, Exit codes)."""
+
+    OK = 0
+    JOBS_FAILED = 1
+    USAGE = 2
+    IO_ERROR = 74
+    TEMPFAIL = 75
+    SIGINT = 130
+    SIGTERM = 143
+
+
+class RenderctlError(Exception):
+    """Root of every error renderctl raises on purpose."""
+
+    exit_code: ExitCode = ExitCode.USAGE
+
+
+# -- the user's fault ----------------------------------------------------------------------
+
+
+class UserError(RenderctlError):
+    """The command, an option or an id given by the user is wrong; nothing was changed."""
+
+    exit_code = ExitCode.USAGE
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One validation finding: where (file, job, field) and what."""
+
+    file: str
+    job: str | None
+    field: str | None
+    message: str
+
+    def __str__(self) -> str:
+        where = self.file
+        if self.job is not None:
+            where += f": job {self.job}"
+        if self.field:
+            where += f": {self.field}"
+        return f"{where}: {self.message}"
+
+
+class ManifestError(UserError):
+    """One or more manifests are invalid; every problem is listed, nothing was enqueued."""
+
+    def __init__(self, problems: list[Problem]) -> None:
+        self.problems = list(problems)
+        super().__init__("\n".join(str(p) for p in self.problems))
+
+
+class JobNotFound(UserError):
+    """No job with this id exists in the queue."""
+
+
+# -- the queue's or the machine's fault ----------------------------------------------------
+
+
+class QueueError(RenderctlError):
+    """The queue could not be used as asked."""
+
+    exit_code = ExitCode.IO_ERROR
+
+
+class QueueIOError(QueueError):
+    """An I/O operation on the queue or output folder failed (a failed fsync is never retried)."""
+
+    exit_code = ExitCode.IO_ERROR
+
+
+class QueueBusy(QueueError):
+    """Another runner holds this queue (cron overlap); try again later."""
+
+    exit_code = ExitCode.TEMPFAIL
+
+    def __init__(self, message: str, *, holder_pid: int | None = None) -> None:
+        self.holder_pid = holder_pid
+        super().__init__(message)
+
+
+class Saturated(QueueError):
+    """Admission refused: the submit would take the pending count above ``max_pending``."""
+
+    exit_code = ExitCode.TEMPFAIL
+
+    def __init__(self, *, requested: int, pending: int, max_pending: int) -> None:
+        self.requested = requested
+        self.pending = pending
+        self.max_pending = max_pending
+        self.would_fit = max(0, max_pending - pending)
+        super().__init__(
+            f"saturated: {requested} new job(s) would take pending from {pending} above "
+            f"max_pending={max_pending}; {self.would_fit} would fit; nothing was enqueued"
+        )
+
+
+# -- raised inside a job ------------------------------------------------------------------
+
+
+class JobError(Exception):
+    """Raised inside a job to choose its attempt's outcome; the message is recorded."""
+
+
+class InvalidInput(JobError):
+    """The job's input cannot be used (unreadable, encrypted, wrong schema): dead-letter now."""
+
+
+class InvalidOutput(JobError):
+    """The job produced an output that is not acceptable (e.g. not a readable PDF)."""

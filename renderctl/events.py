@@ -1,0 +1,55 @@
+"""The append-only event log, ``QUEUE/events.jsonl``: one JSON object per line.
+
+The state folders are the truth; the log is the story (for `top`, `--json` and post-mortems).
+It is appended with O_APPEND, one write(2) per batch of lines so lines from concurrent
+writers never interleave, and it is not fsynced: a crash may lose its last lines, never a job.
+
+Each line: ``{"ts": <epoch s>, "event": <name>, "job": <id>, ...}``. Events: ``accepted``,
+``claimed``, ``started``, ``completed``, ``retry``, ``dead``, ``cancelled``, ``expired``,
+``released``, ``recovered``, ``corrupt``, ``runner_started``, ``runner_stopped``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+
+class EventLog:
+    """Appends events; reads them back for `top` and tests."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+
+    def append(self, events: Iterable[Mapping[str, Any]]) -> None:
+        data = "".join(json.dumps(e, separators=(",", ":"), default=str) + "\n" for e in events)
+        if not data:
+            return
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(fd, data.encode())
+        finally:
+            os.close(fd)
+
+    def read(self, *, offset: int = 0) -> tuple[list[dict[str, Any]], int]:
+        """Complete lines from ``offset``; returns them and the offset to continue from."""
+        try:
+            with open(self.path, "rb") as fh:
+                fh.seek(offset)
+                data = fh.read()
+        except FileNotFoundError:
+            return [], offset
+        end = data.rfind(b"\n") + 1  # a half-written last line waits for the next read
+        out: list[dict[str, Any]] = []
+        for line in data[:end].splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                continue
+        return out, offset + end
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return iter(self.read()[0])

@@ -1,0 +1,126 @@
+"""Durable file-system primitives: atomic writes, directory fsync, batch sync, no-replace moves.
+
+Every durable change follows Maildir's pattern, plus the directory fsync Maildir forgets:
+write under a temporary name, fsync the file, rename into place, fsync the directory.
+A failed fsync is fatal (``QueueIOError``, exit 74) and never retried: after a failed fsync
+the kernel may already have dropped the dirty pages, so a retry could report success for
+data that is gone (the "fsyncgate" lesson from PostgreSQL).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import os
+from pathlib import Path
+
+from renderctl.errors import QueueIOError
+
+_AT_FDCWD = -100
+_RENAME_NOREPLACE = 1
+
+_libc: ctypes.CDLL | None = None
+
+
+def _get_libc() -> ctypes.CDLL:
+    global _libc  # a process-wide handle to libc, loaded on first use; never mutated after
+    if _libc is None:
+        _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    return _libc
+
+
+def fsync_fd(fd: int, *, what: str) -> None:
+    """fsync a descriptor; any failure is fatal for the caller."""
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        raise QueueIOError(f"fsync failed for {what}: {exc.strerror}") from exc
+
+
+def fsync_dir(path: str | os.PathLike[str]) -> None:
+    """fsync a directory so that renames/links/unlinks in it survive a power loss."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as exc:
+        raise QueueIOError(f"cannot open directory {path} to fsync it: {exc.strerror}") from exc
+    try:
+        fsync_fd(fd, what=f"directory {path}")
+    finally:
+        os.close(fd)
+
+
+def syncfs(path: str | os.PathLike[str]) -> None:
+    """Flush every dirty page and inode of the file system holding ``path``, in one call.
+
+    One syncfs for a batch of N written files is cheaper than N fsyncs (MEASUREMENTS.md), and
+    it also commits the directory entries of every rename made before it.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        libc = _get_libc()
+        if libc.syncfs(fd) != 0:
+            err = ctypes.get_errno()
+            raise QueueIOError(f"syncfs failed for {path}: {os.strerror(err)}")
+    finally:
+        os.close(fd)
+
+
+def write_file(path: str | os.PathLike[str], data: bytes, *, fsync: bool) -> None:
+    """Create ``path`` exclusively (it must be a fresh temporary name) and write ``data``."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    try:
+        view = memoryview(data)
+        while view:
+            n = os.write(fd, view)
+            view = view[n:]
+        if fsync:
+            # Protects against: power loss after the rename that follows, which would
+            # otherwise leave a renamed but empty (or partial) file.
+            fsync_fd(fd, what=str(path))
+    finally:
+        os.close(fd)
+
+
+def atomic_write(
+    path: str | os.PathLike[str], data: bytes, *, tmp_dir: str | os.PathLike[str]
+) -> None:
+    """Durably replace ``path`` with ``data``: tmp -> fsync -> rename -> fsync the directory."""
+    final = Path(path)
+    tmp = Path(tmp_dir) / f".{final.name}.{os.getpid()}.{os.urandom(4).hex()}"
+    try:
+        write_file(tmp, data, fsync=True)
+        os.replace(tmp, final)
+    except BaseException:
+        unlink_quiet(tmp)
+        raise
+    # Protects against: power loss after rename, before the directory block is written,
+    # which would bring back the old file (or none) after a reboot.
+    fsync_dir(final.parent)
+
+
+def rename_noreplace(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
+    """Rename ``src`` to ``dst`` atomically, failing with FileExistsError if ``dst`` exists.
+
+    Works for directories too (link(2) does not), which is why folder outputs use it.
+    """
+    libc = _get_libc()
+    res = libc.renameat2(
+        _AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst), _RENAME_NOREPLACE
+    )
+    if res != 0:
+        err = ctypes.get_errno()
+        if err == errno.EEXIST:
+            raise FileExistsError(err, os.strerror(err), str(dst))
+        if err == errno.ENOENT:
+            raise FileNotFoundError(err, os.strerror(err), str(src))
+        raise OSError(err, os.strerror(err), str(src))
+
+
+def unlink_quiet(path: str | os.PathLike[str]) -> bool:
+    """Remove a file; a missing file is fine (another actor got there first)."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return False
+    return True

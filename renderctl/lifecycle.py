@@ -1,0 +1,66 @@
+"""Job states, attempt outcomes, and the one table of allowed state changes."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class State(StrEnum):
+    """Where a job is; each state is a folder of the queue."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    DONE = "done"
+    DEAD = "dead"
+    CANCELLED = "cancelled"
+    EXPIRED = "expired"
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL
+
+
+TERMINAL = frozenset({State.DONE, State.DEAD, State.CANCELLED, State.EXPIRED})
+
+# Every rename the queue may make. Anything else is a bug, caught where it is attempted.
+TRANSITIONS: dict[State, frozenset[State]] = {
+    State.PENDING: frozenset({State.RUNNING, State.CANCELLED, State.EXPIRED}),
+    State.RUNNING: frozenset({State.PENDING, State.DONE, State.DEAD, State.CANCELLED}),
+    State.DEAD: frozenset({State.PENDING}),  # `renderctl dead retry`
+    State.DONE: frozenset(),
+    State.CANCELLED: frozenset(),
+    State.EXPIRED: frozenset(),
+}
+
+
+def check_transition(src: State, dst: State) -> None:
+    """Raise if ``src -> dst`` is not in the table."""
+    if dst not in TRANSITIONS[src]:
+        raise ValueError(f"illegal transition {src.value} -> {dst.value}")
+
+
+class Outcome(StrEnum):
+    """How one attempt ended (DESIGN.md, Failure semantics)."""
+
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CRASHED = "crashed"
+    MEMORY = "memory"
+    TIMEOUT = "timeout"
+    INVALID_INPUT = "invalid_input"
+    INVALID_OUTPUT = "invalid_output"
+    OUTPUT_EXISTS = "output_exists"
+    CANCELLED = "cancelled"
+    RELEASED = "released"
+
+    @property
+    def retryable(self) -> bool:
+        return self in RETRYABLE
+
+    @property
+    def charged(self) -> bool:
+        """Whether the attempt counts against ``max_attempts``."""
+        return self is not Outcome.RELEASED
+
+
+RETRYABLE = frozenset({Outcome.FAILED, Outcome.CRASHED, Outcome.MEMORY, Outcome.TIMEOUT})

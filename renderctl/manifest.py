@@ -1,0 +1,751 @@
+"""Manifests -> validated, frozen ``JobSpec`` values; every problem reported at once.
+
+A manifest is TOML (or JSON) with an optional ``[defaults]`` table and ``[[jobs]]``. Each
+field has one entry in ``FIELDS``; the same table drives validation and ``renderctl schema``,
+so the two cannot drift. Validation is all-or-nothing per command: ``load_manifests`` either
+returns every job of every file or raises ``ManifestError`` listing each problem with its
+file, job (id or index) and field.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import os
+import re
+import stat
+import tomllib
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from renderctl.errors import ManifestError, Problem
+from renderctl.render.base import ParamSpec, RendererSpec
+from renderctl.render.registry import all_specs
+
+MAX_MANIFEST_BYTES = 8 * 1024 * 1024
+MAX_JOBS_PER_MANIFEST = 100_000
+MAX_DEPTH = 8
+MAX_STRING = 16 * 1024
+MAX_PATH_BYTES = 4096
+MAX_SEGMENT_BYTES = 255
+MAX_INPUTS = 1000
+MAX_ARGV = 1000
+MAX_MEMORY_MB = 1 << 20
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
+
+ID_RE = re.compile(r"[A-Za-z0-9._-]{1,128}")
+GROUP_RE = re.compile(r"[A-Za-z0-9._:@-]{1,128}")
+_IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
+CALLABLE_RE = re.compile(rf"{_IDENT}(\.{_IDENT})*:{_IDENT}(\.{_IDENT})*")
+# Temporaries beside outputs start with this; a user output must not look like one.
+RESERVED_PREFIX = ".rctl-"
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Built-in defaults for the limit fields; CLI options replace these (manifests win)."""
+
+    memory_mb: int = 400
+    timeout_s: float = 120.0
+    max_attempts: int = 3
+    priority: int = 0
+    group: str = "default"
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One validated job, as accepted into the queue. Equal specs mean 'already accepted'."""
+
+    id: str
+    kind: str
+    output: str  # relative, normalised, confined to out_root
+    out_root: str  # absolute
+    inputs: tuple[str, ...] = ()
+    params: Mapping[str, Any] = field(default_factory=dict)
+    argv: tuple[str, ...] | None = None
+    callable: str | None = None
+    pythonpath: str | None = None
+    memory_mb: int = Limits.memory_mb
+    timeout_s: float = Limits.timeout_s
+    max_attempts: int = Limits.max_attempts
+    priority: int = Limits.priority
+    group: str = Limits.group
+    deadline: float | None = None  # epoch seconds
+
+    def to_json(self) -> dict[str, Any]:
+        """The canonical JSON form stored in the queue (and compared for 'same spec')."""
+        out: dict[str, Any] = {
+            "id": self.id,
+            "kind": self.kind,
+            "inputs": list(self.inputs),
+            "output": self.output,
+            "out_root": self.out_root,
+            "params": dict(self.params),
+            "memory_mb": self.memory_mb,
+            "timeout_s": self.timeout_s,
+            "max_attempts": self.max_attempts,
+            "priority": self.priority,
+            "group": self.group,
+        }
+        if self.argv is not None:
+            out["argv"] = list(self.argv)
+        if self.callable is not None:
+            out["callable"] = self.callable
+        if self.pythonpath is not None:
+            out["pythonpath"] = self.pythonpath
+        if self.deadline is not None:
+            out["deadline"] = self.deadline
+        return out
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> JobSpec:
+        """Rebuild a spec read back from the queue (already validated at submit)."""
+        return cls(
+            id=data["id"],
+            kind=data["kind"],
+            output=data["output"],
+            out_root=data["out_root"],
+            inputs=tuple(data.get("inputs", ())),
+            params=dict(data.get("params", {})),
+            argv=tuple(data["argv"]) if data.get("argv") is not None else None,
+            callable=data.get("callable"),
+            pythonpath=data.get("pythonpath"),
+            memory_mb=int(data["memory_mb"]),
+            timeout_s=float(data["timeout_s"]),
+            max_attempts=int(data["max_attempts"]),
+            priority=int(data["priority"]),
+            group=str(data["group"]),
+            deadline=data.get("deadline"),
+        )
+
+    @property
+    def output_path(self) -> Path:
+        return Path(self.out_root) / self.output
+
+
+# -- the field table ---------------------------------------------------------------------
+
+Check = Callable[[Any], str | None]  # returns an error message, or None when fine
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    """One manifest field: where it may appear, its JSON Schema, and its check."""
+
+    name: str
+    schema: dict[str, Any]
+    description: str
+    in_defaults: bool
+    in_job: bool
+    check: Check
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+    return (isinstance(v, int | float) and not isinstance(v, bool)) and math.isfinite(v)
+
+
+def _int_range(lo: int, hi: int) -> Check:
+    def check(v: Any) -> str | None:
+        if not _is_int(v):
+            return f"must be an integer, got {_type_name(v)}"
+        if not lo <= v <= hi:
+            return f"must be between {lo} and {hi}, got {v}"
+        return None
+
+    return check
+
+
+def _check_timeout(v: Any) -> str | None:
+    if not _is_number(v):
+        return f"must be a number of seconds, got {_type_name(v)}"
+    if not 0 < v <= MAX_TIMEOUT_S:
+        return f"must be > 0 and <= {int(MAX_TIMEOUT_S)}, got {v}"
+    return None
+
+
+def _check_str(pattern: re.Pattern[str], what: str) -> Check:
+    def check(v: Any) -> str | None:
+        if not isinstance(v, str):
+            return f"must be a string, got {_type_name(v)}"
+        if not pattern.fullmatch(v):
+            return f"{what}, got {v[:80]!r}"
+        return None
+
+    return check
+
+
+def _check_kind(v: Any) -> str | None:
+    if not isinstance(v, str):
+        return f"must be a string, got {_type_name(v)}"
+    return None  # the catalogue is checked once per job, where the plugin list is at hand
+
+
+def _check_id(v: Any) -> str | None:
+    if not isinstance(v, str):
+        return f"must be a string, got {_type_name(v)}"
+    if not ID_RE.fullmatch(v) or v.startswith("."):
+        return f"must match [A-Za-z0-9._-]{{1,128}} and not start with '.', got {v[:80]!r}"
+    return None
+
+
+def _check_any(v: Any) -> str | None:
+    return None
+
+
+def _type_name(v: Any) -> str:
+    if isinstance(v, bool):
+        return "a boolean"
+    if isinstance(v, dict):
+        return "a table"
+    if isinstance(v, list):
+        return "an array"
+    if isinstance(v, str):
+        return "a string"
+    if isinstance(v, int | float):
+        return "a number"
+    if isinstance(v, dt.datetime | dt.date | dt.time):
+        return "a date/time"
+    return type(v).__name__
+
+
+_STR_LIST = {"type": "array", "items": {"type": "string"}}
+
+FIELDS: tuple[FieldSpec, ...] = (
+    FieldSpec("id", {"type": "string", "pattern": "^[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}$"},
+              "unique job id", False, True, _check_id),
+    FieldSpec("kind", {"type": "string"}, "renderer (see `renderctl kinds`)", True, True,
+              _check_kind),
+    FieldSpec("input", {"type": "string"}, "one input file, relative to the manifest's folder",
+              False, True, _check_any),
+    FieldSpec("inputs", _STR_LIST, "input files, relative to the manifest's folder", False, True,
+              _check_any),
+    FieldSpec("output", {"type": "string"}, "output path relative to the output root",
+              False, True, _check_any),
+    FieldSpec("argv", _STR_LIST, "command kind: argv with {input} {inputs} {output}", True,
+              True, _check_any),
+    FieldSpec("callable", {"type": "string", "pattern": CALLABLE_RE.pattern},
+              "python kind: module:function", True, True,
+              _check_str(CALLABLE_RE, "must look like package.module:function")),
+    FieldSpec("params", {"type": "object"}, "renderer params", True, True, _check_any),
+    FieldSpec("memory_mb", {"type": "integer", "minimum": 1, "maximum": MAX_MEMORY_MB},
+              "memory ceiling of the job's process tree (MB)", True, True,
+              _int_range(1, MAX_MEMORY_MB)),
+    FieldSpec("timeout_s", {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_TIMEOUT_S},
+              "wall-clock limit of one attempt (s)", True, True, _check_timeout),
+    FieldSpec("max_attempts", {"type": "integer", "minimum": 1, "maximum": 100},
+              "attempts before dead-lettering", True, True, _int_range(1, 100)),
+    FieldSpec("priority", {"type": "integer", "minimum": -1000, "maximum": 1000},
+              "higher runs first; waiting raises it slowly", True, True,
+              _int_range(-1000, 1000)),
+    FieldSpec("group", {"type": "string", "pattern": "^" + GROUP_RE.pattern + "$"},
+              "fairness key: round-robin among groups of equal priority", True, True,
+              _check_str(GROUP_RE, "must match [A-Za-z0-9._:@-]{1,128}")),
+    FieldSpec("deadline", {"type": "string", "format": "date-time"},
+              "not started by then -> expired, never run (with a timezone)", True, True,
+              _check_any),
+)
+FIELD_BY_NAME = {f.name: f for f in FIELDS}
+DEFAULT_FIELDS = frozenset(f.name for f in FIELDS if f.in_defaults)
+JOB_FIELDS = frozenset(f.name for f in FIELDS if f.in_job)
+
+
+def json_schema() -> dict[str, Any]:
+    """The manifest's JSON Schema (what `renderctl schema` prints)."""
+
+    def props(in_defaults: bool) -> dict[str, Any]:
+        return {
+            f.name: {**f.schema, "description": f.description}
+            for f in FIELDS
+            if (f.in_defaults if in_defaults else f.in_job)
+        }
+
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": "renderctl manifest",
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["jobs"],
+        "properties": {
+            "defaults": {"type": "object", "additionalProperties": False,
+                         "properties": props(True)},
+            "jobs": {
+                "type": "array",
+                "minItems": 1,
+                "maxItems": MAX_JOBS_PER_MANIFEST,
+                "items": {"type": "object", "additionalProperties": False,
+                          "required": ["id", "output"], "properties": props(False)},
+            },
+        },
+    }
+
+
+# -- parsing -----------------------------------------------------------------------------
+
+
+class _ParseError(Exception):
+    pass
+
+
+def _reject_constant(name: str) -> Any:
+    raise _ParseError(f"{name} is not allowed in a manifest")
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _ParseError(f"duplicate key {key!r}")
+        out[key] = value
+    return out
+
+
+def parse_document(raw: bytes, *, name: str) -> Any:
+    """Bytes -> a plain document; raises ``_ParseError`` with a human message."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise _ParseError(f"not UTF-8 (byte {exc.start})") from None
+    if "\x00" in text:
+        raise _ParseError("contains a NUL character")
+    if name.lower().endswith(".json"):
+        try:
+            return json.loads(
+                text, object_pairs_hook=_no_duplicates, parse_constant=_reject_constant
+            )
+        except json.JSONDecodeError as exc:
+            raise _ParseError(f"invalid JSON at line {exc.lineno} column {exc.colno}: "
+                              f"{exc.msg}") from None
+        except RecursionError:
+            raise _ParseError(f"nested deeper than {MAX_DEPTH} levels") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise _ParseError(f"invalid TOML: {exc}") from None
+    except RecursionError:
+        raise _ParseError(f"nested deeper than {MAX_DEPTH} levels") from None
+
+
+# -- validation ---------------------------------------------------------------------------
+
+
+@dataclass
+class _Ctx:
+    file: str
+    problems: list[Problem]
+
+    def add(self, job: str | None, fld: str | None, msg: str) -> None:
+        self.problems.append(Problem(self.file, job, fld, msg))
+
+
+def _depth(v: Any, depth: int = 0) -> int:
+    if depth > MAX_DEPTH:
+        return depth
+    if isinstance(v, dict):
+        return max([_depth(x, depth + 1) for x in v.values()], default=depth + 1)
+    if isinstance(v, list):
+        return max([_depth(x, depth + 1) for x in v], default=depth + 1)
+    return depth
+
+
+def _long_string(v: Any) -> str | None:
+    """The path of the first string longer than MAX_STRING, if any."""
+    if isinstance(v, str):
+        return "" if len(v) > MAX_STRING else None
+    items: Iterable[tuple[str, Any]]
+    if isinstance(v, dict):
+        items = ((f".{k}", x) for k, x in v.items())
+    elif isinstance(v, list):
+        items = ((f"[{i}]", x) for i, x in enumerate(v))
+    else:
+        return None
+    for key, x in items:
+        sub = _long_string(x)
+        if sub is not None:
+            return key + sub
+    return None
+
+
+def check_output_path(value: Any) -> str | None:
+    """Why ``value`` is not an acceptable output path, or None (pure: no file system)."""
+    if not isinstance(value, str):
+        return f"must be a string, got {_type_name(value)}"
+    if value == "":
+        return "must not be empty"
+    if "\x00" in value:
+        return "must not contain NUL"
+    if "\\" in value:
+        return "must use '/' separators (no backslashes)"
+    if value.startswith("/") or re.match(r"^[A-Za-z]:", value):
+        return "must be relative to the output root, not absolute"
+    if len(value.encode()) > MAX_PATH_BYTES:
+        return f"is longer than {MAX_PATH_BYTES} bytes"
+    for seg in value.split("/"):
+        if seg == "":
+            return "has an empty segment ('//' or a trailing '/')"
+        if seg in (".", ".."):
+            return f"must not contain '{seg}' segments (it would leave the output root)"
+        if len(seg.encode()) > MAX_SEGMENT_BYTES:
+            return f"has a segment longer than {MAX_SEGMENT_BYTES} bytes"
+        if seg.startswith(RESERVED_PREFIX):
+            return f"segments must not start with {RESERVED_PREFIX!r} (reserved for temporaries)"
+    return None
+
+
+def _check_params(
+    ctx: _Ctx, jid: str, spec: RendererSpec, params: Mapping[str, Any]
+) -> None:
+    by_name: dict[str, ParamSpec] = {p.name: p for p in spec.params}
+    if not spec.open_params:
+        for name in params:
+            if name not in by_name:
+                known = ", ".join(sorted(by_name)) or "none"
+                ctx.add(jid, f"params.{name}", f"unknown param for kind {spec.kind!r} "
+                                               f"(known: {known})")
+    for p in spec.params:
+        if p.name not in params:
+            if p.required:
+                ctx.add(jid, f"params.{p.name}", f"required by kind {spec.kind!r}")
+            continue
+        msg = _param_type_error(p, params[p.name])
+        if msg:
+            ctx.add(jid, f"params.{p.name}", msg)
+
+
+def _param_type_error(p: ParamSpec, v: Any) -> str | None:
+    ok = {
+        "str": isinstance(v, str),
+        "int": _is_int(v),
+        "float": _is_number(v),
+        "number": _is_number(v),
+        "bool": isinstance(v, bool),
+        "list[str]": isinstance(v, list) and all(isinstance(x, str) for x in v),
+        "table": isinstance(v, dict),
+    }[p.type]
+    if not ok:
+        return f"must be {p.type}, got {_type_name(v)}"
+    if p.choices and v not in p.choices:
+        return f"must be one of {', '.join(p.choices)}, got {v!r}"
+    return None
+
+
+def _parse_deadline(v: Any) -> float | str:
+    """Epoch seconds, or an error message."""
+    if isinstance(v, dt.datetime):
+        when = v
+    elif isinstance(v, str):
+        try:
+            when = dt.datetime.fromisoformat(v.replace("Z", "+00:00"))
+        except ValueError:
+            return f"must be an RFC 3339 date-time, got {v[:60]!r}"
+    else:
+        return f"must be a date-time with a timezone, got {_type_name(v)}"
+    if when.tzinfo is None:
+        return "must carry a timezone (e.g. 2026-12-01T09:00:00Z)"
+    return when.timestamp()
+
+
+def _resolve_input(ctx: _Ctx, jid: str, fld: str, base: Path, value: Any) -> str | None:
+    if not isinstance(value, str) or value == "":
+        ctx.add(jid, fld, f"must be a non-empty string, got {_type_name(value)}")
+        return None
+    if "\x00" in value:
+        ctx.add(jid, fld, "must not contain NUL")
+        return None
+    path = (base / value) if not os.path.isabs(value) else Path(value)
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        ctx.add(jid, fld, f"{value}: no such file (looked for {path})")
+        return None
+    except OSError as exc:
+        ctx.add(jid, fld, f"{value}: cannot be read: {exc.strerror}")
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        ctx.add(jid, fld, f"{value}: not a regular file")
+        return None
+    return os.path.abspath(path)
+
+
+def _validate_job(
+    ctx: _Ctx,
+    index: int,
+    raw: Any,
+    defaults: Mapping[str, Any],
+    *,
+    base: Path,
+    out_root: str,
+    limits: Limits,
+    specs: Mapping[str, RendererSpec],
+) -> JobSpec | None:
+    label = f"#{index}"
+    if not isinstance(raw, dict):
+        ctx.add(label, None, f"a job must be a table, got {_type_name(raw)}")
+        return None
+    jid_raw = raw.get("id")
+    jid = jid_raw if isinstance(jid_raw, str) and ID_RE.fullmatch(jid_raw) else label
+    before = len(ctx.problems)
+    for key in raw:
+        if key not in JOB_FIELDS:
+            hint = _suggest(key, JOB_FIELDS)
+            ctx.add(jid, key, "unknown field" + (f" (did you mean {hint!r}?)" if hint else ""))
+    merged: dict[str, Any] = {k: v for k, v in defaults.items() if k != "params"}
+    merged.update({k: v for k, v in raw.items() if k in JOB_FIELDS})
+    params: dict[str, Any] = dict(defaults.get("params") or {})
+    if isinstance(raw.get("params"), dict):
+        params.update(raw["params"])
+    elif "params" in raw:
+        ctx.add(jid, "params", f"must be a table, got {_type_name(raw['params'])}")
+    for name in ("id", "output"):
+        if name not in raw:
+            ctx.add(jid, name, "is required")
+    for name, value in merged.items():
+        if name == "params":
+            continue
+        msg = FIELD_BY_NAME[name].check(value)
+        if msg:
+            ctx.add(jid, name, msg)
+
+    kind = merged.get("kind")
+    spec = specs.get(kind) if isinstance(kind, str) else None
+    if kind is None:
+        ctx.add(jid, "kind", "is required (in the job or in [defaults])")
+    elif isinstance(kind, str) and spec is None:
+        ctx.add(jid, "kind", f"unknown kind {kind!r} (known: {', '.join(sorted(specs))})")
+
+    inputs: list[str] = []
+    if "input" in raw and "inputs" in raw:
+        ctx.add(jid, "inputs", "give either input or inputs, not both")
+    elif "input" in raw:
+        resolved = _resolve_input(ctx, jid, "input", base, raw["input"])
+        if resolved:
+            inputs.append(resolved)
+    elif "inputs" in raw:
+        if not isinstance(raw["inputs"], list):
+            ctx.add(jid, "inputs", f"must be an array of paths, got {_type_name(raw['inputs'])}")
+        elif len(raw["inputs"]) > MAX_INPUTS:
+            ctx.add(jid, "inputs", f"at most {MAX_INPUTS} inputs")
+        else:
+            for i, item in enumerate(raw["inputs"]):
+                resolved = _resolve_input(ctx, jid, f"inputs[{i}]", base, item)
+                if resolved:
+                    inputs.append(resolved)
+
+    if "output" in raw:
+        msg = check_output_path(raw["output"])
+        if msg:
+            ctx.add(jid, "output", msg)
+
+    argv = merged.get("argv")
+    if spec is not None:
+        n_given = len(raw.get("inputs", [])) if "inputs" in raw else int("input" in raw)
+        if n_given < spec.min_inputs:
+            ctx.add(jid, "inputs", f"kind {spec.kind!r} needs at least {spec.min_inputs} input(s)")
+        if spec.max_inputs is not None and n_given > spec.max_inputs:
+            ctx.add(jid, "inputs", f"kind {spec.kind!r} takes at most {spec.max_inputs} input(s)")
+        _check_params(ctx, jid, spec, params)
+        if spec.kind == "command":
+            if not (isinstance(argv, list) and argv and len(argv) <= MAX_ARGV
+                    and all(isinstance(a, str) and "\x00" not in a for a in argv)):
+                ctx.add(jid, "argv", "kind 'command' needs argv: a non-empty array of strings")
+        elif "argv" in raw:
+            ctx.add(jid, "argv", "only for kind 'command'")
+        if spec.kind == "python":
+            if "callable" not in merged:
+                ctx.add(jid, "callable", "kind 'python' needs callable = \"module:function\"")
+        elif "callable" in raw:
+            ctx.add(jid, "callable", "only for kind 'python'")
+
+    deadline: float | None = None
+    if "deadline" in merged:
+        parsed = _parse_deadline(merged["deadline"])
+        if isinstance(parsed, str):
+            ctx.add(jid, "deadline", parsed)
+        else:
+            deadline = parsed
+
+    where = _long_string(params)
+    if where is not None:
+        ctx.add(jid, f"params{where}", f"string longer than {MAX_STRING} characters")
+    if _depth(params) > MAX_DEPTH:
+        ctx.add(jid, "params", f"nested deeper than {MAX_DEPTH} levels")
+
+    if len(ctx.problems) > before:
+        return None
+    return JobSpec(
+        id=raw["id"],
+        kind=str(kind),
+        output=raw["output"],
+        out_root=out_root,
+        inputs=tuple(inputs),
+        params=params,
+        argv=tuple(argv) if spec is not None and spec.kind == "command" else None,
+        callable=merged.get("callable") if spec is not None and spec.kind == "python" else None,
+        pythonpath=str(base) if spec is not None and spec.kind == "python" else None,
+        memory_mb=merged.get("memory_mb", limits.memory_mb),
+        timeout_s=float(merged.get("timeout_s", limits.timeout_s)),
+        max_attempts=merged.get("max_attempts", limits.max_attempts),
+        priority=merged.get("priority", limits.priority),
+        group=merged.get("group", limits.group),
+        deadline=deadline,
+    )
+
+
+def _suggest(key: str, known: Iterable[str]) -> str | None:
+    import difflib
+
+    close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.7)
+    return close[0] if close else None
+
+
+def validate_document(
+    doc: Any,
+    *,
+    file: str,
+    base: Path,
+    out_root: str,
+    limits: Limits = Limits(),
+    specs: Mapping[str, RendererSpec] | None = None,
+    problems: list[Problem] | None = None,
+) -> list[JobSpec]:
+    """Validate a parsed document; problems are appended to ``problems``."""
+    ctx = _Ctx(file, problems if problems is not None else [])
+    specs = specs if specs is not None else all_specs()
+    if not isinstance(doc, dict):
+        ctx.add(None, None, f"the manifest must be a table/object, got {_type_name(doc)}")
+        return []
+    for key in doc:
+        if key not in ("defaults", "jobs"):
+            hint = _suggest(key, ("defaults", "jobs"))
+            ctx.add(None, key, "unknown top-level field"
+                    + (f" (did you mean {hint!r}?)" if hint else ""))
+    defaults = doc.get("defaults", {})
+    if not isinstance(defaults, dict):
+        ctx.add(None, "defaults", f"must be a table, got {_type_name(defaults)}")
+        defaults = {}
+    bad_defaults = False
+    for key, value in defaults.items():
+        if key not in DEFAULT_FIELDS:
+            hint = _suggest(key, DEFAULT_FIELDS)
+            ctx.add(None, f"defaults.{key}", "unknown field"
+                    + (f" (did you mean {hint!r}?)" if hint else ""))
+            bad_defaults = True
+        elif key == "params":
+            if not isinstance(value, dict):
+                ctx.add(None, "defaults.params", f"must be a table, got {_type_name(value)}")
+                bad_defaults = True
+        else:
+            msg = FIELD_BY_NAME[key].check(value)
+            if msg:
+                ctx.add(None, f"defaults.{key}", msg)
+                bad_defaults = True
+    if bad_defaults:
+        # Each job would repeat the same defaults problem; report it once.
+        defaults = {k: v for k, v in defaults.items()
+                    if k in DEFAULT_FIELDS and k != "params" and not FIELD_BY_NAME[k].check(v)}
+    jobs = doc.get("jobs")
+    if jobs is None:
+        ctx.add(None, "jobs", "is required: at least one [[jobs]] entry")
+        return []
+    if not isinstance(jobs, list):
+        ctx.add(None, "jobs", f"must be an array of tables, got {_type_name(jobs)}")
+        return []
+    if len(jobs) == 0:
+        ctx.add(None, "jobs", "is empty")
+    if len(jobs) > MAX_JOBS_PER_MANIFEST:
+        ctx.add(None, "jobs", f"at most {MAX_JOBS_PER_MANIFEST} jobs per manifest, got "
+                              f"{len(jobs)}")
+        return []
+    out: list[JobSpec] = []
+    for i, raw in enumerate(jobs):
+        job = _validate_job(ctx, i, raw, defaults, base=base, out_root=out_root,
+                            limits=limits, specs=specs)
+        if job is not None:
+            out.append(job)
+    return out
+
+
+def load_manifests(
+    paths: Sequence[str | os.PathLike[str]],
+    *,
+    out_root: str | os.PathLike[str],
+    limits: Limits = Limits(),
+) -> list[JobSpec]:
+    """Read and validate every manifest of one command; all jobs, or ``ManifestError``."""
+    problems: list[Problem] = []
+    jobs: list[JobSpec] = []
+    specs = all_specs()
+    root = os.path.abspath(out_root)
+    for p in paths:
+        name = os.fspath(p)
+        try:
+            st = os.stat(name)
+            if not stat.S_ISREG(st.st_mode):
+                problems.append(Problem(name, None, None, "not a regular file"))
+                continue
+            if st.st_size > MAX_MANIFEST_BYTES:
+                problems.append(Problem(name, None, None,
+                                        f"larger than {MAX_MANIFEST_BYTES // (1024 * 1024)} MiB"))
+                continue
+            with open(name, "rb") as fh:
+                raw = fh.read(MAX_MANIFEST_BYTES + 1)
+        except OSError as exc:
+            problems.append(Problem(name, None, None, f"cannot read: {exc.strerror}"))
+            continue
+        try:
+            doc = parse_document(raw, name=name)
+        except _ParseError as exc:
+            problems.append(Problem(name, None, None, str(exc)))
+            continue
+        base = Path(os.path.abspath(os.path.dirname(name) or "."))
+        jobs.extend(validate_document(doc, file=name, base=base, out_root=root, limits=limits,
+                                      specs=specs, problems=problems))
+    check_unique(jobs, problems, files=[os.fspath(p) for p in paths])
+    if problems:
+        raise ManifestError(problems)
+    return jobs
+
+
+def check_unique(jobs: Sequence[JobSpec], problems: list[Problem], *, files: list[str]) -> None:
+    """Ids and output paths must be unique across everything one command submits."""
+    label = files[0] if len(files) == 1 else ", ".join(files)
+    seen_ids: set[str] = set()
+    seen_outputs: dict[str, str] = {}
+    for job in jobs:
+        if job.id in seen_ids:
+            problems.append(Problem(label, job.id, "id", "duplicate job id"))
+        seen_ids.add(job.id)
+        key = os.path.join(job.out_root, job.output)
+        if key in seen_outputs and seen_outputs[key] != job.id:
+            problems.append(Problem(label, job.id, "output",
+                                    f"same output as job {seen_outputs[key]}: {job.output}"))
+        seen_outputs.setdefault(key, job.id)
+
+
+def jobs_from_dicts(
+    items: Sequence[Mapping[str, Any]],
+    *,
+    base: str | os.PathLike[str],
+    out_root: str | os.PathLike[str],
+    defaults: Mapping[str, Any] | None = None,
+    limits: Limits = Limits(),
+    source: str = "<api>",
+) -> list[JobSpec]:
+    """The Python API's entry: plain dicts validated exactly like a manifest's jobs."""
+    problems: list[Problem] = []
+    doc = {"jobs": [dict(i) for i in items]}
+    if defaults:
+        doc["defaults"] = dict(defaults)
+    jobs = validate_document(doc, file=source, base=Path(os.path.abspath(base)),
+                             out_root=os.path.abspath(out_root), limits=limits,
+                             problems=problems)
+    check_unique(jobs, problems, files=[source])
+    if problems:
+        raise ManifestError(problems)
+    return jobs

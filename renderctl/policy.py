@@ -1,0 +1,188 @@
+"""Pure decisions: retry or dead-letter, backoff, and the claim order.
+
+Nothing here touches files, processes or the real clock; tests drive it with plain values.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from collections import deque
+from dataclasses import dataclass, field
+
+from renderctl.lifecycle import Outcome, State
+
+AGING_INTERVAL_S = 300.0  # one priority step per five minutes waited: slow, but no starvation
+
+
+def compute_backoff(
+    attempts: int, *, base_s: float, max_s: float, jitter: float = 0.5,
+    rng: random.Random | None = None,
+) -> float:
+    """Delay before attempt ``attempts + 1``: base * 2^(attempts-1), capped, +-jitter/2."""
+    if attempts <= 0:
+        return 0.0
+    delay = min(max_s, base_s * (2 ** (attempts - 1)))
+    r = (rng or random).random()
+    return max(0.0, delay * (1 - jitter / 2 + jitter * r))
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What happens to a job after an attempt ends."""
+
+    state: State
+    retry_in_s: float = 0.0
+    reason: str = ""
+
+
+def after_attempt(
+    outcome: Outcome, *, charged_attempts: int, max_attempts: int, backoff_s: float
+) -> Verdict:
+    """Decide the job's next state from its latest outcome and attempt count."""
+    if outcome is Outcome.COMPLETED:
+        return Verdict(State.DONE)
+    if outcome is Outcome.CANCELLED:
+        return Verdict(State.CANCELLED, reason="cancelled")
+    if outcome is Outcome.RELEASED:
+        return Verdict(State.PENDING, reason="released by a stopping runner")
+    if not outcome.retryable:
+        return Verdict(State.DEAD, reason=f"{outcome.value}: a retry cannot fix it")
+    if charged_attempts >= max_attempts:
+        return Verdict(State.DEAD, reason=f"{outcome.value} on attempt {charged_attempts} of "
+                                          f"{max_attempts}")
+    return Verdict(State.PENDING, retry_in_s=backoff_s,
+                   reason=f"{outcome.value}; retry {charged_attempts + 1} of {max_attempts}")
+
+
+@dataclass(frozen=True, order=True)
+class Entry:
+    """What the claim order needs to know of one pending job."""
+
+    seq: str  # acceptance order, a sortable string
+    job_id: str
+    priority: int = 0
+    group: str = "default"
+    accepted_at: float = 0.0
+    not_before: float = 0.0
+    deadline: float | None = None
+
+
+@dataclass
+class _Bucket:
+    groups: dict[str, deque[Entry]] = field(default_factory=dict)
+    rotation: deque[str] = field(default_factory=deque)
+    oldest: list[tuple[str, str]] = field(default_factory=list)  # heap of (seq, job_id)
+    size: int = 0
+
+
+class ClaimIndex:
+    """Pending jobs in claim order; every operation costs O(log n + priorities), not O(n).
+
+    Order: effective priority (base + one step per ``aging_s`` waited, so low priorities
+    cannot starve), then round-robin over groups within a priority, then acceptance order.
+    Jobs with a future ``not_before`` wait in a timer heap and join when due.
+    """
+
+    def __init__(self, *, aging_s: float = AGING_INTERVAL_S) -> None:
+        self.aging_s = aging_s
+        self._buckets: dict[int, _Bucket] = {}
+        self._delayed: list[tuple[float, Entry]] = []
+        self._live: dict[str, Entry] = {}  # every pending job the index knows
+        self._ready: dict[str, Entry] = {}  # those claimable now (in a bucket)
+
+    def __len__(self) -> int:
+        return len(self._live)
+
+    def __contains__(self, job_id: str) -> bool:
+        return job_id in self._live
+
+    def add(self, entry: Entry, *, now: float) -> None:
+        """Add (or replace) a pending job."""
+        if entry.job_id in self._live:
+            self.discard(entry.job_id)
+        self._live[entry.job_id] = entry
+        if entry.not_before > now:
+            heapq.heappush(self._delayed, (entry.not_before, entry))
+        else:
+            self._enqueue(entry)
+
+    def discard(self, job_id: str) -> None:
+        """Forget a job (claimed or cancelled elsewhere); stale heap items are skipped lazily."""
+        self._live.pop(job_id, None)
+        self._ready.pop(job_id, None)
+
+    def _enqueue(self, entry: Entry) -> None:
+        bucket = self._buckets.setdefault(entry.priority, _Bucket())
+        q = bucket.groups.get(entry.group)
+        if q is None:
+            q = bucket.groups[entry.group] = deque()
+            bucket.rotation.append(entry.group)
+        q.append(entry)
+        self._ready[entry.job_id] = entry
+        heapq.heappush(bucket.oldest, (entry.seq, entry.job_id))
+        bucket.size += 1
+
+    def _promote_due(self, now: float) -> None:
+        while self._delayed and self._delayed[0][0] <= now:
+            _, entry = heapq.heappop(self._delayed)
+            if self._live.get(entry.job_id) is entry:
+                self._enqueue(entry)
+
+    def next_due(self) -> float | None:
+        """When the earliest delayed job becomes claimable (None if none waits)."""
+        while self._delayed:
+            head = self._delayed[0][1]
+            if self._live.get(head.job_id) is head and head.job_id not in self._ready:
+                break
+            heapq.heappop(self._delayed)
+        return self._delayed[0][0] if self._delayed else None
+
+    def _bucket_oldest(self, bucket: _Bucket) -> Entry | None:
+        while bucket.oldest:
+            seq, job_id = bucket.oldest[0]
+            entry = self._ready.get(job_id)
+            if entry is not None and entry.seq == seq:
+                return entry
+            heapq.heappop(bucket.oldest)
+        return None
+
+    def effective_priority(self, entry: Entry, *, now: float) -> int:
+        waited = max(0.0, now - entry.accepted_at)
+        return entry.priority + int(waited // self.aging_s)
+
+    def pop(self, *, now: float) -> Entry | None:
+        """Remove and return the next job to claim, or None if none is claimable now."""
+        self._promote_due(now)
+        best: tuple[int, int] | None = None
+        best_prio: int | None = None
+        for prio in list(self._buckets):
+            bucket = self._buckets[prio]
+            head = self._bucket_oldest(bucket)
+            if head is None:
+                del self._buckets[prio]
+                continue
+            key = (self.effective_priority(head, now=now), prio)
+            if best is None or key > best:
+                best, best_prio = key, prio
+        if best_prio is None:
+            return None
+        bucket = self._buckets[best_prio]
+        while bucket.rotation:
+            group = bucket.rotation.popleft()
+            q = bucket.groups[group]
+            while q and self._ready.get(q[0].job_id) is not q[0]:
+                q.popleft()  # claimed or cancelled through another path
+            if not q:
+                del bucket.groups[group]
+                continue
+            entry = q.popleft()
+            if q:
+                bucket.rotation.append(group)
+            else:
+                del bucket.groups[group]
+            del self._live[entry.job_id]
+            del self._ready[entry.job_id]
+            return entry
+        del self._buckets[best_prio]
+        return self.pop(now=now)

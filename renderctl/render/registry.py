@@ -1,0 +1,100 @@
+"""The renderer catalogue: built-in specs plus those other packages register.
+
+Other packages add renderers through the entry-point group ``renderctl.renderers``; each
+entry point must load to a ``RendererSpec``. Nothing here imports reportlab or pypdf.
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import entry_points
+
+from renderctl.render.base import ParamSpec, RendererSpec
+
+ENTRY_POINT_GROUP = "renderctl.renderers"
+
+# `command` and `python` are run by the worker itself (argv / callable fields in the
+# manifest); their specs exist so that `kinds` lists them and validation knows their shape.
+BUILTIN: tuple[RendererSpec, ...] = (
+    RendererSpec(
+        kind="invoice",
+        target="renderctl.render.invoice:render",
+        description="An invoice from a JSON document (Decimal money, tax per rate, Page N of M).",
+        min_inputs=1,
+        max_inputs=1,
+        params=(ParamSpec("title", "str", description="heading; default 'Invoice'"),),
+    ),
+    RendererSpec(
+        kind="report",
+        target="renderctl.render.report:render",
+        description="A multi-page table from a CSV file, with totals and an optional bar chart.",
+        min_inputs=1,
+        max_inputs=1,
+        params=(
+            ParamSpec("title", "str", required=True, description="report title"),
+            ParamSpec("columns", "list[str]", description="columns to show, in order"),
+            ParamSpec("sort_by", "str", description="column to sort rows by"),
+            ParamSpec("descending", "bool", description="sort descending"),
+            ParamSpec("chart", "str", description="numeric column drawn as a bar chart"),
+        ),
+    ),
+    RendererSpec(
+        kind="merge",
+        target="renderctl.render.pdfops:merge",
+        description="Concatenate PDFs in order, one outline entry per input.",
+        min_inputs=1,
+    ),
+    RendererSpec(
+        kind="stamp",
+        target="renderctl.render.pdfops:stamp",
+        description="Draw a text stamp on every page of a PDF.",
+        min_inputs=1,
+        max_inputs=1,
+        params=(
+            ParamSpec("text", "str", required=True, description="the stamp text"),
+            ParamSpec(
+                "position",
+                "str",
+                description="where on the page (default center)",
+                choices=("center", "top", "bottom", "top-left", "top-right", "bottom-left",
+                         "bottom-right"),
+            ),
+            ParamSpec("opacity", "number", description="0..1, default 0.3"),
+            ParamSpec("rotation", "number", description="degrees, default 45 at center"),
+            ParamSpec("font_size", "number", description="points, default 48"),
+        ),
+    ),
+    RendererSpec(
+        kind="split",
+        target="renderctl.render.pdfops:split",
+        description="Split one PDF into parts of N pages; the output is a folder.",
+        min_inputs=1,
+        max_inputs=1,
+        params=(ParamSpec("pages_per_part", "int", description="pages per part, default 1"),),
+        output="dir",
+    ),
+    RendererSpec(
+        kind="command",
+        target="renderctl.worker:run_command",
+        description="Run an argv (never a shell) with {input} {inputs} {output} placeholders.",
+        open_params=True,
+    ),
+    RendererSpec(
+        kind="python",
+        target="renderctl.worker:run_callable",
+        description="Call module:function(inputs, output, params) in the worker.",
+        open_params=True,
+    ),
+)
+
+
+def all_specs() -> dict[str, RendererSpec]:
+    """Every renderer by kind: built-ins first; a plugin cannot shadow a built-in."""
+    specs = {spec.kind: spec for spec in BUILTIN}
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            spec = ep.load()
+        except Exception:  # a broken plugin must not break the CLI; `kinds` reports it
+            continue
+        if isinstance(spec, RendererSpec) and spec.kind not in specs:
+            specs[spec.kind] = spec
+    return specs

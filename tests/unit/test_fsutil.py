@@ -1,0 +1,49 @@
+"""The durable primitives on a real file system."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from renderctl.fsutil import atomic_write, rename_noreplace, syncfs, unlink_quiet, write_file
+
+
+def test_atomic_write_replaces_and_leaves_no_temporary(tmp_path: Path) -> None:
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    target = tmp_path / "state.json"
+    atomic_write(target, b"one", tmp_dir=tmp)
+    atomic_write(target, b"two", tmp_dir=tmp)
+    assert target.read_bytes() == b"two"
+    assert os.listdir(tmp) == []
+
+
+def test_write_file_refuses_to_overwrite(tmp_path: Path) -> None:
+    p = tmp_path / "x"
+    write_file(p, b"a", fsync=True)
+    with pytest.raises(FileExistsError):
+        write_file(p, b"b", fsync=False)
+    assert p.read_bytes() == b"a"
+
+
+def test_rename_noreplace_never_overwrites_files_or_folders(tmp_path: Path) -> None:
+    (tmp_path / "src").write_bytes(b"new")
+    (tmp_path / "dst").write_bytes(b"old")
+    with pytest.raises(FileExistsError):
+        rename_noreplace(tmp_path / "src", tmp_path / "dst")
+    assert (tmp_path / "dst").read_bytes() == b"old"
+    (tmp_path / "dir-src").mkdir()
+    (tmp_path / "dir-src" / "part").write_bytes(b"p")
+    rename_noreplace(tmp_path / "dir-src", tmp_path / "dir-dst")
+    assert (tmp_path / "dir-dst" / "part").read_bytes() == b"p"
+    with pytest.raises(FileNotFoundError):
+        rename_noreplace(tmp_path / "dir-src", tmp_path / "elsewhere")
+
+
+def test_syncfs_and_unlink_quiet(tmp_path: Path) -> None:
+    syncfs(tmp_path)
+    assert unlink_quiet(tmp_path / "missing") is False
+    (tmp_path / "f").write_bytes(b"")
+    assert unlink_quiet(tmp_path / "f") is True
