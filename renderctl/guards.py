@@ -1,0 +1,627 @@
+"""Per-job memory ceilings on a whole process tree: cgroups when we can, sampling when not.
+
+::
+
+    runner                               worker (own process group, in slot cgroup)
+    ------                               ------
+    guard = detect_memory_guard()
+    slot = guard.open_slot("w0")
+    slot.adopt(worker_pid)   ---path--->  set_job_limit(path, job.memory_limit_bytes)
+    mark = slot.mark()                    run the job (the kernel enforces the ceiling)
+    ... worker dies ...
+    slot.oom_killed_since(mark) -> outcome "memory", slot.peak_bytes()
+    slot.close(); guard.close()
+
+Without a writable cgroup the runner calls ``TreeSampler.sample()`` every <= 50 ms and kills
+the group itself when a sample says ``exceeded``.
+
+What cgroup v1 does here (kernel 6.18, measured while writing this module)
+----------------------------------------------------------------------------
+* The memory controller is mounted at /sys/fs/cgroup/memory; the process's own group
+  (from /proc/self/cgroup) accepts child groups as root; ``use_hierarchy`` is 1.
+* On crossing ``memory.limit_in_bytes`` the kernel OOM-kills ONE task of the group, the
+  largest (oom_badness), with SIGKILL: "Memory cgroup out of memory: Killed process ...".
+  v1 has no ``memory.oom.group``, so a worker whose command child was killed keeps running:
+  the runner must still ``kill_group`` the slot's process group after an OOM kill.
+* ``memory.oom_control`` has an ``oom_kill`` counter (kernel >= 4.13). It is local to the
+  group: a child group's OOM kills do not show in the parent's counter, so per-slot
+  attribution works. It cannot be reset, hence the ``mark()`` snapshot API.
+  ``memory.failcnt`` also counts every time the limit was hit while reclaiming page cache
+  (113 hits for one kill of a 10 MB-chunk allocator), so it is a weak fallback only.
+* ``memory.max_usage_in_bytes`` after the kill read exactly the limit (314572800 for
+  300 MiB): the cgroup charge never exceeds the limit, so the documented margin is 0 for the
+  charge; RSS-based figures may differ by the page tables and kernel memory (< 1 MiB).
+* tests/bench/bench_guards.py, 300 MiB ceiling: cgroup v1 overshoot 0 MB at 100 MB/s and
+  1 GB/s, crossing -> reaped 30-38 ms at 1 GB/s and ~75 ms at 100 MB/s; sampling at 50 ms
+  overshoot median 2 / 12 MB, max 4 / 29 MB. A runner should document "peak <= ceiling"
+  for cgroups and "ceiling + one interval of allocation" for sampling.
+* Lowering the limit below current usage fails at once with EBUSY (0.2 ms; no swap here so
+  reclaim has nothing to do): ``set_job_limit`` raises ``LimitBelowUsage``.
+* ``memory.memsw.limit_in_bytes`` exists (swap accounting on, though there is no swap);
+  it must stay >= ``limit_in_bytes`` (EINVAL otherwise), so the two are written in the
+  order that keeps that true.
+* Writing 0 to ``memory.max_usage_in_bytes`` resets it to the current usage.
+* ``move_charge_at_immigrate`` is left at 0: pages a forkserver worker shares with the
+  server stay charged where they were, so the slot is charged for what the job allocates
+  (close to USS, not RSS).
+
+cgroup v2 (``memory.max``) is supported on the same interface but untested here: the v2
+hierarchy on this machine has no memory controller. There a write of ``memory.max`` below
+usage does not fail but reclaims and then OOM-kills, so ``set_job_limit`` checks
+``memory.current`` first; ``memory.oom.group`` is set so the kernel kills the whole slot;
+``memory.peak`` cannot be reset globally, so the peak is the slot's lifetime peak.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import re
+import select
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal, Protocol
+
+import psutil
+
+from renderctl.errors import ExitCode, RenderctlError
+
+GuardName = Literal["cgroup-v1", "cgroup-v2", "sampling"]
+_SLOT_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+_RUNNER_DIR = re.compile(r"renderctl-(\d+)")
+
+
+# -- errors ------------------------------------------------------------------------------
+
+
+class GuardError(RenderctlError):
+    """A memory guard could not be set up or used: the machine's fault, not the job's."""
+
+    exit_code = ExitCode.IO_ERROR
+
+
+class GuardUnavailable(GuardError):
+    """The mechanism asked for (``prefer=``) is not usable on this machine."""
+
+
+class LimitBelowUsage(GuardError):
+    """The slot already uses more than the new ceiling; the worker should be recycled."""
+
+    def __init__(self, *, slot_path: str, limit_bytes: int, usage_bytes: int | None) -> None:
+        self.slot_path = slot_path
+        self.limit_bytes = limit_bytes
+        self.usage_bytes = usage_bytes
+        super().__init__(
+            f"cannot set memory limit {limit_bytes} on {slot_path}: usage {usage_bytes} is above it"
+        )
+
+
+# -- the interface -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class OomMark:
+    """A snapshot of a slot's OOM counters, taken before a job, compared after it."""
+
+    oom_kills: int | None  # None: the kernel has no oom_kill counter
+    failcnt: int
+
+
+class Slot(Protocol):
+    """One worker's memory slot: the runner adopts the worker into it and reads verdicts."""
+
+    @property
+    def path(self) -> str: ...
+    def adopt(self, pid: int) -> None: ...
+    def mark(self) -> OomMark: ...
+    def oom_killed_since(self, mark: OomMark) -> bool: ...
+    def peak_bytes(self) -> int | None: ...
+    def usage_bytes(self) -> int | None: ...
+    def pids(self) -> list[int]: ...
+    def close(self) -> None: ...
+
+
+class MemoryGuard(Protocol):
+    """A mechanism that enforces per-job memory ceilings; ``name`` is shown by ``status``."""
+
+    @property
+    def name(self) -> GuardName: ...
+    def open_slot(self, slot_name: str) -> Slot: ...
+    def close(self) -> None: ...
+    def cleanup_stale(self) -> list[str]: ...
+
+
+# -- small file helpers ------------------------------------------------------------------
+
+
+def _read_int(path: Path) -> int:
+    text = path.read_text().strip()
+    return 2**63 - 1 if text == "max" else int(text)
+
+
+def _read_keyed(path: Path, key: str) -> int | None:
+    """The value of ``key`` in a flat-keyed file such as memory.oom_control or memory.events."""
+    for line in path.read_text().splitlines():
+        name, _, value = line.partition(" ")
+        if name == key:
+            return int(value)
+    return None
+
+
+def _write(path: Path, value: str) -> None:
+    # cgroup files want one write() of the whole value; no buffering, no truncation dance.
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.write(fd, value.encode())
+    finally:
+        os.close(fd)
+
+
+def _is_v1(path: Path) -> bool:
+    return (path / "memory.limit_in_bytes").exists()
+
+
+# -- worker side -------------------------------------------------------------------------
+
+
+def set_job_limit(slot_path: str, limit_bytes: int) -> None:
+    """Worker side: set this job's ceiling on its slot and reset the peak; no-op for sampling."""
+    if not slot_path:
+        return
+    if limit_bytes <= 0:
+        raise ValueError(f"limit_bytes must be positive, got {limit_bytes}")
+    path = Path(slot_path)
+    if _is_v1(path):
+        _set_limit_v1(path, limit_bytes)
+    elif (path / "memory.max").exists():
+        _set_limit_v2(path, limit_bytes)
+    else:
+        raise GuardError(f"{slot_path} is not a memory cgroup")
+
+
+def _set_limit_v1(path: Path, limit_bytes: int) -> None:
+    mem = path / "memory.limit_in_bytes"
+    memsw = path / "memory.memsw.limit_in_bytes"
+    # memsw (memory + swap) must stay >= the memory limit at every step, else EINVAL:
+    # lower memory first, raise memsw first. Equal limits leave no room to escape into swap.
+    files = [mem]
+    if memsw.exists():
+        files = [mem, memsw] if limit_bytes < _read_int(mem) else [memsw, mem]
+    for f in files:
+        try:
+            _write(f, str(limit_bytes))
+        except OSError as e:
+            if e.errno != errno.EBUSY:
+                raise
+            raise LimitBelowUsage(
+                slot_path=str(path),
+                limit_bytes=limit_bytes,
+                usage_bytes=_read_int(path / "memory.usage_in_bytes"),
+            ) from e
+    for name in ("memory.max_usage_in_bytes", "memory.failcnt"):
+        _write(path / name, "0")
+    for name in ("memory.memsw.max_usage_in_bytes", "memory.memsw.failcnt"):
+        with contextlib.suppress(FileNotFoundError):
+            _write(path / name, "0")
+
+
+def _set_limit_v2(path: Path, limit_bytes: int) -> None:
+    # v2 never answers EBUSY: it reclaims and then OOM-kills inside the group, which would
+    # be the worker asking. Refuse first instead (usage can still grow between the two).
+    usage = _read_int(path / "memory.current")
+    if usage > limit_bytes:
+        raise LimitBelowUsage(slot_path=str(path), limit_bytes=limit_bytes, usage_bytes=usage)
+    with contextlib.suppress(FileNotFoundError):
+        _write(path / "memory.swap.max", "0")
+    _write(path / "memory.max", str(limit_bytes))
+
+
+# -- cgroup slots ------------------------------------------------------------------------
+
+
+def _signal_members(procs_file: Path, sig: int) -> list[int]:
+    """Signal every task listed in a cgroup without a pid-reuse race; return the pids."""
+    pids = [int(p) for p in procs_file.read_text().split()]
+    cgroup_dir = str(procs_file.parent)
+    for pid in pids:
+        try:
+            pidfd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            continue
+        try:
+            # With the pidfd held the pid cannot be recycled; re-check membership, then
+            # signal through the pidfd so the signal reaches exactly that process.
+            if cgroup_dir.endswith(_cgroup_of(pid)):
+                signal.pidfd_send_signal(pidfd, sig)
+        except (ProcessLookupError, FileNotFoundError):
+            pass
+        finally:
+            os.close(pidfd)
+    return pids
+
+
+def _cgroup_of(pid: int) -> str:
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        _, controllers, cg_path = line.split(":", 2)
+        if "memory" in controllers.split(",") or controllers == "":
+            return cg_path
+    return "\0"  # never a suffix of a real path
+
+
+def _wait_pids_gone(pids: list[int], deadline: float) -> None:
+    fds: list[int] = []
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            fds.append(os.pidfd_open(pid))
+    try:
+        pending = list(fds)
+        while pending and time.monotonic() < deadline:
+            ready, _, _ = select.select(pending, [], [], max(0.0, deadline - time.monotonic()))
+            pending = [fd for fd in pending if fd not in ready]
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def _remove_cgroup(path: Path, *, timeout_s: float = 5.0) -> None:
+    """SIGKILL whatever is left in ``path``, wait for it, and remove the directory."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            pids = _signal_members(path / "cgroup.procs", signal.SIGKILL)
+        except FileNotFoundError:
+            return
+        if pids:
+            _wait_pids_gone(pids, min(deadline, time.monotonic() + 0.5))
+        try:
+            path.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError as e:
+            # EBUSY while a killed task is still tearing down its address space.
+            if e.errno != errno.EBUSY or time.monotonic() >= deadline:
+                raise GuardError(f"cannot remove cgroup {path}: {e}") from e
+
+
+@dataclass(frozen=True)
+class CgroupSlot:
+    """A slot backed by one memory cgroup (v1 or v2)."""
+
+    dir: Path
+    v1: bool
+
+    @property
+    def path(self) -> str:
+        """The slot's cgroup directory, handed to the worker for ``set_job_limit``."""
+        return str(self.dir)
+
+    def adopt(self, pid: int) -> None:
+        """Move ``pid`` (all its threads) into this slot; raises ProcessLookupError if gone."""
+        _write(self.dir / "cgroup.procs", str(pid))
+
+    def mark(self) -> OomMark:
+        """Snapshot the OOM counters; compare with ``oom_killed_since`` after the job."""
+        if self.v1:
+            return OomMark(
+                _read_keyed(self.dir / "memory.oom_control", "oom_kill"),
+                _read_int(self.dir / "memory.failcnt"),
+            )
+        events = self.dir / "memory.events.local"
+        if not events.exists():
+            events = self.dir / "memory.events"
+        return OomMark(_read_keyed(events, "oom_kill"), _read_keyed(events, "max") or 0)
+
+    def oom_killed_since(self, mark: OomMark) -> bool:
+        """Whether the kernel OOM-killed a task in this slot after ``mark`` was taken."""
+        now = self.mark()
+        if now.oom_kills is not None and mark.oom_kills is not None:
+            return now.oom_kills > mark.oom_kills
+        # Old kernels: the limit was hit at least once; combined with a SIGKILL death that
+        # nobody sent, this is the best evidence there is.
+        return now.failcnt > mark.failcnt
+
+    def peak_bytes(self) -> int | None:
+        """The highest charge since the worker last called ``set_job_limit`` (v2: ever)."""
+        name = "memory.max_usage_in_bytes" if self.v1 else "memory.peak"
+        try:
+            return _read_int(self.dir / name)
+        except FileNotFoundError:
+            return None
+
+    def usage_bytes(self) -> int | None:
+        """The slot's current charge."""
+        return _read_int(self.dir / ("memory.usage_in_bytes" if self.v1 else "memory.current"))
+
+    def pids(self) -> list[int]:
+        """Pids of the processes in this slot."""
+        return [int(p) for p in (self.dir / "cgroup.procs").read_text().split()]
+
+    def close(self) -> None:
+        """Kill whatever is still in the slot and remove its cgroup."""
+        _remove_cgroup(self.dir)
+
+
+@dataclass(frozen=True)
+class CgroupGuard:
+    """Ceilings enforced by the kernel: one cgroup per slot under ``renderctl-<runner pid>``."""
+
+    own_dir: Path  # the cgroup this process was started in
+    v1: bool
+    runner_pid: int = field(default_factory=os.getpid)
+
+    @property
+    def name(self) -> GuardName:
+        """``cgroup-v1`` or ``cgroup-v2``."""
+        return "cgroup-v1" if self.v1 else "cgroup-v2"
+
+    @property
+    def parent_dir(self) -> Path:
+        """This runner's parent cgroup, holding its slots."""
+        return self.own_dir / f"renderctl-{self.runner_pid}"
+
+    def open_slot(self, slot_name: str) -> CgroupSlot:
+        """Create (or reuse) the slot cgroup ``slot_name`` under this runner's parent."""
+        if not _SLOT_NAME.fullmatch(slot_name):
+            raise ValueError(f"bad slot name {slot_name!r}")
+        self.parent_dir.mkdir(exist_ok=True)
+        if not self.v1:
+            _write(self.parent_dir / "cgroup.subtree_control", "+memory")
+        slot_dir = self.parent_dir / slot_name
+        slot_dir.mkdir(exist_ok=True)
+        if not self.v1:
+            # v2 can kill the whole slot at once; v1 kills one task (see module docstring).
+            _write(slot_dir / "memory.oom.group", "1")
+        return CgroupSlot(slot_dir, self.v1)
+
+    def close(self) -> None:
+        """Kill and remove every slot of this runner, then its parent cgroup."""
+        _remove_runner_dir(self.parent_dir)
+
+    def cleanup_stale(self) -> list[str]:
+        """Remove ``renderctl-<pid>`` cgroups of runners that no longer exist; return them."""
+        removed: list[str] = []
+        for entry in self.own_dir.iterdir():
+            m = _RUNNER_DIR.fullmatch(entry.name)
+            if not m or not entry.is_dir() or int(m.group(1)) == self.runner_pid:
+                continue
+            # A live pid may be a recycled one; leaving its dir is the safe mistake.
+            if psutil.pid_exists(int(m.group(1))):
+                continue
+            _remove_runner_dir(entry)
+            removed.append(str(entry))
+        return removed
+
+
+def _remove_runner_dir(parent: Path) -> None:
+    if not parent.exists():
+        return
+    for slot in parent.iterdir():
+        if slot.is_dir():
+            _remove_cgroup(slot)
+    _remove_cgroup(parent)
+
+
+# -- sampling ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SamplingSlot:
+    """The no-op slot of the sampling guard: the runner watches the tree with TreeSampler."""
+
+    name: str
+
+    @property
+    def path(self) -> str:
+        """Empty: ``set_job_limit`` treats it as "nothing to set"."""
+        return ""
+
+    def adopt(self, pid: int) -> None:
+        """Nothing to do: sampling follows the worker's process tree instead."""
+
+    def mark(self) -> OomMark:
+        """No kernel counters; the runner knows when it killed for memory."""
+        return OomMark(None, 0)
+
+    def oom_killed_since(self, mark: OomMark) -> bool:
+        """Always False: with sampling, memory kills are the runner's own decision."""
+        return False
+
+    def peak_bytes(self) -> int | None:
+        """Unknown here; read ``TreeSampler.peak_bytes``."""
+        return None
+
+    def usage_bytes(self) -> int | None:
+        """Unknown here; read ``TreeSampler.sample()``."""
+        return None
+
+    def pids(self) -> list[int]:
+        """Unknown here; the runner knows its workers."""
+        return []
+
+    def close(self) -> None:
+        """Nothing to remove."""
+
+
+@dataclass(frozen=True)
+class SamplingGuard:
+    """Fallback: the runner samples each job tree every ``interval_s`` and kills it itself."""
+
+    interval_s: float = 0.05
+
+    @property
+    def name(self) -> GuardName:
+        """``sampling``."""
+        return "sampling"
+
+    def open_slot(self, slot_name: str) -> SamplingSlot:
+        """A no-op slot."""
+        return SamplingSlot(slot_name)
+
+    def close(self) -> None:
+        """Nothing to remove."""
+
+    def cleanup_stale(self) -> list[str]:
+        """Nothing is ever left behind."""
+        return []
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One reading of a job tree: summed RSS, summed USS when RSS crossed the ceiling."""
+
+    rss_bytes: int
+    uss_bytes: int | None
+    exceeded: bool
+    processes: int
+
+
+class TreeSampler:
+    """Samples the memory of a process, its descendants and its process group."""
+
+    def __init__(self, pid: int, limit_bytes: int, *, full_scan_every: int = 10) -> None:
+        self.pid = pid
+        self.limit_bytes = limit_bytes
+        self.full_scan_every = full_scan_every
+        self.peak_bytes = 0  # RSS while under the ceiling, USS above it (see sample())
+        self.peak_rss_bytes = 0
+        self._samples = 0
+        self._procs: dict[int, psutil.Process] = {}
+        self._pgid = os.getpgid(pid)
+
+    def _full_scan(self) -> set[int]:
+        """Descendants of the root and members of its group, from one pass over /proc."""
+        parent_of: dict[int, int] = {}
+        members: set[int] = {self.pid}
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            try:
+                data = Path(entry.path, "stat").read_bytes()
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+            fields = data[data.rindex(b")") + 2 :].split()
+            pid = int(entry.name)
+            parent_of[pid] = int(fields[1])
+            if int(fields[2]) == self._pgid:
+                members.add(pid)
+        for pid in parent_of:
+            p = pid
+            while p in parent_of and p not in members and p > 1:
+                p = parent_of[p]
+            if p in members:
+                members.add(pid)
+        return members
+
+    def _children_of_tracked(self) -> set[int]:
+        """New children via /proc/PID/task/PID/children: one small read per tracked process."""
+        found: set[int] = set()
+        for pid in list(self._procs):
+            try:
+                text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+                found.update(int(c) for c in text.split())
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+        return found
+
+    def _track(self, pids: set[int]) -> None:
+        for pid in pids - self._procs.keys():
+            with contextlib.suppress(psutil.Error):
+                self._procs[pid] = psutil.Process(pid)
+
+    def sample(self) -> Sample:
+        """Read the tree's RSS; read USS only when RSS crosses the ceiling (USS is ~100x dearer)."""
+        if self._samples % self.full_scan_every == 0:
+            self._track(self._full_scan())
+        else:
+            self._track(self._children_of_tracked())
+        self._samples += 1
+        rss = self._sum(lambda p: p.memory_info().rss)
+        uss: int | None = None
+        if rss > self.limit_bytes:
+            # Forked workers share pages with their parent: RSS over-counts. Confirm before
+            # anyone kills. Pick up children a full scan would have found first.
+            self._track(self._full_scan())
+            uss = self._sum(lambda p: p.memory_full_info().uss)
+        seen = rss if uss is None else uss
+        self.peak_bytes = max(self.peak_bytes, seen)
+        self.peak_rss_bytes = max(self.peak_rss_bytes, rss)
+        exceeded = uss is not None and uss > self.limit_bytes
+        return Sample(rss, uss, exceeded, len(self._procs))
+
+    def _sum(self, read: Callable[[psutil.Process], int]) -> int:
+        total = 0
+        for pid, proc in list(self._procs.items()):
+            try:
+                total += read(proc)
+            except psutil.Error:
+                del self._procs[pid]
+        return total
+
+
+# -- choosing a guard --------------------------------------------------------------------
+
+
+def _mount_point(fstype: str, option: str | None) -> tuple[Path, str] | None:
+    """Mount point and mount root of a cgroup filesystem, from /proc/self/mountinfo."""
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        left, _, right = line.partition(" - ")
+        parts, rparts = left.split(), right.split()
+        if rparts[0] != fstype:
+            continue
+        if option is None or option in rparts[2].split(","):
+            return Path(parts[4]), parts[3]
+    return None
+
+
+def _own_cgroup_dir(v1: bool) -> Path | None:
+    mount = _mount_point("cgroup", "memory") if v1 else _mount_point("cgroup2", None)
+    if mount is None:
+        return None
+    mount_point, mount_root = mount
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, cg_path = line.split(":", 2)
+        if (v1 and "memory" in controllers.split(",")) or (not v1 and controllers == ""):
+            rel = os.path.relpath(cg_path, mount_root) if mount_root != "/" else cg_path
+            return mount_point / rel.lstrip("/").removeprefix(".")
+    return None
+
+
+def _probe(own: Path, v1: bool) -> bool:
+    """Prove the hierarchy is writable: create a child group, check its files, remove it."""
+    probe = own / f"renderctl-probe-{os.getpid()}"
+    try:
+        if not v1:
+            if "memory" not in (own / "cgroup.controllers").read_text().split():
+                return False
+            _write(own / "cgroup.subtree_control", "+memory")
+        probe.mkdir(exist_ok=True)
+        try:
+            limit_file = "memory.limit_in_bytes" if v1 else "memory.max"
+            return (probe / limit_file).exists()
+        finally:
+            probe.rmdir()
+    except OSError:
+        return False
+
+
+def detect_memory_guard(
+    *, prefer: str = "auto", runner_pid: int | None = None, sampling_interval_s: float = 0.05
+) -> MemoryGuard:
+    """The strongest usable guard: cgroup v2, then cgroup v1, then sampling."""
+    if prefer not in ("auto", "cgroup-v1", "cgroup-v2", "sampling"):
+        raise ValueError(f"unknown memory guard {prefer!r}")
+    pid = os.getpid() if runner_pid is None else runner_pid
+    for v1, name in ((False, "cgroup-v2"), (True, "cgroup-v1")):
+        if prefer not in ("auto", name):
+            continue
+        own = _own_cgroup_dir(v1)
+        if own is not None and _probe(own, v1):
+            return CgroupGuard(own, v1, pid)
+        if prefer == name:
+            raise GuardUnavailable(f"{name} memory controller is not writable here")
+    return SamplingGuard(sampling_interval_s)

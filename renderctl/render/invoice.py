@@ -1,0 +1,501 @@
+"""The ``invoice`` renderer: a JSON invoice document to a paginated PDF.
+
+Money is ``Decimal`` end to end (JSON floats are parsed as ``Decimal``): each line's net is
+quantity x unit price rounded half-up to cents; tax is computed per rate on the sum of that
+rate's nets, rounded half-up; the total is net plus tax. ``compute_totals`` and
+``format_money`` hold that arithmetic and are tested on their own.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
+from pathlib import Path
+from typing import Any
+
+from reportlab.lib import colors
+from reportlab.lib.units import mm
+from reportlab.platypus import (
+    KeepTogether,
+    LayoutError,
+    Paragraph,
+    SimpleDocTemplate,
+    Spacer,
+    Table,
+    TableStyle,
+)
+
+from renderctl.errors import InvalidInput
+from renderctl.render.layout import (
+    BAND,
+    INK,
+    MARGIN,
+    MUTED,
+    PAGE_SIZE,
+    RULE,
+    ZEBRA,
+    numbered_canvas,
+    styles,
+)
+from renderctl.render.text import para, para_lines, plain
+
+CENT = Decimal("0.01")
+# Bounds that keep Decimal arithmetic and layout sane; beyond them the input is a mistake.
+MAX_ABS_NUMBER = Decimal("1e12")
+MAX_PLACES = 6
+MAX_ITEMS = 10_000
+MAX_TEXT = 1_000
+MAX_LINE = 200  # names and address lines: one block must fit on one page
+MAX_NOTES = 10_000
+MAX_INPUT_BYTES = 20_000_000
+
+_CURRENCY = re.compile(r"[A-Z]{3}")
+_TOP_FIELDS = {"number", "date", "due_date", "currency", "seller", "customer", "items", "notes"}
+_REQUIRED_TOP = ("number", "date", "currency", "seller", "customer", "items")
+_PARTY_FIELDS = {"name", "address", "vat_id"}
+_ITEM_FIELDS = {"description", "quantity", "unit_price", "tax_rate"}
+
+
+@dataclass(frozen=True)
+class Party:
+    """Seller or customer: name, address lines, optional VAT id."""
+
+    name: str
+    address: tuple[str, ...]
+    vat_id: str | None = None
+
+
+@dataclass(frozen=True)
+class Item:
+    """One invoice line as given (tax_rate is a fraction: 0.2 means 20%)."""
+
+    description: str
+    quantity: Decimal
+    unit_price: Decimal
+    tax_rate: Decimal = Decimal(0)
+
+
+@dataclass(frozen=True)
+class Invoice:
+    """A validated invoice document."""
+
+    number: str
+    date: dt.date
+    currency: str
+    seller: Party
+    customer: Party
+    items: tuple[Item, ...]
+    due_date: dt.date | None = None
+    notes: str | None = None
+
+
+@dataclass(frozen=True)
+class TaxLine:
+    """The tax charged at one rate: the base it applies to and the rounded amount."""
+
+    rate: Decimal
+    base: Decimal
+    tax: Decimal
+
+
+@dataclass(frozen=True)
+class Totals:
+    """An invoice's money: each line's net, the tax per rate, and the sums."""
+
+    line_nets: tuple[Decimal, ...]
+    net: Decimal
+    taxes: tuple[TaxLine, ...]
+    tax: Decimal
+    total: Decimal
+
+
+# -- arithmetic ----------------------------------------------------------------------------
+
+
+def round_cents(amount: Decimal) -> Decimal:
+    """Round to cents, half away from zero (0.005 -> 0.01, -0.005 -> -0.01)."""
+    return amount.quantize(CENT, rounding=ROUND_HALF_UP)
+
+
+def compute_totals(doc: Invoice) -> Totals:
+    """Line nets, tax per rate on the sum of that rate's nets, and the grand total."""
+    nets = tuple(round_cents(item.quantity * item.unit_price) for item in doc.items)
+    base_by_rate: dict[Decimal, Decimal] = {}
+    for item, line_net in zip(doc.items, nets, strict=True):
+        # normalize(): 0.2 and 0.20 are one rate, not two tax lines.
+        rate = item.tax_rate.normalize()
+        base_by_rate[rate] = base_by_rate.get(rate, Decimal(0)) + line_net
+    taxes = tuple(
+        TaxLine(rate=rate, base=base, tax=round_cents(base * rate))
+        for rate, base in sorted(base_by_rate.items())
+    )
+    net = sum(nets, Decimal(0))
+    tax = sum((t.tax for t in taxes), Decimal(0))
+    return Totals(line_nets=nets, net=net, taxes=taxes, tax=tax, total=net + tax)
+
+
+def format_amount(amount: Decimal, *, min_places: int = 2) -> str:
+    """Comma-grouped amount with at least ``min_places`` decimals (more if the value has them)."""
+    exponent = amount.as_tuple().exponent
+    places = max(min_places, -exponent if isinstance(exponent, int) else 0)
+    if places == min_places:
+        amount = amount.quantize(Decimal(1).scaleb(-places), rounding=ROUND_HALF_UP)
+    return f"{amount:,.{places}f}"
+
+
+def format_money(currency: str, amount: Decimal) -> str:
+    """``EUR 1,234.56``: the currency code, then the amount rounded half-up to cents."""
+    return f"{currency} {round_cents(amount):,.2f}"
+
+
+def format_rate(rate: Decimal) -> str:
+    """A fractional tax rate as a percentage: 0.2 -> ``20%``, 0.055 -> ``5.5%``."""
+    return f"{(rate * 100).normalize():f}%"
+
+
+def format_quantity(quantity: Decimal) -> str:
+    """A quantity without exponent notation or trailing zeros: 2.50 -> ``2.5``."""
+    return f"{quantity.normalize():f}"
+
+
+# -- parsing and validation ----------------------------------------------------------------
+
+
+def load_invoice(path: Path) -> Invoice:
+    """Read and validate an invoice JSON file; InvalidInput names the offending field."""
+    try:
+        size = path.stat().st_size
+        if size > MAX_INPUT_BYTES:
+            raise InvalidInput(f"{path.name}: {size} bytes is more than {MAX_INPUT_BYTES}")
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise InvalidInput(f"{path.name}: cannot read: {exc.strerror or exc}") from exc
+    try:
+        # Decode ourselves: json.loads(bytes) would guess UTF-16/32 from the first bytes.
+        text = raw.decode("utf-8-sig")
+        data = json.loads(text, parse_float=Decimal, parse_int=Decimal, parse_constant=_no_constant)
+    except UnicodeDecodeError as exc:
+        raise InvalidInput(f"{path.name}: not UTF-8 text ({exc.reason})") from exc
+    except json.JSONDecodeError as exc:
+        raise InvalidInput(
+            f"{path.name}: not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+        ) from exc
+    except ValueError as exc:  # NaN/Infinity, or an absurdly long integer
+        raise InvalidInput(f"{path.name}: not valid JSON: {exc}") from exc
+    return parse_invoice(data)
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number an invoice can hold")
+
+
+def parse_invoice(data: Any) -> Invoice:
+    """Validate an already-decoded JSON document into an ``Invoice``."""
+    obj = _object(data, "", _TOP_FIELDS)
+    for name in _REQUIRED_TOP:
+        if name not in obj:
+            raise InvalidInput(f"{name}: required field is missing")
+    currency = _string(obj["currency"], "currency", max_len=3)
+    if not _CURRENCY.fullmatch(currency):
+        raise InvalidInput(f"currency: {currency!r} is not a 3-letter ISO 4217 code like 'EUR'")
+    date = _date(obj["date"], "date")
+    due_date = _date(obj["due_date"], "due_date") if obj.get("due_date") is not None else None
+    if due_date is not None and due_date < date:
+        raise InvalidInput(f"due_date: {due_date.isoformat()} is before date {date.isoformat()}")
+    items_raw = obj["items"]
+    if not isinstance(items_raw, list):
+        raise InvalidInput(f"items: expected a list, got {_json_type(items_raw)}")
+    if not items_raw:
+        raise InvalidInput("items: an invoice needs at least one item")
+    if len(items_raw) > MAX_ITEMS:
+        raise InvalidInput(f"items: {len(items_raw)} items is more than {MAX_ITEMS}")
+    notes = obj.get("notes")
+    return Invoice(
+        number=_string(obj["number"], "number", max_len=64),
+        date=date,
+        due_date=due_date,
+        currency=currency,
+        seller=_party(obj["seller"], "seller"),
+        customer=_party(obj["customer"], "customer"),
+        items=tuple(_item(raw, f"items[{i}]") for i, raw in enumerate(items_raw)),
+        notes=None if notes is None else _string(notes, "notes", max_len=MAX_NOTES, empty=True),
+    )
+
+
+def _object(value: Any, where: str, allowed: set[str]) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise InvalidInput(f"{where or 'document'}: expected an object, got {_json_type(value)}")
+    unknown = sorted(set(value) - allowed)
+    if unknown:
+        prefix = f"{where}." if where else ""
+        raise InvalidInput(
+            f"{prefix}{unknown[0]}: unknown field (allowed: {', '.join(sorted(allowed))})"
+        )
+    return value
+
+
+def _party(value: Any, where: str) -> Party:
+    obj = _object(value, where, _PARTY_FIELDS)
+    for name in ("name", "address"):
+        if name not in obj:
+            raise InvalidInput(f"{where}.{name}: required field is missing")
+    address = obj["address"]
+    if not isinstance(address, list):
+        raise InvalidInput(f"{where}.address: expected a list of lines, got {_json_type(address)}")
+    if len(address) > 10:
+        raise InvalidInput(f"{where}.address: {len(address)} lines is more than 10")
+    vat_id = obj.get("vat_id")
+    return Party(
+        name=_string(obj["name"], f"{where}.name", max_len=MAX_LINE),
+        address=tuple(
+            _string(line, f"{where}.address[{i}]", max_len=MAX_LINE, empty=True)
+            for i, line in enumerate(address)
+        ),
+        vat_id=None if vat_id is None else _string(vat_id, f"{where}.vat_id", max_len=64),
+    )
+
+
+def _item(value: Any, where: str) -> Item:
+    obj = _object(value, where, _ITEM_FIELDS)
+    for name in ("description", "quantity", "unit_price"):
+        if name not in obj:
+            raise InvalidInput(f"{where}.{name}: required field is missing")
+    tax_rate = _number(obj.get("tax_rate", Decimal(0)), f"{where}.tax_rate")
+    if not Decimal(0) <= tax_rate <= Decimal(1):
+        raise InvalidInput(
+            f"{where}.tax_rate: {tax_rate} is not a fraction between 0 and 1 (0.2 means 20%)"
+        )
+    return Item(
+        description=_string(obj["description"], f"{where}.description"),
+        quantity=_number(obj["quantity"], f"{where}.quantity"),
+        unit_price=_number(obj["unit_price"], f"{where}.unit_price"),
+        tax_rate=tax_rate,
+    )
+
+
+def _string(value: Any, where: str, *, max_len: int = MAX_TEXT, empty: bool = False) -> str:
+    if not isinstance(value, str):
+        raise InvalidInput(f"{where}: expected a string, got {_json_type(value)}")
+    if not empty and not value.strip():
+        raise InvalidInput(f"{where}: must not be empty")
+    if len(value) > max_len:
+        raise InvalidInput(f"{where}: {len(value)} characters is more than {max_len}")
+    return value
+
+
+def _number(value: Any, where: str) -> Decimal:
+    if isinstance(value, Decimal):
+        number = value
+    elif isinstance(value, str):
+        try:
+            number = Decimal(value.strip())
+        except InvalidOperation:
+            raise InvalidInput(f"{where}: not a number: {value[:40]!r}") from None
+    else:
+        raise InvalidInput(f"{where}: not a number (got {_json_type(value)})")
+    if not number.is_finite():
+        raise InvalidInput(f"{where}: not a finite number: {value!r}")
+    if abs(number) >= MAX_ABS_NUMBER:
+        raise InvalidInput(f"{where}: {value} is too large (limit {MAX_ABS_NUMBER:,f})")
+    exponent = number.as_tuple().exponent
+    if isinstance(exponent, int) and -exponent > MAX_PLACES:
+        raise InvalidInput(f"{where}: {value} has more than {MAX_PLACES} decimal places")
+    return number
+
+
+def _date(value: Any, where: str) -> dt.date:
+    text = _string(value, where, max_len=10)
+    try:
+        return dt.date.fromisoformat(text)
+    except ValueError:
+        raise InvalidInput(f"{where}: {text!r} is not a date like 2025-01-31") from None
+
+
+def _json_type(value: Any) -> str:
+    if isinstance(value, bool):
+        return "a boolean"
+    if value is None:
+        return "null"
+    if isinstance(value, Decimal | int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__
+
+
+# -- layout --------------------------------------------------------------------------------
+
+_CONTENT_WIDTH = PAGE_SIZE[0] - 2 * MARGIN
+# #, description, quantity, unit price, tax, amount: description takes what is left.
+_COL_WIDTHS = (8 * mm, None, 18 * mm, 28 * mm, 16 * mm, 30 * mm)
+_DESC_WIDTH = _CONTENT_WIDTH - sum(w for w in _COL_WIDTHS if w is not None)
+_ITEM_COLUMNS = [w if w is not None else _DESC_WIDTH for w in _COL_WIDTHS]
+_ITEM_HEADER = ["#", "Description", "Qty", "Unit price", "Tax", "Amount"]
+
+_ITEM_STYLE = TableStyle(
+    [
+        ("FONT", (0, 0), (-1, 0), "Helvetica-Bold", 8.5),
+        ("FONT", (0, 1), (-1, -1), "Helvetica", 9),
+        ("TEXTCOLOR", (0, 0), (-1, 0), INK),
+        ("BACKGROUND", (0, 0), (-1, 0), BAND),
+        ("LINEBELOW", (0, 0), (-1, 0), 0.8, INK),
+        ("LINEBELOW", (0, 1), (-1, -1), 0.25, RULE),
+        ("ALIGN", (2, 0), (-1, -1), "RIGHT"),
+        ("VALIGN", (0, 0), (-1, -1), "TOP"),
+        ("TEXTCOLOR", (0, 1), (0, -1), MUTED),
+        ("TOPPADDING", (0, 0), (-1, -1), 3),
+        ("BOTTOMPADDING", (0, 0), (-1, -1), 3),
+    ]
+)
+_TOTALS_STYLE = TableStyle(
+    [
+        ("FONT", (0, 0), (-1, -1), "Helvetica", 9.5),
+        ("ALIGN", (0, 0), (-1, -1), "RIGHT"),
+        ("FONT", (0, -1), (-1, -1), "Helvetica-Bold", 11),
+        ("LINEABOVE", (0, -1), (-1, -1), 0.8, INK),
+        ("TOPPADDING", (0, -1), (-1, -1), 5),
+    ]
+)
+_HEADER_STYLE = TableStyle(
+    [
+        ("VALIGN", (0, 0), (-1, -1), "TOP"),
+        ("LEFTPADDING", (0, 0), (-1, -1), 0),
+        ("RIGHTPADDING", (0, 0), (-1, -1), 0),
+    ]
+)
+_META_STYLE = TableStyle(
+    [
+        ("FONT", (0, 0), (0, -1), "Helvetica-Bold", 8.5),
+        ("FONT", (1, 0), (1, -1), "Helvetica", 9.5),
+        ("TEXTCOLOR", (0, 0), (0, -1), MUTED),
+        ("ALIGN", (0, 0), (-1, -1), "RIGHT"),
+        ("TOPPADDING", (0, 0), (-1, -1), 1),
+        ("BOTTOMPADDING", (0, 0), (-1, -1), 1),
+        ("RIGHTPADDING", (1, 0), (1, -1), 0),
+    ]
+)
+
+
+def render(inputs: list[Path], output: Path, params: Mapping[str, Any]) -> None:
+    """Render the invoice JSON in ``inputs[0]`` to the PDF ``output``."""
+    if len(inputs) != 1:
+        raise InvalidInput(f"invoice takes exactly one input, got {len(inputs)}")
+    doc = load_invoice(inputs[0])
+    title = params.get("title") or "Invoice"
+    if not isinstance(title, str):
+        raise InvalidInput("params.title: expected a string")
+    build_pdf(doc, output, title=title)
+
+
+def build_pdf(doc: Invoice, output: Path, *, title: str = "Invoice") -> None:
+    """Lay out a validated invoice as a PDF at ``output``."""
+    totals = compute_totals(doc)
+    st = styles()
+    story: list[Any] = [
+        _header(doc, title),
+        Spacer(1, 8 * mm),
+        _customer_block(doc),
+        Spacer(1, 7 * mm),
+        _items_table(doc, totals),
+        Spacer(1, 3 * mm),
+        KeepTogether(_totals_table(doc, totals)),
+    ]
+    if doc.notes and doc.notes.strip():
+        story += [
+            Spacer(1, 8 * mm),
+            Paragraph("NOTES", st.label),
+            Spacer(1, 1 * mm),
+            *(Paragraph(para(chunk), st.body) for chunk in doc.notes.split("\n\n")),
+        ]
+    pdf = SimpleDocTemplate(
+        str(output),
+        pagesize=PAGE_SIZE,
+        leftMargin=MARGIN,
+        rightMargin=MARGIN,
+        topMargin=MARGIN,
+        bottomMargin=MARGIN + 6 * mm,
+        title=plain(f"{title} {doc.number}"),
+        author=plain(doc.seller.name),
+        # No timestamps or random ids: the same input always gives the same bytes.
+        invariant=True,
+    )
+    footer = plain(f"{doc.seller.name} · {title} {doc.number}")
+    try:
+        pdf.build(story, canvasmaker=numbered_canvas(footer))
+    except LayoutError as exc:
+        # Deterministic: a retry would fail the same way.
+        raise InvalidInput(f"content does not fit on a page: {str(exc)[:200]}") from exc
+
+
+def _header(doc: Invoice, title: str) -> Table:
+    st = styles()
+    seller_lines = [f"<b>{para(doc.seller.name)}</b>", para_lines(list(doc.seller.address))]
+    if doc.seller.vat_id:
+        seller_lines.append(f"VAT ID: {para(doc.seller.vat_id)}")
+    seller = Paragraph("<br/>".join(line for line in seller_lines if line), st.body)
+    meta_rows = [["Invoice no.", plain(doc.number)], ["Date", doc.date.isoformat()]]
+    if doc.due_date:
+        meta_rows.append(["Due date", doc.due_date.isoformat()])
+    meta_rows.append(["Currency", doc.currency])
+    meta = Table(meta_rows, colWidths=[25 * mm, 45 * mm], style=_META_STYLE, hAlign="RIGHT")
+    right = [Paragraph(para(title), st.title), Spacer(1, 3 * mm), meta]
+    half = _CONTENT_WIDTH / 2
+    return Table([[seller, right]], colWidths=[half, half], style=_HEADER_STYLE)
+
+
+def _customer_block(doc: Invoice) -> Table:
+    st = styles()
+    lines = [f"<b>{para(doc.customer.name)}</b>", para_lines(list(doc.customer.address))]
+    if doc.customer.vat_id:
+        lines.append(f"VAT ID: {para(doc.customer.vat_id)}")
+    block = [
+        Paragraph("BILL TO", st.label),
+        Paragraph("<br/>".join(x for x in lines if x), st.body),
+    ]
+    return Table(
+        [[block]],
+        colWidths=[_CONTENT_WIDTH / 2],
+        hAlign="LEFT",
+        style=TableStyle([("LEFTPADDING", (0, 0), (-1, -1), 0)]),
+    )
+
+
+def _items_table(doc: Invoice, totals: Totals) -> Table:
+    st = styles()
+    rows: list[list[Any]] = [list(_ITEM_HEADER)]
+    for i, (item, line_net) in enumerate(zip(doc.items, totals.line_nets, strict=True), 1):
+        rows.append(
+            [
+                str(i),
+                Paragraph(para(item.description), st.cell),
+                format_quantity(item.quantity),
+                format_amount(item.unit_price),
+                format_rate(item.tax_rate),
+                format_amount(line_net),
+            ]
+        )
+    table = Table(rows, colWidths=_ITEM_COLUMNS, repeatRows=1, style=_ITEM_STYLE)
+    if len(rows) > 2:
+        table.setStyle(TableStyle([("ROWBACKGROUNDS", (0, 1), (-1, -1), [colors.white, ZEBRA])]))
+    return table
+
+
+def _totals_table(doc: Invoice, totals: Totals) -> Table:
+    rows: list[list[str]] = [["Subtotal (net)", format_money(doc.currency, totals.net)]]
+    for tax in totals.taxes:
+        rows.append(
+            [
+                f"Tax {format_rate(tax.rate)} on {format_money(doc.currency, tax.base)}",
+                format_money(doc.currency, tax.tax),
+            ]
+        )
+    rows.append(["Total due", format_money(doc.currency, totals.total)])
+    return Table(rows, colWidths=[70 * mm, 40 * mm], style=_TOTALS_STYLE, hAlign="RIGHT")

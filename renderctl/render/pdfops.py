@@ -1,0 +1,244 @@
+"""The pypdf renderers: ``merge``, ``stamp`` and ``split``, and ``open_pdf`` for their inputs.
+
+An input that pypdf cannot read (not a PDF, truncated, encrypted, no pages, or past the
+limits ``safety.harden`` sets) is ``InvalidInput``: no retry can fix it.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from pypdf import PageObject, PdfReader, PdfWriter, Transformation
+from pypdf.errors import LimitReachedError, PyPdfError
+from reportlab.lib.colors import Color
+from reportlab.pdfgen.canvas import Canvas
+
+from renderctl.errors import InvalidInput
+from renderctl.render.text import plain
+
+# The PDF spec lets the header sit anywhere in the first 1024 bytes.
+HEADER_WINDOW = 1024
+# Writers put %%EOF at the very end; a little trailing junk is common and harmless.
+EOF_WINDOW = 2048
+MAX_PAGES_PER_PART = 100_000
+
+POSITIONS = ("center", "top", "bottom", "top-left", "top-right", "bottom-left", "bottom-right")
+
+
+@contextmanager
+def pdf_errors(source: str) -> Iterator[None]:
+    """Turn pypdf's errors while reading ``source`` (a file name) into InvalidInput."""
+    try:
+        yield
+    except InvalidInput:
+        raise
+    except MemoryError:
+        raise  # the memory ceiling's business, not the input's
+    except LimitReachedError as exc:
+        raise InvalidInput(f"{source}: unreadable PDF: {exc} (safety limit)") from exc
+    except (
+        PyPdfError,
+        RecursionError,
+        ValueError,
+        KeyError,
+        TypeError,
+        AttributeError,
+        IndexError,
+        AssertionError,
+        UnicodeError,
+        OverflowError,
+    ) as exc:
+        # pypdf raises plain Python errors from deep inside a malformed file as well as its
+        # own; either way the same bytes fail the same way on every attempt.
+        reason = str(exc) or type(exc).__name__
+        raise InvalidInput(f"{source}: unreadable PDF: {reason[:300]}") from exc
+
+
+def open_pdf(path: Path) -> PdfReader:
+    """Open a PDF for reading, or raise InvalidInput saying why it cannot be used."""
+    try:
+        with path.open("rb") as fh:
+            head = fh.read(HEADER_WINDOW)
+            size = fh.seek(0, io.SEEK_END)
+            fh.seek(max(0, size - EOF_WINDOW))
+            tail = fh.read()
+    except OSError as exc:
+        raise InvalidInput(f"{path.name}: cannot read: {exc.strerror or exc}") from exc
+    if size == 0:
+        raise InvalidInput(f"{path.name}: empty file, not a PDF")
+    if b"%PDF-" not in head:
+        raise InvalidInput(f"{path.name}: not a PDF (no %PDF- header)")
+    if b"%%EOF" not in tail:
+        raise InvalidInput(f"{path.name}: truncated PDF (no %%EOF marker at the end)")
+    with pdf_errors(path.name):
+        reader = PdfReader(path, strict=False)
+        if reader.is_encrypted:
+            # Even an empty user password means someone meant to restrict it: not ours to open.
+            raise InvalidInput(f"{path.name}: encrypted PDF")
+        pages = len(reader.pages)
+    if pages == 0:
+        raise InvalidInput(f"{path.name}: PDF has no pages")
+    return reader
+
+
+# -- merge ---------------------------------------------------------------------------------
+
+
+def merge(inputs: list[Path], output: Path, params: Mapping[str, Any]) -> None:
+    """Concatenate ``inputs`` in order into ``output``, one outline entry per input."""
+    if not inputs:
+        raise InvalidInput("merge needs at least one input")
+    writer = PdfWriter()
+    for path in inputs:
+        reader = open_pdf(path)
+        with pdf_errors(path.name):
+            first = len(writer.pages)
+            for page in reader.pages:
+                writer.add_page(page)
+        writer.add_outline_item(title=plain(path.stem) or path.name, page_number=first)
+    writer.page_mode = "/UseOutlines"
+    # Objects are copied from the inputs lazily, while writing: a fault there is still theirs.
+    with pdf_errors(", ".join(p.name for p in inputs)), output.open("wb") as fh:
+        writer.write(fh)
+
+
+# -- stamp ---------------------------------------------------------------------------------
+
+
+def stamp(inputs: list[Path], output: Path, params: Mapping[str, Any]) -> None:
+    """Draw ``params['text']`` on every page of ``inputs[0]``."""
+    if len(inputs) != 1:
+        raise InvalidInput(f"stamp takes exactly one input, got {len(inputs)}")
+    text = params.get("text")
+    if not isinstance(text, str) or not plain(text):
+        raise InvalidInput("params.text: a non-empty string is required")
+    text = plain(text)
+    if len(text) > 200:
+        raise InvalidInput(f"params.text: {len(text)} characters is more than 200")
+    position = params.get("position", "center")
+    if position not in POSITIONS:
+        raise InvalidInput(f"params.position: {position!r} is not one of {', '.join(POSITIONS)}")
+    opacity = _param_number(params, "opacity", 0.3, low=0.0, high=1.0)
+    rotation = _param_number(
+        params, "rotation", 45.0 if position == "center" else 0.0, low=-360.0, high=360.0
+    )
+    font_size = _param_number(params, "font_size", 48.0, low=1.0, high=500.0)
+
+    path = inputs[0]
+    reader = open_pdf(path)
+    overlays: dict[tuple[float, float], PageObject] = {}
+    with pdf_errors(path.name):
+        writer = PdfWriter(clone_from=reader)
+        for page in writer.pages:
+            box = page.mediabox
+            size = (round(float(box.width), 2), round(float(box.height), 2))
+            overlay = overlays.get(size)
+            if overlay is None:
+                overlay = _stamp_page(
+                    size,
+                    text,
+                    position=position,
+                    opacity=opacity,
+                    rotation=rotation,
+                    font_size=font_size,
+                )
+                overlays[size] = overlay
+            # The overlay's origin is (0, 0); the page's mediabox may start elsewhere.
+            page.merge_transformed_page(
+                overlay, Transformation().translate(float(box.left), float(box.bottom))
+            )
+        with output.open("wb") as fh:
+            writer.write(fh)
+
+
+def _param_number(
+    params: Mapping[str, Any], name: str, default: float, *, low: float, high: float
+) -> float:
+    value = params.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidInput(f"params.{name}: expected a number, got {value!r}")
+    number = float(value)
+    if not math.isfinite(number) or not low <= number <= high:
+        raise InvalidInput(f"params.{name}: {value} is not between {low:g} and {high:g}")
+    return number
+
+
+def _stamp_page(
+    size: tuple[float, float],
+    text: str,
+    *,
+    position: str,
+    opacity: float,
+    rotation: float,
+    font_size: float,
+) -> PageObject:
+    """A one-page PDF of ``size`` holding only the stamp, built in memory."""
+    width, height = size
+    buf = io.BytesIO()
+    canvas = Canvas(buf, pagesize=size, invariant=True)
+    font = "Helvetica-Bold"
+    # Never wider than 90% of the page, whatever font_size asks for.
+    text_width = canvas.stringWidth(text, font, font_size)
+    if text_width > 0.9 * width:
+        font_size *= 0.9 * width / text_width
+        text_width = canvas.stringWidth(text, font, font_size)
+    margin = max(18.0, font_size * 0.6)
+    vertical, _, horizontal = position.partition("-")
+    if position == "center":
+        x, y = width / 2, height / 2
+    else:
+        y = height - margin - font_size * 0.8 if vertical == "top" else margin
+        if horizontal == "left":
+            x = margin + text_width / 2
+        elif horizontal == "right":
+            x = width - margin - text_width / 2
+        else:
+            x = width / 2
+    canvas.setFillColor(Color(0.75, 0.1, 0.1, alpha=opacity))
+    canvas.setStrokeColor(Color(0.75, 0.1, 0.1, alpha=opacity))
+    canvas.translate(x, y)
+    canvas.rotate(rotation)
+    canvas.setFont(font, font_size)
+    # Centre the text's x-height on the anchor so rotation pivots about its middle.
+    canvas.drawCentredString(0, -font_size * 0.35, text)
+    canvas.showPage()
+    canvas.save()
+    buf.seek(0)
+    return PdfReader(buf).pages[0]
+
+
+# -- split ---------------------------------------------------------------------------------
+
+
+def split(inputs: list[Path], output: Path, params: Mapping[str, Any]) -> None:
+    """Write ``inputs[0]`` as ``part-0001.pdf``, ... of ``pages_per_part`` pages into ``output``."""
+    if len(inputs) != 1:
+        raise InvalidInput(f"split takes exactly one input, got {len(inputs)}")
+    per_part = params.get("pages_per_part", 1)
+    if (
+        isinstance(per_part, bool)
+        or not isinstance(per_part, int)
+        or not (1 <= per_part <= MAX_PAGES_PER_PART)
+    ):
+        raise InvalidInput(f"params.pages_per_part: {per_part!r} is not a whole number >= 1")
+    if not output.is_dir():
+        # The runner prepares the folder; its absence is our bug, so a plain (retried) error.
+        raise NotADirectoryError(f"split output {output} is not a directory")
+    path = inputs[0]
+    reader = open_pdf(path)
+    with pdf_errors(path.name):
+        total = len(reader.pages)
+        parts = math.ceil(total / per_part)
+        width = max(4, len(str(parts)))
+        for index in range(parts):
+            writer = PdfWriter()
+            for page_number in range(index * per_part, min(total, (index + 1) * per_part)):
+                writer.add_page(reader.pages[page_number])
+            # "xb": the folder is ours and starts empty; never clobber whatever appeared in it.
+            with (output / f"part-{index + 1:0{width}d}.pdf").open("xb") as fh:
+                writer.write(fh)

@@ -1,0 +1,364 @@
+"""The ``report`` renderer: a CSV file to a titled, paginated table with totals and a chart.
+
+A column is numeric when every non-empty cell parses as a finite ``Decimal``; numeric
+columns sort as numbers, are right-aligned, and get a total in the last row.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+from typing import Any
+
+from reportlab.graphics.charts.barcharts import VerticalBarChart
+from reportlab.graphics.shapes import Drawing, String
+from reportlab.lib import colors
+from reportlab.lib.pagesizes import landscape
+from reportlab.lib.units import mm
+from reportlab.pdfbase.pdfmetrics import stringWidth
+from reportlab.platypus import LayoutError, Paragraph, SimpleDocTemplate, Spacer, Table, TableStyle
+
+from renderctl.errors import InvalidInput
+from renderctl.render.layout import (
+    BAND,
+    INK,
+    MARGIN,
+    MUTED,
+    PAGE_SIZE,
+    RULE,
+    ZEBRA,
+    numbered_canvas,
+    styles,
+)
+from renderctl.render.text import para, plain
+
+CHART_ROWS = 30
+MAX_INPUT_BYTES = 50_000_000
+MAX_COLUMNS = 40
+FONT = "Helvetica"
+FONT_BOLD = "Helvetica-Bold"
+FONT_SIZE = 8.5
+CELL_PADDING = 4
+# A cell is clipped with an ellipsis beyond this share of the page, so one long value
+# cannot squeeze every other column to nothing.
+MAX_COLUMN_SHARE = 0.45
+
+
+@dataclass(frozen=True)
+class Column:
+    """One CSV column: its header, its position in a row, and whether it is numeric."""
+
+    name: str
+    index: int
+    numeric: bool
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """The parsed CSV: header names and rows of raw strings, all rows as wide as the header."""
+
+    header: tuple[str, ...]
+    rows: tuple[tuple[str, ...], ...]
+
+
+def load_csv(path: Path) -> Dataset:
+    """Read a CSV with a header row; InvalidInput says which line is wrong and why."""
+    try:
+        size = path.stat().st_size
+        if size > MAX_INPUT_BYTES:
+            raise InvalidInput(f"{path.name}: {size} bytes is more than {MAX_INPUT_BYTES}")
+        text = path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise InvalidInput(
+            f"{path.name}: not UTF-8 text ({exc.reason} at byte {exc.start})"
+        ) from exc
+    except OSError as exc:
+        raise InvalidInput(f"{path.name}: cannot read: {exc.strerror or exc}") from exc
+    # newline="": quoted fields may hold line breaks; csv must see them, not str.splitlines.
+    reader = csv.reader(io.StringIO(text, newline=""), strict=True)
+    try:
+        header = next(reader, None)
+        if header is None or not any(h.strip() for h in header):
+            raise InvalidInput(f"{path.name}: empty CSV (a header row is required)")
+        header = [h.strip() for h in header]
+        if len(header) > MAX_COLUMNS:
+            raise InvalidInput(f"{path.name}: {len(header)} columns is more than {MAX_COLUMNS}")
+        for i, name in enumerate(header):
+            if not name:
+                raise InvalidInput(f"{path.name}: header column {i + 1} has no name")
+            if header.index(name) != i:
+                raise InvalidInput(f"{path.name}: header column {name!r} appears twice")
+        rows: list[tuple[str, ...]] = []
+        for row in reader:
+            if not row:
+                continue  # blank line
+            if len(row) != len(header):
+                raise InvalidInput(
+                    f"{path.name}: line {reader.line_num}: {len(row)} fields, "
+                    f"the header has {len(header)}"
+                )
+            rows.append(tuple(row))
+    except csv.Error as exc:
+        raise InvalidInput(f"{path.name}: line {reader.line_num}: bad CSV: {exc}") from exc
+    return Dataset(header=tuple(header), rows=tuple(rows))
+
+
+def to_decimal(cell: str) -> Decimal | None:
+    """A cell as a finite Decimal (thousands commas allowed), or None if it is not a number."""
+    text = cell.strip().replace(",", "")
+    if not text or len(text) > 40:
+        return None
+    try:
+        value = Decimal(text)
+    except InvalidOperation:
+        return None
+    return value if value.is_finite() else None
+
+
+def columns_of(data: Dataset) -> tuple[Column, ...]:
+    """Each column with its numeric flag (every non-empty cell a number, at least one cell)."""
+    result = []
+    for index, name in enumerate(data.header):
+        cells = [row[index] for row in data.rows if row[index].strip()]
+        numeric = bool(cells) and all(to_decimal(cell) is not None for cell in cells)
+        result.append(Column(name=name, index=index, numeric=numeric))
+    return tuple(result)
+
+
+def column_total(data: Dataset, column: Column) -> Decimal:
+    """The exact Decimal sum of a numeric column's non-empty cells."""
+    total = Decimal(0)
+    for row in data.rows:
+        value = to_decimal(row[column.index])
+        if value is not None:
+            total += value
+    return total
+
+
+def format_total(data: Dataset, column: Column, total: Decimal) -> str:
+    """A column total with comma grouping and as many decimals as the column's cells use."""
+    places = 0
+    for row in data.rows:
+        value = to_decimal(row[column.index])
+        if value is not None:
+            exponent = value.as_tuple().exponent
+            if isinstance(exponent, int):
+                places = max(places, -exponent)
+    return f"{total:,.{min(places, 10)}f}"
+
+
+def render(inputs: list[Path], output: Path, params: Mapping[str, Any]) -> None:
+    """Render the CSV in ``inputs[0]`` as a report PDF at ``output``."""
+    if len(inputs) != 1:
+        raise InvalidInput(f"report takes exactly one input, got {len(inputs)}")
+    title = params.get("title")
+    if not isinstance(title, str) or not title.strip():
+        raise InvalidInput("params.title: a non-empty string is required")
+    data = load_csv(inputs[0])
+    all_columns = {c.name: c for c in columns_of(data)}
+    shown = _pick_columns(params.get("columns"), all_columns)
+    rows = _sorted_rows(data, params, all_columns)
+    chart_column = _chart_column(params.get("chart"), all_columns)
+    build_pdf(
+        title=title,
+        source=inputs[0].name,
+        data=Dataset(header=data.header, rows=rows),
+        shown=shown,
+        chart=chart_column,
+        label=next((c for c in shown if not c.numeric), None),
+        output=output,
+    )
+
+
+def _missing(field: str, name: str, have: Mapping[str, Column]) -> InvalidInput:
+    return InvalidInput(
+        f"params.{field}: no column {name!r} in the CSV (columns: {', '.join(have)})"
+    )
+
+
+def _pick_columns(value: Any, have: Mapping[str, Column]) -> tuple[Column, ...]:
+    if value is None:
+        return tuple(have.values())
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
+        raise InvalidInput("params.columns: expected a non-empty list of column names")
+    for name in value:
+        if name not in have:
+            raise _missing("columns", name, have)
+    return tuple(have[name] for name in value)
+
+
+def _sorted_rows(
+    data: Dataset, params: Mapping[str, Any], have: Mapping[str, Column]
+) -> tuple[tuple[str, ...], ...]:
+    sort_by = params.get("sort_by")
+    descending = params.get("descending", False)
+    if not isinstance(descending, bool):
+        raise InvalidInput("params.descending: expected true or false")
+    if sort_by is None:
+        return tuple(reversed(data.rows)) if descending else data.rows
+    if not isinstance(sort_by, str):
+        raise InvalidInput("params.sort_by: expected a column name")
+    if sort_by not in have:
+        raise _missing("sort_by", sort_by, have)
+    column = have[sort_by]
+    filled = [row for row in data.rows if row[column.index].strip()]
+    empty = [row for row in data.rows if not row[column.index].strip()]
+    if column.numeric:
+        filled.sort(key=lambda row: to_decimal(row[column.index]) or Decimal(0), reverse=descending)
+    else:
+        filled.sort(key=lambda row: row[column.index].casefold(), reverse=descending)
+    # Empty cells last either way: a blank is not the largest or the smallest value.
+    return tuple(filled + empty)
+
+
+def _chart_column(value: Any, have: Mapping[str, Column]) -> Column | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise InvalidInput("params.chart: expected a column name")
+    if value not in have:
+        raise _missing("chart", value, have)
+    if not have[value].numeric:
+        raise InvalidInput(f"params.chart: column {value!r} is not numeric")
+    return have[value]
+
+
+def build_pdf(
+    *,
+    title: str,
+    source: str,
+    data: Dataset,
+    shown: Sequence[Column],
+    chart: Column | None,
+    label: Column | None,
+    output: Path,
+) -> None:
+    """Lay out the report: title, summary line, optional chart, then the table with totals."""
+    st = styles()
+    pagesize = landscape(PAGE_SIZE) if len(shown) > 6 else PAGE_SIZE
+    width = pagesize[0] - 2 * MARGIN
+    story: list[Any] = [
+        Paragraph(para(title), st.title),
+        Spacer(1, 2 * mm),
+        Paragraph(para(f"{len(data.rows)} rows from {source}"), st.small),
+        Spacer(1, 6 * mm),
+    ]
+    if chart is not None and data.rows:
+        story += [_bar_chart(data, chart, label, width), Spacer(1, 6 * mm)]
+    story.append(_table(data, shown, width))
+    pdf = SimpleDocTemplate(
+        str(output),
+        pagesize=pagesize,
+        leftMargin=MARGIN,
+        rightMargin=MARGIN,
+        topMargin=MARGIN,
+        bottomMargin=MARGIN + 6 * mm,
+        title=plain(title),
+        invariant=True,
+    )
+    try:
+        pdf.build(story, canvasmaker=numbered_canvas(plain(title)))
+    except LayoutError as exc:
+        raise InvalidInput(f"content does not fit on a page: {str(exc)[:200]}") from exc
+
+
+def _clip(text: str, font: str, limit: float) -> str:
+    if stringWidth(text, font, FONT_SIZE) <= limit:
+        return text
+    while text and stringWidth(text + "…", font, FONT_SIZE) > limit:
+        text = text[: max(0, min(len(text) - 1, int(len(text) * 0.9)))]
+    return text + "…"
+
+
+def _table(data: Dataset, shown: Sequence[Column], width: float) -> Table:
+    # Plain strings, not Paragraphs: reportlab draws them verbatim (no markup) and fast.
+    header = [plain(c.name) for c in shown]
+    body = [[plain(row[c.index]) for c in shown] for row in data.rows]
+    totals_row: list[str] | None = None
+    if data.rows and any(c.numeric for c in shown):
+        totals_row = [
+            format_total(data, c, column_total(data, c)) if c.numeric else "" for c in shown
+        ]
+        if not shown[0].numeric:
+            totals_row[0] = "Total"
+    cap = width * MAX_COLUMN_SHARE
+    natural = []
+    for i in range(len(shown)):
+        cells = [header[i], *(r[i] for r in body), *([totals_row[i]] if totals_row else [])]
+        widest = max(stringWidth(s, FONT_BOLD, FONT_SIZE) for s in cells)
+        natural.append(min(cap, widest + 2 * CELL_PADDING))
+    scale = width / sum(natural)
+    widths = [w * scale for w in natural]
+    for i in range(len(shown)):
+        limit = widths[i] - 2 * CELL_PADDING
+        header[i] = _clip(header[i], FONT_BOLD, limit)
+        for row in body:
+            row[i] = _clip(row[i], FONT, limit)
+    rows: list[list[str]] = [header, *body]
+    if totals_row:
+        rows.append(totals_row)
+    commands: list[tuple[Any, ...]] = [
+        ("FONT", (0, 0), (-1, 0), FONT_BOLD, FONT_SIZE),
+        ("FONT", (0, 1), (-1, -1), FONT, FONT_SIZE),
+        ("TEXTCOLOR", (0, 0), (-1, -1), INK),
+        ("BACKGROUND", (0, 0), (-1, 0), BAND),
+        ("LINEBELOW", (0, 0), (-1, 0), 0.8, INK),
+        ("ROWBACKGROUNDS", (0, 1), (-1, -1), [colors.white, ZEBRA]),
+        ("TOPPADDING", (0, 0), (-1, -1), 2),
+        ("BOTTOMPADDING", (0, 0), (-1, -1), 2),
+        ("LEFTPADDING", (0, 0), (-1, -1), CELL_PADDING),
+        ("RIGHTPADDING", (0, 0), (-1, -1), CELL_PADDING),
+    ]
+    for i, c in enumerate(shown):
+        if c.numeric:
+            commands.append(("ALIGN", (i, 0), (i, -1), "RIGHT"))
+    if totals_row:
+        commands += [
+            ("FONT", (0, -1), (-1, -1), FONT_BOLD, FONT_SIZE),
+            ("LINEABOVE", (0, -1), (-1, -1), 0.8, INK),
+            ("BACKGROUND", (0, -1), (-1, -1), colors.white),
+        ]
+    else:
+        commands.append(("LINEBELOW", (0, -1), (-1, -1), 0.25, RULE))
+    return Table(rows, colWidths=widths, repeatRows=1, style=TableStyle(commands))
+
+
+def _bar_chart(data: Dataset, column: Column, label: Column | None, width: float) -> Drawing:
+    rows = data.rows[:CHART_ROWS]
+    values = [float(to_decimal(row[column.index]) or 0) for row in rows]
+    names = [
+        _clip(plain(row[label.index]), FONT, 60) if label else str(i)
+        for i, row in enumerate(rows, 1)
+    ]
+    height = 70 * mm
+    drawing = Drawing(width, height)
+    chart = VerticalBarChart()
+    chart.x, chart.y = 40, 45
+    chart.width, chart.height = width - 50, height - 65
+    chart.data = [values]
+    chart.bars[0].fillColor = colors.HexColor("#3e4c59")
+    chart.bars[0].strokeColor = None
+    chart.valueAxis.valueMin = min(0.0, min(values))
+    chart.valueAxis.labels.fontName = FONT
+    chart.valueAxis.labels.fontSize = 7
+    chart.valueAxis.strokeColor = RULE
+    chart.valueAxis.gridStrokeColor = RULE
+    chart.valueAxis.visibleGrid = True
+    chart.categoryAxis.categoryNames = names
+    chart.categoryAxis.labels.fontName = FONT
+    chart.categoryAxis.labels.fontSize = 6
+    chart.categoryAxis.labels.angle = 45
+    chart.categoryAxis.labels.boxAnchor = "ne"
+    chart.categoryAxis.strokeColor = RULE
+    drawing.add(chart)
+    caption = (
+        f"{column.name}, first {len(rows)} rows" if len(data.rows) > len(rows) else column.name
+    )
+    drawing.add(
+        String(0, height - 10, plain(caption), fontName=FONT_BOLD, fontSize=8, fillColor=MUTED)
+    )
+    return drawing

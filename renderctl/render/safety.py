@@ -1,0 +1,72 @@
+"""Process-wide limits applied before every job, so hostile input cannot exhaust or escape.
+
+The worker calls ``harden()`` before each job. It puts reportlab's configuration back to
+the values seen at first import (a previous job in the same process may have changed it),
+then forbids reportlab from opening any URL or ``file:`` resource, bounds pypdf's
+decompression and parsing work, and bounds Python's recursion depth. Calling it twice is
+the same as calling it once.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import pypdf
+import reportlab.rl_config as rl_config
+
+# Well below the 400 MB default memory ceiling, far above what a real invoice or report needs:
+# a bomb fails fast as invalid input instead of being killed as a memory outcome after retries.
+MAX_STREAM_OUTPUT_BYTES = 50_000_000
+MAX_DECODING_WORK_BYTES = 150_000_000
+# pypdf and platypus recurse on nested objects; deeper than this is hostile, and a bounded
+# RecursionError is far better than overflowing the C stack (a crash, then a retry).
+RECURSION_LIMIT = 2_000
+
+# The only module-level state: a snapshot taken once, never mutated.
+_RL_SNAPSHOT: dict[str, Any] = rl_config.currentSettings()
+
+_PYPDF_LIMITS: dict[str, Any] = {
+    "maximum_declared_stream_length": MAX_STREAM_OUTPUT_BYTES,
+    "array_based_stream_maximum_output_length": MAX_STREAM_OUTPUT_BYTES,
+    "jbig2_maximum_output_length": MAX_STREAM_OUTPUT_BYTES,
+    "lzw_maximum_output_length": MAX_STREAM_OUTPUT_BYTES,
+    "run_length_maximum_output_length": MAX_STREAM_OUTPUT_BYTES,
+    "zlib_maximum_output_length": MAX_STREAM_OUTPUT_BYTES,
+    "zlib_maximum_recovery_input_length": 5_000_000,
+    "brotli_maximum_output_length": MAX_STREAM_OUTPUT_BYTES,
+    "image_maximum_buffer_size": MAX_STREAM_OUTPUT_BYTES,
+    "stream_decoding_work_maximum_length": MAX_DECODING_WORK_BYTES,
+    "xfa_decoding_work_maximum_length": MAX_DECODING_WORK_BYTES,
+    # Shelling out to jbig2dec from inside a job would escape the worker's accounting.
+    "jbig2dec_binary": None,
+    # We never modify the deprecated module constants, so skip pypdf's per-reader check.
+    "disable_legacy_handling": True,
+}
+
+
+def hardened_pypdf_configuration() -> pypdf.Configuration:
+    """The pypdf configuration every job runs with (built from pypdf's defaults)."""
+    return pypdf.Configuration().with_overwrites(**_PYPDF_LIMITS)
+
+
+def reset_reportlab_config() -> None:
+    """Restore ``reportlab.rl_config`` to the values captured when this module was imported."""
+    # deepcopy: applySettings assigns lists in place, and must not alias the snapshot.
+    rl_config.applySettings(_snapshot_copy())
+
+
+def harden() -> None:
+    """Apply renderctl's limits to reportlab, pypdf and the interpreter; idempotent."""
+    reset_reportlab_config()
+    # Empty, not None: reportlab then refuses every scheme and every host, including file:.
+    rl_config.trustedSchemes = []
+    rl_config.trustedHosts = []
+    pypdf.overwrite_configuration(hardened_pypdf_configuration())
+    sys.setrecursionlimit(RECURSION_LIMIT)
+
+
+def _snapshot_copy() -> dict[str, Any]:
+    from copy import deepcopy
+
+    return deepcopy(_RL_SNAPSHOT)

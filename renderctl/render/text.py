@@ -1,0 +1,37 @@
+"""User text into reportlab, always as literal text and never as markup.
+
+Platypus ``Paragraph`` parses an XML-ish markup in which ``<img src=...>`` reads files or
+URLs, ``<font>`` takes attribute values reportlab evaluates, and an unbalanced tag raises.
+Every string that came from a job's input or params goes through ``para()`` (or is drawn
+with ``canvas.drawString``, which never parses) so it is printed exactly as written.
+"""
+
+from __future__ import annotations
+
+import re
+from xml.sax.saxutils import escape
+
+# C0 controls (but tab and newline) and DEL: the standard fonts have no glyph for them, and a
+# NUL inside markup confuses reportlab's parser.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+
+
+def clean(text: str) -> str:
+    """Drop control characters that no font can draw; keep tabs and newlines."""
+    return _CONTROL.sub("", text)
+
+
+def para(text: str) -> str:
+    """Escape user text for Paragraph markup; newlines become line breaks."""
+    lines = clean(text).replace("\r\n", "\n").replace("\r", "\n").split("\n")
+    return "<br/>".join(escape(line) for line in lines)
+
+
+def para_lines(lines: list[str]) -> str:
+    """Escape several user lines and join them with line breaks."""
+    return "<br/>".join(para(line) for line in lines)
+
+
+def plain(text: str) -> str:
+    """One line of user text for a plain table cell or ``drawString`` (no markup is parsed)."""
+    return " ".join(clean(text).split())

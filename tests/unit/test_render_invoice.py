@@ -1,0 +1,289 @@
+"""The invoice renderer: Decimal arithmetic, layout read back with pypdf, hostile input."""
+
+from __future__ import annotations
+
+import copy
+import json
+import sys
+from decimal import ROUND_HALF_UP, Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from pypdf import PdfReader
+
+from renderctl.errors import InvalidInput
+from renderctl.render import invoice, safety
+from renderctl.render.invoice import compute_totals, format_money, parse_invoice
+
+HOSTILE = (
+    '<img src="file:///etc/passwd"/>',
+    '<img src="/etc/passwd"/>',
+    '<font color="[[[__import__]]]">',
+    "<b>unclosed bold",
+    "&amp; &lt;not an entity&gt;",
+)
+
+# Records any attempt by this process to open /etc/passwd (a real audit hook, not a mock).
+_PASSWD_OPENS: list[str] = []
+
+
+def _audit(event: str, args: tuple[Any, ...]) -> None:
+    if event == "open" and args and "passwd" in str(args[0]):
+        _PASSWD_OPENS.append(str(args[0]))
+
+
+sys.addaudithook(_audit)
+
+
+@pytest.fixture(autouse=True)
+def _hardened() -> None:
+    safety.harden()
+
+
+def make_doc(**overrides: Any) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "number": "INV-2025-0042",
+        "date": "2025-03-01",
+        "due_date": "2025-03-31",
+        "currency": "EUR",
+        "seller": {
+            "name": "Acme Tools GmbH",
+            "address": ["Hauptstr. 1", "10115 Berlin"],
+            "vat_id": "DE123456789",
+        },
+        "customer": {"name": "Globex Ltd", "address": ["1 Main St", "London"]},
+        "items": [
+            {"description": "Widget", "quantity": 3, "unit_price": "411.52", "tax_rate": "0.19"},
+            {"description": "Service", "quantity": 1.5, "unit_price": 80, "tax_rate": "0.07"},
+        ],
+        "notes": "Payable within 30 days.",
+    }
+    doc.update(overrides)
+    return doc
+
+
+def write_doc(path: Path, doc: dict[str, Any]) -> Path:
+    path.write_text(json.dumps(doc), encoding="utf-8")
+    return path
+
+
+def render_text(tmp_path: Path, doc: dict[str, Any]) -> tuple[PdfReader, list[str]]:
+    source = write_doc(tmp_path / "invoice.json", doc)
+    output = tmp_path / "invoice.pdf"
+    invoice.render([source], output, {})
+    reader = PdfReader(output)
+    return reader, [page.extract_text() for page in reader.pages]
+
+
+# -- arithmetic ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("items", "net", "tax", "total"),
+    [
+        # Half-up at the cent: 0.005 -> 0.01 (banker's rounding would give 0.00).
+        ([("1", "0.005", "0")], "0.01", "0.00", "0.01"),
+        ([("1", "0.015", "0")], "0.02", "0.00", "0.02"),
+        ([("1", "0.025", "0")], "0.03", "0.00", "0.03"),
+        ([("1", "-0.005", "0")], "-0.01", "0.00", "-0.01"),
+        ([("3", "411.52", "0.19")], "1234.56", "234.57", "1469.13"),
+        # Tax on the sum of a rate's nets, not per line: 2 x round(0.005) would be 0.02.
+        ([("1", "0.05", "0.1"), ("1", "0.05", "0.1")], "0.10", "0.01", "0.11"),
+        # Two rates are taxed separately: 10.00 at 19% and 10.00 at 7%.
+        ([("1", "10", "0.19"), ("2", "5", "0.07")], "20.00", "2.60", "22.60"),
+        # 0.2 and 0.20 are the same rate: 0.025 + 0.025 = 0.05 taxed once.
+        ([("1", "0.125", "0.2"), ("1", "0.125", "0.20")], "0.26", "0.05", "0.31"),
+    ],
+)
+def test_compute_totals_rounds_half_up_per_line_and_per_rate(
+    items: list[tuple[str, str, str]], net: str, tax: str, total: str
+) -> None:
+    doc = parse_invoice(
+        make_doc(
+            items=[
+                {"description": "x", "quantity": q, "unit_price": p, "tax_rate": r}
+                for q, p, r in items
+            ]
+        )
+    )
+    totals = compute_totals(doc)
+    assert (totals.net, totals.tax, totals.total) == (Decimal(net), Decimal(tax), Decimal(total))
+
+
+@pytest.mark.parametrize(
+    ("amount", "text"),
+    [
+        ("1234.56", "EUR 1,234.56"),
+        ("0", "EUR 0.00"),
+        ("0.005", "EUR 0.01"),
+        ("1234567.891", "EUR 1,234,567.89"),
+        ("-1234.5", "EUR -1,234.50"),
+        ("999.995", "EUR 1,000.00"),
+    ],
+)
+def test_format_money(amount: str, text: str) -> None:
+    assert format_money("EUR", Decimal(amount)) == text
+
+
+# -- the PDF -------------------------------------------------------------------------------
+
+
+def test_one_page_invoice_shows_number_total_and_page_count(tmp_path: Path) -> None:
+    reader, pages = render_text(tmp_path, make_doc())
+    assert len(reader.pages) == 1
+    text = pages[0]
+    assert "INV-2025-0042" in text
+    # 1234.56 + 120.00 net; 234.57 + 8.40 tax
+    assert "EUR 1,597.53" in text
+    assert "Globex Ltd" in text and "DE123456789" in text
+    assert "Page 1 of 1" in text
+
+
+def test_same_input_gives_identical_bytes(tmp_path: Path) -> None:
+    source = write_doc(tmp_path / "in.json", make_doc())
+    invoice.render([source], tmp_path / "one.pdf", {})
+    invoice.render([source], tmp_path / "two.pdf", {})
+    assert (tmp_path / "one.pdf").read_bytes() == (tmp_path / "two.pdf").read_bytes()
+
+
+def test_long_invoice_flows_onto_pages_with_header_repeated(tmp_path: Path) -> None:
+    items = [
+        {"description": f"Line item number {i}", "quantity": 1, "unit_price": "1.00"}
+        for i in range(1, 81)
+    ]
+    reader, pages = render_text(tmp_path, make_doc(items=items))
+    count = len(reader.pages)
+    assert count > 1
+    assert f"Page 1 of {count}" in pages[0]
+    assert f"Page {count} of {count}" in pages[-1]
+    assert "Description" in pages[1] and "Unit price" in pages[1]
+    assert "Line item number 80" in "".join(pages)
+    assert "EUR 80.00" in pages[-1]
+
+
+@pytest.mark.parametrize("hostile", HOSTILE)
+def test_hostile_text_is_printed_literally(tmp_path: Path, hostile: str) -> None:
+    _PASSWD_OPENS.clear()
+    doc = make_doc(
+        notes=hostile,
+        seller={"name": hostile, "address": [hostile]},
+        items=[{"description": hostile, "quantity": 1, "unit_price": "2.00"}],
+    )
+    _, pages = render_text(tmp_path, doc)
+    text = pages[0]
+    # seller name, address, description, notes, footer
+    assert text.count(hostile) >= 4
+    assert _PASSWD_OPENS == []
+
+
+# -- schema errors -------------------------------------------------------------------------
+
+
+def _with(path: str, value: Any) -> dict[str, Any]:
+    doc = make_doc(items=[copy.deepcopy(make_doc()["items"][0]) for _ in range(5)])
+    target: Any = doc
+    keys = path.split(".")
+    for key in keys[:-1]:
+        target = target[int(key)] if isinstance(target, list) else target[key]
+    last = keys[-1]
+    if value is _DELETE:
+        del target[last]
+    elif isinstance(target, list):
+        target[int(last)] = value
+    else:
+        target[last] = value
+    return doc
+
+
+_DELETE = object()
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "message"),
+    [
+        ("items.3.quantity", "three", "items[3].quantity: not a number"),
+        ("items.3.quantity", True, "items[3].quantity: not a number"),
+        ("items.1.unit_price", None, "items[1].unit_price: not a number"),
+        ("items.0.tax_rate", "20", "items[0].tax_rate"),
+        ("items.2.colour", "red", "items[2].colour: unknown field"),
+        ("items.4.description", _DELETE, "items[4].description: required"),
+        ("items", [], "items: an invoice needs at least one item"),
+        ("currency", "euro", "currency:"),
+        ("currency", _DELETE, "currency: required"),
+        ("date", "01/03/2025", "date:"),
+        ("due_date", "2025-02-01", "due_date:"),
+        ("seller.address", "Hauptstr. 1", "seller.address:"),
+        ("customer.name", "", "customer.name:"),
+        ("customer.email", "a@b.c", "customer.email: unknown field"),
+        ("surprise", 1, "surprise: unknown field"),
+        ("items.0.unit_price", "1e40", "items[0].unit_price:"),
+    ],
+)
+def test_schema_errors_name_the_field(tmp_path: Path, path: str, value: Any, message: str) -> None:
+    source = write_doc(tmp_path / "bad.json", _with(path, value))
+    with pytest.raises(InvalidInput) as caught:
+        invoice.render([source], tmp_path / "out.pdf", {})
+    assert message in str(caught.value)
+    assert not (tmp_path / "out.pdf").exists()
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        (b"{not json", "not valid JSON"),
+        (b'{"number": NaN}', "not valid JSON"),
+        (b"\xff\xfe{}", "not UTF-8"),
+        (b"[]", "document: expected an object"),
+    ],
+)
+def test_unreadable_json_is_invalid_input(tmp_path: Path, raw: bytes, message: str) -> None:
+    source = tmp_path / "bad.json"
+    source.write_bytes(raw)
+    with pytest.raises(InvalidInput, match=message):
+        invoice.render([source], tmp_path / "out.pdf", {})
+
+
+# -- property: the printed total is the Decimal arithmetic --------------------------------
+
+_item = st.fixed_dictionaries(
+    {
+        "description": st.text(
+            st.characters(min_codepoint=32, max_codepoint=126), min_size=1, max_size=40
+        ).filter(str.strip),
+        "quantity": st.decimals(min_value=0, max_value=1000, places=2),
+        "unit_price": st.decimals(min_value=-500, max_value=100_000, places=3),
+        "tax_rate": st.sampled_from(["0", "0.07", "0.19", "0.2", "0.055", "0.25"]),
+    }
+)
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(items=st.lists(_item, min_size=1, max_size=6), currency=st.sampled_from(["EUR", "USD"]))
+def test_printed_total_equals_decimal_arithmetic(
+    tmp_path: Path, items: list[dict[str, Any]], currency: str
+) -> None:
+    cent = Decimal("0.01")
+    nets = [(i["quantity"] * i["unit_price"]).quantize(cent, ROUND_HALF_UP) for i in items]
+    by_rate: dict[Decimal, Decimal] = {}
+    for item, net in zip(items, nets, strict=True):
+        rate = Decimal(item["tax_rate"]).normalize()
+        by_rate[rate] = by_rate.get(rate, Decimal(0)) + net
+    tax = sum(
+        ((base * rate).quantize(cent, ROUND_HALF_UP) for rate, base in by_rate.items()), Decimal(0)
+    )
+    expected = sum(nets, Decimal(0)) + tax
+
+    doc = make_doc(
+        currency=currency,
+        items=[
+            {**i, "quantity": str(i["quantity"]), "unit_price": str(i["unit_price"])} for i in items
+        ],
+    )
+    _, pages = render_text(tmp_path, doc)
+    assert f"Total due\n{currency} {expected:,.2f}" in pages[-1]
+    assert compute_totals(parse_invoice(doc)).total == expected

@@ -1,0 +1,230 @@
+"""merge, stamp and split on real PDFs, and open_pdf's refusal of unusable inputs."""
+
+from __future__ import annotations
+
+import io
+import zlib
+from pathlib import Path
+
+import pytest
+from pypdf import PdfReader, PdfWriter
+from pypdf.generic import NameObject, RectangleObject, StreamObject
+from reportlab.lib.pagesizes import A4, landscape, letter
+from reportlab.pdfgen.canvas import Canvas
+
+from renderctl.errors import InvalidInput
+from renderctl.render import pdfops, safety
+
+
+@pytest.fixture(autouse=True)
+def _hardened() -> None:
+    safety.harden()
+
+
+def make_pdf(
+    path: Path, label: str, pages: int, *, sizes: tuple[tuple[float, float], ...] = (A4,)
+) -> Path:
+    canvas = Canvas(str(path), invariant=True)
+    for page in range(pages):
+        canvas.setPageSize(sizes[page % len(sizes)])
+        canvas.drawString(72, 72, f"{label} page {page + 1}")
+        canvas.showPage()
+    canvas.save()
+    return path
+
+
+@pytest.fixture
+def a_pdf(tmp_path: Path) -> Path:
+    return make_pdf(tmp_path / "alpha.pdf", "alpha", 2)
+
+
+@pytest.fixture
+def b_pdf(tmp_path: Path) -> Path:
+    return make_pdf(tmp_path / "beta.pdf", "beta", 3, sizes=(letter, landscape(A4)))
+
+
+# -- merge ---------------------------------------------------------------------------------
+
+
+def test_merge_keeps_order_and_adds_one_outline_entry_per_input(
+    tmp_path: Path, a_pdf: Path, b_pdf: Path
+) -> None:
+    out = tmp_path / "merged.pdf"
+    pdfops.merge([a_pdf, b_pdf, a_pdf], out, {})
+    reader = PdfReader(out)
+    assert len(reader.pages) == 2 + 3 + 2
+    texts = [page.extract_text() for page in reader.pages]
+    assert [t.strip() for t in texts] == [
+        "alpha page 1",
+        "alpha page 2",
+        "beta page 1",
+        "beta page 2",
+        "beta page 3",
+        "alpha page 1",
+        "alpha page 2",
+    ]
+    outline = reader.outline
+    assert [entry.title for entry in outline] == ["alpha", "beta", "alpha"]
+    assert [reader.get_destination_page_number(entry) for entry in outline] == [0, 2, 5]
+
+
+# -- stamp ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("position", pdfops.POSITIONS)
+def test_stamp_text_is_on_every_page(tmp_path: Path, b_pdf: Path, position: str) -> None:
+    out = tmp_path / "stamped.pdf"
+    pdfops.stamp([b_pdf], out, {"text": "DRAFT <b>", "position": position, "opacity": 0.5})
+    reader = PdfReader(out)
+    assert len(reader.pages) == 3
+    for number, page in enumerate(reader.pages, 1):
+        text = page.extract_text()
+        assert "DRAFT <b>" in text
+        assert f"beta page {number}" in text
+
+
+def test_stamp_follows_a_mediabox_that_does_not_start_at_zero(tmp_path: Path, a_pdf: Path) -> None:
+    shifted = tmp_path / "shifted.pdf"
+    writer = PdfWriter(clone_from=a_pdf)
+    for page in writer.pages:
+        page.mediabox = RectangleObject((100, 200, 100 + 595, 200 + 842))
+    writer.write(shifted)
+    out = tmp_path / "stamped.pdf"
+    pdfops.stamp([shifted], out, {"text": "COPY", "rotation": 0})
+    page = PdfReader(out).pages[0]
+    seen: list[tuple[float, float]] = []
+
+    def visit(text: str, cm: list[float], tm: list[float], *_: object) -> None:
+        if "COPY" in text:
+            seen.append((cm[4] + tm[4], cm[5] + tm[5]))
+
+    page.extract_text(visitor_text=visit)
+    assert seen, "stamp text not found"
+    x, y = seen[0]
+    assert 100 < x < 100 + 595 and 200 < y < 200 + 842
+
+
+@pytest.mark.parametrize(
+    ("params", "field"),
+    [
+        ({}, "params.text"),
+        ({"text": "   "}, "params.text"),
+        ({"text": "X", "opacity": 2}, "params.opacity"),
+        ({"text": "X", "font_size": 0}, "params.font_size"),
+        ({"text": "X", "position": "middle"}, "params.position"),
+        ({"text": "X", "rotation": "45"}, "params.rotation"),
+    ],
+)
+def test_stamp_rejects_bad_params(
+    tmp_path: Path, a_pdf: Path, params: dict[str, object], field: str
+) -> None:
+    with pytest.raises(InvalidInput, match=field):
+        pdfops.stamp([a_pdf], tmp_path / "out.pdf", params)
+
+
+# -- split ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("per_part", "expected"), [(1, [1] * 5), (2, [2, 2, 1]), (5, [5]), (9, [5])]
+)
+def test_split_writes_numbered_parts(tmp_path: Path, per_part: int, expected: list[int]) -> None:
+    source = make_pdf(tmp_path / "five.pdf", "five", 5)
+    out = tmp_path / "parts"
+    out.mkdir()
+    pdfops.split([source], out, {"pages_per_part": per_part})
+    names = sorted(p.name for p in out.iterdir())
+    assert names == [f"part-{i:04d}.pdf" for i in range(1, len(expected) + 1)]
+    counts = [len(PdfReader(out / name).pages) for name in names]
+    assert counts == expected
+    first_texts = [PdfReader(out / name).pages[0].extract_text().strip() for name in names]
+    assert first_texts == [f"five page {1 + i * per_part}" for i in range(len(expected))]
+
+
+def test_split_rejects_a_bad_part_size(tmp_path: Path, a_pdf: Path) -> None:
+    (tmp_path / "parts").mkdir()
+    with pytest.raises(InvalidInput, match="pages_per_part"):
+        pdfops.split([a_pdf], tmp_path / "parts", {"pages_per_part": 0})
+
+
+# -- unusable inputs -----------------------------------------------------------------------
+
+
+def _encrypted(path: Path, source: Path, password: str) -> Path:
+    writer = PdfWriter(clone_from=source)
+    writer.encrypt(password, algorithm="AES-128")
+    writer.write(path)
+    return path
+
+
+def _zero_pages(path: Path) -> Path:
+    PdfWriter().write(path)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("build", "reason"),
+    [
+        (lambda p, src: p.write_bytes(b"") and p, "empty file"),
+        (lambda p, src: p.write_bytes(b"hello, I am a text file\n" * 20) and p, "not a PDF"),
+        (lambda p, src: p.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(200)) and p, "not a PDF"),
+        (
+            lambda p, src: p.write_bytes(src.read_bytes()[: src.stat().st_size // 2]) and p,
+            "truncated",
+        ),
+        (
+            lambda p, src: (
+                p.write_bytes(b"%PDF-1.7\n" + bytes(range(256)) * 4 + b"\n%%EOF\n") and p
+            ),
+            "unreadable PDF",
+        ),
+        (lambda p, src: _encrypted(p, src, ""), "encrypted"),
+        (lambda p, src: _encrypted(p, src, "secret"), "encrypted"),
+        (lambda p, src: _zero_pages(p), "no pages"),
+    ],
+    ids=[
+        "zero-bytes",
+        "text",
+        "png",
+        "truncated",
+        "garbage-body",
+        "encrypted-empty-password",
+        "encrypted",
+        "zero-pages",
+    ],
+)
+@pytest.mark.parametrize("operation", ["merge", "stamp", "split"])
+def test_unusable_pdf_is_invalid_input(
+    tmp_path: Path, a_pdf: Path, build: object, reason: str, operation: str
+) -> None:
+    bad = tmp_path / "bad.pdf"
+    build(bad, a_pdf)  # type: ignore[operator]
+    out = tmp_path / "out"
+    if operation == "split":
+        out.mkdir()
+    with pytest.raises(InvalidInput, match=reason) as caught:
+        getattr(pdfops, operation)([bad], out, {"text": "X"})
+    assert "bad.pdf" in str(caught.value)
+
+
+def test_missing_input_is_invalid_input(tmp_path: Path) -> None:
+    with pytest.raises(InvalidInput, match="cannot read"):
+        pdfops.open_pdf(tmp_path / "nope.pdf")
+
+
+def test_decompression_bomb_is_invalid_input(tmp_path: Path) -> None:
+    # Given a page whose content stream inflates to 60 MB (above safety's 50 MB limit)
+    writer = PdfWriter()
+    page = writer.add_blank_page(width=200, height=200)
+    bomb = StreamObject()
+    bomb._data = zlib.compress(b" " * 60_000_000, 9)
+    bomb[NameObject("/Filter")] = NameObject("/FlateDecode")
+    page[NameObject("/Contents")] = writer._add_object(bomb)
+    buf = io.BytesIO()
+    writer.write(buf)
+    source = tmp_path / "bomb.pdf"
+    source.write_bytes(buf.getvalue())
+    assert source.stat().st_size < 200_000
+    # When it is stamped (which must decode the page's content), Then it is refused as input
+    with pytest.raises(InvalidInput, match="bomb.pdf: unreadable PDF: Limit reached"):
+        pdfops.stamp([source], tmp_path / "out.pdf", {"text": "X"})

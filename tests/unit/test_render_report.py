@@ -1,0 +1,108 @@
+"""The report renderer: CSV in, titled multi-page table with Decimal totals out."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pypdf import PdfReader
+
+from renderctl.errors import InvalidInput
+from renderctl.render import report, safety
+
+
+@pytest.fixture(autouse=True)
+def _hardened() -> None:
+    safety.harden()
+
+
+def write_csv(path: Path, header: list[str], rows: list[list[Any]]) -> Path:
+    with path.open("w", newline="", encoding="utf-8") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(header)
+        writer.writerows(rows)
+    return path
+
+
+@pytest.fixture
+def sales(tmp_path: Path) -> Path:
+    regions = ["North", "South", "East", "West"]
+    rows = [[regions[i % 4], f"Product {i:03d}", i, f"{i * 10.1:.2f}"] for i in range(1, 121)]
+    return write_csv(tmp_path / "sales.csv", ["region", "product", "units", "revenue"], rows)
+
+
+def render_pages(source: Path, out: Path, **params: Any) -> list[str]:
+    report.render([source], out, {"title": "Quarterly sales", **params})
+    return [page.extract_text() for page in PdfReader(out).pages]
+
+
+def test_report_has_title_header_on_every_page_totals_and_page_numbers(
+    tmp_path: Path, sales: Path
+) -> None:
+    pages = render_pages(sales, tmp_path / "r.pdf", chart="revenue")
+    assert len(pages) > 1
+    assert "Quarterly sales" in pages[0]
+    for number, text in enumerate(pages, 1):
+        assert "product" in text and "revenue" in text  # header row repeated
+        assert f"Page {number} of {len(pages)}" in text
+    # sum(1..120) = 7260 units; 10.1 * 7260 = 73,326.00 revenue (exact in Decimal)
+    assert "Total\n7,260\n73,326.00" in pages[-1]
+
+
+def test_columns_and_numeric_sort_descending(tmp_path: Path, sales: Path) -> None:
+    pages = render_pages(
+        sales, tmp_path / "r.pdf", columns=["product", "units"], sort_by="units", descending=True
+    )
+    body = "".join(pages)
+    assert body.index("Product 120") < body.index("Product 100") < body.index("Product 009")
+    assert "revenue" not in body and "North" not in body
+
+
+def test_hostile_cells_are_printed_literally(tmp_path: Path) -> None:
+    hostile = '<img src="file:///etc/passwd"/>'
+    source = write_csv(tmp_path / "h.csv", ["name", "amount"], [[hostile, "1.50"], ["<b>", "2"]])
+    pages = render_pages(source, tmp_path / "r.pdf", chart="amount")
+    assert hostile in pages[0] and "<b>" in pages[0]
+    assert "3.50" in pages[0]
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"columns": ["region", "colour"]}, "params.columns: no column 'colour'"),
+        ({"sort_by": "price"}, "params.sort_by: no column 'price'"),
+        ({"chart": "profit"}, "params.chart: no column 'profit'"),
+        ({"chart": "region"}, "params.chart: column 'region' is not numeric"),
+        ({"title": ""}, "params.title"),
+    ],
+)
+def test_bad_params_name_the_param_and_column(
+    tmp_path: Path, sales: Path, params: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(InvalidInput, match=message):
+        report.render([sales], tmp_path / "r.pdf", {"title": "T", **params})
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"", "empty CSV"),
+        (b"a,b\n1,2\n3\n", "line 3: 1 fields, the header has 2"),
+        (b"a,a\n1,2\n", "appears twice"),
+        (b"a,b\n\xff\xfe,1\n", "not UTF-8"),
+        (b'a,b\n"unclosed,1\n', "bad CSV"),
+    ],
+)
+def test_bad_csv_is_invalid_input(tmp_path: Path, content: bytes, message: str) -> None:
+    source = tmp_path / "bad.csv"
+    source.write_bytes(content)
+    with pytest.raises(InvalidInput, match=message):
+        report.render([source], tmp_path / "r.pdf", {"title": "T"})
+
+
+def test_header_only_csv_renders_an_empty_table(tmp_path: Path) -> None:
+    source = write_csv(tmp_path / "empty.csv", ["a", "b"], [])
+    pages = render_pages(source, tmp_path / "r.pdf")
+    assert "0 rows" in pages[0]
