@@ -33,7 +33,7 @@ import json
 import os
 import socket
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -588,7 +588,7 @@ class Queue:
 
     def claim(
         self, index: ClaimIndex, *, holder: Holder, lease_s: float, limit: int,
-        token_prefix: str,
+        token_prefix: str, crash_hook: Callable[[str], None] | None = None,
     ) -> tuple[list[Claim], list[JobRecord]]:
         """Claim up to ``limit`` jobs in policy order; returns (claims, expired records)."""
         now = self.clock.wall()
@@ -623,6 +623,8 @@ class Queue:
                 os.rename(src, dst)
             except FileNotFoundError:
                 continue
+            if crash_hook is not None:
+                crash_hook("claim")
             attempt = len(rec.attempts) + 1
             lease = Lease(holder, f"{token_prefix}:{rec.spec.id}:{attempt}", attempt, now,
                           now + lease_s)
@@ -668,7 +670,8 @@ class Queue:
             return False
         return rec.lease is not None and rec.lease.token == claim.lease.token
 
-    def finish(self, transitions: Sequence[Transition], *, crash_hook: Any = None) -> None:
+    def finish(self, transitions: Sequence[Transition], *,
+               crash_hook: Callable[[str], None] | None = None) -> None:
         """Move a batch of jobs to their next folders with one sync for the whole batch."""
         if not transitions:
             return

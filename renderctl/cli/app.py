@@ -156,6 +156,11 @@ def submit(
     """Validate manifests, then enqueue all their jobs atomically (all or nothing)."""
     res = do_submit(manifests, queue=queue, out_dir=out_dir, replace=replace,
                     max_pending=max_pending, limits=_limits(memory_mb, timeout, max_attempts))
+    if res.accepted or res.replaced:
+        from renderctl.store import Queue
+
+        # Wake a runner in --follow mode now rather than at its next poll.
+        Queue(queue_path(queue), create=False).signal_runner(signal.SIGUSR1)
     if as_json:
         out.print_json({"accepted": list(res.accepted), "already_accepted": list(res.already),
                         "replaced": list(res.replaced)})
@@ -164,6 +169,88 @@ def submit(
           + (f", replaced {len(res.replaced)}" if res.replaced else "")
           + (f", {len(res.already)} already accepted" if res.already else "")
           + f" into {queue_path(queue)}")
+
+
+@app.command()
+@handle_errors
+def run(
+    manifests: Annotated[list[Path] | None, typer.Argument(help="manifests to submit first")
+                         ] = None,
+    queue: QueueOpt = None,
+    out_dir: OutOpt = None,
+    workers: Annotated[int | None, typer.Option("--workers", "-j", min=1,
+                                                help="worker processes [default: from cores "
+                                                "and memory budget]")] = None,
+    memory_mb: MemOpt = None,
+    timeout: TimeoutOpt = None,
+    max_attempts: AttemptsOpt = None,
+    follow: Annotated[bool, typer.Option("--follow", help="keep serving new jobs until "
+                                         "SIGTERM/SIGINT")] = False,
+    start_method: Annotated[str, typer.Option("--start-method",
+                                              help="forkserver | fork | spawn")
+                            ] = "forkserver",
+    max_jobs_per_worker: Annotated[int, typer.Option("--max-jobs-per-worker", min=1,
+                                                     help="recycle a worker after N jobs")
+                                   ] = 200,
+    backoff_base: Annotated[float, typer.Option("--backoff-base", min=0.0,
+                                                help="first retry delay (s), doubling")] = 1.0,
+    backoff_max: Annotated[float, typer.Option("--backoff-max", min=0.0,
+                                               help="longest retry delay (s)")] = 300.0,
+    kill_grace: Annotated[float, typer.Option("--kill-grace", min=0.0,
+                                              help="SIGTERM -> SIGKILL grace on timeout (s)")
+                          ] = 5.0,
+    grace: Annotated[float, typer.Option("--grace", min=0.0,
+                                         help="on SIGTERM/SIGINT: time running jobs get to "
+                                         "finish (s)")] = 30.0,
+    memory_budget: Annotated[int | None, typer.Option("--memory-budget", min=1,
+                                                      help="MB the running jobs' ceilings may "
+                                                      "add up to [default: 80% of available]")
+                             ] = None,
+    memory_guard: Annotated[str, typer.Option("--memory-guard",
+                                              help="auto | cgroup-v1 | cgroup-v2 | sampling")
+                            ] = "auto",
+    max_failures: Annotated[int | None, typer.Option("--max-failures", min=1,
+                                                     help="stop claiming after N dead-lettered"
+                                                     " jobs")] = None,
+    max_pending: Annotated[int | None, typer.Option("--max-pending", min=0)] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", help="print only failures and the "
+                                        "summary")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Submit these manifests (if any), then supervise workers until nothing is left."""
+    from renderctl.cli.reporters import (
+        JsonReporter,
+        PlainReporter,
+        summary_json,
+        summary_line,
+    )
+    from renderctl.runner import Runner, RunnerSettings
+    from renderctl.store import Queue
+
+    if start_method not in ("forkserver", "fork", "spawn"):
+        from renderctl.errors import UserError
+
+        raise UserError(f"--start-method must be forkserver, fork or spawn, not {start_method}")
+    limits = _limits(memory_mb, timeout, max_attempts)
+    if manifests:
+        res = do_submit(manifests, queue=queue, out_dir=out_dir, replace=False,
+                        max_pending=max_pending, limits=limits)
+        if not as_json and not quiet:
+            print(f"accepted {len(res.accepted)} job(s)"
+                  + (f", {len(res.already)} already accepted" if res.already else ""))
+    settings = RunnerSettings(
+        workers=workers, start_method=start_method, max_jobs_per_worker=max_jobs_per_worker,
+        backoff_base_s=backoff_base, backoff_max_s=backoff_max, kill_grace_s=kill_grace,
+        grace_s=grace, memory_budget_mb=memory_budget, follow=follow,
+        max_failures=max_failures, memory_guard=memory_guard,
+    )
+    reporter = JsonReporter() if as_json else PlainReporter(quiet=quiet)
+    summary = Runner(Queue(queue_path(queue)), settings, reporter=reporter).run()
+    if as_json:
+        out.print_json(summary_json(summary))
+    else:
+        print(summary_line(summary))
+    raise typer.Exit(summary.exit_code)
 
 
 @app.command()

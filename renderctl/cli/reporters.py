@@ -1,0 +1,85 @@
+"""How `run` tells its story on a pipe: one plain line per event, or JSON Lines."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from renderctl.cli.console import human_bytes, human_duration
+from renderctl.runner import Runner, RunSummary
+
+# Events printed in plain mode; the rest (claimed, started) would drown the useful lines.
+PLAIN_EVENTS = frozenset({"completed", "retry", "dead", "cancelled", "expired", "released",
+                          "recovered", "fenced", "runner_started"})
+
+
+class PlainReporter:
+    """One line per state change, no colour; `--quiet` keeps only failures."""
+
+    def __init__(self, *, quiet: bool = False) -> None:
+        self.quiet = quiet
+
+    def event(self, ev: Mapping[str, Any]) -> None:
+        name = ev.get("event")
+        if name not in PLAIN_EVENTS:
+            return
+        if self.quiet and name in ("completed", "runner_started", "recovered", "released"):
+            return
+        sys.stdout.write(format_event(ev) + "\n")
+        sys.stdout.flush()
+
+    def tick(self, runner: Runner) -> None:
+        pass
+
+
+def format_event(ev: Mapping[str, Any]) -> str:
+    name = ev.get("event")
+    if name == "runner_started":
+        return (f"runner started: pid {ev['pid']}, {ev['workers']} worker(s), memory guard "
+                f"{ev['guard']}, budget {ev['budget_mb']} MB, {ev['pending']} pending")
+    parts = [f"{name:<9}", str(ev.get("job"))]
+    if ev.get("attempt") is not None:
+        parts.append(f"attempt={ev['attempt']}")
+    if ev.get("outcome") and ev.get("outcome") != "completed":
+        parts.append(f"outcome={ev['outcome']}")
+    if ev.get("elapsed_s") is not None:
+        parts.append(human_duration(ev["elapsed_s"]))
+    if ev.get("peak_memory_bytes"):
+        parts.append(f"peak={human_bytes(ev['peak_memory_bytes'])}")
+    if ev.get("output"):
+        parts.append(str(ev["output"]))
+    if name == "retry" and ev.get("retry_at"):
+        parts.append(f"retry in {human_duration(max(0.0, ev['retry_at'] - time.time()))}")
+    if ev.get("error"):
+        parts.append(f"error: {ev['error']}")
+    elif ev.get("reason") and name != "completed":
+        parts.append(f"({ev['reason']})")
+    if name == "recovered":
+        parts.append(f"-> {ev.get('state')}")
+    return " ".join(parts)
+
+
+class JsonReporter:
+    """JSON Lines: one object per state change (schema in the README)."""
+
+    def event(self, ev: Mapping[str, Any]) -> None:
+        sys.stdout.write(json.dumps({"ts": round(time.time(), 6), **ev}, default=str) + "\n")
+        sys.stdout.flush()
+
+    def tick(self, runner: Runner) -> None:
+        pass
+
+
+def summary_line(s: RunSummary) -> str:
+    counts = ", ".join(f"{k} {v}" for k, v in s.counts.items())
+    return (f"summary: {counts}; {s.wall_s:.1f}s wall, {s.jobs_per_s:.1f} jobs/s; "
+            f"exit {int(s.exit_code)}")
+
+
+def summary_json(s: RunSummary) -> dict[str, Any]:
+    return {"event": "summary", "counts": dict(s.counts), "wall_s": round(s.wall_s, 3),
+            "jobs_per_s": round(s.jobs_per_s, 3), "exit_code": int(s.exit_code),
+            "guard": s.guard, "workers": s.workers}

@@ -1,0 +1,87 @@
+"""Runner <-> worker messages: small frozen dataclasses, dispatched with ``isinstance``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+# -- runner -> worker ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunJob:
+    """Run one attempt of a job, writing its output to ``tmp_output``."""
+
+    job_id: str
+    attempt: int
+    token: str
+    spec: dict[str, Any]
+    tmp_output: str
+    output_kind: str  # "file" | "dir"
+    memory_limit_bytes: int
+
+
+@dataclass(frozen=True)
+class Skip:
+    """Drop these queued (not started) jobs, e.g. cancelled; answered with ``Dropped``."""
+
+    job_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Drain:
+    """Drop every queued job (answer ``Dropped``), finish the current one, then exit."""
+
+
+@dataclass(frozen=True)
+class Stop:
+    """Exit after the jobs already queued (worker recycling)."""
+
+
+# -- worker -> runner ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Ready:
+    """The worker is up (its pid and process group)."""
+
+    pid: int
+    pgid: int
+
+
+@dataclass(frozen=True)
+class Started:
+    """The worker began this attempt (timeouts and memory are measured from here)."""
+
+    job_id: str
+    token: str
+    wall: float
+
+
+@dataclass(frozen=True)
+class Finished:
+    """One attempt ended inside the worker (it did not die)."""
+
+    job_id: str
+    token: str
+    outcome: str
+    elapsed_s: float
+    error: str | None = None
+    traceback_tail: str | None = None
+    stderr_tail: str | None = None
+    exit_code: int | None = None
+    signal: int | None = None
+    sha256: str | None = None
+    bytes: int | None = None
+    pages: int | None = None
+    peak_memory_bytes: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Dropped:
+    """These queued jobs were not started (answer to ``Skip``/``Drain``, or a worker retiring
+    because it could not honour the next job's ceiling)."""
+
+    job_ids: tuple[str, ...]
+    reason: str = ""

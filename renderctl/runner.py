@@ -1,0 +1,1062 @@
+"""The runner: claims jobs, supervises workers, records every attempt, publishes outputs.
+
+::
+
+    pending/ ─claim (batch, 1 sync)─▶ local ready ─dispatch (memory budget)─▶ worker queue
+                                                                               │ RunJob
+       ┌──────────── Started / Finished / Dropped ◀──── pipe ◀──── worker ◀────┘
+       ▼                                  (or its sentinel: the worker died)
+    completions ─group commit─▶ syncfs outputs ─▶ fence + link ─▶ queue.finish (1 sync)
+                                                                 ─▶ done/ dead/ pending/
+
+One process, one thread, one loop. The loop waits on ``multiprocessing.connection.wait``
+over every worker's pipe and process sentinel plus a self-pipe for signals, with a timeout
+that is the next deadline (memory sample, job timeout, kill escalation, lease renewal,
+backoff expiry): a dead worker or a finished job wakes it at once; nothing polls on a
+fixed sleep. Because nothing but this loop runs in the runner, ``fork`` is safe too.
+
+Actors:
+
+- **WorkerHandle**: one worker process and its slot (cgroup or sampler), the jobs sent to
+  it, the one it has started, and why we killed it (if we did). Each worker is its own
+  process group; killing the group kills the job's whole tree.
+- **claims**: jobs moved to ``running/`` with a lease, waiting in ``ready`` for a worker
+  and for room in the memory budget. A few are claimed ahead (prefetch) so that a worker
+  never waits for the runner's disk syncs; how many follows from the observed job length.
+- **completions**: finished attempts waiting for the next group commit. Nothing is reported
+  done before its output and record are durable; many jobs share one sync.
+- **recovery** (at start): running jobs of a dead runner are returned to pending (a
+  ``crashed`` attempt if the attempt had started, nothing charged if it had not), or
+  completed if their output had already been published.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import multiprocessing
+import multiprocessing.connection as mpc
+import os
+import shutil
+import signal
+import tempfile
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Protocol
+
+from renderctl import proctree
+from renderctl.clock import SYSTEM_CLOCK, Clock
+from renderctl.errors import ExitCode
+from renderctl.fsutil import fsync_dir, syncfs, unlink_quiet
+from renderctl.guards import MemoryGuard, OomMark, Slot, TreeSampler, detect_memory_guard
+from renderctl.lifecycle import Outcome, State
+from renderctl.messages import Drain, Dropped, Finished, Ready, RunJob, Skip, Started, Stop
+from renderctl.policy import ClaimIndex, after_attempt, compute_backoff
+from renderctl.publish import (
+    OutputEscapes,
+    Published,
+    check_confined,
+    discard,
+    is_ours,
+    prepare_output_dir,
+    publish,
+    tmp_output_path,
+    tmp_outputs,
+)
+from renderctl.render.registry import all_specs
+from renderctl.store import Claim, Holder, JobRecord, Queue, Transition
+from renderctl.worker import PRELOAD, WorkerConfig, worker_main
+
+MB = 1024 * 1024
+CRASH_ENV = "RENDERCTL_CRASH_AT"
+CRASH_POINTS = ("claim", "lease", "start", "publish:before_link", "publish:after_link",
+                "publish:after_done", "dead")
+
+
+@dataclass(frozen=True)
+class RunnerSettings:
+    """Everything `renderctl run` can tune; defaults are the documented ones."""
+
+    workers: int | None = None  # None: min(cores, budget // 400 MB)
+    start_method: str = "forkserver"
+    max_jobs_per_worker: int = 200
+    lease_s: float = 60.0
+    backoff_base_s: float = 1.0
+    backoff_max_s: float = 300.0
+    kill_grace_s: float = 5.0
+    grace_s: float = 30.0
+    memory_budget_mb: int | None = None  # None: 80% of available memory at start
+    follow: bool = False
+    max_failures: int | None = None
+    memory_guard: str = "auto"
+    sample_interval_s: float = 0.05
+    poll_interval_s: float = 1.0
+    prefetch_max: int = 32
+    crash_at: str | None = None
+
+
+BUDGET_SHARE = 0.8  # of MemAvailable at start: leave room for the page cache and the rest
+
+
+def default_budget_mb() -> int:
+    import psutil
+
+    return max(1, int(psutil.virtual_memory().available * BUDGET_SHARE // MB))
+
+
+def default_workers(budget_mb: int) -> int:
+    return max(1, min(os.cpu_count() or 1, budget_mb // 400))
+
+
+class Reporter(Protocol):
+    """Where the runner tells its story (plain lines, JSON Lines, or the dashboard)."""
+
+    def event(self, ev: Mapping[str, Any]) -> None: ...
+
+    def tick(self, runner: Runner) -> None: ...
+
+
+class NullReporter:
+    """Says nothing."""
+
+    def event(self, ev: Mapping[str, Any]) -> None:
+        pass
+
+    def tick(self, runner: Runner) -> None:
+        pass
+
+
+@dataclass
+class Assignment:
+    """A claimed job on its way through a worker."""
+
+    claim: Claim
+    final: Path
+    tmp: Path
+    output_kind: str
+    memory_mb: int
+    started_mono: float | None = None
+    started_wall: float | None = None
+    cancel_requested: bool = False
+
+    @property
+    def job_id(self) -> str:
+        return self.claim.job_id
+
+
+@dataclass
+class WorkerHandle:
+    """One worker process and what the runner knows about it."""
+
+    index: int
+    proc: Any  # multiprocessing.Process (BaseProcess of the chosen context)
+    conn: mpc.Connection
+    slot: Slot
+    pid: int | None = None
+    pgid: int | None = None
+    queued: deque[Assignment] = field(default_factory=deque)
+    current: Assignment | None = None
+    assigned_total: int = 0
+    retiring: bool = False
+    kill_reason: Outcome | None = None
+    kill_deadline: float | None = None
+    drain_sent: bool = False
+    sampler: TreeSampler | None = None
+    mark: OomMark | None = None
+
+    def reserved_mb(self) -> int:
+        sizes = [a.memory_mb for a in self.queued]
+        if self.current is not None:
+            sizes.append(self.current.memory_mb)
+        return max(sizes, default=0)
+
+    def load(self) -> int:
+        return len(self.queued) + (1 if self.current is not None else 0)
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """What one `run` did."""
+
+    counts: Mapping[str, int]
+    wall_s: float
+    exit_code: ExitCode
+    guard: str
+    workers: int
+
+    @property
+    def jobs_per_s(self) -> float:
+        n = sum(self.counts.values())
+        return n / self.wall_s if self.wall_s > 0 else 0.0
+
+
+class Runner:
+    """Supervises one queue until it is drained (or, with ``follow``, until signalled)."""
+
+    def __init__(self, queue: Queue, settings: RunnerSettings = RunnerSettings(), *,
+                 reporter: Reporter | None = None, clock: Clock = SYSTEM_CLOCK) -> None:
+        self.q = queue
+        self.s = settings
+        self.reporter: Reporter = reporter or NullReporter()
+        self.clock = clock
+        self.index = ClaimIndex()
+        self.workers: dict[int, WorkerHandle] = {}
+        self.ready: deque[Assignment] = deque()
+        self.completions: list[tuple[Assignment, Finished]] = []
+        self.counts: dict[str, int] = {s.value: 0 for s in State if s.terminal}
+        self.retries = 0
+        self.failures = 0
+        self.stop_signal: int | None = None
+        self.stop_deadline: float | None = None
+        self.wake_cancel = True
+        self.guard: MemoryGuard | None = None
+        self.budget_mb = settings.memory_budget_mb or default_budget_mb()
+        self.n_workers = settings.workers or default_workers(self.budget_mb)
+        self.holder: Holder | None = None
+        self.token_prefix = ""
+        self.started_log = ""
+        self.work_root = ""
+        self.avg_exec_s = 0.05
+        self.exec_times: deque[float] = deque(maxlen=512)
+        self.wait_times: deque[float] = deque(maxlen=512)
+        self.recent_failures: deque[dict[str, Any]] = deque(maxlen=5)
+        self.started_at = 0.0
+        self._crash_counts: dict[str, int] = {}
+        self._crash_at = self._parse_crash(settings.crash_at or os.environ.get(CRASH_ENV))
+        self._next_renew = 0.0
+        self._next_poll = 0.0
+        self._next_sample = 0.0
+        self._ctx: Any = None
+        self._wake_r = -1
+        self._wake_w = -1
+        self._specs = all_specs()
+
+    # -- crash points (for tests; RENDERCTL_CRASH_AT=point[:n]) --
+    @staticmethod
+    def _parse_crash(value: str | None) -> tuple[str, int] | None:
+        if not value:
+            return None
+        point, _, nth = value.partition(":n=")
+        return point, int(nth or 1)
+
+    def crash_point(self, point: str) -> None:
+        if self._crash_at is None or self._crash_at[0] != point:
+            return
+        self._crash_counts[point] = self._crash_counts.get(point, 0) + 1
+        if self._crash_counts[point] == self._crash_at[1]:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    # -- lifecycle --
+    def run(self) -> RunSummary:
+        self.holder = Holder.current()
+        self.token_prefix = f"{self.holder.pid}-{self.holder.start_time}"
+        self.started_at = time.monotonic()
+        with self.q.runner_lock(self.holder):
+            self._install_signals()
+            proctree.set_oom_score_adj(-900)  # the supervisor must outlive what it supervises
+            self.guard = detect_memory_guard(prefer=self.s.memory_guard,
+                                             sampling_interval_s=self.s.sample_interval_s)
+            self._publish_runner_info()
+            self.work_root = tempfile.mkdtemp(prefix="renderctl-work-")
+            self.started_log = str(self.q.dir("control") / f"started.{self.token_prefix}.log")
+            try:
+                self.recover()
+                self.q.load_index(self.index)
+                self.reporter.event({"event": "runner_started", "pid": self.holder.pid,
+                                     "workers": self.n_workers, "guard": self.guard.name,
+                                     "pending": len(self.index),
+                                     "budget_mb": self.budget_mb})
+                self._start_pool()
+                self._loop()
+            finally:
+                self._shutdown()
+        wall = time.monotonic() - self.started_at
+        return RunSummary(dict(self.counts), wall, self._exit_code(), self.guard.name,
+                          self.n_workers)
+
+    def _exit_code(self) -> ExitCode:
+        if self.stop_signal == signal.SIGINT:
+            return ExitCode.SIGINT
+        if self.stop_signal is not None:
+            return ExitCode.SIGTERM
+        bad = self.counts["dead"] + self.counts["cancelled"] + self.counts["expired"]
+        return ExitCode.JOBS_FAILED if bad else ExitCode.OK
+
+    def _install_signals(self) -> None:
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
+        signal.signal(signal.SIGTERM, self._on_stop_signal)
+        signal.signal(signal.SIGINT, self._on_stop_signal)
+        signal.signal(signal.SIGUSR1, self._on_wake_signal)
+
+    def _on_stop_signal(self, signum: int, frame: object) -> None:
+        if self.stop_signal is None:
+            self.stop_signal = signum
+            self.stop_deadline = time.monotonic() + self.s.grace_s
+        else:
+            self.stop_deadline = time.monotonic()  # a second signal skips the grace
+
+    def _on_wake_signal(self, signum: int, frame: object) -> None:
+        self.wake_cancel = True
+        self._next_poll = 0.0
+
+    def _publish_runner_info(self) -> None:
+        assert self.holder is not None and self.guard is not None
+        info = {**self.holder.to_json(), "started_at": self.clock.wall(),
+                "guard": self.guard.name, "workers": self.n_workers,
+                "budget_mb": self.budget_mb}
+        fd = os.open(self.q.path / "runner.lock", os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, json.dumps(info).encode(), 0)
+        finally:
+            os.close(fd)
+
+    def _shutdown(self) -> None:
+        for w in list(self.workers.values()):
+            if w.pgid:
+                proctree.kill_group(w.pgid, signal.SIGKILL)
+            with contextlib.suppress(Exception):
+                w.proc.kill()  # not Ready yet: no group of its own to kill
+        for w in list(self.workers.values()):
+            with contextlib.suppress(Exception):
+                w.proc.join(timeout=5)
+            with contextlib.suppress(Exception):
+                w.slot.close()
+        self.workers.clear()
+        if self.guard is not None:
+            with contextlib.suppress(Exception):
+                self.guard.close()
+        if self.work_root:
+            shutil.rmtree(self.work_root, ignore_errors=True)
+        if self.started_log:
+            unlink_quiet(self.started_log)
+        unlink_quiet(self._workers_file())
+        signal.set_wakeup_fd(-1)
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+            signal.signal(sig, signal.SIG_DFL)
+        for fd in (self._wake_r, self._wake_w):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    # -- recovery --
+    def recover(self) -> None:
+        """Return a dead runner's running jobs to pending (or complete them if published)."""
+        assert self.guard is not None
+        self._kill_stale_workers()
+        with contextlib.suppress(Exception):
+            self.guard.cleanup_stale()
+        started = self._started_tokens()
+        now = self.clock.wall()
+        transitions: list[Transition] = []
+        published_tmps: list[Path] = []
+        for jid in self.q.list_ids(State.RUNNING):
+            path = self.q.record_path(State.RUNNING, jid)
+            view = self.q.find(jid)
+            if view is None:
+                continue
+            if view.state is not State.RUNNING:
+                unlink_quiet(path)  # a crash after the later record, before this unlink
+                continue
+            rec = view.record
+            lease = rec.lease
+            if lease is not None and not self._orphaned(lease, now):
+                continue
+            t, tmp = self._recover_one(rec, started, now)
+            transitions.append(t)
+            if tmp is not None:
+                published_tmps.append(tmp)
+        if transitions:
+            self.q.finish(transitions)
+            for t in transitions:
+                self._count(t)
+                self.reporter.event({"event": "recovered", "job": t.record.spec.id,
+                                     "state": t.dst.value})
+        for tmp in published_tmps:
+            unlink_quiet(tmp)
+        for log in self.q.dir("control").glob("started.*.log"):
+            if str(log) != self.started_log:
+                unlink_quiet(log)
+        self.q.clean_tmp()
+
+    def _orphaned(self, lease: Any, now: float) -> bool:
+        alive = proctree.holder_alive(host=lease.holder.host, boot_id=lease.holder.boot_id,
+                                      pid=lease.holder.pid,
+                                      start_time=lease.holder.start_time or 0)
+        if alive is False:
+            return True
+        if alive is True:
+            # We hold the queue's runner lock, so a live holder on this host is not a runner
+            # of this queue any more (e.g. a pid reused); trust the lease's expiry.
+            return lease.expires_at < now
+        return lease.expires_at < now  # another host: only the lease can tell
+
+    def _recover_one(self, rec: JobRecord, started: set[str],
+                     now: float) -> tuple[Transition, Path | None]:
+        spec = rec.spec
+        lease = rec.lease
+        final = spec.output_path
+        is_dir = self._specs.get(spec.kind) is not None and \
+            self._specs[spec.kind].output == "dir"
+        if lease is not None:
+            tmp = tmp_output_path(final, spec.id, lease.attempt)
+            if final.exists() and is_ours(tmp, final, is_dir=is_dir, job_id=spec.id):
+                # Published before the crash, not yet recorded: complete, never republish.
+                attempt = {"n": lease.attempt, "outcome": Outcome.COMPLETED.value,
+                           "started_at": lease.claimed_at, "ended_at": now,
+                           "recovered": True}
+                result = {"path": str(final), **_describe_output(final, is_dir),
+                          "attempts": len(rec.attempts) + 1, "recovered": True}
+                done = replace(rec, attempts=rec.attempts + (attempt,), lease=None,
+                               result=result, reason="", changed_at=now)
+                return Transition(done, State.DONE), (None if is_dir else tmp)
+        for t in tmp_outputs(final, spec.id):
+            discard(t)
+        if lease is None or lease.token not in started:
+            # It never started (claimed ahead, or the claim was cut short): not charged.
+            back = replace(rec, lease=None, reason="returned by recovery (never started)",
+                           changed_at=now)
+            return Transition(back, State.PENDING), None
+        attempt = {"n": lease.attempt, "outcome": Outcome.CRASHED.value,
+                   "started_at": lease.claimed_at, "ended_at": now,
+                   "error": f"the runner (pid {lease.holder.pid} on {lease.holder.host}) "
+                            "died during the attempt"}
+        return self._verdict(rec, attempt, now), None
+
+    def _started_tokens(self) -> set[str]:
+        tokens: set[str] = set()
+        for log in self.q.dir("control").glob("started.*.log"):
+            with contextlib.suppress(OSError):
+                tokens.update(log.read_text().split())
+        return tokens
+
+    def _workers_file(self) -> Path:
+        return self.q.dir("control") / f"workers.{os.getpid()}.json"
+
+    def _kill_stale_workers(self) -> None:
+        """Kill process groups a dead runner's workers left (e.g. a command's grandchild)."""
+        for f in self.q.dir("control").glob("workers.*.json"):
+            if f == self._workers_file():
+                continue
+            try:
+                entries = json.loads(f.read_text())
+            except (OSError, ValueError):
+                entries = []
+            for e in entries:
+                pgid = int(e.get("pgid", 0))
+                if pgid > 1 and proctree.group_alive(pgid):
+                    proctree.kill_group(pgid, signal.SIGKILL)
+            unlink_quiet(f)
+
+    def _record_workers(self) -> None:
+        data = [{"pid": w.pid, "pgid": w.pgid} for w in self.workers.values() if w.pgid]
+        tmp = self._workers_file().with_suffix(".tmp")
+        tmp.write_text(json.dumps(data))
+        os.replace(tmp, self._workers_file())
+
+    # -- the pool --
+    def _start_pool(self) -> None:
+        method = self.s.start_method
+        self._ctx = multiprocessing.get_context(method)
+        if method == "forkserver":
+            self._ctx.set_forkserver_preload(list(PRELOAD))
+        for i in range(self.n_workers):
+            self._spawn(i)
+
+    def _spawn(self, index: int) -> None:
+        assert self.guard is not None
+        slot = self.workers[index].slot if index in self.workers else \
+            self.guard.open_slot(f"w{index}")
+        parent, child = self._ctx.Pipe(duplex=True)
+        cfg = WorkerConfig(slot_path=slot.path, started_log=self.started_log,
+                           work_root=self.work_root)
+        proc = self._ctx.Process(target=worker_main, args=(child, cfg),
+                                 name=f"renderctl-worker-{index}", daemon=False)
+        proc.start()
+        child.close()
+        with contextlib.suppress(ProcessLookupError, OSError):
+            slot.adopt(proc.pid)
+        self.workers[index] = WorkerHandle(index, proc, parent, slot)
+
+    # -- the loop --
+    def _loop(self) -> None:
+        while True:
+            now = time.monotonic()
+            if self.stop_signal is not None:
+                self._drain(now)
+                if not any(w.current or w.queued for w in self.workers.values()) \
+                        and not self.ready and not self.completions:
+                    return
+            else:
+                if now >= self._next_poll:
+                    self.q.poll_new(self.index)
+                    self._next_poll = now + self.s.poll_interval_s
+                    self.wake_cancel = True
+                if self.wake_cancel:
+                    self.wake_cancel = False
+                    self._handle_cancel_requests()
+                self._claim()
+            self._dispatch()
+            self._enforce(now)
+            if self.completions:
+                self._commit()
+                continue  # results may have freed room: claim and dispatch before waiting
+            if self.stop_signal is None and self._finished():
+                self.q.poll_new(self.index)
+                if self._finished():
+                    return
+            self.reporter.tick(self)
+            self._wait(self._next_deadline(now))
+
+    @property
+    def halted(self) -> bool:
+        """`--max-failures` reached: no more claims; finish what runs, then stop."""
+        return self.s.max_failures is not None and self.counts["dead"] >= self.s.max_failures
+
+    def _finished(self) -> bool:
+        if self.s.follow and not self.halted:
+            return False
+        if self.ready or self.completions or (len(self.index) and not self.halted):
+            return False
+        return not any(w.current or w.queued for w in self.workers.values())
+
+    def _wait(self, timeout: float | None) -> None:
+        waitables: list[Any] = [self._wake_r]
+        by_obj: dict[Any, WorkerHandle] = {}
+        for w in self.workers.values():
+            waitables.append(w.conn)
+            waitables.append(w.proc.sentinel)
+            by_obj[w.conn] = w
+            by_obj[w.proc.sentinel] = w
+        ready = mpc.wait(waitables, timeout)
+        dead: list[WorkerHandle] = []
+        for obj in ready:
+            if obj == self._wake_r:
+                with contextlib.suppress(OSError):
+                    while os.read(self._wake_r, 512):
+                        pass
+                continue
+            w = by_obj[obj]
+            if obj is w.conn:
+                self._read_messages(w)
+            elif w not in dead:
+                dead.append(w)
+        for w in dead:
+            self._on_death(w)
+
+    def _next_deadline(self, now: float) -> float | None:
+        deadlines = [self._next_renew, now + self.s.poll_interval_s]
+        sampling = self.guard is not None and self.guard.name == "sampling"
+        if sampling and any(w.current for w in self.workers.values()):
+            deadlines.append(self._next_sample)
+        for w in self.workers.values():
+            if w.current is not None and w.current.started_mono is not None:
+                deadlines.append(w.current.started_mono + w.current.claim.record.spec.timeout_s)
+            if w.kill_deadline is not None:
+                deadlines.append(w.kill_deadline)
+        if self.stop_deadline is not None:
+            deadlines.append(self.stop_deadline)
+        due = self.index.next_due()
+        if due is not None:
+            deadlines.append(now + max(0.0, due - self.clock.wall()))
+        return max(0.0, min(deadlines) - now)
+
+    # -- claiming and dispatch --
+    def _prefetch_depth(self) -> int:
+        # Keep enough queued per worker to cover a group commit (~5-20 ms) of runner time.
+        return max(1, min(self.s.prefetch_max, 1 + int(0.02 / max(self.avg_exec_s, 1e-4))))
+
+    def _claim(self) -> None:
+        if self.halted:
+            return
+        if not len(self.index):
+            return
+        depth = self._prefetch_depth()
+        live = [w for w in self.workers.values() if not w.retiring]
+        want = sum(max(0, depth + 1 - w.load()) for w in live) - len(self.ready)
+        if want <= 0:
+            return
+        assert self.holder is not None
+        claims, expired = self.q.claim(self.index, holder=self.holder, lease_s=self.s.lease_s,
+                                       limit=want, token_prefix=self.token_prefix,
+                                       crash_hook=self.crash_point)
+        for rec in expired:
+            self.counts["expired"] += 1
+            self.reporter.event({"event": "expired", "job": rec.spec.id})
+        if claims:
+            self.crash_point("lease")
+        for c in claims:
+            self._accept_claim(c)
+
+    def _accept_claim(self, c: Claim) -> None:
+        spec = c.record.spec
+        final = spec.output_path
+        kind = self._specs.get(spec.kind)
+        output_kind = kind.output if kind is not None else "file"
+        a = Assignment(c, final, tmp_output_path(final, spec.id, c.lease.attempt), output_kind,
+                       spec.memory_mb)
+        if spec.memory_mb > self.budget_mb:
+            self._finish_unrun(a, State.DEAD,
+                               f"memory_mb {spec.memory_mb} can never fit the memory budget "
+                               f"of {self.budget_mb} MB (--memory-budget)")
+            return
+        try:
+            prepare_output_dir(Path(spec.out_root), final)
+        except (OutputEscapes, OSError) as exc:
+            self._record_now(a, {"outcome": Outcome.INVALID_OUTPUT.value,
+                                 "error": f"output path: {exc}"})
+            return
+        self.wait_times.append(max(0.0, self.clock.wall() - c.record.accepted_at))
+        self.ready.append(a)
+
+    def _dispatch(self) -> None:
+        if self.stop_signal is not None:
+            return
+        depth = self._prefetch_depth()
+        while self.ready:
+            a = self.ready[0]
+            if a.cancel_requested:
+                self.ready.popleft()
+                self._finish_unrun(a, State.CANCELLED, "cancelled before it started")
+                continue
+            total = sum(w.reserved_mb() for w in self.workers.values())
+            best: WorkerHandle | None = None
+            for w in self.workers.values():
+                if w.pid is None or w.retiring or w.load() > depth:
+                    continue
+                after = total - w.reserved_mb() + max(w.reserved_mb(), a.memory_mb)
+                if after > self.budget_mb:
+                    continue
+                if best is None or w.load() < best.load():
+                    best = w
+            if best is None:
+                return
+            self.ready.popleft()
+            self._send(best, a)
+
+    def _send(self, w: WorkerHandle, a: Assignment) -> None:
+        spec = a.claim.record.spec
+        msg = RunJob(job_id=spec.id, attempt=a.claim.lease.attempt, token=a.claim.lease.token,
+                     spec=spec.to_json(), tmp_output=str(a.tmp), output_kind=a.output_kind,
+                     memory_limit_bytes=spec.memory_mb * MB)
+        w.queued.append(a)
+        w.assigned_total += 1
+        w.conn.send(msg)
+        if w.assigned_total >= self.s.max_jobs_per_worker and not w.retiring:
+            w.retiring = True
+            w.conn.send(Stop())
+
+    # -- messages from workers --
+    def _read_messages(self, w: WorkerHandle) -> None:
+        try:
+            while w.conn.poll():
+                self._on_message(w, w.conn.recv())
+        except (EOFError, OSError):
+            pass  # the sentinel reports the death
+
+    def _on_message(self, w: WorkerHandle, msg: object) -> None:
+        if isinstance(msg, Started):
+            a = self._pop_queued(w, msg.job_id)
+            if a is None:
+                return
+            a.started_mono = time.monotonic()
+            a.started_wall = msg.wall
+            w.current = a
+            w.mark = w.slot.mark()
+            if w.sampler is not None:
+                w.sampler.limit_bytes = a.memory_mb * MB
+                w.sampler.peak_bytes = 0
+            self.reporter.event({"event": "started", "job": a.job_id,
+                                 "attempt": a.claim.lease.attempt, "worker": w.pid})
+            self.crash_point("start")
+            if a.cancel_requested:
+                self._kill(w, Outcome.CANCELLED)
+        elif isinstance(msg, Finished):
+            a = w.current
+            if a is None or a.job_id != msg.job_id:
+                return
+            w.current = None
+            if w.kill_reason is not None:
+                # We decided to kill it (cancel, timeout, memory) before it finished: our
+                # verdict stands; the worker dies anyway and is replaced.
+                w.current = a
+                return
+            fin = msg
+            if w.mark is not None and w.slot.oom_killed_since(w.mark):
+                # The kernel killed a child of the job for memory; the job saw a crash.
+                fin = replace(msg, outcome=Outcome.MEMORY.value,
+                              error="the kernel killed a process of the job at its ceiling")
+            if fin.peak_memory_bytes is None and w.sampler is not None:
+                fin = replace(fin, peak_memory_bytes=w.sampler.peak_bytes or None)
+            self._observe_exec(fin.elapsed_s)
+            self.completions.append((a, fin))
+        elif isinstance(msg, Dropped):
+            for jid in msg.job_ids:
+                a = self._pop_queued(w, jid)
+                if a is None:
+                    continue
+                if a.cancel_requested:
+                    self._finish_unrun(a, State.CANCELLED, "cancelled before it started")
+                elif self.stop_signal is not None:
+                    self._release_unrun(a)
+                else:
+                    self.ready.appendleft(a)
+        elif isinstance(msg, Ready):
+            w.pid, w.pgid = msg.pid, msg.pgid
+            if self.guard is not None and self.guard.name == "sampling":
+                with contextlib.suppress(Exception):
+                    w.sampler = TreeSampler(msg.pid, 1 << 62)
+            self._record_workers()
+
+    @staticmethod
+    def _pop_queued(w: WorkerHandle, job_id: str) -> Assignment | None:
+        for i, a in enumerate(w.queued):
+            if a.job_id == job_id:
+                del w.queued[i]
+                return a
+        return None
+
+    def _observe_exec(self, elapsed: float) -> None:
+        self.exec_times.append(elapsed)
+        self.avg_exec_s = 0.9 * self.avg_exec_s + 0.1 * elapsed
+
+    def _on_death(self, w: WorkerHandle) -> None:
+        self._read_messages(w)
+        w.proc.join(timeout=1)
+        code = w.proc.exitcode
+        if w.pgid:
+            proctree.kill_group(w.pgid, signal.SIGKILL)  # no survivor of its tree
+        with contextlib.suppress(OSError, ValueError):
+            for pid in w.slot.pids():  # a grandchild that left the group, still in the slot
+                os.kill(pid, signal.SIGKILL)
+        a = w.current
+        if a is not None:
+            oom = w.mark is not None and w.slot.oom_killed_since(w.mark)
+            reason = Outcome.MEMORY if oom else w.kill_reason
+            peak = w.slot.peak_bytes()
+            if peak is None and w.sampler is not None:
+                peak = w.sampler.peak_bytes or None
+            fields: dict[str, Any] = {"peak_memory_bytes": peak, "worker_pid": w.pid}
+            if code is not None and code < 0:
+                fields["signal"] = -code
+            elif code is not None:
+                fields["exit_code"] = code
+            if reason is None:
+                if code is not None and code < 0:
+                    fields.update(outcome=Outcome.CRASHED.value,
+                                  error=f"worker killed by {_signame(-code)} (nobody sent it)")
+                else:
+                    fields.update(outcome=Outcome.FAILED.value,
+                                  error=f"worker exited with status {code} during the job")
+            else:
+                fields.update(outcome=reason.value, error=_kill_message(reason, a, peak))
+            elapsed = time.monotonic() - (a.started_mono or time.monotonic())
+            self.completions.append((a, Finished(a.job_id, a.claim.lease.token,
+                                                 fields.pop("outcome"), elapsed,
+                                                 error=fields.pop("error"),
+                                                 exit_code=fields.get("exit_code"),
+                                                 signal=fields.get("signal"),
+                                                 peak_memory_bytes=peak)))
+        for q in reversed(w.queued):
+            if self.stop_signal is not None:
+                self._release_unrun(q)
+            elif q.cancel_requested:
+                self._finish_unrun(q, State.CANCELLED, "cancelled before it started")
+            else:
+                self.ready.appendleft(q)
+        w.queued.clear()
+        w.current = None
+        del self.workers[w.index]
+        with contextlib.suppress(Exception):
+            w.conn.close()
+        if self.stop_signal is None and (not self._finished() or self.s.follow):
+            self.workers[w.index] = w  # keep the slot for the replacement
+            self._spawn(w.index)
+        else:
+            with contextlib.suppress(Exception):
+                w.slot.close()
+
+    # -- guards: timeouts, memory, kills --
+    def _enforce(self, now: float) -> None:
+        sample = (self.guard is not None and self.guard.name == "sampling"
+                  and now >= self._next_sample)
+        if sample:
+            self._next_sample = now + self.s.sample_interval_s
+        for w in list(self.workers.values()):
+            if w.kill_deadline is not None and now >= w.kill_deadline and w.pgid:
+                proctree.kill_group(w.pgid, signal.SIGKILL)
+                w.kill_deadline = None
+            a = w.current
+            if a is None or a.started_mono is None or w.kill_reason is not None:
+                continue
+            if now >= a.started_mono + a.claim.record.spec.timeout_s:
+                self._kill(w, Outcome.TIMEOUT, graceful=True)
+                continue
+            if sample and w.sampler is not None:
+                try:
+                    s = w.sampler.sample()
+                except Exception:
+                    continue
+                if s.exceeded:
+                    self._kill(w, Outcome.MEMORY)
+        if now >= self._next_renew:
+            self._renew()
+            self._next_renew = now + self.s.lease_s / 3
+
+    def _kill(self, w: WorkerHandle, reason: Outcome, *, graceful: bool = False) -> None:
+        if w.pgid is None:
+            return
+        w.kill_reason = reason
+        if graceful:
+            proctree.kill_group(w.pgid, signal.SIGTERM)
+            w.kill_deadline = time.monotonic() + self.s.kill_grace_s
+        else:
+            proctree.kill_group(w.pgid, signal.SIGKILL)
+
+    def _renew(self) -> None:
+        claims = [a.claim for a in self.ready]
+        for w in self.workers.values():
+            claims.extend(a.claim for a in w.queued)
+            if w.current is not None:
+                claims.append(w.current.claim)
+        if claims:
+            self.q.renew(claims, lease_s=self.s.lease_s)
+
+    # -- cancel and drain --
+    def _handle_cancel_requests(self) -> None:
+        for jid in self.q.cancel_requests():
+            handled = False
+            for a in self.ready:
+                if a.job_id == jid:
+                    a.cancel_requested = True
+                    handled = True
+            for w in self.workers.values():
+                if w.current is not None and w.current.job_id == jid:
+                    w.current.cancel_requested = True
+                    self._kill(w, Outcome.CANCELLED)
+                    handled = True
+                for a in w.queued:
+                    if a.job_id == jid:
+                        a.cancel_requested = True
+                        w.conn.send(Skip((jid,)))
+                        handled = True
+            if not handled:
+                self.q.cancel_pending(jid)
+            self.q.clear_cancel_request(jid)
+        self._dispatch()
+
+    def _drain(self, now: float) -> None:
+        if self.ready:
+            while self.ready:
+                self._release_unrun(self.ready.popleft())
+        for w in self.workers.values():
+            w.retiring = True
+            if not w.drain_sent and w.pid is not None:
+                with contextlib.suppress(OSError):
+                    w.conn.send(Drain())  # queued jobs come back as Dropped
+                w.drain_sent = True
+            if self.stop_deadline is not None and now >= self.stop_deadline \
+                    and w.current is not None and w.kill_reason is None:
+                self._kill(w, Outcome.RELEASED)
+
+    # -- recording outcomes --
+    def _release_unrun(self, a: Assignment) -> None:
+        now = self.clock.wall()
+        rec = replace(a.claim.record, lease=None, reason="released before it started",
+                      changed_at=now)
+        self.q.finish([Transition(rec, State.PENDING)])
+        self.reporter.event({"event": "released", "job": a.job_id})
+
+    def _finish_unrun(self, a: Assignment, dst: State, reason: str) -> None:
+        now = self.clock.wall()
+        rec = replace(a.claim.record, lease=None, reason=reason, changed_at=now)
+        t = Transition(rec, dst)
+        self.q.finish([t], crash_hook=self._finish_hook([t]))
+        self._count(t)
+        self._report(t)
+
+    def _record_now(self, a: Assignment, fields: dict[str, Any]) -> None:
+        fin = Finished(a.job_id, a.claim.lease.token, fields.pop("outcome"), 0.0, **fields)
+        self.completions.append((a, fin))
+
+    def _attempt(self, a: Assignment, fin: Finished, outcome: str) -> dict[str, Any]:
+        assert self.holder is not None
+        ended = self.clock.wall()
+        att: dict[str, Any] = {
+            "n": a.claim.lease.attempt,
+            "outcome": outcome,
+            "started_at": a.started_wall,
+            "ended_at": ended,
+            "elapsed_s": round(fin.elapsed_s, 6),
+            "host": self.holder.host,
+        }
+        for k in ("exit_code", "signal", "peak_memory_bytes", "stderr_tail", "error",
+                  "traceback_tail"):
+            v = getattr(fin, k)
+            if v is not None:
+                att[k] = v
+        return att
+
+    def _verdict(self, rec: JobRecord, attempt: dict[str, Any], now: float) -> Transition:
+        rec = replace(rec, attempts=rec.attempts + (attempt,), lease=None, changed_at=now)
+        outcome = Outcome(attempt["outcome"])
+        charged = rec.charged_attempts
+        backoff = compute_backoff(charged, base_s=self.s.backoff_base_s,
+                                  max_s=self.s.backoff_max_s)
+        v = after_attempt(outcome, charged_attempts=charged,
+                          max_attempts=rec.spec.max_attempts, backoff_s=backoff)
+        rec = replace(rec, reason=v.reason,
+                      not_before=(now + v.retry_in_s) if v.state is State.PENDING else 0.0)
+        return Transition(rec, v.state)
+
+    def _commit(self) -> None:
+        """Group commit: outputs durable, published, records durable, then reported."""
+        batch, self.completions = self.completions, []
+        now = self.clock.wall()
+        to_publish = [(a, f) for a, f in batch
+                      if f.outcome == Outcome.COMPLETED.value and not a.cancel_requested]
+        if to_publish:
+            # Protects against: power loss after the link below exposing an empty output.
+            roots = {a.claim.record.spec.out_root for a, _ in to_publish}
+            for root in roots:
+                syncfs(root)
+            self.crash_point("publish:before_link")
+        transitions: list[Transition] = []
+        published: list[Assignment] = []
+        dirs: set[Path] = set()
+        for a, fin in batch:
+            rec = a.claim.record
+            outcome = fin.outcome
+            if a.cancel_requested:
+                outcome = Outcome.CANCELLED.value
+            elif outcome == Outcome.COMPLETED.value:
+                if not self.q.holds(a.claim):
+                    # Fenced: our lease was taken over; the new holder decides. Never publish.
+                    discard(a.tmp)
+                    self.reporter.event({"event": "fenced", "job": a.job_id})
+                    continue
+                try:
+                    check_confined(Path(rec.spec.out_root).resolve(), a.final)
+                    status = publish(a.tmp, a.final, is_dir=a.output_kind == "dir",
+                                     job_id=a.job_id)
+                except OutputEscapes as exc:
+                    outcome = Outcome.INVALID_OUTPUT.value
+                    fin = replace(fin, error=f"output path: {exc}")
+                    status = None
+                if status is Published.EXISTS:
+                    outcome = Outcome.OUTPUT_EXISTS.value
+                    fin = replace(fin, error=f"{a.final} already exists and renderctl did not "
+                                             "publish it for this job; left untouched")
+                elif status is not None:
+                    published.append(a)
+                    dirs.add(a.final.parent)
+            attempt = self._attempt(a, fin, outcome)
+            if outcome == Outcome.COMPLETED.value:
+                result = {"path": str(a.final), "sha256": fin.sha256, "bytes": fin.bytes,
+                          "pages": fin.pages, "attempts": len(rec.attempts) + 1,
+                          "peak_memory_bytes": fin.peak_memory_bytes,
+                          "elapsed_s": round(fin.elapsed_s, 6),
+                          "queued_s": round((a.started_wall or now) - rec.accepted_at, 6)}
+                t = Transition(replace(rec, attempts=rec.attempts + (attempt,), lease=None,
+                                       result=result, reason="", changed_at=now), State.DONE)
+            elif outcome == Outcome.CANCELLED.value:
+                t = Transition(replace(rec, attempts=rec.attempts + (attempt,), lease=None,
+                                       reason="cancelled", changed_at=now), State.CANCELLED)
+            else:
+                t = self._verdict(rec, attempt, now)
+            if t.dst is not State.DONE:
+                discard(a.tmp)
+            transitions.append(t)
+        if published:
+            self.crash_point("publish:after_link")
+            # Protects against: power loss forgetting the link after the done record says it
+            # was published (the record would then point at nothing).
+            for d in sorted(dirs):
+                fsync_dir(d)
+        self.q.finish(transitions, crash_hook=self._finish_hook(transitions))
+        for a in published:
+            if a.output_kind != "dir":
+                unlink_quiet(a.tmp)  # only now: it was the proof the output is ours
+        for t in transitions:
+            self._count(t)
+            self._report(t)
+
+    def _finish_hook(self, transitions: list[Transition]) -> Callable[[str], None]:
+        def hook(point: str) -> None:
+            if any(t.dst is State.DONE for t in transitions):
+                self.crash_point("publish:after_done")
+            if any(t.dst is State.DEAD for t in transitions):
+                self.crash_point("dead")
+
+        return hook
+
+    def _count(self, t: Transition) -> None:
+        if t.dst.terminal:
+            self.counts[t.dst.value] += 1
+            if t.dst is State.DEAD:
+                self.failures += 1
+        elif t.dst is State.PENDING and t.record.attempts:
+            self.retries += 1
+            self.index.add(t.record.entry(), now=self.clock.wall())
+        elif t.dst is State.PENDING:
+            self.index.add(t.record.entry(), now=self.clock.wall())
+
+    def _report(self, t: Transition) -> None:
+        rec = t.record
+        last = rec.attempts[-1] if rec.attempts else {}
+        ev: dict[str, Any] = {"event": _event_name(t), "job": rec.spec.id,
+                              "kind": rec.spec.kind, "state": t.dst.value}
+        for k in ("n", "outcome", "elapsed_s", "peak_memory_bytes", "error", "exit_code",
+                  "signal"):
+            if last.get(k) is not None:
+                ev["attempt" if k == "n" else k] = last[k]
+        if rec.result:
+            ev["output"] = rec.result.get("path")
+        if t.dst is State.PENDING:
+            ev["retry_at"] = rec.not_before
+        if rec.reason:
+            ev["reason"] = rec.reason
+        if t.dst is State.DEAD or (last.get("outcome") not in (None, "completed")):
+            self.recent_failures.append(ev)
+        self.reporter.event(ev)
+
+
+def _event_name(t: Transition) -> str:
+    return {State.DONE: "completed", State.DEAD: "dead", State.CANCELLED: "cancelled",
+            State.EXPIRED: "expired"}.get(t.dst, "retry")
+
+
+def _signame(sig: int) -> str:
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return f"signal {sig}"
+
+
+def _kill_message(reason: Outcome, a: Assignment, peak: int | None) -> str:
+    spec = a.claim.record.spec
+    if reason is Outcome.MEMORY:
+        seen = f"; peak {peak / MB:.0f} MB" if peak else ""
+        return f"crossed its memory ceiling of {spec.memory_mb} MB{seen}; process group killed"
+    if reason is Outcome.TIMEOUT:
+        return f"exceeded timeout_s={spec.timeout_s:g}; process group terminated"
+    if reason is Outcome.CANCELLED:
+        return "cancelled while running; process group killed, output not published"
+    return "the runner was stopped; returned to pending (not charged)"
+
+
+def _describe_output(final: Path, is_dir: bool) -> dict[str, Any]:
+    import hashlib
+
+    if is_dir:
+        total = sum(p.stat().st_size for p in final.rglob("*") if p.is_file())
+        return {"sha256": None, "bytes": total, "pages": None}
+    h = hashlib.sha256()
+    with open(final, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return {"sha256": h.hexdigest(), "bytes": final.stat().st_size, "pages": None}
+

@@ -1,0 +1,436 @@
+"""The worker process: runs one attempt at a time, in a clean context, and reports back.
+
+A worker is its own process group (so the runner can kill a job's whole tree with one
+``killpg``), dies with its parent (PR_SET_PDEATHSIG), and never touches queue folders: it
+writes the job's output to the temporary path it was given, checks it, and says so. The
+runner publishes.
+
+Clean context per job: a fresh working directory (also ``TMPDIR``), the environment the
+worker started with plus ``RENDERCTL_JOB_ID``/``RENDERCTL_ATTEMPT``, default signal
+handlers, reportlab/pypdf settings reset, stdout/stderr captured to files, and every module
+the job imported from outside the standard library and site-packages (the user's own code)
+dropped afterwards, so the next job imports it afresh with fresh globals.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+import traceback
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from renderctl.errors import InvalidInput, InvalidOutput
+from renderctl.lifecycle import Outcome
+from renderctl.messages import Drain, Dropped, Finished, Ready, RunJob, Skip, Started, Stop
+from renderctl.publish import DIR_MARKER
+
+TAIL_LINES = 20
+TAIL_BYTES = 4096
+PRELOAD = (
+    "renderctl.worker",
+    "renderctl.render.safety",
+    "renderctl.render.invoice",
+    "renderctl.render.report",
+    "renderctl.render.pdfops",
+    "pypdf",
+)
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """What a worker needs to know at start; small and picklable for every start method."""
+
+    slot_path: str  # cgroup of this worker's slot ("" with the sampling guard)
+    started_log: str  # append-only evidence of which attempts began (see runner recovery)
+    work_root: str  # parent of each job's temporary working directory
+
+
+# -- entry point ---------------------------------------------------------------------------
+
+
+def worker_main(conn: Connection, config: WorkerConfig) -> None:
+    """Process entry point: set up the process, then serve jobs until told to stop."""
+    os.setpgid(0, 0)
+    from renderctl import proctree
+
+    try:
+        proctree.set_parent_death_signal(signal.SIGKILL)
+    except proctree.ParentGone:
+        os._exit(0)
+    # The runner shields itself from the OOM killer; a worker must be the one to go.
+    proctree.set_oom_score_adj(500)
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP, signal.SIGCHLD):
+        signal.signal(sig, signal.SIG_DFL)
+    with contextlib.suppress(ValueError):
+        signal.set_wakeup_fd(-1)
+    Worker(conn, config).serve()
+
+
+class Worker:
+    """The worker's loop: a local queue of assigned jobs, served one at a time."""
+
+    def __init__(self, conn: Connection, config: WorkerConfig) -> None:
+        self.conn = conn
+        self.config = config
+        self.queue: deque[RunJob] = deque()
+        self.stopping = False
+        self.draining = False
+        self.base_env = dict(os.environ)
+        self.base_path = list(sys.path)
+        self.base_modules = set(sys.modules)
+        self.library_roots = tuple({
+            p for key in ("stdlib", "platstdlib", "purelib", "platlib")
+            if (p := sysconfig.get_paths().get(key))
+        })
+        self.neutral_cwd = config.work_root
+        self.started_fd = os.open(config.started_log,
+                                  os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+
+    def serve(self) -> None:
+        self.conn.send(Ready(os.getpid(), os.getpgid(0)))
+        while True:
+            self._take_messages(block=not self.queue)
+            if self.draining:
+                self._drop_all("drain")
+                return
+            if not self.queue:
+                if self.stopping:
+                    return
+                continue
+            job = self.queue.popleft()
+            if not self._apply_limit(job):
+                return
+            self._run(job)
+
+    def _take_messages(self, *, block: bool) -> None:
+        try:
+            if block:
+                self._handle(self.conn.recv())
+            while self.conn.poll():
+                self._handle(self.conn.recv())
+        except EOFError:
+            os._exit(0)  # the runner is gone; nothing to report to
+
+    def _handle(self, msg: object) -> None:
+        if isinstance(msg, RunJob):
+            self.queue.append(msg)
+        elif isinstance(msg, Skip):
+            skipped = tuple(j.job_id for j in self.queue if j.job_id in msg.job_ids)
+            self.queue = deque(j for j in self.queue if j.job_id not in msg.job_ids)
+            self.conn.send(Dropped(skipped, "skip"))
+        elif isinstance(msg, Drain):
+            self.draining = True
+        elif isinstance(msg, Stop):
+            self.stopping = True
+
+    def _drop_all(self, reason: str) -> None:
+        ids = tuple(j.job_id for j in self.queue)
+        self.queue.clear()
+        self.conn.send(Dropped(ids, reason))
+
+    def _apply_limit(self, job: RunJob) -> bool:
+        """Set this slot's ceiling to the job's; a worker too big for it retires instead."""
+        if not self.config.slot_path:
+            return True
+        from renderctl.guards import LimitBelowUsage, set_job_limit
+
+        try:
+            set_job_limit(self.config.slot_path, job.memory_limit_bytes)
+        except LimitBelowUsage:
+            self.queue.appendleft(job)
+            self._drop_all("worker above the next job's ceiling; recycling")
+            return False
+        return True
+
+    def _run(self, job: RunJob) -> None:
+        os.write(self.started_fd, f"{job.token}\n".encode())
+        self.conn.send(Started(job.job_id, job.token, time.time()))
+        t0 = time.monotonic()
+        workdir = tempfile.mkdtemp(prefix=f"{os.getpid()}.", dir=self.config.work_root)
+        try:
+            with self._clean_context(job, workdir) as captured:
+                fields = execute(job, Path(workdir))
+            fields.setdefault("stderr_tail", captured.stderr_tail())
+        finally:
+            with contextlib.suppress(OSError):
+                os.chdir(self.neutral_cwd)
+            shutil.rmtree(workdir, ignore_errors=True)
+        peak = slot_peak_bytes(self.config.slot_path)
+        if peak is not None:
+            fields["peak_memory_bytes"] = peak
+        self.conn.send(Finished(job.job_id, job.token, elapsed_s=time.monotonic() - t0,
+                                **fields))
+
+    @contextlib.contextmanager
+    def _clean_context(self, job: RunJob, workdir: str) -> Iterator[_Capture]:
+        env = dict(self.base_env)
+        env.update(RENDERCTL_JOB_ID=job.job_id, RENDERCTL_ATTEMPT=str(job.attempt),
+                   TMPDIR=workdir)
+        os.environ.clear()
+        os.environ.update(env)
+        tempfile.tempdir = None  # re-read TMPDIR
+        os.chdir(workdir)
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGALRM, signal.SIGUSR1,
+                    signal.SIGUSR2, signal.SIGHUP, signal.SIGPIPE, signal.SIGCHLD):
+            with contextlib.suppress(ValueError, OSError):
+                signal.signal(sig, signal.SIG_DFL)
+        signal.alarm(0)
+        reset_render_settings()
+        capture = _Capture(workdir)
+        try:
+            with capture:
+                yield capture
+        finally:
+            os.environ.clear()
+            os.environ.update(self.base_env)
+            tempfile.tempdir = None
+            sys.path[:] = self.base_path
+            self._forget_user_modules()
+
+    def _forget_user_modules(self) -> None:
+        for name in set(sys.modules) - self.base_modules:
+            mod = sys.modules.get(name)
+            origin = getattr(mod, "__file__", None)
+            if origin and origin.startswith(self.library_roots):
+                continue  # libraries stay loaded: re-importing C extensions is unsafe
+            sys.modules.pop(name, None)
+
+
+def slot_peak_bytes(slot_path: str) -> int | None:
+    """This job's peak charge, read before the next job resets it (cgroup guards only)."""
+    if not slot_path:
+        return None
+    for name in ("memory.max_usage_in_bytes", "memory.peak"):
+        try:
+            with open(os.path.join(slot_path, name), "rb") as fh:
+                return int(fh.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue
+    return None
+
+
+def reset_render_settings() -> None:
+    """Undo what an earlier job may have changed in reportlab/pypdf, and re-harden."""
+    if "reportlab" in sys.modules or "pypdf" in sys.modules:
+        from renderctl.render.safety import harden
+
+        harden()
+
+
+class _Capture:
+    """Redirect fd 1 and 2 to files in the job's workdir for the duration of the job."""
+
+    def __init__(self, workdir: str) -> None:
+        self.path = os.path.join(workdir, ".stderr")
+        self.saved: list[int] = []
+
+    def __enter__(self) -> _Capture:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        self.saved = [os.dup(1), os.dup(2)]
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os.dup2(self.saved[0], 1)
+        os.dup2(self.saved[1], 2)
+        for fd in self.saved:
+            os.close(fd)
+
+    def stderr_tail(self) -> str | None:
+        return read_tail(self.path)
+
+
+def read_tail(path: str) -> str | None:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - TAIL_BYTES))
+            data = fh.read()
+    except OSError:
+        return None
+    if not data:
+        return None
+    lines = data.decode("utf-8", "replace").splitlines()[-TAIL_LINES:]
+    return "\n".join(lines)
+
+
+# -- executing one attempt -----------------------------------------------------------------
+
+
+def execute(job: RunJob, workdir: Path) -> dict[str, Any]:
+    """Run the job's renderer and check its output; returns ``Finished`` fields."""
+    spec = job.spec
+    inputs = [Path(p) for p in spec.get("inputs", ())]
+    output = Path(job.tmp_output)
+    params: Mapping[str, Any] = spec.get("params", {})
+    try:
+        if job.output_kind == "dir":
+            output.mkdir()
+        kind = spec["kind"]
+        if kind == "command":
+            fields = run_command(spec["argv"], inputs, output, workdir)
+            if fields is not None:
+                return fields
+        elif kind == "python":
+            fn = load_callable(spec["callable"], spec.get("pythonpath"))
+            fn(inputs, output, dict(params))
+        else:
+            from renderctl.render.registry import all_specs
+
+            all_specs()[kind].load()(inputs, output, params)
+        return {"outcome": Outcome.COMPLETED.value, **check_output(output, job)}
+    except InvalidInput as exc:
+        return {"outcome": Outcome.INVALID_INPUT.value, "error": _message(exc)}
+    except InvalidOutput as exc:
+        return {"outcome": Outcome.INVALID_OUTPUT.value, "error": _message(exc)}
+    except BaseException as exc:  # a job's SystemExit or KeyboardInterrupt is its failure
+        return {"outcome": Outcome.FAILED.value, "error": _message(exc),
+                "traceback_tail": _traceback_tail()}
+
+
+def _message(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _traceback_tail() -> str:
+    return "".join(traceback.format_exc().splitlines(keepends=True)[-TAIL_LINES:])
+
+
+def load_callable(target: str, pythonpath: str | None) -> Callable[..., Any]:
+    """Import ``module:function`` with the manifest's folder first on ``sys.path``."""
+    if pythonpath:
+        sys.path.insert(0, pythonpath)
+    module_name, _, attr = target.partition(":")
+    import importlib
+
+    obj: Any = importlib.import_module(module_name)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise TypeError(f"{target} is not callable")
+    return obj  # type: ignore[no-any-return]
+
+
+def expand_argv(argv: list[str], inputs: list[Path], output: Path) -> list[str]:
+    """Placeholders: ``{input}`` (the first input), ``{inputs}`` (one argument per input,
+    only as a whole argument), ``{output}`` (the temporary output path)."""
+    out: list[str] = []
+    for arg in argv:
+        if arg == "{inputs}":
+            out.extend(str(p) for p in inputs)
+            continue
+        arg = arg.replace("{output}", str(output))
+        if "{input}" in arg:
+            if not inputs:
+                raise InvalidInput("argv uses {input} but the job has no input")
+            arg = arg.replace("{input}", str(inputs[0]))
+        out.append(arg)
+    return out
+
+
+def _child_setup() -> None:
+    # Runs in the forked child before exec: die with the worker (a runner's SIGKILL of the
+    # worker must not leave the command running unsupervised).
+    from renderctl.proctree import set_parent_death_signal
+
+    set_parent_death_signal(signal.SIGKILL)
+
+
+def run_command(argv: list[str], inputs: list[Path], output: Path,
+                workdir: Path) -> dict[str, Any] | None:
+    """Run an argv (never a shell); None means it exited 0 and the output is to be checked."""
+    args = expand_argv(argv, inputs, output)
+    log = workdir / ".command-output"
+    with open(log, "wb") as fh:
+        try:
+            proc = subprocess.Popen(args, cwd=workdir, stdin=subprocess.DEVNULL, stdout=fh,
+                                    stderr=subprocess.STDOUT, preexec_fn=_child_setup,
+                                    close_fds=True)
+        except FileNotFoundError:
+            return {"outcome": Outcome.FAILED.value, "error": f"command not found: {args[0]}"}
+        except PermissionError:
+            return {"outcome": Outcome.FAILED.value, "error": f"not executable: {args[0]}"}
+        code = proc.wait()
+    tail = read_tail(str(log))
+    if code == 0:
+        return None  # the output is checked next; a success keeps no log in the record
+    if code < 0:
+        return {"outcome": Outcome.CRASHED.value, "signal": -code, "stderr_tail": tail,
+                "error": f"command killed by signal {signal.Signals(-code).name}"}
+    return {"outcome": Outcome.FAILED.value, "exit_code": code, "stderr_tail": tail,
+            "error": f"command exited with status {code}"}
+
+
+def check_output(output: Path, job: RunJob) -> dict[str, Any]:
+    """The output exists and is what it claims (a PDF opens and has a page); hash it."""
+    if job.output_kind == "dir":
+        if not output.is_dir():
+            raise InvalidOutput("the job did not produce its output folder")
+        digest = hashlib.sha256()
+        total = 0
+        pages = 0
+        for p in sorted(output.rglob("*")):
+            if not p.is_file() or p.is_symlink():
+                continue
+            data = p.read_bytes()
+            if p.suffix.lower() == ".pdf":
+                pages += pdf_pages(p)
+            digest.update(p.relative_to(output).as_posix().encode() + b"\0")
+            digest.update(hashlib.sha256(data).digest())
+            total += len(data)
+        (output / DIR_MARKER).write_text(f"{job.job_id}\n{job.token}\n")
+        return {"sha256": digest.hexdigest(), "bytes": total, "pages": pages}
+    try:
+        st = os.lstat(output)
+    except FileNotFoundError:
+        raise InvalidOutput("the job did not write its output file") from None
+    if not os.path.isfile(output) or os.path.islink(output):
+        raise InvalidOutput("the output is not a regular file")
+    with open(output, "rb") as fh:
+        data = fh.read()
+    pages = pdf_pages(output) if _is_pdf_target(job) else None
+    return {"sha256": hashlib.sha256(data).hexdigest(), "bytes": st.st_size, "pages": pages}
+
+
+def _is_pdf_target(job: RunJob) -> bool:
+    return str(job.spec.get("output", "")).lower().endswith(".pdf")
+
+
+def pdf_pages(path: Path) -> int:
+    """Open a PDF with pypdf; InvalidOutput unless it parses and has at least one page."""
+    from pypdf import PdfReader
+
+    try:
+        with open(path, "rb") as fh:
+            if not fh.read(1024).lstrip().startswith(b"%PDF-"):
+                raise InvalidOutput(f"{path.name}: not a PDF (no %PDF- header)")
+        n = len(PdfReader(path).pages)
+    except InvalidOutput:
+        raise
+    except Exception as exc:
+        raise InvalidOutput(f"{path.name}: not a readable PDF: {_message(exc)}") from None
+    if n < 1:
+        raise InvalidOutput(f"{path.name}: the PDF has no pages")
+    return n
