@@ -644,10 +644,17 @@ class Runner:
                      memory_limit_bytes=spec.memory_mb * MB)
         w.queued.append(a)
         w.assigned_total += 1
-        w.conn.send(msg)
+        self._tell(w, msg)
         if w.assigned_total >= self.s.max_jobs_per_worker and not w.retiring:
             w.retiring = True
-            w.conn.send(Stop())
+            self._tell(w, Stop())
+
+    @staticmethod
+    def _tell(w: WorkerHandle, msg: object) -> None:
+        """Send to a worker; if it just died, its sentinel will say so and its queued jobs
+        are handed to another worker then."""
+        with contextlib.suppress(OSError):
+            w.conn.send(msg)
 
     # -- messages from workers --
     def _read_messages(self, w: WorkerHandle) -> None:
@@ -841,7 +848,7 @@ class Runner:
                 for a in w.queued:
                     if a.job_id == jid:
                         a.cancel_requested = True
-                        w.conn.send(Skip((jid,)))
+                        self._tell(w, Skip((jid,)))
                         handled = True
             if not handled:
                 self.q.cancel_pending(jid)
@@ -855,8 +862,7 @@ class Runner:
         for w in self.workers.values():
             w.retiring = True
             if not w.drain_sent and w.pid is not None:
-                with contextlib.suppress(OSError):
-                    w.conn.send(Drain())  # queued jobs come back as Dropped
+                self._tell(w, Drain())  # queued jobs come back as Dropped
                 w.drain_sent = True
             if self.stop_deadline is not None and now >= self.stop_deadline \
                     and w.current is not None and w.kill_reason is None:

@@ -395,12 +395,16 @@ def dead_purge(queue: QueueOpt = None) -> None:
 
 
 def main() -> None:
-    # A closed pipe (`renderctl status | head`) is not an error worth a traceback.
-    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     try:
         app()
     except KeyboardInterrupt:
         sys.exit(ExitCode.SIGINT)
+    except BrokenPipeError:
+        # A closed pipe (`renderctl status | head`) is not an error worth a traceback. (Not
+        # SIGPIPE=SIG_DFL: the runner writes to worker pipes that may close under it.)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        sys.exit(0)
 
 
 if __name__ == "__main__":

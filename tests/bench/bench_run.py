@@ -1,0 +1,139 @@
+"""Whole-process wall time: `renderctl run --workers 2` vs ProcessPoolExecutor(2), same work.
+
+Run: ``python tests/bench/bench_run.py [--rounds 2] [--noop 4000] [--invoices 2000]``
+
+Both sides do the same renders in fresh processes on the real disk, alternating, and the
+ratio (pool time / renderctl time = renderctl's throughput relative to the pool) is printed
+per round. The pool keeps nothing durable; renderctl fsyncs every state change (batched).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+SAMPLE = REPO / "sample-inputs" / "invoices" / "0001.json"
+
+BENCHFNS = '''
+from pathlib import Path
+
+
+def write_byte(inputs, output, params):
+    Path(output).write_bytes(b"x")
+'''
+
+POOL = textwrap.dedent('''
+    import json, sys, time
+    from concurrent.futures import ProcessPoolExecutor
+    from pathlib import Path
+    sys.path.insert(0, {workdir!r})
+
+    def noop(i):
+        import benchfns
+        benchfns.write_byte([], Path({out!r}) / f"n{{i}}.bin", {{}})
+
+    def invoice(i):
+        from renderctl.render.invoice import render
+        render([Path({sample!r})], Path({out!r}) / f"inv{{i}}.pdf", {{}})
+
+    if __name__ == "__main__":
+        fn = {{"noop": noop, "invoice": invoice}}[sys.argv[1]]
+        n = int(sys.argv[2])
+        with ProcessPoolExecutor(2) as ex:
+            list(ex.map(fn, range(n), chunksize=1))
+''')
+
+
+def write_manifest(path: Path, kind: str, n: int) -> None:
+    lines = ["[defaults]"]
+    if kind == "noop":
+        lines += ['kind = "python"', 'callable = "benchfns:write_byte"']
+    else:
+        lines += ['kind = "invoice"']
+    for i in range(n):
+        lines.append("[[jobs]]")
+        lines.append(f'id = "{kind}-{i}"')
+        if kind == "noop":
+            lines.append(f'output = "n/{i}.bin"')
+        else:
+            lines.append(f'input = "{SAMPLE}"')
+            lines.append(f'output = "inv/{i}.pdf"')
+    path.write_text("\n".join(lines) + "\n")
+
+
+def time_cmd(cmd: list[str], *, cwd: Path, env: dict[str, str] | None = None) -> float:
+    t0 = time.perf_counter()
+    res = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
+    dt = time.perf_counter() - t0
+    if res.returncode != 0:
+        sys.stderr.write(res.stdout[-2000:] + res.stderr[-2000:])
+        raise SystemExit(f"command failed ({res.returncode}): {' '.join(cmd)}")
+    return dt
+
+
+def warm(workdir: Path) -> None:
+    # MEASUREMENTS.md: file creation on this ext4 slows 10-25x after idle; warm it first.
+    d = workdir / "warm"
+    d.mkdir()
+    for i in range(3000):
+        (d / str(i)).write_bytes(b"")
+    shutil.rmtree(d)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--noop", type=int, default=4000)
+    ap.add_argument("--invoices", type=int, default=2000)
+    ap.add_argument("--extra", default="", help="extra args for renderctl run")
+    args = ap.parse_args()
+    base = Path(tempfile.mkdtemp(prefix="bench-run-", dir=REPO))
+    try:
+        (base / "benchfns.py").write_text(BENCHFNS)
+        warm(base)
+        results: dict[str, list[tuple[float, float]]] = {"noop": [], "invoice": []}
+        for kind, n in (("noop", args.noop), ("invoice", args.invoices)):
+            manifest = base / f"{kind}.toml"
+            write_manifest(manifest, kind, n)
+            for r in range(args.rounds):
+                out = base / f"out-{kind}-{r}"
+                pool_out = base / f"pool-{kind}-{r}"
+                pool_out.mkdir()
+                pool_py = base / "pool.py"
+                pool_py.write_text(POOL.format(workdir=str(base), out=str(pool_out),
+                                               sample=str(SAMPLE)))
+                t_pool = time_cmd([sys.executable, str(pool_py), kind, str(n)], cwd=base)
+                cmd = [sys.executable, "-m", "renderctl.cli.app", "run", str(manifest),
+                       "--queue", str(base / f"q-{kind}-{r}"), "--out", str(out),
+                       "--workers", "2", "--quiet", *args.extra.split()]
+                t_rc = time_cmd(cmd, cwd=base)
+                results[kind].append((t_pool, t_rc))
+                print(f"{kind:8} n={n:5} round {r}: pool {t_pool:6.2f}s ({n / t_pool:7.0f}/s)  "
+                      f"renderctl {t_rc:6.2f}s ({n / t_rc:7.0f}/s)  "
+                      f"ratio {t_pool / t_rc:.2f}x", flush=True)
+        print()
+        targets = {"noop": 0.5, "invoice": 0.9}
+        for kind, rows in results.items():
+            ratios = [p / r for p, r in rows]
+            print(f"{kind:8} renderctl/pool throughput ratio: median "
+                  f"{statistics.median(ratios):.2f}x (rounds: "
+                  f"{', '.join(f'{x:.2f}' for x in ratios)}); target >= {targets[kind]}x")
+        print(json.dumps({k: [[round(p, 3), round(r, 3)] for p, r in v]
+                          for k, v in results.items()}))
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONHASHSEED", "0")
+    main()

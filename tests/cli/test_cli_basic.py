@@ -1,0 +1,193 @@
+"""The command line: exit codes, JSON outputs, plain output on a pipe, a light start-up."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from renderctl.cli.app import app
+from renderctl.lifecycle import State
+from renderctl.manifest import FIELDS
+
+STATES = [s.value for s in State]
+ANSI = re.compile(r"\x1b\[")
+
+
+@pytest.fixture
+def runner() -> CliRunner:
+    return CliRunner(env={"COLUMNS": "120", "NO_COLOR": "1", "RENDERCTL_QUEUE": "",
+                          "RENDERCTL_OUT": ""})
+
+
+@pytest.fixture
+def good(write_manifest: Any) -> Path:
+    return write_manifest([
+        {"id": "a", "kind": "python", "callable": "m:f", "output": "a.pdf"},
+        {"id": "b", "kind": "python", "callable": "m:f", "output": "b.pdf", "priority": 2},
+    ], name="good.toml")
+
+
+@pytest.fixture
+def bad(write_manifest: Any) -> Path:
+    return write_manifest([{"id": "x", "kind": "python", "callable": "m:f", "output": "/abs",
+                            "memroy_mb": 1}], name="bad.toml")
+
+
+def test_validate_exit_codes(runner: CliRunner, good: Path, bad: Path) -> None:
+    ok = runner.invoke(app, ["validate", str(good)])
+    assert ok.exit_code == 0 and "ok: 2 job(s) in 1 manifest(s)" in ok.stdout
+    res = runner.invoke(app, ["validate", str(good), str(bad)])
+    assert res.exit_code == 2
+    assert f"{bad}: job x: memroy_mb: unknown field (did you mean 'memory_mb'?)" in res.stderr
+    assert f"{bad}: job x: output: must be relative" in res.stderr
+    assert "2 problem(s); nothing was enqueued" in res.stderr
+    as_json = runner.invoke(app, ["validate", "--json", str(bad)])
+    assert as_json.exit_code == 2
+    assert {p["field"] for p in json.loads(as_json.stdout)["problems"]} == {"memroy_mb",
+                                                                             "output"}
+
+
+def test_submit_then_status_and_show(runner: CliRunner, good: Path, queue_dir: Path,
+                                     out_root: Path) -> None:
+    q = ["--queue", str(queue_dir)]
+    res = runner.invoke(app, ["submit", *q, "--out", str(out_root), str(good)])
+    assert res.exit_code == 0, res.stderr
+    assert res.stdout.startswith("accepted 2 job(s)")
+    again = runner.invoke(app, ["submit", *q, "--out", str(out_root), "--json", str(good)])
+    assert json.loads(again.stdout) == {"accepted": [], "already_accepted": ["a", "b"],
+                                        "replaced": []}
+    # status --json: counts for every state at the top level
+    st = json.loads(runner.invoke(app, ["status", *q, "--json"]).stdout)
+    assert {k: st[k] for k in STATES} == {"pending": 2, "running": 0, "done": 0, "dead": 0,
+                                          "cancelled": 0, "expired": 0}
+    assert st["corrupt"] == 0 and st["running_jobs"] == [] and st["runner"] is None
+    assert st["queue"] == str(queue_dir)
+    # show --json: one job
+    shown = runner.invoke(app, ["show", *q, "--json", "b"])
+    assert shown.exit_code == 0
+    job = json.loads(shown.stdout)
+    assert (job["id"], job["state"], job["spec"]["priority"], job["attempts"]) == (
+        "b", "pending", 2, [])
+    assert job["spec"]["out_root"] == str(out_root)
+    missing = runner.invoke(app, ["show", *q, "nope"])
+    assert missing.exit_code == 2 and "no job 'nope'" in missing.stderr
+
+
+def test_submit_saturated_exits_75(runner: CliRunner, good: Path, queue_dir: Path) -> None:
+    res = runner.invoke(app, ["submit", "--queue", str(queue_dir), "--max-pending", "1",
+                              str(good)])
+    assert res.exit_code == 75
+    assert "1 would fit" in res.stderr and "nothing was enqueued" in res.stderr
+    assert list((queue_dir / "pending").iterdir()) == []
+
+
+def test_bad_manifest_exits_2_and_enqueues_nothing(runner: CliRunner, good: Path, bad: Path,
+                                                   queue_dir: Path) -> None:
+    res = runner.invoke(app, ["submit", "--queue", str(queue_dir), str(good), str(bad)])
+    assert res.exit_code == 2 and "nothing was enqueued" in res.stderr
+    assert not (queue_dir / "pending").exists() or not list((queue_dir / "pending").iterdir())
+
+
+def test_schema_prints_json(runner: CliRunner) -> None:
+    res = runner.invoke(app, ["schema"])
+    assert res.exit_code == 0
+    schema = json.loads(res.stdout)
+    assert set(schema["properties"]["jobs"]["items"]["properties"]) == {
+        f.name for f in FIELDS if f.in_job}
+
+
+def test_kinds_lists_the_built_ins(runner: CliRunner) -> None:
+    res = runner.invoke(app, ["kinds", "--json"])
+    assert res.exit_code == 0
+    kinds = json.loads(res.stdout)
+    assert {"invoice", "report", "merge", "stamp", "split", "command", "python"} <= set(kinds)
+    assert {"name": "title", "type": "str", "required": True,
+            "description": "report title"} in kinds["report"]["params"]
+
+
+def test_queue_folder_that_cannot_be_created_exits_74(runner: CliRunner, good: Path,
+                                                      tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    res = runner.invoke(app, ["submit", "--queue", str(blocker / "queue"), str(good)])
+    assert res.exit_code == 74, res.output
+    assert "cannot create queue" in res.stderr and "Traceback" not in res.output
+
+
+def test_status_of_a_missing_queue_exits_74(runner: CliRunner, tmp_path: Path) -> None:
+    res = runner.invoke(app, ["status", "--queue", str(tmp_path / "none")])
+    assert res.exit_code == 74 and "not a renderctl queue" in res.stderr
+    assert not (tmp_path / "none").exists()  # status never creates a queue
+
+
+def test_cancel_a_pending_job(runner: CliRunner, good: Path, queue_dir: Path) -> None:
+    q = ["--queue", str(queue_dir)]
+    runner.invoke(app, ["submit", *q, str(good)])
+    res = runner.invoke(app, ["cancel", *q, "--json", "a"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(runner.invoke(app, ["show", *q, "--json", "a"]).stdout)["state"] == (
+        "cancelled")
+    assert runner.invoke(app, ["cancel", *q, "nope"]).exit_code == 2
+
+
+# -- in a child process: pipes and imports ---------------------------------------------------
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("NO_COLOR", "FORCE_COLOR", "RENDERCTL_QUEUE", "RENDERCTL_OUT")}
+    return {**env, "COLUMNS": "100", "TERM": "xterm-256color", **extra}
+
+
+def test_status_on_a_pipe_has_no_ansi_codes(renderctl_argv: list[str], good: Path,
+                                            queue_dir: Path) -> None:
+    subprocess.run([*renderctl_argv, "submit", "--queue", str(queue_dir), str(good)],
+                   check=True, capture_output=True, env=_env())
+    for args in (["status"], ["show", "a"]):
+        proc = subprocess.run([*renderctl_argv, *args, "--queue", str(queue_dir)],
+                              capture_output=True, text=True, env=_env())
+        assert proc.returncode == 0, proc.stderr
+        assert not ANSI.search(proc.stdout) and not ANSI.search(proc.stderr)
+        assert proc.stdout.strip()
+    status = subprocess.run([*renderctl_argv, "status", "--queue", str(queue_dir)],
+                            capture_output=True, text=True, env=_env()).stdout
+    assert "pending=2 running=0 done=0 dead=0 cancelled=0 expired=0" in status
+
+
+HEAVY = ("reportlab", "pypdf")
+PROBE = """
+import sys
+sys.argv = ["renderctl", *sys.argv[1:]]
+from renderctl.cli.app import main
+try:
+    main()
+except SystemExit:
+    pass
+heavy = sorted({m.split(".")[0] for m in sys.modules} & {"reportlab", "pypdf"})
+sys.stderr.write("HEAVY=" + ",".join(heavy) + "\\n")
+"""
+
+
+@pytest.mark.parametrize("args", [["--help"], ["status"], ["status", "--json"],
+                                  ["validate", "GOOD"], ["schema"], ["kinds"]],
+                         ids=lambda a: " ".join(a))
+def test_light_commands_do_not_import_reportlab_or_pypdf(
+    args: list[str], good: Path, queue_dir: Path, renderctl_argv: list[str]
+) -> None:
+    subprocess.run([*renderctl_argv, "submit", "--queue", str(queue_dir), str(good)],
+                   check=True, capture_output=True, env=_env())
+    argv = [str(good) if a == "GOOD" else a for a in args]
+    if args[0] == "status":
+        argv += ["--queue", str(queue_dir)]
+    proc = subprocess.run([sys.executable, "-c", PROBE, *argv], capture_output=True,
+                          text=True, env=_env())
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert "HEAVY=\n" in proc.stderr, proc.stderr

@@ -1,0 +1,85 @@
+"""Shared fixtures: a queue folder, an output root and a manifest writer, all under tmp_path.
+
+Helpers that many test modules need live here as fixtures (so no test imports conftest).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ManifestWriter = Callable[..., Path]
+
+
+def to_toml(value: Any) -> str:
+    """One TOML value (inline form) for the plain data a manifest holds."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)  # a JSON string is a valid TOML basic string
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(to_toml(v) for v in value) + "]"
+    if isinstance(value, Mapping):
+        return "{" + ", ".join(f"{json.dumps(k)} = {to_toml(v)}" for k, v in value.items()) + "}"
+    raise TypeError(f"no TOML form for {type(value).__name__}")
+
+
+def manifest_text(jobs: Sequence[Mapping[str, Any]], *, defaults: Mapping[str, Any] | None = None,
+                  fmt: str = "toml") -> str:
+    """A manifest document, as TOML (``[defaults]`` + ``[[jobs]]``) or JSON."""
+    if fmt == "json":
+        doc: dict[str, Any] = {"jobs": [dict(j) for j in jobs]}
+        if defaults is not None:
+            doc["defaults"] = dict(defaults)
+        return json.dumps(doc)
+    lines: list[str] = []
+    if defaults is not None:
+        lines.append("[defaults]")
+        lines += [f"{json.dumps(k)} = {to_toml(v)}" for k, v in defaults.items()]
+    for job in jobs:
+        lines.append("[[jobs]]")
+        lines += [f"{json.dumps(k)} = {to_toml(v)}" for k, v in job.items()]
+    return "\n".join(lines) + "\n"
+
+
+@pytest.fixture
+def queue_dir(tmp_path: Path) -> Path:
+    """Where a test's queue lives (not created: `Queue(queue_dir)` creates it)."""
+    return tmp_path / "queue"
+
+
+@pytest.fixture
+def out_root(tmp_path: Path) -> Path:
+    """The output root of a test's jobs."""
+    return tmp_path / "out"
+
+
+@pytest.fixture
+def write_manifest(tmp_path: Path) -> ManifestWriter:
+    """``write_manifest(jobs, defaults=None, name="jobs.toml", folder=tmp_path) -> Path``.
+
+    The format follows the name's suffix (``.toml`` or ``.json``).
+    """
+
+    def write(jobs: Sequence[Mapping[str, Any]], *, defaults: Mapping[str, Any] | None = None,
+              name: str = "jobs.toml", folder: Path | None = None) -> Path:
+        path = (folder or tmp_path) / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fmt = "json" if name.endswith(".json") else "toml"
+        path.write_text(manifest_text(jobs, defaults=defaults, fmt=fmt), encoding="utf-8")
+        return path
+
+    return write
+
+
+@pytest.fixture
+def renderctl_argv() -> list[str]:
+    """The command that runs the CLI in a child process with this interpreter."""
+    return [sys.executable, "-m", "renderctl.cli.app"]

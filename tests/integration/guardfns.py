@@ -1,0 +1,131 @@
+"""Job functions for the resource-guard integration tests (python-kind jobs).
+
+The tests copy this file beside their manifests; a manifest's folder is put on ``sys.path``
+for python-kind jobs, so a job names these as ``callable = "guardfns:<name>"``. Each is
+called as ``fn(inputs, output, params)`` inside a renderctl worker.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+MB = 1024 * 1024
+PAGE = 4096
+
+
+def write_pdf(inputs: list[Path], output: Path, params: Mapping[str, Any]) -> None:
+    """A tiny one-page PDF at ``output``."""
+    from reportlab.pdfgen import canvas
+
+    c = canvas.Canvas(str(output))
+    c.drawString(72, 720, str(params.get("text", os.environ.get("RENDERCTL_JOB_ID", "x"))))
+    c.showPage()
+    c.save()
+
+
+def hog(inputs: list[Path], output: Path, params: Mapping[str, Any]) -> None:
+    """Allocate 10 MB bytearrays touching every page, up to ``mb`` MB, at ``rate_mb_s``."""
+    total_mb = int(params["mb"])
+    rate = float(params.get("rate_mb_s", 0) or 0)
+    chunks: list[bytearray] = []
+    start = time.monotonic()
+    for i in range(total_mb // 10):
+        b = bytearray(10 * MB)
+        for j in range(0, len(b), PAGE):
+            b[j] = 1
+        chunks.append(b)
+        if rate:
+            ahead = start + (i + 1) * 10 / rate - time.monotonic()
+            if ahead > 0:
+                time.sleep(ahead)
+    write_pdf(inputs, output, params)
+
+
+def ignore_term_with_grandchild(inputs: list[Path], output: Path,
+                                params: Mapping[str, Any]) -> None:
+    """Ignore SIGTERM, start a ``sleep 600`` that ignores it too, record its pid, hang."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # params["new_session"]: the grandchild leaves the job's process group (setsid), as a
+    # daemonizing tool would; it is still a descendant of the worker.
+    child = subprocess.Popen(["sh", "-c", "trap '' TERM; sleep 600"],
+                             stdin=subprocess.DEVNULL,
+                             start_new_session=bool(params.get("new_session", False)))
+    with open(params["pidfile"], "a") as fh:
+        fh.write(f"{child.pid}\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    while True:
+        time.sleep(3600)
+
+
+def sleep_then_write(inputs: list[Path], output: Path, params: Mapping[str, Any]) -> None:
+    """Sleep ``s`` seconds, then write a tiny PDF."""
+    time.sleep(float(params.get("s", 1.0)))
+    write_pdf(inputs, output, params)
+
+
+def record_times(inputs: list[Path], output: Path, params: Mapping[str, Any]) -> None:
+    """Append ``<job id> <start> <end>`` (wall clock) to ``params["file"]`` around a sleep."""
+    start = time.time()
+    time.sleep(float(params.get("s", 0.5)))
+    end = time.time()
+    line = f"{os.environ.get('RENDERCTL_JOB_ID', '?')} {start:.6f} {end:.6f}\n"
+    fd = os.open(params["file"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line.encode())  # one O_APPEND write: lines of parallel jobs never mix
+    finally:
+        os.close(fd)
+    write_pdf(inputs, output, params)
+
+
+def by_attempt(inputs: list[Path], output: Path, params: Mapping[str, Any]) -> None:
+    """Behave by ``RENDERCTL_ATTEMPT``: ``params["plan"][str(n)]`` is ``sleep`` (``s``
+    seconds, then write), ``fail`` (raise) or absent (write at once)."""
+    attempt = os.environ.get("RENDERCTL_ATTEMPT", "?")
+    if params.get("log"):
+        fd = os.open(params["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, f"{os.environ.get('RENDERCTL_JOB_ID')} {attempt}\n".encode())
+        finally:
+            os.close(fd)
+    action = dict(params.get("plan", {})).get(attempt)
+    if action == "sleep":
+        time.sleep(float(params.get("s", 30)))
+    elif action == "fail":
+        raise RuntimeError(f"planned failure on attempt {attempt}")
+    write_pdf(inputs, output, params)
+
+
+HOG_CHILD = """
+import sys, time
+total_mb, rate = int(sys.argv[1]), float(sys.argv[2])
+chunks, start = [], time.monotonic()
+for i in range(total_mb // 10):
+    b = bytearray(10 * 1024 * 1024)
+    for j in range(0, len(b), 4096):
+        b[j] = 1
+    chunks.append(b)
+    if rate:
+        ahead = start + (i + 1) * 10 / rate - time.monotonic()
+        if ahead > 0:
+            time.sleep(ahead)
+"""
+
+
+def hog_in_child(inputs: list[Path], output: Path, params: Mapping[str, Any]) -> None:
+    """Run the allocation in a child process, shrug off its death, then keep going for
+    ``after_s`` seconds and write the output (a tool whose helper process blew up)."""
+    import sys
+
+    child = subprocess.run([sys.executable, "-c", HOG_CHILD, str(int(params["mb"])),
+                            str(float(params.get("rate_mb_s", 0) or 0))], check=False)
+    if params.get("marker"):
+        Path(params["marker"]).write_text(f"{child.returncode} {time.time():.6f}\n")
+    time.sleep(float(params.get("after_s", 5)))
+    write_pdf(inputs, output, params)

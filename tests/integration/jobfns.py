@@ -1,0 +1,303 @@
+"""Job functions for the `run` integration tests, and the test-side helpers that drive them.
+
+Two audiences, one module:
+
+- **Job functions** (``fn(inputs, output, params)``) run inside a renderctl worker. A test
+  copies this file next to its manifest (``stage``) and names them as
+  ``callable = "jobfns:write_pdf"``; the worker puts the manifest's folder on ``sys.path``.
+  They import only the standard library at module level (reportlab lazily), so that
+  importing them is cheap and identical under every start method.
+- **Test helpers** (``stage``, ``run_cli``, ``start_runner``, ``wait_until``, ``QueueView``,
+  ``assert_pdf``) run in the pytest process: they start real ``renderctl`` processes and read
+  the queue folder the way a script would (DESIGN.md: the layout is inspectable).
+
+Fault injection is plain functions (``kill_self``, ``crash_once``, ``fail``), not mocks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+# -- job functions (run inside a worker) ---------------------------------------------------
+
+# Set by `observe_and_pollute`; a clean worker context means every job sees it unset.
+POLLUTED: str | None = None
+POLLUTING_ENV = "RCTL_TEST_POLLUTED"
+
+
+def _pdf(output: Path, text: str) -> None:
+    from reportlab.pdfgen import canvas
+
+    c = canvas.Canvas(str(output))
+    c.drawString(72, 720, text)
+    c.showPage()
+    c.save()
+
+
+def write_one_byte(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
+    Path(output).write_bytes(b"x")
+
+
+def write_pdf(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
+    """A one-page PDF whose text is the job id (so a test can tell outputs apart)."""
+    _pdf(Path(output), os.environ["RENDERCTL_JOB_ID"])
+
+
+def kill_self(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def crash_once(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
+    """SIGKILL the worker the first time (leaving ``params["marker"]``), succeed after."""
+    marker = Path(params["marker"])
+    if not marker.exists():
+        marker.write_text(str(os.getpid()))
+        os.kill(os.getpid(), signal.SIGKILL)
+    write_pdf(inputs, output, params)
+
+
+def fail(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
+    raise RuntimeError(params.get("message", "this job always fails"))
+
+
+def invalid(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
+    from renderctl.errors import InvalidInput
+
+    raise InvalidInput(params.get("message", "the input is unusable"))
+
+
+def sleep_then_write(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
+    """Write our pid to ``params["pidfile"]`` (if given), sleep ``params["s"]``, write a PDF.
+
+    With ``params["sleep_attempts"] = N`` only attempts 1..N sleep (a retry is quick).
+    """
+    if params.get("pidfile"):
+        tmp = Path(params["pidfile"] + ".tmp")
+        tmp.write_text(str(os.getpid()))
+        os.replace(tmp, params["pidfile"])  # a reader never sees a half-written pid
+    if int(os.environ["RENDERCTL_ATTEMPT"]) <= int(params.get("sleep_attempts", 1 << 30)):
+        time.sleep(float(params["s"]))
+    write_pdf(inputs, output, params)
+
+
+def observe_and_pollute(inputs: Sequence[Path], output: Path,
+                        params: Mapping[str, Any]) -> None:
+    """Record what this job sees of earlier jobs' changes, then change all of it."""
+    from reportlab import rl_config
+
+    seen = {
+        "job": os.environ["RENDERCTL_JOB_ID"],
+        "pid": os.getpid(),
+        "module_global": POLLUTED,
+        "env": os.environ.get(POLLUTING_ENV),
+        "cwd": os.getcwd(),
+        "rl_invariant": rl_config.invariant,
+        "rl_page_compression": rl_config.pageCompression,
+    }
+    with open(params["report"], "a") as fh:
+        fh.write(json.dumps(seen) + "\n")
+    _pdf(Path(output), seen["job"])
+    globals()["POLLUTED"] = seen["job"]
+    os.environ[POLLUTING_ENV] = seen["job"]
+    os.chdir(params["elsewhere"])
+    rl_config.invariant = 1 - int(rl_config.invariant)
+    rl_config.pageCompression = 1 - int(rl_config.pageCompression)
+
+
+# -- test-side helpers (run in the pytest process) -----------------------------------------
+
+HERE = Path(__file__).resolve().parent
+RENDERCTL = [sys.executable, "-m", "renderctl.cli.app"]
+STATES = ("pending", "running", "done", "dead", "cancelled", "expired")
+TERMINAL = ("done", "dead", "cancelled", "expired")
+T = TypeVar("T")
+
+
+def stage(folder: Path) -> Path:
+    """Copy this module into ``folder`` (where the manifest will be) and return ``folder``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    shutil.copy(HERE / "jobfns.py", folder / "jobfns.py")
+    return folder
+
+
+def py_job(job_id: str, fn: str, output: str | None = None, **params: Any) -> dict[str, Any]:
+    job: dict[str, Any] = {"id": job_id, "kind": "python", "callable": f"jobfns:{fn}",
+                           "output": output or f"{job_id}.pdf"}
+    if params:
+        job["params"] = params
+    return job
+
+
+def cli_args(queue: Path, out: Path, *extra: str) -> list[str]:
+    return ["--queue", str(queue), "--out", str(out), *extra]
+
+
+def run_cli(*args: str | os.PathLike[str], env: Mapping[str, str] | None = None,
+            timeout: float = 60, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``renderctl ARGS`` to completion (NO_COLOR, not a terminal)."""
+    return subprocess.run([*RENDERCTL, *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, env=_env(env), cwd=cwd)
+
+
+class Runner:
+    """A background ``renderctl run``: its stdout read line by line, without blocking."""
+
+    def __init__(self, *args: str | os.PathLike[str], env: Mapping[str, str] | None = None,
+                 cwd: Path | None = None) -> None:
+        self.proc = subprocess.Popen([*RENDERCTL, "run", *map(str, args)],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     env=_env(env), cwd=cwd)
+        self.pid = self.proc.pid
+        self.lines: list[str] = []
+        self._buf = b""
+        self._eof = False
+
+    def _read_some(self, timeout_s: float) -> None:
+        import select
+
+        assert self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        ready, _, _ = select.select([fd], [], [], max(0.0, timeout_s))
+        if not ready:
+            return
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            self._eof = True
+        self._buf += chunk
+        *complete, self._buf = self._buf.split(b"\n")
+        self.lines.extend(c.decode() for c in complete)
+
+    def until(self, predicate: Callable[[str], bool], *, timeout_s: float = 30) -> str:
+        """Read stdout until a line satisfies ``predicate``; return that line."""
+        seen = 0
+        deadline = time.monotonic() + timeout_s
+        while True:
+            for line in self.lines[seen:]:
+                if predicate(line):
+                    return line
+            seen = len(self.lines)
+            if self._eof:
+                raise AssertionError(f"runner exited ({self.proc.wait()}) before a matching "
+                                     f"line; stdout {self.lines}; stderr {self.stderr()}")
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"no matching line within {timeout_s}s: {self.lines}")
+            self._read_some(left)
+
+    def wait(self, timeout_s: float = 60) -> int:
+        """Wait for exit (reading stdout all along so the pipe never fills)."""
+        deadline = time.monotonic() + timeout_s
+        while not self._eof:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"runner still running after {timeout_s}s: {self.lines}")
+            self._read_some(left)
+        return self.proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+
+    def stderr(self) -> str:
+        assert self.proc.stderr is not None
+        if self.proc.poll() is None:
+            return "<still running>"
+        return self.proc.stderr.read().decode(errors="replace")
+
+    def kill(self) -> int:
+        """SIGKILL the runner (if still alive) and reap it; returns its exit status."""
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.proc.pid, signal.SIGKILL)
+        return self.proc.wait(timeout=10)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.kill()
+        for stream in (self.proc.stdout, self.proc.stderr):
+            if stream is not None:
+                stream.close()
+
+
+def _env(extra: Mapping[str, str] | None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "RENDERCTL_CRASH_AT"}
+    env["NO_COLOR"] = "1"
+    env.update(extra or {})
+    return env
+
+
+def wait_until(check: Callable[[], T], *, timeout_s: float = 20, what: str = "condition",
+               interval_s: float = 0.01) -> T:
+    """Poll ``check`` until it returns something truthy (returned) or the deadline passes."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        time.sleep(interval_s)
+
+
+class QueueView:
+    """The queue folder as a script reads it: ids per state folder, records as JSON."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def ids(self, state: str) -> set[str]:
+        d = self.path / state
+        if not d.is_dir():
+            return set()
+        return {n[:-5] for n in os.listdir(d) if n.endswith(".json")}
+
+    def states_of(self, job_ids: Iterable[str]) -> dict[str, list[str]]:
+        """Every folder each job is in (a correct queue has exactly one per job)."""
+        where: dict[str, list[str]] = {j: [] for j in job_ids}
+        for state in STATES:
+            for jid in self.ids(state) & where.keys():
+                where[jid].append(state)
+        return where
+
+    def all_ids(self) -> set[str]:
+        return set().union(*(self.ids(s) for s in STATES))
+
+    def record(self, state: str, job_id: str) -> dict[str, Any]:
+        return json.loads((self.path / state / f"{job_id}.json").read_text())
+
+    def tmp_entries(self) -> list[str]:
+        return sorted(os.listdir(self.path / "tmp"))
+
+
+def pdf_text(path: Path) -> tuple[int, str]:
+    from pypdf import PdfReader
+
+    reader = PdfReader(path)
+    return len(reader.pages), "".join(p.extract_text() or "" for p in reader.pages)
+
+
+def assert_pdf(path: Path, job_id: str) -> None:
+    """A complete one-page PDF that names ``job_id``."""
+    pages, text = pdf_text(path)
+    assert pages == 1, f"{path}: {pages} pages"
+    assert job_id in text, f"{path}: text {text!r} does not name {job_id}"
+
+
+def sha256_of(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def stray_temporaries(out: Path) -> list[Path]:
+    """Output temporaries (``.rctl-*.tmp``) anywhere under the output root."""
+    return sorted(out.rglob(".rctl-*.tmp"))
+
+
+def json_lines(text: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in text.splitlines() if line.strip()]

@@ -1,0 +1,229 @@
+"""`renderctl run` end to end, no crashes: outputs, records, outcomes, exit codes.
+
+Every test starts real `renderctl` processes on a queue and an output root under tmp_path,
+with python-kind jobs from ``jobfns.py`` (copied next to the manifest) and ``command`` jobs.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from jobfns import (
+    QueueView,
+    Runner,
+    assert_pdf,
+    cli_args,
+    json_lines,
+    py_job,
+    run_cli,
+    sha256_of,
+    stage,
+    stray_temporaries,
+)
+
+FAST = ("--workers", "2", "--backoff-base", "0.01")
+
+
+def make_input_pdf(path: Path, text: str) -> Path:
+    from reportlab.pdfgen import canvas
+
+    c = canvas.Canvas(str(path))
+    c.drawString(72, 720, text)
+    c.showPage()
+    c.save()
+    return path
+
+
+def test_twenty_python_jobs_publish_real_pdfs_with_honest_records(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given twenty python jobs that each render a one-page PDF naming the job
+    stage(tmp_path)
+    ids = [f"pdf-{n:02d}" for n in range(20)]
+    manifest = write_manifest([py_job(j, "write_pdf", f"sub/{j}.pdf") for j in ids])
+    queue, out = tmp_path / "q", tmp_path / "out"
+
+    # When they are run with JSON Lines output
+    res = run_cli("run", manifest, *cli_args(queue, out, *FAST, "--json"))
+
+    # Then the run succeeds and its story is one `completed` per job, then a summary
+    assert res.returncode == 0, res.stderr
+    events = json_lines(res.stdout)
+    completed = Counter(e["job"] for e in events if e.get("event") == "completed")
+    assert completed == Counter(ids)
+    summary = events[-1]
+    assert summary["event"] == "summary"
+    assert summary["counts"] == {"done": 20, "dead": 0, "cancelled": 0, "expired": 0}
+    assert summary["exit_code"] == 0
+
+    # And every job is in done/ only, with a record that matches its published file
+    qv = QueueView(queue)
+    assert qv.states_of(ids) == {j: ["done"] for j in ids}
+    for j in ids:
+        final = out / "sub" / f"{j}.pdf"
+        assert_pdf(final, j)
+        result = qv.record("done", j)["result"]
+        assert result["path"] == str(final)
+        assert result["sha256"] == sha256_of(final)
+        assert result["bytes"] == final.stat().st_size
+        assert result["pages"] == 1
+        assert result["attempts"] == 1
+    assert stray_temporaries(out) == []
+    assert qv.tmp_entries() == []
+
+    # And `show --json` tells the same story
+    show = run_cli("show", ids[0], "--queue", queue, "--json")
+    assert show.returncode == 0, show.stderr
+    shown = json.loads(show.stdout)
+    assert shown["state"] == "done"
+    assert shown["result"]["sha256"] == sha256_of(out / "sub" / f"{ids[0]}.pdf")
+    assert [a["outcome"] for a in shown["attempts"]] == ["completed"]
+
+
+@pytest.fixture(scope="module")
+def failing_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One run of jobs that end badly (and two that succeed), shared by the tests below."""
+    folder = stage(tmp_path_factory.mktemp("failing"))
+    out = folder / "out"
+    out.mkdir()
+    (out / "taken.pdf").write_bytes(b"a file renderctl did not make")
+    make_input_pdf(folder / "in.pdf", "copied input")
+    jobs = [
+        py_job("always-fails", "fail", message="the renderer broke"),
+        py_job("bad-input", "invalid", message="row 3 has no amount"),
+        py_job("taken", "write_pdf", "taken.pdf"),
+        {"id": "cmd-copy", "kind": "command", "argv": ["cp", "{input}", "{output}"],
+         "input": "in.pdf", "output": "copied.pdf"},
+        {"id": "cmd-exit3", "kind": "command",
+         "argv": ["sh", "-c", "echo first line >&2; echo 'disk quota exceeded' >&2; exit 3"],
+         "output": "never.pdf"},
+        py_job("fine", "write_pdf"),
+    ]
+    manifest = folder / "jobs.json"
+    manifest.write_text(json.dumps({"jobs": jobs}))
+    res = run_cli("run", manifest, *cli_args(folder / "q", out, *FAST))
+    return {"res": res, "queue": QueueView(folder / "q"), "out": out, "folder": folder,
+            "manifest": manifest}
+
+
+def test_a_run_with_dead_jobs_exits_1_and_says_so(failing_run: dict[str, Any]) -> None:
+    res = failing_run["res"]
+    assert res.returncode == 1, res.stderr
+    assert "summary: done 2, dead 4" in res.stdout
+    assert res.stdout.count("\ndead ") + res.stdout.startswith("dead ") == 4
+
+
+def test_a_failing_job_is_retried_max_attempts_times_then_dead_with_every_attempt(
+        failing_run: dict[str, Any]) -> None:
+    rec = failing_run["queue"].record("dead", "always-fails")
+    attempts = rec["attempts"]
+    assert [a["n"] for a in attempts] == [1, 2, 3]
+    assert {a["outcome"] for a in attempts} == {"failed"}
+    assert all("RuntimeError: the renderer broke" in a["error"] for a in attempts)
+    assert all("traceback_tail" in a for a in attempts)
+    assert failing_run["queue"].states_of(["always-fails"]) == {"always-fails": ["dead"]}
+
+
+def test_invalid_input_is_dead_after_one_attempt(failing_run: dict[str, Any]) -> None:
+    attempts = failing_run["queue"].record("dead", "bad-input")["attempts"]
+    assert len(attempts) == 1
+    assert attempts[0]["outcome"] == "invalid_input"
+    assert "row 3 has no amount" in attempts[0]["error"]
+
+
+def test_a_command_job_copies_its_input(failing_run: dict[str, Any]) -> None:
+    out, folder = failing_run["out"], failing_run["folder"]
+    result = failing_run["queue"].record("done", "cmd-copy")["result"]
+    assert (out / "copied.pdf").read_bytes() == (folder / "in.pdf").read_bytes()
+    assert result["sha256"] == sha256_of(out / "copied.pdf")
+    assert result["pages"] == 1
+
+
+def test_a_command_exiting_3_fails_with_its_exit_code_and_stderr_tail(
+        failing_run: dict[str, Any]) -> None:
+    attempts = failing_run["queue"].record("dead", "cmd-exit3")["attempts"]
+    assert len(attempts) == 3
+    for a in attempts:
+        assert a["outcome"] == "failed"
+        assert a["exit_code"] == 3
+        assert a["stderr_tail"].splitlines() == ["first line", "disk quota exceeded"]
+    assert not (failing_run["out"] / "never.pdf").exists()
+
+
+def test_an_output_path_holding_a_foreign_file_dead_letters_and_leaves_it(
+        failing_run: dict[str, Any]) -> None:
+    attempts = failing_run["queue"].record("dead", "taken")["attempts"]
+    assert [a["outcome"] for a in attempts] == ["output_exists"]
+    assert (failing_run["out"] / "taken.pdf").read_bytes() == b"a file renderctl did not make"
+    assert stray_temporaries(failing_run["out"]) == []
+
+
+def test_dead_retry_then_run_completes_the_job_keeping_its_history(
+        failing_run: dict[str, Any]) -> None:
+    # Given the dead `taken` job, once the foreign file is moved away
+    # (runs after the tests above: pytest keeps file order)
+    q, out = failing_run["queue"], failing_run["out"]
+    (out / "taken.pdf").rename(failing_run["folder"] / "moved-away.pdf")
+
+    # When it is retried from dead/ and the queue is run again
+    retry = run_cli("dead", "retry", "taken", "--queue", q.path)
+    assert retry.returncode == 0, retry.stderr
+    assert q.states_of(["taken"])["taken"] == ["pending"]
+    res = run_cli("run", *cli_args(q.path, out, *FAST))
+
+    # Then it completes; the earlier attempt stays in its history
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert q.states_of(["taken"])["taken"] == ["done"]
+    rec = q.record("done", "taken")
+    assert [a["outcome"] for a in rec["attempts"]] == ["output_exists", "completed"]
+    assert_pdf(out / "taken.pdf", "taken")
+    assert rec["result"]["sha256"] == sha256_of(out / "taken.pdf")
+
+
+def test_max_failures_stops_claiming_after_the_first_dead_job(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given one job that dead-letters at once, claimed first, and many that would succeed
+    stage(tmp_path)
+    ok = [f"ok-{n:02d}" for n in range(12)]
+    jobs = [{**py_job("bad", "invalid"), "priority": 10},
+            *(py_job(j, "write_one_byte", f"{j}.bin") for j in ok)]
+    manifest = write_manifest(jobs)
+    queue, out = tmp_path / "q", tmp_path / "out"
+
+    # When run with --max-failures 1 and one worker
+    res = run_cli("run", manifest, *cli_args(queue, out, "--workers", "1",
+                                             "--max-failures", "1"))
+
+    # Then the run exits 1 with the bad job dead; most others were never claimed; nothing
+    # is left running (jobs claimed ahead before the failure may have finished)
+    assert res.returncode == 1, res.stdout + res.stderr
+    qv = QueueView(queue)
+    assert qv.ids("dead") == {"bad"}
+    assert qv.ids("running") == set()
+    pending, done = qv.ids("pending"), qv.ids("done")
+    assert pending | done == set(ok)
+    assert len(pending) >= len(ok) - 3, f"claimed on after the failure: done {sorted(done)}"
+
+
+def test_a_second_runner_on_a_held_queue_exits_75_naming_the_holder(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given a runner busy with a long job
+    stage(tmp_path)
+    manifest = write_manifest([py_job("long", "sleep_then_write", s=60)])
+    queue, out = tmp_path / "q", tmp_path / "out"
+    first = Runner(manifest, *cli_args(queue, out, "--workers", "1", "--json"))
+    try:
+        first.until(lambda line: '"event": "started"' in line)
+
+        # When a second runner starts on the same queue
+        second = run_cli("run", *cli_args(queue, out, "--workers", "1"))
+
+        # Then it exits 75 at once and names the pid that holds the queue
+        assert second.returncode == 75, second.stdout + second.stderr
+        assert f"pid {first.pid}" in second.stderr
+        assert first.proc.poll() is None  # the first runner is undisturbed
+    finally:
+        first.close()

@@ -1,0 +1,448 @@
+"""Manifest validation: each rule, its message, and where it is reported (file, job, field)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from renderctl.errors import ManifestError, Problem
+from renderctl.manifest import (
+    FIELDS,
+    MAX_MANIFEST_BYTES,
+    JobSpec,
+    check_output_path,
+    jobs_from_dicts,
+    json_schema,
+    load_manifests,
+)
+
+# A job that needs no input file: the smallest valid job.
+BASE = {"id": "j1", "kind": "python", "callable": "m:f", "output": "o/j1.pdf"}
+DROP = object()  # in an override table: remove this field from BASE
+
+
+@pytest.fixture
+def folder(tmp_path: Path) -> Path:
+    """A manifest folder with inputs: a file, a PDF, and a sub-folder."""
+    d = tmp_path / "m"
+    (d / "in" / "dir").mkdir(parents=True)
+    (d / "in" / "a.json").write_text("{}")
+    (d / "in" / "b.pdf").write_bytes(b"%PDF-1.4\n")
+    return d
+
+
+def job(**overrides: Any) -> dict[str, Any]:
+    out = dict(BASE)
+    for k, v in overrides.items():
+        if v is DROP:
+            out.pop(k, None)
+        else:
+            out[k] = v
+    return out
+
+
+def problems(paths: list[Path], out_root: Path) -> list[Problem]:
+    with pytest.raises(ManifestError) as info:
+        load_manifests(paths, out_root=out_root)
+    assert info.value.problems, "a ManifestError must list at least one problem"
+    return info.value.problems
+
+
+def assert_reported(found: list[Problem], *, field: str | None, message: str,
+                    job_id: str | None = "j1") -> None:
+    hits = [p for p in found if p.field == field and message in p.message and p.job == job_id]
+    assert hits, f"no problem ({job_id}, {field}, ~{message!r}) in:\n" + "\n".join(map(str, found))
+
+
+# -- one job, one bad field -----------------------------------------------------------------
+
+LONG = "x" * (16 * 1024 + 1)
+DEEP: Any = "leaf"
+for _ in range(9):
+    DEEP = {"d": DEEP}
+
+JOB_CASES: list[tuple[str, dict[str, Any], str, str]] = [
+    # (case, overrides, field, message fragment)
+    ("typo-suggests", {"memroy_mb": 100}, "memroy_mb",
+     "unknown field (did you mean 'memory_mb'?)"),
+    ("unknown-no-hint", {"zzzz": 1}, "zzzz", "unknown field"),
+    ("id-charset", {"id": "a b"}, "id", "must match [A-Za-z0-9._-]{1,128}"),
+    ("id-too-long", {"id": "a" * 129}, "id", "must match"),
+    ("id-not-string", {"id": 5}, "id", "must be a string, got a number"),
+    ("output-missing", {"output": DROP}, "output", "is required"),
+    ("output-absolute", {"output": "/etc/x.pdf"}, "output", "not absolute"),
+    ("output-drive", {"output": "C:x.pdf"}, "output", "not absolute"),
+    ("output-dotdot", {"output": "a/../../x.pdf"}, "output", "must not contain '..' segments"),
+    ("output-dot", {"output": "a/./x.pdf"}, "output", "must not contain '.' segments"),
+    ("output-nul", {"output": "a\x00b.pdf"}, "output", "must not contain NUL"),
+    ("output-empty-segment", {"output": "a//b.pdf"}, "output", "has an empty segment"),
+    ("output-trailing-slash", {"output": "a/b/"}, "output", "has an empty segment"),
+    ("output-empty", {"output": ""}, "output", "must not be empty"),
+    ("output-long-segment", {"output": "a/" + "x" * 256}, "output",
+     "has a segment longer than 255 bytes"),
+    ("output-long-utf8-segment", {"output": "\u00e9" * 128}, "output",
+     "has a segment longer than 255 bytes"),
+    ("output-backslash", {"output": "a\\b.pdf"}, "output", "no backslashes"),
+    ("output-reserved", {"output": "a/.rctl-x.pdf"}, "output", "must not start with '.rctl-'"),
+    ("output-not-string", {"output": 3}, "output", "must be a string, got a number"),
+    ("memory-bool", {"memory_mb": True}, "memory_mb", "must be an integer, got a boolean"),
+    ("memory-float", {"memory_mb": 1.5}, "memory_mb", "must be an integer, got a number"),
+    ("memory-zero", {"memory_mb": 0}, "memory_mb", "must be between 1 and"),
+    ("timeout-bool", {"timeout_s": True}, "timeout_s", "must be a number of seconds, got a bool"),
+    ("timeout-zero", {"timeout_s": 0}, "timeout_s", "must be > 0"),
+    ("attempts-high", {"max_attempts": 101}, "max_attempts", "must be between 1 and 100"),
+    ("priority-string", {"priority": "high"}, "priority", "must be an integer, got a string"),
+    ("group-charset", {"group": "a b"}, "group", "must match [A-Za-z0-9._:@-]{1,128}"),
+    ("deadline-naive", {"deadline": "2026-12-01T09:00:00"}, "deadline", "must carry a timezone"),
+    ("deadline-garbage", {"deadline": "tomorrow"}, "deadline", "must be an RFC 3339 date-time"),
+    ("deadline-number", {"deadline": 5}, "deadline", "must be a date-time with a timezone"),
+    ("kind-unknown", {"kind": "pdfify"}, "kind", "unknown kind 'pdfify' (known: "),
+    ("kind-missing", {"kind": DROP}, "kind", "is required (in the job or in [defaults])"),
+    ("kind-not-string", {"kind": 1}, "kind", "must be a string"),
+    ("python-needs-callable", {"callable": DROP}, "callable", "kind 'python' needs callable"),
+    ("callable-shape", {"callable": "not callable"}, "callable",
+     "must look like package.module:function"),
+    ("argv-only-command", {"argv": ["x"]}, "argv", "only for kind 'command'"),
+    ("command-needs-argv", {"kind": "command", "callable": DROP}, "argv",
+     "kind 'command' needs argv"),
+    ("command-empty-argv", {"kind": "command", "callable": DROP, "argv": []}, "argv",
+     "kind 'command' needs argv"),
+    ("command-argv-not-strings", {"kind": "command", "callable": DROP, "argv": [1]}, "argv",
+     "kind 'command' needs argv"),
+    ("callable-only-python", {"kind": "command", "argv": ["x"]}, "callable",
+     "only for kind 'python'"),
+    ("params-not-table", {"params": [1]}, "params", "must be a table, got an array"),
+    ("params-long-string", {"params": {"a": ["ok", LONG]}}, "params.a[1]",
+     "string longer than 16384 characters"),
+    ("params-too-deep", {"params": DEEP}, "params", "nested deeper than 8 levels"),
+    ("report-needs-title", {"kind": "report", "callable": DROP, "input": "in/a.json"},
+     "params.title", "required by kind 'report'"),
+    ("report-title-type", {"kind": "report", "callable": DROP, "input": "in/a.json",
+                           "params": {"title": 3}}, "params.title", "must be str, got a number"),
+    ("stamp-needs-text", {"kind": "stamp", "callable": DROP, "input": "in/b.pdf"},
+     "params.text", "required by kind 'stamp'"),
+    ("stamp-position-choice", {"kind": "stamp", "callable": DROP, "input": "in/b.pdf",
+                               "params": {"text": "x", "position": "middle"}},
+     "params.position", "must be one of center, top"),
+    ("invoice-unknown-param", {"kind": "invoice", "callable": DROP, "input": "in/a.json",
+                               "params": {"colour": "red"}},
+     "params.colour", "unknown param for kind 'invoice'"),
+    ("invoice-needs-input", {"kind": "invoice", "callable": DROP}, "inputs",
+     "kind 'invoice' needs at least 1 input(s)"),
+    ("invoice-one-input-only", {"kind": "invoice", "callable": DROP,
+                                "inputs": ["in/a.json", "in/a.json"]},
+     "inputs", "kind 'invoice' takes at most 1 input(s)"),
+    ("input-and-inputs", {"input": "in/a.json", "inputs": ["in/a.json"]}, "inputs",
+     "give either input or inputs, not both"),
+    ("input-missing", {"input": "in/nope.json"}, "input", "in/nope.json: no such file"),
+    ("input-directory", {"input": "in/dir"}, "input", "in/dir: not a regular file"),
+    ("input-empty", {"input": ""}, "input", "must be a non-empty string"),
+    ("inputs-item-missing", {"inputs": ["in/a.json", "in/nope.pdf"]}, "inputs[1]",
+     "no such file"),
+    ("inputs-not-array", {"inputs": {"a": "in/a.json"}}, "inputs", "must be an array of paths"),
+    ("inputs-too-many", {"inputs": ["in/a.json"] * 1001}, "inputs", "at most 1000 inputs"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "field", "message"),
+                         [pytest.param(o, f, m, id=c) for c, o, f, m in JOB_CASES])
+@pytest.mark.parametrize("fmt", ["toml", "json"])
+def test_each_job_rule_reports_its_field_and_message(
+    folder: Path, out_root: Path, write_manifest: Any, fmt: str,
+    overrides: dict[str, Any], field: str, message: str,
+) -> None:
+    # Given a manifest whose only job breaks one rule
+    path = write_manifest([job(**overrides)], name=f"jobs.{fmt}", folder=folder)
+    # When it is loaded, Then that rule is reported against the file, the job and the field
+    found = problems([path], out_root)
+    assert all(p.file == str(path) for p in found)
+    jid = overrides.get("id", "j1")
+    assert_reported(found, field=field, message=message,
+                    job_id=jid if isinstance(jid, str) and jid in ("j1",) else "#0")
+
+
+@pytest.mark.parametrize("jid", [".hidden", "..", "."])
+def test_id_must_not_start_with_a_dot(folder: Path, out_root: Path, write_manifest: Any,
+                                      jid: str) -> None:
+    found = problems([write_manifest([job(id=jid)], folder=folder)], out_root)
+    assert any(p.field == "id" and "not start with '.'" in p.message for p in found)
+
+
+@pytest.mark.parametrize("output", [
+    "a.pdf", "deep/er/and/deeper/x.pdf", "x" * 255, "a/.hidden.pdf", "a..b/c.pdf",
+    "rctl-x/.rctlx.pdf", "\u00e9t\u00e9/r\u00e9sum\u00e9.pdf",
+])
+def test_acceptable_output_paths(output: str) -> None:
+    assert check_output_path(output) is None
+
+
+def test_a_valid_job_becomes_a_frozen_spec(folder: Path, out_root: Path,
+                                           write_manifest: Any) -> None:
+    path = write_manifest([job(deadline="2026-12-01T09:00:00Z", params={"n": 1})], folder=folder)
+    [spec] = load_manifests([path], out_root=out_root)
+    assert spec == JobSpec(
+        id="j1", kind="python", output="o/j1.pdf", out_root=str(out_root), params={"n": 1},
+        callable="m:f", pythonpath=str(folder), deadline=1796115600.0,
+    )
+    with pytest.raises(AttributeError):
+        spec.id = "other"  # type: ignore[misc]
+
+
+def test_toml_native_datetimes(folder: Path, out_root: Path) -> None:
+    # Given TOML's own date-time literals: with an offset, without one, and a bare date
+    path = folder / "dates.toml"
+    path.write_text(
+        '[[jobs]]\nid = "ok"\nkind = "python"\ncallable = "m:f"\noutput = "ok.pdf"\n'
+        "deadline = 2026-12-01T10:00:00+01:00\n"
+        '[[jobs]]\nid = "naive"\nkind = "python"\ncallable = "m:f"\noutput = "naive.pdf"\n'
+        "deadline = 2026-12-01T09:00:00\n"
+        '[[jobs]]\nid = "date"\nkind = "python"\ncallable = "m:f"\noutput = "date.pdf"\n'
+        "deadline = 2026-12-01\n"
+    )
+    found = problems([path], out_root)
+    # Then only the two without a timezone are reported
+    assert {p.job for p in found} == {"naive", "date"}
+    assert_reported(found, field="deadline", message="must carry a timezone", job_id="naive")
+    assert_reported(found, field="deadline", message="must be a date-time with a timezone",
+                    job_id="date")
+    path.write_text(path.read_text().split('[[jobs]]\nid = "naive"')[0])
+    [spec] = load_manifests([path], out_root=out_root)
+    assert spec.deadline == 1796115600.0
+
+
+# -- the document as a whole ---------------------------------------------------------------
+
+DOC_CASES: list[tuple[str, str, bytes, str | None, str]] = [
+    # (case, file name, content, field, message fragment); each is reported with job None
+    ("json-duplicate-key", "m.json",
+     b'{"jobs": [{"id": "a", "id": "b", "kind": "python", "callable": "m:f", "output": "x"}]}',
+     None, "duplicate key 'id'"),
+    ("json-nan", "m.json", b'{"jobs": [{"id": "a", "timeout_s": NaN}]}', None,
+     "NaN is not allowed"),
+    ("json-infinity", "m.json", b'{"jobs": [{"id": "a", "timeout_s": Infinity}]}', None,
+     "Infinity is not allowed"),
+    ("json-minus-infinity", "m.json", b'{"jobs": [{"id": "a", "priority": -Infinity}]}', None,
+     "-Infinity is not allowed"),
+    ("json-syntax", "m.json", b'{"jobs": [', None, "invalid JSON at line 1"),
+    ("json-too-deep", "m.json", b"[" * 100_000 + b"]" * 100_000, None, "nested deeper than"),
+    ("json-not-object", "m.json", b"[1, 2]", None, "must be a table/object, got an array"),
+    ("toml-duplicate-key", "m.toml", b'[[jobs]]\nid = "a"\nid = "b"\n', None, "invalid TOML"),
+    ("toml-syntax", "m.toml", b"[[jobs]\n", None, "invalid TOML"),
+    ("not-utf8", "m.toml", b'[[jobs]]\nid = "\xff"\n', None, "not UTF-8 (byte 15)"),
+    ("nul-char", "m.toml", b"[[jobs]]\x00\n", None, "contains a NUL character"),
+    ("top-level-typo", "m.toml",
+     b'[[job]]\nid = "a"\n[[jobs]]\nid = "b"\nkind = "python"\ncallable = "m:f"\noutput = "x"\n',
+     "job", "unknown top-level field (did you mean 'jobs'?)"),
+    ("defaults-typo", "m.toml",
+     b'[defaults]\nmemroy_mb = 3\n[[jobs]]\nid = "b"\nkind = "python"\ncallable = "m:f"\n'
+     b'output = "x"\n', "defaults.memroy_mb", "unknown field (did you mean 'memory_mb'?)"),
+    ("defaults-id-not-allowed", "m.toml",
+     b'[defaults]\nid = "x"\n[[jobs]]\nid = "b"\nkind = "python"\ncallable = "m:f"\n'
+     b'output = "x"\n', "defaults.id", "unknown field"),
+    ("defaults-bad-value", "m.toml",
+     b'[defaults]\nmemory_mb = true\n[[jobs]]\nid = "b"\nkind = "python"\ncallable = "m:f"\n'
+     b'output = "x"\n', "defaults.memory_mb", "must be an integer, got a boolean"),
+    ("defaults-not-table", "m.json", b'{"defaults": 3, "jobs": []}', "defaults",
+     "must be a table, got a number"),
+    ("jobs-missing", "m.toml", b"[defaults]\npriority = 1\n", "jobs", "is required"),
+    ("jobs-empty", "m.json", b'{"jobs": []}', "jobs", "is empty"),
+    ("jobs-not-array", "m.json", b'{"jobs": {"id": "a"}}', "jobs",
+     "must be an array of tables, got a table"),
+]
+
+
+@pytest.mark.parametrize(("name", "content", "field", "message"),
+                         [pytest.param(n, c, f, m, id=k) for k, n, c, f, m in DOC_CASES])
+def test_each_document_rule(tmp_path: Path, out_root: Path, name: str, content: bytes,
+                            field: str | None, message: str) -> None:
+    path = tmp_path / name
+    path.write_bytes(content)
+    found = problems([path], out_root)
+    assert all(p.file == str(path) for p in found)
+    assert_reported(found, field=field, message=message, job_id=None)
+
+
+def test_a_job_that_is_not_a_table_is_named_by_index(tmp_path: Path, out_root: Path) -> None:
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps({"jobs": [BASE, 7]}))
+    found = problems([path], out_root)
+    assert_reported(found, field=None, message="a job must be a table, got a number",
+                    job_id="#1")
+
+
+def test_manifest_larger_than_8_mib(tmp_path: Path, out_root: Path) -> None:
+    path = tmp_path / "big.toml"
+    path.write_bytes(b"#" * (MAX_MANIFEST_BYTES + 1))
+    assert_reported(problems([path], out_root), field=None, message="larger than 8 MiB",
+                    job_id=None)
+
+
+def test_manifest_missing_or_a_folder(tmp_path: Path, out_root: Path) -> None:
+    found = problems([tmp_path / "nope.toml", tmp_path], out_root)
+    assert [(p.file, p.message) for p in found] == [
+        (str(tmp_path / "nope.toml"), "cannot read: No such file or directory"),
+        (str(tmp_path), "not a regular file"),
+    ]
+
+
+# -- across jobs and files -----------------------------------------------------------------
+
+
+def test_duplicate_ids(folder: Path, out_root: Path, write_manifest: Any) -> None:
+    path = write_manifest([job(), job(output="o/other.pdf")], folder=folder)
+    assert_reported(problems([path], out_root), field="id", message="duplicate job id")
+
+
+def test_duplicate_ids_across_files(folder: Path, out_root: Path, write_manifest: Any) -> None:
+    a = write_manifest([job()], name="a.toml", folder=folder)
+    b = write_manifest([job(output="o/b.pdf")], name="b.json", folder=folder)
+    assert_reported(problems([a, b], out_root), field="id", message="duplicate job id")
+
+
+def test_two_jobs_with_the_same_output(folder: Path, out_root: Path, write_manifest: Any) -> None:
+    path = write_manifest([job(), job(id="j2")], folder=folder)
+    assert_reported(problems([path], out_root), field="output",
+                    message="same output as job j1: o/j1.pdf", job_id="j2")
+
+
+def test_inputs_resolve_relative_to_the_manifest_folder(
+    tmp_path: Path, folder: Path, out_root: Path, write_manifest: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given a manifest in a sub-folder naming inputs relative to itself, and another cwd
+    sub = folder / "sub"
+    path = write_manifest(
+        [{"id": "inv", "kind": "invoice", "input": "../in/a.json", "output": "inv.pdf"},
+         {"id": "mrg", "kind": "merge", "inputs": ["../in/b.pdf", str(folder / "in/a.json")],
+          "output": "mrg.pdf"}],
+        folder=sub,
+    )
+    monkeypatch.chdir(tmp_path)
+    # When loaded with a relative path from elsewhere
+    inv, mrg = load_manifests([os.path.relpath(path)], out_root="out")
+    # Then inputs are absolute paths next to the manifest, the output root is absolute
+    assert inv.inputs == (str(folder / "in" / "a.json"),)
+    assert mrg.inputs == (str(folder / "in" / "b.pdf"), str(folder / "in" / "a.json"))
+    assert inv.out_root == str(tmp_path / "out")
+    assert inv.output_path == tmp_path / "out" / "inv.pdf"
+
+
+def test_defaults_apply_and_jobs_override(folder: Path, out_root: Path,
+                                          write_manifest: Any) -> None:
+    defaults = {"kind": "python", "callable": "m:f", "memory_mb": 256, "timeout_s": 30,
+                "max_attempts": 5, "priority": 7, "group": "tenant-a",
+                "deadline": "2026-12-01T09:00:00Z", "params": {"a": 1, "b": 2}}
+    path = write_manifest(
+        [{"id": "inherits", "output": "a.pdf"},
+         {"id": "overrides", "output": "b.pdf", "memory_mb": 512, "timeout_s": 1.5,
+          "max_attempts": 1, "priority": -1, "group": "tenant-b", "callable": "n:g",
+          "deadline": "2027-01-01T00:00:00+00:00", "params": {"b": 3}}],
+        defaults=defaults, folder=folder,
+    )
+    inherits, overrides = load_manifests([path], out_root=out_root)
+    assert (inherits.kind, inherits.callable, inherits.memory_mb, inherits.timeout_s,
+            inherits.max_attempts, inherits.priority, inherits.group, inherits.deadline,
+            dict(inherits.params)) == ("python", "m:f", 256, 30.0, 5, 7, "tenant-a",
+                                       1796115600.0, {"a": 1, "b": 2})
+    assert (overrides.callable, overrides.memory_mb, overrides.timeout_s,
+            overrides.max_attempts, overrides.priority, overrides.group, overrides.deadline,
+            dict(overrides.params)) == ("n:g", 512, 1.5, 1, -1, "tenant-b", 1798761600.0,
+                                        {"a": 1, "b": 3})
+
+
+def test_built_in_limits_apply_without_defaults(folder: Path, out_root: Path,
+                                                write_manifest: Any) -> None:
+    [spec] = load_manifests([write_manifest([job()], folder=folder)], out_root=out_root)
+    assert (spec.memory_mb, spec.timeout_s, spec.max_attempts, spec.priority, spec.group) == (
+        400, 120.0, 3, 0, "default")
+
+
+def test_every_problem_of_a_command_is_reported_at_once(
+    folder: Path, out_root: Path, write_manifest: Any
+) -> None:
+    # Given two manifests, each with several broken jobs (and one good job)
+    a = write_manifest([job(memroy_mb=1), job(id="a2", output="/abs.pdf"), job(id="ok")],
+                       name="a.toml", folder=folder)
+    b = write_manifest([job(id="b1", kind="nope"), job(id="b2", input="in/nope.json")],
+                       name="b.json", folder=folder)
+    # When both are loaded by one command
+    with pytest.raises(ManifestError) as info:
+        load_manifests([a, b], out_root=out_root)
+    # Then every problem from both files is listed, each with file, job and field
+    where = {(p.file, p.job, p.field) for p in info.value.problems}
+    assert where == {
+        (str(a), "j1", "memroy_mb"),
+        (str(a), "a2", "output"),
+        (str(b), "b1", "kind"),
+        (str(b), "b2", "input"),
+    }
+    text = str(info.value)
+    assert f"{a}: job a2: output: must be relative" in text
+    assert len(text.splitlines()) == 4
+
+
+def test_jobs_from_dicts_validates_like_a_manifest(folder: Path, out_root: Path) -> None:
+    with pytest.raises(ManifestError) as info:
+        jobs_from_dicts([job(memroy_mb=1)], base=folder, out_root=out_root)
+    [p] = info.value.problems
+    assert (p.file, p.job, p.field) == ("<api>", "j1", "memroy_mb")
+    [spec] = jobs_from_dicts([{"id": "x", "kind": "invoice", "input": "in/a.json",
+                               "output": "x.pdf"}], base=folder, out_root=out_root,
+                             defaults={"priority": 3})
+    assert spec.inputs == (str(folder / "in" / "a.json"),) and spec.priority == 3
+
+
+def test_spec_round_trips_through_json(folder: Path, out_root: Path, write_manifest: Any) -> None:
+    path = write_manifest([job(deadline="2026-12-01T09:00:00Z", params={"t": [1, "a"]}),
+                           {"id": "c", "kind": "command", "argv": ["echo", "{output}"],
+                            "input": "in/a.json", "output": "c.pdf"}], folder=folder)
+    for spec in load_manifests([path], out_root=out_root):
+        assert JobSpec.from_json(json.loads(json.dumps(spec.to_json()))) == spec
+
+
+# -- the schema ----------------------------------------------------------------------------
+
+
+def test_json_schema_is_json_and_lists_every_field() -> None:
+    schema = json.loads(json.dumps(json_schema()))
+    job_props = schema["properties"]["jobs"]["items"]["properties"]
+    default_props = schema["properties"]["defaults"]["properties"]
+    assert set(job_props) == {"id", "kind", "input", "inputs", "output", "argv", "callable",
+                              "params", "memory_mb", "timeout_s", "max_attempts", "priority",
+                              "group", "deadline"}
+    assert set(default_props) == set(job_props) - {"id", "input", "inputs", "output"}
+    assert set(job_props) | set(default_props) == {f.name for f in FIELDS}
+    assert all(p.get("description") for p in job_props.values())
+    assert schema["properties"]["jobs"]["items"]["required"] == ["id", "output"]
+
+
+# -- bugs found while writing these tests --------------------------------------------------
+
+
+@pytest.mark.xfail(strict=True, raises=TypeError,
+                   reason="BUG: manifest.py _validate_job calls len() on a "
+                   "non-array `inputs` (TypeError instead of ManifestError)")
+@pytest.mark.parametrize("value", [5, True, 1.5, None])
+def test_inputs_that_is_a_scalar_is_a_manifest_error(
+    folder: Path, out_root: Path, value: Any
+) -> None:
+    path = folder / "jobs.json"
+    path.write_text(json.dumps({"jobs": [job(inputs=value)]}))
+    assert_reported(problems([path], out_root), field="inputs",
+                    message="must be an array of paths")
+
+
+@pytest.mark.xfail(strict=True, raises=ValueError,
+                   reason="BUG: manifest.py parse_document lets the ValueError "
+                   "of an integer over 4300 digits escape (not a ManifestError)")
+@pytest.mark.parametrize("name", ["m.json", "m.toml"])
+def test_huge_integer_is_a_manifest_error(tmp_path: Path, out_root: Path, name: str) -> None:
+    path = tmp_path / name
+    digits = "9" * 5000
+    path.write_text(f'{{"jobs": [{{"id": "a", "priority": {digits}}}]}}' if name.endswith("json")
+                    else f'[[jobs]]\nid = "a"\npriority = {digits}\n')
+    problems([path], out_root)
