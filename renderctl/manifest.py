@@ -163,6 +163,8 @@ def _int_range(lo: int, hi: int) -> Check:
 
 
 def _check_timeout(v: Any) -> str | None:
+    if isinstance(v, float) and not math.isfinite(v):
+        return f"must be a finite number of seconds, got {v}"
     if not _is_number(v):
         return f"must be a number of seconds, got {_type_name(v)}"
     if not 0 < v <= MAX_TIMEOUT_S:
@@ -324,12 +326,39 @@ def parse_document(raw: bytes, *, name: str) -> Any:
                               f"{exc.msg}") from None
         except RecursionError:
             raise _ParseError(f"nested deeper than {MAX_DEPTH} levels") from None
+        except ValueError as exc:  # e.g. an integer of more than 4300 digits
+            raise _ParseError(f"invalid JSON: {exc}") from None
     try:
-        return tomllib.loads(text)
+        doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise _ParseError(f"invalid TOML: {exc}") from None
     except RecursionError:
         raise _ParseError(f"nested deeper than {MAX_DEPTH} levels") from None
+    except ValueError as exc:  # e.g. an integer of more than 4300 digits
+        raise _ParseError(f"invalid TOML: {exc}") from None
+    where = _non_finite(doc)
+    if where is not None:
+        # JSON rejects NaN/Infinity at parse time; TOML allows them. They also break
+        # "same spec" comparisons (nan != nan), so a manifest may not carry them anywhere.
+        raise _ParseError(f"{where or 'a value'}: nan and inf are not allowed in a manifest")
+    return doc
+
+
+def _non_finite(v: Any, path: str = "") -> str | None:
+    if isinstance(v, float) and not math.isfinite(v):
+        return path
+    items: Iterable[tuple[str, Any]]
+    if isinstance(v, dict):
+        items = ((f"{path}.{k}" if path else str(k), x) for k, x in v.items())
+    elif isinstance(v, list):
+        items = ((f"{path}[{i}]", x) for i, x in enumerate(v))
+    else:
+        return None
+    for sub_path, x in items:
+        found = _non_finite(x, sub_path)
+        if found is not None:
+            return found
+    return None
 
 
 # -- validation ---------------------------------------------------------------------------
@@ -544,7 +573,9 @@ def _validate_job(
 
     argv = merged.get("argv")
     if spec is not None:
-        n_given = len(raw.get("inputs", [])) if "inputs" in raw else int("input" in raw)
+        given = raw.get("inputs")
+        n_given = (len(given) if isinstance(given, list) else 1) if "inputs" in raw \
+            else int("input" in raw)
         if n_given < spec.min_inputs:
             ctx.add(jid, "inputs", f"kind {spec.kind!r} needs at least {spec.min_inputs} input(s)")
         if spec.max_inputs is not None and n_given > spec.max_inputs:

@@ -22,7 +22,8 @@ def compute_backoff(
     """Delay before attempt ``attempts + 1``: base * 2^(attempts-1), capped, +-jitter/2."""
     if attempts <= 0:
         return 0.0
-    delay = min(max_s, base_s * (2 ** (attempts - 1)))
+    # Cap the exponent first: 2**1100 as a float overflows long before max_s matters.
+    delay = min(max_s, base_s * (2.0 ** min(attempts - 1, 64)))
     r = (rng or random).random()
     return max(0.0, delay * (1 - jitter / 2 + jitter * r))
 
@@ -70,7 +71,7 @@ class Entry:
 
 @dataclass
 class _Bucket:
-    groups: dict[str, deque[Entry]] = field(default_factory=dict)
+    groups: dict[str, list[Entry]] = field(default_factory=dict)  # heaps by seq
     rotation: deque[str] = field(default_factory=deque)
     oldest: list[tuple[str, str]] = field(default_factory=list)  # heap of (seq, job_id)
     size: int = 0
@@ -116,9 +117,11 @@ class ClaimIndex:
         bucket = self._buckets.setdefault(entry.priority, _Bucket())
         q = bucket.groups.get(entry.group)
         if q is None:
-            q = bucket.groups[entry.group] = deque()
+            q = bucket.groups[entry.group] = []
             bucket.rotation.append(entry.group)
-        q.append(entry)
+        # A heap, not a FIFO: jobs are added in directory order at runner start and
+        # retried jobs come back late, yet each group must still go in acceptance order.
+        heapq.heappush(q, entry)
         self._ready[entry.job_id] = entry
         heapq.heappush(bucket.oldest, (entry.seq, entry.job_id))
         bucket.size += 1
@@ -172,11 +175,11 @@ class ClaimIndex:
             group = bucket.rotation.popleft()
             q = bucket.groups[group]
             while q and self._ready.get(q[0].job_id) is not q[0]:
-                q.popleft()  # claimed or cancelled through another path
+                heapq.heappop(q)  # claimed or cancelled through another path
             if not q:
                 del bucket.groups[group]
                 continue
-            entry = q.popleft()
+            entry = heapq.heappop(q)
             if q:
                 bucket.rotation.append(group)
             else:

@@ -154,17 +154,14 @@ def test_get_unknown_id(q: Queue) -> None:
         q.get("nope")
 
 
-@pytest.mark.xfail(strict=True, raises=ManifestError,
-                   reason="BUG: a TOML manifest may carry nan in params (manifest.py accepts "
-                   "it); nan != nan, so store.py _submit_locked sees a 'different spec' on "
-                   "resubmit instead of 'already accepted'")
-def test_resubmitting_a_toml_manifest_with_nan_is_a_no_op(q: Queue, tmp_path: Path) -> None:
+def test_toml_nan_is_rejected_like_json_nan(q: Queue, tmp_path: Path) -> None:
+    # nan != nan would also make every resubmit look like a different spec.
     path = tmp_path / "nan.toml"
     path.write_text('[[jobs]]\nid = "a"\nkind = "python"\ncallable = "m:f"\noutput = "a.pdf"\n'
                     "params = { x = nan }\n")
-    q.submit(load_manifests([path], out_root=tmp_path / "out"))
-    res = q.submit(load_manifests([path], out_root=tmp_path / "out"))
-    assert res.already == ("a",)
+    with pytest.raises(ManifestError, match=r"jobs\[0\]\.params\.x: nan and inf"):
+        load_manifests([path], out_root=tmp_path / "out")
+    assert q.count(State.PENDING) == 0
 
 
 # -- corrupt files are quarantined, never deleted --------------------------------------------
@@ -223,20 +220,12 @@ def test_claim_quarantines_a_file_corrupted_after_indexing(q: Queue, tmp_path: P
     assert_quarantined(q, "pending", "a", b"\x00" * 64)
 
 
-@pytest.mark.xfail(strict=True, raises=RecursionError,
-                   reason="BUG: store.py catches (ValueError, KeyError, TypeError) around "
-                   "JobRecord.loads; a deeply nested corrupt record raises RecursionError "
-                   "out of find/status/claim instead of being quarantined")
 def test_a_deeply_nested_corrupt_record_is_quarantined(q: Queue) -> None:
     (q.dir(State.PENDING) / "x.json").write_bytes(b"[" * 100_000)
     assert q.find("x") is None
     assert files(q, "corrupt")
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="BUG: store.py Queue.quarantine names the copy "
-                   "<folder>.<file>.<int(wall seconds)>; a second corrupt file of the same "
-                   "name within one second overwrites (loses) the first")
 def test_two_corrupt_copies_of_one_name_are_both_kept(queue_dir: Path) -> None:
     q = Queue(queue_dir, clock=FakeClock())  # both quarantines in the same wall second
     for content in (b"first", b"second"):

@@ -82,11 +82,8 @@ def test_killed_submit_is_all_or_nothing(tmp_path: Path, big_manifest: Path,
         if pending:
             assert q.get("j02999").state is State.PENDING
             assert sum(q.count(s) for s in State) == JOBS
-        # And no temporaries of the dead writer remain. (A stale journal temporary is the
-        # known bug pinned by test_open_removes_temporaries_of_dead_writers; when it is fixed,
-        # assert that stale_temporaries(...) is empty here.)
-        leftovers = stale_temporaries(q, proc.pid)
-        assert [n for n in leftovers if not n.endswith(".txn")] == [], leftovers
+        # And no temporaries of the dead writer remain
+        assert stale_temporaries(q, proc.pid) == []
         # And opening again changes nothing
         assert Queue(queue).count(State.PENDING) == pending
 
@@ -97,10 +94,6 @@ def _dead_pid() -> int:
     return proc.pid
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="BUG: store.py Queue._roll_forward_journals returns before "
-                   "clean_tmp() when journal/ has no .txn, so a submit killed before its "
-                   "commit point leaves its tmp/<pid>.N.txn behind for good")
 def test_open_removes_temporaries_of_dead_writers(queue_dir: Path) -> None:
     # Given a queue whose tmp/ holds the journal temporary of a submit killed before commit
     Queue(queue_dir)

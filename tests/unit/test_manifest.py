@@ -423,9 +423,6 @@ def test_json_schema_is_json_and_lists_every_field() -> None:
 # -- bugs found while writing these tests --------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, raises=TypeError,
-                   reason="BUG: manifest.py _validate_job calls len() on a "
-                   "non-array `inputs` (TypeError instead of ManifestError)")
 @pytest.mark.parametrize("value", [5, True, 1.5, None])
 def test_inputs_that_is_a_scalar_is_a_manifest_error(
     folder: Path, out_root: Path, value: Any
@@ -436,9 +433,6 @@ def test_inputs_that_is_a_scalar_is_a_manifest_error(
                     message="must be an array of paths")
 
 
-@pytest.mark.xfail(strict=True, raises=ValueError,
-                   reason="BUG: manifest.py parse_document lets the ValueError "
-                   "of an integer over 4300 digits escape (not a ManifestError)")
 @pytest.mark.parametrize("name", ["m.json", "m.toml"])
 def test_huge_integer_is_a_manifest_error(tmp_path: Path, out_root: Path, name: str) -> None:
     path = tmp_path / name

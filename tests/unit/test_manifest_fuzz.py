@@ -1,16 +1,9 @@
-"""Property tests: whatever a manifest holds, loading it fails only with ManifestError.
-
-Known bug excluded from the generators (pinned by strict xfails in test_manifest.py): an
-``inputs`` that has no length (null, a number, a boolean, a date) raises TypeError. When it is
-fixed, delete ``_hits_known_bug`` and its uses.
-"""
+"""Property tests: whatever a manifest holds, loading it fails only with ManifestError."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import subprocess
-import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -29,13 +22,6 @@ FAST = settings(max_examples=150, deadline=None,
 
 KEYS = [f.name for f in FIELDS] + ["memroy_mb", "jobs", "defaults", "job", "title", "text"]
 VALID_JOB = {"id": "ok", "kind": "python", "callable": "m:f", "output": "ok.pdf"}
-
-
-def _hits_known_bug(doc: Any) -> bool:
-    jobs = doc.get("jobs") if isinstance(doc, dict) else None
-    return isinstance(jobs, list) and any(
-        isinstance(j, dict) and "inputs" in j and not hasattr(j["inputs"], "__len__")
-        for j in jobs)
 
 
 def load_or_manifest_error(path: Path, out_root: Path) -> list[Any] | None:
@@ -121,8 +107,6 @@ def test_arbitrary_bytes(tmp_path: Path, raw: bytes, suffix: str) -> None:
 @FAST
 @given(text=toml_texts)
 def test_arbitrary_toml_ish_text(tmp_path: Path, text: str) -> None:
-    with contextlib.suppress(tomllib.TOMLDecodeError):
-        assume(not _hits_known_bug(tomllib.loads(text)))
     path = tmp_path / "m.toml"
     path.write_text(text, encoding="utf-8", errors="surrogatepass")
     load_or_manifest_error(path, tmp_path / "out")
@@ -131,7 +115,6 @@ def test_arbitrary_toml_ish_text(tmp_path: Path, text: str) -> None:
 @FAST
 @given(doc=documents)
 def test_arbitrary_json_values(tmp_path: Path, doc: Any) -> None:
-    assume(not _hits_known_bug(doc))
     path = tmp_path / "m.json"
     path.write_text(json.dumps(doc))
     load_or_manifest_error(path, tmp_path / "out")
@@ -141,7 +124,6 @@ def test_arbitrary_json_values(tmp_path: Path, doc: Any) -> None:
 @given(jobs=st.lists(job_dicts, min_size=1, max_size=4))
 def test_api_submit_is_all_or_nothing(tmp_path: Path, jobs: list[dict[str, Any]]) -> None:
     # Given a queue, and a batch that mixes arbitrary jobs with one valid job
-    assume(not _hits_known_bug({"jobs": jobs}))
     q = Queue(tmp_path / "queue")
     before = q.count(State.PENDING)
     batch = [*jobs, VALID_JOB]
@@ -171,7 +153,6 @@ bad_jobs = st.builds(
 def test_cli_rejects_bad_manifests_cleanly(
     tmp_path: Path, renderctl_argv: list[str], command: str, job: dict[str, Any], fmt: str
 ) -> None:
-    assume(not _hits_known_bug({"jobs": [job]}))
     path = tmp_path / f"bad.{fmt}"
     if fmt == "json":
         path.write_text(json.dumps({"jobs": [job]}))

@@ -45,10 +45,6 @@ def test_first_in_first_out_within_a_group() -> None:
     assert drain(index) == ["j0", "j1", "j2", "j3", "j4"]
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="BUG: policy.ClaimIndex orders a group by insertion "
-                   "(deque append), not by seq; Queue.load_index inserts in os.listdir order, so "
-                   "after a runner start a group's jobs run in directory-hash order")
 def test_acceptance_order_within_a_group() -> None:
     # Given entries added out of acceptance order (as a scan of pending/ adds them)
     index = ClaimIndex()
@@ -197,9 +193,6 @@ def test_backoff_is_reproducible_with_a_seeded_rng() -> None:
     assert a == b
 
 
-@pytest.mark.xfail(strict=True, raises=OverflowError,
-                   reason="BUG: policy.compute_backoff computes base_s * 2**(attempts-1) "
-                   "before capping: OverflowError from about 1025 attempts")
 def test_backoff_stays_capped_for_very_many_attempts() -> None:
     assert compute_backoff(2000, base_s=1.0, max_s=60.0, jitter=0.0) == 60.0
 
