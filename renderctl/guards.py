@@ -493,6 +493,10 @@ class TreeSampler:
         self._procs: dict[int, psutil.Process] = {}
         self._pgid = os.getpgid(pid)
 
+    def known_processes(self) -> list[psutil.Process]:
+        """Processes of the tree seen by the last samples (pid-reuse safe psutil handles)."""
+        return list(self._procs.values())
+
     def _full_scan(self) -> set[int]:
         """Descendants of the root and members of its group, from one pass over /proc."""
         parent_of: dict[int, int] = {}

@@ -95,6 +95,7 @@ class RunnerSettings:
     sample_interval_s: float = 0.05
     poll_interval_s: float = 1.0
     prefetch_max: int = 32
+    prefetch: int | None = None  # jobs a worker may hold incl. the running one; None: adaptive
     crash_at: str | None = None
 
 
@@ -164,6 +165,8 @@ class WorkerHandle:
     kill_reason: Outcome | None = None
     kill_deadline: float | None = None
     drain_sent: bool = False
+    cancelled_tokens: set[str] = field(default_factory=set)  # skipped; must not start
+    doomed: list[Any] = field(default_factory=list)  # processes to kill again at death
     sampler: TreeSampler | None = None
     mark: OomMark | None = None
 
@@ -211,6 +214,7 @@ class Runner:
         self.failures = 0
         self.stop_signal: int | None = None
         self.stop_deadline: float | None = None
+        self._stop_reported = False
         self.wake_cancel = True
         self.guard: MemoryGuard | None = None
         self.budget_mb = settings.memory_budget_mb or default_budget_mb()
@@ -219,7 +223,6 @@ class Runner:
         self.token_prefix = ""
         self.started_log = ""
         self.work_root = ""
-        self.avg_exec_s = 0.05
         self.exec_times: deque[float] = deque(maxlen=512)
         self.wait_times: deque[float] = deque(maxlen=512)
         self.recent_failures: deque[dict[str, Any]] = deque(maxlen=5)
@@ -359,7 +362,11 @@ class Runner:
             if view is None:
                 continue
             if view.state is not State.RUNNING:
-                unlink_quiet(path)  # a crash after the later record, before this unlink
+                # A crash after the later record was durable, before the running copy and
+                # the output's temporary link were removed: finish that cleanup.
+                unlink_quiet(path)
+                for t in tmp_outputs(view.record.spec.output_path, jid):
+                    discard(t)
                 continue
             rec = view.record
             lease = rec.lease
@@ -486,6 +493,12 @@ class Runner:
         while True:
             now = time.monotonic()
             if self.stop_signal is not None:
+                if not self._stop_reported:
+                    self._stop_reported = True
+                    self.reporter.event({"event": "stopping", "signal": _signame(self.stop_signal),
+                                         "grace_s": self.s.grace_s,
+                                         "running": sum(1 for w in self.workers.values()
+                                                        if w.current is not None)})
                 self._drain(now)
                 if not any(w.current or w.queued for w in self.workers.values()) \
                         and not self.ready and not self.completions:
@@ -549,8 +562,7 @@ class Runner:
 
     def _next_deadline(self, now: float) -> float | None:
         deadlines = [self._next_renew, now + self.s.poll_interval_s]
-        sampling = self.guard is not None and self.guard.name == "sampling"
-        if sampling and any(w.current for w in self.workers.values()):
+        if any(w.current for w in self.workers.values()):
             deadlines.append(self._next_sample)
         for w in self.workers.values():
             if w.current is not None and w.current.started_mono is not None:
@@ -566,8 +578,18 @@ class Runner:
 
     # -- claiming and dispatch --
     def _prefetch_depth(self) -> int:
-        # Keep enough queued per worker to cover a group commit (~5-20 ms) of runner time.
-        return max(1, min(self.s.prefetch_max, 1 + int(0.02 / max(self.avg_exec_s, 1e-4))))
+        """Jobs a worker may hold, the running one included.
+
+        Short jobs get enough queued behind them to cover a group commit (~5-20 ms of runner
+        time); long or not yet measured jobs get none, so no job waits behind a long one
+        while another worker is idle."""
+        if self.s.prefetch is not None:
+            return self.s.prefetch
+        if len(self.exec_times) < 3:
+            return 1
+        recent = list(self.exec_times)[-32:]
+        avg = sum(recent) / len(recent)
+        return max(1, min(self.s.prefetch_max, int(0.02 / max(avg, 1e-4))))
 
     def _claim(self) -> None:
         if self.halted:
@@ -576,7 +598,7 @@ class Runner:
             return
         depth = self._prefetch_depth()
         live = [w for w in self.workers.values() if not w.retiring]
-        want = sum(max(0, depth + 1 - w.load()) for w in live) - len(self.ready)
+        want = sum(max(0, depth - w.load()) for w in live) - len(self.ready)
         if want <= 0:
             return
         assert self.holder is not None
@@ -625,7 +647,7 @@ class Runner:
             total = sum(w.reserved_mb() for w in self.workers.values())
             best: WorkerHandle | None = None
             for w in self.workers.values():
-                if w.pid is None or w.retiring or w.load() > depth:
+                if w.pid is None or w.retiring or w.load() >= depth:
                     continue
                 after = total - w.reserved_mb() + max(w.reserved_mb(), a.memory_mb)
                 if after > self.budget_mb:
@@ -668,6 +690,10 @@ class Runner:
         if isinstance(msg, Started):
             a = self._pop_queued(w, msg.job_id)
             if a is None:
+                if msg.token in w.cancelled_tokens:
+                    # Cancelled (and recorded) while queued, but the worker started it before
+                    # reading our Skip: kill it; its result must never be published.
+                    self._kill(w, Outcome.CANCELLED)
                 return
             a.started_mono = time.monotonic()
             a.started_wall = msg.wall
@@ -728,7 +754,6 @@ class Runner:
 
     def _observe_exec(self, elapsed: float) -> None:
         self.exec_times.append(elapsed)
-        self.avg_exec_s = 0.9 * self.avg_exec_s + 0.1 * elapsed
 
     def _on_death(self, w: WorkerHandle) -> None:
         self._read_messages(w)
@@ -739,6 +764,9 @@ class Runner:
         with contextlib.suppress(OSError, ValueError):
             for pid in w.slot.pids():  # a grandchild that left the group, still in the slot
                 os.kill(pid, signal.SIGKILL)
+        _signal_all(w.doomed, signal.SIGKILL)
+        if w.sampler is not None:
+            _signal_all(w.sampler.known_processes(), signal.SIGKILL)
         a = w.current
         if a is not None:
             oom = w.mark is not None and w.slot.oom_killed_since(w.mark)
@@ -788,13 +816,14 @@ class Runner:
 
     # -- guards: timeouts, memory, kills --
     def _enforce(self, now: float) -> None:
-        sample = (self.guard is not None and self.guard.name == "sampling"
-                  and now >= self._next_sample)
+        sample = self.guard is not None and now >= self._next_sample
+        sampling = self.guard is not None and self.guard.name == "sampling"
         if sample:
             self._next_sample = now + self.s.sample_interval_s
         for w in list(self.workers.values()):
             if w.kill_deadline is not None and now >= w.kill_deadline and w.pgid:
                 proctree.kill_group(w.pgid, signal.SIGKILL)
+                _signal_all(w.doomed, signal.SIGKILL)
                 w.kill_deadline = None
             a = w.current
             if a is None or a.started_mono is None or w.kill_reason is not None:
@@ -802,13 +831,17 @@ class Runner:
             if now >= a.started_mono + a.claim.record.spec.timeout_s:
                 self._kill(w, Outcome.TIMEOUT, graceful=True)
                 continue
-            if sample and w.sampler is not None:
+            if sample and sampling and w.sampler is not None:
                 try:
                     s = w.sampler.sample()
                 except Exception:
                     continue
                 if s.exceeded:
                     self._kill(w, Outcome.MEMORY)
+            elif sample and w.mark is not None and w.slot.oom_killed_since(w.mark):
+                # cgroup v1 OOM-kills one task (the largest); if that was a child, the rest
+                # of the job's tree would run on. Kill it all now.
+                self._kill(w, Outcome.MEMORY)
         if now >= self._next_renew:
             self._renew()
             self._next_renew = now + self.s.lease_s / 3
@@ -817,11 +850,16 @@ class Runner:
         if w.pgid is None:
             return
         w.kill_reason = reason
+        # A grandchild that called setsid() has left the group: remember the whole tree now,
+        # while it can still be found from the worker, and kill it too at the worker's death.
+        w.doomed = _tree(w.pid)
         if graceful:
             proctree.kill_group(w.pgid, signal.SIGTERM)
+            _signal_all(w.doomed, signal.SIGTERM)
             w.kill_deadline = time.monotonic() + self.s.kill_grace_s
         else:
             proctree.kill_group(w.pgid, signal.SIGKILL)
+            _signal_all(w.doomed, signal.SIGKILL)
 
     def _renew(self) -> None:
         claims = [a.claim for a in self.ready]
@@ -840,16 +878,23 @@ class Runner:
                 if a.job_id == jid:
                     a.cancel_requested = True
                     handled = True
+            for a, _ in self.completions:
+                if a.job_id == jid:
+                    a.cancel_requested = True  # finished but not yet published: never publish
+                    handled = True
             for w in self.workers.values():
                 if w.current is not None and w.current.job_id == jid:
                     w.current.cancel_requested = True
                     self._kill(w, Outcome.CANCELLED)
                     handled = True
-                for a in w.queued:
-                    if a.job_id == jid:
-                        a.cancel_requested = True
-                        self._tell(w, Skip((jid,)))
-                        handled = True
+                queued = self._pop_queued(w, jid)
+                if queued is not None:
+                    # Record it now rather than when the worker reads the Skip (after its
+                    # current job, which may take minutes).
+                    w.cancelled_tokens.add(queued.claim.lease.token)
+                    self._tell(w, Skip((jid,)))
+                    self._finish_unrun(queued, State.CANCELLED, "cancelled before it started")
+                    handled = True
             if not handled:
                 self.q.cancel_pending(jid)
             self.q.clear_cancel_request(jid)
@@ -1028,6 +1073,26 @@ class Runner:
         if t.dst is State.DEAD or (last.get("outcome") not in (None, "completed")):
             self.recent_failures.append(ev)
         self.reporter.event(ev)
+
+
+def _tree(pid: int | None) -> list[Any]:
+    """psutil handles of ``pid``'s descendants (safe against pid reuse when signalled)."""
+    if pid is None:
+        return []
+    import psutil
+
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+def _signal_all(procs: list[Any], sig: int) -> None:
+    import psutil
+
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            p.send_signal(sig)  # psutil checks the process is still the one we saw
 
 
 def _event_name(t: Transition) -> str:

@@ -61,13 +61,25 @@ class WorkerConfig:
 # -- entry point ---------------------------------------------------------------------------
 
 
+# Sent by the kernel when our parent (the runner, or the fork server that dies with it)
+# exits. Its handler kills our whole process group: a plain SIGKILL would take only this
+# process and leave a command's grandchildren running unsupervised.
+PARENT_DEATH_SIGNAL = signal.SIGRTMIN + 3
+
+
+def _die_with_group(signum: int, frame: object) -> None:
+    os.killpg(0, signal.SIGKILL)
+
+
 def worker_main(conn: Connection, config: WorkerConfig) -> None:
     """Process entry point: set up the process, then serve jobs until told to stop."""
     os.setpgid(0, 0)
     from renderctl import proctree
 
+    _drop_forkserver_fds()
+    signal.signal(PARENT_DEATH_SIGNAL, _die_with_group)
     try:
-        proctree.set_parent_death_signal(signal.SIGKILL)
+        proctree.set_parent_death_signal(PARENT_DEATH_SIGNAL)
     except proctree.ParentGone:
         os._exit(0)
     # The runner shields itself from the OOM killer; a worker must be the one to go.
@@ -77,6 +89,31 @@ def worker_main(conn: Connection, config: WorkerConfig) -> None:
     with contextlib.suppress(ValueError):
         signal.set_wakeup_fd(-1)
     Worker(conn, config).serve()
+
+
+def _drop_forkserver_fds() -> None:
+    """Close the fork server's "alive" pipe end that CPython hands every forkserver child.
+
+    The fork server exits when that pipe reaches EOF, i.e. when the runner dies, and its
+    exit is what fires our parent-death signal. While any worker holds a copy of the write
+    end, the EOF never comes and a SIGKILLed runner's workers would run on unsupervised.
+    """
+    from multiprocessing import forkserver, resource_tracker
+
+    server = forkserver._forkserver
+    fd = getattr(server, "_forkserver_alive_fd", None)
+    if fd is None:
+        return  # not a fork server's child
+    with contextlib.suppress(OSError):
+        os.close(fd)
+    server._forkserver_alive_fd = None
+    # Likewise the resource tracker's pipe, so that it too exits with the runner.
+    tracker = resource_tracker._resource_tracker
+    tfd = getattr(tracker, "_fd", None)
+    if tfd is not None:
+        with contextlib.suppress(OSError):
+            os.close(tfd)
+        tracker._fd = None
 
 
 class Worker:

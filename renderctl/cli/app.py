@@ -213,6 +213,10 @@ def run(
                                                      help="stop claiming after N dead-lettered"
                                                      " jobs")] = None,
     max_pending: Annotated[int | None, typer.Option("--max-pending", min=0)] = None,
+    prefetch: Annotated[int | None, typer.Option("--prefetch", min=1,
+                                                 help="jobs a worker may hold, the running one"
+                                                 " included [default: adaptive, 1 for long "
+                                                 "jobs]")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", help="print only failures and the "
                                         "summary")] = False,
     as_json: JsonOpt = False,
@@ -242,7 +246,7 @@ def run(
         workers=workers, start_method=start_method, max_jobs_per_worker=max_jobs_per_worker,
         backoff_base_s=backoff_base, backoff_max_s=backoff_max, kill_grace_s=kill_grace,
         grace_s=grace, memory_budget_mb=memory_budget, follow=follow,
-        max_failures=max_failures, memory_guard=memory_guard,
+        max_failures=max_failures, memory_guard=memory_guard, prefetch=prefetch,
     )
     reporter = JsonReporter() if as_json else PlainReporter(quiet=quiet)
     summary = Runner(Queue(queue_path(queue)), settings, reporter=reporter).run()

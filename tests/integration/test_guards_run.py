@@ -289,11 +289,7 @@ GUARDS_CHILD = [
     pytest.param("cgroup-v1", id="cgroup-v1", marks=[
         pytest.mark.skipif(not cgroup_v1_writable(),
                            reason="cgroup v1 memory controller not writable"),
-        pytest.mark.xfail(strict=True, reason=(
-            "BUG: runner.py Runner._wait/_enforce: with cgroup-v1 the kernel OOM-kills only "
-            "the largest task (here the job's helper child); the runner learns of it only "
-            "when the job ends (_on_message Finished / _on_death read oom_kill), so the rest "
-            "of the tree keeps running past its ceiling instead of being SIGKILLed at once"))]),
+        ]),
     pytest.param("sampling", id="sampling"),
 ]
 
@@ -501,15 +497,13 @@ def test_sigterm_lets_a_short_job_finish_within_the_grace(env: Env) -> None:
 
 
 def test_second_sigint_skips_the_grace(env: Env) -> None:
-    # One worker that takes one job only: the second job waits in the runner, so the
-    # first signal is observable (it releases that waiting job at once).
     plan = {"plan": {"1": "sleep"}, "s": 60}
     m = env.manifest([job("first", "by_attempt", params=plan),
                       job("second", "by_attempt", params=plan)])
     r = env.run(str(m), "--workers", "1", "--max-jobs-per-worker", "1", "--grace", "30")
     r.wait_event("started", "first", timeout=20)
     r.signal(signal.SIGINT)
-    r.wait_event("released", "second", timeout=5)
+    r.wait_event("stopping", timeout=5)
     assert r.proc.poll() is None, "the first signal must wait for the grace"
     t_second = time.monotonic()
     r.signal(signal.SIGINT)
@@ -571,10 +565,6 @@ def test_admission_keeps_running_ceilings_within_the_budget(env: Env) -> None:
 # -- bugs: scheduling and cancel of a claimed job, a tree that leaves its group -----------------
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: runner.py Runner._dispatch prefetches a job onto a busy worker's private queue "
-    "(load <= prefetch depth) even when another worker is or becomes idle, and nothing "
-    "moves it back: a short job waits behind a long one while a worker idles"))
 def test_idle_worker_is_not_left_idle_while_a_job_waits(env: Env) -> None:
     # Given two workers, one 4 s job and two 0.2 s jobs claimed after it (priority makes
     # the order certain: see test_claim_order_follows_acceptance_order_at_runner_start)
@@ -595,15 +585,12 @@ def test_idle_worker_is_not_left_idle_while_a_job_waits(env: Env) -> None:
         assert spans[j][0] < spans["long"][1], f"{j} waited behind the long job"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: runner.py Runner._handle_cancel_requests: a claimed job queued in a busy "
-    "worker (running/ID.json, not started) only gets Skip; the worker reads it after its "
-    "current job, so the cancel is recorded only when that job ends (unbounded latency)"))
 def test_cancel_of_a_claimed_job_queued_behind_a_long_one_is_prompt(env: Env) -> None:
     # Given one worker running a 6 s job, with the next job claimed (running/) behind it
+    # (prefetch 2: as the runner does by itself for short jobs)
     m = env.manifest([job("long", "sleep_then_write", params={"s": 6}),
                       job("next", "sleep_then_write", params={"s": 0.1})])
-    r = env.run(str(m), "--workers", "1")
+    r = env.run(str(m), "--workers", "1", "--prefetch", "2")
     r.wait_event("started", "long", timeout=20)
     assert env.state_of("next") == ["running"], env.state_of("next")
     status = json.loads(env.cli("status", "--json").stdout)
@@ -623,10 +610,7 @@ TREE_GUARDS = [
     pytest.param("cgroup-v1", id="cgroup-v1",
                  marks=pytest.mark.skipif(not cgroup_v1_writable(),
                                           reason="cgroup v1 memory controller not writable")),
-    pytest.param("sampling", id="sampling", marks=pytest.mark.xfail(strict=True, reason=(
-        "BUG: runner.py Runner._on_death kills only the worker's process group (and the "
-        "cgroup slot's pids, empty with sampling): a job's grandchild that called setsid() "
-        "survives the timeout kill and the runner's exit, reparented to init"))),
+    pytest.param("sampling", id="sampling"),
 ]
 
 
@@ -656,11 +640,6 @@ def test_timeout_leaves_no_survivor_that_left_the_process_group(env: Env, guard:
         kill_leftovers(pids())
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: store.py Queue.load_index adds pending/ records to the ClaimIndex in "
-    "os.listdir() order; ClaimIndex.pop serves a group's deque in insertion order, so at "
-    "runner start (e.g. `renderctl run MANIFEST`) jobs of equal priority are claimed in "
-    "directory order, not acceptance (seq) order"))
 def test_claim_order_follows_acceptance_order_at_runner_start(env: Env) -> None:
     ids = [f"j{i}" for i in range(8)]
     m = env.manifest([job(j, "write_pdf") for j in ids])

@@ -76,20 +76,9 @@ def assert_settled(qv: QueueView, out: Path, outputs: dict[str, Path],
     assert qv.tmp_entries() == []
 
 
-# A crash after the done record is durable but before the running copy is unlinked leaves
-# the output's temporary hard link behind for good (see the reason).
-KNOWN_BUGS = {
-    "publish:after_done": "BUG: runner.recover() unlinks the stale running/ copy of a job whose "
-    "done record is durable but never removes its .rctl-<hash>-<attempt>.tmp link beside the "
-    "output (Runner._commit removes it only after queue.finish returns)",
-}
 
 
-@pytest.mark.parametrize("point", [
-    pytest.param(p, marks=pytest.mark.xfail(strict=True, reason=KNOWN_BUGS[p]))
-    if p in KNOWN_BUGS else p
-    for p in CRASH_POINTS
-])
+@pytest.mark.parametrize("point", CRASH_POINTS)
 def test_runner_killed_at_each_crash_point_recovers_without_loss_or_double_publish(
         tmp_path: Path, write_manifest: object, point: str) -> None:
     # Given twelve PDF jobs (and, to reach the `dead` point, one job with a bad input,

@@ -113,17 +113,11 @@ def assert_tree_dies_with(runner: Runner, tree: list[psutil.Process]) -> None:
             p.kill()
 
 
-FORKSERVER_BUG = (
-    "BUG: with --start-method forkserver (the default) a SIGKILLed runner's workers keep "
-    "running their jobs: CPython hands every forkserver child the server's 'alive' pipe "
-    "write end, so the fork server never sees EOF and never exits, and the workers' "
-    "PR_SET_PDEATHSIG (armed against the fork server, renderctl/worker.py worker_main) "
-    "never fires; the chain described in renderctl/proctree.py does not happen")
 
 
 @pytest.mark.parametrize("method", [
     "fork",
-    pytest.param("forkserver", marks=pytest.mark.xfail(strict=True, reason=FORKSERVER_BUG)),
+    "forkserver",
     "spawn",
 ])
 def test_when_the_runner_dies_its_workers_and_python_jobs_die_with_it(
@@ -149,11 +143,6 @@ def test_when_the_runner_dies_its_workers_and_python_jobs_die_with_it(
     assert_tree_dies_with(runner, tree)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: a command job's grandchildren outlive a SIGKILLed runner: the worker arms "
-    "PR_SET_PDEATHSIG only on its direct child (worker.py _child_setup), which a fork clears; "
-    "the rest of the process group is killed only if and when a next runner's recovery "
-    "runs (Runner._kill_stale_workers / guard.cleanup_stale)"))
 def test_when_the_runner_dies_a_command_jobs_grandchildren_die_with_it(
         tmp_path: Path, write_manifest: Any) -> None:
     # Given a runner (fork start method: the worker is the runner's own child, so only the
