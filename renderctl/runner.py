@@ -99,6 +99,8 @@ class RunnerSettings:
     crash_at: str | None = None
 
 
+STATE_INTERVAL_S = 1.0  # how often runner.state.json is rewritten for `top` and metrics
+STATE_FILE = "runner.state.json"
 BUDGET_SHARE = 0.8  # of MemAvailable at start: leave room for the page cache and the rest
 
 
@@ -232,6 +234,7 @@ class Runner:
         self._next_renew = 0.0
         self._next_poll = 0.0
         self._next_sample = 0.0
+        self._next_state = 0.0
         self._ctx: Any = None
         self._wake_r = -1
         self._wake_w = -1
@@ -338,12 +341,65 @@ class Runner:
         if self.started_log:
             unlink_quiet(self.started_log)
         unlink_quiet(self._workers_file())
+        unlink_quiet(self.q.path / STATE_FILE)
         signal.set_wakeup_fd(-1)
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
             signal.signal(sig, signal.SIG_DFL)
         for fd in (self._wake_r, self._wake_w):
             with contextlib.suppress(OSError):
                 os.close(fd)
+
+    # -- what `top`, the dashboard and metrics read --
+    def snapshot(self) -> dict[str, Any]:
+        """The runner's live state as plain data (JSON-ready); cheap enough to call per tick."""
+        now_mono = time.monotonic()
+        running = []
+        for w in self.workers.values():
+            a = w.current
+            if a is None:
+                continue
+            mem = None
+            if w.sampler is not None:
+                mem = w.sampler.peak_rss_bytes or None
+            else:
+                with contextlib.suppress(Exception):
+                    mem = w.slot.usage_bytes()
+            spec = a.claim.record.spec
+            running.append({
+                "id": a.job_id, "kind": spec.kind, "pid": w.pid,
+                "attempt": a.claim.lease.attempt,
+                "elapsed_s": round(now_mono - (a.started_mono or now_mono), 3),
+                "timeout_s": spec.timeout_s, "memory_bytes": mem,
+                "memory_limit_bytes": spec.memory_mb * MB,
+            })
+        return {
+            "schema": 1,
+            "ts": self.clock.wall(),
+            "pid": os.getpid(),
+            "queue": str(self.q.path),
+            "guard": self.guard.name if self.guard else None,
+            "workers_desired": self.n_workers,
+            "workers_alive": sum(1 for w in self.workers.values() if w.pid is not None),
+            "budget_mb": self.budget_mb,
+            "uptime_s": round(now_mono - self.started_at, 3),
+            "counts": dict(self.counts),
+            "retries": self.retries,
+            "pending_known": len(self.index),
+            "claimed_waiting": len(self.ready),
+            "running": running,
+            "wait_s": _percentiles(self.wait_times),
+            "exec_s": _percentiles(self.exec_times),
+            "recent_failures": list(self.recent_failures),
+            "stopping": self.stop_signal is not None,
+        }
+
+    def _write_state(self) -> None:
+        # Not fsynced: a display aid, rewritten every second; rename keeps readers whole.
+        path = self.q.path / STATE_FILE
+        tmp = self.q.dir("tmp") / f"{os.getpid()}.state"
+        with contextlib.suppress(OSError):
+            tmp.write_text(json.dumps(self.snapshot(), default=str))
+            os.replace(tmp, path)
 
     # -- recovery --
     def recover(self) -> None:
@@ -521,6 +577,9 @@ class Runner:
                 self.q.poll_new(self.index)
                 if self._finished():
                     return
+            if now >= self._next_state:
+                self._next_state = now + STATE_INTERVAL_S
+                self._write_state()
             self.reporter.tick(self)
             self._wait(self._next_deadline(now))
 
@@ -1073,6 +1132,17 @@ class Runner:
         if t.dst is State.DEAD or (last.get("outcome") not in (None, "completed")):
             self.recent_failures.append(ev)
         self.reporter.event(ev)
+
+
+def _percentiles(values: deque[float]) -> dict[str, float] | None:
+    if not values:
+        return None
+    xs = sorted(values)
+
+    def q(p: float) -> float:
+        return round(xs[min(len(xs) - 1, int(p * len(xs)))], 6)
+
+    return {"p50": q(0.5), "p99": q(0.99), "n": len(xs)}
 
 
 def _tree(pid: int | None) -> list[Any]:
