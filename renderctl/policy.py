@@ -150,6 +150,11 @@ class ClaimIndex:
             heapq.heappop(bucket.oldest)
         return None
 
+    def oldest_accepted_at(self) -> float | None:
+        """Acceptance time of the longest-waiting claimable job (cheap: one head per bucket)."""
+        heads = [h for b in self._buckets.values() if (h := self._bucket_oldest(b)) is not None]
+        return min((h.accepted_at for h in heads), default=None)
+
     def effective_priority(self, entry: Entry, *, now: float) -> int:
         waited = max(0.0, now - entry.accepted_at)
         return entry.priority + int(waited // self.aging_s)

@@ -217,6 +217,7 @@ class Runner:
         self.stop_signal: int | None = None
         self.stop_deadline: float | None = None
         self._stop_reported = False
+        self.stopped = False  # the loop has ended (the last snapshot says "finished")
         self.wake_cancel = True
         self.guard: MemoryGuard | None = None
         self.budget_mb = settings.memory_budget_mb or default_budget_mb()
@@ -278,6 +279,9 @@ class Runner:
                 self._start_pool()
                 self._loop()
             finally:
+                self.stopped = True
+                with contextlib.suppress(Exception):
+                    self.reporter.tick(self)  # the final frame, while workers are still known
                 self._shutdown()
         wall = time.monotonic() - self.started_at
         return RunSummary(dict(self.counts), wall, self._exit_code(), self.guard.name,
@@ -385,6 +389,11 @@ class Runner:
             "counts": dict(self.counts),
             "retries": self.retries,
             "pending_known": len(self.index),
+            "oldest_pending_age_s": (round(self.clock.wall() - oldest, 3)
+                                     if (oldest := self.index.oldest_accepted_at()) is not None
+                                     else None),
+            "in_flight": len(self.ready) + sum(w.load() for w in self.workers.values()),
+            "stopped": self.stopped,
             "claimed_waiting": len(self.ready),
             "running": running,
             "wait_s": _percentiles(self.wait_times),

@@ -139,7 +139,8 @@ class Worker:
     def serve(self) -> None:
         self.conn.send(Ready(os.getpid(), os.getpgid(0)))
         while True:
-            self._take_messages(block=not self.queue)
+            # Never block once told to stop: the Stop may have arrived with the last job.
+            self._take_messages(block=not self.queue and not self.stopping)
             if self.draining:
                 self._drop_all("drain")
                 return

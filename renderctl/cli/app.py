@@ -37,12 +37,12 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 QueueOpt = Annotated[
     Path | None,
-    typer.Option("--queue", "-q", help="queue folder [env RENDERCTL_QUEUE; default ./.renderctl]",
-                 show_default=False),
+    typer.Option("--queue", "-q", help="queue folder [default ./.renderctl]",
+                 envvar="RENDERCTL_QUEUE", show_default=False),
 ]
 OutOpt = Annotated[
     Path | None,
-    typer.Option("--out", "-o", help="output root [env RENDERCTL_OUT; default ./out]",
+    typer.Option("--out", "-o", help="output root [default ./out]", envvar="RENDERCTL_OUT",
                  show_default=False),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output")]
@@ -99,11 +99,62 @@ def _limits(memory_mb: int | None, timeout: float | None, max_attempts: int | No
 
 
 MemOpt = Annotated[int | None, typer.Option("--memory-mb", help="default memory ceiling (MB)",
-                                            min=1, show_default=False)]
+                                            min=1, show_default=False,
+                                            envvar="RENDERCTL_MEMORY_MB")]
 TimeoutOpt = Annotated[float | None, typer.Option("--timeout", help="default timeout (s)",
-                                                  min=0.001, show_default=False)]
+                                                  min=0.001, show_default=False,
+                                                  envvar="RENDERCTL_TIMEOUT")]
 AttemptsOpt = Annotated[int | None, typer.Option("--max-attempts", help="default attempts",
-                                                 min=1, show_default=False)]
+                                                 min=1, show_default=False,
+                                                 envvar="RENDERCTL_MAX_ATTEMPTS")]
+MaxPendingOpt = Annotated[int | None, typer.Option("--max-pending", min=0,
+                                                   envvar="RENDERCTL_MAX_PENDING",
+                                                   help="reject the whole submit if pending "
+                                                   "would exceed this")]
+
+
+def _env(name: str) -> str:
+    """The environment variable that sets option ``--name`` (``RENDERCTL_NAME``)."""
+    from renderctl.settings import env_name
+
+    return env_name(name.replace("-", "_"))
+
+
+def config_default_map(group: Any, config: dict[str, Any]) -> dict[str, Any]:
+    """click's ``default_map`` for every (sub)command from the configuration file's keys."""
+    import click
+
+    dm: dict[str, Any] = {}
+    for name, cmd in getattr(group, "commands", {}).items():
+        if isinstance(cmd, click.Group):
+            sub = config_default_map(cmd, config)
+            if sub:
+                dm[name] = sub
+            continue
+        own: dict[str, Any] = {}
+        for p in cmd.params:
+            for opt in getattr(p, "opts", ()):
+                key = opt[2:].replace("-", "_") if opt.startswith("--") else None
+                if key in config and p.name is not None:
+                    own[p.name] = config[key]
+        if own:
+            dm[name] = own
+    return dm
+
+
+@app.callback()
+def configure(ctx: typer.Context) -> None:
+    """Defaults from renderctl.toml (or [tool.renderctl] in pyproject.toml) in the cwd."""
+    from renderctl.settings import ConfigError, load_config
+
+    try:
+        config = load_config(Path.cwd())
+    except ConfigError as exc:
+        out.err(str(exc))
+        raise typer.Exit(ExitCode.USAGE) from None
+    if config:
+        # click resolves: command line > envvar > default_map > the option's default.
+        ctx.default_map = {**(ctx.default_map or {}), **config_default_map(ctx.command, config)}
 
 
 @app.command()
@@ -145,9 +196,7 @@ def submit(
     out_dir: OutOpt = None,
     replace: Annotated[bool, typer.Option("--replace", help="replace jobs whose spec changed")
                        ] = False,
-    max_pending: Annotated[int | None, typer.Option("--max-pending", min=0,
-                                                    help="reject the whole submit if pending "
-                                                    "would exceed this")] = None,
+    max_pending: MaxPendingOpt = None,
     memory_mb: MemOpt = None,
     timeout: TimeoutOpt = None,
     max_attempts: AttemptsOpt = None,
@@ -179,46 +228,57 @@ def run(
     queue: QueueOpt = None,
     out_dir: OutOpt = None,
     workers: Annotated[int | None, typer.Option("--workers", "-j", min=1,
+                                                envvar=_env("workers"),
                                                 help="worker processes [default: from cores "
                                                 "and memory budget]")] = None,
     memory_mb: MemOpt = None,
     timeout: TimeoutOpt = None,
     max_attempts: AttemptsOpt = None,
-    follow: Annotated[bool, typer.Option("--follow", help="keep serving new jobs until "
-                                         "SIGTERM/SIGINT")] = False,
-    start_method: Annotated[str, typer.Option("--start-method",
-                                              help="forkserver | fork | spawn")
-                            ] = "forkserver",
-    max_jobs_per_worker: Annotated[int, typer.Option("--max-jobs-per-worker", min=1,
-                                                     help="recycle a worker after N jobs")
-                                   ] = 200,
-    backoff_base: Annotated[float, typer.Option("--backoff-base", min=0.0,
-                                                help="first retry delay (s), doubling")] = 1.0,
-    backoff_max: Annotated[float, typer.Option("--backoff-max", min=0.0,
-                                               help="longest retry delay (s)")] = 300.0,
-    kill_grace: Annotated[float, typer.Option("--kill-grace", min=0.0,
-                                              help="SIGTERM -> SIGKILL grace on timeout (s)")
-                          ] = 5.0,
-    grace: Annotated[float, typer.Option("--grace", min=0.0,
-                                         help="on SIGTERM/SIGINT: time running jobs get to "
-                                         "finish (s)")] = 30.0,
-    memory_budget: Annotated[int | None, typer.Option("--memory-budget", min=1,
-                                                      help="MB the running jobs' ceilings may "
-                                                      "add up to [default: 80% of available]")
-                             ] = None,
-    memory_guard: Annotated[str, typer.Option("--memory-guard",
-                                              help="auto | cgroup-v1 | cgroup-v2 | sampling")
-                            ] = "auto",
-    max_failures: Annotated[int | None, typer.Option("--max-failures", min=1,
-                                                     help="stop claiming after N dead-lettered"
-                                                     " jobs")] = None,
-    max_pending: Annotated[int | None, typer.Option("--max-pending", min=0)] = None,
-    prefetch: Annotated[int | None, typer.Option("--prefetch", min=1,
-                                                 help="jobs a worker may hold, the running one"
-                                                 " included [default: adaptive, 1 for long "
-                                                 "jobs]")] = None,
-    quiet: Annotated[bool, typer.Option("--quiet", help="print only failures and the "
-                                        "summary")] = False,
+    follow: Annotated[bool, typer.Option(
+        "--follow", envvar=_env("follow"),
+        help="keep serving new jobs until SIGTERM/SIGINT")] = False,
+    start_method: Annotated[str, typer.Option(
+        "--start-method", envvar=_env("start-method"),
+        help="forkserver | fork | spawn")] = "forkserver",
+    max_jobs_per_worker: Annotated[int, typer.Option(
+        "--max-jobs-per-worker", envvar=_env("max-jobs-per-worker"), min=1,
+        help="recycle a worker after N jobs")] = 200,
+    backoff_base: Annotated[float, typer.Option(
+        "--backoff-base", envvar=_env("backoff-base"), min=0.0,
+        help="first retry delay (s), doubling")] = 1.0,
+    backoff_max: Annotated[float, typer.Option(
+        "--backoff-max", envvar=_env("backoff-max"), min=0.0,
+        help="longest retry delay (s)")] = 300.0,
+    kill_grace: Annotated[float, typer.Option(
+        "--kill-grace", envvar=_env("kill-grace"), min=0.0,
+        help="SIGTERM -> SIGKILL grace on timeout (s)")] = 5.0,
+    grace: Annotated[float, typer.Option(
+        "--grace", envvar=_env("grace"), min=0.0,
+        help="on SIGTERM/SIGINT: time running jobs get to finish (s)")] = 30.0,
+    memory_budget: Annotated[int | None, typer.Option(
+        "--memory-budget", envvar=_env("memory-budget"), min=1,
+        help="MB the running jobs' ceilings may add up to [default: 80% of available]")
+    ] = None,
+    memory_guard: Annotated[str, typer.Option(
+        "--memory-guard", envvar=_env("memory-guard"),
+        help="auto | cgroup-v1 | cgroup-v2 | sampling")] = "auto",
+    max_failures: Annotated[int | None, typer.Option(
+        "--max-failures", envvar=_env("max-failures"), min=1,
+        help="stop claiming after N dead-lettered jobs")] = None,
+    max_pending: MaxPendingOpt = None,
+    prefetch: Annotated[int | None, typer.Option(
+        "--prefetch", envvar=_env("prefetch"), min=1,
+        help="jobs a worker may hold, the running one included [default: adaptive, 1 for "
+        "long jobs]")] = None,
+    quiet: Annotated[bool, typer.Option(
+        "--quiet", envvar=_env("quiet"), help="print only failures and the summary")] = False,
+    metrics_textfile: Annotated[Path | None, typer.Option(
+        "--metrics-textfile", envvar=_env("metrics-textfile"), show_default=False,
+        help="rewrite this Prometheus textfile (node_exporter) every ~5 s and at the end")
+    ] = None,
+    junit: Annotated[Path | None, typer.Option(
+        "--junit", envvar=_env("junit"), show_default=False,
+        help="write a JUnit XML report of the jobs this run handled at the end")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Submit these manifests (if any), then supervise workers until nothing is left."""
@@ -248,13 +308,60 @@ def run(
         grace_s=grace, memory_budget_mb=memory_budget, follow=follow,
         max_failures=max_failures, memory_guard=memory_guard, prefetch=prefetch,
     )
-    reporter = JsonReporter() if as_json else PlainReporter(quiet=quiet)
-    summary = Runner(Queue(queue_path(queue)), settings, reporter=reporter).run()
+    q = Queue(queue_path(queue))
+    dashboard = None
+    main: Any
+    if as_json:
+        main = JsonReporter()
+    elif quiet or out.plain():
+        main = PlainReporter(quiet=quiet)
+    else:
+        from renderctl.cli.dashboard import DashboardReporter
+
+        main = dashboard = DashboardReporter(out.console(),
+                                             out_root=str(out_root(out_dir).absolute()))
+    extras: list[Any] = []
+    textfile = collector = None
+    if metrics_textfile is not None:
+        from renderctl.metrics import MetricsTextfile
+
+        textfile = MetricsTextfile(q, metrics_textfile)
+        extras.append(textfile)
+    if junit is not None:
+        from renderctl.junit import JUnitCollector
+
+        collector = JUnitCollector()
+        extras.append(collector)
+    runner = Runner(q, settings, reporter=Tee(main, *extras) if extras else main)
+    try:
+        summary = runner.run()
+    finally:
+        if dashboard is not None:
+            dashboard.close(runner)
+        if textfile is not None:
+            textfile.close()
+        if collector is not None and junit is not None:
+            collector.write(junit, q)
     if as_json:
         out.print_json(summary_json(summary))
     else:
         print(summary_line(summary))
     raise typer.Exit(summary.exit_code)
+
+
+class Tee:
+    """Hands each event and tick to several reporters (the display, metrics, JUnit)."""
+
+    def __init__(self, *reporters: Any) -> None:
+        self.reporters = reporters
+
+    def event(self, ev: Any) -> None:
+        for r in self.reporters:
+            r.event(ev)
+
+    def tick(self, runner: Any) -> None:
+        for r in self.reporters:
+            r.tick(runner)
 
 
 @app.command()
@@ -396,6 +503,105 @@ def dead_purge(queue: QueueOpt = None) -> None:
 
     n = Queue(queue_path(queue), create=False).dead_purge()
     print(f"purged {n} job(s)")
+
+
+@app.command()
+@handle_errors
+def top(queue: QueueOpt = None,
+        once: Annotated[bool, typer.Option("--once", help="render one frame and exit")] = False,
+        ) -> None:
+    """Live dashboard of a queue that another process runs (Ctrl-C to leave)."""
+    from rich.console import Console
+
+    from renderctl.cli.top import run_top
+    from renderctl.store import Queue
+
+    q = Queue(queue_path(queue), create=False)
+    if out.is_tty():
+        # A terminal gets the live view; NO_COLOR keeps it, without colour.
+        console = Console(highlight=False, no_color="NO_COLOR" in os.environ)
+    else:
+        console = out.console()
+    run_top(q, console, once=once)
+
+
+@app.command()
+@handle_errors
+def metrics(queue: QueueOpt = None) -> None:
+    """Print the queue's metrics in Prometheus text format (0.0.4)."""
+    from renderctl.metrics import collect, exposition
+    from renderctl.store import Queue
+
+    sys.stdout.write(exposition(collect(Queue(queue_path(queue), create=False))))
+    sys.stdout.flush()
+
+
+WAIT_POLL_S = 0.05  # how often the event log's size is checked
+WAIT_RECHECK_S = 1.0  # folders re-read even if the log did not grow (it is not fsynced)
+
+
+@app.command()
+@handle_errors
+def wait(
+    job_ids: Annotated[list[str], typer.Argument(help="job ids")],
+    queue: QueueOpt = None,
+    timeout: Annotated[float | None, typer.Option(
+        "--timeout", min=0.0, show_default=False,
+        help="give up after S seconds (exit 75)")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Block until these jobs are terminal; exit 0 if all completed, 1 if any did not.
+
+    An unknown id exits 2 at once; a timeout exits 75 (try again later).
+    """
+    import time
+
+    from renderctl.lifecycle import TERMINAL, State
+    from renderctl.store import Queue
+
+    q = Queue(queue_path(queue), create=False)
+    unknown = [j for j in job_ids if q.find(j) is None]
+    if unknown:
+        out.err("no such job: " + ", ".join(unknown))
+        raise typer.Exit(ExitCode.USAGE)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    final: dict[str, str] = {}
+
+    def settle() -> None:
+        for jid in job_ids:
+            if jid in final:
+                continue
+            for s in TERMINAL:
+                if q.record_path(s, jid).exists():
+                    final[jid] = s.value
+                    break
+
+    log = q.path / "events.jsonl"
+    last_size, next_check = -1, 0.0
+    while True:
+        now = time.monotonic()
+        try:
+            size = log.stat().st_size
+        except FileNotFoundError:
+            size = 0
+        # A terminal event is appended after its rename: a grown log is the cue to look.
+        if size != last_size or now >= next_check:
+            last_size, next_check = size, now + WAIT_RECHECK_S
+            settle()
+        if len(final) == len(set(job_ids)):
+            break
+        if deadline is not None and now >= deadline:
+            left = [j for j in job_ids if j not in final]
+            out.err(f"timed out after {timeout:g}s; not terminal yet: {', '.join(left)}")
+            raise typer.Exit(ExitCode.TEMPFAIL)
+        time.sleep(WAIT_POLL_S)
+    if as_json:
+        out.print_json(final)
+    else:
+        for jid in job_ids:
+            print(f"{jid}: {final[jid]}")
+    failed = any(v != State.DONE.value for v in final.values())
+    raise typer.Exit(ExitCode.JOBS_FAILED if failed else ExitCode.OK)
 
 
 def main() -> None:

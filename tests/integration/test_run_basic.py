@@ -227,3 +227,23 @@ def test_a_second_runner_on_a_held_queue_exits_75_naming_the_holder(
         assert first.proc.poll() is None  # the first runner is undisturbed
     finally:
         first.close()
+
+
+def test_recycled_workers_are_replaced_and_the_batch_finishes(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given more jobs than two workers may run before they are recycled
+    stage(tmp_path)
+    ids = [f"r-{n:02d}" for n in range(15)]
+    manifest = write_manifest([py_job(j, "write_one_byte", f"r/{j}.bin") for j in ids])
+    queue, out = tmp_path / "q", tmp_path / "out"
+
+    # When each worker retires after 3 jobs
+    res = run_cli("run", manifest, *cli_args(queue, out, *FAST, "--json",
+                                              "--max-jobs-per-worker", "3"), timeout=60)
+
+    # Then every job completes on a succession of fresh workers
+    assert res.returncode == 0, res.stderr
+    events = json_lines(res.stdout)
+    assert Counter(e["job"] for e in events if e.get("event") == "completed") == Counter(ids)
+    workers = {e["worker"] for e in events if e.get("event") == "started"}
+    assert len(workers) >= 5, workers

@@ -1,0 +1,279 @@
+"""The live dashboard of `run` (on a terminal) and `top`: one pure render function.
+
+``render_dashboard(snapshot)`` turns the runner's snapshot (``Runner.snapshot()``, or
+``runner.state.json`` read by `top`) into a rich renderable; it does no I/O, so tests feed it
+a fixture dict. Optional keys beyond the runner's own: ``out_root``, ``runner_alive``
+(False: `top` found no runner), ``queue_counts`` (folder counts), ``oldest_pending_age_s``,
+``dead_depth``, ``in_flight`` (claimed jobs not yet finished, prefetched ones included).
+
+``DashboardReporter`` drives a rich ``Live`` with ``auto_refresh=False``: the runner process
+forks, so no thread may exist in it; frames are drawn from the runner's ``tick`` at most
+``fps`` times a second, and a tick that is not due costs one clock read.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from rich.console import Console, Group, RenderableType
+from rich.live import Live
+from rich.progress_bar import ProgressBar
+from rich.table import Table
+from rich.text import Text
+
+from renderctl.cli.console import human_bytes, human_duration
+
+MEMORY_WARN = 0.85  # share of the ceiling at which a job's memory bar turns red
+TERMINAL = ("done", "dead", "cancelled", "expired")
+DEFAULT_FPS = 4.0
+SLOW_INTERVAL_S = 2.0  # folder scans (dead-letter depth, oldest pending) at most this often
+
+
+def _pct(p: Mapping[str, Any] | None) -> str:
+    if not p:
+        return "p50 -  p99 -"
+    return f"p50 {human_duration(p.get('p50'))}  p99 {human_duration(p.get('p99'))}"
+
+
+def _progress(snap: Mapping[str, Any]) -> tuple[int, int, int]:
+    """(finished, remaining, total) of the batch this runner works on."""
+    qc = snap.get("queue_counts")
+    # With no runner there is no "this run": the whole queue is the batch.
+    counts = (qc if qc and snap.get("runner_alive") is False else snap.get("counts")) or {}
+    finished = sum(int(counts.get(s, 0)) for s in TERMINAL)
+    if qc:
+        remaining = int(qc.get("pending", 0)) + int(qc.get("running", 0))
+    else:
+        in_flight = snap.get("in_flight")
+        if in_flight is None:
+            in_flight = len(snap.get("running") or ())
+        remaining = (int(snap.get("pending_known") or 0) + int(snap.get("claimed_waiting") or 0)
+                     + int(in_flight))
+    return finished, remaining, finished + remaining
+
+
+def _header(snap: Mapping[str, Any]) -> Table:
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold")
+    grid.add_column()
+    grid.add_row("queue", str(snap.get("queue") or "-"))
+    grid.add_row("output root", str(snap.get("out_root") or "-"))
+    if snap.get("runner_alive") is False:
+        grid.add_row("runner", Text("no runner is alive for this queue (counts are from its "
+                                    "folders)", style="bold yellow"))
+    else:
+        alive, desired = snap.get("workers_alive", 0), snap.get("workers_desired", 0)
+        workers = Text(f"{alive}/{desired} alive",
+                       style="yellow" if alive < desired else "")
+        runner = Text(f"pid {snap.get('pid', '-')}, up {human_duration(snap.get('uptime_s'))}"
+                      + (" - STOPPING" if snap.get("stopping") else ""))
+        grid.add_row("runner", runner)
+        grid.add_row("workers", workers)
+        grid.add_row("memory guard", f"{snap.get('guard') or '-'}; budget "
+                     f"{snap.get('budget_mb', '-')} MB")
+    return grid
+
+
+def _progress_row(snap: Mapping[str, Any], width: int) -> Table:
+    finished, remaining, total = _progress(snap)
+    uptime = float(snap.get("uptime_s") or 0.0)
+    rate = finished / uptime if uptime > 0 else 0.0
+    eta = human_duration(remaining / rate) if rate > 0 and remaining else ("-" if remaining
+                                                                          else "0s")
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(width=max(10, width // 3))
+    grid.add_column()
+    grid.add_row(ProgressBar(total=max(total, 1), completed=finished if total else 0,
+                             width=max(10, width // 3)),
+                 f"{finished}/{total} jobs  {rate:.1f} jobs/s  ETA {eta}")
+    return grid
+
+
+def _memory_cell(job: Mapping[str, Any]) -> RenderableType:
+    used = job.get("memory_bytes")
+    limit = job.get("memory_limit_bytes")
+    if not limit:
+        return Text(human_bytes(used))
+    share = (used or 0) / limit
+    hot = share >= MEMORY_WARN
+    style = "red" if hot else "green"
+    grid = Table.grid(padding=(0, 1))
+    grid.add_column(width=12)
+    grid.add_column()
+    grid.add_row(ProgressBar(total=float(limit), completed=float(min(used or 0, limit)),
+                             width=12, complete_style=style, finished_style=style),
+                 Text(f"{human_bytes(used)}/{human_bytes(limit)}",
+                      style="bold red" if hot else ""))
+    return grid
+
+
+def _running(jobs: Sequence[Mapping[str, Any]], *, limit: int = 20) -> Table:
+    t = Table(title=f"running ({len(jobs)})", title_justify="left", expand=False)
+    for col in ("id", "kind", "pid", "attempt", "elapsed / timeout", "memory / ceiling"):
+        t.add_column(col, no_wrap=True)
+    for j in list(jobs)[:limit]:
+        elapsed, timeout = j.get("elapsed_s"), j.get("timeout_s")
+        late = bool(timeout) and (elapsed or 0) >= MEMORY_WARN * float(timeout)
+        t.add_row(str(j.get("id")), str(j.get("kind") or "-"), str(j.get("pid") or "-"),
+                  str(j.get("attempt") or "-"),
+                  Text(f"{human_duration(elapsed)} / {human_duration(timeout)}",
+                       style="red" if late else ""),
+                  _memory_cell(j))
+    if len(jobs) > limit:
+        t.add_row(f"... {len(jobs) - limit} more", "", "", "", "", "")
+    return t
+
+
+def _counts(snap: Mapping[str, Any]) -> Text:
+    counts = dict(snap.get("counts") or {})
+    qc = snap.get("queue_counts")
+    text = Text()
+    if qc:
+        shown = {s: qc.get(s, 0) for s in ("pending", "running", *TERMINAL)}
+        text.append("queue: ", style="bold")
+    else:
+        shown = {"pending": snap.get("pending_known", 0),
+                 "running": len(snap.get("running") or ()),
+                 **{s: counts.get(s, 0) for s in TERMINAL}}
+        text.append("this run: ", style="bold")
+    for state, n in shown.items():
+        style = "bold red" if state in ("dead", "cancelled", "expired") and n else ""
+        text.append(f"{state} {n}", style=style)
+        text.append("  ")
+    text.append(f"retries {snap.get('retries', 0)}")
+    dead = snap.get("dead_depth")
+    if dead is None:
+        dead = (qc or counts).get("dead", 0)
+    text.append("\n")
+    text.append(f"dead-letter depth {dead}",
+                style="bold white on red" if dead else "")
+    text.append(f"   oldest pending {human_duration(snap.get('oldest_pending_age_s'))}")
+    return text
+
+
+def _latency(snap: Mapping[str, Any]) -> Text:
+    text = Text()
+    text.append("accepted -> first attempt ", style="bold")
+    text.append(_pct(snap.get("wait_s")))
+    text.append("    ")
+    text.append("execution ", style="bold")
+    text.append(_pct(snap.get("exec_s")))
+    return text
+
+
+def _failures(fails: Sequence[Mapping[str, Any]], *, width: int) -> Table:
+    t = Table(title="last failures", title_justify="left", expand=False)
+    for col in ("id", "event", "attempt", "outcome", "cause"):
+        t.add_column(col, no_wrap=col != "cause", overflow="fold")
+    cause_w = max(20, width - 60)
+    for f in list(fails)[-5:]:
+        cause = str(f.get("error") or f.get("reason") or "-")
+        if len(cause) > cause_w:
+            cause = cause[: cause_w - 3] + "..."
+        t.add_row(str(f.get("job")), str(f.get("event") or "-"), str(f.get("attempt") or "-"),
+                  Text(str(f.get("outcome") or "-"), style="red"), cause)
+    return t
+
+
+def render_dashboard(snapshot: Mapping[str, Any], *, width: int = 120) -> RenderableType:
+    """The whole dashboard for one snapshot; pure (no I/O), ``width`` sizes the bars."""
+    parts: list[RenderableType] = [_header(snapshot), _progress_row(snapshot, width)]
+    running = snapshot.get("running") or ()
+    if running:
+        parts.append(_running(running))
+    else:
+        parts.append(Text("running: none", style="dim"))
+    parts.append(_counts(snapshot))
+    parts.append(_latency(snapshot))
+    fails = snapshot.get("recent_failures") or ()
+    if fails:
+        parts.append(_failures(fails, width=width))
+    return Group(*parts)
+
+
+def oldest_pending_age_s(pending_dir: str | os.PathLike[str], now: float) -> float | None:
+    """Age of the oldest file in ``pending/`` by mtime (as ``Queue.status`` measures it)."""
+    oldest: float | None = None
+    try:
+        with os.scandir(pending_dir) as it:
+            for e in it:
+                try:
+                    m = e.stat().st_mtime
+                except FileNotFoundError:
+                    continue
+                oldest = m if oldest is None or m < oldest else oldest
+    except FileNotFoundError:
+        return None
+    return None if oldest is None else max(0.0, now - oldest)
+
+
+class DashboardReporter:
+    """`run`'s live dashboard: a Reporter that redraws from ``tick`` at most ``fps`` a second."""
+
+    def __init__(self, console: Console, *, out_root: str | None = None,
+                 fps: float = DEFAULT_FPS) -> None:
+        self.console = console
+        self.out_root = out_root
+        self.interval_s = 1.0 / fps
+        self.live: Live | None = None
+        self._due = 0.0
+        self._slow_due = 0.0
+        self._slow: dict[str, Any] = {}
+
+    def start(self) -> None:
+        # No threads (auto_refresh=False) and no stdout redirection: the runner forks, and a
+        # forked worker must not inherit a proxy that draws on our terminal.
+        self.live = Live(console=self.console, auto_refresh=False, transient=False,
+                         redirect_stdout=False, redirect_stderr=False)
+        self.live.start()
+
+    def event(self, ev: Mapping[str, Any]) -> None:
+        if ev.get("event") in ("dead", "stopping", "runner_started"):
+            self._due = 0.0  # show these at the next tick, not a frame later
+
+    def tick(self, runner: Any) -> None:
+        now = time.monotonic()
+        if now < self._due:
+            return
+        self._due = now + self.interval_s
+        if self.live is None:
+            # Started at the first tick, not before: a runner that cannot get the queue
+            # (another one holds it) must leave the terminal as it found it.
+            self.start()
+            assert self.live is not None
+        self.live.update(self.frame(runner, now), refresh=True)
+
+    def frame(self, runner: Any, now: float) -> RenderableType:
+        snap = dict(runner.snapshot())
+        snap["out_root"] = self.out_root
+        if "in_flight" not in snap:
+            workers = getattr(runner, "workers", {}) or {}
+            snap["in_flight"] = sum(w.load() for w in workers.values())
+        if now >= self._slow_due:
+            # Folder scans are dearer than a frame: every SLOW_INTERVAL_S only.
+            self._slow_due = now + SLOW_INTERVAL_S
+            q = runner.q
+            self._slow = {"dead_depth": q.count("dead"),
+                          "oldest_pending_age_s": oldest_pending_age_s(q.dir("pending"),
+                                                                       time.time())}
+        for k, v in self._slow.items():
+            snap.setdefault(k, v)
+        return render_dashboard(snap, width=self.console.width)
+
+    def close(self, runner: Any | None = None) -> None:
+        """Draw the last frame (it stays on screen) and give the terminal back."""
+        if self.live is None:
+            if runner is None or getattr(runner, "holder", None) is None:
+                return  # it never ran (e.g. the queue was busy): draw nothing
+            self.start()
+            assert self.live is not None
+        try:
+            if runner is not None:
+                self._slow_due = 0.0
+                self.live.update(self.frame(runner, time.monotonic()), refresh=True)
+        finally:
+            self.live.stop()
+            self.live = None

@@ -1,0 +1,86 @@
+"""`renderctl top`: the dashboard of a queue that another process runs.
+
+Fed by the runner's ``runner.state.json`` (rewritten each second), ``Queue.status()`` for
+the folder counts and, when no runner is alive, the running records and ``events.jsonl``
+for the last failures. No runner holding the lock (``Queue.runner_info()`` is None) is said
+plainly; the counts are still shown.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections import deque
+from typing import Any
+
+from rich.console import Console
+from rich.live import Live
+
+from renderctl.cli.dashboard import render_dashboard
+from renderctl.metrics import read_runner_state
+from renderctl.store import Queue
+
+FAILURE_EVENTS = ("dead", "retry", "cancelled", "expired")
+
+
+class TopFeed:
+    """Builds dashboard snapshots of a queue from what its runner leaves on disk."""
+
+    def __init__(self, queue: Queue) -> None:
+        self.q = queue
+        self.offset = 0
+        self.failures: deque[dict[str, Any]] = deque(maxlen=5)
+
+    def _tail_failures(self) -> None:
+        events, self.offset = self.q.events.read(offset=self.offset)
+        for ev in events:
+            if ev.get("event") in FAILURE_EVENTS and (ev.get("error") or ev.get("outcome")
+                                                      or ev.get("event") == "expired"):
+                self.failures.append(ev)
+
+    def snapshot(self) -> dict[str, Any]:
+        st = self.q.status()
+        self._tail_failures()
+        state = read_runner_state(self.q)
+        snap: dict[str, Any] = dict(state or {})
+        now = self.q.clock.wall()
+        snap["queue"] = str(self.q.path)
+        snap["runner_alive"] = state is not None
+        snap["queue_counts"] = dict(st.counts)
+        snap["oldest_pending_age_s"] = st.oldest_pending_age_s
+        snap["dead_depth"] = st.counts.get("dead", 0)
+        roots = {r.spec.out_root for r in st.running}
+        snap["out_root"] = ", ".join(sorted(roots)) if roots else None
+        if not snap.get("running") and st.running:
+            # No runner snapshot (none alive, or not written yet): the leases tell enough.
+            snap["running"] = [
+                {"id": r.spec.id, "kind": r.spec.kind,
+                 "pid": r.lease.holder.pid if r.lease else None,
+                 "attempt": r.lease.attempt if r.lease else None,
+                 "elapsed_s": (now - r.lease.claimed_at) if r.lease else None,
+                 "timeout_s": r.spec.timeout_s, "memory_bytes": None,
+                 "memory_limit_bytes": r.spec.memory_mb * 1024 * 1024}
+                for r in st.running]
+        if not snap.get("recent_failures"):
+            snap["recent_failures"] = list(self.failures)
+        snap.setdefault("counts", {})
+        return snap
+
+
+def run_top(queue: Queue, console: Console, *, once: bool, interval_s: float = 0.5) -> None:
+    """Redraw until Ctrl-C (or once); returns normally either way."""
+    feed = TopFeed(queue)
+    if once or not console.is_terminal:
+        console.print(render_dashboard(feed.snapshot(), width=console.width))
+        return
+    # SIGTERM ends `top` as quietly as Ctrl-C does.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        with Live(console=console, auto_refresh=False, transient=False,
+                  redirect_stdout=False, redirect_stderr=False) as live:
+            while True:
+                live.update(render_dashboard(feed.snapshot(), width=console.width),
+                            refresh=True)
+                time.sleep(interval_s)  # a display refresh period, not a wait on a condition
+    except KeyboardInterrupt:
+        pass

@@ -1,0 +1,245 @@
+"""Prometheus metrics of a queue, in the text exposition format 0.0.4.
+
+Where each number comes from (cheapest source that is honest):
+
+- gauges of *now* (jobs per state, dead-letter depth, oldest pending age, corrupt files)
+  from the queue folders (``Queue.status()``);
+- counters (attempts by outcome, redeliveries, publish collisions) and both histograms
+  from ``events.jsonl``, read incrementally: an ``EventTotals`` remembers its offset, so a
+  runner that rewrites the textfile every few seconds reads only the new lines. The log is
+  the story, not the truth: a crash may lose its last lines, so these counters may miss an
+  attempt or two after a crash; deleting the log resets them (Prometheus treats a counter
+  that goes down as a reset);
+- workers alive vs desired from ``runner.state.json``, 0 when no runner holds the queue.
+
+Time to first attempt is ``claimed`` (attempt 1) minus ``accepted``; execution time is the
+``elapsed_s`` of every attempt that ended (``released`` ones excepted: they were cut short).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from renderctl.lifecycle import Outcome, State
+from renderctl.store import Queue
+
+STATE_FILE = "runner.state.json"  # written by the runner (runner.STATE_FILE)
+TEXTFILE_INTERVAL_S = 5.0
+WAIT_BUCKETS_S = (0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
+EXEC_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+                  120.0, 300.0)
+
+
+@dataclass
+class Histogram:
+    """A cumulative Prometheus histogram: fixed upper bounds, sum and count."""
+
+    bounds: Sequence[float]
+    counts: list[int] = field(default_factory=list)
+    sum: float = 0.0
+    count: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.counts:
+            self.counts = [0] * len(self.bounds)
+
+    def observe(self, value: float) -> None:
+        self.sum += value
+        self.count += 1
+        for i, b in enumerate(self.bounds):
+            if value <= b:
+                self.counts[i] += 1  # cumulative: every bucket at or above the value
+
+
+@dataclass
+class EventTotals:
+    """Counters folded from ``events.jsonl``; ``update`` reads only what was appended."""
+
+    offset: int = 0
+    attempts: dict[str, int] = field(default_factory=lambda: {o.value: 0 for o in Outcome})
+    redeliveries: int = 0
+    wait: Histogram = field(default_factory=lambda: Histogram(WAIT_BUCKETS_S))
+    exec: Histogram = field(default_factory=lambda: Histogram(EXEC_BUCKETS_S))
+    accepted_at: dict[str, float] = field(default_factory=dict)  # not yet claimed
+
+    def update(self, queue: Queue) -> None:
+        events, self.offset = queue.events.read(offset=self.offset)
+        self.feed(events)
+
+    def feed(self, events: Iterable[Mapping[str, Any]]) -> None:
+        for ev in events:
+            name = ev.get("event")
+            job = ev.get("job")
+            if name == "accepted" and isinstance(job, str):
+                self.accepted_at[job] = float(ev.get("ts") or 0.0)
+            elif name == "claimed":
+                accepted = self.accepted_at.pop(job, None) if isinstance(job, str) else None
+                if accepted is not None and ev.get("attempt") == 1 and ev.get("ts"):
+                    self.wait.observe(max(0.0, float(ev["ts"]) - accepted))
+                continue
+            outcome = ev.get("outcome")
+            if not isinstance(outcome, str):
+                if name in ("cancelled", "expired") and isinstance(job, str):
+                    self.accepted_at.pop(job, None)  # never ran; stop waiting for a claim
+                continue
+            self.attempts[outcome] = self.attempts.get(outcome, 0) + 1
+            if isinstance(ev.get("attempt"), int) and ev["attempt"] > 1:
+                self.redeliveries += 1
+            if outcome != Outcome.RELEASED.value and ev.get("elapsed_s") is not None:
+                self.exec.observe(float(ev["elapsed_s"]))
+
+
+@dataclass(frozen=True)
+class Metrics:
+    """One scrape: everything ``exposition`` prints."""
+
+    jobs: Mapping[str, int]
+    corrupt: int
+    oldest_pending_age_s: float | None
+    runner_up: bool
+    workers_alive: int
+    workers_desired: int
+    totals: EventTotals
+
+
+def read_runner_state(queue: Queue) -> dict[str, Any] | None:
+    """The live runner's ``runner.state.json``, or None if no runner holds the queue."""
+    if queue.runner_info() is None:
+        return None
+    try:
+        data = json.loads((queue.path / STATE_FILE).read_text())
+    except (OSError, ValueError):
+        return {}  # a runner is alive but has not written its first snapshot yet
+    return data if isinstance(data, dict) else {}
+
+
+def collect(queue: Queue, totals: EventTotals | None = None) -> Metrics:
+    """Read the queue now; ``totals`` (updated in place) carries counters between calls."""
+    totals = totals if totals is not None else EventTotals()
+    totals.update(queue)
+    st = queue.status()
+    state = read_runner_state(queue)
+    return Metrics(
+        jobs={s.value: int(st.counts[s.value]) for s in State},
+        corrupt=st.corrupt,
+        oldest_pending_age_s=st.oldest_pending_age_s,
+        runner_up=state is not None,
+        workers_alive=int((state or {}).get("workers_alive") or 0),
+        workers_desired=int((state or {}).get("workers_desired") or 0),
+        totals=totals,
+    )
+
+
+def _num(v: float) -> str:
+    if math.isinf(v):
+        return "+Inf" if v > 0 else "-Inf"
+    if float(v).is_integer():
+        return str(int(v))
+    return repr(float(v))
+
+
+def _family(lines: list[str], name: str, kind: str, help_: str) -> None:
+    lines.append(f"# HELP {name} {help_}")
+    lines.append(f"# TYPE {name} {kind}")
+
+
+def _histogram(lines: list[str], name: str, help_: str, h: Histogram) -> None:
+    _family(lines, name, "histogram", help_)
+    for bound, n in zip(h.bounds, h.counts, strict=True):
+        lines.append(f'{name}_bucket{{le="{_num(bound)}"}} {n}')
+    lines.append(f'{name}_bucket{{le="+Inf"}} {h.count}')
+    lines.append(f"{name}_sum {_num(round(h.sum, 6))}")
+    lines.append(f"{name}_count {h.count}")
+
+
+def exposition(m: Metrics) -> str:
+    """The Prometheus text format (0.0.4) of ``m``; ends with a newline."""
+    t = m.totals
+    lines: list[str] = []
+    _family(lines, "renderctl_jobs", "gauge", "Jobs in the queue, by state (folder).")
+    for state, n in m.jobs.items():
+        lines.append(f'renderctl_jobs{{state="{state}"}} {n}')
+    _family(lines, "renderctl_dead_letter_depth", "gauge", "Jobs in the dead-letter folder.")
+    lines.append(f"renderctl_dead_letter_depth {m.jobs.get('dead', 0)}")
+    _family(lines, "renderctl_corrupt_files", "gauge", "Quarantined unparseable queue files.")
+    lines.append(f"renderctl_corrupt_files {m.corrupt}")
+    _family(lines, "renderctl_oldest_pending_age_seconds", "gauge",
+            "Age of the oldest pending job (0 when none is pending).")
+    lines.append(f"renderctl_oldest_pending_age_seconds "
+                 f"{_num(round(m.oldest_pending_age_s or 0.0, 3))}")
+    _family(lines, "renderctl_attempts_total", "counter",
+            "Attempts that ended, by outcome (from events.jsonl).")
+    for outcome, n in sorted(t.attempts.items()):
+        lines.append(f'renderctl_attempts_total{{outcome="{outcome}"}} {n}')
+    _family(lines, "renderctl_redeliveries_total", "counter",
+            "Attempts beyond a job's first (retries and crash recoveries).")
+    lines.append(f"renderctl_redeliveries_total {t.redeliveries}")
+    _family(lines, "renderctl_publish_collisions_total", "counter",
+            "Attempts whose output path already held a file renderctl had not published.")
+    lines.append(f"renderctl_publish_collisions_total "
+                 f"{t.attempts.get(Outcome.OUTPUT_EXISTS.value, 0)}")
+    _histogram(lines, "renderctl_time_to_first_attempt_seconds",
+               "From acceptance to the first claim of a job.", t.wait)
+    _histogram(lines, "renderctl_execution_seconds",
+               "Wall time of one attempt, as the worker measured it.", t.exec)
+    _family(lines, "renderctl_runner_up", "gauge", "1 if a runner holds the queue.")
+    lines.append(f"renderctl_runner_up {int(m.runner_up)}")
+    _family(lines, "renderctl_workers_alive", "gauge", "Worker processes running now.")
+    lines.append(f"renderctl_workers_alive {m.workers_alive}")
+    _family(lines, "renderctl_workers_desired", "gauge", "Worker processes the runner wants.")
+    lines.append(f"renderctl_workers_desired {m.workers_desired}")
+    return "\n".join(lines) + "\n"
+
+
+def write_textfile(path: str | os.PathLike[str], text: str) -> None:
+    """Replace ``path`` atomically (temporary file beside it, then rename).
+
+    The temporary name does not end in ``.prom``, so node_exporter never reads it half-done.
+    """
+    final = Path(path)
+    tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(text)
+    os.replace(tmp, final)
+
+
+class MetricsTextfile:
+    """Keeps a node_exporter textfile up to date from a runner's ticks (Reporter protocol).
+
+    ``tick`` is called once per runner loop: it costs one clock read unless a write is due
+    (every ``interval_s``); ``close`` writes the final figures.
+    """
+
+    def __init__(self, queue: Queue, path: str | os.PathLike[str], *,
+                 interval_s: float = TEXTFILE_INTERVAL_S) -> None:
+        self.queue = queue
+        self.path = Path(path)
+        self.interval_s = interval_s
+        self.totals = EventTotals()
+        self._due = 0.0
+
+    def event(self, ev: Mapping[str, Any]) -> None:
+        pass
+
+    def tick(self, runner: object) -> None:
+        now = time.monotonic()
+        if now < self._due:
+            return
+        self._due = now + self.interval_s
+        self.write()
+
+    def write(self) -> None:
+        # A metrics file is an aid: never let it stop the runner.
+        with contextlib.suppress(OSError, ValueError):
+            write_textfile(self.path, exposition(collect(self.queue, self.totals)))
+
+    def close(self) -> None:
+        self.write()

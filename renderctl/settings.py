@@ -1,0 +1,190 @@
+"""Configuration defaults: ``renderctl.toml`` or ``[tool.renderctl]`` in ``pyproject.toml``.
+
+Precedence, highest first: the command line, ``RENDERCTL_<NAME>`` in the environment, the
+file in the current directory, the built-in default. The CLI applies the first two (click
+resolves an option from its argument, then its ``envvar``, then the context's default map);
+this module supplies the third: it finds the file, checks every key and value, and returns
+plain data. A bad file is the user's fault and says which file and key (``ConfigError``).
+
+Keys are the long option names, with ``-`` or ``_`` (``memory_mb`` or ``memory-mb``).
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from renderctl.errors import UserError
+
+CONFIG_FILE = "renderctl.toml"
+PYPROJECT = "pyproject.toml"
+ENV_PREFIX = "RENDERCTL_"
+
+
+class ConfigError(UserError):
+    """The configuration file has an unknown key or a value of the wrong kind."""
+
+
+@dataclass(frozen=True)
+class Key:
+    """One configurable option: its type, and a check on its value (None: any)."""
+
+    type: type
+    check: Callable[[Any], bool] | None = None
+    expect: str = ""
+
+
+def _positive(v: Any) -> bool:
+    return v > 0
+
+
+def _non_negative(v: Any) -> bool:
+    return v >= 0
+
+
+# Every key a configuration file (or RENDERCTL_<NAME>) may set: the long option names.
+KEYS: dict[str, Key] = {
+    "queue": Key(str),
+    "out": Key(str),
+    "workers": Key(int, _positive, "an integer >= 1"),
+    "memory_mb": Key(int, _positive, "an integer >= 1"),
+    "timeout": Key(float, _positive, "a number > 0"),
+    "max_attempts": Key(int, _positive, "an integer >= 1"),
+    "max_pending": Key(int, _non_negative, "an integer >= 0"),
+    "start_method": Key(str, lambda v: v in ("forkserver", "fork", "spawn"),
+                        "forkserver, fork or spawn"),
+    "max_jobs_per_worker": Key(int, _positive, "an integer >= 1"),
+    "backoff_base": Key(float, _non_negative, "a number >= 0"),
+    "backoff_max": Key(float, _non_negative, "a number >= 0"),
+    "kill_grace": Key(float, _non_negative, "a number >= 0"),
+    "grace": Key(float, _non_negative, "a number >= 0"),
+    "memory_budget": Key(int, _positive, "an integer >= 1"),
+    "memory_guard": Key(str, lambda v: v in ("auto", "cgroup-v1", "cgroup-v2", "sampling"),
+                        "auto, cgroup-v1, cgroup-v2 or sampling"),
+    "max_failures": Key(int, _positive, "an integer >= 1"),
+    "prefetch": Key(int, _positive, "an integer >= 1"),
+    "follow": Key(bool),
+    "quiet": Key(bool),
+    "metrics_textfile": Key(str),
+    "junit": Key(str),
+}
+
+
+def env_name(key: str) -> str:
+    """``memory_mb`` -> ``RENDERCTL_MEMORY_MB``."""
+    return ENV_PREFIX + key.upper()
+
+
+def option_name(key: str) -> str:
+    """``memory_mb`` -> ``--memory-mb``."""
+    return "--" + key.replace("_", "-")
+
+
+def find_config(cwd: str | os.PathLike[str]) -> tuple[Path, Mapping[str, Any]] | None:
+    """The configuration file in ``cwd`` and its raw table, or None if there is none."""
+    folder = Path(cwd)
+    own = folder / CONFIG_FILE
+    if own.is_file():
+        return own, _read_toml(own)
+    pyproject = folder / PYPROJECT
+    if pyproject.is_file():
+        doc = _read_toml(pyproject)
+        table = doc.get("tool", {}).get("renderctl") if isinstance(doc.get("tool"), dict) \
+            else None
+        if table is None:
+            return None
+        if not isinstance(table, dict):
+            raise ConfigError(f"{pyproject}: [tool.renderctl] must be a table")
+        return pyproject, table
+    return None
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as fh:
+            return tomllib.load(fh)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
+
+
+def check_value(key: str, value: Any, *, where: str) -> Any:
+    """``value`` converted to ``key``'s type, or ``ConfigError`` naming ``where`` and ``key``."""
+    spec = KEYS.get(key)
+    if spec is None:
+        raise ConfigError(f"{where}: unknown key {key!r} (known: {', '.join(sorted(KEYS))})")
+    ok = True
+    if spec.type is bool:
+        ok = isinstance(value, bool)
+    elif spec.type is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif spec.type is float:
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+        value = float(value) if ok else value
+    elif spec.type is str:
+        ok = isinstance(value, str) and value != ""
+    if ok and spec.check is not None:
+        ok = spec.check(value)
+    if not ok:
+        kind = spec.expect or {bool: "true or false", str: "a non-empty string"}.get(
+            spec.type, spec.type.__name__)
+        raise ConfigError(f"{where}: key {key!r}: expected {kind}, got {value!r}")
+    return value
+
+
+def load_config(cwd: str | os.PathLike[str]) -> dict[str, Any]:
+    """The checked defaults of the configuration file in ``cwd`` ({} when there is none).
+
+    ``renderctl.toml`` wins over ``[tool.renderctl]`` in ``pyproject.toml``.
+    """
+    found = find_config(cwd)
+    if found is None:
+        return {}
+    path, table = found
+    values: dict[str, Any] = {}
+    for raw_key, value in table.items():
+        key = raw_key.replace("-", "_")
+        values[key] = check_value(key, value, where=str(path))
+    return values
+
+
+def resolve(key: str, *, cli: Any = None, env: Mapping[str, str] | None = None,
+            config: Mapping[str, Any] | None = None, default: Any = None) -> Any:
+    """One option's value by the documented precedence: CLI > environment > file > built-in.
+
+    The CLI gets this from click; this function is the same rule for other callers (and the
+    statement of it that the tests hold the CLI to).
+    """
+    if cli is not None:
+        return cli
+    raw = (os.environ if env is None else env).get(env_name(key))
+    if raw:
+        return parse_env(key, raw)
+    if config is not None and key in config:
+        return config[key]
+    return default
+
+
+def parse_env(key: str, raw: str) -> Any:
+    """A ``RENDERCTL_<NAME>`` string as ``key``'s type (``ConfigError`` if it is not one)."""
+    spec = KEYS[key]
+    where = env_name(key)
+    value: Any = raw
+    try:
+        if spec.type is bool:
+            low = raw.strip().lower()
+            if low not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
+                raise ValueError(raw)
+            value = low in ("1", "true", "yes", "on")
+        elif spec.type is int:
+            value = int(raw)
+        elif spec.type is float:
+            value = float(raw)
+    except ValueError:
+        value = raw
+    return check_value(key, value, where=where)

@@ -1,0 +1,78 @@
+"""Configuration: CLI > RENDERCTL_<NAME> > renderctl.toml / [tool.renderctl] > built-in."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from clihelp import cli
+
+from renderctl.settings import ConfigError, load_config, resolve
+
+
+def workers_used(tmp_path: Path, *args: str, extra_env: dict[str, str] | None = None) -> int:
+    """Run an empty queue with --json; the runner_started event says how many workers."""
+    res = cli("run", "--queue", tmp_path / "q", "--json", "--memory-budget", "4000", *args,
+              cwd=tmp_path, extra_env=extra_env)
+    assert res.returncode == 0, res.stderr
+    started = json.loads(res.stdout.splitlines()[0])
+    assert started["event"] == "runner_started"
+    return int(started["workers"])
+
+
+def test_precedence_cli_env_file_builtin(tmp_path: Path) -> None:
+    builtin = workers_used(tmp_path)  # min(cores, 4000 MB // 400) with nothing set
+    (tmp_path / "renderctl.toml").write_text("workers = 3\nmemory-mb = 300\n")
+    assert workers_used(tmp_path) == 3
+    assert workers_used(tmp_path, extra_env={"RENDERCTL_WORKERS": "5"}) == 5
+    assert workers_used(tmp_path, "--workers", "2",
+                        extra_env={"RENDERCTL_WORKERS": "5"}) == 2
+    (tmp_path / "renderctl.toml").unlink()
+    assert workers_used(tmp_path) == builtin
+
+
+def test_pyproject_table_and_queue_default(tmp_path: Path) -> None:
+    (tmp_path / "pyproject.toml").write_text(
+        '[project]\nname = "x"\n[tool.renderctl]\nqueue = "from-config"\n')
+    res = cli("status", "--json", cwd=tmp_path)
+    assert res.returncode == 74  # not a queue yet: proves the configured path was used
+    assert "from-config" in res.stderr
+    env_wins = cli("status", "--json", cwd=tmp_path,
+                   extra_env={"RENDERCTL_QUEUE": str(tmp_path / "envq")})
+    assert "envq" in env_wins.stderr
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("wrokers = 2\n", "unknown key 'wrokers'"),
+    ("workers = 0\n", "key 'workers': expected an integer >= 1, got 0"),
+    ("workers = \"two\"\n", "key 'workers'"),
+    ("memory_guard = \"magic\"\n", "key 'memory_guard'"),
+    ("workers = [\n", "not valid TOML"),
+])
+def test_bad_config_exits_2_naming_file_and_key(tmp_path: Path, text: str,
+                                                needle: str) -> None:
+    path = tmp_path / "renderctl.toml"
+    path.write_text(text)
+    res = cli("status", cwd=tmp_path)
+    assert res.returncode == 2
+    assert str(path) in res.stderr and needle in res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def test_resolver_rule() -> None:
+    cfg = {"workers": 3}
+    assert resolve("workers", cli=1, env={"RENDERCTL_WORKERS": "2"}, config=cfg) == 1
+    assert resolve("workers", env={"RENDERCTL_WORKERS": "2"}, config=cfg) == 2
+    assert resolve("workers", env={}, config=cfg) == 3
+    assert resolve("workers", env={}, config={}, default=4) == 4
+    with pytest.raises(ConfigError, match="RENDERCTL_WORKERS"):
+        resolve("workers", env={"RENDERCTL_WORKERS": "-1"})
+
+
+def test_load_config_prefers_renderctl_toml(tmp_path: Path) -> None:
+    assert load_config(tmp_path) == {}
+    (tmp_path / "pyproject.toml").write_text("[tool.renderctl]\ntimeout = 5\n")
+    assert load_config(tmp_path) == {"timeout": 5.0}
+    (tmp_path / "renderctl.toml").write_text("timeout = 7\n")
+    assert load_config(tmp_path) == {"timeout": 7.0}

@@ -1,0 +1,134 @@
+"""The dashboard is a pure function of a snapshot: render fixtures, read the screen."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from rich.console import Console
+
+from renderctl.cli.dashboard import DashboardReporter, render_dashboard
+
+MB = 1024 * 1024
+
+
+@pytest.fixture
+def snapshot() -> dict[str, Any]:
+    """A runner snapshot as `Runner.snapshot()` returns it, mid-batch."""
+    return {
+        "schema": 1, "ts": 1_700_000_000.0, "pid": 4242, "queue": "/srv/q",
+        "out_root": "/srv/out", "guard": "cgroup-v2", "workers_desired": 4,
+        "workers_alive": 3, "budget_mb": 1600, "uptime_s": 20.0,
+        "counts": {"done": 30, "dead": 2, "cancelled": 0, "expired": 0},
+        "retries": 5, "pending_known": 60, "claimed_waiting": 2, "in_flight": 8,
+        "running": [
+            {"id": "inv-cool", "kind": "invoice", "pid": 101, "attempt": 1, "elapsed_s": 1.5,
+             "timeout_s": 120, "memory_bytes": 40 * MB, "memory_limit_bytes": 400 * MB},
+            {"id": "report-hot", "kind": "report", "pid": 102, "attempt": 2,
+             "elapsed_s": 9.0, "timeout_s": 60, "memory_bytes": 360 * MB,
+             "memory_limit_bytes": 400 * MB},
+        ],
+        "wait_s": {"p50": 0.25, "p99": 3.5, "n": 40},
+        "exec_s": {"p50": 0.75, "p99": 12.0, "n": 40},
+        "recent_failures": [
+            {"event": "dead", "job": "inv-bad", "attempt": 3, "outcome": "memory",
+             "error": "crossed its memory ceiling of 400 MB; peak 512 MB"},
+        ],
+        "dead_depth": 7, "oldest_pending_age_s": 95.0, "stopping": False,
+    }
+
+
+def record(snap: dict[str, Any], width: int = 120) -> Console:
+    c = Console(record=True, width=width, force_terminal=True, color_system="truecolor")
+    c.print(render_dashboard(snap, width=width))
+    return c
+
+
+def style_of(c: Console, needle: str) -> set[str]:
+    """Styles of the segments whose text contains ``needle`` (after a render)."""
+    return {str(seg.style) for seg in c._record_buffer if needle in seg.text and seg.style}
+
+
+def test_header_progress_and_counts(snapshot: dict[str, Any]) -> None:
+    text = record(snapshot).export_text()
+    # Header: queue, output root, workers alive/desired, memory guard, budget.
+    assert "/srv/q" in text and "/srv/out" in text
+    assert "3/4 alive" in text and "cgroup-v2" in text and "1600 MB" in text
+    # Progress: 32 finished of 32 + (60 pending + 2 claimed + 8 in flight); 1.6 jobs/s.
+    assert "32/102 jobs" in text and "1.6 jobs/s" in text and "ETA 43.8s" in text
+    assert "━" in text  # the bar itself
+    assert "done 30" in text and "dead 2" in text and "retries 5" in text
+    assert "dead-letter depth 7" in text and "oldest pending 95.0s" in text
+    # Waiting for a first attempt is shown apart from execution time.
+    assert "accepted -> first attempt p50 250ms  p99 3.5s" in text
+    assert "execution p50 750ms  p99 12.0s" in text
+
+
+def test_running_jobs_table_with_memory_bars(snapshot: dict[str, Any]) -> None:
+    c = record(snapshot)
+    text = c.export_text(clear=False)
+    for needle in ("inv-cool", "report-hot", "invoice", "101", "1.5s / 2.0m", "9.0s / 60.0s",
+                   "40.0MiB/400.0MiB", "360.0MiB/400.0MiB"):
+        assert needle in text, needle
+    # 90% of the ceiling is red; 10% is not.
+    assert any("red" in s for s in style_of(c, "360.0MiB/400.0MiB"))
+    assert not any("red" in s for s in style_of(c, "40.0MiB/400.0MiB"))
+    html = c.export_html()
+    assert "inv-cool" in html
+
+
+def test_memory_bar_turns_red_at_85_percent(snapshot: dict[str, Any]) -> None:
+    job = snapshot["running"][0]
+    for used_mb, red in ((339, False), (340, True)):  # 340/400 = 85%
+        snap = {**snapshot, "running": [{**job, "memory_bytes": used_mb * MB}]}
+        c = record(snap)
+        styles = style_of(c, f"{used_mb}.0MiB/400.0MiB")
+        assert any("red" in s for s in styles) is red, (used_mb, styles)
+
+
+def test_failures_and_dead_letter_highlight(snapshot: dict[str, Any]) -> None:
+    c = record(snapshot)
+    text = c.export_text(clear=False)
+    assert "last failures" in text and "inv-bad" in text and "memory" in text
+    assert "crossed its memory ceiling of 400 MB" in text
+    assert any("on red" in s for s in style_of(c, "dead-letter depth 7"))
+    calm = record({**snapshot, "dead_depth": 0, "recent_failures": []})
+    assert not any("red" in s for s in style_of(calm, "dead-letter depth 0"))
+    assert "last failures" not in calm.export_text()
+
+
+def test_no_runner_and_empty_snapshot_render() -> None:
+    text = record({"queue": "/q", "runner_alive": False,
+                   "queue_counts": {"pending": 2, "running": 0, "done": 3, "dead": 1,
+                                    "cancelled": 0, "expired": 0}}).export_text()
+    assert "no runner is alive" in text
+    assert "pending 2" in text and "done 3" in text and "4/6 jobs" in text
+    assert "running: none" in record({}).export_text()
+
+
+def test_reporter_is_rate_limited_and_cheap_when_not_due(snapshot: dict[str, Any]) -> None:
+    class FakeQueue:
+        def count(self, state: str) -> int:
+            return 0
+
+        def dir(self, name: str) -> str:
+            return "/nonexistent"
+
+    class FakeRunner:
+        q = FakeQueue()
+        workers: dict[int, Any] = {}
+        holder = object()
+        calls = 0
+
+        def snapshot(self) -> dict[str, Any]:
+            self.calls += 1
+            return snapshot
+
+    console = Console(record=True, width=120, force_terminal=True)
+    rep = DashboardReporter(console, out_root="/srv/out", fps=4)
+    runner = FakeRunner()
+    for _ in range(2000):
+        rep.tick(runner)
+    assert runner.calls == 1  # 2000 ticks within a frame period: one frame
+    rep.close(runner)
+    assert "report-hot" in console.export_text()

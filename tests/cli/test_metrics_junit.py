@@ -1,0 +1,103 @@
+"""`run --json --junit --metrics-textfile` and `metrics`: every output parses and adds up."""
+
+from __future__ import annotations
+
+import json
+import re
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+from clihelp import cli, job, write_jobs
+
+SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{([^}]*)\})? (\S+)$')
+LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+def parse_prometheus(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """A small parser of the text format 0.0.4; fails on any line it does not understand."""
+    assert text.endswith("\n")
+    samples: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+    types: dict[str, str] = {}
+    for line in text.splitlines():
+        if line.startswith("# HELP "):
+            continue
+        if line.startswith("# TYPE "):
+            _, _, name, kind = line.split(" ")
+            assert kind in ("counter", "gauge", "histogram", "summary", "untyped")
+            types[name] = kind
+            continue
+        m = SAMPLE.match(line)
+        assert m, f"not a sample line: {line!r}"
+        name, _, labels, value = m.groups()
+        family = re.sub(r"_(bucket|sum|count)$", "", name)
+        assert name in types or family in types, f"{name} has no TYPE"
+        key = (name, tuple(LABEL.findall(labels or "")))
+        assert key not in samples, f"duplicate sample {key}"
+        samples[key] = float(value)
+    return samples
+
+
+def test_run_json_junit_and_metrics(tmp_path: Path) -> None:
+    # Given two good jobs and one that always fails (one attempt allowed)
+    manifest = write_jobs(tmp_path / "m", [
+        job("ok-1", "write"), job("ok-2", "write"),
+        job("bad", "fail", max_attempts=1, params={"why": "kaboom"}),
+    ])
+    q, out = tmp_path / "q", tmp_path / "out"
+    junit, prom = tmp_path / "report" / "junit.xml", tmp_path / "metrics.prom"
+    # When they run with JSON output, a JUnit report and a metrics textfile
+    res = cli("run", manifest, "--queue", q, "--out", out, "-j", "2", "--json",
+              "--junit", junit, "--metrics-textfile", prom, cwd=tmp_path)
+    assert res.returncode == 1, res.stderr
+    # Then every stdout line is one JSON object, ending with the summary
+    events = [json.loads(line) for line in res.stdout.splitlines()]
+    assert all(isinstance(e, dict) and "event" in e for e in events)
+    assert events[0]["event"] == "runner_started" and events[-1]["event"] == "summary"
+    assert events[-1]["counts"] == {"done": 2, "dead": 1, "cancelled": 0, "expired": 0}
+    dead = [e for e in events if e["event"] == "dead"]
+    assert [(e["job"], e["outcome"], e["attempt"]) for e in dead] == [("bad", "failed", 1)]
+    # The JUnit file has a testcase per job and one failure with its cause and stderr
+    suite = ET.parse(junit).getroot().find("testsuite")
+    assert suite is not None
+    assert (suite.get("tests"), suite.get("failures")) == ("3", "1")
+    cases = {tc.get("name"): tc for tc in suite.iter("testcase")}
+    assert set(cases) == {"ok-1", "ok-2", "bad"}
+    assert {tc.get("classname") for tc in cases.values()} == {"python"}
+    failure = cases["bad"].find("failure")
+    assert failure is not None and "kaboom" in (failure.get("message") or "")
+    assert "about to fail: kaboom" in (failure.text or "")
+    assert cases["ok-1"].find("failure") is None
+    # The textfile (written at the end) and `renderctl metrics` agree and add up
+    for text in (prom.read_text(), cli("metrics", "--queue", q, cwd=tmp_path).stdout):
+        s = parse_prometheus(text)
+        assert s[("renderctl_jobs", (("state", "done"),))] == 2
+        assert s[("renderctl_jobs", (("state", "dead"),))] == 1
+        assert s[("renderctl_dead_letter_depth", ())] == 1
+        assert s[("renderctl_attempts_total", (("outcome", "completed"),))] == 2
+        assert s[("renderctl_attempts_total", (("outcome", "failed"),))] == 1
+        assert s[("renderctl_publish_collisions_total", ())] == 0
+        assert s[("renderctl_redeliveries_total", ())] == 0
+        assert s[("renderctl_execution_seconds_count", ())] == 3
+        assert s[("renderctl_execution_seconds_bucket", (("le", "+Inf"),))] == 3
+        assert s[("renderctl_time_to_first_attempt_seconds_count", ())] == 3
+        assert s[("renderctl_workers_alive", ())] == 0  # no runner holds the queue now
+        assert s[("renderctl_runner_up", ())] == 0
+    assert not list(prom.parent.glob(".metrics.prom.*"))  # no temporary left behind
+
+
+def test_publish_collision_and_retry_are_counted(tmp_path: Path) -> None:
+    # Given a job whose output path already holds a file renderctl did not publish
+    manifest = write_jobs(tmp_path / "m", [job("clash", "write")])
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "clash.bin").write_bytes(b"theirs")
+    q = tmp_path / "q"
+    res = cli("run", manifest, "--queue", q, "--out", out, "--quiet", cwd=tmp_path)
+    # Then it dead-letters (quiet mode prints it and the summary only) ...
+    assert res.returncode == 1
+    lines = res.stdout.splitlines()
+    assert lines[-1].startswith("summary:") and "dead" in lines[0] and len(lines) == 2
+    # ... and metrics count one publish collision
+    s = parse_prometheus(cli("metrics", "--queue", q, cwd=tmp_path).stdout)
+    assert s[("renderctl_publish_collisions_total", ())] == 1
+    assert s[("renderctl_attempts_total", (("outcome", "output_exists"),))] == 1

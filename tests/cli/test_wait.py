@@ -1,0 +1,39 @@
+"""`renderctl wait`: blocks until the jobs are terminal; exit codes as `run`."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from clihelp import RENDERCTL, cli, env, job, write_jobs
+
+
+def test_wait_exit_codes(tmp_path: Path) -> None:
+    manifest = write_jobs(tmp_path / "m", [
+        job("ok", "write"), job("bad", "fail", max_attempts=1),
+    ])
+    q, out = tmp_path / "q", tmp_path / "out"
+    assert cli("submit", manifest, "--queue", q, "--out", out, cwd=tmp_path).returncode == 0
+    # An unknown id is a usage error, at once
+    unknown = cli("wait", "ok", "nope", "--queue", q, cwd=tmp_path)
+    assert unknown.returncode == 2 and "nope" in unknown.stderr
+    # Nothing runs the queue yet: a timeout says "try again later"
+    early = cli("wait", "ok", "--queue", q, "--timeout", "0.3", cwd=tmp_path)
+    assert early.returncode == 75 and "ok" in early.stderr
+    # Waiters started before the runner return when their jobs finish
+    waiters = {ids: subprocess.Popen([*RENDERCTL, "wait", *ids, "--queue", str(q),
+                                      "--timeout", "60"], cwd=tmp_path, env=env(),
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True)
+               for ids in (("ok",), ("ok", "bad"))}
+    run = cli("run", "--queue", q, "--out", out, "-j", "2", cwd=tmp_path)
+    assert run.returncode == 1, run.stderr
+    ok_out, _ = waiters[("ok",)].communicate(timeout=30)
+    assert waiters[("ok",)].returncode == 0 and ok_out.strip() == "ok: done"
+    both_out, _ = waiters[("ok", "bad")].communicate(timeout=30)
+    assert waiters[("ok", "bad")].returncode == 1
+    assert both_out.splitlines() == ["ok: done", "bad: dead"]
+    # Already terminal: immediate
+    assert cli("wait", "ok", "--queue", q, cwd=tmp_path).returncode == 0
+    assert sys.executable  # the children ran under this interpreter
