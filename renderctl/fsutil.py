@@ -82,6 +82,18 @@ def write_file(path: str | os.PathLike[str], data: bytes, *, fsync: bool) -> Non
         os.close(fd)
 
 
+def fill_file(path: str | os.PathLike[str], data: bytes) -> None:
+    """Write ``data`` into an existing temporary file (no create), replacing its content."""
+    fd = os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW)
+    try:
+        view = memoryview(data)
+        while view:
+            n = os.write(fd, view)
+            view = view[n:]
+    finally:
+        os.close(fd)
+
+
 def atomic_write(
     path: str | os.PathLike[str], data: bytes, *, tmp_dir: str | os.PathLike[str]
 ) -> None:

@@ -75,6 +75,7 @@ class Finished:
     bytes: int | None = None
     pages: int | None = None
     peak_memory_bytes: int | None = None
+    record_slot: str | None = None  # an empty file under the queue's tmp/ for the record
     extra: dict[str, Any] = field(default_factory=dict)
 
 

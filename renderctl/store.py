@@ -16,7 +16,11 @@ Durability (each fsync names the crash it protects against where it is made):
   for the runner's in-memory index). A crash before the commit point leaves only
   temporaries (removed on the next open); after it, the next open rolls the batch forward.
 - **claim** renames ``pending/x`` to ``running/x`` (the single atomic step a concurrent
-  cancel races against), then replaces it with a copy that carries the lease.
+  cancel races against) and sets the lease on it as an extended attribute
+  ``user.renderctl.lease`` (holder, token, attempt, expiry): no new file, no data write,
+  so a claim costs one rename and one metadata update. (`renderctl show` and
+  ``getfattr -n user.renderctl.lease`` print it; on a file system without user xattrs the
+  record is rewritten with the lease inside instead.)
 - **finish** writes the new record under ``tmp/``, syncs, renames it into its new folder and
   only then unlinks ``running/x``. A crash in between leaves the job in two folders; the
   later one (never ``running``) wins on recovery.
@@ -28,6 +32,7 @@ folder touched, not N fsyncs (MEASUREMENTS.md: fsyncs per job are the cost that 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
@@ -41,12 +46,13 @@ from typing import Any
 from renderctl.clock import SYSTEM_CLOCK, Clock
 from renderctl.errors import JobNotFound, ManifestError, Problem, QueueBusy, QueueIOError, Saturated
 from renderctl.events import EventLog
-from renderctl.fsutil import fsync_dir, syncfs, unlink_quiet, write_file
+from renderctl.fsutil import fill_file, fsync_dir, syncfs, unlink_quiet, write_file
 from renderctl.lifecycle import State, check_transition
 from renderctl.manifest import JobSpec, Limits, jobs_from_dicts
 from renderctl.policy import ClaimIndex, Entry
 
 FORMAT_VERSION = 1
+LEASE_XATTR = "user.renderctl.lease"
 # What reading a damaged record can raise; each means "quarantine it", never "crash".
 _CORRUPT = (ValueError, KeyError, TypeError, RecursionError, AttributeError)
 STATE_DIRS = tuple(s.value for s in State)
@@ -231,6 +237,7 @@ class Queue:
         self.clock = clock
         self.events = EventLog(self.path / "events.jsonl")
         self._tmp_counter = 0
+        self._xattrs = True  # until the file system says otherwise
         if create:
             self._create()
         elif not (self.path / "pending").is_dir():
@@ -279,7 +286,14 @@ class Queue:
     # -- reading --
     def read_record(self, path: Path) -> JobRecord:
         with open(path, "rb") as fh:
-            return JobRecord.loads(fh.read())
+            return self._with_lease(path, JobRecord.loads(fh.read()))
+
+    def _with_lease(self, path: Path, rec: JobRecord) -> JobRecord:
+        """A running record's lease lives in its xattr (unless written inline)."""
+        if rec.lease is not None or path.parent.name != State.RUNNING.value:
+            return rec
+        lease = read_lease(path)
+        return replace(rec, lease=lease) if lease is not None else rec
 
     def _read_or_quarantine(self, path: Path) -> JobRecord | None:
         """Read a record; an unparseable one is moved to corrupt/ and reported, not lost."""
@@ -288,7 +302,7 @@ class Queue:
         except FileNotFoundError:
             return None
         try:
-            return JobRecord.loads(raw)
+            return self._with_lease(path, JobRecord.loads(raw))
         except _CORRUPT as exc:
             self.quarantine(path, f"unparseable: {exc}")
             return None
@@ -319,7 +333,7 @@ class Queue:
                 except FileNotFoundError:
                     continue
                 try:
-                    return JobView(state, JobRecord.loads(raw), p)
+                    return JobView(state, self._with_lease(p, JobRecord.loads(raw)), p)
                 except _CORRUPT as exc:
                     self.quarantine(p, f"unparseable: {exc}")
         return None
@@ -623,8 +637,7 @@ class Queue:
         now = self.clock.wall()
         claims: list[Claim] = []
         expired: list[Transition] = []
-        staged: list[tuple[Path, Path, JobRecord]] = []
-        while len(staged) < limit:
+        while len(claims) < limit:
             entry = index.pop(now=now)
             if entry is None:
                 break
@@ -657,78 +670,116 @@ class Queue:
             attempt = len(rec.attempts) + 1
             lease = Lease(holder, f"{token_prefix}:{rec.spec.id}:{attempt}", attempt, now,
                           now + lease_s)
-            rec = replace(rec, lease=lease, changed_at=now)
-            tmp = self._tmp_name("claim")
-            write_file(tmp, rec.dumps(), fsync=False)
-            staged.append((tmp, dst, rec))
-        for tmp, dst, rec in staged:
-            os.replace(tmp, dst)
+            rec = replace(rec, lease=lease)
+            self._write_lease(dst, rec)
             claims.append(Claim(rec))
-        if staged:
-            # Protects against: power loss forgetting a claim, which would run an attempt
-            # that no record counts (a job that crashes the machine would loop forever).
-            syncfs(self.path)
+        # No sync here: the caller's next group commit makes claims durable together with
+        # the batch it commits. A power loss before that returns the job to pending with
+        # this attempt uncounted (the job is never lost).
+        if claims:
             self.events.append({"ts": now, "event": "claimed", "job": c.job_id,
                                 "attempt": c.lease.attempt} for c in claims)
         if expired:
             self.finish(expired)
         return claims, [t.record for t in expired]
 
+    def _write_lease(self, path: Path, rec: JobRecord) -> None:
+        assert rec.lease is not None
+        data = json.dumps(rec.lease.to_json(), separators=(",", ":")).encode()
+        if self._xattrs:
+            try:
+                os.setxattr(path, LEASE_XATTR, data)
+                return
+            except OSError as exc:
+                if exc.errno not in (errno.ENOTSUP, errno.EOPNOTSUPP, errno.EPERM):
+                    raise
+                self._xattrs = False  # this file system has no user xattrs: inline leases
+        tmp = self._tmp_name("lease")
+        write_file(tmp, rec.dumps(), fsync=True)
+        os.replace(tmp, path)
+
     def renew(self, claims: Iterable[Claim], *, lease_s: float) -> list[Claim]:
-        """Extend leases (rewrite each running record); returns the renewed claims."""
+        """Extend leases still ours; returns the renewed claims."""
         now = self.clock.wall()
         out: list[Claim] = []
         for c in claims:
-            current = self._read_or_quarantine(self.record_path(State.RUNNING, c.job_id))
-            if current is None or current.lease is None or current.lease.token != c.lease.token:
+            if not self.holds(c):
                 continue  # fenced: someone else owns it now
-            rec = replace(current, lease=replace(current.lease, expires_at=now + lease_s))
-            tmp = self._tmp_name("renew")
-            write_file(tmp, rec.dumps(), fsync=False)
-            os.replace(tmp, self.record_path(State.RUNNING, c.job_id))
+            rec = replace(c.record, lease=replace(c.lease, expires_at=now + lease_s))
+            path = self.record_path(State.RUNNING, c.job_id)
+            if self._xattrs:
+                self._write_lease(path, rec)
+            else:
+                current = self._read_or_quarantine(path)
+                if current is None:
+                    continue
+                self._write_lease(path, replace(current, lease=rec.lease))
             out.append(Claim(rec))
-        if out:
-            syncfs(self.path)
         return out
 
     def holds(self, claim: Claim) -> bool:
         """Fencing: is ``claim``'s lease still the one on disk? (Checked before publishing.)"""
-        try:
-            rec = self.read_record(self.record_path(State.RUNNING, claim.job_id))
-        except (FileNotFoundError, ValueError, KeyError, TypeError):
-            return False
-        return rec.lease is not None and rec.lease.token == claim.lease.token
+        path = self.record_path(State.RUNNING, claim.job_id)
+        lease = read_lease(path)
+        if lease is None and not self._xattrs:
+            try:
+                lease = self.read_record(path).lease
+            except (OSError, *_CORRUPT):
+                return False
+        return lease is not None and lease.token == claim.lease.token
 
     def finish(self, transitions: Sequence[Transition], *,
                crash_hook: Callable[[str], None] | None = None) -> None:
-        """Move a batch of jobs to their next folders with one sync for the whole batch."""
+        """Move a batch of jobs to their next folders with two syncs for the whole batch."""
         if not transitions:
             return
-        staged: list[tuple[Path, Transition]] = []
-        for t in transitions:
-            check_transition(t.src, t.dst)
-            tmp = self._tmp_name("finish")
-            write_file(tmp, t.record.dumps(), fsync=False)
-            staged.append((tmp, t))
+        staged = self.stage(transitions)
         # Protects against: power loss after the renames below exposing empty records.
         syncfs(self.path)
-        dirs: set[Path] = set()
-        for tmp, t in staged:
-            dst = self.record_path(t.dst, t.record.spec.id)
-            os.replace(tmp, dst)
-            dirs.add(dst.parent)
-        # Protects against: power loss forgetting a terminal record after we report it (and
-        # after the running copy is unlinked below, which would lose the job entirely).
-        for d in sorted(dirs):
-            fsync_dir(d)
+        self.place(staged)
+        # Protects against: power loss forgetting a record after we report it (and after
+        # the running copy is unlinked below, which would lose the job entirely).
+        syncfs(self.path)
         if crash_hook is not None:
             crash_hook("finish:before_unlink")
+        self.retire(staged)
+
+    def stage(self, transitions: Sequence[Transition],
+              slots: Sequence[str | None] | None = None) -> list[tuple[Path, Transition]]:
+        """Phase 1 of finish: write each new record under tmp/ (the caller syncs next).
+
+        A slot is an empty file a worker already created under tmp/ for this record: filling
+        it skips an inode allocation here (creates cost 0.35-0.6 ms on this machine's ext4,
+        renames 0.02 ms), which keeps the runner's single thread off the critical path."""
+        staged: list[tuple[Path, Transition]] = []
+        for i, t in enumerate(transitions):
+            check_transition(t.src, t.dst)
+            slot = slots[i] if slots is not None else None
+            tmp = Path(slot) if slot else self._tmp_name("finish")
+            if slot:
+                try:
+                    fill_file(tmp, t.record.dumps())
+                except FileNotFoundError:
+                    tmp = self._tmp_name("finish")
+                    write_file(tmp, t.record.dumps(), fsync=False)
+            else:
+                write_file(tmp, t.record.dumps(), fsync=False)
+            staged.append((tmp, t))
+        return staged
+
+    def place(self, staged: Sequence[tuple[Path, Transition]]) -> None:
+        """Phase 2: rename each staged record into its folder (the caller syncs next)."""
+        for tmp, t in staged:
+            os.replace(tmp, self.record_path(t.dst, t.record.spec.id))
+
+    def retire(self, staged: Sequence[tuple[Path, Transition]]) -> None:
+        """Phase 3, after the sync: drop the old copies and log the events."""
         for _, t in staged:
             if t.src is not t.dst:
                 # No fsync: if this unlink is lost, recovery sees two copies; the later wins.
                 unlink_quiet(self.record_path(t.src, t.record.spec.id))
         now = self.clock.wall()
-        self.events.append(_event_for(t, now) for t in transitions)
+        self.events.append(_event_for(t, now) for _, t in staged)
 
     # -- cancel, dead-letter management --
     def cancel_pending(self, job_id: str) -> bool:
@@ -897,11 +948,30 @@ def _event_for(t: Transition, now: float) -> dict[str, Any]:
     return ev
 
 
-def _pid_alive(pid: int) -> bool:
+def read_lease(path: Path) -> Lease | None:
+    """The lease xattr of a running record, or None (none set, or the file is gone)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        raw = os.getxattr(path, LEASE_XATTR)
+    except OSError:
+        return None
+    try:
+        return Lease.from_json(json.loads(raw))
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def _pid_alive(pid: int) -> bool:
+    """Whether ``pid`` runs. A zombie does not: where PID 1 does not reap orphans (some
+    containers), a dead worker stays a zombie for good and kill(pid, 0) still succeeds."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+    except FileNotFoundError:
         return False
-    except PermissionError:
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
         return True
-    return True
+    return stat[stat.rindex(b")") + 2:stat.rindex(b")") + 3] not in (b"Z", b"X")

@@ -432,8 +432,8 @@ def test_cancel_racing_a_claiming_runner(env: Env) -> None:
             assert all(a["outcome"] == "cancelled" for a in env.record("cancelled", j)["attempts"])
         else:
             assert pdf_ok(env.out / f"{j}.pdf")
-            if j in doomed:
-                assert answers[j] == "already done", (j, answers[j])
+            if j in doomed:  # completion won the race (committed before the request was read)
+                assert answers[j] in ("already done", "cancel requested"), (j, answers[j])
     for j in doomed:
         assert answers[j] in ("cancelled", "cancel requested", "already done"), (j, answers[j])
         if answers[j] == "cancelled":  # taken from pending/ atomically: it can never run
