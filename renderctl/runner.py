@@ -49,7 +49,7 @@ from typing import Any, Protocol
 
 from renderctl import proctree
 from renderctl.clock import SYSTEM_CLOCK, Clock
-from renderctl.errors import ExitCode
+from renderctl.errors import ExitCode, RenderctlError
 from renderctl.fsutil import syncfs, unlink_quiet
 from renderctl.guards import MemoryGuard, OomMark, Slot, TreeSampler, detect_memory_guard
 from renderctl.lifecycle import Outcome, State
@@ -105,6 +105,7 @@ COMMIT_WINDOW_S = 0.01
 COMMIT_MAX_BATCH = 256
 STATE_INTERVAL_S = 1.0  # how often runner.state.json is rewritten for `top` and metrics
 STATE_FILE = "runner.state.json"
+MAX_START_FAILURES = 5
 BUDGET_SHARE = 0.8  # of MemAvailable at start: leave room for the page cache and the rest
 
 
@@ -116,6 +117,12 @@ def default_budget_mb() -> int:
 
 def default_workers(budget_mb: int) -> int:
     return max(1, min(os.cpu_count() or 1, budget_mb // 400))
+
+
+class WorkerStartError(RenderctlError):
+    """Workers keep dying before they are ready: the runner cannot do anything useful."""
+
+    exit_code = ExitCode.IO_ERROR
 
 
 class Reporter(Protocol):
@@ -248,6 +255,7 @@ class Runner:
         self._confined: set[tuple[str, str]] = set()
         self._unsynced_claims = False
         self._oldest_completion = 0.0
+        self._start_failures = 0
 
     # -- crash points (for tests; RENDERCTL_CRASH_AT=point[:n]) --
     @staticmethod
@@ -849,6 +857,7 @@ class Runner:
                     self.ready.appendleft(a)
         elif isinstance(msg, Ready):
             w.pid, w.pgid = msg.pid, msg.pgid
+            self._start_failures = 0
             # The OOM counter only grows; one mark per worker (renewed after an OOM kill it
             # survived) saves reading it at every job start.
             w.mark = w.slot.mark()
@@ -872,6 +881,16 @@ class Runner:
         self._read_messages(w)
         w.proc.join(timeout=1)
         code = w.proc.exitcode
+        if w.pid is None:
+            # Died before it could say Ready: the environment, not a job, is broken. Replacing
+            # it forever would spin; stop after a few in a row (nothing is lost: claims are
+            # released on the way out).
+            self._start_failures += 1
+            if self._start_failures >= MAX_START_FAILURES:
+                raise WorkerStartError(
+                    f"{self._start_failures} workers in a row died before they were ready "
+                    f"(last exit status {code}); check the worker's environment "
+                    f"(--start-method {self.s.start_method})")
         if w.pgid:
             proctree.kill_group(w.pgid, signal.SIGKILL)  # no survivor of its tree
         with contextlib.suppress(OSError, ValueError):
