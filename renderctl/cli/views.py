@@ -25,6 +25,7 @@ def status_json(q: Queue, st: QueueStatus) -> dict[str, Any]:
         "corrupt": st.corrupt,
         "oldest_pending_age_s": st.oldest_pending_age_s,
         "runner": st.runner,
+        "memory_guard": memory_guard(st),
         "running_jobs": [
             {"id": r.spec.id, "kind": r.spec.kind,
              "attempt": r.lease.attempt if r.lease else None,
@@ -36,12 +37,24 @@ def status_json(q: Queue, st: QueueStatus) -> dict[str, Any]:
     }
 
 
+def memory_guard(st: QueueStatus) -> str:
+    """The guard the live runner uses, else the one a runner started now would use."""
+    if st.runner and st.runner.get("guard"):
+        return str(st.runner["guard"])
+    from renderctl.guards import detect_memory_guard
+
+    try:
+        return detect_memory_guard().name
+    except Exception:
+        return "sampling"
+
+
 def render_status(c: Console, q: Queue, st: QueueStatus) -> None:
     data = status_json(q, st)
     runner = st.runner
-    runner_line = (f"runner pid {runner.get('pid')} on {runner.get('host')}"
-                   + (f", memory guard {runner['guard']}" if runner.get("guard") else "")
-                   if runner else "no runner")
+    runner_line = (f"runner pid {runner.get('pid')} on {runner.get('host')}, memory guard "
+                   f"{data['memory_guard']}" if runner
+                   else f"no runner (memory guard here: {data['memory_guard']})")
     if plain():
         counts = " ".join(f"{s.value}={data[s.value]}" for s in State)
         print(f"queue {q.path}: {counts} corrupt={st.corrupt}")

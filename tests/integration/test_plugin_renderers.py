@@ -1,0 +1,77 @@
+"""A renderer from another package, registered through the `renderctl.renderers` entry point."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from pypdf import PdfReader
+
+PLUGIN = textwrap.dedent('''
+    from renderctl.render.base import ParamSpec, RendererSpec
+
+    SPEC = RendererSpec(
+        kind="hello",
+        target="hello_plugin:render",
+        description="A one-page greeting.",
+        min_inputs=0,
+        max_inputs=0,
+        params=(ParamSpec("name", "str", required=True, description="who to greet"),),
+    )
+
+
+    def render(inputs, output, params):
+        from reportlab.pdfgen import canvas
+
+        c = canvas.Canvas(str(output))
+        c.drawString(72, 720, f"Hello, {params['name']}")
+        c.showPage()
+        c.save()
+''')
+
+
+def install_plugin(site: Path) -> None:
+    """A minimal installed distribution: a module plus dist-info with its entry point."""
+    (site / "hello_plugin.py").write_text(PLUGIN)
+    info = site / "hello_plugin-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: hello-plugin\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[renderctl.renderers]\nhello = hello_plugin:SPEC\n")
+
+
+def cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "renderctl.cli.app", *args],
+                          capture_output=True, text=True, env=env, timeout=120)
+
+
+def test_a_plugin_renderer_is_listed_validated_and_run(tmp_path: Path) -> None:
+    # Given a package that registers the kind "hello"
+    site = tmp_path / "site"
+    site.mkdir()
+    install_plugin(site)
+    env = {**os.environ, "NO_COLOR": "1",
+           "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
+
+    # Then `kinds` lists it with its params
+    kinds = json.loads(cli("kinds", "--json", env=env).stdout)
+    assert kinds["hello"]["params"][0]["name"] == "name"
+
+    # And a manifest that forgets its required param is refused, naming the field
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[[jobs]]\nid = "h"\nkind = "hello"\noutput = "h.pdf"\n')
+    res = cli("validate", str(bad), env=env)
+    assert res.returncode == 2 and "params.name" in res.stderr
+
+    # And a good one runs in the workers and publishes a real PDF
+    good = tmp_path / "good.toml"
+    good.write_text('[[jobs]]\nid = "h"\nkind = "hello"\noutput = "h.pdf"\n'
+                    'params = { name = "plugins" }\n')
+    res = cli("run", str(good), "--queue", str(tmp_path / "q"), "--out", str(tmp_path / "out"),
+              "--workers", "1", env=env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    text = PdfReader(tmp_path / "out" / "h.pdf").pages[0].extract_text()
+    assert "Hello, plugins" in text
