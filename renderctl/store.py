@@ -351,26 +351,31 @@ class Queue:
         with os.scandir(self.dir(state)) as it:
             return sum(1 for e in it if e.name.endswith(".json") or state == "corrupt")
 
+    def oldest_pending_age_s(self) -> float | None:
+        """Age of the longest-waiting pending job, from file mtimes: the time its record was
+        last written (acceptance or last retry), without reading every file."""
+        oldest: float | None = None
+        try:
+            with os.scandir(self.dir(State.PENDING)) as it:
+                for e in it:
+                    try:
+                        m = e.stat().st_mtime
+                    except FileNotFoundError:
+                        continue
+                    oldest = m if oldest is None or m < oldest else oldest
+        except FileNotFoundError:
+            return None
+        return None if oldest is None else max(0.0, self.clock.wall() - oldest)
+
     def status(self) -> QueueStatus:
         counts = {s.value: self.count(s) for s in State}
-        oldest: float | None = None
-        now = self.clock.wall()
-        # mtime is when the record was last written (acceptance or last retry): the honest
-        # "time waiting in pending" without reading every file.
-        with os.scandir(self.dir(State.PENDING)) as it:
-            for e in it:
-                try:
-                    m = e.stat().st_mtime
-                except FileNotFoundError:
-                    continue
-                oldest = m if oldest is None or m < oldest else oldest
         running = []
         for jid in self.list_ids(State.RUNNING):
             rec = self._read_or_quarantine(self.record_path(State.RUNNING, jid))
             if rec is not None:
                 running.append(rec)
         return QueueStatus(counts=counts,
-                           oldest_pending_age_s=(now - oldest) if oldest is not None else None,
+                           oldest_pending_age_s=self.oldest_pending_age_s(),
                            running=tuple(running), corrupt=self.count("corrupt"),
                            runner=self.runner_info())
 

@@ -121,12 +121,13 @@ def _env(name: str) -> str:
 
 
 def config_default_map(group: Any, config: dict[str, Any]) -> dict[str, Any]:
-    """click's ``default_map`` for every (sub)command from the configuration file's keys."""
-    import click
+    """click's ``default_map`` for every (sub)command from the configuration file's keys.
 
+    Duck-typed on ``commands`` (a group) rather than importing click: recent typer vendors
+    click, so a plain ``import click`` fails on a fresh install."""
     dm: dict[str, Any] = {}
     for name, cmd in getattr(group, "commands", {}).items():
-        if isinstance(cmd, click.Group):
+        if hasattr(cmd, "commands"):
             sub = config_default_map(cmd, config)
             if sub:
                 dm[name] = sub

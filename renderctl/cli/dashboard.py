@@ -13,7 +13,6 @@ forks, so no thread may exist in it; frames are drawn from the runner's ``tick``
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -194,22 +193,6 @@ def render_dashboard(snapshot: Mapping[str, Any], *, width: int = 120) -> Render
     return Group(*parts)
 
 
-def oldest_pending_age_s(pending_dir: str | os.PathLike[str], now: float) -> float | None:
-    """Age of the oldest file in ``pending/`` by mtime (as ``Queue.status`` measures it)."""
-    oldest: float | None = None
-    try:
-        with os.scandir(pending_dir) as it:
-            for e in it:
-                try:
-                    m = e.stat().st_mtime
-                except FileNotFoundError:
-                    continue
-                oldest = m if oldest is None or m < oldest else oldest
-    except FileNotFoundError:
-        return None
-    return None if oldest is None else max(0.0, now - oldest)
-
-
 class DashboardReporter:
     """`run`'s live dashboard: a Reporter that redraws from ``tick`` at most ``fps`` a second."""
 
@@ -249,16 +232,11 @@ class DashboardReporter:
     def frame(self, runner: Any, now: float) -> RenderableType:
         snap = dict(runner.snapshot())
         snap["out_root"] = self.out_root
-        if "in_flight" not in snap:
-            workers = getattr(runner, "workers", {}) or {}
-            snap["in_flight"] = sum(w.load() for w in workers.values())
         if now >= self._slow_due:
             # Folder scans are dearer than a frame: every SLOW_INTERVAL_S only.
             self._slow_due = now + SLOW_INTERVAL_S
             q = runner.q
-            self._slow = {"dead_depth": q.count("dead"),
-                          "oldest_pending_age_s": oldest_pending_age_s(q.dir("pending"),
-                                                                       time.time())}
+            self._slow = {"dead_depth": q.count("dead")}
         for k, v in self._slow.items():
             snap.setdefault(k, v)
         return render_dashboard(snap, width=self.console.width)
