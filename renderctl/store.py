@@ -41,7 +41,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from renderctl.clock import SYSTEM_CLOCK, Clock
 from renderctl.errors import JobNotFound, ManifestError, Problem, QueueBusy, QueueIOError, Saturated
@@ -223,6 +223,42 @@ class JobView:
     state: State
     record: JobRecord
     path: Path
+
+
+# -- the contract a backend keeps ---------------------------------------------------------
+
+
+class QueueBackend(Protocol):
+    """What the runner and the CLI need of a queue; the directory queue below is one
+    implementation, and a PostgreSQL one must pass the same contract tests.
+
+    complete / fail / release / dead-letter are all ``finish`` with the job's next record
+    (``Transition``): one batched call, so a backend can make a whole group durable at once.
+    """
+
+    def submit(self, jobs: Sequence[JobSpec | Mapping[str, Any]], *, replace: bool = False,
+               max_pending: int | None = None) -> SubmitResult: ...
+
+    def claim(self, index: ClaimIndex, *, holder: Holder, lease_s: float, limit: int,
+              token_prefix: str, crash_hook: Callable[[str], None] | None = None,
+              ) -> tuple[list[Claim], list[JobRecord]]: ...
+
+    def renew(self, claims: Iterable[Claim], *, lease_s: float) -> list[Claim]: ...
+
+    def holds(self, claim: Claim) -> bool: ...
+
+    def finish(self, transitions: Sequence[Transition], *,
+               crash_hook: Callable[[str], None] | None = None) -> None: ...
+
+    def cancel_pending(self, job_id: str) -> bool: ...
+
+    def request_cancel(self, job_id: str) -> Path: ...
+
+    def find(self, job_id: str) -> JobView | None: ...
+
+    def list_ids(self, state: State) -> list[str]: ...
+
+    def status(self) -> QueueStatus: ...
 
 
 # -- the queue ----------------------------------------------------------------------------
