@@ -47,3 +47,16 @@ def test_syncfs_and_unlink_quiet(tmp_path: Path) -> None:
     assert unlink_quiet(tmp_path / "missing") is False
     (tmp_path / "f").write_bytes(b"")
     assert unlink_quiet(tmp_path / "f") is True
+
+
+def test_a_failed_fsync_is_fatal_and_names_what_failed(tmp_path: Path) -> None:
+    # A real failing fsync: on a descriptor that is not open (EBADF). The error is the
+    # queue's I/O error (exit 74), never retried.
+    from renderctl.errors import ExitCode, QueueIOError
+    from renderctl.fsutil import fsync_fd
+
+    fd = os.open(tmp_path / "f", os.O_WRONLY | os.O_CREAT)
+    os.close(fd)
+    with pytest.raises(QueueIOError, match="fsync failed for the record") as info:
+        fsync_fd(fd, what="the record")
+    assert info.value.exit_code == ExitCode.IO_ERROR
