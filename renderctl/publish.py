@@ -1,16 +1,18 @@
 """Publishing an output: at most once, atomically, never over a file we did not make.
 
 The worker writes to a temporary name beside the final path (same folder, so same file
-system). Publishing is ``link(tmp, final)`` for a file (fails if ``final`` exists) or
-``renameat2(RENAME_NOREPLACE)`` for a folder. The temporary link is removed only after the
-job's done record is durable, so a crash between the link and the record leaves the proof
-that the published file is this job's own: ``tmp`` and ``final`` are the same inode (for a
-folder, its marker names the job). Anything else at ``final`` is someone else's file: the
-job dead-letters with ``output_exists`` and the file is left untouched.
+system) and tags the file with its attempt's token (xattr ``user.renderctl.owner``).
+Publishing is ``renameat2(RENAME_NOREPLACE)`` (fails if ``final`` exists): a crash between
+the rename and the done record leaves the proof that the published file is this job's own
+in the tag (for a folder, its ``.rctl-job`` marker). Where the file system has no user
+xattrs, ``link(tmp, final)`` is used instead and the temporary name, removed only after the
+done record is durable, is the proof (same inode). Anything else at ``final`` is someone
+else's file: the job dead-letters with ``output_exists`` and the file is left untouched.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 from enum import StrEnum
@@ -20,6 +22,7 @@ from renderctl.fsutil import rename_noreplace, unlink_quiet
 from renderctl.manifest import RESERVED_PREFIX
 
 DIR_MARKER = ".rctl-job"
+OWNER_XATTR = "user.renderctl.owner"  # on a published file: the attempt token that made it
 
 
 class Published(StrEnum):
@@ -66,25 +69,45 @@ def check_confined(root: Path, final: Path) -> None:
         raise OutputEscapes(f"{final} is a symlink")
 
 
-def publish(tmp: Path, final: Path, *, is_dir: bool, job_id: str) -> Published:
-    """Make ``tmp`` visible as ``final`` unless something is already there."""
+def publish(tmp: Path, final: Path, *, is_dir: bool, job_id: str,
+            token: str | None = None) -> Published:
+    """Make ``tmp`` visible as ``final`` unless something is already there.
+
+    With ``token`` (the worker tagged the file with it, see ``tag_output``), a file is moved
+    into place with ``renameat2(RENAME_NOREPLACE)``: the tag is the proof of ownership, so
+    no temporary link has to stay behind and be removed later (a link and an unlink fewer per
+    job). Without it, ``link()`` keeps the temporary name as the proof."""
     try:
-        if is_dir:
+        if is_dir or token is not None:
             rename_noreplace(tmp, final)
         else:
             os.link(tmp, final, follow_symlinks=False)
         return Published.PUBLISHED
     except FileExistsError:
-        return Published.ALREADY_OURS if is_ours(tmp, final, is_dir=is_dir,
-                                                 job_id=job_id) else Published.EXISTS
+        return Published.ALREADY_OURS if is_ours(tmp, final, is_dir=is_dir, job_id=job_id,
+                                                 token=token) else Published.EXISTS
 
 
-def is_ours(tmp: Path, final: Path, *, is_dir: bool, job_id: str) -> bool:
+def tag_output(path: Path, token: str) -> bool:
+    """Worker side: mark an output file as this attempt's own; False if xattrs are missing."""
+    try:
+        os.setxattr(path, OWNER_XATTR, token.encode(), follow_symlinks=False)
+    except OSError:
+        return False
+    return True
+
+
+def is_ours(tmp: Path, final: Path, *, is_dir: bool, job_id: str,
+            token: str | None = None) -> bool:
     """Whether ``final`` is this job's own earlier publication (see module docstring)."""
     try:
         if is_dir:
             marker = (final / DIR_MARKER).read_text().splitlines()
             return bool(marker) and marker[0] == job_id
+        if token is not None:
+            with contextlib.suppress(OSError):
+                if os.getxattr(final, OWNER_XATTR, follow_symlinks=False) == token.encode():
+                    return True
         a, b = os.lstat(tmp), os.lstat(final)
         return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
     except (FileNotFoundError, NotADirectoryError):

@@ -155,6 +155,7 @@ class Assignment:
     started_mono: float | None = None
     started_wall: float | None = None
     cancel_requested: bool = False
+    moved: bool = False  # published by rename (the temporary name is gone)
 
     @property
     def job_id(self) -> str:
@@ -495,7 +496,8 @@ class Runner:
             self._specs[spec.kind].output == "dir"
         if lease is not None:
             tmp = tmp_output_path(final, spec.id, lease.attempt)
-            if final.exists() and is_ours(tmp, final, is_dir=is_dir, job_id=spec.id):
+            if final.exists() and is_ours(tmp, final, is_dir=is_dir, job_id=spec.id,
+                                          token=lease.token):
                 # Published before the crash, not yet recorded: complete, never republish.
                 attempt = {"n": lease.attempt, "outcome": Outcome.COMPLETED.value,
                            "started_at": lease.claimed_at, "ended_at": now,
@@ -1143,7 +1145,9 @@ class Runner:
         linked: list[Assignment] = []
         restaged = False
         for a, i, fin in to_link:
-            status = publish(a.tmp, a.final, is_dir=a.output_kind == "dir", job_id=a.job_id)
+            token = a.claim.lease.token if fin.owner_tagged else None
+            status = publish(a.tmp, a.final, is_dir=a.output_kind == "dir", job_id=a.job_id,
+                             token=token)
             if status is Published.EXISTS:
                 # Someone created the file since we looked: theirs; never overwrite it.
                 fin = replace(fin, error=_exists_message(a.final))
@@ -1154,6 +1158,8 @@ class Runner:
                 restaged = True
             else:
                 linked.append(a)
+                if token is not None:
+                    a.moved = True  # renamed into place: no temporary name left to remove
         if linked:
             self.crash_point("publish:after_link")
         if restaged:
@@ -1165,7 +1171,7 @@ class Runner:
         self._unsynced_claims = False
         self._finish_hook(transitions)("finish:before_unlink")
         for a in linked:
-            if a.output_kind != "dir":
+            if a.output_kind != "dir" and not a.moved:
                 # Only now (the done record is durable): it was the proof the output is ours.
                 # Before the running copies go: while one exists, recovery still finds this job
                 # and removes the link if we die here.

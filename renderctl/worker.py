@@ -36,7 +36,7 @@ from renderctl.errors import InvalidInput, InvalidOutput
 from renderctl.guards import LimitBelowUsage, reset_job_peak, set_job_limit
 from renderctl.lifecycle import Outcome
 from renderctl.messages import Drain, Dropped, Finished, Ready, RunJob, Skip, Started, Stop
-from renderctl.publish import DIR_MARKER
+from renderctl.publish import DIR_MARKER, tag_output
 
 TAIL_LINES = 20
 TAIL_BYTES = 4096
@@ -391,7 +391,10 @@ def execute(job: RunJob, workdir: Path) -> dict[str, Any]:
             from renderctl.render.registry import all_specs
 
             all_specs()[kind].load()(inputs, output, params)
-        return {"outcome": Outcome.COMPLETED.value, **check_output(output, job)}
+        fields = {"outcome": Outcome.COMPLETED.value, **check_output(output, job)}
+        if job.output_kind == "file":
+            fields["owner_tagged"] = tag_output(output, job.token)
+        return fields
     except InvalidInput as exc:
         return {"outcome": Outcome.INVALID_INPUT.value, "error": _message(exc)}
     except InvalidOutput as exc:
