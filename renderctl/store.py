@@ -274,6 +274,7 @@ class Queue:
         self.events = EventLog(self.path / "events.jsonl")
         self._tmp_counter = 0
         self._xattrs = True  # until the file system says otherwise
+        self._dirs: dict[str, Path] = {}
         if create:
             self._create()
         elif not (self.path / "pending").is_dir():
@@ -282,7 +283,11 @@ class Queue:
 
     # -- layout --
     def dir(self, name: str | State) -> Path:
-        return self.path / (name.value if isinstance(name, State) else name)
+        key = name.value if isinstance(name, State) else name
+        d = self._dirs.get(key)
+        if d is None:  # a Path per call was a visible share of the runner's per-job CPU
+            d = self._dirs[key] = self.path / key
+        return d
 
     def _create(self) -> None:
         try:
