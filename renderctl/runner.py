@@ -1153,6 +1153,7 @@ class Runner:
                 fin = replace(fin, error=_exists_message(a.final))
                 t = self._transition(a, fin, Outcome.OUTPUT_EXISTS.value, now)
                 transitions[i] = t
+                unlink_quiet(staged[i][0])  # the done record we had staged for it
                 staged[i] = self.q.stage([t])[0]
                 discard(a.tmp)
                 restaged = True
