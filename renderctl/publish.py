@@ -54,13 +54,6 @@ def tmp_outputs(final: Path, job_id: str) -> list[Path]:
     return [final.parent / n for n in names if n.startswith(prefix) and n.endswith(".tmp")]
 
 
-def prepare_output_dir(out_root: Path, final: Path) -> None:
-    """Create the output's folder; refuse if it resolves outside the output root."""
-    root = out_root.resolve()
-    os.makedirs(final.parent, mode=0o755, exist_ok=True)
-    check_confined(root, final)
-
-
 def check_confined(root: Path, final: Path) -> None:
     real = final.parent.resolve()
     if real != root and root not in real.parents:

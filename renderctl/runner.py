@@ -61,7 +61,6 @@ from renderctl.publish import (
     check_confined,
     discard,
     is_ours,
-    prepare_output_dir,
     publish,
     tmp_output_path,
     tmp_outputs,
@@ -745,8 +744,10 @@ class Runner:
                                f"of {self.budget_mb} MB (--memory-budget)")
             return
         try:
-            if not os.path.isdir(final.parent):
-                prepare_output_dir(Path(spec.out_root), final)
+            os.makedirs(final.parent, mode=0o755, exist_ok=True)
+            # Before the worker writes its temporary there: a folder that exists already may
+            # be a symlink out of the root, which isdir() happily follows.
+            self._check_confined(spec.out_root, final)
         except (OutputEscapes, OSError) as exc:
             self._record_now(a, {"outcome": Outcome.INVALID_OUTPUT.value,
                                  "error": f"output path: {exc}"})

@@ -1,0 +1,66 @@
+"""Two DESIGN.md promises no other test covered: `--follow`, and outputs confined to the
+output root even when a folder inside it is a symlink pointing out."""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+from typing import Any
+
+from jobfns import QueueView, Runner, assert_pdf, cli_args, py_job, run_cli, stage
+
+from renderctl.errors import ExitCode
+
+
+def test_follow_serves_jobs_submitted_later_until_sigterm(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given a runner following an empty queue
+    stage(tmp_path)
+    queue, out = tmp_path / "q", tmp_path / "out"
+    runner = Runner(*cli_args(queue, out, "--workers", "1", "--follow", "--json"))
+    try:
+        runner.until(lambda ln: '"runner_started"' in ln)
+
+        # When jobs are submitted from another process, one batch after the other
+        for batch in ("first", "second"):
+            manifest = write_manifest([py_job(batch, "write_pdf")], name=f"{batch}.toml")
+            assert run_cli("submit", manifest, *cli_args(queue, out)).returncode == 0
+
+            # Then the running runner picks each up and completes it
+            line = runner.until(lambda ln, b=batch: '"completed"' in ln and f'"{b}"' in ln)
+            assert json.loads(line)["job"] == batch
+            assert_pdf(out / f"{batch}.pdf", batch)
+
+        # And it keeps going until it is told to stop, then exits 143 with nothing lost
+        assert runner.proc.poll() is None
+        runner.proc.send_signal(signal.SIGTERM)
+        assert runner.wait() == ExitCode.SIGTERM
+    finally:
+        runner.close()
+    assert QueueView(queue).ids("done") == {"first", "second"}
+
+
+def test_an_output_folder_symlinked_out_of_the_root_is_refused(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given an output root whose folder "evil" is a symlink to a folder outside it
+    stage(tmp_path)
+    queue, out, outside = tmp_path / "q", tmp_path / "out", tmp_path / "outside"
+    out.mkdir()
+    outside.mkdir()
+    (out / "evil").symlink_to(outside, target_is_directory=True)
+    manifest = write_manifest([py_job("escape", "write_pdf", "evil/x.pdf"),
+                               py_job("fine", "write_pdf", "ok/y.pdf")])
+
+    # When it runs
+    res = run_cli("run", manifest, *cli_args(queue, out, "--workers", "1"))
+
+    # Then the escaping job is dead-lettered (invalid_output) before it ever runs, so nothing
+    # is written outside the root, not even a temporary, and the other job completes
+    assert res.returncode == ExitCode.JOBS_FAILED, res.stdout + res.stderr
+    rec = QueueView(queue).record("dead", "escape")
+    assert rec["attempts"][-1]["outcome"] == "invalid_output"
+    assert "outside the output root" in rec["attempts"][-1]["error"]
+    assert rec["attempts"][-1].get("started_at") is None, "it ran with its output outside"
+    assert list(outside.iterdir()) == []
+    assert_pdf(out / "ok" / "y.pdf", "fine")
