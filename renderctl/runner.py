@@ -66,7 +66,7 @@ from renderctl.publish import (
     tmp_outputs,
 )
 from renderctl.render.registry import all_specs
-from renderctl.store import Claim, Holder, JobRecord, Queue, Transition
+from renderctl.store import Claim, Holder, JobRecord, Queue, Transition, transition_event
 from renderctl.worker import PRELOAD, WorkerConfig, worker_main
 
 MB = 1024 * 1024
@@ -1240,21 +1240,8 @@ class Runner:
             self.index.add(t.record.entry(), now=self.clock.wall())
 
     def _report(self, t: Transition) -> None:
-        rec = t.record
-        last = rec.attempts[-1] if rec.attempts else {}
-        ev: dict[str, Any] = {"event": _event_name(t), "job": rec.spec.id,
-                              "kind": rec.spec.kind, "state": t.dst.value}
-        for k in ("n", "outcome", "elapsed_s", "peak_memory_bytes", "error", "exit_code",
-                  "signal"):
-            if last.get(k) is not None:
-                ev["attempt" if k == "n" else k] = last[k]
-        if rec.result:
-            ev["output"] = rec.result.get("path")
-        if t.dst is State.PENDING:
-            ev["retry_at"] = rec.not_before
-        if rec.reason:
-            ev["reason"] = rec.reason
-        if t.dst is State.DEAD or (last.get("outcome") not in (None, "completed")):
+        ev = transition_event(t)
+        if t.dst is State.DEAD or ev.get("outcome") not in (None, "completed"):
             self.recent_failures.append(ev)
         self.reporter.event(ev)
 
@@ -1292,11 +1279,6 @@ def _signal_all(procs: list[Any], sig: int) -> None:
 
 def _exists_message(final: Path) -> str:
     return f"{final} already exists and renderctl did not publish it for this job; left untouched"
-
-
-def _event_name(t: Transition) -> str:
-    return {State.DONE: "completed", State.DEAD: "dead", State.CANCELLED: "cancelled",
-            State.EXPIRED: "expired"}.get(t.dst, "retry")
 
 
 def _signame(sig: int) -> str:

@@ -825,7 +825,7 @@ class Queue:
                 # No fsync: if this unlink is lost, recovery sees two copies; the later wins.
                 unlink_quiet(self.record_path(t.src, t.record.spec.id))
         now = self.clock.wall()
-        self.events.append(_event_for(t, now) for _, t in staged)
+        self.events.append({"ts": now, **transition_event(t)} for _, t in staged)
 
     # -- cancel, dead-letter management --
     def cancel_pending(self, job_id: str) -> bool:
@@ -966,29 +966,25 @@ class Queue:
             os.close(fd)
 
 
-def _event_for(t: Transition, now: float) -> dict[str, Any]:
+def transition_event(t: Transition) -> dict[str, Any]:
+    """The one event for a state change, as both events.jsonl and `run --json` carry it."""
     rec = t.record
-    ev: dict[str, Any] = {"ts": now, "job": rec.spec.id, "kind": rec.spec.kind}
-    last = rec.attempts[-1] if rec.attempts else None
-    if t.dst is State.DONE:
-        ev["event"] = "completed"
-    elif t.dst is State.DEAD:
-        ev["event"] = "dead"
-    elif t.dst is State.CANCELLED:
-        ev["event"] = "cancelled"
-    elif t.dst is State.EXPIRED:
-        ev["event"] = "expired"
-    elif last is not None and last.get("outcome") == "released":
-        ev["event"] = "released"
+    last = rec.attempts[-1] if rec.attempts else {}
+    if t.dst is State.PENDING:
+        name = "released" if last.get("outcome") == "released" else "retry"
     else:
-        ev["event"] = "retry"
-        ev["not_before"] = rec.not_before
-    if last is not None:
-        ev["attempt"] = last.get("n")
-        ev["outcome"] = last.get("outcome")
-        for k in ("elapsed_s", "peak_memory_bytes", "error", "exit_code", "signal"):
-            if last.get(k) is not None:
-                ev[k] = last[k]
+        name = {State.DONE: "completed", State.DEAD: "dead", State.CANCELLED: "cancelled",
+                State.EXPIRED: "expired"}.get(t.dst, t.dst.value)
+    ev: dict[str, Any] = {"event": name, "job": rec.spec.id, "kind": rec.spec.kind,
+                          "state": t.dst.value}
+    for k in ("n", "outcome", "elapsed_s", "peak_memory_bytes", "error", "exit_code",
+              "signal"):
+        if last.get(k) is not None:
+            ev["attempt" if k == "n" else k] = last[k]
+    if rec.result:
+        ev["output"] = rec.result.get("path")
+    if name == "retry":
+        ev["retry_at"] = rec.not_before
     if rec.reason:
         ev["reason"] = rec.reason
     return ev
