@@ -183,6 +183,13 @@ def set_job_limit(slot_path: str, limit_bytes: int) -> None:
         raise GuardError(f"{slot_path} is not a memory cgroup")
 
 
+def slot_peak_bytes(slot_path: str) -> int | None:
+    """Worker side: this job's peak charge, read before the next job resets it."""
+    if not slot_path:
+        return None
+    return CgroupSlot(Path(slot_path), _is_v1(Path(slot_path))).peak_bytes()
+
+
 def reset_job_peak(slot_path: str) -> None:
     """Worker side, between jobs with the same ceiling: reset only the peak counters.
 

@@ -92,6 +92,13 @@ def _stat_fields(pid: int) -> list[str] | None:
     return data[data.rindex(b")") + 2 :].decode().split()
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether ``pid`` runs. A zombie does not: where PID 1 does not reap orphans (some
+    containers), a dead process stays a zombie for good and kill(pid, 0) still succeeds."""
+    fields = _stat_fields(pid)
+    return fields is not None and fields[0] not in ("Z", "X")
+
+
 def group_members(pgid: int, *, include_zombies: bool = False) -> list[int]:
     """Pids whose process group is ``pgid`` (a /proc scan, about 10 µs per process)."""
     members: list[int] = []
@@ -220,6 +227,7 @@ __all__ = [
     "group_members",
     "holder_alive",
     "kill_group",
+    "pid_alive",
     "process_start_time",
     "set_oom_score_adj",
     "set_parent_death_signal",

@@ -74,7 +74,7 @@ class Holder:
 
     @classmethod
     def current(cls) -> Holder:
-        from renderctl import proctree
+        from renderctl import proctree  # lazily: psutil costs ~9 ms of every CLI start
 
         return cls(socket.gethostname(), proctree.boot_id(), os.getpid(),
                    proctree.process_start_time(os.getpid()))
@@ -608,10 +608,15 @@ class Queue:
 
     def clean_tmp(self) -> int:
         """Remove temporaries whose writer (named by the pid prefix) is no longer alive."""
+        names = os.listdir(self.dir("tmp"))
+        if not names:
+            return 0  # the usual case: no psutil import on a read-only open (`status`)
+        from renderctl.proctree import pid_alive
+
         removed = 0
-        for name in os.listdir(self.dir("tmp")):
+        for name in names:
             pid_s = name.split(".", 1)[0]
-            if pid_s.isdigit() and _pid_alive(int(pid_s)):
+            if pid_s.isdigit() and pid_alive(int(pid_s)):
                 continue
             path = self.dir("tmp") / name
             if path.is_dir():
@@ -1002,18 +1007,3 @@ def read_lease(path: Path) -> Lease | None:
         return None
 
 
-def _pid_alive(pid: int) -> bool:
-    """Whether ``pid`` runs. A zombie does not: where PID 1 does not reap orphans (some
-    containers), a dead worker stays a zombie for good and kill(pid, 0) still succeeds."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            stat = fh.read()
-    except FileNotFoundError:
-        return False
-    except OSError:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        return True
-    return stat[stat.rindex(b")") + 2:stat.rindex(b")") + 3] not in (b"Z", b"X")

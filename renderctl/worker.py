@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from renderctl.errors import InvalidInput, InvalidOutput
-from renderctl.guards import LimitBelowUsage, reset_job_peak, set_job_limit
+from renderctl.guards import LimitBelowUsage, reset_job_peak, set_job_limit, slot_peak_bytes
 from renderctl.lifecycle import Outcome
 from renderctl.messages import Drain, Dropped, Finished, Ready, RunJob, Skip, Started, Stop
 from renderctl.publish import DIR_MARKER, tag_output
@@ -299,19 +299,6 @@ def _empty_dir(path: str) -> None:
                 os.unlink(e.path)
     with contextlib.suppress(OSError):
         os.chmod(path, 0o700)
-
-
-def slot_peak_bytes(slot_path: str) -> int | None:
-    """This job's peak charge, read before the next job resets it (cgroup guards only)."""
-    if not slot_path:
-        return None
-    for name in ("memory.max_usage_in_bytes", "memory.peak"):
-        try:
-            with open(os.path.join(slot_path, name), "rb") as fh:
-                return int(fh.read().split()[0])
-        except (OSError, ValueError, IndexError):
-            continue
-    return None
 
 
 def reset_render_settings() -> None:
