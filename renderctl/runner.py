@@ -66,6 +66,7 @@ from renderctl.publish import (
     tmp_outputs,
 )
 from renderctl.render.registry import all_specs
+from renderctl.settings import RunnerSettings
 from renderctl.store import Claim, Holder, JobRecord, Queue, Transition, transition_event
 from renderctl.worker import PRELOAD, WorkerConfig, worker_main
 
@@ -73,29 +74,6 @@ MB = 1024 * 1024
 CRASH_ENV = "RENDERCTL_CRASH_AT"
 CRASH_POINTS = ("claim", "lease", "start", "publish:before_link", "publish:after_link",
                 "publish:after_done", "dead")
-
-
-@dataclass(frozen=True)
-class RunnerSettings:
-    """Everything `renderctl run` can tune; defaults are the documented ones."""
-
-    workers: int | None = None  # None: min(cores, budget // 400 MB)
-    start_method: str = "forkserver"
-    max_jobs_per_worker: int = 200
-    lease_s: float = 60.0
-    backoff_base_s: float = 1.0
-    backoff_max_s: float = 300.0
-    kill_grace_s: float = 5.0
-    grace_s: float = 30.0
-    memory_budget_mb: int | None = None  # None: 80% of available memory at start
-    follow: bool = False
-    max_failures: int | None = None
-    memory_guard: str = "auto"
-    sample_interval_s: float = 0.05
-    poll_interval_s: float = 1.0
-    prefetch_max: int = 32
-    prefetch: int | None = None  # jobs a worker may hold incl. the running one; None: adaptive
-    crash_at: str | None = None
 
 
 # Group commit: results wait at most this long for others to share their syncs. 10 ms is

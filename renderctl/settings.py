@@ -188,3 +188,26 @@ def parse_env(key: str, raw: str) -> Any:
     except ValueError:
         value = raw
     return check_value(key, value, where=where)
+
+
+@dataclass(frozen=True)
+class RunnerSettings:
+    """Everything `renderctl run` can tune; defaults are the documented ones."""
+
+    workers: int | None = None  # None: min(cores, budget // 400 MB)
+    start_method: str = "forkserver"
+    max_jobs_per_worker: int = 200
+    lease_s: float = 60.0
+    backoff_base_s: float = 1.0
+    backoff_max_s: float = 300.0
+    kill_grace_s: float = 5.0
+    grace_s: float = 30.0
+    memory_budget_mb: int | None = None  # None: 80% of available memory at start
+    follow: bool = False
+    max_failures: int | None = None
+    memory_guard: str = "auto"
+    sample_interval_s: float = 0.05
+    poll_interval_s: float = 1.0
+    prefetch_max: int = 32
+    prefetch: int | None = None  # jobs a worker may hold incl. the running one; None: adaptive
+    crash_at: str | None = None

@@ -20,6 +20,7 @@ import typer
 
 from renderctl.cli import console as out
 from renderctl.errors import ExitCode, ManifestError, QueueBusy, RenderctlError, Saturated
+from renderctl.settings import RunnerSettings  # stdlib only: defaults without the runner
 
 app = typer.Typer(
     name="renderctl",
@@ -240,29 +241,29 @@ def run(
         help="keep serving new jobs until SIGTERM/SIGINT")] = False,
     start_method: Annotated[str, typer.Option(
         "--start-method", envvar=_env("start-method"),
-        help="forkserver | fork | spawn")] = "forkserver",
+        help="forkserver | fork | spawn")] = RunnerSettings.start_method,
     max_jobs_per_worker: Annotated[int, typer.Option(
         "--max-jobs-per-worker", envvar=_env("max-jobs-per-worker"), min=1,
-        help="recycle a worker after N jobs")] = 200,
+        help="recycle a worker after N jobs")] = RunnerSettings.max_jobs_per_worker,
     backoff_base: Annotated[float, typer.Option(
         "--backoff-base", envvar=_env("backoff-base"), min=0.0,
-        help="first retry delay (s), doubling")] = 1.0,
+        help="first retry delay (s), doubling")] = RunnerSettings.backoff_base_s,
     backoff_max: Annotated[float, typer.Option(
         "--backoff-max", envvar=_env("backoff-max"), min=0.0,
-        help="longest retry delay (s)")] = 300.0,
+        help="longest retry delay (s)")] = RunnerSettings.backoff_max_s,
     kill_grace: Annotated[float, typer.Option(
         "--kill-grace", envvar=_env("kill-grace"), min=0.0,
-        help="SIGTERM -> SIGKILL grace on timeout (s)")] = 5.0,
+        help="SIGTERM -> SIGKILL grace on timeout (s)")] = RunnerSettings.kill_grace_s,
     grace: Annotated[float, typer.Option(
         "--grace", envvar=_env("grace"), min=0.0,
-        help="on SIGTERM/SIGINT: time running jobs get to finish (s)")] = 30.0,
+        help="on SIGTERM/SIGINT: time running jobs get to finish (s)")] = RunnerSettings.grace_s,
     memory_budget: Annotated[int | None, typer.Option(
         "--memory-budget", envvar=_env("memory-budget"), min=1,
         help="MB the running jobs' ceilings may add up to [default: 80% of available]")
     ] = None,
     memory_guard: Annotated[str, typer.Option(
         "--memory-guard", envvar=_env("memory-guard"),
-        help="auto | cgroup-v1 | cgroup-v2 | sampling")] = "auto",
+        help="auto | cgroup-v1 | cgroup-v2 | sampling")] = RunnerSettings.memory_guard,
     max_failures: Annotated[int | None, typer.Option(
         "--max-failures", envvar=_env("max-failures"), min=1,
         help="stop claiming after N dead-lettered jobs")] = None,
@@ -289,7 +290,7 @@ def run(
         summary_json,
         summary_line,
     )
-    from renderctl.runner import Runner, RunnerSettings
+    from renderctl.runner import Runner
     from renderctl.store import Queue
 
     if start_method not in ("forkserver", "fork", "spawn"):
