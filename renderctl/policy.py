@@ -66,7 +66,6 @@ class Entry:
     group: str = "default"
     accepted_at: float = 0.0
     not_before: float = 0.0
-    deadline: float | None = None
 
 
 @dataclass
@@ -74,7 +73,6 @@ class _Bucket:
     groups: dict[str, list[Entry]] = field(default_factory=dict)  # heaps by seq
     rotation: deque[str] = field(default_factory=deque)
     oldest: list[tuple[str, str]] = field(default_factory=list)  # heap of (seq, job_id)
-    size: int = 0
 
 
 class ClaimIndex:
@@ -124,7 +122,6 @@ class ClaimIndex:
         heapq.heappush(q, entry)
         self._ready[entry.job_id] = entry
         heapq.heappush(bucket.oldest, (entry.seq, entry.job_id))
-        bucket.size += 1
 
     def _promote_due(self, now: float) -> None:
         while self._delayed and self._delayed[0][0] <= now:

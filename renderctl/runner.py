@@ -202,7 +202,6 @@ class Runner:
         self.completions: list[tuple[Assignment, Finished]] = []
         self.counts: dict[str, int] = {s.value: 0 for s in State if s.terminal}
         self.retries = 0
-        self.failures = 0
         self.stop_signal: int | None = None
         self.stop_deadline: float | None = None
         self._stop_reported = False
@@ -1209,8 +1208,6 @@ class Runner:
     def _count(self, t: Transition) -> None:
         if t.dst.terminal:
             self.counts[t.dst.value] += 1
-            if t.dst is State.DEAD:
-                self.failures += 1
         elif t.dst is State.PENDING and t.record.attempts:
             self.retries += 1
             self.index.add(t.record.entry(), now=self.clock.wall())

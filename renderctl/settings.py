@@ -79,11 +79,6 @@ def env_name(key: str) -> str:
     return ENV_PREFIX + key.upper()
 
 
-def option_name(key: str) -> str:
-    """``memory_mb`` -> ``--memory-mb``."""
-    return "--" + key.replace("_", "-")
-
-
 def find_config(cwd: str | os.PathLike[str]) -> tuple[Path, Mapping[str, Any]] | None:
     """The configuration file in ``cwd`` and its raw table, or None if there is none."""
     folder = Path(cwd)

@@ -131,8 +131,7 @@ class JobRecord:
     def entry(self) -> Entry:
         s = self.spec
         return Entry(seq=self.seq, job_id=s.id, priority=s.priority, group=s.group,
-                     accepted_at=self.accepted_at, not_before=self.not_before,
-                     deadline=s.deadline)
+                     accepted_at=self.accepted_at, not_before=self.not_before)
 
     def to_json(self) -> dict[str, Any]:
         return {
