@@ -4,6 +4,7 @@ output root even when a folder inside it is a symlink pointing out."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 from pathlib import Path
 from typing import Any
@@ -64,3 +65,32 @@ def test_an_output_folder_symlinked_out_of_the_root_is_refused(
     assert rec["attempts"][-1].get("started_at") is None, "it ran with its output outside"
     assert list(outside.iterdir()) == []
     assert_pdf(out / "ok" / "y.pdf", "fine")
+
+
+def test_a_runner_whose_lease_was_taken_over_does_not_publish(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given a runner running a job that takes a moment
+    stage(tmp_path)
+    queue, out = tmp_path / "q", tmp_path / "out"
+    manifest = write_manifest([py_job("slow", "sleep_then_write", s=1.5)])
+    runner = Runner(manifest, *cli_args(queue, out, "--workers", "1", "--json"))
+    try:
+        runner.until(lambda ln: '"started"' in ln and '"slow"' in ln)
+
+        # When another holder takes the job's lease over while it runs (as a runner on
+        # another host would after the lease expired)
+        from renderctl.store import LEASE_XATTR
+
+        running = queue / "running" / "slow.json"
+        lease = json.loads(os.getxattr(running, LEASE_XATTR))
+        lease["token"] = "another-holder:slow:1"
+        os.setxattr(running, LEASE_XATTR, json.dumps(lease).encode())
+
+        # Then the fenced runner reports it and never publishes the output
+        runner.until(lambda ln: '"fenced"' in ln and '"slow"' in ln)
+        runner.proc.send_signal(signal.SIGTERM)
+        runner.wait()
+    finally:
+        runner.close()
+    assert not (out / "slow.pdf").exists()
+    assert not list(out.glob(".rctl-*"))  # its temporary output is gone too
