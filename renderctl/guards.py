@@ -634,6 +634,18 @@ def _probe(own: Path, v1: bool) -> bool:
         return False
 
 
+def available_memory_guard() -> GuardName:
+    """The guard a runner would pick here, judged without creating anything (for `status`,
+    a read-only command: ``detect_memory_guard`` proves it by making a probe cgroup)."""
+    for v1, name in ((False, "cgroup-v2"), (True, "cgroup-v1")):
+        own = _own_cgroup_dir(v1)
+        if own is None or not os.access(own, os.W_OK):
+            continue
+        if v1 or "memory" in (own / "cgroup.controllers").read_text().split():
+            return name  # type: ignore[return-value]
+    return "sampling"
+
+
 def detect_memory_guard(
     *, prefer: str = "auto", runner_pid: int | None = None, sampling_interval_s: float = 0.05
 ) -> MemoryGuard:

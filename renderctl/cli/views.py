@@ -41,11 +41,11 @@ def memory_guard(st: QueueStatus) -> str:
     """The guard the live runner uses, else the one a runner started now would use."""
     if st.runner and st.runner.get("guard"):
         return str(st.runner["guard"])
-    from renderctl.guards import detect_memory_guard
+    from renderctl.guards import available_memory_guard
 
     try:
-        return detect_memory_guard().name
-    except Exception:
+        return available_memory_guard()
+    except OSError:
         return "sampling"
 
 
