@@ -83,13 +83,17 @@ def write_file(path: str | os.PathLike[str], data: bytes, *, fsync: bool) -> Non
 
 
 def fill_file(path: str | os.PathLike[str], data: bytes) -> None:
-    """Write ``data`` into an existing temporary file (no create), replacing its content."""
-    fd = os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW)
+    """Write ``data`` into an existing temporary file (no create), replacing its content.
+
+    Overwrite, then cut to length: O_TRUNC frees the file's block and the write allocates
+    another (~100 us here); overwriting in place and shrinking within the block ~9 us."""
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
     try:
         view = memoryview(data)
-        while view:
-            n = os.write(fd, view)
-            view = view[n:]
+        offset = 0
+        while offset < len(data):
+            offset += os.pwrite(fd, view[offset:], offset)
+        os.ftruncate(fd, len(data))
     finally:
         os.close(fd)
 

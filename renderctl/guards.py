@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import os
 import re
 import select
@@ -138,14 +139,50 @@ class MemoryGuard(Protocol):
 # -- small file helpers ------------------------------------------------------------------
 
 
+# Counter files read or reset once per job stay open: pread/pwrite on a kept fd costs ~1 us,
+# open + read + close through pathlib ~12 us, and that was paid several times per job on the
+# runner's single thread. Keyed by (path, flags); closed when the cgroup is removed.
+_KEPT: dict[tuple[str, int], int] = {}
+
+
+def _kept_fd(path: Path, flags: int) -> int:
+    key = (str(path), flags)
+    fd = _KEPT.get(key)
+    if fd is None:
+        fd = _KEPT[key] = os.open(path, flags | os.O_CLOEXEC)
+    return fd
+
+
+def _forget_kept(prefix: str) -> None:
+    for key in [k for k in _KEPT if k[0].startswith(prefix)]:
+        with contextlib.suppress(OSError):
+            os.close(_KEPT.pop(key))
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return os.pread(_kept_fd(path, os.O_RDONLY), 4096, 0).decode()
+    except OSError as e:
+        # The cgroup was removed under a kept fd (ENODEV): report it as a missing file.
+        _forget_kept(str(path))
+        if isinstance(e, FileNotFoundError):
+            raise
+        raise FileNotFoundError(e.errno, e.strerror, str(path)) from e
+
+
+def _reset_counter(path: Path) -> None:
+    # cgroup files want one write() of the whole value; no buffering, no truncation dance.
+    os.pwrite(_kept_fd(path, os.O_WRONLY), b"0", 0)
+
+
 def _read_int(path: Path) -> int:
-    text = path.read_text().strip()
+    text = _read_text(path).strip()
     return 2**63 - 1 if text == "max" else int(text)
 
 
 def _read_keyed(path: Path, key: str) -> int | None:
     """The value of ``key`` in a flat-keyed file such as memory.oom_control or memory.events."""
-    for line in path.read_text().splitlines():
+    for line in _read_text(path).splitlines():
         name, _, value = line.partition(" ")
         if name == key:
             return int(value)
@@ -161,6 +198,7 @@ def _write(path: Path, value: str) -> None:
         os.close(fd)
 
 
+@functools.lru_cache(maxsize=64)
 def _is_v1(path: Path) -> bool:
     return (path / "memory.limit_in_bytes").exists()
 
@@ -187,7 +225,8 @@ def slot_peak_bytes(slot_path: str) -> int | None:
     """Worker side: this job's peak charge, read before the next job resets it."""
     if not slot_path:
         return None
-    return CgroupSlot(Path(slot_path), _is_v1(Path(slot_path))).peak_bytes()
+    path = Path(slot_path)
+    return CgroupSlot(path, _is_v1(path)).peak_bytes()
 
 
 def reset_job_peak(slot_path: str) -> None:
@@ -201,7 +240,7 @@ def reset_job_peak(slot_path: str) -> None:
     if not _is_v1(path):
         return  # v2: memory.peak cannot be reset; the runner reads the slot's lifetime peak
     for name in ("memory.max_usage_in_bytes", "memory.failcnt"):
-        _write(path / name, "0")
+        _reset_counter(path / name)
 
 
 def _set_limit_v1(path: Path, limit_bytes: int) -> None:
@@ -291,6 +330,7 @@ def _wait_pids_gone(pids: list[int], deadline: float) -> None:
 def _remove_cgroup(path: Path, *, timeout_s: float = 5.0) -> None:
     """SIGKILL whatever is left in ``path``, wait for it, and remove the directory."""
     deadline = time.monotonic() + timeout_s
+    _forget_kept(f"{path}/")
     while True:
         try:
             pids = _signal_members(path / "cgroup.procs", signal.SIGKILL)

@@ -75,7 +75,6 @@ class Finished:
     bytes: int | None = None
     pages: int | None = None
     peak_memory_bytes: int | None = None
-    record_slot: str | None = None  # an empty file under the queue's tmp/ for the record
     owner_tagged: bool = False  # the output file carries this attempt's token (xattr)
     extra: dict[str, Any] = field(default_factory=dict)
 

@@ -340,7 +340,8 @@ class Runner:
         unlink_quiet(self._workers_file())
         unlink_quiet(self.q.path / STATE_FILE)
         with contextlib.suppress(OSError):
-            # Our workers are gone now: their unused record slots (and a dead runner's, whose
+            self.q.trim_free()
+            # Our workers are gone now: their temporaries (and a dead runner's, whose
             # workers were still dying when we started) can go.
             self.q.clean_tmp()
         signal.set_wakeup_fd(-1)
@@ -450,6 +451,7 @@ class Runner:
             if str(log) != self.started_log:
                 unlink_quiet(log)
         self.q.clean_tmp()
+        self.q.adopt_free()
 
     def _orphaned(self, lease: Any, now: float) -> bool:
         alive = proctree.holder_alive(host=lease.holder.host, boot_id=lease.holder.boot_id,
@@ -552,7 +554,7 @@ class Runner:
             self.guard.open_slot(f"w{index}")
         parent, child = self._ctx.Pipe(duplex=True)
         cfg = WorkerConfig(slot_path=slot.path, started_log=self.started_log,
-                           work_root=self.work_root, queue_tmp=str(self.q.dir("tmp")))
+                           work_root=self.work_root)
         proc = self._ctx.Process(target=worker_main, args=(child, cfg),
                                  name=f"renderctl-worker-{index}", daemon=False)
         proc.start()
@@ -1087,7 +1089,6 @@ class Runner:
         batch, self.completions = self.completions, []
         now = self.clock.wall()
         transitions: list[Transition] = []
-        slots: list[str | None] = []
         to_link: list[tuple[Assignment, int, Finished]] = []  # index: in transitions
         for a, fin in batch:
             rec = a.claim.record
@@ -1098,8 +1099,6 @@ class Runner:
                 if not self.q.holds(a.claim):
                     # Fenced: our lease was taken over; the new holder decides. Never publish.
                     discard(a.tmp)
-                    if fin.record_slot:
-                        unlink_quiet(fin.record_slot)
                     self.reporter.event({"event": "fenced", "job": a.job_id})
                     continue
                 try:
@@ -1113,8 +1112,7 @@ class Runner:
             else:
                 discard(a.tmp)
             transitions.append(t)
-            slots.append(fin.record_slot)
-        staged = self.q.stage(transitions, slots)
+        staged = self.q.stage(transitions)
         # Protects against: power loss after the links and renames below exposing an empty
         # output or an empty record (data must reach the disk before the names do).
         self._sync(a.claim.record.spec.out_root for a, _, _ in to_link)

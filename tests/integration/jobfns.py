@@ -271,7 +271,8 @@ class QueueView:
         return json.loads((self.path / state / f"{job_id}.json").read_text())
 
     def tmp_entries(self) -> list[str]:
-        return sorted(os.listdir(self.path / "tmp"))
+        """Temporaries left behind (the runner's spare record inodes, free.*, are not)."""
+        return sorted(n for n in os.listdir(self.path / "tmp") if not n.startswith("free."))
 
 
 def pdf_text(path: Path) -> tuple[int, str]:

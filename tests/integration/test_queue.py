@@ -19,7 +19,7 @@ from renderctl.errors import ExitCode, JobNotFound, ManifestError, Saturated
 from renderctl.lifecycle import State
 from renderctl.manifest import load_manifests
 from renderctl.policy import ClaimIndex
-from renderctl.store import Holder, JobRecord, Queue, Transition
+from renderctl.store import FREE_PREFIX, Holder, JobRecord, Queue, Transition, read_lease
 
 HOLDER = Holder("test-host", "boot-1", os.getpid(), None)
 
@@ -266,7 +266,11 @@ def test_claim_finish_round_trip(queue_dir: Path, tmp_path: Path) -> None:
     # Then the folders and the log say so
     assert files(q, State.DONE) == ["high.json"]
     assert files(q, State.PENDING) == ["low.json", "mid.json"]
-    assert files(q, State.RUNNING) == [] and files(q, "tmp") == []
+    assert files(q, State.RUNNING) == []
+    # And the running copies were kept as spare inodes for later records, leases removed
+    spare = files(q, "tmp")
+    assert len(spare) == 2 and all(n.startswith(FREE_PREFIX) for n in spare)
+    assert all(read_lease(q.dir("tmp") / n) is None for n in spare)
     assert not q.holds(claims[0])
     assert [(e["event"], e["job"]) for e in events(q)][-4:] == [
         ("claimed", "high"), ("claimed", "mid"), ("completed", "high"), ("retry", "mid")]
@@ -278,6 +282,11 @@ def test_claim_finish_round_trip(queue_dir: Path, tmp_path: Path) -> None:
     clock.advance(30)
     claims, _ = q.claim(index, holder=HOLDER, lease_s=60, limit=5, token_prefix="t")
     assert [(c.job_id, c.lease.attempt, c.lease.token) for c in claims] == [("mid", 2, "t:mid:2")]
+    # And the next records are written into the spare inodes: no record file is created
+    spare_inodes = {os.stat(q.dir("tmp") / n).st_ino for n in spare}
+    q.finish([Transition(replace(c.record, result={"path": "x"}, lease=None), State.DONE)
+              for c in claims])
+    assert os.stat(q.record_path(State.DONE, "mid")).st_ino in spare_inodes
 
 
 def test_illegal_transition_is_refused(q: Queue, tmp_path: Path) -> None:

@@ -7,7 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from renderctl.fsutil import atomic_write, rename_noreplace, syncfs, unlink_quiet, write_file
+from renderctl.fsutil import (
+    atomic_write,
+    fill_file,
+    rename_noreplace,
+    syncfs,
+    unlink_quiet,
+    write_file,
+)
 
 
 def test_atomic_write_replaces_and_leaves_no_temporary(tmp_path: Path) -> None:
@@ -18,6 +25,19 @@ def test_atomic_write_replaces_and_leaves_no_temporary(tmp_path: Path) -> None:
     atomic_write(target, b"two", tmp_dir=tmp)
     assert target.read_bytes() == b"two"
     assert os.listdir(tmp) == []
+
+
+def test_fill_file_replaces_content_in_the_same_inode(tmp_path: Path) -> None:
+    p = tmp_path / "slot"
+    write_file(p, b"x" * 3000, fsync=False)
+    ino = p.stat().st_ino
+    fill_file(p, b"short")  # shorter: the old tail must not survive
+    assert p.read_bytes() == b"short"
+    fill_file(p, b"y" * 5000)  # longer than the block it had
+    assert p.read_bytes() == b"y" * 5000
+    assert p.stat().st_ino == ino
+    with pytest.raises(FileNotFoundError):
+        fill_file(tmp_path / "missing", b"z")  # never creates
 
 
 def test_write_file_refuses_to_overwrite(tmp_path: Path) -> None:
