@@ -419,6 +419,7 @@ class Runner:
         now = self.clock.wall()
         transitions: list[Transition] = []
         published_tmps: list[Path] = []
+        held_by: set[str] = set()  # token prefixes of leases still valid
         for jid in self.q.list_ids(State.RUNNING):
             path = self.q.record_path(State.RUNNING, jid)
             view = self.q.find(jid)
@@ -434,6 +435,7 @@ class Runner:
             rec = view.record
             lease = rec.lease
             if lease is not None and not self._orphaned(lease, now):
+                held_by.add(lease.token.removesuffix(f":{jid}:{lease.attempt}"))
                 continue
             t, tmp = self._recover_one(rec, started, now)
             transitions.append(t)
@@ -452,6 +454,7 @@ class Runner:
                 unlink_quiet(log)
         self.q.clean_tmp()
         self.q.adopt_free()
+        self.q.forget_holders(keep=held_by)
 
     def _orphaned(self, lease: Any, now: float) -> bool:
         alive = proctree.holder_alive(host=lease.holder.host, boot_id=lease.holder.boot_id,
@@ -541,10 +544,7 @@ class Runner:
 
     # -- the pool --
     def _start_pool(self) -> None:
-        method = self.s.start_method
-        self._ctx = multiprocessing.get_context(method)
-        if method == "forkserver":
-            self._ctx.set_forkserver_preload(list(PRELOAD))
+        self._ctx = prestart(self.s.start_method)
         for i in range(self.n_workers):
             self._spawn(i)
 
@@ -1217,6 +1217,21 @@ class Runner:
         if t.dst is State.DEAD or ev.get("outcome") not in (None, "completed"):
             self.recent_failures.append(ev)
         self.reporter.event(ev)
+
+
+def prestart(method: str) -> Any:
+    """The multiprocessing context for ``method``; for forkserver, start the server now.
+
+    The server preloads the renderers in its own process; starting it before the submit
+    and the recovery lets that overlap them instead of delaying the first job. Idempotent.
+    """
+    ctx = multiprocessing.get_context(method)
+    if method == "forkserver":
+        ctx.set_forkserver_preload(list(PRELOAD))
+        from multiprocessing import forkserver
+
+        forkserver.ensure_running()
+    return ctx
 
 
 def _percentiles(values: deque[float]) -> dict[str, float] | None:

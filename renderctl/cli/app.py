@@ -180,13 +180,13 @@ def validate(manifests: ManifestsArg, out_dir: OutOpt = None, as_json: JsonOpt =
 
 def do_submit(
     manifests: list[Path], *, queue: Path | None, out_dir: Path | None, replace: bool,
-    max_pending: int | None, limits: Any,
+    max_pending: int | None, limits: Any, into: Any = None,
 ) -> Any:
     from renderctl.manifest import load_manifests
     from renderctl.store import Queue
 
     jobs = load_manifests(manifests, out_root=out_root(out_dir), limits=limits)
-    q = Queue(queue_path(queue))
+    q = into if into is not None else Queue(queue_path(queue))
     return q.submit(jobs, replace=replace, max_pending=max_pending)
 
 
@@ -290,17 +290,21 @@ def run(
         summary_json,
         summary_line,
     )
-    from renderctl.runner import Runner
+    from renderctl.runner import Runner, prestart
     from renderctl.store import Queue
 
     if start_method not in ("forkserver", "fork", "spawn"):
         from renderctl.errors import UserError
 
         raise UserError(f"--start-method must be forkserver, fork or spawn, not {start_method}")
+    # The fork server imports the renderers (~0.25 s) in its own process, on the other core,
+    # while this one validates and submits the manifests and recovers the queue.
+    prestart(start_method)
     limits = _limits(memory_mb, timeout, max_attempts)
+    q = Queue(queue_path(queue))
     if manifests:
         res = do_submit(manifests, queue=queue, out_dir=out_dir, replace=False,
-                        max_pending=max_pending, limits=limits)
+                        max_pending=max_pending, limits=limits, into=q)
         if not as_json and not quiet:
             print(f"accepted {len(res.accepted)} job(s)"
                   + (f", {len(res.already)} already accepted" if res.already else ""))
@@ -310,7 +314,6 @@ def run(
         grace_s=grace, memory_budget_mb=memory_budget, follow=follow,
         max_failures=max_failures, memory_guard=memory_guard, prefetch=prefetch,
     )
-    q = Queue(queue_path(queue))
     dashboard = None
     main: Any
     if as_json:

@@ -19,7 +19,16 @@ from renderctl.errors import ExitCode, JobNotFound, ManifestError, Saturated
 from renderctl.lifecycle import State
 from renderctl.manifest import load_manifests
 from renderctl.policy import ClaimIndex
-from renderctl.store import FREE_PREFIX, Holder, JobRecord, Queue, Transition, read_lease
+from renderctl.store import (
+    FREE_PREFIX,
+    LEASE_XATTR,
+    UNKNOWN_HOLDER,
+    Holder,
+    JobRecord,
+    Queue,
+    Transition,
+    read_lease,
+)
 
 HOLDER = Holder("test-host", "boot-1", os.getpid(), None)
 
@@ -424,3 +433,41 @@ def test_submitted_records_are_plain_json(q: Queue, tmp_path: Path) -> None:
     submit(q, [pyjob("a", params={"x": [1, 2.5, "s"]})], tmp_path)
     raw = q.record_path(State.PENDING, "a").read_text()
     json.loads(raw, parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
+
+
+def test_a_lease_fits_in_the_inode_and_names_its_holder_through_a_holder_file(
+        q: Queue, tmp_path: Path) -> None:
+    # Given a claimed job, as a runner with a realistic token prefix claims it
+    submit(q, [pyjob("a"), pyjob("b")], tmp_path)
+    index = ClaimIndex()
+    q.load_index(index)
+    holder = Holder("a-host-name.example.internal", "f7ba9e56-2e37-42ff-a5cf-592105e45b2c",
+                    4_194_304, 1_234_567_890)
+    (claim,), _ = q.claim(index, holder=holder, lease_s=60, limit=1,
+                          token_prefix="4194304-1234567890")
+    running = q.record_path(State.RUNNING, claim.job_id)
+    # Then the xattr is small enough for ext4's in-inode space (no xattr block per claim)
+    assert len(os.getxattr(running, LEASE_XATTR)) <= 56
+    # And reading it back gives the whole lease, holder included (from control/)
+    assert read_lease(running) == claim.lease
+    assert (q.dir("control") / "holder.4194304-1234567890.json").exists()
+    # And a lease in the older JSON form still reads
+    os.setxattr(running, LEASE_XATTR, json.dumps(claim.lease.to_json()).encode())
+    assert read_lease(running) == claim.lease
+    # And holder files no lease names any more are removed; named ones stay
+    (q.dir("control") / "holder.999-1.json").write_text(json.dumps(HOLDER.to_json()))
+    q.forget_holders(keep={"4194304-1234567890"})
+    assert sorted(n for n in os.listdir(q.dir("control")) if n.startswith("holder.")) == [
+        "holder.4194304-1234567890.json"]
+
+
+def test_a_lease_whose_holder_file_is_gone_is_judged_by_its_expiry_alone(
+        q: Queue, tmp_path: Path) -> None:
+    submit(q, [pyjob("a")], tmp_path)
+    index = ClaimIndex()
+    q.load_index(index)
+    (claim,), _ = q.claim(index, holder=HOLDER, lease_s=60, limit=1, token_prefix="gone-1")
+    q.forget_holders(keep=set())  # as if removed by hand
+    lease = read_lease(q.record_path(State.RUNNING, "a"))
+    assert lease is not None and lease.holder == UNKNOWN_HOLDER
+    assert (lease.token, lease.expires_at) == (claim.lease.token, claim.lease.expires_at)

@@ -82,9 +82,9 @@ def test_a_runner_whose_lease_was_taken_over_does_not_publish(
         from renderctl.store import LEASE_XATTR
 
         running = queue / "running" / "slow.json"
-        lease = json.loads(os.getxattr(running, LEASE_XATTR))
-        lease["token"] = "another-holder:slow:1"
-        os.setxattr(running, LEASE_XATTR, json.dumps(lease).encode())
+        # "<token prefix> <attempt> <claimed_at> <expires_at>": the same attempt, another holder
+        _, rest = os.getxattr(running, LEASE_XATTR).split(b" ", 1)
+        os.setxattr(running, LEASE_XATTR, b"another-holder " + rest)
 
         # Then the fenced runner reports it and never publishes the output
         runner.until(lambda ln: '"fenced"' in ln and '"slow"' in ln)
