@@ -127,6 +127,7 @@ class Worker:
         self.queue: deque[RunJob] = deque()
         self.stopping = False
         self.draining = False
+        self.outbox: list[object] = []
         self.limit_bytes = 0  # the ceiling currently set on this worker's slot
         self.environ = _Environ(os.environ)
         self.base_path = list(sys.path)
@@ -147,20 +148,39 @@ class Worker:
 
     def serve(self) -> None:
         self.conn.send(Ready(os.getpid(), os.getpgid(0)))
-        while True:
-            # Never block once told to stop: the Stop may have arrived with the last job.
-            self._take_messages(block=not self.queue and not self.stopping)
-            if self.draining:
-                self._drop_all("drain")
-                return
-            if not self.queue:
-                if self.stopping:
+        try:
+            while True:
+                # Never block once told to stop: the Stop may have arrived with the last job.
+                block = not self.queue and not self.stopping
+                if block:
+                    self._flush()  # a result must not wait for the next job
+                self._take_messages(block=block)
+                if self.draining:
+                    self._drop_all("drain")
                     return
-                continue
-            job = self.queue.popleft()
-            if not self._apply_limit(job):
-                return
-            self._run(job)
+                if not self.queue:
+                    if self.stopping:
+                        return
+                    continue
+                job = self.queue.popleft()
+                if not self._apply_limit(job):
+                    return
+                self._run(job)
+        finally:
+            self._flush()
+
+    def _send(self, msg: object) -> None:
+        """Send ``msg`` after any held result, in one message: a job's Finished travels with
+        the next job's Started (one write and one runner wake-up instead of two)."""
+        if self.outbox:
+            self.outbox.append(msg)
+            msg, self.outbox = tuple(self.outbox), []
+        self.conn.send(msg)
+
+    def _flush(self) -> None:
+        if self.outbox:
+            out, self.outbox = self.outbox, []
+            self.conn.send(out[0] if len(out) == 1 else tuple(out))
 
     def _take_messages(self, *, block: bool) -> None:
         try:
@@ -172,12 +192,15 @@ class Worker:
             os._exit(0)  # the runner is gone; nothing to report to
 
     def _handle(self, msg: object) -> None:
-        if isinstance(msg, RunJob):
+        if isinstance(msg, tuple):  # a batch: several jobs, perhaps then Stop
+            for m in msg:
+                self._handle(m)
+        elif isinstance(msg, RunJob):
             self.queue.append(msg)
         elif isinstance(msg, Skip):
             skipped = tuple(j.job_id for j in self.queue if j.job_id in msg.job_ids)
             self.queue = deque(j for j in self.queue if j.job_id not in msg.job_ids)
-            self.conn.send(Dropped(skipped, "skip"))
+            self._send(Dropped(skipped, "skip"))
         elif isinstance(msg, Drain):
             self.draining = True
         elif isinstance(msg, Stop):
@@ -186,7 +209,7 @@ class Worker:
     def _drop_all(self, reason: str) -> None:
         ids = tuple(j.job_id for j in self.queue)
         self.queue.clear()
-        self.conn.send(Dropped(ids, reason))
+        self._send(Dropped(ids, reason))
 
     def _apply_limit(self, job: RunJob) -> bool:
         """Set this slot's ceiling to the job's; a worker too big for it retires instead."""
@@ -206,7 +229,7 @@ class Worker:
 
     def _run(self, job: RunJob) -> None:
         os.write(self.started_fd, f"{job.token}\n".encode())
-        self.conn.send(Started(job.job_id, job.token, time.time()))
+        self._send(Started(job.job_id, job.token, time.time()))
         t0 = time.monotonic()
         workdir = self.workdir
         try:
@@ -228,7 +251,8 @@ class Worker:
         peak = slot_peak_bytes(self.config.slot_path)
         if peak is not None:
             fields["peak_memory_bytes"] = peak
-        self.conn.send(Finished(job.job_id, job.token, elapsed_s=elapsed, **fields))
+        # Held until the next job starts or the worker is about to wait (see _send).
+        self.outbox.append(Finished(job.job_id, job.token, elapsed_s=elapsed, **fields))
 
     @contextlib.contextmanager
     def _clean_context(self, job: RunJob, workdir: str) -> Iterator[_Capture]:
