@@ -191,7 +191,7 @@ class RunnerSettings:
 
     workers: int | None = None  # None: min(cores, budget // 400 MB)
     start_method: str = "forkserver"
-    max_jobs_per_worker: int = 200
+    max_jobs_per_worker: int = 1000
     lease_s: float = 60.0
     backoff_base_s: float = 1.0
     backoff_max_s: float = 300.0
