@@ -86,11 +86,13 @@ def time_cmd(cmd: list[str], *, cwd: Path, env: dict[str, str] | None = None) ->
 
 def warm(workdir: Path) -> None:
     # MEASUREMENTS.md: file creation on this ext4 slows 10-25x after idle; warm it first.
+    # Keep the files until the end: this ext4 runs without a journal, and then every create
+    # scans past the inodes deleted in the last 30-60 s (ext4's recently_deleted()), so
+    # deleting 3,000 files here made the timed runs after it 3-5x slower, at random.
     d = workdir / "warm"
     d.mkdir()
     for i in range(3000):
         (d / str(i)).write_bytes(b"")
-    shutil.rmtree(d)
 
 
 def main() -> None:
