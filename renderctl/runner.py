@@ -354,6 +354,8 @@ class Runner:
         unlink_quiet(self._workers_file())
         unlink_quiet(self.q.path / STATE_FILE)
         with contextlib.suppress(OSError):
+            if self.token_prefix and self.token_prefix not in self.q.lease_prefixes():
+                self.q.forget_holder(self.token_prefix)  # no lease of ours is left
             self.q.trim_free()
             # Our workers are gone now: their temporaries (and a dead runner's, whose
             # workers were still dying when we started) can go.

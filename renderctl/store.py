@@ -838,6 +838,20 @@ class Queue:
                      json.dumps(holder.to_json()).encode(), tmp_dir=self.dir("tmp"))
         _HOLDERS[(str(self.dir("control")), prefix)] = holder
 
+    def lease_prefixes(self) -> set[str]:
+        """Token prefixes of the leases on running records (whose holder files must stay)."""
+        out: set[str] = set()
+        for jid in self.list_ids(State.RUNNING):
+            lease = read_lease(self.record_path(State.RUNNING, jid))
+            if lease is not None:
+                out.add(lease.token.removesuffix(f":{jid}:{lease.attempt}"))
+        return out
+
+    def forget_holder(self, prefix: str) -> None:
+        """Remove one holder file (a runner leaving with no lease left naming it)."""
+        _HOLDERS.pop((str(self.dir("control")), prefix), None)
+        unlink_quiet(self.dir("control") / HOLDER_FILE.format(prefix))
+
     def forget_holders(self, keep: set[str]) -> None:
         """Remove holder files no running record names any more (the runner, after recovery)."""
         head, tail = HOLDER_FILE.split("{}")

@@ -73,6 +73,8 @@ def test_twenty_python_jobs_publish_real_pdfs_with_honest_records(
         assert result["attempts"] == 1
     assert stray_temporaries(out) == []
     assert qv.tmp_entries() == []
+    # And a runner that left cleanly leaves no holder file behind (no lease names it)
+    assert sorted(p.name for p in (queue / "control").glob("holder.*")) == []
 
     # And `show --json` tells the same story
     show = run_cli("show", ids[0], "--queue", queue, "--json")
