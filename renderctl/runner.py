@@ -451,7 +451,7 @@ class Runner:
             rec = view.record
             lease = rec.lease
             if lease is not None and not self._orphaned(lease, now):
-                held_by.add(lease.token.removesuffix(f":{jid}:{lease.attempt}"))
+                held_by.add(lease.token_prefix(jid))
                 continue
             t, tmp = self._recover_one(rec, started, now)
             transitions.append(t)

@@ -109,6 +109,11 @@ class Lease:
         return {"holder": self.holder.to_json(), "token": self.token, "attempt": self.attempt,
                 "claimed_at": self.claimed_at, "expires_at": self.expires_at}
 
+    def token_prefix(self, job_id: str) -> str:
+        """Who took it: the token is ``<prefix>:<job id>:<attempt>``; "" if it is not."""
+        suffix = f":{job_id}:{self.attempt}"
+        return self.token[:-len(suffix)] if self.token.endswith(suffix) else ""
+
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Lease:
         return cls(Holder.from_json(d["holder"]), d["token"], int(d["attempt"]),
@@ -810,8 +815,8 @@ class Queue:
         lease = rec.lease
         assert lease is not None
         data = b""
-        prefix = lease.token.removesuffix(f":{rec.spec.id}:{lease.attempt}")
-        if prefix != lease.token and prefix and not any(c.isspace() for c in prefix):
+        prefix = lease.token_prefix(rec.spec.id)
+        if prefix and not any(c.isspace() for c in prefix):
             self._ensure_holder(prefix, lease.holder)
             data = (f"{prefix} {lease.attempt} {lease.claimed_at:.3f} "
                     f"{lease.expires_at:.3f}").encode()
@@ -844,7 +849,7 @@ class Queue:
         for jid in self.list_ids(State.RUNNING):
             lease = read_lease(self.record_path(State.RUNNING, jid))
             if lease is not None:
-                out.add(lease.token.removesuffix(f":{jid}:{lease.attempt}"))
+                out.add(lease.token_prefix(jid))
         return out
 
     def forget_holder(self, prefix: str) -> None:
