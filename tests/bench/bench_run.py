@@ -5,6 +5,8 @@ Run: ``python tests/bench/bench_run.py [--rounds 2] [--noop 4000] [--invoices 20
 Both sides do the same renders in fresh processes on the real disk, alternating, and the
 ratio (pool time / renderctl time = renderctl's throughput relative to the pool) is printed
 per round. The pool keeps nothing durable; renderctl fsyncs every state change (batched).
+For context, a third run does what a careful script around the pool would: each output
+written to a temporary name, fsynced, checked (pypdf, sha256), renamed, folder fsynced.
 """
 
 from __future__ import annotations
@@ -46,8 +48,41 @@ POOL = textwrap.dedent('''
         from renderctl.render.invoice import render
         render([Path({sample!r})], Path({out!r}) / f"inv{{i}}.pdf", {{}})
 
+    def checked(fn, i):
+        # The same work made durable and checked the plain way, per output: temporary name,
+        # fsync, PDF check and hash, rename into place, fsync the folder. No queue state.
+        import hashlib, io, os
+        from renderctl.render.invoice import render
+        out = Path({out!r})
+        name = f"n{{i}}.bin" if fn is noop else f"inv{{i}}.pdf"
+        tmp = out / f".tmp-{{name}}"
+        if fn is noop:
+            import benchfns
+            benchfns.write_byte([], tmp, {{}})
+        else:
+            render([Path({sample!r})], tmp, {{}})
+        fd = os.open(tmp, os.O_RDONLY)
+        os.fsync(fd)
+        os.close(fd)
+        data = tmp.read_bytes()
+        hashlib.sha256(data).hexdigest()
+        if fn is invoice:
+            from pypdf import PdfReader
+            assert len(PdfReader(io.BytesIO(data)).pages) >= 1
+        os.rename(tmp, out / name)
+        dfd = os.open(out, os.O_RDONLY)
+        os.fsync(dfd)
+        os.close(dfd)
+
+    def noop_checked(i):
+        checked(noop, i)
+
+    def invoice_checked(i):
+        checked(invoice, i)
+
     if __name__ == "__main__":
-        fn = {{"noop": noop, "invoice": invoice}}[sys.argv[1]]
+        fn = {{"noop": noop, "invoice": invoice, "noop+": noop_checked,
+               "invoice+": invoice_checked}}[sys.argv[1]]
         n = int(sys.argv[2])
         with ProcessPoolExecutor(2) as ex:
             list(ex.map(fn, range(n), chunksize=1))
@@ -107,6 +142,7 @@ def main() -> None:
         (base / "benchfns.py").write_text(BENCHFNS)
         warm(base)
         results: dict[str, list[tuple[float, float]]] = {"noop": [], "invoice": []}
+        checked: dict[str, list[float]] = {"noop": [], "invoice": []}
         for kind, n in (("noop", args.noop), ("invoice", args.invoices)):
             manifest = base / f"{kind}.toml"
             write_manifest(manifest, kind, n)
@@ -118,21 +154,30 @@ def main() -> None:
                 pool_py.write_text(POOL.format(workdir=str(base), out=str(pool_out),
                                                sample=str(SAMPLE)))
                 t_pool = time_cmd([sys.executable, str(pool_py), kind, str(n)], cwd=base)
+                checked_out = base / f"poolc-{kind}-{r}"
+                checked_out.mkdir()
+                pool_py.write_text(POOL.format(workdir=str(base), out=str(checked_out),
+                                               sample=str(SAMPLE)))
+                t_checked = time_cmd([sys.executable, str(pool_py), kind + "+", str(n)],
+                                     cwd=base)
                 cmd = [sys.executable, "-m", "renderctl.cli.app", "run", str(manifest),
                        "--queue", str(base / f"q-{kind}-{r}"), "--out", str(out),
                        "--workers", "2", "--quiet", *args.extra.split()]
                 t_rc = time_cmd(cmd, cwd=base)
                 results[kind].append((t_pool, t_rc))
+                checked[kind].append(t_checked / t_rc)
                 print(f"{kind:8} n={n:5} round {r}: pool {t_pool:6.2f}s ({n / t_pool:7.0f}/s)  "
                       f"renderctl {t_rc:6.2f}s ({n / t_rc:7.0f}/s)  "
-                      f"ratio {t_pool / t_rc:.2f}x", flush=True)
+                      f"ratio {t_pool / t_rc:.2f}x  |  pool with durable, checked outputs "
+                      f"{t_checked:6.2f}s: ratio {t_checked / t_rc:.2f}x", flush=True)
         print()
         targets = {"noop": 0.5, "invoice": 0.9}
         for kind, rows in results.items():
             ratios = [p / r for p, r in rows]
             print(f"{kind:8} renderctl/pool throughput ratio: median "
                   f"{statistics.median(ratios):.2f}x (rounds: "
-                  f"{', '.join(f'{x:.2f}' for x in ratios)}); target >= {targets[kind]}x")
+                  f"{', '.join(f'{x:.2f}' for x in ratios)}); target >= {targets[kind]}x; "
+                  f"vs the durable, checked pool: median {statistics.median(checked[kind]):.2f}x")
         print(json.dumps({k: [[round(p, 3), round(r, 3)] for p, r in v]
                           for k, v in results.items()}))
     finally:
