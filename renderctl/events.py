@@ -11,6 +11,7 @@ Each line: ``{"ts": <epoch s>, "event": <name>, "job": <id>, ...}``. Events: ``a
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Iterable, Iterator, Mapping
@@ -23,16 +24,30 @@ class EventLog:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
+        self._fd = -1
 
     def append(self, events: Iterable[Mapping[str, Any]]) -> None:
         data = "".join(json.dumps(e, separators=(",", ":"), default=str) + "\n" for e in events)
         if not data:
             return
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            os.write(fd, data.encode())
-        finally:
-            os.close(fd)
+        # Kept open (the runner appends after every claim batch and commit; an open per
+        # call was a visible share of its per-job time). O_APPEND keeps lines from several
+        # processes whole. A log removed under us is reopened; one renamed away (rotation)
+        # keeps receiving until this process exits, as with most daemons' logs.
+        if self._fd < 0 or os.fstat(self._fd).st_nlink == 0:
+            self.close()
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC,
+                               0o600)
+        os.write(self._fd, data.encode())
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = -1
+
+    def __del__(self) -> None:
+        self.close()
 
     def read(self, *, offset: int = 0) -> tuple[list[dict[str, Any]], int]:
         """Complete lines from ``offset``; returns them and the offset to continue from."""

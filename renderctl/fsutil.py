@@ -82,6 +82,18 @@ def write_file(path: str | os.PathLike[str], data: bytes, *, fsync: bool) -> Non
         os.close(fd)
 
 
+def read_file(path: str | os.PathLike[str]) -> bytes:
+    """A small file's bytes in three syscalls (pathlib's read_bytes makes five, plus objects)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunks = [os.read(fd, 65536)]
+        while len(chunks[-1]) == 65536:
+            chunks.append(os.read(fd, 65536))
+    finally:
+        os.close(fd)
+    return b"".join(chunks)
+
+
 def fill_file(path: str | os.PathLike[str], data: bytes) -> None:
     """Write ``data`` into an existing temporary file (no create), replacing its content.
 

@@ -754,7 +754,8 @@ class Runner:
                                f"of {self.budget_mb} MB (--memory-budget)")
             return
         try:
-            os.makedirs(final.parent, mode=0o755, exist_ok=True)
+            if (spec.out_root, str(final.parent)) not in self._confined:
+                os.makedirs(final.parent, mode=0o755, exist_ok=True)
             # Before the worker writes its temporary there: a folder that exists already may
             # be a symlink out of the root, which isdir() happily follows.
             self._check_confined(spec.out_root, final)
@@ -1121,6 +1122,9 @@ class Runner:
         return att
 
     def _verdict(self, rec: JobRecord, attempt: dict[str, Any], now: float) -> Transition:
+        # A failed attempt may have failed because its folder went away: let the next claim
+        # of anything there create and check the folder again.
+        self._confined.discard((rec.spec.out_root, str(rec.spec.output_path.parent)))
         rec = replace(rec, attempts=rec.attempts + (attempt,), lease=None, changed_at=now)
         outcome = Outcome(attempt["outcome"])
         charged = rec.charged_attempts

@@ -46,7 +46,15 @@ from typing import Any, Protocol
 from renderctl.clock import SYSTEM_CLOCK, Clock
 from renderctl.errors import JobNotFound, ManifestError, Problem, QueueBusy, QueueIOError, Saturated
 from renderctl.events import EventLog
-from renderctl.fsutil import atomic_write, fill_file, fsync_dir, syncfs, unlink_quiet, write_file
+from renderctl.fsutil import (
+    atomic_write,
+    fill_file,
+    fsync_dir,
+    read_file,
+    syncfs,
+    unlink_quiet,
+    write_file,
+)
 from renderctl.lifecycle import State, check_transition
 from renderctl.manifest import JobSpec, Limits, jobs_from_dicts
 from renderctl.policy import ClaimIndex, Entry
@@ -288,9 +296,10 @@ class Queue:
         # later replace or cancel is caught at claim, which re-reads the file anyway).
         self._submitted: dict[str, Entry] = {}
         # Retired record files kept for reuse (see recycle()): the runner's, under its lock.
-        self._free: list[Path] = []
+        self._free: list[str] = []
         self._xattrs = True  # until the file system says otherwise
         self._dirs: dict[str, Path] = {}
+        self._dstr: dict[State, str] = {}
         if create:
             self._create()
         elif not (self.path / "pending").is_dir():
@@ -328,7 +337,7 @@ class Queue:
         self._tmp_counter += 1
         return self.dir("tmp") / f"{os.getpid()}.{self._tmp_counter}.{purpose}"
 
-    def recycle(self, path: Path) -> None:
+    def recycle(self, path: str) -> None:
         """Retire a record file by keeping its inode for a later record instead of unlinking.
 
         On this ext4 (no journal) every create scans past the inodes deleted in the last
@@ -337,7 +346,7 @@ class Queue:
         no inode allocation at all, so the steady state deletes and creates no record file.
         """
         self._tmp_counter += 1
-        free = self.dir("tmp") / f"{FREE_PREFIX}{os.getpid()}.{self._tmp_counter}"
+        free = f"{self.dir('tmp')}/{FREE_PREFIX}{os.getpid()}.{self._tmp_counter}"
         try:
             os.rename(path, free)
         except FileNotFoundError:
@@ -353,13 +362,13 @@ class Queue:
         known = set(self._free)  # a path listed twice would be filled for two records
         self._free.extend(p for n in os.listdir(self.dir("tmp"))
                           if n.startswith(FREE_PREFIX)
-                          and (p := self.dir("tmp") / n) not in known)
+                          and (p := f"{self.dir('tmp')}/{n}") not in known)
 
     def trim_free(self, keep: int = 64) -> None:
         while len(self._free) > keep:
             unlink_quiet(self._free.pop())
 
-    def _record_tmp(self, data: bytes) -> Path:
+    def _record_tmp(self, data: bytes) -> str:
         """A temporary file under tmp/ holding ``data``: a reused inode when one is free."""
         while self._free:
             tmp = self._free.pop()
@@ -368,9 +377,16 @@ class Queue:
             except FileNotFoundError:
                 continue
             return tmp
-        tmp = self._tmp_name("finish")
+        tmp = str(self._tmp_name("finish"))
         write_file(tmp, data, fsync=False)
         return tmp
+
+    def _rpath(self, state: State, job_id: str) -> str:
+        """record_path as a str: the runner's per-job path (pathlib cost ~10 us per path)."""
+        d = self._dstr.get(state)
+        if d is None:
+            d = self._dstr[state] = str(self.dir(state))
+        return f"{d}/{job_id}.json"
 
     def record_path(self, state: State | str, job_id: str) -> Path:
         return self.dir(state) / f"{job_id}.json"
@@ -760,16 +776,16 @@ class Queue:
             entry = index.pop(now=now)
             if entry is None:
                 break
-            src = self.record_path(State.PENDING, entry.job_id)
-            dst = self.record_path(State.RUNNING, entry.job_id)
+            src = self._rpath(State.PENDING, entry.job_id)
+            dst = self._rpath(State.RUNNING, entry.job_id)
             try:
-                raw = src.read_bytes()
+                raw = read_file(src)
             except FileNotFoundError:
                 continue  # cancelled (or claimed by a previous life) since it was indexed
             try:
                 rec = JobRecord.loads(raw)
             except _CORRUPT as exc:
-                self.quarantine(src, f"unparseable: {exc}")
+                self.quarantine(Path(src), f"unparseable: {exc}")
                 continue
             if rec.seq != entry.seq or rec.not_before > now:
                 index.add(rec.entry(), now=now)  # replaced or re-delayed: reindex as it is
@@ -803,7 +819,7 @@ class Queue:
             self.finish(expired)
         return claims, [t.record for t in expired]
 
-    def _write_lease(self, path: Path, rec: JobRecord) -> None:
+    def _write_lease(self, path: str | Path, rec: JobRecord) -> None:
         """Set a running record's lease: an xattr, compact when its holder is on file.
 
         Compact is "<token prefix> <attempt> <claimed_at> <expires_at>" (about 50 bytes),
@@ -888,11 +904,11 @@ class Queue:
 
     def holds(self, claim: Claim) -> bool:
         """Fencing: is ``claim``'s lease still the one on disk? (Checked before publishing.)"""
-        path = self.record_path(State.RUNNING, claim.job_id)
+        path = self._rpath(State.RUNNING, claim.job_id)
         lease = read_lease(path)
         if lease is None and not self._xattrs:
             try:
-                lease = self.read_record(path).lease
+                lease = self.read_record(Path(path)).lease
             except (OSError, *_CORRUPT):
                 return False
         return lease is not None and lease.token == claim.lease.token
@@ -913,25 +929,25 @@ class Queue:
             crash_hook("finish:before_unlink")
         self.retire(staged)
 
-    def stage(self, transitions: Sequence[Transition]) -> list[tuple[Path, Transition]]:
+    def stage(self, transitions: Sequence[Transition]) -> list[tuple[str, Transition]]:
         """Phase 1 of finish: write each new record under tmp/ (the caller syncs next)."""
-        staged: list[tuple[Path, Transition]] = []
+        staged: list[tuple[str, Transition]] = []
         for t in transitions:
             check_transition(t.src, t.dst)
             staged.append((self._record_tmp(t.record.dumps()), t))
         return staged
 
-    def place(self, staged: Sequence[tuple[Path, Transition]]) -> None:
+    def place(self, staged: Sequence[tuple[str, Transition]]) -> None:
         """Phase 2: rename each staged record into its folder (the caller syncs next)."""
         for tmp, t in staged:
-            os.replace(tmp, self.record_path(t.dst, t.record.spec.id))
+            os.replace(tmp, self._rpath(t.dst, t.record.spec.id))
 
-    def retire(self, staged: Sequence[tuple[Path, Transition]]) -> None:
+    def retire(self, staged: Sequence[tuple[str, Transition]]) -> None:
         """Phase 3, after the sync: drop the old copies and log the events."""
         for _, t in staged:
             if t.src is not t.dst:
                 # No fsync: if this is lost, recovery sees two copies; the later wins.
-                self.recycle(self.record_path(t.src, t.record.spec.id))
+                self.recycle(self._rpath(t.src, t.record.spec.id))
         now = self.clock.wall()
         self.events.append({"ts": now, **transition_event(t)} for _, t in staged)
 
@@ -1102,12 +1118,12 @@ def transition_event(t: Transition) -> dict[str, Any]:
 _HOLDERS: dict[tuple[str, str], Holder] = {}
 
 
-def _holder(control: Path, prefix: str) -> Holder:
-    key = (str(control), prefix)
+def _holder(control: str, prefix: str) -> Holder:
+    key = (control, prefix)
     holder = _HOLDERS.get(key)
     if holder is None:
         try:
-            raw = (control / HOLDER_FILE.format(prefix)).read_bytes()
+            raw = read_file(f"{control}/{HOLDER_FILE.format(prefix)}")
             holder = Holder.from_json(json.loads(raw))
         except (OSError, ValueError, KeyError, TypeError):
             return UNKNOWN_HOLDER  # not cached: it may be written in a moment
@@ -1115,7 +1131,7 @@ def _holder(control: Path, prefix: str) -> Holder:
     return holder
 
 
-def read_lease(path: Path) -> Lease | None:
+def read_lease(path: str | os.PathLike[str]) -> Lease | None:
     """The lease xattr of a running record, or None (none set, or the file is gone)."""
     try:
         raw = os.getxattr(path, LEASE_XATTR)
@@ -1125,8 +1141,10 @@ def read_lease(path: Path) -> Lease | None:
         if raw.startswith(b"{"):
             return Lease.from_json(json.loads(raw))
         prefix, attempt, claimed_at, expires_at = raw.decode().split(" ")
-        job_id = path.name.removesuffix(".json")
-        return Lease(_holder(path.parent.parent / "control", prefix),
+        queue_dir, _, name = os.fspath(path).rpartition("/")  # QUEUE/running, x.json
+        job_id = name.removesuffix(".json")
+        control = f"{queue_dir.rpartition('/')[0]}/control"
+        return Lease(_holder(control, prefix),
                      f"{prefix}:{job_id}:{attempt}", int(attempt), float(claimed_at),
                      float(expires_at))
     except (ValueError, KeyError, TypeError, UnicodeDecodeError):
