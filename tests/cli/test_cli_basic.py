@@ -162,7 +162,7 @@ def test_status_on_a_pipe_has_no_ansi_codes(renderctl_argv: list[str], good: Pat
     assert "pending=2 running=0 done=0 dead=0 cancelled=0 expired=0" in status
 
 
-HEAVY = ("reportlab", "pypdf")
+HEAVY = ("reportlab", "pypdf", "pydantic")
 PROBE = """
 import sys
 sys.argv = ["renderctl", *sys.argv[1:]]
@@ -171,7 +171,7 @@ try:
     main()
 except SystemExit:
     pass
-heavy = sorted({m.split(".")[0] for m in sys.modules} & {"reportlab", "pypdf"})
+heavy = sorted({m.split(".")[0] for m in sys.modules} & {"reportlab", "pypdf", "pydantic"})
 sys.stderr.write("HEAVY=" + ",".join(heavy) + "\\n")
 """
 
@@ -179,7 +179,7 @@ sys.stderr.write("HEAVY=" + ",".join(heavy) + "\\n")
 @pytest.mark.parametrize("args", [["--help"], ["status"], ["status", "--json"],
                                   ["validate", "GOOD"], ["schema"], ["kinds"]],
                          ids=lambda a: " ".join(a))
-def test_light_commands_do_not_import_reportlab_or_pypdf(
+def test_light_commands_do_not_import_reportlab_pypdf_or_pydantic(
     args: list[str], good: Path, queue_dir: Path, renderctl_argv: list[str]
 ) -> None:
     subprocess.run([*renderctl_argv, "submit", "--queue", str(queue_dir), str(good)],
