@@ -145,8 +145,8 @@ class MemoryGuard(Protocol):
 _KEPT: dict[tuple[str, int], int] = {}
 
 
-def _kept_fd(path: Path, flags: int) -> int:
-    key = (str(path), flags)
+def _kept_fd(path: str | Path, flags: int) -> int:
+    key = (path if isinstance(path, str) else str(path), flags)
     fd = _KEPT.get(key)
     if fd is None:
         fd = _KEPT[key] = os.open(path, flags | os.O_CLOEXEC)
@@ -159,7 +159,7 @@ def _forget_kept(prefix: str) -> None:
             os.close(_KEPT.pop(key))
 
 
-def _read_text(path: Path) -> str:
+def _read_text(path: str | Path) -> str:
     try:
         return os.pread(_kept_fd(path, os.O_RDONLY), 4096, 0).decode()
     except OSError as e:
@@ -175,12 +175,12 @@ def _reset_counter(path: Path) -> None:
     os.pwrite(_kept_fd(path, os.O_WRONLY), b"0", 0)
 
 
-def _read_int(path: Path) -> int:
+def _read_int(path: str | Path) -> int:
     text = _read_text(path).strip()
     return 2**63 - 1 if text == "max" else int(text)
 
 
-def _read_keyed(path: Path, key: str) -> int | None:
+def _read_keyed(path: str | Path, key: str) -> int | None:
     """The value of ``key`` in a flat-keyed file such as memory.oom_control or memory.events."""
     for line in _read_text(path).splitlines():
         name, _, value = line.partition(" ")
@@ -368,10 +368,11 @@ class CgroupSlot:
     def mark(self) -> OomMark:
         """Snapshot the OOM counters; compare with ``oom_killed_since`` after the job."""
         if self.v1:
-            return OomMark(
-                _read_keyed(self.dir / "memory.oom_control", "oom_kill"),
-                _read_int(self.dir / "memory.failcnt"),
-            )
+            # Read once or twice per job on the runner's thread: str paths and kept fds, and
+            # failcnt only where the kernel has no oom_kill counter (it is the fallback).
+            d = str(self.dir)
+            kills = _read_keyed(f"{d}/memory.oom_control", "oom_kill")
+            return OomMark(kills, 0 if kills is not None else _read_int(f"{d}/memory.failcnt"))
         events = self.dir / "memory.events.local"
         if not events.exists():
             events = self.dir / "memory.events"

@@ -224,6 +224,7 @@ class Runner:
         self.started_log = ""
         self.work_root = ""
         self.exec_times: deque[float] = deque(maxlen=512)
+        self._depth = 1  # adaptive prefetch depth (see _prefetch_depth)
         self.wait_times: deque[float] = deque(maxlen=512)
         self.recent_failures: deque[dict[str, Any]] = deque(maxlen=5)
         self.started_at = 0.0
@@ -720,6 +721,9 @@ class Runner:
         while another worker is idle."""
         if self.s.prefetch is not None:
             return self.s.prefetch
+        return self._depth  # recomputed per finished job (_observe_exec), read many times
+
+    def _compute_depth(self) -> int:
         if len(self.exec_times) < 3:
             return 1
         recent = list(self.exec_times)[-32:]
@@ -920,6 +924,7 @@ class Runner:
 
     def _observe_exec(self, elapsed: float) -> None:
         self.exec_times.append(elapsed)
+        self._depth = self._compute_depth()
 
     def _on_death(self, w: WorkerHandle) -> None:
         self._read_messages(w)
