@@ -74,5 +74,6 @@ def harden() -> None:
     # Empty, not None: reportlab then refuses every scheme and every host, including file:.
     rl_config.trustedSchemes = []
     rl_config.trustedHosts = []
-    pypdf.overwrite_configuration(_HARDENED_PYPDF)
+    if pypdf.get_configuration() != _HARDENED_PYPDF:  # rebuilding it costs ~15 us
+        pypdf.overwrite_configuration(_HARDENED_PYPDF)
     sys.setrecursionlimit(RECURSION_LIMIT)
