@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib.abc
+import importlib.machinery
 import io
 import os
 import shutil
@@ -136,6 +138,8 @@ class Worker:
             p for key in ("stdlib", "platstdlib", "purelib", "platlib")
             if (p := sysconfig.get_paths().get(key))
         })
+        # Jobs' own modules are imported afresh for every job; their compiled code need not be.
+        sys.meta_path.insert(0, _UserCodeCache(self.library_roots))
         self.neutral_cwd = config.work_root
         # Each job gets its own empty working directory: the previous one, emptied and renamed
         # (a rename costs ~0.02 ms here, a mkdir/rmdir pair ~1 ms of journal work).
@@ -289,6 +293,42 @@ class Worker:
                 self.base_modules.add(name)
                 continue
             sys.modules.pop(name, None)
+
+
+class _CachedSourceLoader(importlib.machinery.SourceFileLoader):
+    """A SourceFileLoader whose compiled code is kept while the file is unchanged."""
+
+    cache: dict[str, tuple[int, int, Any]] = {}  # path: (mtime_ns, size, code)
+
+    def get_code(self, fullname: str) -> Any:
+        path = self.get_filename(fullname)
+        st = os.stat(path)
+        hit = self.cache.get(path)
+        if hit is not None and hit[0] == st.st_mtime_ns and hit[1] == st.st_size:
+            return hit[2]
+        code = super().get_code(fullname)
+        self.cache[path] = (st.st_mtime_ns, st.st_size, code)
+        return code
+
+
+class _UserCodeCache(importlib.abc.MetaPathFinder):
+    """Serve a job's own modules (not libraries) with their compiled code cached.
+
+    Each job imports its modules afresh (a new module object, its top level executed again,
+    so no state leaks between jobs), but compiling them again was most of a small job's cost
+    where bytecode is not written (PYTHONDONTWRITEBYTECODE): ~0.1 ms for a 5-line module.
+    A code object is immutable; the file's mtime and size say when it must be recompiled."""
+
+    def __init__(self, library_roots: tuple[str, ...]) -> None:
+        self.library_roots = library_roots
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or type(spec.loader) is not importlib.machinery.SourceFileLoader \
+                or not spec.origin or spec.origin.startswith(self.library_roots):
+            return None  # the regular finders decide, exactly as without us
+        spec.loader = _CachedSourceLoader(fullname, spec.origin)
+        return spec
 
 
 def _set_environ(env: Mapping[str, str]) -> None:

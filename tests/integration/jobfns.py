@@ -302,3 +302,19 @@ def stray_temporaries(out: Path) -> list[Path]:
 
 def json_lines(text: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def report_version_then_edit(inputs: Sequence[Path], output: Path,
+                             params: Mapping[str, Any]) -> None:
+    """Record the version of the job module `versioned` this job imported, then edit the
+    module on disk so that the next job must run the new code (a longer file, new version)."""
+    import importlib
+
+    mod = importlib.import_module("versioned")
+    with open(params["report"], "a") as fh:
+        fh.write(json.dumps({"pid": os.getpid(), "version": mod.VERSION,
+                             "calls": mod.bump()}) + "\n")
+    path = Path(mod.__file__)
+    path.write_text(path.read_text().replace(f"VERSION = {mod.VERSION}",
+                                             f"VERSION = {mod.VERSION + 1}  # edited"))
+    _pdf(Path(output), os.environ["RENDERCTL_JOB_ID"])

@@ -210,3 +210,26 @@ def test_a_reused_worker_shows_no_job_what_an_earlier_job_changed(
         assert (s["rl_invariant"], s["rl_page_compression"]) == \
             (pristine["rl_invariant"], pristine["rl_page_compression"]), s
     assert len({s["cwd"] for s in seen}) == len(seen), "a working directory was reused"
+
+
+def test_a_reused_worker_runs_a_job_module_edited_since_the_last_job(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given a job module that each job edits on disk after importing it (a new version)
+    stage(tmp_path)
+    (tmp_path / "versioned.py").write_text(
+        "VERSION = 1\nCALLS = 0\n\n\ndef bump():\n    global CALLS\n    CALLS += 1\n"
+        "    return CALLS\n")
+    report = tmp_path / "seen.jsonl"
+    ids = [f"v-{n}" for n in range(3)]
+    manifest = write_manifest([{**py_job(j, "report_version_then_edit", report=str(report)),
+                                "priority": -n} for n, j in enumerate(ids)])
+    queue, out = tmp_path / "q", tmp_path / "out"
+
+    # When they run one after another in a single worker
+    res = run_cli("run", manifest, *cli_args(queue, out, "--workers", "1"))
+
+    # Then each job ran the module as it was on disk when it started, with fresh globals
+    assert res.returncode == 0, res.stdout + res.stderr
+    seen = [json.loads(line) for line in report.read_text().splitlines()]
+    assert len({s["pid"] for s in seen}) == 1, "the jobs did not share one worker"
+    assert [(s["version"], s["calls"]) for s in seen] == [(1, 1), (2, 1), (3, 1)]
