@@ -582,15 +582,17 @@ class Queue:
             JobRecord(spec=s, seq=f"{stamp}.{i:06d}", accepted_at=now, changed_at=now)
             for i, s in enumerate(new)
         ]
-        txn = {"seq": stamp, "replace": replaced,
-               "records": [r.to_json() for r in records]}
-        payload = json.dumps(txn, separators=(",", ":")).encode()
+        # Each record is serialised once, for its job file and (spliced) for the journal.
+        raws = [r.dumps() for r in records]
+        payload = (b'{"seq":' + json.dumps(stamp).encode() + b',"replace":'
+                   + json.dumps(replaced, separators=(",", ":")).encode()
+                   + b',"records":[' + b",".join(raws) + b"]}")
         if len(records) == 1 and not replaced:
             # One job is atomic by itself (tmp -> fsync -> rename -> fsync dir): skip the
             # journal and spend two fsyncs instead of four (the web tier's 200 ms budget).
             self._apply_single(records[0], stamp, payload)
         else:
-            self._commit_txn(stamp, payload, records, set(replaced))
+            self._commit_txn(stamp, payload, records, set(replaced), raws)
         self.events.append({"ts": now, "event": "accepted", "job": r.spec.id}
                            for r in records)
         self._submitted.update((r.spec.id, r.entry()) for r in records)
@@ -612,7 +614,7 @@ class Queue:
         os.replace(tmp, self.dir("journal") / f"{stamp}.new")
 
     def _commit_txn(self, stamp: str, payload: bytes, records: Sequence[JobRecord],
-                    replaced: set[str]) -> None:
+                    replaced: set[str], raws: Sequence[bytes] | None = None) -> None:
         journal = self.dir("journal") / f"{stamp}.txn"
         tmp = self._tmp_name("txn")
         write_file(tmp, payload, fsync=True)
@@ -620,10 +622,11 @@ class Queue:
         # Protects against: power loss right after we report "accepted": without this the
         # journal entry (our commit point) could vanish, and with it the whole batch.
         fsync_dir(journal.parent)
-        self._apply_txn(journal, records, replaced=replaced)
+        self._apply_txn(journal, records, replaced=replaced, raws=raws)
 
     def _apply_txn(self, journal: Path, records: Sequence[JobRecord], *,
-                   replaced: set[str], replay: bool = False) -> None:
+                   replaced: set[str], replay: bool = False,
+                   raws: Sequence[bytes] | None = None) -> None:
         """Roll a committed batch forward into pending/ (idempotent: replays are safe)."""
         for jid in replaced:
             for state in State:
@@ -631,7 +634,7 @@ class Queue:
                     unlink_quiet(self.record_path(state, jid))
         staged: list[tuple[Path, Path]] = []
         small = len(records) <= SMALL_BATCH
-        for rec in records:
+        for i, rec in enumerate(records):
             jid = rec.spec.id
             if replay and jid not in replaced:
                 other = self.find(jid)
@@ -640,7 +643,7 @@ class Queue:
                 if other is not None and other.record.seq == rec.seq:
                     continue  # already applied
             tmp = self._tmp_name("job")
-            write_file(tmp, rec.dumps(), fsync=small)
+            write_file(tmp, raws[i] if raws is not None else rec.dumps(), fsync=small)
             staged.append((tmp, self.record_path(State.PENDING, jid)))
         if staged and not small:
             # Protects against: power loss after the renames below, which would otherwise
