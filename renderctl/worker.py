@@ -546,9 +546,11 @@ def run_command(argv: list[str], inputs: list[Path], output: Path,
     log = workdir / ".command-output"
     with open(log, "wb") as fh:
         try:
+            # env: exactly the job's os.environ (see _Environ), not the C-level environment,
+            # where an earlier job's bare os.putenv() would otherwise survive.
             proc = subprocess.Popen(args, cwd=workdir, stdin=subprocess.DEVNULL, stdout=fh,
                                     stderr=subprocess.STDOUT, preexec_fn=_child_setup,
-                                    close_fds=True)
+                                    close_fds=True, env=dict(os.environ))
         except FileNotFoundError:
             return {"outcome": Outcome.FAILED.value, "error": f"command not found: {args[0]}"}
         except PermissionError:

@@ -318,3 +318,9 @@ def report_version_then_edit(inputs: Sequence[Path], output: Path,
     path.write_text(path.read_text().replace(f"VERSION = {mod.VERSION}",
                                              f"VERSION = {mod.VERSION + 1}  # edited"))
     _pdf(Path(output), os.environ["RENDERCTL_JOB_ID"])
+
+
+def putenv_directly(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
+    """Change the process environment below os.environ (C level only), then succeed."""
+    os.putenv(POLLUTING_ENV, "leaked")
+    _pdf(Path(output), os.environ["RENDERCTL_JOB_ID"])

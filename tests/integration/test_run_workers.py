@@ -233,3 +233,24 @@ def test_a_reused_worker_runs_a_job_module_edited_since_the_last_job(
     seen = [json.loads(line) for line in report.read_text().splitlines()]
     assert len({s["pid"] for s in seen}) == 1, "the jobs did not share one worker"
     assert [(s["version"], s["calls"]) for s in seen] == [(1, 1), (2, 1), (3, 1)]
+
+
+def test_a_command_job_does_not_inherit_an_earlier_jobs_bare_putenv(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given a python job that sets a variable with os.putenv (below os.environ), then a
+    # command job in the same worker that writes out what it sees of that variable
+    stage(tmp_path)
+    from jobfns import POLLUTING_ENV
+
+    jobs = [{**py_job("putenv", "putenv_directly"), "priority": 1},
+            {"id": "echo", "kind": "command", "output": "seen.txt",
+             "argv": ["sh", "-c", f'echo "${{{POLLUTING_ENV}:-unset}}" > "$0"', "{output}"]}]
+    manifest = write_manifest(jobs)
+    queue, out = tmp_path / "q", tmp_path / "out"
+
+    # When they run one after the other in one worker
+    res = run_cli("run", manifest, *cli_args(queue, out, "--workers", "1"))
+
+    # Then the command saw the worker's environment, not the earlier job's change
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert (out / "seen.txt").read_text().strip() == "unset"
