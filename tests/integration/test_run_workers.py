@@ -12,6 +12,7 @@ from typing import Any
 import psutil
 import pytest
 from jobfns import (
+    POLLUTING_ENV,
     QueueView,
     Runner,
     assert_pdf,
@@ -240,8 +241,6 @@ def test_a_command_job_does_not_inherit_an_earlier_jobs_bare_putenv(
     # Given a python job that sets a variable with os.putenv (below os.environ), then a
     # command job in the same worker that writes out what it sees of that variable
     stage(tmp_path)
-    from jobfns import POLLUTING_ENV
-
     jobs = [{**py_job("putenv", "putenv_directly"), "priority": 1},
             {"id": "echo", "kind": "command", "output": "seen.txt",
              "argv": ["sh", "-c", f'echo "${{{POLLUTING_ENV}:-unset}}" > "$0"', "{output}"]}]
