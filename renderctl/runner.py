@@ -2,15 +2,15 @@
 
 ::
 
-    pending/ ─claim (batch, 1 sync)─▶ local ready ─dispatch (memory budget)─▶ worker queue
+    pending/ ─claim (batch; durable with the next commit)─▶ ready ─dispatch (budget)─▶ worker
                                                                                │ RunJob
-       ┌──────────── Started / Finished / Dropped ◀──── pipe ◀──── worker ◀────┘
+       ┌──────── Started / Finished / Dropped (batched) ◀── pipe ◀── worker ◀───┘
        ▼                                  (or its sentinel: the worker died)
-    completions ─group commit─▶ syncfs outputs ─▶ fence + link ─▶ queue.finish (1 sync)
-                                                                 ─▶ done/ dead/ pending/
+    completions ─group commit─▶ syncfs ─▶ fence + publish (rename) ─▶ records renamed into
+                                done/ dead/ pending/ ─▶ syncfs ─▶ running copies recycled
 
-One process, one thread, one loop. The loop waits on ``multiprocessing.connection.wait``
-over every worker's pipe and process sentinel plus a self-pipe for signals, with a timeout
+One process, one thread, one loop. The loop waits on one ``select.poll`` set (kept for its
+life) over every worker's pipe and process sentinel plus a self-pipe for signals, with a timeout
 that is the next deadline (memory sample, job timeout, kill escalation, lease renewal,
 backoff expiry): a dead worker or a finished job wakes it at once; nothing polls on a
 fixed sleep. Because nothing but this loop runs in the runner, ``fork`` is safe too.
@@ -78,12 +78,11 @@ CRASH_POINTS = ("claim", "lease", "start", "publish:before_link", "publish:after
                 "publish:after_done", "dead")
 
 
-# Group commit: results wait at most this long for others to share their syncs. 10 ms is
-# below what a person notices and above a sync's cost here (~0.5-2 ms).
-# How long finished attempts may wait for company in a group commit. Short jobs (more than
-# one prefetched per worker) wait up to 50 ms: measured on 2,000 invoices, 10 -> 50 ms cut
-# the runner's syncfs time and CPU (0.47 -> 0.43 ms per job) and its sys time by a third.
-# Longer jobs finish too rarely to share a commit; their results go out within 10 ms.
+# How long finished attempts may wait for company in a group commit: 10 ms is below what a
+# person notices and above a sync's cost here (~0.5-2 ms). Short jobs (more than one
+# prefetched per worker) wait up to 50 ms: measured on 2,000 invoices, 10 -> 50 ms cut the
+# runner's CPU per job (0.47 -> 0.43 ms) and its sys time by a third. Longer jobs finish too
+# rarely to share a commit; their results go out within 10 ms.
 COMMIT_WINDOW_S = 0.01
 COMMIT_WINDOW_BUSY_S = 0.05
 COMMIT_MAX_BATCH = 256
