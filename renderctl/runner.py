@@ -440,7 +440,6 @@ class Runner:
         now = self.clock.wall()
         transitions: list[Transition] = []
         published_tmps: list[Path] = []
-        held_by: set[str] = set()  # token prefixes of leases still valid
         for jid in self.q.list_ids(State.RUNNING):
             path = self.q.record_path(State.RUNNING, jid)
             view = self.q.find(jid)
@@ -456,7 +455,6 @@ class Runner:
             rec = view.record
             lease = rec.lease
             if lease is not None and not self._orphaned(lease, now):
-                held_by.add(lease.token_prefix(jid))
                 continue
             t, tmp = self._recover_one(rec, started, now)
             transitions.append(t)
@@ -475,7 +473,7 @@ class Runner:
                 unlink_quiet(log)
         self.q.clean_tmp()
         self.q.adopt_free()
-        self.q.forget_holders(keep=held_by)
+        self.q.forget_holders(keep=self.q.lease_prefixes())  # what recovery left running
 
     def _orphaned(self, lease: Any, now: float) -> bool:
         alive = proctree.holder_alive(host=lease.holder.host, boot_id=lease.holder.boot_id,
