@@ -231,16 +231,20 @@ def _env(extra: Mapping[str, str] | None) -> dict[str, str]:
     return env
 
 
-def wait_until(check: Callable[[], T], *, timeout_s: float = 20, what: str = "condition",
-               interval_s: float = 0.01) -> T:
-    """Poll ``check`` until it returns something truthy (returned) or the deadline passes."""
+def wait_until(check: Callable[[], T], *, timeout_s: float = 20,
+               what: str | Callable[[], str] = "condition", interval_s: float = 0.01) -> T:
+    """Poll ``check`` until it returns something truthy (returned) or the deadline passes.
+
+    ``what`` names the condition in the failure; a callable is asked only then (it may
+    gather diagnostics, e.g. a runner's output so far)."""
     deadline = time.monotonic() + timeout_s
     while True:
         value = check()
         if value:
             return value
         if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+            text = what() if callable(what) else what
+            raise AssertionError(f"timed out after {timeout_s:g}s waiting for {text}")
         time.sleep(interval_s)
 
 

@@ -14,42 +14,25 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import psutil
 import pytest
+from jobfns import RENDERCTL, STATES, wait_until
 from pypdf import PdfReader
 
 from renderctl import guards, proctree
 
 MB = 1024 * 1024
-STATES = ("pending", "running", "done", "dead", "cancelled", "expired")
 GUARDFNS = Path(__file__).with_name("guardfns.py")
-CLI = [sys.executable, "-m", "renderctl.cli.app"]
 
-T = TypeVar("T")
 
 
 # -- helpers -------------------------------------------------------------------------------
-
-
-def wait_for(pred: Callable[[], T], timeout: float, what: str | Callable[[], str], *,
-             every: float = 0.005) -> T:
-    """Poll ``pred`` until it returns something truthy; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = pred()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            text = what() if callable(what) else what
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {text}")
-        time.sleep(every)
 
 
 def cgroup_v1_writable() -> bool:
@@ -89,7 +72,7 @@ class RunnerProc:
         self.stderr_path = log_dir / f"runner-{time.monotonic_ns()}.stderr"
         self._stderr = open(self.stderr_path, "wb")  # noqa: SIM115 - closed in close()
         env = {**os.environ, "NO_COLOR": "1"}
-        self.proc = subprocess.Popen([*CLI, "run", "--json", *args], stdout=subprocess.PIPE,
+        self.proc = subprocess.Popen([*RENDERCTL, "run", "--json", *args], stdout=subprocess.PIPE,
                                      stderr=self._stderr, stdin=subprocess.DEVNULL, text=True,
                                      start_new_session=True, env=env)
         self.events: list[dict[str, Any]] = []
@@ -124,8 +107,8 @@ class RunnerProc:
             found = self.find(event, job)
             return found if len(found) >= count else None
 
-        return wait_for(got, timeout,
-                        lambda: f"{count}x event {event} {job or ''}\n{self.diag()}")
+        return wait_until(got, timeout_s=timeout,
+                          what=lambda: f"{count}x event {event} {job or ''}\n{self.diag()}")
 
     def wait_exit(self, timeout: float = 30.0) -> int:
         try:
@@ -188,7 +171,7 @@ class Env:
 
     def cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         qargs = self.qargs(out=args[0] in ("submit", "run"))
-        res = subprocess.run([*CLI, *args, *qargs], capture_output=True, text=True,
+        res = subprocess.run([*RENDERCTL, *args, *qargs], capture_output=True, text=True,
                              timeout=60, env={**os.environ, "NO_COLOR": "1"})
         if check and res.returncode != 0:
             raise AssertionError(f"renderctl {' '.join(args)} exit {res.returncode}\n"
@@ -332,16 +315,16 @@ def test_timeout_escalates_to_sigkill_and_leaves_no_grandchild(env: Env) -> None
         for n, recorded in ((1, "retry"), (2, "dead")):
             # Given attempt n running with its SIGTERM-ignoring grandchild alive
             worker = r.wait_event("started", "stubborn", count=n, timeout=20)[n - 1]["worker"]
-            gc = wait_for(lambda n=n: len(pids()) >= n and pids()[n - 1], 10,
-                          f"the grandchild pid of attempt {n}")
+            gc = wait_until(lambda n=n: len(pids()) >= n and pids()[n - 1], timeout_s=10,
+                            what=f"the grandchild pid of attempt {n}")
             assert not pid_gone(gc), "the grandchild should be running before the timeout"
             # When the attempt is recorded (timeout, then SIGTERM ignored, then SIGKILL)
             ev = r.wait_event(recorded, "stubborn", timeout=10)[0]
             assert ev["outcome"] == "timeout", ev
             # Then the grandchild is gone within 2 s of that
-            wait_for(lambda gc=gc, w=worker: pid_gone(gc) and not proctree.group_alive(w),
-                     max(0.0, ev["_seen"] + 2 - time.monotonic()),
-                     f"grandchild {gc} (and group {worker}) of attempt {n} to be gone")
+            wait_until(lambda gc=gc, w=worker: pid_gone(gc) and not proctree.group_alive(w),
+                       timeout_s=max(0.0, ev["_seen"] + 2 - time.monotonic()),
+                       what=f"grandchild {gc} (and group {worker}) of attempt {n} to be gone")
         assert r.wait_exit(timeout=10) == 1
         rec = env.show("stubborn")
         assert rec["state"] == "dead"
@@ -391,7 +374,7 @@ def test_cancel_running_job_kills_it_fast_and_never_publishes(env: Env) -> None:
     t_returned = time.monotonic()
     assert res.stdout.strip() == "long: cancel requested", res.stdout
     cancelled = env.queue / "cancelled" / "long.json"
-    wait_for(cancelled.exists, 5, "cancelled/long.json")
+    wait_until(cancelled.exists, timeout_s=5, what="cancelled/long.json")
     t_recorded = time.monotonic()
     latency = t_recorded - t_returned
     print(f"\n[cancel] record in cancelled/ {latency * 1000:.1f} ms after `renderctl cancel` "
@@ -600,7 +583,8 @@ def test_cancel_of_a_claimed_job_queued_behind_a_long_one_is_prompt(env: Env) ->
     t_returned = time.monotonic()
     assert res.stdout.strip() == "next: cancel requested"
     # Then the cancel is recorded within 1 s, as for any running job
-    wait_for((env.queue / "cancelled" / "next.json").exists, 1.0, "cancelled/next.json")
+    wait_until((env.queue / "cancelled" / "next.json").exists, timeout_s=1.0,
+               what="cancelled/next.json")
     print(f"\n[cancel queued] recorded after {(time.monotonic() - t_returned) * 1000:.0f} ms")
     assert r.wait_exit(timeout=15) == 1
     assert env.state_of("next") == ["cancelled"] and env.state_of("long") == ["done"]
@@ -627,15 +611,15 @@ def test_timeout_leaves_no_survivor_that_left_the_process_group(env: Env, guard:
 
     try:
         r.wait_event("started", "daemonizer", timeout=20)
-        gc = wait_for(lambda: pids() and pids()[0], 10, "the grandchild's pid")
+        gc = wait_until(lambda: pids() and pids()[0], timeout_s=10, what="the grandchild's pid")
         assert not pid_gone(gc) and os.getpgid(gc) == gc  # alive, in a session of its own
         ev = r.wait_event("dead", "daemonizer", timeout=10)[0]
         assert ev["outcome"] == "timeout", ev
         assert r.wait_exit(timeout=10) == 1
         # The job's whole tree is gone within 2 s of the attempt being recorded
-        wait_for(lambda: pid_gone(gc) and not proctree.group_alive(gc),
-                 max(0.0, ev["_seen"] + 2 - time.monotonic()),
-                 f"grandchild {gc} (setsid) to be gone")
+        wait_until(lambda: pid_gone(gc) and not proctree.group_alive(gc),
+                   timeout_s=max(0.0, ev["_seen"] + 2 - time.monotonic()),
+                   what=f"grandchild {gc} (setsid) to be gone")
     finally:
         kill_leftovers(pids())
 
