@@ -102,9 +102,9 @@ def by_attempt(inputs: list[Path], output: Path, params: Mapping[str, Any]) -> N
     write_pdf(inputs, output, params)
 
 
-HOG_CHILD = """
-import sys, time
-total_mb, rate = int(sys.argv[1]), float(sys.argv[2])
+# A script that allocates argv[1] MB in 10 MB chunks touching every page, at most argv[2]
+# MB/s (0: flat out). ALLOC_LOOP is its body, for scripts that add a handshake around it.
+ALLOC_LOOP = """
 chunks, start = [], time.monotonic()
 for i in range(total_mb // 10):
     b = bytearray(10 * 1024 * 1024)
@@ -116,6 +116,11 @@ for i in range(total_mb // 10):
         if ahead > 0:
             time.sleep(ahead)
 """
+ALLOC_ARGS = """
+import sys, time
+total_mb, rate = int(sys.argv[1]), float(sys.argv[2])
+"""
+HOG_CHILD = ALLOC_ARGS + ALLOC_LOOP
 
 
 def hog_in_child(inputs: list[Path], output: Path, params: Mapping[str, Any]) -> None:

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from guardfns import ALLOC_ARGS, ALLOC_LOOP
 
 from renderctl import guards, proctree
 
@@ -19,21 +20,10 @@ LIMIT = 300 * MB
 
 # Waits for a line on stdin (so the test can adopt it into a cgroup first), then allocates
 # argv[1] MB in 10 MB chunks touching every page, at most argv[2] MB/s (0: flat out).
-ALLOCATOR = """
-import sys, time
-total_mb, rate = int(sys.argv[1]), float(sys.argv[2])
+ALLOCATOR = ALLOC_ARGS + """
 print("ready", flush=True)
 sys.stdin.readline()
-chunks, start = [], time.monotonic()
-for i in range(total_mb // 10):
-    b = bytearray(10 * 1024 * 1024)
-    for j in range(0, len(b), 4096):
-        b[j] = 1
-    chunks.append(b)
-    if rate:
-        ahead = start + (i + 1) * 10 / rate - time.monotonic()
-        if ahead > 0:
-            time.sleep(ahead)
+""" + ALLOC_LOOP + """
 print("done", flush=True)
 sys.stdin.readline()
 """
