@@ -590,7 +590,7 @@ class Queue:
         if len(records) == 1 and not replaced:
             # One job is atomic by itself (tmp -> fsync -> rename -> fsync dir): skip the
             # journal and spend two fsyncs instead of four (the web tier's 200 ms budget).
-            self._apply_single(records[0], stamp, payload)
+            self._apply_single(records[0], raws[0], stamp, payload)
         else:
             self._commit_txn(stamp, payload, records, set(replaced), raws)
         self.events.append({"ts": now, "event": "accepted", "job": r.spec.id}
@@ -599,9 +599,9 @@ class Queue:
         return SubmitResult(tuple(r.spec.id for r in records if r.spec.id not in replaced),
                             tuple(already), tuple(replaced))
 
-    def _apply_single(self, rec: JobRecord, stamp: str, payload: bytes) -> None:
+    def _apply_single(self, rec: JobRecord, raw: bytes, stamp: str, payload: bytes) -> None:
         tmp = self._tmp_name("job")
-        write_file(tmp, rec.dumps(), fsync=True)
+        write_file(tmp, raw, fsync=True)
         os.rename(tmp, self.record_path(State.PENDING, rec.spec.id))
         # Protects against: power loss losing the rename after we report "accepted".
         fsync_dir(self.dir(State.PENDING))
@@ -833,7 +833,6 @@ class Queue:
         of synchronous discard on the runner's thread."""
         lease = rec.lease
         assert lease is not None
-        data = b""
         prefix = lease.token_prefix(rec.spec.id)
         if prefix and not any(c.isspace() for c in prefix):
             self._ensure_holder(prefix, lease.holder)
