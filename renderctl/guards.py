@@ -239,6 +239,10 @@ def reset_job_peak(slot_path: str) -> None:
     path = Path(slot_path)
     if not _is_v1(path):
         return  # v2: memory.peak cannot be reset; the runner reads the slot's lifetime peak
+    _reset_peak_v1(path)
+
+
+def _reset_peak_v1(path: Path) -> None:
     for name in ("memory.max_usage_in_bytes", "memory.failcnt"):
         _reset_counter(path / name)
 
@@ -262,8 +266,7 @@ def _set_limit_v1(path: Path, limit_bytes: int) -> None:
                 limit_bytes=limit_bytes,
                 usage_bytes=_read_int(path / "memory.usage_in_bytes"),
             ) from e
-    for name in ("memory.max_usage_in_bytes", "memory.failcnt"):
-        _write(path / name, "0")
+    _reset_peak_v1(path)
     for name in ("memory.memsw.max_usage_in_bytes", "memory.memsw.failcnt"):
         with contextlib.suppress(FileNotFoundError):
             _write(path / name, "0")

@@ -579,7 +579,7 @@ def check_output(output: Path, job: RunJob) -> dict[str, Any]:
                 continue
             data = p.read_bytes()
             if p.suffix.lower() == ".pdf":
-                pages += pdf_pages(p)
+                pages += pdf_pages(p, data)
             digest.update(p.relative_to(output).as_posix().encode() + b"\0")
             digest.update(hashlib.sha256(data).digest())
             total += len(data)
