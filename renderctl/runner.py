@@ -247,6 +247,7 @@ class Runner:
         self._outgoing: dict[WorkerHandle, list[object]] = {}  # batched by _dispatch
         self._spare_slots: list[Slot] = []  # slots of retired workers, for their successors
         self._next_index = 0  # the highest worker index used so far
+        self._successors_due = 0  # retired this dispatch round; spawned at its end
 
     # -- crash points (for tests; RENDERCTL_CRASH_AT=point[:n]) --
     @staticmethod
@@ -787,6 +788,12 @@ class Runner:
             for w, msgs in self._outgoing.items():
                 self._tell(w, msgs[0] if len(msgs) == 1 else tuple(msgs))
             self._outgoing.clear()
+        # Successors of workers retired this round, after the jobs went out: a spawn blocks
+        # this thread for 15-20 ms, which must not hold back the messages above.
+        while self._successors_due:
+            self._successors_due -= 1
+            self._next_index += 1
+            self._spawn(self._next_index)
 
     def _dispatch_ready(self, depth: int) -> None:
         while self.ready:
@@ -822,12 +829,12 @@ class Runner:
         if w.assigned_total >= self.s.max_jobs_per_worker and not w.retiring:
             w.retiring = True
             out.append(Stop())
-            # Start its successor now, while it works off its queue: replacing it only after
-            # it exited left a gap of ~40 ms of lost worker time per recycle (the spawn, the
-            # Ready, the first job's warm-up), ~6% of a batch of 5 ms renders.
+            # Start its successor now (at the end of this dispatch round), while it works off
+            # its queue: replacing it only after it exited left a gap of ~40 ms of lost worker
+            # time per recycle (the spawn, the Ready, the first job's warm-up), ~6% of a batch
+            # of 5 ms renders.
             w.replaced = True
-            self._next_index += 1
-            self._spawn(self._next_index)
+            self._successors_due += 1
 
     @staticmethod
     def _tell(w: WorkerHandle, msg: object) -> None:
