@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import functools
 import json
 import os
 import socket
@@ -222,6 +223,11 @@ class Transition:
     record: JobRecord
     dst: State
     src: State = State.RUNNING
+
+    @functools.cached_property
+    def event(self) -> dict[str, Any]:
+        """Its event (see transition_event), built once for the log and the reporter."""
+        return transition_event(self)
 
 
 @dataclass(frozen=True)
@@ -951,7 +957,7 @@ class Queue:
                 # No fsync: if this is lost, recovery sees two copies; the later wins.
                 self.recycle(self._rpath(t.src, t.record.spec.id))
         now = self.clock.wall()
-        self.events.append({"ts": now, **transition_event(t)} for _, t in staged)
+        self.events.append({"ts": now, **t.event} for _, t in staged)
 
     # -- cancel, dead-letter management --
     def cancel_pending(self, job_id: str) -> bool:
