@@ -112,8 +112,9 @@ def render_job(c: Console, view: JobView) -> None:
     ]
     if rec.result:
         r = rec.result
-        lines.append(f"  published {r.get('path')} ({human_bytes(r.get('bytes'))}, "
-                     f"{r.get('pages', '-')} pages, sha256 {str(r.get('sha256'))[:16]}...)")
+        pages = f"{r['pages']} pages, " if r.get("pages") is not None else ""  # not a PDF
+        lines.append(f"  published {r.get('path')} ({human_bytes(r.get('bytes'))}, {pages}"
+                     f"sha256 {str(r.get('sha256'))[:16]}...)")
     if rec.lease and view.state is State.RUNNING:
         lines.append(f"  lease: attempt {rec.lease.attempt}, holder pid {rec.lease.holder.pid} "
                      f"on {rec.lease.holder.host}, expires {_ts(rec.lease.expires_at)}")

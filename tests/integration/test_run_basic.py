@@ -85,6 +85,21 @@ def test_twenty_python_jobs_publish_real_pdfs_with_honest_records(
     assert [a["outcome"] for a in shown["attempts"]] == ["completed"]
 
 
+def test_show_describes_a_published_file_that_is_not_a_pdf_without_a_page_count(
+        tmp_path: Path, write_manifest: Any) -> None:
+    stage(tmp_path)
+    manifest = write_manifest([py_job("one", "write_one_byte", "one.bin"),
+                               py_job("doc", "write_pdf", "doc.pdf")])
+    queue, out = tmp_path / "q", tmp_path / "out"
+    assert run_cli("run", manifest, *cli_args(queue, out, *FAST)).returncode == 0
+
+    one = run_cli("show", "one", "--queue", queue).stdout
+    assert f"published {out / 'one.bin'} (1B, sha256 " in one, one
+    assert "pages" not in one
+    doc = run_cli("show", "doc", "--queue", queue).stdout
+    assert f"published {out / 'doc.pdf'} (" in doc and ", 1 pages, sha256 " in doc, doc
+
+
 @pytest.fixture(scope="module")
 def failing_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """One run of jobs that end badly (and two that succeed), shared by the tests below."""
