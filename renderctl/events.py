@@ -18,6 +18,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from renderctl.fsutil import with_name
+
 
 class EventLog:
     """Appends events; reads them back for `top` and tests."""
@@ -38,7 +40,10 @@ class EventLog:
             self.close()
             self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC,
                                0o600)
-        os.write(self._fd, data.encode())
+        try:
+            os.write(self._fd, data.encode())
+        except OSError as exc:
+            raise with_name(exc, self.path) from None
 
     def close(self) -> None:
         if self._fd >= 0:

@@ -66,6 +66,14 @@ def syncfs(path: str | os.PathLike[str]) -> None:
         os.close(fd)
 
 
+def with_name(exc: OSError, path: str | os.PathLike[str]) -> OSError:
+    """``exc`` naming ``path``: an error on an fd (a full disk on write) carries no file name,
+    and "I/O error: No space left on device" does not say which disk."""
+    if exc.filename is not None:
+        return exc
+    return OSError(exc.errno, exc.strerror, os.fspath(path))  # same subclass, by errno
+
+
 def write_file(path: str | os.PathLike[str], data: bytes, *, fsync: bool) -> None:
     """Create ``path`` exclusively (it must be a fresh temporary name) and write ``data``."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
@@ -78,6 +86,8 @@ def write_file(path: str | os.PathLike[str], data: bytes, *, fsync: bool) -> Non
             # Protects against: power loss after the rename that follows, which would
             # otherwise leave a renamed but empty (or partial) file.
             fsync_fd(fd, what=str(path))
+    except OSError as exc:
+        raise with_name(exc, path) from None
     finally:
         os.close(fd)
 
@@ -106,6 +116,8 @@ def fill_file(path: str | os.PathLike[str], data: bytes) -> None:
         while offset < len(data):
             offset += os.pwrite(fd, view[offset:], offset)
         os.ftruncate(fd, len(data))
+    except OSError as exc:
+        raise with_name(exc, path) from None
     finally:
         os.close(fd)
 

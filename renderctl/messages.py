@@ -86,3 +86,11 @@ class Dropped:
 
     job_ids: tuple[str, ...]
     reason: str = ""
+
+
+@dataclass(frozen=True)
+class Broken:
+    """The worker cannot go on: its own bookkeeping failed (the queue's disk is full, say),
+    not a job. Its last message; the runner stops with the error (exit 74)."""
+
+    error: str

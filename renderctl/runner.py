@@ -51,11 +51,11 @@ from typing import Any, Protocol
 
 from renderctl import proctree
 from renderctl.clock import SYSTEM_CLOCK, Clock
-from renderctl.errors import ExitCode, RenderctlError
+from renderctl.errors import ExitCode, QueueIOError, RenderctlError
 from renderctl.fsutil import syncfs, unlink_quiet
 from renderctl.guards import MemoryGuard, OomMark, Slot, TreeSampler, detect_memory_guard
 from renderctl.lifecycle import Outcome, State
-from renderctl.messages import Drain, Dropped, Finished, Ready, RunJob, Skip, Started, Stop
+from renderctl.messages import Broken, Drain, Dropped, Finished, Ready, RunJob, Skip, Started, Stop
 from renderctl.policy import ClaimIndex, after_attempt, compute_backoff
 from renderctl.publish import (
     OutputEscapes,
@@ -947,6 +947,10 @@ class Runner:
                 with contextlib.suppress(Exception):
                     w.sampler = TreeSampler(msg.pid, 1 << 62)
             self._record_workers()
+        elif isinstance(msg, Broken):
+            # What failed the worker (its started log on a full disk, say) fails us too:
+            # stop like a failed sync; recovery at the next start returns its claims.
+            raise QueueIOError(f"worker {w.pid}: {msg.error}")
 
     @staticmethod
     def _pop_queued(w: WorkerHandle, job_id: str) -> Assignment | None:

@@ -33,12 +33,13 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
-from renderctl.errors import InvalidInput, InvalidOutput
+from renderctl.errors import ExitCode, InvalidInput, InvalidOutput
+from renderctl.fsutil import with_name
 from renderctl.guards import LimitBelowUsage, reset_job_peak, set_job_limit, slot_peak_bytes
 from renderctl.lifecycle import Outcome
-from renderctl.messages import Drain, Dropped, Finished, Ready, RunJob, Skip, Started, Stop
+from renderctl.messages import Broken, Drain, Dropped, Finished, Ready, RunJob, Skip, Started, Stop
 from renderctl.publish import DIR_MARKER, tag_output
 
 TAIL_LINES = 20
@@ -169,9 +170,21 @@ class Worker:
                 job = self.queue.popleft()
                 if not self._apply_limit(job):
                     return
-                self._run(job)
+                try:
+                    self._run(job)
+                except OSError as exc:
+                    # Not the job's failure (execute() keeps those): ours, such as the
+                    # started log on a full disk. Say so once, instead of a traceback.
+                    self._broken(exc)
         finally:
             self._flush()
+
+    def _broken(self, exc: OSError) -> NoReturn:
+        where = f" ({exc.filename})" if exc.filename else ""
+        with contextlib.suppress(OSError):
+            self._flush()
+            self.conn.send(Broken(f"I/O error{where}: {exc.strerror or exc}"))
+        os._exit(ExitCode.IO_ERROR)
 
     def _send(self, msg: object) -> None:
         """Send ``msg`` after any held result, in one message: a job's Finished travels with
@@ -232,7 +245,10 @@ class Worker:
         return True
 
     def _run(self, job: RunJob) -> None:
-        os.write(self.started_fd, f"{job.token}\n".encode())
+        try:
+            os.write(self.started_fd, f"{job.token}\n".encode())
+        except OSError as exc:
+            raise with_name(exc, self.config.started_log) from None
         self._send(Started(job.job_id, job.token, time.time()))
         t0 = time.monotonic()
         workdir = self.workdir

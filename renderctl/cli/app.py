@@ -80,8 +80,12 @@ def handle_errors(fn: F) -> F:
         except RenderctlError as exc:
             out.err(str(exc))
             raise typer.Exit(exc.exit_code) from None
+        except BrokenPipeError:
+            raise  # main() ends quietly: the reader went away (`renderctl status | head`)
         except OSError as exc:
             where = f" ({exc.filename})" if exc.filename else ""
+            if exc.filename2:
+                where = f" ({exc.filename} -> {exc.filename2})"
             out.err(f"I/O error{where}: {exc.strerror or exc}")
             raise typer.Exit(ExitCode.IO_ERROR) from None
 

@@ -1,0 +1,157 @@
+"""A disk that fills up mid-run, and a worker that cannot write its own bookkeeping.
+
+The disk is real: a 24 MB ext4 file system on a loop device (needs root, mkfs.ext4 and a
+free loop device; skipped, saying why, where those are missing), filled by the test once
+part of the run is done, and kept full until the runner gives up.
+The worker's error is real too: its started log is /dev/full, where every write fails with
+ENOSPC.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from jobfns import (
+    RENDERCTL,
+    QueueView,
+    assert_pdf,
+    cli_args,
+    py_job,
+    run_cli,
+    stage,
+    stray_temporaries,
+    wait_until,
+)
+
+from renderctl.errors import ExitCode
+from renderctl.messages import Broken, Ready, RunJob, Stop
+from renderctl.worker import WorkerConfig, worker_main
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    if os.geteuid() != 0 or shutil.which("mkfs.ext4") is None:
+        pytest.skip("needs root and mkfs.ext4 to make a small real file system")
+    image = tmp_path / "disk.img"
+    with open(image, "wb") as fh:
+        fh.truncate(24 << 20)
+    # -m 0: no blocks reserved for root (we are root; the disk must really fill).
+    subprocess.run(["mkfs.ext4", "-q", "-F", "-m", "0", str(image)], check=True)
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-o", "loop", str(image), str(mnt)], capture_output=True,
+                       text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a loop file system here: {r.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        if subprocess.run(["umount", str(mnt)]).returncode != 0:
+            subprocess.run(["umount", "-l", str(mnt)])
+
+
+def fill(path: Path) -> int:
+    """Write ``path`` until the disk refuses even 4 KB; returns its fd, still open."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    for size in (1 << 20, 4096):
+        with contextlib.suppress(OSError):
+            while True:
+                os.write(fd, bytes(size))
+    return fd
+
+
+def test_a_full_disk_stops_the_run_with_74_and_a_rerun_after_freeing_space_loses_nothing(
+        small_disk: Path, tmp_path: Path, write_manifest) -> None:
+    # Given a run of 200 short jobs on the small disk, 20 of them done
+    folder = stage(small_disk / "jobs")
+    jobs = [py_job(f"j{i}", "sleep_then_write", s=0.02) for i in range(200)]
+    # Enough attempts that no job runs out of them while the disk is full.
+    manifest = write_manifest(jobs, defaults={"max_attempts": 10}, folder=folder)
+    queue, out = small_disk / "q", small_disk / "out"
+    ids = {j["id"] for j in jobs}
+    view = QueueView(queue)
+    logs = tmp_path / "stdout", tmp_path / "stderr"
+    with open(logs[0], "w") as so, open(logs[1], "w") as se:
+        runner = subprocess.Popen([*RENDERCTL, "run", str(manifest),
+                                   *cli_args(queue, out, "--workers", "2", "--quiet")],
+                                  stdout=so, stderr=se)
+    try:
+        wait_until(lambda: len(view.ids("done")) >= 20, what="20 jobs to complete")
+
+        # When the disk fills up, and stays full (every block freed is taken again)
+        ballast = small_disk / "ballast"
+        fd = fill(ballast)
+        try:
+            while True:
+                try:
+                    runner.wait(timeout=0.005)
+                    break
+                except subprocess.TimeoutExpired:
+                    with contextlib.suppress(OSError):
+                        os.write(fd, bytes(4096))
+        finally:
+            os.close(fd)
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+            runner.wait()
+    stdout, stderr = logs[0].read_text(), logs[1].read_text()
+
+    # Then the run stops with 74, naming the error and a file on that disk, and nobody
+    # (runner or worker) prints a traceback; every accepted job is still in the queue
+    assert runner.returncode == ExitCode.IO_ERROR, (stdout, stderr)
+    assert "No space left on device" in stderr
+    assert f"({small_disk}" in stderr, stderr
+    assert "Traceback" not in stdout + stderr, stderr
+    assert view.all_ids() == ids
+
+    # When space is freed and the queue is run again
+    ballast.unlink()
+    second = run_cli("run", *cli_args(queue, out, "--workers", "2", "--quiet"), timeout=120)
+
+    # Then every job completed exactly once, each output a whole PDF, nothing left over
+    assert second.returncode == ExitCode.OK, (second.stdout, second.stderr)
+    assert all(states == ["done"] for states in view.states_of(ids).values())
+    for jid in ids:
+        assert_pdf(Path(view.record("done", jid)["result"]["path"]), jid)
+    assert stray_temporaries(out) == []
+
+
+def test_a_worker_that_cannot_write_its_started_log_says_so_once_and_runs_nothing(
+        tmp_path: Path) -> None:
+    # Given a worker whose started log is /dev/full (every write: ENOSPC)
+    ctx = multiprocessing.get_context("fork")
+    parent, child = ctx.Pipe()
+    marker = tmp_path / "ran"
+    config = WorkerConfig(slot_path="", started_log="/dev/full", work_root=str(tmp_path))
+    proc = ctx.Process(target=worker_main, args=(child, config))
+    proc.start()
+    child.close()
+    try:
+        assert isinstance(parent.recv(), Ready)
+
+        # When it is given a job
+        stage(tmp_path / "jobs")
+        spec = {"id": "a", "kind": "python", "callable": "jobfns:write_one_byte",
+                "pythonpath": str(tmp_path / "jobs"), "inputs": [], "params": {}}
+        parent.send((RunJob("a", 1, "t-1", spec, str(marker), "file", 1 << 30), Stop()))
+
+        # Then it reports why it cannot go on, naming the file, and exits 74 without
+        # starting the job
+        msg = parent.recv()
+        assert isinstance(msg, Broken), msg
+        assert msg.error == "I/O error (/dev/full): No space left on device"
+        proc.join(timeout=10)
+        assert proc.exitcode == ExitCode.IO_ERROR
+        assert not marker.exists()
+    finally:
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
