@@ -81,7 +81,10 @@ def handle_errors(fn: F) -> F:
             out.err(str(exc))
             raise typer.Exit(exc.exit_code) from None
         except BrokenPipeError:
-            raise  # main() ends quietly: the reader went away (`renderctl status | head`)
+            # The reader went away (`renderctl status | head -1`) after we had succeeded far
+            # enough to print: not an error (click would exit 1, we said 74 before).
+            out.silence_stdout()
+            raise typer.Exit(ExitCode.OK) from None
         except OSError as exc:
             where = f" ({exc.filename})" if exc.filename else ""
             if exc.filename2:
@@ -354,7 +357,7 @@ def run(
     if as_json:
         out.print_json(summary_json(summary))
     else:
-        print(summary_line(summary))
+        out.write_out(summary_line(summary) + "\n")
     raise typer.Exit(summary.exit_code)
 
 
@@ -619,10 +622,9 @@ def main() -> None:
     except KeyboardInterrupt:
         sys.exit(ExitCode.SIGINT)
     except BrokenPipeError:
-        # A closed pipe (`renderctl status | head`) is not an error worth a traceback. (Not
+        # A closed pipe outside handle_errors (typer's own help output, say). (Not
         # SIGPIPE=SIG_DFL: the runner writes to worker pipes that may close under it.)
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
+        out.silence_stdout()
         sys.exit(0)
 
 

@@ -26,9 +26,27 @@ def console(*, stderr: bool = False) -> Console:
     return Console(stderr=stderr, highlight=False)
 
 
+def write_out(text: str) -> None:
+    """Write to stdout now. A reader that went away (`renderctl run ... | head -3`) is not an
+    error: the rest of the output goes to /dev/null and the command carries on (a run still
+    runs every job, and exits with the code its jobs earn)."""
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        silence_stdout()
+
+
+def silence_stdout() -> None:
+    """Point stdout at /dev/null: later writes, and the interpreter's final flush of what is
+    still buffered, then succeed instead of failing again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
 def print_json(data: Any) -> None:
-    sys.stdout.write(json.dumps(data, indent=None, separators=(",", ":"), default=str) + "\n")
-    sys.stdout.flush()
+    write_out(json.dumps(data, indent=None, separators=(",", ":"), default=str) + "\n")
 
 
 def err(message: str) -> None:

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import sys
 import time
 from collections.abc import Mapping
 from typing import Any
 
-from renderctl.cli.console import human_bytes, human_duration
+from renderctl.cli.console import human_bytes, human_duration, write_out
 from renderctl.runner import Runner, RunSummary
 
 # Events printed in plain mode; the rest (claimed, started) would drown the useful lines.
@@ -28,8 +27,7 @@ class PlainReporter:
             return
         if self.quiet and name in ("completed", "runner_started", "recovered", "released"):
             return
-        sys.stdout.write(format_event(ev) + "\n")
-        sys.stdout.flush()
+        write_out(format_event(ev) + "\n")
 
     def tick(self, runner: Runner) -> None:
         pass
@@ -69,8 +67,7 @@ class JsonReporter:
     """JSON Lines: one object per state change (schema in the README)."""
 
     def event(self, ev: Mapping[str, Any]) -> None:
-        sys.stdout.write(json.dumps({"ts": round(time.time(), 6), **ev}, default=str) + "\n")
-        sys.stdout.flush()
+        write_out(json.dumps({"ts": round(time.time(), 6), **ev}, default=str) + "\n")
 
     def tick(self, runner: Runner) -> None:
         pass

@@ -7,12 +7,15 @@ with python-kind jobs from ``jobfns.py`` (copied next to the manifest) and ``com
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
 from jobfns import (
+    RENDERCTL,
     QueueView,
     Runner,
     assert_pdf,
@@ -98,6 +101,33 @@ def test_show_describes_a_published_file_that_is_not_a_pdf_without_a_page_count(
     assert "pages" not in one
     doc = run_cli("show", "doc", "--queue", queue).stdout
     assert f"published {out / 'doc.pdf'} (" in doc and ", 1 pages, sha256 " in doc, doc
+
+
+def test_a_reader_that_went_away_neither_stops_a_run_nor_makes_an_error(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given stdout is a pipe whose reader has already gone (`renderctl run ... | head -0`)
+    stage(tmp_path)
+    ids = [f"j{i}" for i in range(30)]
+    manifest = write_manifest([py_job(j, "write_one_byte", f"{j}.bin") for j in ids])
+    queue, out = tmp_path / "q", tmp_path / "out"
+
+    def with_closed_stdout(*args: str | Path) -> subprocess.CompletedProcess[str]:
+        r, w = os.pipe()
+        os.close(r)
+        try:
+            return subprocess.run([*RENDERCTL, *map(str, args)], stdout=w,
+                                  stderr=subprocess.PIPE, text=True, timeout=60)
+        finally:
+            os.close(w)
+
+    # When a run and then `status` print to it
+    run = with_closed_stdout("run", manifest, *cli_args(queue, out, *FAST, "--json"))
+    status = with_closed_stdout("status", "--queue", queue, "--json")
+
+    # Then the run still ran every job and exits as they earned; neither says a word
+    assert (run.returncode, run.stderr) == (0, "")
+    assert QueueView(queue).ids("done") == set(ids)
+    assert (status.returncode, status.stderr) == (0, "")
 
 
 @pytest.fixture(scope="module")
