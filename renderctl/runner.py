@@ -226,6 +226,11 @@ class Runner:
         self.exec_times: deque[float] = deque(maxlen=512)
         self._depth = 1  # adaptive prefetch depth (see _prefetch_depth)
         self._avg_exec = 0.0  # of recent jobs, seconds; 0 until three have finished
+        # Running jobs whose lease a runner we cannot judge still held at our start (another
+        # host, or a holder file removed by hand): job id -> lease expiry (wall s). Taken
+        # over when it expires; until then the run is not finished.
+        self._foreign: dict[str, float] = {}
+        self._started_at_recovery: set[str] = set()
         self.wait_times: deque[float] = deque(maxlen=512)
         self.recent_failures: deque[dict[str, Any]] = deque(maxlen=5)
         self.started_at = 0.0
@@ -461,6 +466,7 @@ class Runner:
             rec = view.record
             lease = rec.lease
             if lease is not None and not self._orphaned(lease, now):
+                self._foreign[jid] = lease.expires_at
                 continue
             t, tmp = self._recover_one(rec, started, now)
             transitions.append(t)
@@ -474,12 +480,53 @@ class Runner:
                                      "state": t.dst.value})
         for tmp in published_tmps:
             unlink_quiet(tmp)
-        for log in self.q.dir("control").glob("started.*.log"):
-            if str(log) != self.started_log:
-                unlink_quiet(log)
+        self._started_at_recovery = started
+        self._forget_dead_runners()
         self.q.clean_tmp()
         self.q.adopt_free()
-        self.q.forget_holders(keep=self.q.lease_prefixes())  # what recovery left running
+
+    def _forget_dead_runners(self) -> None:
+        """Drop the holder files and started logs of runners that hold no lease any more.
+
+        A runner still named by a lease keeps both: its holder says who it was, and its
+        started log is the evidence of which attempt began if we die before taking over."""
+        held = self.q.lease_prefixes()
+        for log in self.q.dir("control").glob("started.*.log"):
+            if str(log) != self.started_log and log.name[len("started."):-len(".log")] not in held:
+                unlink_quiet(log)
+        self.q.forget_holders(keep=held)
+
+    def _take_over_expired(self, now: float) -> None:
+        """Recover the foreign leases (see recover) that have expired since; a renewed one
+        (its runner alive after all) just gets its new expiry."""
+        transitions: list[Transition] = []
+        published_tmps: list[Path] = []
+        for jid, expires_at in list(self._foreign.items()):
+            if expires_at >= now:
+                continue
+            view = self.q.find(jid)
+            lease = view.record.lease if view is not None else None
+            if view is None or view.state is not State.RUNNING or lease is None:
+                del self._foreign[jid]  # finished or returned by someone else
+                continue
+            if lease.expires_at >= now:
+                self._foreign[jid] = lease.expires_at
+                continue
+            del self._foreign[jid]
+            t, tmp = self._recover_one(view.record, self._started_at_recovery, now)
+            transitions.append(t)
+            if tmp is not None:
+                published_tmps.append(tmp)
+        if not transitions:
+            return
+        self.q.finish(transitions)
+        for tmp in published_tmps:
+            unlink_quiet(tmp)  # only now: the done record that replaces its proof is durable
+        for t in transitions:
+            self._count(t)
+            self.reporter.event({"event": "recovered", "job": t.record.spec.id,
+                                 "state": t.dst.value})
+        self._forget_dead_runners()
 
     def _orphaned(self, lease: Any, now: float) -> bool:
         alive = proctree.holder_alive(host=lease.holder.host, boot_id=lease.holder.boot_id,
@@ -520,10 +567,13 @@ class Runner:
             back = replace(rec, lease=None, reason="returned by recovery (never started)",
                            changed_at=now)
             return Transition(back, State.PENDING), None
+        if lease.holder.host:
+            why = f"the runner (pid {lease.holder.pid} on {lease.holder.host}) died"
+        else:  # UNKNOWN_HOLDER: its holder file was gone
+            why = "an unknown runner let its lease expire"
         attempt = {"n": lease.attempt, "outcome": Outcome.CRASHED.value,
                    "started_at": lease.claimed_at, "ended_at": now,
-                   "error": f"the runner (pid {lease.holder.pid} on {lease.holder.host}) "
-                            "died during the attempt"}
+                   "error": f"{why} during the attempt"}
         return self._verdict(rec, attempt, now), None
 
     def _started_tokens(self) -> set[str]:
@@ -633,6 +683,8 @@ class Runner:
                 if self.wake_cancel:
                     self.wake_cancel = False
                     self._handle_cancel_requests()
+                if self._foreign:
+                    self._take_over_expired(self.clock.wall())
                 self._claim()
             self._dispatch()
             self._enforce(now)
@@ -678,6 +730,8 @@ class Runner:
             return False
         if self.ready or self.completions or (len(self.index) and not self.halted):
             return False
+        if self._foreign:
+            return False  # still running elsewhere, as far as we can tell: wait it out
         return not any(w.current or w.queued for w in self.workers.values())
 
     def _wait(self, timeout: float | None) -> None:
@@ -735,6 +789,9 @@ class Runner:
         if self.completions and self._oldest_completion:
             deadlines.append(self._oldest_completion + self._commit_window())
         due = self.index.next_due()
+        if self._foreign:
+            expiry = min(self._foreign.values())
+            due = expiry if due is None else min(due, expiry)
         if due is not None:
             deadlines.append(now + max(0.0, due - self.clock.wall()))
         return max(0.0, min(deadlines) - now)

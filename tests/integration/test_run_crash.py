@@ -20,12 +20,16 @@ import random
 import select
 import signal
 import subprocess
+import time
 from pathlib import Path
+from typing import Any
 
+import psutil
 import pytest
 from jobfns import (
     RENDERCTL,
     QueueView,
+    Runner,
     assert_pdf,
     cli_args,
     py_job,
@@ -33,9 +37,11 @@ from jobfns import (
     sha256_of,
     stage,
     stray_temporaries,
+    wait_until,
 )
 
 from renderctl.runner import CRASH_POINTS
+from renderctl.store import LEASE_XATTR
 
 SIGKILLED = -signal.SIGKILL
 FAST = ("--workers", "2", "--backoff-base", "0.01")
@@ -195,3 +201,51 @@ def test_runner_killed_at_random_moments_loses_nothing_and_publishes_once(
     qv = QueueView(queue)
     assert_settled(qv, out, outputs, dead=set())
     assert inodes(list(first_seen)) == first_seen, "an output was published a second time"
+
+
+def test_a_lease_whose_holder_is_unknown_is_taken_over_when_it_expires_not_before(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given a runner SIGKILLed while its job ran (its worker dies with it) ...
+    stage(tmp_path)
+    pidfile = tmp_path / "worker.pid"
+    manifest = write_manifest([py_job("held", "sleep_then_write", s=60, sleep_attempts=1,
+                                      pidfile=str(pidfile))])
+    queue, out = tmp_path / "q", tmp_path / "out"
+    first = Runner(manifest, *cli_args(queue, out, *FAST))
+    try:
+        worker = int(wait_until(lambda: pidfile.exists() and pidfile.read_text(),
+                                what="the job to start"))
+        first.kill()
+    finally:
+        first.close()
+    wait_until(lambda: not psutil.pid_exists(worker), what="the worker to die with it")
+    # ... whose holder file is gone (removed by hand), so nobody can tell whether it lives,
+    # and whose lease, as the dead runner last renewed it, runs out in 2 s
+    running = queue / "running" / "held.json"
+    for holder in (queue / "control").glob("holder.*.json"):
+        holder.unlink()
+    prefix, attempt, claimed_at, _ = os.getxattr(running, LEASE_XATTR).decode().split()
+    expires_at = time.time() + 2
+    os.setxattr(running, LEASE_XATTR, f"{prefix} {attempt} {claimed_at} {expires_at}".encode())
+
+    # When another runner starts on the queue
+    second = Runner(*cli_args(queue, out, *FAST, "--json"))
+    try:
+        code = second.wait()
+    finally:
+        second.close()
+
+    # Then it waited for the lease to expire (no takeover before), took the job over,
+    # charged the lost attempt as crashed, and ran it to completion
+    assert code == 0, second.lines
+    events = [json.loads(line) for line in second.lines if line.strip()]
+    recovered = [e for e in events if e.get("event") == "recovered"]
+    assert [(e["job"], e["state"]) for e in recovered] == [("held", "pending")]
+    assert recovered[0]["ts"] >= expires_at
+    rec = QueueView(queue).record("done", "held")
+    lost, done = rec["attempts"]
+    assert lost["outcome"] == "crashed"
+    assert "unknown runner let its lease expire" in lost["error"]
+    assert done["outcome"] == "completed"
+    assert_pdf(out / "held.pdf", "held")
+    assert sorted(p.name for p in (queue / "control").glob("started.*.log")) == []
