@@ -730,8 +730,8 @@ class Runner:
             return False
         if self.ready or self.completions or (len(self.index) and not self.halted):
             return False
-        if self._foreign:
-            return False  # still running elsewhere, as far as we can tell: wait it out
+        if self._foreign and not self.halted:
+            return False  # running elsewhere, as far as we can tell: wait to take it over
         return not any(w.current or w.queued for w in self.workers.values())
 
     def _wait(self, timeout: float | None) -> None:
