@@ -87,6 +87,7 @@ COMMIT_WINDOW_S = 0.01
 COMMIT_WINDOW_BUSY_S = 0.05
 COMMIT_MAX_BATCH = 256
 PREFETCH_WORK_S = 0.04  # of short jobs queued per worker (see _prefetch_depth)
+NAP_MAX_S = 0.02  # the longest the loop leaves workers' messages unread (see _nap)
 STATE_INTERVAL_S = 1.0  # how often runner.state.json is rewritten for `top` and metrics
 STATE_FILE = "runner.state.json"
 MAX_START_FAILURES = 5
@@ -773,7 +774,9 @@ class Runner:
                      default=0)
         if not queued or any(w.current is None for w in self.workers.values()):
             return 0.0
-        return queued * self._avg_exec / 2  # half: room to claim and send before one runs dry
+        # Half: room to claim and send before one runs dry. Capped: a job's start (its
+        # timeout counts from when we read it) and results are never seen much later.
+        return min(NAP_MAX_S, queued * self._avg_exec / 2)
 
     def _next_deadline(self, now: float) -> float | None:
         deadlines = [self._next_renew, now + self.s.poll_interval_s]

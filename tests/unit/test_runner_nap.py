@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from renderctl.runner import Runner
+from renderctl.runner import NAP_MAX_S, Runner
 from renderctl.settings import RunnerSettings
 from renderctl.store import Queue
 
@@ -59,8 +59,17 @@ def test_no_nap_before_job_times_are_known_or_once_stopping(runner: Runner) -> N
     assert runner._nap() == 0.0
 
 
-def test_a_signal_ends_a_nap_at_once(runner: Runner) -> None:
-    # Queues that allow a 30 s nap; a cancel request (SIGUSR1) must not wait for it to end.
+def test_a_nap_is_short_even_behind_long_queued_jobs(runner: Runner) -> None:
+    # (`--prefetch 4` with minute-long jobs): a start or a result is never read much later
+    runner.workers = {0: worker(queued=3), 1: worker(queued=3)}  # type: ignore[dict-item]
+    runner._avg_exec = 60.0
+    assert runner._nap() == NAP_MAX_S <= 0.05
+
+
+def test_a_signal_ends_a_nap_at_once(runner: Runner, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Queues that allow a 30 s nap (the cap raised to allow it); a cancel request (SIGUSR1)
+    # must not wait for it to end.
+    monkeypatch.setattr("renderctl.runner.NAP_MAX_S", 3600.0)
     runner.workers = {0: worker(queued=3), 1: worker(queued=3)}  # type: ignore[dict-item]
     runner._avg_exec = 20.0
     assert runner._nap() == pytest.approx(30.0)
