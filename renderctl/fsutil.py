@@ -86,10 +86,13 @@ def write_file(path: str | os.PathLike[str], data: bytes, *, fsync: bool) -> Non
             # Protects against: power loss after the rename that follows, which would
             # otherwise leave a renamed but empty (or partial) file.
             fsync_fd(fd, what=str(path))
-    except OSError as exc:
-        raise with_name(exc, path) from None
-    finally:
+    except BaseException as exc:
         os.close(fd)
+        unlink_quiet(path)  # ours (O_EXCL) and partial: nobody else will remove it
+        if isinstance(exc, OSError):
+            raise with_name(exc, path) from None
+        raise
+    os.close(fd)
 
 
 def read_file(path: str | os.PathLike[str]) -> bytes:

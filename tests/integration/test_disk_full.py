@@ -124,6 +124,27 @@ def test_a_full_disk_stops_the_run_with_74_and_a_rerun_after_freeing_space_loses
     assert stray_temporaries(out) == []
 
 
+def test_a_submit_onto_a_full_disk_enqueues_nothing_and_keeps_what_was_accepted(
+        small_disk: Path, write_manifest) -> None:
+    queue, out = small_disk / "q", small_disk / "out"
+    before = write_manifest([py_job(f"a{i}", "write_one_byte") for i in range(100)],
+                            name="a.toml")
+    assert run_cli("submit", before, *cli_args(queue, out)).returncode == 0
+    fd = fill(small_disk / "ballast")
+    os.close(fd)
+
+    more = write_manifest([py_job(f"b{i}", "write_one_byte") for i in range(100)],
+                          name="b.toml")
+    r = run_cli("submit", more, *cli_args(queue, out))
+
+    assert r.returncode == ExitCode.IO_ERROR, (r.stdout, r.stderr)
+    assert "No space left on device" in r.stderr and f"({small_disk}" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+    view = QueueView(queue)
+    assert view.all_ids() == {f"a{i}" for i in range(100)}
+    assert view.tmp_entries() == []
+
+
 def test_a_worker_that_cannot_write_its_started_log_says_so_once_and_runs_nothing(
         tmp_path: Path) -> None:
     # Given a worker whose started log is /dev/full (every write: ENOSPC)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -46,6 +49,28 @@ def test_write_file_refuses_to_overwrite(tmp_path: Path) -> None:
     with pytest.raises(FileExistsError):
         write_file(p, b"b", fsync=False)
     assert p.read_bytes() == b"a"
+
+
+WRITE_PAST_LIMIT = """
+import resource, signal, sys
+from renderctl.fsutil import write_file
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit then fails: EFBIG
+resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+try:
+    write_file(sys.argv[1], bytes(100_000), fsync=True)
+except OSError as exc:
+    print(exc.filename, exc.errno)
+"""
+
+
+def test_a_write_file_that_fails_names_the_file_and_leaves_nothing_behind(
+        tmp_path: Path) -> None:
+    # A real write error from the kernel (the file-size limit), in a child process.
+    target = tmp_path / "record.json"
+    r = subprocess.run([sys.executable, "-c", WRITE_PAST_LIMIT, str(target)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.stdout.split() == [str(target), str(errno.EFBIG)], r.stderr
+    assert not target.exists()
 
 
 def test_rename_noreplace_never_overwrites_files_or_folders(tmp_path: Path) -> None:
