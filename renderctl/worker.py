@@ -259,11 +259,13 @@ class Worker:
         finally:
             with contextlib.suppress(OSError):
                 os.chdir(self.neutral_cwd)
-            _empty_dir(workdir)
+            emptied = _empty_dir(workdir)
             self.jobs_run += 1
             self.workdir = os.path.join(self.config.work_root,
                                         f"w{os.getpid()}.{self.jobs_run}")
             try:
+                if not emptied:
+                    raise FileExistsError  # left behind; the runner removes work_root at exit
                 os.rename(workdir, self.workdir)
             except OSError:
                 os.makedirs(self.workdir, mode=0o700, exist_ok=True)
@@ -386,21 +388,30 @@ class _Environ:
         self.last = dict(data) if data is not None else None
 
 
-def _empty_dir(path: str) -> None:
-    """Remove what a job left in its working directory (usually nothing: one listdir)."""
+def _empty_dir(path: str) -> bool:
+    """Remove what a job left in its working directory (usually nothing: one listdir).
+
+    False if something could not be removed (a job made it undeletable): the folder is then
+    not reused, so that nothing of this job reaches the next one."""
     try:
         entries = list(os.scandir(path))
     except FileNotFoundError:
         os.makedirs(path, mode=0o700, exist_ok=True)  # the job removed it
-        return
+        return True
+    if not entries:
+        return True
     for e in entries:
         if e.is_dir(follow_symlinks=False):
             shutil.rmtree(e.path, ignore_errors=True)
         else:
-            with contextlib.suppress(FileNotFoundError):
+            with contextlib.suppress(OSError):
                 os.unlink(e.path)
     with contextlib.suppress(OSError):
         os.chmod(path, 0o700)
+    try:
+        return not os.listdir(path)
+    except OSError:
+        return False
 
 
 def reset_render_settings() -> None:

@@ -101,12 +101,18 @@ def observe_and_pollute(inputs: Sequence[Path], output: Path,
         "module_global": POLLUTED,
         "env": os.environ.get(POLLUTING_ENV),
         "cwd": os.getcwd(),
+        "cwd_entries": sorted(os.listdir(".")),
         "rl_invariant": rl_config.invariant,
         "rl_page_compression": rl_config.pageCompression,
     }
     with open(params["report"], "a") as fh:
         fh.write(json.dumps(seen) + "\n")
     _pdf(Path(output), seen["job"])
+    left = f"left-by-{seen['job']}"
+    Path(left).write_text("a file the next job must not see")
+    if params.get("immutable"):
+        # Even root cannot remove it now (the test clears the flag afterwards).
+        subprocess.run(["chattr", "+i", left], check=True)
     globals()["POLLUTED"] = seen["job"]
     os.environ[POLLUTING_ENV] = seen["job"]
     os.chdir(params["elsewhere"])

@@ -3,9 +3,12 @@ started three ways, and reused without leaking one job's changes into the next."
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import signal
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -223,6 +226,42 @@ def test_a_reused_worker_shows_no_job_what_an_earlier_job_changed(
         assert (s["rl_invariant"], s["rl_page_compression"]) == \
             (pristine["rl_invariant"], pristine["rl_page_compression"]), s
     assert len({s["cwd"] for s in seen}) == len(seen), "a working directory was reused"
+    assert [s["cwd_entries"] for s in seen] == [[]] * len(seen)
+
+
+def test_a_file_a_job_made_undeletable_does_not_reach_the_next_job(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given jobs that each leave an immutable file (chattr +i: not even root can unlink it)
+    # in their working directory, run one after another in a single worker
+    if shutil.which("chattr") is None:
+        pytest.skip("needs chattr")
+    stage(tmp_path)
+    report, elsewhere = tmp_path / "seen.jsonl", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    ids = [f"stuck-{n}" for n in range(3)]
+    manifest = write_manifest([{**py_job(j, "observe_and_pollute", report=str(report),
+                                         elsewhere=str(elsewhere), immutable=True),
+                                "priority": -n} for n, j in enumerate(ids)])
+    res = run_cli("run", manifest, *cli_args(tmp_path / "q", tmp_path / "out",
+                                             "--workers", "1", "--max-attempts", "1"))
+    seen = [json.loads(line) for line in report.read_text().splitlines()] \
+        if report.exists() else []
+    try:
+        if any("Operation not supported" in line for line in [res.stdout, res.stderr]):
+            pytest.skip("this file system has no immutable flag")
+        # Then every job completed, and none saw what an earlier one left behind
+        assert res.returncode == 0, res.stdout + res.stderr
+        assert len({s["pid"] for s in seen}) == 1, "the jobs did not share one worker"
+        assert [s["cwd_entries"] for s in seen] == [[]] * len(ids)
+    finally:
+        for s in seen:
+            stuck = Path(s["cwd"]) / f"left-by-{s['job']}"
+            if stuck.exists():
+                subprocess.run(["chattr", "-i", str(stuck)], check=False)
+                stuck.unlink()
+                with contextlib.suppress(OSError):
+                    stuck.parent.rmdir()
+                    stuck.parent.parent.rmdir()  # the runner's work root, if now empty
 
 
 def test_a_reused_worker_runs_a_job_module_edited_since_the_last_job(
