@@ -91,6 +91,7 @@ NAP_MAX_S = 0.02  # the longest the loop leaves workers' messages unread (see _n
 STATE_INTERVAL_S = 1.0  # how often runner.state.json is rewritten for `top` and metrics
 STATE_FILE = "runner.state.json"
 MAX_START_FAILURES = 5
+WORK_ROOT_PREFIX = "renderctl-work-"  # of each runner's folder of job working directories
 BUDGET_SHARE = 0.8  # of MemAvailable at start: leave room for the page cache and the rest
 
 
@@ -285,7 +286,10 @@ class Runner:
             self.guard = detect_memory_guard(prefer=self.s.memory_guard,
                                              sampling_interval_s=self.s.sample_interval_s)
             self._publish_runner_info()
-            self.work_root = tempfile.mkdtemp(prefix="renderctl-work-")
+            self.work_root = tempfile.mkdtemp(prefix=WORK_ROOT_PREFIX)
+            # Where our jobs' working folders are, for the next runner should we die (they
+            # hold capture files and whatever a job left: /tmp would fill up, crash by crash).
+            (self.q.dir("control") / f"work.{self.token_prefix}").write_text(self.work_root)
             self.started_log = str(self.q.dir("control") / f"started.{self.token_prefix}.log")
             try:
                 self.recover()
@@ -366,6 +370,7 @@ class Runner:
                 self.guard.close()
         if self.work_root:
             shutil.rmtree(self.work_root, ignore_errors=True)
+            unlink_quiet(self.q.dir("control") / f"work.{self.token_prefix}")
         if self.started_log:
             unlink_quiet(self.started_log)
         unlink_quiet(self._workers_file())
@@ -611,6 +616,21 @@ class Runner:
             doomed = [g for g in doomed if proctree.group_alive(g)]
             if doomed:
                 time.sleep(0.005)
+        self._remove_dead_work_roots()
+
+    def _remove_dead_work_roots(self) -> None:
+        """Remove the job working folders of runners that died (we hold the queue's lock, so
+        every other runner of this queue is dead, and so are their workers by now)."""
+        for f in self.q.dir("control").glob("work.*"):
+            if f.name == f"work.{self.token_prefix}":
+                continue
+            with contextlib.suppress(OSError):
+                root = f.read_text().strip()
+                # Only what we would have made: never a path a damaged file points at.
+                if os.path.basename(root).startswith(WORK_ROOT_PREFIX) and \
+                        os.path.isdir(root) and not os.path.islink(root):
+                    shutil.rmtree(root, ignore_errors=True)
+            unlink_quiet(f)
 
     def _record_workers(self) -> None:
         data = [{"pid": w.pid, "pgid": w.pgid} for w in self.workers.values() if w.pgid]

@@ -224,6 +224,9 @@ def test_a_lease_whose_holder_is_unknown_is_taken_over_when_it_expires_not_befor
     running = queue / "running" / "held.json"
     for holder in (queue / "control").glob("holder.*.json"):
         holder.unlink()
+    [work_note] = (queue / "control").glob("work.*")
+    dead_work_root = Path(work_note.read_text())
+    assert dead_work_root.is_dir()  # the dead runner's job folders, capture files and all
     prefix, attempt, claimed_at, _ = os.getxattr(running, LEASE_XATTR).decode().split()
     expires_at = time.time() + 2
     os.setxattr(running, LEASE_XATTR, f"{prefix} {attempt} {claimed_at} {expires_at}".encode())
@@ -249,3 +252,7 @@ def test_a_lease_whose_holder_is_unknown_is_taken_over_when_it_expires_not_befor
     assert done["outcome"] == "completed"
     assert_pdf(out / "held.pdf", "held")
     assert sorted(p.name for p in (queue / "control").glob("started.*.log")) == []
+    # And the dead runner's job working folders are gone with it (they would pile up in
+    # /tmp, crash by crash), and so is every note of where they were
+    assert not dead_work_root.exists()
+    assert sorted((queue / "control").glob("work.*")) == []
