@@ -541,10 +541,14 @@ def top(queue: QueueOpt = None,
 @handle_errors
 def metrics(queue: QueueOpt = None) -> None:
     """Print the queue's metrics in Prometheus text format (0.0.4)."""
-    from renderctl.metrics import collect, exposition
+    from renderctl.metrics import collect, exposition, load_totals, save_totals
     from renderctl.store import Queue
 
-    sys.stdout.write(exposition(collect(Queue(queue_path(queue), create=False))))
+    q = Queue(queue_path(queue), create=False)
+    totals = load_totals(q)
+    text = exposition(collect(q, totals))
+    save_totals(q, totals)
+    sys.stdout.write(text)
     sys.stdout.flush()
 
 

@@ -101,3 +101,46 @@ def test_publish_collision_and_retry_are_counted(tmp_path: Path) -> None:
     s = parse_prometheus(cli("metrics", "--queue", q, cwd=tmp_path).stdout)
     assert s[("renderctl_publish_collisions_total", ())] == 1
     assert s[("renderctl_attempts_total", (("outcome", "output_exists"),))] == 1
+
+
+def completed_total(q: Path, cwd: Path) -> float:
+    s = parse_prometheus(cli("metrics", "--queue", q, cwd=cwd).stdout)
+    return s[("renderctl_attempts_total", (("outcome", "completed"),))]
+
+
+def test_metrics_reads_only_what_the_log_gained_since_its_last_call(tmp_path: Path) -> None:
+    # Given a queue that ran 5 jobs, and `metrics` called once
+    q, out = tmp_path / "q", tmp_path / "out"
+    first = write_jobs(tmp_path / "m1", [job(f"a{i}", "write") for i in range(5)])
+    assert cli("run", first, "--queue", q, "--out", out, cwd=tmp_path).returncode == 0
+    assert completed_total(q, tmp_path) == 5
+    # ... after which everything the log said so far is blanked out, but for its last bytes
+    log = q / "events.jsonl"
+    data = log.read_bytes()
+    log.write_bytes(b" " * (len(data) - 64) + data[-64:])
+
+    # When 3 more jobs run and `metrics` is called again
+    second = write_jobs(tmp_path / "m2", [job(f"b{i}", "write") for i in range(3)])
+    assert cli("run", second, "--queue", q, "--out", out, cwd=tmp_path).returncode == 0
+
+    # Then it counts all 8: it read only the new lines, and kept the first 5 from last time
+    assert completed_total(q, tmp_path) == 8
+
+
+def test_metrics_starts_over_on_a_log_that_is_not_the_one_it_read(tmp_path: Path) -> None:
+    q, out = tmp_path / "q", tmp_path / "out"
+    first = write_jobs(tmp_path / "m1", [job(f"a{i}", "write") for i in range(5)])
+    assert cli("run", first, "--queue", q, "--out", out, cwd=tmp_path).returncode == 0
+    assert completed_total(q, tmp_path) == 5
+    # A log rotated away (the next run starts a new one) ...
+    (q / "events.jsonl").rename(tmp_path / "events.old")
+    second = write_jobs(tmp_path / "m2", [job(f"b{i}", "write") for i in range(3)])
+    assert cli("run", second, "--queue", q, "--out", out, cwd=tmp_path).returncode == 0
+    assert completed_total(q, tmp_path) == 3  # a counter reset, as Prometheus expects
+    # ... and a log removed and written anew at least as long (its inode number may well be
+    # the old one's): here the same lines in another order, none of them a completion
+    log = q / "events.jsonl"
+    lines = log.read_bytes().splitlines(keepends=True)
+    log.unlink()
+    log.write_bytes(b"".join(reversed(lines)).replace(b'"completed"', b'"completes"'))
+    assert completed_total(q, tmp_path) == 0
