@@ -71,5 +71,20 @@ class EventLog:
                 continue
         return out, offset + end
 
+    def tail_offset(self, max_bytes: int) -> int:
+        """Where the first whole line of the log's last ``max_bytes`` starts (0 if shorter):
+        for readers that want recent events without reading a long log whole."""
+        try:
+            with open(self.path, "rb") as fh:
+                size = fh.seek(0, os.SEEK_END)
+                if size <= max_bytes:
+                    return 0
+                fh.seek(size - max_bytes - 1)  # from the byte before: a line may start there
+                chunk = fh.read(max_bytes + 1)
+        except FileNotFoundError:
+            return 0
+        newline = chunk.find(b"\n")
+        return size if newline < 0 else size - max_bytes + newline
+
     def __iter__(self) -> Iterator[dict[str, Any]]:
         return iter(self.read()[0])

@@ -21,6 +21,7 @@ from renderctl.metrics import read_runner_state
 from renderctl.store import Queue
 
 FAILURE_EVENTS = ("dead", "retry", "cancelled", "expired")
+TAIL_BYTES = 1 << 20
 
 
 class TopFeed:
@@ -28,7 +29,9 @@ class TopFeed:
 
     def __init__(self, queue: Queue) -> None:
         self.q = queue
-        self.offset = 0
+        # Only the last failures are shown: the log's tail has them (it grows ~340 bytes a
+        # job, so whole it can be hundreds of MB; 1 MB is the last ~3,000 jobs).
+        self.offset = queue.events.tail_offset(TAIL_BYTES)
         self.failures: deque[dict[str, Any]] = deque(maxlen=5)
 
     def _tail_failures(self) -> None:

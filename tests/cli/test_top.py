@@ -80,3 +80,47 @@ def test_top_shows_the_running_job_and_leaves_cleanly_on_ctrl_c(tmp_path: Path) 
     assert "no runner is alive" in once.stdout
     assert "pending 1" in once.stdout  # released on SIGTERM, not lost
     assert "\x1b[" not in once.stdout  # plain text on a pipe
+
+
+def test_top_shows_the_last_failures_of_a_long_log_reading_only_its_tail(
+        tmp_path: Path) -> None:
+    from renderctl.cli.top import TAIL_BYTES, TopFeed
+    from renderctl.store import Queue
+
+    # Given a log of several MB: old failures, then many completions, then 5 recent failures
+    q = Queue(tmp_path / "q")
+    q.events.append({"ts": 1.0, "event": "dead", "job": f"old-{i}", "outcome": "failed",
+                     "error": "old"} for i in range(100))
+    q.events.append({"ts": 2.0, "event": "completed", "job": f"ok-{i}", "outcome": "completed",
+                     "padding": "x" * 200} for i in range(3 * TAIL_BYTES // 250))
+    q.events.append({"ts": 3.0, "event": "dead", "job": f"new-{i}", "outcome": "failed",
+                     "error": "recent"} for i in range(5))
+    size = q.events.path.stat().st_size
+    assert size > 3 * TAIL_BYTES
+
+    # When top builds its first snapshot
+    feed = TopFeed(q)
+    start = feed.offset
+    snap = feed.snapshot()
+
+    # Then it read from a line's start within the last TAIL_BYTES, and shows the 5 recent
+    assert size - TAIL_BYTES <= start < size
+    assert q.events.path.read_bytes()[start - 1:start] == b"\n"
+    assert [f["job"] for f in snap["recent_failures"]] == [f"new-{i}" for i in range(5)]
+
+
+def test_tail_offset_is_the_first_whole_line_of_the_tail(tmp_path: Path) -> None:
+    from renderctl.events import EventLog
+
+    log = EventLog(tmp_path / "e.jsonl")
+    assert log.tail_offset(100) == 0  # no log yet
+    log.append({"n": i} for i in range(100))  # lines of 9-11 bytes
+    data = log.path.read_bytes()
+    for max_bytes in range(0, len(data) + 3):
+        off = log.tail_offset(max_bytes)
+        assert off == 0 or data[off - 1:off] == b"\n", max_bytes
+        assert len(data) - off <= max_bytes or off == 0, max_bytes
+        # nothing whole is left out: the line before `off` does not fit
+        if off > 0:
+            start = data.rfind(b"\n", 0, off - 1) + 1
+            assert len(data) - start > max_bytes, max_bytes
