@@ -58,6 +58,7 @@ from renderctl.lifecycle import Outcome, State
 from renderctl.messages import Broken, Drain, Dropped, Finished, Ready, RunJob, Skip, Started, Stop
 from renderctl.policy import ClaimIndex, after_attempt, compute_backoff
 from renderctl.publish import (
+    OWNER_XATTR,
     OutputEscapes,
     Published,
     check_confined,
@@ -1456,6 +1457,16 @@ def _signal_all(procs: list[Any], sig: int) -> None:
 
 
 def _exists_message(final: Path) -> str:
+    try:
+        tagged = bool(os.getxattr(final, OWNER_XATTR, follow_symlinks=False))
+    except OSError:
+        tagged = False
+    if tagged:
+        # Most likely this job's own output from before its record was deleted by hand
+        # (README, Housekeeping): say so, so that the fix (move it away) is obvious.
+        return (f"{final} already exists: renderctl published it for an earlier attempt that "
+                "no record of this queue remembers (a deleted done record?); left untouched, "
+                "move it away to render it again")
     return f"{final} already exists and renderctl did not publish it for this job; left untouched"
 
 

@@ -130,6 +130,30 @@ def test_a_reader_that_went_away_neither_stops_a_run_nor_makes_an_error(
     assert (status.returncode, status.stderr) == (0, "")
 
 
+def test_a_job_whose_done_record_was_deleted_runs_again_but_never_overwrites_its_output(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given a job that completed, whose done record was then deleted by hand (housekeeping)
+    stage(tmp_path)
+    manifest = write_manifest([py_job("once", "write_pdf")])
+    queue, out = tmp_path / "q", tmp_path / "out"
+    assert run_cli("run", manifest, *cli_args(queue, out, *FAST)).returncode == 0
+    published = (out / "once.pdf").read_bytes()
+    (queue / "done" / "once.json").unlink()
+
+    # When the same manifest is run again
+    res = run_cli("run", manifest, *cli_args(queue, out, *FAST))
+
+    # Then the job is new to the queue and runs, but its output is left as it was, and the
+    # dead letter says why and what to do
+    assert res.returncode == 1
+    assert (out / "once.pdf").read_bytes() == published
+    rec = QueueView(queue).record("dead", "once")
+    error = rec["attempts"][-1]["error"]
+    assert rec["attempts"][-1]["outcome"] == "output_exists"
+    assert "renderctl published it for an earlier attempt" in error
+    assert "move it away" in error
+
+
 @pytest.fixture(scope="module")
 def failing_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """One run of jobs that end badly (and two that succeed), shared by the tests below."""
