@@ -12,7 +12,6 @@ else's file: the job dead-letters with ``output_exists`` and the file is left un
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 from enum import StrEnum
@@ -90,6 +89,14 @@ def tag_output(path: Path, token: str) -> bool:
     return True
 
 
+def owner_token(path: str | os.PathLike[str]) -> str | None:
+    """The attempt token a published file was tagged with (see tag_output), or None."""
+    try:
+        return os.getxattr(path, OWNER_XATTR, follow_symlinks=False).decode(errors="replace")
+    except OSError:
+        return None
+
+
 def is_ours(tmp: Path, final: Path, *, is_dir: bool, job_id: str,
             token: str | None = None) -> bool:
     """Whether ``final`` is this job's own earlier publication (see module docstring)."""
@@ -97,10 +104,8 @@ def is_ours(tmp: Path, final: Path, *, is_dir: bool, job_id: str,
         if is_dir:
             marker = (final / DIR_MARKER).read_text().splitlines()
             return bool(marker) and marker[0] == job_id
-        if token is not None:
-            with contextlib.suppress(OSError):
-                if os.getxattr(final, OWNER_XATTR, follow_symlinks=False) == token.encode():
-                    return True
+        if token is not None and owner_token(final) == token:
+            return True
         a, b = os.lstat(tmp), os.lstat(final)
         return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
     except (FileNotFoundError, NotADirectoryError):

@@ -58,12 +58,12 @@ from renderctl.lifecycle import Outcome, State
 from renderctl.messages import Broken, Drain, Dropped, Finished, Ready, RunJob, Skip, Started, Stop
 from renderctl.policy import ClaimIndex, after_attempt, compute_backoff
 from renderctl.publish import (
-    OWNER_XATTR,
     OutputEscapes,
     Published,
     check_confined,
     discard,
     is_ours,
+    owner_token,
     publish,
     tmp_output_path,
     tmp_outputs,
@@ -479,14 +479,7 @@ class Runner:
             transitions.append(t)
             if tmp is not None:
                 published_tmps.append(tmp)
-        if transitions:
-            self.q.finish(transitions)
-            for t in transitions:
-                self._count(t)
-                self.reporter.event({"event": "recovered", "job": t.record.spec.id,
-                                     "state": t.dst.value})
-        for tmp in published_tmps:
-            unlink_quiet(tmp)
+        self._apply_recovered(transitions, published_tmps)
         self._started_at_recovery = started
         self._forget_dead_runners()
         self.q.clean_tmp()
@@ -524,16 +517,21 @@ class Runner:
             transitions.append(t)
             if tmp is not None:
                 published_tmps.append(tmp)
-        if not transitions:
-            return
-        self.q.finish(transitions)
+        if transitions:
+            self._apply_recovered(transitions, published_tmps)
+            self._forget_dead_runners()
+
+    def _apply_recovered(self, transitions: list[Transition], published_tmps: list[Path]) -> None:
+        """Make recovery's verdicts durable, then drop the temporary names of outputs it found
+        published (only now: the done records that replace them as proof are on disk)."""
+        if transitions:
+            self.q.finish(transitions)
+            for t in transitions:
+                self._count(t)
+                self.reporter.event({"event": "recovered", "job": t.record.spec.id,
+                                     "state": t.dst.value})
         for tmp in published_tmps:
-            unlink_quiet(tmp)  # only now: the done record that replaces its proof is durable
-        for t in transitions:
-            self._count(t)
-            self.reporter.event({"event": "recovered", "job": t.record.spec.id,
-                                 "state": t.dst.value})
-        self._forget_dead_runners()
+            unlink_quiet(tmp)
 
     def _orphaned(self, lease: Any, now: float) -> bool:
         alive = proctree.holder_alive(host=lease.holder.host, boot_id=lease.holder.boot_id,
@@ -1457,11 +1455,7 @@ def _signal_all(procs: list[Any], sig: int) -> None:
 
 
 def _exists_message(final: Path) -> str:
-    try:
-        tagged = bool(os.getxattr(final, OWNER_XATTR, follow_symlinks=False))
-    except OSError:
-        tagged = False
-    if tagged:
+    if owner_token(final):
         # Most likely this job's own output from before its record was deleted by hand
         # (README, Housekeeping): say so, so that the fix (move it away) is obvious.
         return (f"{final} already exists: renderctl published it for an earlier attempt that "
