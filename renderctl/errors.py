@@ -123,3 +123,11 @@ class InvalidInput(JobError):
 
 class InvalidOutput(JobError):
     """The job produced an output that is not acceptable (e.g. not a readable PDF)."""
+
+
+def os_error_message(exc: OSError) -> str:
+    """One line naming what failed: ``I/O error (<file>[ -> <file2>]): <reason>``."""
+    where = f" ({exc.filename})" if exc.filename else ""
+    if exc.filename2:
+        where = f" ({exc.filename} -> {exc.filename2})"
+    return f"I/O error{where}: {exc.strerror or exc}"

@@ -35,7 +35,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, NoReturn
 
-from renderctl.errors import ExitCode, InvalidInput, InvalidOutput
+from renderctl.errors import ExitCode, InvalidInput, InvalidOutput, os_error_message
 from renderctl.fsutil import with_name
 from renderctl.guards import LimitBelowUsage, reset_job_peak, set_job_limit, slot_peak_bytes
 from renderctl.lifecycle import Outcome
@@ -180,10 +180,9 @@ class Worker:
             self._flush()
 
     def _broken(self, exc: OSError) -> NoReturn:
-        where = f" ({exc.filename})" if exc.filename else ""
         with contextlib.suppress(OSError):
             self._flush()
-            self.conn.send(Broken(f"I/O error{where}: {exc.strerror or exc}"))
+            self.conn.send(Broken(os_error_message(exc)))
         os._exit(ExitCode.IO_ERROR)
 
     def _send(self, msg: object) -> None:

@@ -19,7 +19,14 @@ from typing import Annotated, Any, TypeVar
 import typer
 
 from renderctl.cli import console as out
-from renderctl.errors import ExitCode, ManifestError, QueueBusy, RenderctlError, Saturated
+from renderctl.errors import (
+    ExitCode,
+    ManifestError,
+    QueueBusy,
+    RenderctlError,
+    Saturated,
+    os_error_message,
+)
 from renderctl.settings import RunnerSettings  # stdlib only: defaults without the runner
 
 app = typer.Typer(
@@ -86,10 +93,7 @@ def handle_errors(fn: F) -> F:
             out.silence_stdout()
             raise typer.Exit(ExitCode.OK) from None
         except OSError as exc:
-            where = f" ({exc.filename})" if exc.filename else ""
-            if exc.filename2:
-                where = f" ({exc.filename} -> {exc.filename2})"
-            out.err(f"I/O error{where}: {exc.strerror or exc}")
+            out.err(os_error_message(exc))
             raise typer.Exit(ExitCode.IO_ERROR) from None
 
     return wrapper  # type: ignore[return-value]
