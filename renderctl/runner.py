@@ -70,7 +70,7 @@ from renderctl.publish import (
 )
 from renderctl.render.registry import all_specs
 from renderctl.settings import RunnerSettings
-from renderctl.store import Claim, Holder, JobRecord, Queue, Transition
+from renderctl.store import Claim, Holder, JobRecord, Queue, Transition, name_prefix
 from renderctl.worker import PRELOAD, WorkerConfig, worker_main
 
 MB = 1024 * 1024
@@ -93,6 +93,9 @@ STATE_INTERVAL_S = 1.0  # how often runner.state.json is rewritten for `top` and
 STATE_FILE = "runner.state.json"
 MAX_START_FAILURES = 5
 WORK_ROOT_PREFIX = "renderctl-work-"  # of each runner's folder of job working directories
+# control/ files of one runner, by token prefix (holder files: store.HOLDER_FILE)
+STARTED_LOG = "started.{}.log"  # tokens of the attempts its workers began, one per line
+WORK_NOTE = "work.{}"  # where its WORK_ROOT_PREFIX folder is, for the next runner to remove
 BUDGET_SHARE = 0.8  # of MemAvailable at start: leave room for the page cache and the rest
 
 
@@ -290,8 +293,9 @@ class Runner:
             self.work_root = tempfile.mkdtemp(prefix=WORK_ROOT_PREFIX)
             # Where our jobs' working folders are, for the next runner should we die (they
             # hold capture files and whatever a job left: /tmp would fill up, crash by crash).
-            (self.q.dir("control") / f"work.{self.token_prefix}").write_text(self.work_root)
-            self.started_log = str(self.q.dir("control") / f"started.{self.token_prefix}.log")
+            (self.q.dir("control") / WORK_NOTE.format(self.token_prefix)).write_text(
+                self.work_root)
+            self.started_log = str(self.q.dir("control") / STARTED_LOG.format(self.token_prefix))
             try:
                 self.recover()
                 self.q.load_index(self.index)
@@ -371,7 +375,7 @@ class Runner:
                 self.guard.close()
         if self.work_root:
             shutil.rmtree(self.work_root, ignore_errors=True)
-            unlink_quiet(self.q.dir("control") / f"work.{self.token_prefix}")
+            unlink_quiet(self.q.dir("control") / WORK_NOTE.format(self.token_prefix))
         if self.started_log:
             unlink_quiet(self.started_log)
         unlink_quiet(self._workers_file())
@@ -491,8 +495,8 @@ class Runner:
         A runner still named by a lease keeps both: its holder says who it was, and its
         started log is the evidence of which attempt began if we die before taking over."""
         held = self.q.lease_prefixes()
-        for log in self.q.dir("control").glob("started.*.log"):
-            if str(log) != self.started_log and log.name[len("started."):-len(".log")] not in held:
+        for log in self.q.dir("control").glob(STARTED_LOG.format("*")):
+            if str(log) != self.started_log and name_prefix(log.name, STARTED_LOG) not in held:
                 unlink_quiet(log)
         self.q.forget_holders(keep=held)
 
@@ -583,7 +587,7 @@ class Runner:
 
     def _started_tokens(self) -> set[str]:
         tokens: set[str] = set()
-        for log in self.q.dir("control").glob("started.*.log"):
+        for log in self.q.dir("control").glob(STARTED_LOG.format("*")):
             with contextlib.suppress(OSError):
                 tokens.update(log.read_text().split())
         return tokens
@@ -620,8 +624,8 @@ class Runner:
     def _remove_dead_work_roots(self) -> None:
         """Remove the job working folders of runners that died (we hold the queue's lock, so
         every other runner of this queue is dead, and so are their workers by now)."""
-        for f in self.q.dir("control").glob("work.*"):
-            if f.name == f"work.{self.token_prefix}":
+        for f in self.q.dir("control").glob(WORK_NOTE.format("*")):
+            if name_prefix(f.name, WORK_NOTE) == self.token_prefix:
                 continue
             with contextlib.suppress(OSError):
                 root = f.read_text().strip()

@@ -99,6 +99,15 @@ class Holder:
         return cls(d["host"], d["boot_id"], int(d["pid"]), d.get("start_time"))
 
 
+def name_prefix(name: str, fmt: str) -> str | None:
+    """The token prefix in the name of a per-runner control file made from ``fmt`` (such as
+    ``HOLDER_FILE``), or None if ``name`` is not one."""
+    head, tail = fmt.split("{}")
+    if len(name) > len(head) + len(tail) and name.startswith(head) and name.endswith(tail):
+        return name[len(head):len(name) - len(tail)]
+    return None
+
+
 # A holder nobody recorded (its file was removed by hand): never judged alive here, so its
 # jobs come back after their lease expires, like a runner on another host.
 UNKNOWN_HOLDER = Holder("", "", 0, None)
@@ -883,13 +892,11 @@ class Queue:
 
     def forget_holders(self, keep: set[str]) -> None:
         """Remove holder files no running record names any more (the runner, after recovery)."""
-        head, tail = HOLDER_FILE.split("{}")
         for name in os.listdir(self.dir("control")):
-            if name.startswith(head) and name.endswith(tail):
-                prefix = name[len(head):-len(tail)]
-                if prefix not in keep:
-                    _HOLDERS.pop((str(self.dir("control")), prefix), None)
-                    unlink_quiet(self.dir("control") / name)
+            prefix = name_prefix(name, HOLDER_FILE)
+            if prefix is not None and prefix not in keep:
+                _HOLDERS.pop((str(self.dir("control")), prefix), None)
+                unlink_quiet(self.dir("control") / name)
 
     def renew(self, claims: Iterable[Claim], *, lease_s: float) -> list[Claim]:
         """Extend leases still ours; returns the renewed claims."""
