@@ -254,6 +254,11 @@ def wait_until(check: Callable[[], T], *, timeout_s: float = 20,
         time.sleep(interval_s)
 
 
+def wait_for_pid(pidfile: Path, *, what: str = "the job to start") -> int:
+    """The pid a job wrote to ``pidfile`` (see sleep_then_write), once it is there."""
+    return int(wait_until(lambda: pidfile.exists() and pidfile.read_text(), what=what))
+
+
 class QueueView:
     """The queue folder as a script reads it: ids per state folder, records as JSON."""
 

@@ -37,6 +37,7 @@ from jobfns import (
     sha256_of,
     stage,
     stray_temporaries,
+    wait_for_pid,
     wait_until,
 )
 
@@ -216,8 +217,7 @@ def test_a_lease_whose_holder_is_unknown_is_taken_over_when_it_expires_not_befor
     queue, out = tmp_path / "q", tmp_path / "out"
     first = Runner(manifest, *cli_args(queue, out, *FAST))
     try:
-        worker = int(wait_until(lambda: pidfile.exists() and pidfile.read_text(),
-                                what="the job to start"))
+        worker = wait_for_pid(pidfile)
         first.kill()
     finally:
         first.close()

@@ -23,6 +23,7 @@ from jobfns import (
     py_job,
     run_cli,
     stage,
+    wait_for_pid,
     wait_until,
 )
 
@@ -70,8 +71,7 @@ def test_a_worker_killed_from_outside_costs_one_crashed_attempt_then_the_job_com
     queue, out = tmp_path / "q", tmp_path / "out"
     runner = Runner(manifest, *cli_args(queue, out, *FAST, "--json"))
     try:
-        worker_pid = int(wait_until(lambda: pidfile.exists() and pidfile.read_text(),
-                                    what="the job to report its worker's pid"))
+        worker_pid = wait_for_pid(pidfile, what="the job to report its worker's pid")
         assert worker_pid in {p.pid for p in descendants(runner.pid)}
 
         # When someone else SIGKILLs that worker mid-job
@@ -146,8 +146,7 @@ def test_when_the_runner_dies_its_workers_and_python_jobs_die_with_it(
     runner = Runner(manifest, *cli_args(tmp_path / "q", tmp_path / "out", "--workers", "1",
                                         "--start-method", method))
     try:
-        job_pid = int(wait_until(lambda: pidfile.exists() and pidfile.read_text(),
-                                 what="the python job to start"))
+        job_pid = wait_for_pid(pidfile, what="the python job to start")
         tree = descendants(runner.pid)
         assert job_pid in {p.pid for p in tree}
     except BaseException:
