@@ -616,7 +616,7 @@ def _validate_job(
         out_root=out_root,
         inputs=tuple(inputs),
         params=params,
-        argv=tuple(argv) if spec is not None and spec.kind == "command" else None,
+        argv=tuple(argv or ()) if spec is not None and spec.kind == "command" else None,
         callable=merged.get("callable") if spec is not None and spec.kind == "python" else None,
         pythonpath=str(base) if spec is not None and spec.kind == "python" else None,
         memory_mb=merged.get("memory_mb", limits.memory_mb),
@@ -770,7 +770,7 @@ def jobs_from_dicts(
 ) -> list[JobSpec]:
     """The Python API's entry: plain dicts validated exactly like a manifest's jobs."""
     problems: list[Problem] = []
-    doc = {"jobs": [dict(i) for i in items]}
+    doc: dict[str, Any] = {"jobs": [dict(i) for i in items]}
     if defaults:
         doc["defaults"] = dict(defaults)
     jobs = validate_document(doc, file=source, base=Path(os.path.abspath(base)),

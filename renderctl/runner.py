@@ -471,8 +471,8 @@ class Runner:
                 # A crash after the later record was durable, before the running copy and
                 # the output's temporary link were removed: finish that cleanup.
                 unlink_quiet(path)
-                for t in tmp_outputs(view.record.spec.output_path, jid):
-                    discard(t)
+                for stale in tmp_outputs(view.record.spec.output_path, jid):
+                    discard(stale)
                 continue
             rec = view.record
             lease = rec.lease

@@ -111,14 +111,14 @@ def _drop_forkserver_fds() -> None:
         return  # not a fork server's child
     with contextlib.suppress(OSError):
         os.close(fd)
-    server._forkserver_alive_fd = None
+    server._forkserver_alive_fd = None  # type: ignore[attr-defined]
     # Likewise the resource tracker's pipe, so that it too exits with the runner.
     tracker = resource_tracker._resource_tracker
     tfd = getattr(tracker, "_fd", None)
     if tfd is not None:
         with contextlib.suppress(OSError):
             os.close(tfd)
-        tracker._fd = None
+        tracker._fd = None  # type: ignore[attr-defined]
 
 
 class Worker:
@@ -619,8 +619,8 @@ def check_output(output: Path, job: RunJob) -> dict[str, Any]:
         raise InvalidOutput("the output is not a regular file")
     with open(output, "rb") as fh:
         data = fh.read()
-    pages = pdf_pages(output, data) if _is_pdf_target(job) else None
-    return {"sha256": hashlib.sha256(data).hexdigest(), "bytes": st.st_size, "pages": pages}
+    n_pages = pdf_pages(output, data) if _is_pdf_target(job) else None
+    return {"sha256": hashlib.sha256(data).hexdigest(), "bytes": st.st_size, "pages": n_pages}
 
 
 def _is_pdf_target(job: RunJob) -> bool:

@@ -115,7 +115,7 @@ def _running(jobs: Sequence[Mapping[str, Any]], *, limit: int = 20) -> Table:
         t.add_column(col, no_wrap=True)
     for j in list(jobs)[:limit]:
         elapsed, timeout = j.get("elapsed_s"), j.get("timeout_s")
-        late = bool(timeout) and (elapsed or 0) >= MEMORY_WARN * float(timeout)
+        late = bool(timeout) and (elapsed or 0) >= MEMORY_WARN * float(timeout or 0)
         t.add_row(str(j.get("id")), str(j.get("kind") or "-"), str(j.get("pid") or "-"),
                   str(j.get("attempt") or "-"),
                   Text(f"{human_duration(elapsed)} / {human_duration(timeout)}",
