@@ -1154,9 +1154,15 @@ class Runner:
         if w.pgid is None:
             return
         w.kill_reason = reason
-        # A grandchild that called setsid() has left the group: remember the whole tree now,
-        # while it can still be found from the worker, and kill it too at the worker's death.
-        w.doomed = _tree(w.pid)
+        # A grandchild that called setsid() has left the group, and a python job can even move
+        # its worker into another group: remember the worker and its whole tree now, while
+        # it can still be found, plus whatever else is in its slot's cgroup, and kill them
+        # with the group (again at the worker's death).
+        try:
+            in_slot = w.slot.pids()
+        except (OSError, ValueError):
+            in_slot = []
+        w.doomed = _tree(w.pid, include_root=True) + _processes(in_slot)
         if graceful:
             proctree.kill_group(w.pgid, signal.SIGTERM)
             _signal_all(w.doomed, signal.SIGTERM)
@@ -1438,16 +1444,29 @@ def _percentiles(values: deque[float]) -> dict[str, float] | None:
     return {"p50": q(0.5), "p99": q(0.99), "n": len(xs)}
 
 
-def _tree(pid: int | None) -> list[Any]:
+def _tree(pid: int | None, *, include_root: bool = False) -> list[Any]:
     """psutil handles of ``pid``'s descendants (safe against pid reuse when signalled)."""
     if pid is None:
         return []
     import psutil
 
     try:
-        return psutil.Process(pid).children(recursive=True)
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)] if include_root \
+            else root.children(recursive=True)
     except psutil.Error:
         return []
+
+
+def _processes(pids: list[int]) -> list[Any]:
+    """psutil handles of those of ``pids`` still running."""
+    import psutil
+
+    procs = []
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            procs.append(psutil.Process(pid))
+    return procs
 
 
 def _signal_all(procs: list[Any], sig: int) -> None:

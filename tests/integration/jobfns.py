@@ -339,3 +339,69 @@ def putenv_directly(inputs: Sequence[Path], output: Path, params: Mapping[str, A
     """Change the process environment below os.environ (C level only), then succeed."""
     os.putenv(POLLUTING_ENV, "leaked")
     _pdf(Path(output), os.environ["RENDERCTL_JOB_ID"])
+
+
+# -- hostile jobs: a python job runs inside its worker and can fight it ---------------------
+
+def _write_pid(pidfile: str, pid: int) -> None:
+    tmp = Path(pidfile + ".tmp")
+    tmp.write_text(str(pid))
+    os.replace(tmp, pidfile)
+
+
+def leave_group_and_hang(inputs: Sequence[Path], output: Path,
+                         params: Mapping[str, Any]) -> None:
+    """Move the worker itself out of its process group (into a child's), then hang: a kill
+    of the worker's group alone no longer reaches it."""
+    r, w = os.pipe()
+    child = os.fork()
+    if child == 0:
+        os.setpgid(0, 0)
+        os.write(w, b"x")
+        time.sleep(600)
+        os._exit(0)
+    os.read(r, 1)
+    os.setpgid(0, child)
+    _write_pid(params["pidfile"], os.getpid())
+    time.sleep(float(params["s"]))
+    write_pdf(inputs, output, params)
+
+
+def leave_a_daemon(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
+    """Double-fork a setsid() daemon that holds ``params["mb"]`` MB and sleeps, then succeed.
+
+    The daemon writes its pid to ``params["pidfile"]`` once it holds the memory."""
+    r, w = os.pipe()
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            hold = bytearray(int(params.get("mb", 1)) << 20)
+            hold[::4096] = b"x" * len(hold[::4096])
+            _write_pid(params["pidfile"], os.getpid())
+            os.write(w, b"x")
+            time.sleep(600)
+        os._exit(0)
+    os.read(r, 1)
+    write_pdf(inputs, output, params)
+
+
+def allocate(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
+    """Hold ``params["mb"]`` MB (touched) while writing a PDF."""
+    hold = bytearray(int(params["mb"]) << 20)
+    hold[::4096] = b"x" * len(hold[::4096])
+    write_pdf(inputs, output, params)
+    del hold
+
+
+def close_worker_fds(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
+    """Close every inherited descriptor above stderr except the worker's socket to the
+    runner (as a careless daemonizing library might), then write a good PDF."""
+    import stat
+
+    for fd in map(int, os.listdir("/proc/self/fd")):
+        if fd <= 2:
+            continue
+        with contextlib.suppress(OSError):
+            if not stat.S_ISSOCK(os.fstat(fd).st_mode):
+                os.close(fd)
+    write_pdf(inputs, output, params)
