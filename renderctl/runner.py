@@ -75,8 +75,9 @@ from renderctl.worker import PRELOAD, WorkerConfig, worker_main
 
 MB = 1024 * 1024
 CRASH_ENV = "RENDERCTL_CRASH_AT"
-CRASH_POINTS = ("claim", "lease", "start", "publish:before_link", "publish:after_link",
-                "publish:after_done", "dead")
+STOP_ENV = "RENDERCTL_STOP_AT"
+CRASH_POINTS = ("claim", "lease", "start", "commit", "publish:before_link",
+                "publish:after_link", "publish:after_done", "dead")
 
 
 # How long finished attempts may wait for company in a group commit: 10 ms is below what a
@@ -168,9 +169,15 @@ class WorkerHandle:
     retiring: bool = False
     replaced: bool = False  # its successor was started when it retired
     kill_reason: Outcome | None = None
+    # The job the kill was for. The worker may finish it and start its next queued job
+    # before the kill lands: that one is not the kill's target and must not get its verdict.
+    kill_target: Assignment | None = None
     kill_deadline: float | None = None
     drain_sent: bool = False
-    cancelled_tokens: set[str] = field(default_factory=set)  # skipped; must not start
+    # Skipped (recorded cancelled) while queued: token -> its output's temporary, removed
+    # once the worker is dead if it started the job before reading the Skip.
+    cancelled_tokens: dict[str, Path] = field(default_factory=dict)
+    discard_at_death: list[Path] = field(default_factory=list)
     doomed: list[Any] = field(default_factory=list)  # processes to kill again at death
     sampler: TreeSampler | None = None
     mark: OomMark | None = None
@@ -242,6 +249,7 @@ class Runner:
         self.started_at = 0.0
         self._crash_counts: dict[str, int] = {}
         self._crash_at = self._parse_crash(settings.crash_at or os.environ.get(CRASH_ENV))
+        self._stop_at = self._parse_crash(os.environ.get(STOP_ENV))
         self._next_renew = 0.0
         self._next_poll = 0.0
         self._next_sample = 0.0
@@ -273,11 +281,15 @@ class Runner:
         return point, int(nth or 1)
 
     def crash_point(self, point: str) -> None:
-        if self._crash_at is None or self._crash_at[0] != point:
+        """SIGKILL ourselves here (RENDERCTL_CRASH_AT), or SIGSTOP (RENDERCTL_STOP_AT: a test
+        freezes the runner at a named point, arranges what happens meanwhile, then SIGCONTs)."""
+        if self._crash_at is None and self._stop_at is None:
             return
-        self._crash_counts[point] = self._crash_counts.get(point, 0) + 1
-        if self._crash_counts[point] == self._crash_at[1]:
+        n = self._crash_counts[point] = self._crash_counts.get(point, 0) + 1
+        if self._crash_at == (point, n):
             os.kill(os.getpid(), signal.SIGKILL)
+        if self._stop_at == (point, n):
+            os.kill(os.getpid(), signal.SIGSTOP)
 
     # -- lifecycle --
     def run(self) -> RunSummary:
@@ -365,6 +377,8 @@ class Runner:
                 w.proc.join(timeout=5)
             with contextlib.suppress(Exception):
                 w.slot.close()
+            for tmp in w.discard_at_death:  # its jobs can no longer write them
+                discard(tmp)
         self.workers.clear()
         for slot in self._spare_slots:
             with contextlib.suppress(Exception):
@@ -976,6 +990,7 @@ class Runner:
                 if msg.token in w.cancelled_tokens:
                     # Cancelled (and recorded) while queued, but the worker started it before
                     # reading our Skip: kill it; its result must never be published.
+                    w.discard_at_death.append(w.cancelled_tokens.pop(msg.token))
                     self._kill(w, Outcome.CANCELLED)
                 return
             a.started_mono = time.monotonic()
@@ -994,10 +1009,12 @@ class Runner:
             if a is None or a.job_id != msg.job_id:
                 return
             w.current = None
-            if w.kill_reason is not None:
+            if w.kill_reason is not None and a is w.kill_target:
                 # We decided to kill it (cancel, timeout, memory) before it finished: our
-                # verdict stands; the worker dies anyway and is replaced.
-                w.current = a
+                # verdict stands, recorded now, as the worker may start its next job before
+                # the kill lands. The worker dies anyway and is replaced.
+                w.kill_target = None
+                self.completions.append((a, self._killed(w, a, None)))
                 return
             fin = msg
             if w.mark is not None and w.slot.oom_killed_since(w.mark):
@@ -1069,34 +1086,11 @@ class Runner:
         _signal_all(w.doomed, signal.SIGKILL)
         if w.sampler is not None:
             _signal_all(w.sampler.known_processes(), signal.SIGKILL)
+        for tmp in w.discard_at_death:
+            discard(tmp)
         a = w.current
         if a is not None:
-            oom = w.mark is not None and w.slot.oom_killed_since(w.mark)
-            reason = Outcome.MEMORY if oom else w.kill_reason
-            peak = w.slot.peak_bytes()
-            if peak is None and w.sampler is not None:
-                peak = w.sampler.peak_bytes or None
-            fields: dict[str, Any] = {"peak_memory_bytes": peak, "worker_pid": w.pid}
-            if code is not None and code < 0:
-                fields["signal"] = -code
-            elif code is not None:
-                fields["exit_code"] = code
-            if reason is None:
-                if code is not None and code < 0:
-                    fields.update(outcome=Outcome.CRASHED.value,
-                                  error=f"worker killed by {_signame(-code)} (nobody sent it)")
-                else:
-                    fields.update(outcome=Outcome.FAILED.value,
-                                  error=f"worker exited with status {code} during the job")
-            else:
-                fields.update(outcome=reason.value, error=_kill_message(reason, a, peak))
-            elapsed = time.monotonic() - (a.started_mono or time.monotonic())
-            self.completions.append((a, Finished(a.job_id, a.claim.lease.token,
-                                                 fields.pop("outcome"), elapsed,
-                                                 error=fields.pop("error"),
-                                                 exit_code=fields.get("exit_code"),
-                                                 signal=fields.get("signal"),
-                                                 peak_memory_bytes=peak)))
+            self.completions.append((a, self._killed(w, a, code)))
         for q in reversed(w.queued):
             if self.stop_signal is not None:
                 self._release_unrun(q)
@@ -1117,6 +1111,34 @@ class Runner:
         else:
             with contextlib.suppress(Exception):
                 w.slot.close()
+
+    def _killed(self, w: WorkerHandle, a: Assignment, code: int | None) -> Finished:
+        """The result of ``a``, whose worker we killed or saw die (exit ``code``; None: it
+        is still dying)."""
+        elapsed = time.monotonic() - (a.started_mono or time.monotonic())
+        token = a.claim.lease.token
+        if w.kill_reason is not None and a is not w.kill_target:
+            # It started after we decided to kill its worker for another job: not its fault.
+            return Finished(a.job_id, token, Outcome.RELEASED.value, elapsed,
+                            error=f"its worker was killed ({w.kill_reason.value}) for another "
+                                  "job as it started; not charged")
+        oom = w.mark is not None and w.slot.oom_killed_since(w.mark)
+        reason = Outcome.MEMORY if oom else w.kill_reason
+        peak = w.slot.peak_bytes()
+        if peak is None and w.sampler is not None:
+            peak = w.sampler.peak_bytes or None
+        sig = -code if code is not None and code < 0 else None
+        exit_code = code if code is not None and code >= 0 else None
+        if reason is not None:
+            outcome, error = reason.value, _kill_message(reason, a, peak)
+        elif sig is not None:
+            outcome, error = Outcome.CRASHED.value, \
+                f"worker killed by {_signame(sig)} (nobody sent it)"
+        else:
+            outcome, error = Outcome.FAILED.value, \
+                f"worker exited with status {code} during the job"
+        return Finished(a.job_id, token, outcome, elapsed, error=error, exit_code=exit_code,
+                        signal=sig, peak_memory_bytes=peak)
 
     # -- guards: timeouts, memory, kills --
     def _enforce(self, now: float) -> None:
@@ -1153,6 +1175,8 @@ class Runner:
     def _kill(self, w: WorkerHandle, reason: Outcome, *, graceful: bool = False) -> None:
         if w.pgid is None:
             return
+        if w.kill_reason is None:
+            w.kill_target = w.current
         w.kill_reason = reason
         # A grandchild that called setsid() has left the group, and a python job can even move
         # its worker into another group: remember the worker and its whole tree now, while
@@ -1201,7 +1225,7 @@ class Runner:
                 if queued is not None:
                     # Record it now rather than when the worker reads the Skip (after its
                     # current job, which may take minutes).
-                    w.cancelled_tokens.add(queued.claim.lease.token)
+                    w.cancelled_tokens[queued.claim.lease.token] = queued.tmp
                     self._tell(w, Skip((jid,)))
                     self._finish_unrun(queued, State.CANCELLED, "cancelled before it started")
                     handled = True
@@ -1285,6 +1309,7 @@ class Runner:
         running copies and the outputs' temporary names, and report. Claims made since the
         last commit become durable with the same syncs.
         """
+        self.crash_point("commit")
         batch, self.completions = self.completions, []
         now = self.clock.wall()
         transitions: list[Transition] = []

@@ -405,3 +405,19 @@ def close_worker_fds(inputs: Sequence[Path], output: Path, params: Mapping[str, 
             if not stat.S_ISSOCK(os.fstat(fd).st_mode):
                 os.close(fd)
     write_pdf(inputs, output, params)
+
+
+def wait_for_go(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
+    """Write our pid to ``params["pidfile"]``, wait until ``params["go"]`` exists, write a PDF
+    (the test decides when this job ends)."""
+    _write_pid(params["pidfile"], os.getpid())
+    while not os.path.exists(params["go"]):
+        time.sleep(0.005)
+    write_pdf(inputs, output, params)
+
+
+def write_then_hang(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
+    """Write the output, tell ``params["pidfile"]``, then hang (until killed)."""
+    write_pdf(inputs, output, params)
+    _write_pid(params["pidfile"], os.getpid())
+    time.sleep(600)

@@ -94,3 +94,91 @@ def test_a_runner_whose_lease_was_taken_over_does_not_publish(
         runner.close()
     assert not (out / "slow.pdf").exists()
     assert not list(out.glob(".rctl-*"))  # its temporary output is gone too
+
+
+def _stopped(pid: int) -> bool:
+    import psutil
+
+    return psutil.Process(pid).status() == psutil.STATUS_STOPPED
+
+
+def _frozen_runner(tmp_path: Path, write_manifest: Any, j2: dict[str, Any]) -> tuple[Runner, Path]:
+    """One worker running j1 (held until ``tmp_path/go`` exists), ``j2`` queued behind it,
+    and the runner frozen (SIGSTOP) in its first group commit, j0's: it reads nothing until
+    the test SIGCONTs it. Returns the runner and the queue (outputs in ``tmp_path/out``)."""
+    from jobfns import wait_for_pid, wait_until
+
+    stage(tmp_path)
+    pid1 = tmp_path / "j1.pid"
+    manifest = write_manifest([
+        py_job("j0", "write_pdf"),
+        py_job("j1", "wait_for_go", pidfile=str(pid1), go=str(tmp_path / "go")),
+        j2,
+    ])
+    queue = tmp_path / "q"
+    runner = Runner(manifest, *cli_args(queue, tmp_path / "out", "--workers", "1",
+                                        "--prefetch", "3", "--json"),
+                    env={"RENDERCTL_STOP_AT": "commit"})
+    wait_for_pid(pid1, what="j1 to start")
+    wait_until(lambda: _stopped(runner.pid), what="the runner to freeze in its commit")
+    return runner, queue
+
+
+def test_a_cancel_racing_its_jobs_completion_cancels_that_job_and_no_other(
+        tmp_path: Path, write_manifest: Any) -> None:
+    from jobfns import wait_for_pid
+
+    # Given one worker with j1 running and j2 queued behind it, and a frozen runner
+    pid2, out = tmp_path / "j2.pid", tmp_path / "out"
+    runner, queue = _frozen_runner(tmp_path, write_manifest, py_job(
+        "j2", "sleep_then_write", s=600, sleep_attempts=1, pidfile=str(pid2)))
+    try:
+        # When j1 finishes and the worker starts j2, and only then (before the runner has
+        # read either) the user cancels j1
+        (tmp_path / "go").touch()
+        wait_for_pid(pid2, what="the worker to start j2")
+        cancel = run_cli("cancel", "j1", "--queue", queue)
+        assert cancel.returncode == 0, cancel.stdout + cancel.stderr
+        os.kill(runner.pid, signal.SIGCONT)
+
+        # Then j1 is cancelled and never published; j2, whose worker the cancel killed,
+        # is not charged for it and completes; nothing is left behind
+        assert runner.wait(60) == ExitCode.JOBS_FAILED, runner.lines
+    finally:
+        runner.close()
+    view = QueueView(queue)
+    assert view.states_of(["j0", "j1", "j2"]) == {"j0": ["done"], "j1": ["cancelled"],
+                                                  "j2": ["done"]}
+    assert not (out / "j1.pdf").exists()
+    assert_pdf(out / "j2.pdf", "j2")
+    outcomes = [a["outcome"] for a in view.record("done", "j2")["attempts"]]
+    assert outcomes == ["released", "completed"], outcomes
+    assert sorted(p.name for p in out.iterdir()) == ["j0.pdf", "j2.pdf"]
+    assert view.tmp_entries() == []
+
+
+def test_a_job_cancelled_while_queued_that_had_already_started_leaves_no_temporary(
+        tmp_path: Path, write_manifest: Any) -> None:
+    from jobfns import wait_for_pid
+
+    # Given one worker with j1 running and j2 queued behind it, and a frozen runner
+    pid2, out = tmp_path / "j2.pid", tmp_path / "out"
+    runner, queue = _frozen_runner(tmp_path, write_manifest,
+                                   py_job("j2", "write_then_hang", pidfile=str(pid2)))
+    try:
+        # When the worker finishes j1 and starts j2, which writes its output's temporary,
+        # and j2 is cancelled before the runner has read that it started
+        (tmp_path / "go").touch()
+        wait_for_pid(pid2, what="j2 to write its output")
+        assert run_cli("cancel", "j2", "--queue", queue).returncode == 0
+        os.kill(runner.pid, signal.SIGCONT)
+
+        # Then j2 is cancelled, never published, and its temporary is gone with its worker
+        assert runner.wait(60) == ExitCode.JOBS_FAILED, runner.lines
+    finally:
+        runner.close()
+    view = QueueView(queue)
+    assert view.states_of(["j0", "j1", "j2"]) == {"j0": ["done"], "j1": ["done"],
+                                                  "j2": ["cancelled"]}
+    assert sorted(p.name for p in out.iterdir()) == ["j0.pdf", "j1.pdf"]
+    assert view.tmp_entries() == []
