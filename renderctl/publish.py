@@ -102,8 +102,10 @@ def is_ours(tmp: Path, final: Path, *, is_dir: bool, job_id: str,
     """Whether ``final`` is this job's own earlier publication (see module docstring)."""
     try:
         if is_dir:
+            # The marker names the job and the attempt's token: a folder some earlier life of
+            # this id published (before a replace, or a deleted done record) is not ours.
             marker = (final / DIR_MARKER).read_text().splitlines()
-            return bool(marker) and marker[0] == job_id
+            return marker[:1] == [job_id] and (token is None or marker[1:2] == [token])
         if token is not None and owner_token(final) == token:
             return True
         a, b = os.lstat(tmp), os.lstat(final)

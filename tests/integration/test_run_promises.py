@@ -182,3 +182,58 @@ def test_a_job_cancelled_while_queued_that_had_already_started_leaves_no_tempora
                                                   "j2": ["cancelled"]}
     assert sorted(p.name for p in out.iterdir()) == ["j0.pdf", "j1.pdf"]
     assert view.tmp_entries() == []
+
+
+def test_a_job_replaced_after_it_completed_never_claims_its_old_output(
+        tmp_path: Path, write_manifest: Any) -> None:
+    from jobfns import sha256_of, stray_temporaries
+
+    # Given a --follow runner that has completed x (its attempt 1 published x.pdf)
+    stage(tmp_path)
+    queue, out = tmp_path / "q", tmp_path / "out"
+    first = write_manifest([py_job("x", "write_pdf")], name="v1.toml")
+    runner = Runner(first, *cli_args(queue, out, "--workers", "1", "--follow", "--json"))
+    try:
+        runner.until(lambda line: '"completed"' in line and '"x"' in line)
+        published = sha256_of(out / "x.pdf")
+
+        # When x is replaced by a different spec with the same output, which the same
+        # runner claims as attempt 1 again
+        second = write_manifest([py_job("x", "write_pdf", version=2)], name="v2.toml")
+        res = run_cli("submit", second, "--replace", *cli_args(queue, out))
+        assert res.returncode == 0, res.stdout + res.stderr
+        line = runner.until(lambda line: '"x"' in line and '"state": "dead"' in line)
+    finally:
+        runner.close()
+
+    # Then the file there is not taken for the new attempt's: output_exists, untouched,
+    # and no temporary is left beside it
+    assert '"output_exists"' in line, line
+    assert sha256_of(out / "x.pdf") == published
+    assert stray_temporaries(out) == []
+
+
+def test_a_folder_output_published_before_its_done_record_was_deleted_is_not_ours(
+        tmp_path: Path, write_manifest: Any) -> None:
+    from jobfns import stray_temporaries
+
+    # Given a split job that published its folder, whose done record is then deleted
+    folder = stage(tmp_path)
+    src = Path(__file__).resolve().parents[2] / "sample-inputs" / "pdf" / "b.pdf"
+    (folder / "b.pdf").write_bytes(src.read_bytes())
+    manifest = write_manifest([{"id": "parts", "kind": "split", "input": "b.pdf",
+                                "output": "parts", "params": {"pages_per_part": 1}}])
+    queue, out = tmp_path / "q", tmp_path / "out"
+    assert run_cli("run", manifest, *cli_args(queue, out)).returncode == 0
+    before = sorted(p.name for p in (out / "parts").iterdir())
+    (queue / "done" / "parts.json").unlink()
+
+    # When the same job is submitted and run again
+    res = run_cli("run", manifest, *cli_args(queue, out))
+
+    # Then it dead-letters with output_exists; the folder is untouched; no temporary left
+    assert res.returncode == 1, res.stdout + res.stderr
+    rec = QueueView(queue).record("dead", "parts")
+    assert [a["outcome"] for a in rec["attempts"]] == ["output_exists"]
+    assert sorted(p.name for p in (out / "parts").iterdir()) == before
+    assert stray_temporaries(out) == []
