@@ -37,6 +37,7 @@ import fcntl
 import functools
 import json
 import os
+import signal
 import socket
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -64,6 +65,7 @@ FORMAT_VERSION = 1
 LEASE_XATTR = "user.renderctl.lease"
 FREE_PREFIX = "free."  # tmp/free.*: retired record files kept for reuse
 HOLDER_FILE = "holder.{}.json"  # control/: who a token prefix is (see _write_lease)
+REPLACE_LOCK = ".replace.lock"  # a replace holds it exclusively; a claim batch, shared
 # What reading a damaged record can raise; each means "quarantine it", never "crash".
 _CORRUPT = (ValueError, KeyError, TypeError, RecursionError, AttributeError)
 STATE_DIRS = tuple(s.value for s in State)
@@ -295,6 +297,13 @@ class QueueBackend(Protocol):
     def status(self) -> QueueStatus: ...
 
 
+def _stop_point(point: str) -> None:
+    """For tests: SIGSTOP here if RENDERCTL_STOP_AT names ``point`` (as the runner's points
+    do), so that a test can act while this command is frozen, then SIGCONT it."""
+    if os.environ.get("RENDERCTL_STOP_AT") == point:
+        os.kill(os.getpid(), signal.SIGSTOP)
+
+
 # -- the queue ----------------------------------------------------------------------------
 
 
@@ -307,6 +316,7 @@ class Queue:
         self.clock = clock
         self.events = EventLog(self.path / "events.jsonl")
         self._tmp_counter = 0
+        self._replace_fd: int | None = None  # REPLACE_LOCK, opened by the first claim
         # What this object itself put in pending/: load_index need not read those back (a
         # later replace or cancel is caught at claim, which re-reads the file anyway).
         self._submitted: dict[str, Entry] = {}
@@ -585,6 +595,24 @@ class Queue:
                 replaced.append(spec.id)
         if problems:
             raise ManifestError(problems)
+        _stop_point("submit:checked")
+        if not replaced:
+            return self._apply_submit(new, already, replaced, max_pending)
+        # A replace must not race a claim: checked "not running" above, the old copy could be
+        # claimed before ours lands in pending/, and the job would then be in pending/ and
+        # running/ at once, run twice. Claims skip a round while we hold this lock.
+        with self._lock(REPLACE_LOCK):
+            for jid in replaced:
+                view = self.find(jid)
+                if view is not None and view.state is State.RUNNING:
+                    problems.append(Problem("<queue>", jid, None,
+                                            "is running; cancel it before replacing it"))
+            if problems:
+                raise ManifestError(problems)
+            return self._apply_submit(new, already, replaced, max_pending)
+
+    def _apply_submit(self, new: list[JobSpec], already: list[str], replaced: list[str],
+                      max_pending: int | None) -> SubmitResult:
         if max_pending is not None:
             pending = self.count(State.PENDING)
             if pending + len(new) > max_pending:
@@ -642,21 +670,27 @@ class Queue:
     def _apply_txn(self, journal: Path, records: Sequence[JobRecord], *,
                    replaced: set[str], replay: bool = False,
                    raws: Sequence[bytes] | None = None) -> None:
-        """Roll a committed batch forward into pending/ (idempotent: replays are safe)."""
-        for jid in replaced:
-            for state in State:
-                if state is not State.PENDING and state is not State.RUNNING:
-                    unlink_quiet(self.record_path(state, jid))
+        """Roll a committed batch forward into pending/ (idempotent: replays are safe).
+
+        The caller holds the replace lock if ``replaced`` (no claim runs meanwhile)."""
         staged: list[tuple[Path, Path]] = []
         small = len(records) <= SMALL_BATCH
         for i, rec in enumerate(records):
             jid = rec.spec.id
-            if replay and jid not in replaced:
+            if replay:
                 other = self.find(jid)
-                if other is not None and other.state is not State.PENDING:
-                    continue  # already claimed (or finished) after an earlier roll-forward
-                if other is not None and other.record.seq == rec.seq:
-                    continue  # already applied
+                if other is not None and (other.record.seq == rec.seq
+                                          or other.state is State.RUNNING):
+                    # Applied already (and perhaps claimed or finished since), or the copy it
+                    # was to replace is running: placing ours would make two copies.
+                    continue
+                if other is not None and other.state is not State.PENDING \
+                        and jid not in replaced:
+                    continue  # finished after an earlier roll-forward
+            if jid in replaced:
+                for state in State:
+                    if state is not State.PENDING and state is not State.RUNNING:
+                        unlink_quiet(self.record_path(state, jid))
             tmp = self._tmp_name("job")
             write_file(tmp, raws[i] if raws is not None else rec.dumps(), fsync=small)
             staged.append((tmp, self.record_path(State.PENDING, jid)))
@@ -682,7 +716,7 @@ class Queue:
         if not any(n.endswith(".txn") for n in names):
             self.clean_tmp()
             return
-        with self._lock(".submit.lock"):
+        with self._lock(".submit.lock"), self._lock(REPLACE_LOCK):
             for name in sorted(os.listdir(self.dir("journal"))):
                 if not name.endswith(".txn"):
                     continue
@@ -786,7 +820,27 @@ class Queue:
         self, index: ClaimIndex, *, holder: Holder, lease_s: float, limit: int,
         token_prefix: str, crash_hook: Callable[[str], None] | None = None,
     ) -> tuple[list[Claim], list[JobRecord]]:
-        """Claim up to ``limit`` jobs in policy order; returns (claims, expired records)."""
+        """Claim up to ``limit`` jobs in policy order; returns (claims, expired records).
+
+        Claims nothing while a replace is being applied (see _submit_locked): the runner's
+        loop comes back within its poll interval, and a replace takes milliseconds."""
+        if self._replace_fd is None:
+            self._replace_fd = os.open(self.path / REPLACE_LOCK,
+                                       os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(self._replace_fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return [], []
+        try:
+            return self._claim_unlocked(index, holder=holder, lease_s=lease_s, limit=limit,
+                                        token_prefix=token_prefix, crash_hook=crash_hook)
+        finally:
+            fcntl.flock(self._replace_fd, fcntl.LOCK_UN)
+
+    def _claim_unlocked(
+        self, index: ClaimIndex, *, holder: Holder, lease_s: float, limit: int,
+        token_prefix: str, crash_hook: Callable[[str], None] | None = None,
+    ) -> tuple[list[Claim], list[JobRecord]]:
         now = self.clock.wall()
         claims: list[Claim] = []
         expired: list[Transition] = []

@@ -237,3 +237,52 @@ def test_a_folder_output_published_before_its_done_record_was_deleted_is_not_our
     assert [a["outcome"] for a in rec["attempts"]] == ["output_exists"]
     assert sorted(p.name for p in (out / "parts").iterdir()) == before
     assert stray_temporaries(out) == []
+
+
+def test_a_replace_that_loses_the_race_to_a_claim_enqueues_nothing(
+        tmp_path: Path, write_manifest: Any) -> None:
+    import subprocess
+
+    from jobfns import RENDERCTL, _env, wait_for_pid, wait_until
+
+    # Given a pending job u1, and `submit --replace` of it frozen just after it checked
+    # that u1 is not running
+    stage(tmp_path)
+    go, pidfile = tmp_path / "go", tmp_path / "u1.pid"
+    queue, out = tmp_path / "q", tmp_path / "out"
+    v1 = write_manifest([py_job("u1", "wait_for_go", pidfile=str(pidfile), go=str(go))],
+                        name="v1.toml")
+    v2 = write_manifest([py_job("u1", "write_pdf")], name="v2.toml")
+    assert run_cli("submit", v1, *cli_args(queue, out)).returncode == 0
+    submit = subprocess.Popen([*RENDERCTL, "submit", str(v2), "--replace", *cli_args(queue, out)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=_env({"RENDERCTL_STOP_AT": "submit:checked"}))
+    runner = None
+    try:
+        wait_until(lambda: _stopped(submit.pid), what="the submit to freeze after its check")
+
+        # When a runner claims and starts u1 meanwhile, and then the submit goes on
+        runner = Runner(*cli_args(queue, out, "--workers", "1", "--follow", "--json"))
+        wait_for_pid(pidfile, what="u1 to start")
+        os.kill(submit.pid, signal.SIGCONT)
+        _, err = submit.communicate(timeout=30)
+
+        # Then the replace is refused whole (u1 is running now) and nothing is enqueued
+        assert submit.returncode == ExitCode.USAGE, err
+        assert "u1" in err and "running" in err, err
+        assert QueueView(queue).states_of(["u1"]) == {"u1": ["running"]}
+        go.touch()
+        runner.until(lambda line: '"completed"' in line and '"u1"' in line)
+        os.kill(runner.pid, signal.SIGTERM)
+        assert runner.wait(30) == ExitCode.SIGTERM
+    finally:
+        if submit.poll() is None:
+            submit.kill()
+        if runner is not None:
+            runner.close()
+    # and u1 ran once, as first submitted
+    view = QueueView(queue)
+    assert view.states_of(["u1"]) == {"u1": ["done"]}
+    assert [a["outcome"] for a in view.record("done", "u1")["attempts"]] == ["completed"]
+    assert view.record("done", "u1")["spec"]["callable"] == "jobfns:wait_for_go"
+    assert_pdf(out / "u1.pdf", "u1")
