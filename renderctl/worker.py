@@ -45,6 +45,7 @@ from renderctl.publish import DIR_MARKER, tag_output
 TAIL_LINES = 20
 TAIL_BYTES = 4096
 PRELOAD = (
+    "renderctl.forkserver_init",  # first: the server ignores group-wide SIGTERM/SIGHUP
     "renderctl.worker",
     "renderctl.render.safety",
     "renderctl.render.invoice",

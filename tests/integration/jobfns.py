@@ -159,10 +159,12 @@ class Runner:
     """A background ``renderctl run``: its stdout read line by line, without blocking."""
 
     def __init__(self, *args: str | os.PathLike[str], env: Mapping[str, str] | None = None,
-                 cwd: Path | None = None) -> None:
+                 cwd: Path | None = None, new_session: bool = False) -> None:
+        # new_session: the runner leads its own process group (as under `timeout`, systemd
+        # or a shell's job control), so a test can signal that whole group.
         self.proc = subprocess.Popen([*RENDERCTL, "run", *map(str, args)],
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     env=_env(env), cwd=cwd)
+                                     env=_env(env), cwd=cwd, start_new_session=new_session)
         self.pid = self.proc.pid
         self.lines: list[str] = []
         self._buf = b""

@@ -286,3 +286,39 @@ def test_a_replace_that_loses_the_race_to_a_claim_enqueues_nothing(
     assert [a["outcome"] for a in view.record("done", "u1")["attempts"]] == ["completed"]
     assert view.record("done", "u1")["spec"]["callable"] == "jobfns:wait_for_go"
     assert_pdf(out / "u1.pdf", "u1")
+
+
+def test_sigterm_to_the_runners_whole_process_group_drains_like_sigterm_to_the_runner(
+        tmp_path: Path, write_manifest: Any) -> None:
+    from jobfns import wait_for_pid
+
+    # Given a runner leading its own process group (as under `timeout`, systemd or Slurm),
+    # running a job that ends in 1 s and one that would run for 10 minutes
+    stage(tmp_path)
+    short_pid, long_pid = tmp_path / "short.pid", tmp_path / "long.pid"
+    manifest = write_manifest([
+        {**py_job("short", "sleep_then_write", s=1.0, pidfile=str(short_pid)),
+         "max_attempts": 1},
+        {**py_job("long", "sleep_then_write", s=600, pidfile=str(long_pid)),
+         "max_attempts": 1},
+    ])
+    queue, out = tmp_path / "q", tmp_path / "out"
+    runner = Runner(manifest, *cli_args(queue, out, "--workers", "2", "--grace", "3",
+                                        "--max-jobs-per-worker", "1", "--json"),
+                    new_session=True)
+    try:
+        wait_for_pid(short_pid, what="short to start")
+        wait_for_pid(long_pid, what="long to start")
+
+        # When the whole group gets SIGTERM
+        os.killpg(runner.pid, signal.SIGTERM)
+
+        # Then the short job finishes within the grace and the long one is released,
+        # uncharged: the fork server did not take the workers down with it
+        assert runner.wait(30) == ExitCode.SIGTERM, runner.lines
+    finally:
+        runner.close()
+    view = QueueView(queue)
+    assert view.states_of(["short", "long"]) == {"short": ["done"], "long": ["pending"]}
+    assert_pdf(out / "short.pdf", "short")
+    assert [a["outcome"] for a in view.record("pending", "long")["attempts"]] == ["released"]

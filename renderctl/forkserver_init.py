@@ -1,0 +1,27 @@
+"""First module the fork server imports (``PRELOAD``): it shields the server from signals
+aimed at the runner's whole process group.
+
+The fork server shares the runner's process group, and ``timeout``, systemd's stop,
+Slurm and ``kill -TERM -PGID`` signal the whole group. Dying on that SIGTERM (or the
+terminal's SIGHUP), the server would fire every worker's parent-death signal, killing the
+running jobs at once and charging them an attempt, while the runner was about to give
+them their grace period and release them uncharged. CPython's server already ignores
+SIGINT for the same reason; it still exits when the runner does (its "alive" pipe).
+Workers set these back to their defaults at start (``worker_main``).
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+
+
+def _in_fork_server() -> bool:
+    # The server runs as `python -c "from multiprocessing.forkserver import main; ..."`;
+    # importing this module anywhere else (a test, a tool) must change nothing.
+    return sys.argv[:1] == ["-c"] and "multiprocessing.forkserver" in sys.modules
+
+
+if _in_fork_server():
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
