@@ -161,9 +161,10 @@ def rename_noreplace(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -
 
 
 def unlink_quiet(path: str | os.PathLike[str]) -> bool:
-    """Remove a file; a missing file is fine (another actor got there first)."""
+    """Remove a file; a missing file is fine (another actor got there first), and so is a
+    path through a file (``out/sub/x`` where ``sub`` is a file: nothing can be there)."""
     try:
         os.unlink(path)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return False
     return True

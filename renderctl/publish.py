@@ -47,8 +47,8 @@ def tmp_outputs(final: Path, job_id: str) -> list[Path]:
     tag = hashlib.sha256(job_id.encode()).hexdigest()[:16]
     try:
         names = os.listdir(final.parent)
-    except FileNotFoundError:
-        return []
+    except (FileNotFoundError, NotADirectoryError):
+        return []  # no folder (or a file in its place): no temporary either
     prefix = f"{RESERVED_PREFIX}{tag}-"
     return [final.parent / n for n in names if n.startswith(prefix) and n.endswith(".tmp")]
 

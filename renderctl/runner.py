@@ -898,7 +898,7 @@ class Runner:
             self._check_confined(spec.out_root, final)
         except (OutputEscapes, OSError) as exc:
             self._record_now(a, {"outcome": Outcome.INVALID_OUTPUT.value,
-                                 "error": f"output path: {exc}"})
+                                 "error": f"output path: {_path_problem(exc, final)}"})
             return
         self.wait_times.append(max(0.0, self.clock.wall() - c.record.accepted_at))
         self.ready.append(a)
@@ -1514,6 +1514,15 @@ def _exists_message(final: Path) -> str:
                 "no record of this queue remembers (a deleted done record?); left untouched, "
                 "move it away to render it again")
     return f"{final} already exists and renderctl did not publish it for this job; left untouched"
+
+
+def _path_problem(exc: Exception, final: Path) -> str:
+    """Why ``final``'s folder cannot be made, in the user's words."""
+    if isinstance(exc, (FileExistsError, NotADirectoryError)):
+        for folder in (final.parent, *final.parent.parents):
+            if folder.exists() and not folder.is_dir():
+                return f"{folder} is a file, where the output's folder must be"
+    return str(exc)
 
 
 def _signame(sig: int) -> str:

@@ -322,3 +322,28 @@ def test_sigterm_to_the_runners_whole_process_group_drains_like_sigterm_to_the_r
     assert view.states_of(["short", "long"]) == {"short": ["done"], "long": ["pending"]}
     assert_pdf(out / "short.pdf", "short")
     assert [a["outcome"] for a in view.record("pending", "long")["attempts"]] == ["released"]
+
+
+def test_a_job_whose_output_folder_is_a_file_dead_letters_alone(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given a file where one job's output folder must be, and a job with a good path
+    stage(tmp_path)
+    queue, out = tmp_path / "q", tmp_path / "out"
+    out.mkdir()
+    (out / "sub").write_text("a file, not a folder")
+    manifest = write_manifest([py_job("p1", "write_pdf", output="sub/p1.pdf"),
+                               py_job("p2", "write_pdf", output="ok/p2.pdf")])
+
+    # When they run
+    res = run_cli("run", manifest, *cli_args(queue, out, "--workers", "1"))
+
+    # Then that job dead-letters as invalid_output, saying why; the other completes and
+    # the run goes on (no I/O error stopping the queue); the file is untouched
+    assert res.returncode == ExitCode.JOBS_FAILED, res.stdout + res.stderr
+    view = QueueView(queue)
+    assert view.states_of(["p1", "p2"]) == {"p1": ["dead"], "p2": ["done"]}
+    attempt = view.record("dead", "p1")["attempts"][-1]
+    assert attempt["outcome"] == "invalid_output"
+    assert f"{out / 'sub'} is a file" in attempt["error"]
+    assert_pdf(out / "ok" / "p2.pdf", "p2")
+    assert (out / "sub").read_text() == "a file, not a folder"
