@@ -123,6 +123,7 @@ class Slot(Protocol):
     def peak_bytes(self) -> int | None: ...
     def usage_bytes(self) -> int | None: ...
     def pids(self) -> list[int]: ...
+    def release_limit(self) -> None: ...
     def close(self) -> None: ...
 
 
@@ -406,6 +407,17 @@ class CgroupSlot:
         """Pids of the processes in this slot."""
         return [int(p) for p in (self.dir / "cgroup.procs").read_text().split()]
 
+    def release_limit(self) -> None:
+        """Lift the last job's ceiling before a new worker starts in this slot: a worker
+        starting under a tiny ceiling (a 5 MB job's) dies before it is ready."""
+        if self.v1:
+            # memsw must stay >= memory at every step: raise it first.
+            for name in ("memory.memsw.limit_in_bytes", "memory.limit_in_bytes"):
+                with contextlib.suppress(FileNotFoundError):
+                    _write(self.dir / name, "-1")
+        else:
+            _write(self.dir / "memory.max", "max")
+
     def close(self) -> None:
         """Kill whatever is still in the slot and remove its cgroup."""
         _remove_cgroup(self.dir)
@@ -507,6 +519,9 @@ class SamplingSlot:
     def pids(self) -> list[int]:
         """Unknown here; the runner knows its workers."""
         return []
+
+    def release_limit(self) -> None:
+        """No limit to lift."""
 
     def close(self) -> None:
         """Nothing to remove."""

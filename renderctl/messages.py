@@ -79,6 +79,11 @@ class Finished:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+# Dropped.reason of a worker retiring because its slot already holds more than the next
+# job's ceiling (see Worker._apply_limit).
+ABOVE_CEILING = "worker above the next job's ceiling; recycling"
+
+
 @dataclass(frozen=True)
 class Dropped:
     """These queued jobs were not started (answer to ``Skip``/``Drain``, or a worker retiring

@@ -55,7 +55,18 @@ from renderctl.errors import ExitCode, QueueIOError, RenderctlError
 from renderctl.fsutil import syncfs, unlink_quiet
 from renderctl.guards import MemoryGuard, OomMark, Slot, TreeSampler, detect_memory_guard
 from renderctl.lifecycle import Outcome, State
-from renderctl.messages import Broken, Drain, Dropped, Finished, Ready, RunJob, Skip, Started, Stop
+from renderctl.messages import (
+    ABOVE_CEILING,
+    Broken,
+    Drain,
+    Dropped,
+    Finished,
+    Ready,
+    RunJob,
+    Skip,
+    Started,
+    Stop,
+)
 from renderctl.policy import ClaimIndex, after_attempt, compute_backoff
 from renderctl.publish import (
     OutputEscapes,
@@ -178,6 +189,8 @@ class WorkerHandle:
     # once the worker is dead if it started the job before reading the Skip.
     cancelled_tokens: dict[str, Path] = field(default_factory=dict)
     discard_at_death: list[Path] = field(default_factory=list)
+    started_any: bool = False
+    stale_slot: bool = False  # its slot holds what no job's ceiling allows: use a fresh one
     doomed: list[Any] = field(default_factory=list)  # processes to kill again at death
     sampler: TreeSampler | None = None
     mark: OomMark | None = None
@@ -664,9 +677,13 @@ class Runner:
 
     def _spawn(self, index: int, slot: Slot | None = None) -> None:
         assert self.guard is not None
-        if slot is None:
-            slot = self._spare_slots.pop() if self._spare_slots else \
-                self.guard.open_slot(f"w{index}")
+        if slot is None and not self._spare_slots:
+            slot = self.guard.open_slot(f"w{index}")
+        else:
+            slot = slot or self._spare_slots.pop()
+            # Its last job's ceiling is still set; the new worker must start without it.
+            with contextlib.suppress(OSError):
+                slot.release_limit()
         parent, child = self._ctx.Pipe(duplex=True)
         cfg = WorkerConfig(slot_path=slot.path, started_log=self.started_log,
                            work_root=self.work_root)
@@ -996,6 +1013,7 @@ class Runner:
             a.started_mono = time.monotonic()
             a.started_wall = msg.wall
             w.current = a
+            w.started_any = True
             if w.sampler is not None:
                 w.sampler.limit_bytes = a.memory_mb * MB
                 w.sampler.peak_bytes = 0
@@ -1013,8 +1031,8 @@ class Runner:
                 # We decided to kill it (cancel, timeout, memory) before it finished: our
                 # verdict stands, recorded now, as the worker may start its next job before
                 # the kill lands. The worker dies anyway and is replaced.
-                w.kill_target = None
                 self.completions.append((a, self._killed(w, a, None)))
+                w.kill_target = None  # recorded: a later job of this worker is not it
                 return
             fin = msg
             if w.mark is not None and w.slot.oom_killed_since(w.mark):
@@ -1027,7 +1045,12 @@ class Runner:
             self._observe_exec(fin.elapsed_s)
             self.completions.append((a, fin))
         elif isinstance(msg, Dropped):
-            for jid in msg.job_ids:
+            # A worker that has run nothing could not set its first job's ceiling: what its
+            # slot holds already (a file an earlier job left in tmpfs, or the fresh worker
+            # itself under a tiny ceiling) is above it. Replacing the worker into the same
+            # slot would spin forever: charge the job, and give the successor a fresh slot.
+            unfit = msg.reason == ABOVE_CEILING and not w.started_any
+            for i, jid in enumerate(msg.job_ids):
                 a = self._pop_queued(w, jid)
                 if a is None:
                     continue
@@ -1035,6 +1058,15 @@ class Runner:
                     self._finish_unrun(a, State.CANCELLED, "cancelled before it started")
                 elif self.stop_signal is not None:
                     self._release_unrun(a)
+                elif unfit and i == 0:
+                    w.stale_slot = True
+                    held = w.slot.usage_bytes()
+                    self._record_now(a, {
+                        "outcome": Outcome.MEMORY.value, "peak_memory_bytes": held,
+                        "error": f"its ceiling of {a.memory_mb} MB is below what its worker's "
+                                 f"memory slot held before it started"
+                                 f"{f' ({held / MB:.0f} MB)' if held and held >= MB else ''}; "
+                                 "the slot is replaced"})
                 else:
                     self.ready.appendleft(a)
         elif isinstance(msg, Ready):
@@ -1107,7 +1139,12 @@ class Runner:
         if w.replaced:
             self._spare_slots.append(w.slot)  # emptied above; its successor already runs
         elif self.stop_signal is None and (not self._finished() or self.s.follow):
-            self._spawn(w.index, w.slot)
+            slot: Slot | None = w.slot
+            if w.stale_slot:
+                with contextlib.suppress(Exception):
+                    w.slot.close()
+                slot = None
+            self._spawn(w.index, slot)
         else:
             with contextlib.suppress(Exception):
                 w.slot.close()

@@ -39,7 +39,18 @@ from renderctl.errors import ExitCode, InvalidInput, InvalidOutput, os_error_mes
 from renderctl.fsutil import with_name
 from renderctl.guards import LimitBelowUsage, reset_job_peak, set_job_limit, slot_peak_bytes
 from renderctl.lifecycle import Outcome
-from renderctl.messages import Broken, Drain, Dropped, Finished, Ready, RunJob, Skip, Started, Stop
+from renderctl.messages import (
+    ABOVE_CEILING,
+    Broken,
+    Drain,
+    Dropped,
+    Finished,
+    Ready,
+    RunJob,
+    Skip,
+    Started,
+    Stop,
+)
 from renderctl.publish import DIR_MARKER, tag_output
 
 TAIL_LINES = 20
@@ -239,7 +250,7 @@ class Worker:
             set_job_limit(self.config.slot_path, job.memory_limit_bytes)
         except LimitBelowUsage:
             self.queue.appendleft(job)
-            self._drop_all("worker above the next job's ceiling; recycling")
+            self._drop_all(ABOVE_CEILING)
             return False
         self.limit_bytes = job.memory_limit_bytes
         return True

@@ -632,3 +632,25 @@ def test_claim_order_follows_acceptance_order_at_runner_start(env: Env) -> None:
     order = [e["job"] for e in r.find("started")]
     print(f"\n[order] accepted {ids}, started {order}")
     assert order == ids
+
+
+@pytest.mark.parametrize("guard", GUARDS_CHILD)
+def test_a_ceiling_below_a_workers_own_footprint_dead_letters_and_the_run_goes_on(
+        env: Env, guard: str) -> None:
+    # Given a job whose 5 MB ceiling no Python process fits under (it lasts long enough
+    # for the sampling guard to look), then an ordinary job
+    m = env.manifest([job("tiny", "sleep_then_write", memory_mb=5, max_attempts=2,
+                          params={"s": 0.5}),
+                      job("after", "write_pdf")])
+
+    # When one worker runs both
+    r = env.run(str(m), "--workers", "1", "--memory-guard", guard, "--backoff-base", "0.05")
+
+    # Then the tiny one is dead after its attempts, each a `memory` outcome, and the next
+    # job completes (the slot it poisoned was not reused: no worker died before ready)
+    assert r.wait_exit(timeout=60) == 1, r.diag()
+    tiny = env.show("tiny")
+    assert tiny["state"] == "dead", tiny
+    assert [a["outcome"] for a in tiny["attempts"]] == ["memory", "memory"], tiny["attempts"]
+    assert env.state_of("after") == ["done"]
+    assert pdf_ok(env.out / "after.pdf")
