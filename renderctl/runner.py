@@ -51,6 +51,7 @@ from typing import Any, Protocol
 
 from renderctl import proctree
 from renderctl.clock import SYSTEM_CLOCK, Clock
+from renderctl.crashpoints import CRASH_ENV, CrashPoints
 from renderctl.errors import ExitCode, QueueIOError, RenderctlError
 from renderctl.fsutil import syncfs, unlink_quiet
 from renderctl.guards import MemoryGuard, OomMark, Slot, TreeSampler, detect_memory_guard
@@ -74,7 +75,6 @@ from renderctl.store import Claim, Holder, JobRecord, Queue, Transition, name_pr
 from renderctl.worker import PRELOAD, WorkerConfig, worker_main
 
 MB = 1024 * 1024
-CRASH_ENV = "RENDERCTL_CRASH_AT"
 CRASH_POINTS = ("claim", "lease", "start", "publish:before_link", "publish:after_link",
                 "publish:after_done", "dead")
 
@@ -240,8 +240,8 @@ class Runner:
         self.wait_times: deque[float] = deque(maxlen=512)
         self.recent_failures: deque[dict[str, Any]] = deque(maxlen=5)
         self.started_at = 0.0
-        self._crash_counts: dict[str, int] = {}
-        self._crash_at = self._parse_crash(settings.crash_at or os.environ.get(CRASH_ENV))
+        # For tests (RENDERCTL_CRASH_AT): SIGKILL ourselves at one of CRASH_POINTS.
+        self.crash_point = CrashPoints(settings.crash_at or os.environ.get(CRASH_ENV))
         self._next_renew = 0.0
         self._next_poll = 0.0
         self._next_sample = 0.0
@@ -263,21 +263,6 @@ class Runner:
         self._spare_slots: list[Slot] = []  # slots of retired workers, for their successors
         self._next_index = 0  # the highest worker index used so far
         self._successors_due = 0  # retired this dispatch round; spawned at its end
-
-    # -- crash points (for tests; RENDERCTL_CRASH_AT=point[:n]) --
-    @staticmethod
-    def _parse_crash(value: str | None) -> tuple[str, int] | None:
-        if not value:
-            return None
-        point, _, nth = value.partition(":n=")
-        return point, int(nth or 1)
-
-    def crash_point(self, point: str) -> None:
-        if self._crash_at is None or self._crash_at[0] != point:
-            return
-        self._crash_counts[point] = self._crash_counts.get(point, 0) + 1
-        if self._crash_counts[point] == self._crash_at[1]:
-            os.kill(os.getpid(), signal.SIGKILL)
 
     # -- lifecycle --
     def run(self) -> RunSummary:

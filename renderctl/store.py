@@ -68,6 +68,8 @@ HOLDER_FILE = "holder.{}.json"  # control/: who a token prefix is (see _write_le
 _CORRUPT = (ValueError, KeyError, TypeError, RecursionError, AttributeError)
 STATE_DIRS = tuple(s.value for s in State)
 AUX_DIRS = ("corrupt", "tmp", "journal", "control")
+# Where `dead retry` may be cut short in tests (RENDERCTL_CRASH_AT; see crashpoints.py).
+DEAD_RETRY_CRASH_POINTS = ("dead_retry:rewritten", "dead_retry:moved")
 SMALL_BATCH = 8  # up to this many files, per-file fsync beats one syncfs of everything
 
 
@@ -1004,10 +1006,19 @@ class Queue:
     def clear_cancel_request(self, job_id: str) -> None:
         unlink_quiet(self.dir("control") / f"cancel.{job_id}")
 
-    def dead_retry(self, job_ids: Sequence[str]) -> list[str]:
-        """Return dead jobs to pending with a fresh attempt budget (history kept)."""
+    def dead_retry(self, job_ids: Sequence[str], *,
+                   crash_hook: Callable[[str], None] | None = None) -> list[str]:
+        """Return dead jobs to pending with a fresh attempt budget (history kept).
+
+        Each job moves with one rename, so that a crash at any point leaves it in exactly
+        one folder. Its new record is written over the dead one first: a crash right after
+        leaves a dead job whose record already says "retried from dead" with a fresh budget,
+        and retrying it again makes the same record. (Rewriting it after the move instead
+        would race a runner, whose claim renames pending/x away: the rewrite would bring a
+        second copy back into pending/.)"""
         revived: list[str] = []
         now = self.clock.wall()
+        hook = crash_hook or (lambda point: None)
         with self._lock(".submit.lock"):
             for jid in job_ids:
                 src = self.record_path(State.DEAD, jid)
@@ -1017,11 +1028,22 @@ class Queue:
                 rec = replace(rec, attempt_base=len(rec.attempts), not_before=0.0, lease=None,
                               reason="retried from dead", changed_at=now)
                 tmp = self._tmp_name("revive")
+                # Protects against: power loss after the renames below exposing an empty
+                # record (the data must reach the disk before a name points at it).
                 write_file(tmp, rec.dumps(), fsync=True)
-                os.replace(tmp, self.record_path(State.PENDING, jid))
-                unlink_quiet(src)
+                os.replace(tmp, src)
+                hook("dead_retry:rewritten")
+                try:
+                    os.rename(src, self.record_path(State.PENDING, jid))
+                except FileNotFoundError:
+                    continue  # purged since we read it
+                hook("dead_retry:moved")
                 revived.append(jid)
             if revived:
+                # Protects against: power loss after we report "retried" undoing the moves.
+                # pending/ first: a power loss between the two syncs can then leave a job in
+                # both folders (on a file system that does not keep a rename whole), never
+                # in neither.
                 fsync_dir(self.dir(State.PENDING))
                 fsync_dir(self.dir(State.DEAD))
                 bell = self.dir("journal") / f"{time.time_ns():020d}.revive"

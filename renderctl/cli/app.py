@@ -492,6 +492,7 @@ def dead_retry(
     queue: QueueOpt = None,
 ) -> None:
     """Return dead jobs to pending with a fresh attempt budget (history is kept)."""
+    from renderctl.crashpoints import CrashPoints
     from renderctl.errors import UserError
     from renderctl.lifecycle import State
     from renderctl.store import Queue
@@ -503,7 +504,7 @@ def dead_retry(
         ids = job_ids
     else:
         raise UserError("name job ids or use --all")
-    revived = q.dead_retry(ids)
+    revived = q.dead_retry(ids, crash_hook=CrashPoints.from_env())
     missing = sorted(set(ids) - set(revived))
     print(f"retried {len(revived)} job(s)")
     if missing:

@@ -10,6 +10,8 @@ Two ways to kill it:
 After each kill a plain ``renderctl run`` on the same queue must finish the work: every job in
 exactly one terminal folder, every output published once (its inode unchanged since it
 first appeared), the done record's hash matching the file, no temporaries left.
+
+The same holds for a ``renderctl dead retry`` killed at each of its crash points.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from jobfns import (
 )
 
 from renderctl.runner import CRASH_POINTS
-from renderctl.store import LEASE_XATTR
+from renderctl.store import DEAD_RETRY_CRASH_POINTS, LEASE_XATTR
 
 SIGKILLED = -signal.SIGKILL
 FAST = ("--workers", "2", "--backoff-base", "0.01")
@@ -259,3 +261,41 @@ def test_a_lease_whose_holder_is_unknown_is_taken_over_when_it_expires_not_befor
     # /tmp, crash by crash), and so is every note of where they were
     assert not dead_work_root.exists()
     assert sorted((queue / "control").glob("work.*")) == []
+
+
+# -- a `dead retry` killed half-way ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("point", DEAD_RETRY_CRASH_POINTS)
+def test_dead_retry_killed_at_each_crash_point_leaves_the_job_in_one_folder(
+        tmp_path: Path, write_manifest: Any, point: str) -> None:
+    # Given a job dead-lettered by a cause that is then fixed
+    stage(tmp_path)
+    marker = tmp_path / "fixed"
+    manifest = write_manifest([{**py_job("d1", "fail_until_marker", marker=str(marker)),
+                                "max_attempts": 1}])
+    queue, out = tmp_path / "q", tmp_path / "out"
+    qv = QueueView(queue)
+    assert run_cli("run", manifest, *cli_args(queue, out, *FAST)).returncode == 1
+    assert qv.states_of(["d1"]) == {"d1": ["dead"]}
+    marker.touch()
+
+    # When `dead retry` SIGKILLs itself at the crash point
+    killed = run_cli("dead", "retry", "d1", "--queue", queue,
+                     env={"RENDERCTL_CRASH_AT": point})
+    assert killed.returncode == SIGKILLED, killed.stdout + killed.stderr
+
+    # Then the job is in exactly one folder, dead (the retry never happened) or pending
+    folders = qv.states_of(["d1"])["d1"]
+    assert folders in (["dead"], ["pending"]), f"the job is in {folders}"
+    where = folders[0]
+
+    # And finishing what the user asked (a runner; the retry again if it was not made)
+    # completes it once, and it is nowhere else
+    if where == "dead":
+        assert run_cli("dead", "retry", "d1", "--queue", queue).returncode == 0
+    again = run_cli("run", *cli_args(queue, out, *FAST))
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert_settled(qv, out, {"d1": out / "d1.pdf"}, dead=set())
+    rec = qv.record("done", "d1")
+    assert [a["outcome"] for a in rec["attempts"]] == ["failed", "completed"]
