@@ -63,11 +63,18 @@ from renderctl.publish import (
     Published,
     check_confined,
     discard,
-    is_ours,
     owner_token,
     publish,
     tmp_output_path,
     tmp_outputs,
+)
+from renderctl.recovery import (
+    STARTED_LOG,
+    WORKERS_FILE,
+    apply_verdicts,
+    judge_orphan,
+    kill_stale_workers,
+    started_tokens,
 )
 from renderctl.render.registry import all_specs
 from renderctl.settings import RunnerSettings
@@ -94,7 +101,6 @@ STATE_FILE = "runner.state.json"
 MAX_START_FAILURES = 5
 WORK_ROOT_PREFIX = "renderctl-work-"  # of each runner's folder of job working directories
 # control/ files of one runner, by token prefix (holder files: store.HOLDER_FILE)
-STARTED_LOG = "started.{}.log"  # tokens of the attempts its workers began, one per line
 WORK_NOTE = "work.{}"  # where its WORK_ROOT_PREFIX folder is, for the next runner to remove
 BUDGET_SHARE = 0.8  # of MemAvailable at start: leave room for the page cache and the rest
 
@@ -443,7 +449,7 @@ class Runner:
         self._kill_stale_workers()
         with contextlib.suppress(Exception):
             self.guard.cleanup_stale()
-        started = self._started_tokens()
+        started = started_tokens(self.q)
         now = self.clock.wall()
         transitions: list[Transition] = []
         published_tmps: list[Path] = []
@@ -513,14 +519,11 @@ class Runner:
     def _apply_recovered(self, transitions: list[Transition], published_tmps: list[Path]) -> None:
         """Make recovery's verdicts durable, then drop the temporary names of outputs it found
         published (only now: the done records that replace them as proof are on disk)."""
-        if transitions:
-            self.q.finish(transitions)
-            for t in transitions:
-                self._count(t)
-                self.reporter.event({"event": "recovered", "job": t.record.spec.id,
-                                     "state": t.dst.value})
-        for tmp in published_tmps:
-            unlink_quiet(tmp)
+        apply_verdicts(self.q, transitions, published_tmps)
+        for t in transitions:
+            self._count(t)
+            self.reporter.event({"event": "recovered", "job": t.record.spec.id,
+                                 "state": t.dst.value})
 
     def _orphaned(self, lease: Any, now: float) -> bool:
         alive = proctree.holder_alive(host=lease.holder.host, boot_id=lease.holder.boot_id,
@@ -536,74 +539,21 @@ class Runner:
 
     def _recover_one(self, rec: JobRecord, started: set[str],
                      now: float) -> tuple[Transition, Path | None]:
-        spec = rec.spec
-        lease = rec.lease
-        final = spec.output_path
-        is_dir = self._specs.get(spec.kind) is not None and \
-            self._specs[spec.kind].output == "dir"
-        if lease is not None:
-            tmp = tmp_output_path(final, spec.id, lease.attempt)
-            if final.exists() and is_ours(tmp, final, is_dir=is_dir, job_id=spec.id,
-                                          token=lease.token):
-                # Published before the crash, not yet recorded: complete, never republish.
-                attempt = {"n": lease.attempt, "outcome": Outcome.COMPLETED.value,
-                           "started_at": lease.claimed_at, "ended_at": now,
-                           "recovered": True}
-                result = {"path": str(final), **_describe_output(final, is_dir),
-                          "attempts": len(rec.attempts) + 1, "recovered": True}
-                done = replace(rec, attempts=rec.attempts + (attempt,), lease=None,
-                               result=result, reason="", changed_at=now)
-                return Transition(done, State.DONE), (None if is_dir else tmp)
-        for t in tmp_outputs(final, spec.id):
-            discard(t)
-        if lease is None or lease.token not in started:
+        o = judge_orphan(rec, started=started, now=now, specs=self._specs)
+        if o.done is not None:
+            return o.done, o.published_tmp
+        if o.crashed is None:
             # It never started (claimed ahead, or the claim was cut short): not charged.
             back = replace(rec, lease=None, reason="returned by recovery (never started)",
                            changed_at=now)
             return Transition(back, State.PENDING), None
-        if lease.holder.host:
-            why = f"the runner (pid {lease.holder.pid} on {lease.holder.host}) died"
-        else:  # UNKNOWN_HOLDER: its holder file was gone
-            why = "an unknown runner let its lease expire"
-        attempt = {"n": lease.attempt, "outcome": Outcome.CRASHED.value,
-                   "started_at": lease.claimed_at, "ended_at": now,
-                   "error": f"{why} during the attempt"}
-        return self._verdict(rec, attempt, now), None
-
-    def _started_tokens(self) -> set[str]:
-        tokens: set[str] = set()
-        for log in self.q.dir("control").glob(STARTED_LOG.format("*")):
-            with contextlib.suppress(OSError):
-                tokens.update(log.read_text().split())
-        return tokens
+        return self._verdict(rec, dict(o.crashed), now), None
 
     def _workers_file(self) -> Path:
-        return self.q.dir("control") / f"workers.{os.getpid()}.json"
+        return self.q.dir("control") / WORKERS_FILE.format(os.getpid())
 
     def _kill_stale_workers(self) -> None:
-        """Kill process groups a dead runner's workers left (e.g. a command's grandchild)."""
-        doomed: list[int] = []
-        for f in self.q.dir("control").glob("workers.*.json"):
-            if f == self._workers_file():
-                continue
-            try:
-                entries = json.loads(f.read_text())
-            except (OSError, ValueError):
-                entries = []
-            for e in entries:
-                pgid = int(e.get("pgid", 0))
-                if pgid > 1 and proctree.group_alive(pgid):
-                    proctree.kill_group(pgid, signal.SIGKILL)
-                    doomed.append(pgid)
-            unlink_quiet(f)
-        # SIGKILL lands asynchronously: a dying worker may still finish the write(2) it is
-        # in. Wait (briefly) until they are gone, so that the temporaries recovery removes
-        # next cannot reappear behind it.
-        deadline = time.monotonic() + 2.0
-        while doomed and time.monotonic() < deadline:
-            doomed = [g for g in doomed if proctree.group_alive(g)]
-            if doomed:
-                time.sleep(0.005)
+        kill_stale_workers(self.q, own=self._workers_file())
         self._remove_dead_work_roots()
 
     def _remove_dead_work_roots(self) -> None:
@@ -1489,17 +1439,3 @@ def _kill_message(reason: Outcome, a: Assignment, peak: int | None) -> str:
     if reason is Outcome.CANCELLED:
         return "cancelled while running; process group killed, output not published"
     return "the runner was stopped; returned to pending (not charged)"
-
-
-def _describe_output(final: Path, is_dir: bool) -> dict[str, Any]:
-    import hashlib
-
-    if is_dir:
-        total = sum(p.stat().st_size for p in final.rglob("*") if p.is_file())
-        return {"sha256": None, "bytes": total, "pages": None}
-    h = hashlib.sha256()
-    with open(final, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return {"sha256": h.hexdigest(), "bytes": final.stat().st_size, "pages": None}
-

@@ -299,3 +299,55 @@ def test_dead_retry_killed_at_each_crash_point_leaves_the_job_in_one_folder(
     assert_settled(qv, out, {"d1": out / "d1.pdf"}, dead=set())
     rec = qv.record("done", "d1")
     assert [a["outcome"] for a in rec["attempts"]] == ["failed", "completed"]
+
+
+# -- `cancel` of a job whose runner died ----------------------------------------------------
+
+
+@pytest.mark.parametrize(("point", "published"), [("publish:after_link", True),
+                                                  ("publish:before_link", False)])
+def test_cancel_with_no_runner_judges_the_orphan_as_recovery_does(
+        tmp_path: Path, write_manifest: Any, point: str, published: bool) -> None:
+    # Given a runner SIGKILLed while publishing its one job (after the output was moved into
+    # place, or just before), so the job is left in running/ with nobody holding the queue
+    stage(tmp_path)
+    manifest = write_manifest([py_job("c1", "write_pdf")])
+    queue, out = tmp_path / "q", tmp_path / "out"
+    final = out / "c1.pdf"
+    qv = QueueView(queue)
+    crashed = run_cli("run", manifest, *cli_args(queue, out, "--workers", "1"),
+                      env={"RENDERCTL_CRASH_AT": point})
+    assert crashed.returncode == SIGKILLED, crashed.stdout + crashed.stderr
+    assert qv.ids("running") == {"c1"}
+    assert final.exists() is published
+    at_crash = inodes([final])
+
+    # When it is cancelled with no runner alive
+    res = run_cli("cancel", "c1", "--queue", queue, "--json")
+    assert res.returncode == 0, res.stdout + res.stderr
+
+    if published:
+        # Then, its output being published and its own, it is done (cancel came too late):
+        # completed from the evidence, the output neither removed nor published again
+        assert json.loads(res.stdout) == {"c1": "already done"}
+        assert qv.states_of(["c1"]) == {"c1": ["done"]}
+        rec = qv.record("done", "c1")
+        assert [a["outcome"] for a in rec["attempts"]] == ["completed"]
+        assert rec["result"]["sha256"] == sha256_of(final)
+        assert_pdf(final, "c1")
+        assert inodes([final]) == at_crash
+    else:
+        # Then it is cancelled, with the attempt its runner died in recorded, and no output:
+        # neither at the final path nor as a temporary beside it
+        assert json.loads(res.stdout) == {"c1": "cancelled"}
+        assert qv.states_of(["c1"]) == {"c1": ["cancelled"]}
+        rec = qv.record("cancelled", "c1")
+        assert [a["outcome"] for a in rec["attempts"]] == ["crashed"]
+        assert not final.exists()
+    assert stray_temporaries(out) == []
+
+    # And a later runner finds nothing to do and changes nothing
+    again = run_cli("run", *cli_args(queue, out, "--workers", "1"))
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert qv.states_of(["c1"]) == {"c1": ["done" if published else "cancelled"]}
+    assert inodes([final]) == at_crash
