@@ -94,6 +94,11 @@ CRASH_POINTS = ("claim", "lease", "start", "publish:before_link", "publish:after
 COMMIT_WINDOW_S = 0.01
 COMMIT_WINDOW_BUSY_S = 0.05
 COMMIT_MAX_BATCH = 256
+# pending/ is listed again (see _rescan) for jobs no doorbell announced: while the index is
+# empty, whenever the folder's mtime moved (checked with one stat per poll); while jobs are
+# known, every RESCAN_FULL_S (100,000 pending: a ~75 ms listing a minute, 0.12%).
+RESCAN_FULL_S = 60.0
+MTIME_SETTLED_NS = 1_000_000_000  # an mtime this recent may hide a later change in its tick
 PREFETCH_WORK_S = 0.04  # of short jobs queued per worker (see _prefetch_depth)
 NAP_MAX_S = 0.02  # the longest the loop leaves workers' messages unread (see _nap)
 STATE_INTERVAL_S = 1.0  # how often runner.state.json is rewritten for `top` and metrics
@@ -250,6 +255,8 @@ class Runner:
         self.crash_point = CrashPoints(settings.crash_at or os.environ.get(CRASH_ENV))
         self._next_renew = 0.0
         self._next_poll = 0.0
+        self._next_rescan = 0.0  # monotonic; set at start (see _rescan)
+        self._pending_seen_ns = -1  # pending/'s mtime at the last rescan, if settled
         self._next_sample = 0.0
         self._next_state = 0.0
         self._ctx: Any = None
@@ -290,6 +297,7 @@ class Runner:
             try:
                 self.recover()
                 self.q.load_index(self.index)
+                self._next_rescan = time.monotonic() + RESCAN_FULL_S
                 self.reporter.event({"event": "runner_started", "pid": self.holder.pid,
                                      "workers": self.n_workers, "guard": self.guard.name,
                                      "pending": len(self.index),
@@ -637,6 +645,7 @@ class Runner:
             else:
                 if now >= self._next_poll:
                     self.q.poll_new(self.index)
+                    self._rescan(now)
                     self._next_poll = now + self.s.poll_interval_s
                     self.wake_cancel = True
                 if self.wake_cancel:
@@ -659,6 +668,7 @@ class Runner:
                 self._unsynced_claims = False
             if self.stop_signal is None and self._finished():
                 self.q.poll_new(self.index)
+                self._rescan(now)
                 if self._finished():
                     return
             if now >= self._next_state:
@@ -666,6 +676,28 @@ class Runner:
                 self._write_state()
             self.reporter.tick(self)
             self._wait(self._next_deadline(now))
+
+    def _rescan(self, now: float) -> None:
+        """Index jobs in pending/ that no doorbell announced: a submit or `dead retry`
+        killed between its rename into pending/ and its doorbell, or a doorbell lost to a
+        power cut (they are not fsynced). Nothing is added per claim (claims run at
+        ~10,000/s): while the index is empty, pending/ holds only what we do not know
+        (usually nothing), so it is listed when its mtime moved; while jobs are known, it
+        is listed in full every RESCAN_FULL_S."""
+        if len(self.index):
+            if now < self._next_rescan:
+                return
+            mtime = self.q.pending_mtime_ns()
+        else:
+            mtime = self.q.pending_mtime_ns()
+            if mtime == self._pending_seen_ns:
+                return
+        self._next_rescan = now + RESCAN_FULL_S
+        # The kernel stamps mtimes with a coarse clock: a rename just after this stat may
+        # leave the same mtime. Trust it only once it is older than that could be.
+        settled = time.time_ns() - mtime > MTIME_SETTLED_NS
+        self._pending_seen_ns = mtime if settled else -1
+        self.q.index_unknown_pending(self.index)
 
     @property
     def halted(self) -> bool:

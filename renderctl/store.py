@@ -523,10 +523,12 @@ class Queue:
         base: str | os.PathLike[str] = ".",
         out_root: str | os.PathLike[str] = "out",
         limits: Limits = Limits(),
+        crash_hook: Callable[[str], None] | None = None,
     ) -> SubmitResult:
         """Validate and enqueue atomically: every job of this call is accepted, or none.
 
         Plain dicts are validated exactly like manifest jobs (inputs relative to ``base``).
+        ``crash_hook`` is for tests (see crashpoints.py).
         """
         if any(not isinstance(j, JobSpec) for j in jobs):
             specs = jobs_from_dicts([j if isinstance(j, Mapping) else j.to_json()
@@ -535,7 +537,8 @@ class Queue:
         else:
             specs = list(jobs)  # type: ignore[arg-type]
         with self._lock(".submit.lock"):
-            return self._submit_locked(specs, replace=replace, max_pending=max_pending)
+            return self._submit_locked(specs, replace=replace, max_pending=max_pending,
+                                       crash_hook=crash_hook)
 
     def _locate_many(self, ids: Sequence[str]) -> dict[str, State]:
         found: dict[str, State] = {}
@@ -557,7 +560,8 @@ class Queue:
         return found
 
     def _submit_locked(
-        self, specs: Sequence[JobSpec], *, replace: bool, max_pending: int | None
+        self, specs: Sequence[JobSpec], *, replace: bool, max_pending: int | None,
+        crash_hook: Callable[[str], None] | None = None,
     ) -> SubmitResult:
         located = self._locate_many([s.id for s in specs])
         new: list[JobSpec] = []
@@ -607,7 +611,7 @@ class Queue:
         if len(records) == 1 and not replaced:
             # One job is atomic by itself (tmp -> fsync -> rename -> fsync dir): skip the
             # journal and spend two fsyncs instead of four (the web tier's 200 ms budget).
-            self._apply_single(records[0], raws[0], stamp, payload)
+            self._apply_single(records[0], raws[0], stamp, payload, crash_hook)
         else:
             self._commit_txn(stamp, payload, records, set(replaced), raws)
         self.events.append({"ts": now, "event": "accepted", "job": r.spec.id}
@@ -616,16 +620,20 @@ class Queue:
         return SubmitResult(tuple(r.spec.id for r in records if r.spec.id not in replaced),
                             tuple(already), tuple(replaced))
 
-    def _apply_single(self, rec: JobRecord, raw: bytes, stamp: str, payload: bytes) -> None:
+    def _apply_single(self, rec: JobRecord, raw: bytes, stamp: str, payload: bytes,
+                      crash_hook: Callable[[str], None] | None = None) -> None:
         tmp = self._tmp_name("job")
         write_file(tmp, raw, fsync=True)
         os.rename(tmp, self.record_path(State.PENDING, rec.spec.id))
         # Protects against: power loss losing the rename after we report "accepted".
         fsync_dir(self.dir(State.PENDING))
+        if crash_hook is not None:
+            crash_hook("submit:before_doorbell")
         self._ring_doorbell(stamp, payload)
 
     def _ring_doorbell(self, stamp: str, payload: bytes) -> None:
-        # No fsync: a lost doorbell only delays a running runner until its next full scan.
+        # No fsync: a lost doorbell (or one never rung: the submit was killed before it)
+        # only delays a running runner until its next rescan of pending/ (Runner._rescan).
         tmp = self._tmp_name("bell")
         write_file(tmp, payload, fsync=False)
         os.replace(tmp, self.dir("journal") / f"{stamp}.new")
@@ -752,6 +760,24 @@ class Queue:
         for b in bells:
             unlink_quiet(b)
         return len(index)
+
+    def pending_mtime_ns(self) -> int:
+        """When a name last came into or left pending/ (for a cheap "anything new?")."""
+        return os.stat(self.dir(State.PENDING)).st_mtime_ns
+
+    def index_unknown_pending(self, index: ClaimIndex) -> int:
+        """Add the jobs in pending/ that ``index`` does not know (whose doorbell was never
+        rung); returns how many. Reads only their records: the others cost a name each."""
+        now = self.clock.wall()
+        added = 0
+        for name in os.listdir(self.dir(State.PENDING)):
+            if not name.endswith(".json") or name[:-5] in index:
+                continue
+            rec = self._read_or_quarantine(self.dir(State.PENDING) / name)
+            if rec is not None:
+                index.add(rec.entry(), now=now)
+                added += 1
+        return added
 
     def poll_new(self, index: ClaimIndex) -> int:
         """Add jobs submitted since the last look (doorbells), cheaply: no pending/ scan."""
@@ -1048,6 +1074,8 @@ class Queue:
                 fsync_dir(self.dir(State.DEAD))
                 bell = self.dir("journal") / f"{time.time_ns():020d}.revive"
                 tmp = self._tmp_name("bell")
+                # No fsync: a lost doorbell only delays a running runner until its next
+                # rescan of pending/ (Runner._rescan).
                 write_file(tmp, json.dumps(revived).encode(), fsync=False)
                 os.replace(tmp, bell)
                 self.events.append({"ts": now, "event": "revived", "job": j} for j in revived)

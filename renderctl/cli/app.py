@@ -193,12 +193,14 @@ def do_submit(
     manifests: list[Path], *, queue: Path | None, out_dir: Path | None, replace: bool,
     max_pending: int | None, limits: Any, into: Any = None,
 ) -> Any:
+    from renderctl.crashpoints import CrashPoints
     from renderctl.manifest import load_manifests
     from renderctl.store import Queue
 
     jobs = load_manifests(manifests, out_root=out_root(out_dir), limits=limits)
     q = into if into is not None else Queue(queue_path(queue))
-    return q.submit(jobs, replace=replace, max_pending=max_pending)
+    return q.submit(jobs, replace=replace, max_pending=max_pending,
+                    crash_hook=CrashPoints.from_env())
 
 
 @app.command()
