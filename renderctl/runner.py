@@ -51,6 +51,7 @@ from typing import Any, Protocol
 
 from renderctl import proctree
 from renderctl.clock import SYSTEM_CLOCK, Clock
+from renderctl.crashpoints import CRASH_ENV, STOP_ENV, CrashPoints
 from renderctl.errors import ExitCode, QueueIOError, RenderctlError
 from renderctl.fsutil import syncfs, unlink_quiet
 from renderctl.guards import MemoryGuard, OomMark, Slot, TreeSampler, detect_memory_guard
@@ -73,11 +74,18 @@ from renderctl.publish import (
     Published,
     check_confined,
     discard,
-    is_ours,
     owner_token,
     publish,
     tmp_output_path,
     tmp_outputs,
+)
+from renderctl.recovery import (
+    STARTED_LOG,
+    WORKERS_FILE,
+    apply_verdicts,
+    judge_orphan,
+    kill_stale_workers,
+    started_tokens,
 )
 from renderctl.render.registry import all_specs
 from renderctl.settings import RunnerSettings
@@ -85,8 +93,6 @@ from renderctl.store import Claim, Holder, JobRecord, Queue, Transition, name_pr
 from renderctl.worker import PRELOAD, WorkerConfig, worker_main
 
 MB = 1024 * 1024
-CRASH_ENV = "RENDERCTL_CRASH_AT"
-STOP_ENV = "RENDERCTL_STOP_AT"
 CRASH_POINTS = ("claim", "lease", "start", "commit", "publish:before_link",
                 "publish:after_link", "publish:after_done", "dead")
 
@@ -99,6 +105,11 @@ CRASH_POINTS = ("claim", "lease", "start", "commit", "publish:before_link",
 COMMIT_WINDOW_S = 0.01
 COMMIT_WINDOW_BUSY_S = 0.05
 COMMIT_MAX_BATCH = 256
+# pending/ is listed again (see _rescan) for jobs no doorbell announced: while the index is
+# empty, whenever the folder's mtime moved (checked with one stat per poll); while jobs are
+# known, every RESCAN_FULL_S (100,000 pending: a ~75 ms listing a minute, 0.12%).
+RESCAN_FULL_S = 60.0
+MTIME_SETTLED_NS = 1_000_000_000  # an mtime this recent may hide a later change in its tick
 PREFETCH_WORK_S = 0.04  # of short jobs queued per worker (see _prefetch_depth)
 NAP_MAX_S = 0.02  # the longest the loop leaves workers' messages unread (see _nap)
 STATE_INTERVAL_S = 1.0  # how often runner.state.json is rewritten for `top` and metrics
@@ -106,7 +117,6 @@ STATE_FILE = "runner.state.json"
 MAX_START_FAILURES = 5
 WORK_ROOT_PREFIX = "renderctl-work-"  # of each runner's folder of job working directories
 # control/ files of one runner, by token prefix (holder files: store.HOLDER_FILE)
-STARTED_LOG = "started.{}.log"  # tokens of the attempts its workers began, one per line
 WORK_NOTE = "work.{}"  # where its WORK_ROOT_PREFIX folder is, for the next runner to remove
 BUDGET_SHARE = 0.8  # of MemAvailable at start: leave room for the page cache and the rest
 
@@ -260,11 +270,14 @@ class Runner:
         self.wait_times: deque[float] = deque(maxlen=512)
         self.recent_failures: deque[dict[str, Any]] = deque(maxlen=5)
         self.started_at = 0.0
-        self._crash_counts: dict[str, int] = {}
-        self._crash_at = self._parse_crash(settings.crash_at or os.environ.get(CRASH_ENV))
-        self._stop_at = self._parse_crash(os.environ.get(STOP_ENV))
+        # For tests: SIGKILL (RENDERCTL_CRASH_AT) or SIGSTOP (RENDERCTL_STOP_AT) ourselves at
+        # one of CRASH_POINTS.
+        self.crash_point = CrashPoints(settings.crash_at or os.environ.get(CRASH_ENV),
+                                       os.environ.get(STOP_ENV))
         self._next_renew = 0.0
         self._next_poll = 0.0
+        self._next_rescan = 0.0  # monotonic; set at start (see _rescan)
+        self._pending_seen_ns = -1  # pending/'s mtime at the last rescan, if settled
         self._next_sample = 0.0
         self._next_state = 0.0
         self._ctx: Any = None
@@ -284,25 +297,6 @@ class Runner:
         self._spare_slots: list[Slot] = []  # slots of retired workers, for their successors
         self._next_index = 0  # the highest worker index used so far
         self._successors_due = 0  # retired this dispatch round; spawned at its end
-
-    # -- crash points (for tests; RENDERCTL_CRASH_AT=point[:n]) --
-    @staticmethod
-    def _parse_crash(value: str | None) -> tuple[str, int] | None:
-        if not value:
-            return None
-        point, _, nth = value.partition(":n=")
-        return point, int(nth or 1)
-
-    def crash_point(self, point: str) -> None:
-        """SIGKILL ourselves here (RENDERCTL_CRASH_AT), or SIGSTOP (RENDERCTL_STOP_AT: a test
-        freezes the runner at a named point, arranges what happens meanwhile, then SIGCONTs)."""
-        if self._crash_at is None and self._stop_at is None:
-            return
-        n = self._crash_counts[point] = self._crash_counts.get(point, 0) + 1
-        if self._crash_at == (point, n):
-            os.kill(os.getpid(), signal.SIGKILL)
-        if self._stop_at == (point, n):
-            os.kill(os.getpid(), signal.SIGSTOP)
 
     # -- lifecycle --
     def run(self) -> RunSummary:
@@ -324,6 +318,7 @@ class Runner:
             try:
                 self.recover()
                 self.q.load_index(self.index)
+                self._next_rescan = time.monotonic() + RESCAN_FULL_S
                 self.reporter.event({"event": "runner_started", "pid": self.holder.pid,
                                      "workers": self.n_workers, "guard": self.guard.name,
                                      "pending": len(self.index),
@@ -485,7 +480,7 @@ class Runner:
         self._kill_stale_workers()
         with contextlib.suppress(Exception):
             self.guard.cleanup_stale()
-        started = self._started_tokens()
+        started = started_tokens(self.q)
         now = self.clock.wall()
         transitions: list[Transition] = []
         published_tmps: list[Path] = []
@@ -555,14 +550,11 @@ class Runner:
     def _apply_recovered(self, transitions: list[Transition], published_tmps: list[Path]) -> None:
         """Make recovery's verdicts durable, then drop the temporary names of outputs it found
         published (only now: the done records that replace them as proof are on disk)."""
-        if transitions:
-            self.q.finish(transitions)
-            for t in transitions:
-                self._count(t)
-                self.reporter.event({"event": "recovered", "job": t.record.spec.id,
-                                     "state": t.dst.value})
-        for tmp in published_tmps:
-            unlink_quiet(tmp)
+        apply_verdicts(self.q, transitions, published_tmps)
+        for t in transitions:
+            self._count(t)
+            self.reporter.event({"event": "recovered", "job": t.record.spec.id,
+                                 "state": t.dst.value})
 
     def _orphaned(self, lease: Any, now: float) -> bool:
         alive = proctree.holder_alive(host=lease.holder.host, boot_id=lease.holder.boot_id,
@@ -578,74 +570,21 @@ class Runner:
 
     def _recover_one(self, rec: JobRecord, started: set[str],
                      now: float) -> tuple[Transition, Path | None]:
-        spec = rec.spec
-        lease = rec.lease
-        final = spec.output_path
-        is_dir = self._specs.get(spec.kind) is not None and \
-            self._specs[spec.kind].output == "dir"
-        if lease is not None:
-            tmp = tmp_output_path(final, spec.id, lease.attempt)
-            if final.exists() and is_ours(tmp, final, is_dir=is_dir, job_id=spec.id,
-                                          token=lease.token):
-                # Published before the crash, not yet recorded: complete, never republish.
-                attempt = {"n": lease.attempt, "outcome": Outcome.COMPLETED.value,
-                           "started_at": lease.claimed_at, "ended_at": now,
-                           "recovered": True}
-                result = {"path": str(final), **_describe_output(final, is_dir),
-                          "attempts": len(rec.attempts) + 1, "recovered": True}
-                done = replace(rec, attempts=rec.attempts + (attempt,), lease=None,
-                               result=result, reason="", changed_at=now)
-                return Transition(done, State.DONE), (None if is_dir else tmp)
-        for t in tmp_outputs(final, spec.id):
-            discard(t)
-        if lease is None or lease.token not in started:
+        o = judge_orphan(rec, started=started, now=now, specs=self._specs)
+        if o.done is not None:
+            return o.done, o.published_tmp
+        if o.crashed is None:
             # It never started (claimed ahead, or the claim was cut short): not charged.
             back = replace(rec, lease=None, reason="returned by recovery (never started)",
                            changed_at=now)
             return Transition(back, State.PENDING), None
-        if lease.holder.host:
-            why = f"the runner (pid {lease.holder.pid} on {lease.holder.host}) died"
-        else:  # UNKNOWN_HOLDER: its holder file was gone
-            why = "an unknown runner let its lease expire"
-        attempt = {"n": lease.attempt, "outcome": Outcome.CRASHED.value,
-                   "started_at": lease.claimed_at, "ended_at": now,
-                   "error": f"{why} during the attempt"}
-        return self._verdict(rec, attempt, now), None
-
-    def _started_tokens(self) -> set[str]:
-        tokens: set[str] = set()
-        for log in self.q.dir("control").glob(STARTED_LOG.format("*")):
-            with contextlib.suppress(OSError):
-                tokens.update(log.read_text().split())
-        return tokens
+        return self._verdict(rec, dict(o.crashed), now), None
 
     def _workers_file(self) -> Path:
-        return self.q.dir("control") / f"workers.{os.getpid()}.json"
+        return self.q.dir("control") / WORKERS_FILE.format(os.getpid())
 
     def _kill_stale_workers(self) -> None:
-        """Kill process groups a dead runner's workers left (e.g. a command's grandchild)."""
-        doomed: list[int] = []
-        for f in self.q.dir("control").glob("workers.*.json"):
-            if f == self._workers_file():
-                continue
-            try:
-                entries = json.loads(f.read_text())
-            except (OSError, ValueError):
-                entries = []
-            for e in entries:
-                pgid = int(e.get("pgid", 0))
-                if pgid > 1 and proctree.group_alive(pgid):
-                    proctree.kill_group(pgid, signal.SIGKILL)
-                    doomed.append(pgid)
-            unlink_quiet(f)
-        # SIGKILL lands asynchronously: a dying worker may still finish the write(2) it is
-        # in. Wait (briefly) until they are gone, so that the temporaries recovery removes
-        # next cannot reappear behind it.
-        deadline = time.monotonic() + 2.0
-        while doomed and time.monotonic() < deadline:
-            doomed = [g for g in doomed if proctree.group_alive(g)]
-            if doomed:
-                time.sleep(0.005)
+        kill_stale_workers(self.q, own=self._workers_file())
         self._remove_dead_work_roots()
 
     def _remove_dead_work_roots(self) -> None:
@@ -733,6 +672,7 @@ class Runner:
             else:
                 if now >= self._next_poll:
                     self.q.poll_new(self.index)
+                    self._rescan(now)
                     self._next_poll = now + self.s.poll_interval_s
                     self.wake_cancel = True
                 if self.wake_cancel:
@@ -755,6 +695,7 @@ class Runner:
                 self._unsynced_claims = False
             if self.stop_signal is None and self._finished():
                 self.q.poll_new(self.index)
+                self._rescan(now)
                 if self._finished():
                     return
             if now >= self._next_state:
@@ -762,6 +703,28 @@ class Runner:
                 self._write_state()
             self.reporter.tick(self)
             self._wait(self._next_deadline(now))
+
+    def _rescan(self, now: float) -> None:
+        """Index jobs in pending/ that no doorbell announced: a submit or `dead retry`
+        killed between its rename into pending/ and its doorbell, or a doorbell lost to a
+        power cut (they are not fsynced). Nothing is added per claim (claims run at
+        ~10,000/s): while the index is empty, pending/ holds only what we do not know
+        (usually nothing), so it is listed when its mtime moved; while jobs are known, it
+        is listed in full every RESCAN_FULL_S."""
+        if len(self.index):
+            if now < self._next_rescan:
+                return
+            mtime = self.q.pending_mtime_ns()
+        else:
+            mtime = self.q.pending_mtime_ns()
+            if mtime == self._pending_seen_ns:
+                return
+        self._next_rescan = now + RESCAN_FULL_S
+        # The kernel stamps mtimes with a coarse clock: a rename just after this stat may
+        # leave the same mtime. Trust it only once it is older than that could be.
+        settled = time.time_ns() - mtime > MTIME_SETTLED_NS
+        self._pending_seen_ns = mtime if settled else -1
+        self.q.index_unknown_pending(self.index)
 
     @property
     def halted(self) -> bool:
@@ -1579,17 +1542,3 @@ def _kill_message(reason: Outcome, a: Assignment, peak: int | None) -> str:
     if reason is Outcome.CANCELLED:
         return "cancelled while running; process group killed, output not published"
     return "the runner was stopped; returned to pending (not charged)"
-
-
-def _describe_output(final: Path, is_dir: bool) -> dict[str, Any]:
-    import hashlib
-
-    if is_dir:
-        total = sum(p.stat().st_size for p in final.rglob("*") if p.is_file())
-        return {"sha256": None, "bytes": total, "pages": None}
-    h = hashlib.sha256()
-    with open(final, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return {"sha256": h.hexdigest(), "bytes": final.stat().st_size, "pages": None}
-

@@ -37,7 +37,6 @@ import fcntl
 import functools
 import json
 import os
-import signal
 import socket
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -70,6 +69,8 @@ REPLACE_LOCK = ".replace.lock"  # a replace holds it exclusively; a claim batch,
 _CORRUPT = (ValueError, KeyError, TypeError, RecursionError, AttributeError)
 STATE_DIRS = tuple(s.value for s in State)
 AUX_DIRS = ("corrupt", "tmp", "journal", "control")
+# Where `dead retry` may be cut short in tests (RENDERCTL_CRASH_AT; see crashpoints.py).
+DEAD_RETRY_CRASH_POINTS = ("dead_retry:rewritten", "dead_retry:moved")
 SMALL_BATCH = 8  # up to this many files, per-file fsync beats one syncfs of everything
 
 
@@ -295,13 +296,6 @@ class QueueBackend(Protocol):
     def list_ids(self, state: State) -> list[str]: ...
 
     def status(self) -> QueueStatus: ...
-
-
-def _stop_point(point: str) -> None:
-    """For tests: SIGSTOP here if RENDERCTL_STOP_AT names ``point`` (as the runner's points
-    do), so that a test can act while this command is frozen, then SIGCONT it."""
-    if os.environ.get("RENDERCTL_STOP_AT") == point:
-        os.kill(os.getpid(), signal.SIGSTOP)
 
 
 # -- the queue ----------------------------------------------------------------------------
@@ -531,10 +525,12 @@ class Queue:
         base: str | os.PathLike[str] = ".",
         out_root: str | os.PathLike[str] = "out",
         limits: Limits = Limits(),
+        crash_hook: Callable[[str], None] | None = None,
     ) -> SubmitResult:
         """Validate and enqueue atomically: every job of this call is accepted, or none.
 
         Plain dicts are validated exactly like manifest jobs (inputs relative to ``base``).
+        ``crash_hook`` is for tests (see crashpoints.py).
         """
         if any(not isinstance(j, JobSpec) for j in jobs):
             specs = jobs_from_dicts([j if isinstance(j, Mapping) else j.to_json()
@@ -543,7 +539,8 @@ class Queue:
         else:
             specs = list(jobs)  # type: ignore[arg-type]
         with self._lock(".submit.lock"):
-            return self._submit_locked(specs, replace=replace, max_pending=max_pending)
+            return self._submit_locked(specs, replace=replace, max_pending=max_pending,
+                                       crash_hook=crash_hook)
 
     def _locate_many(self, ids: Sequence[str]) -> dict[str, State]:
         found: dict[str, State] = {}
@@ -565,7 +562,8 @@ class Queue:
         return found
 
     def _submit_locked(
-        self, specs: Sequence[JobSpec], *, replace: bool, max_pending: int | None
+        self, specs: Sequence[JobSpec], *, replace: bool, max_pending: int | None,
+        crash_hook: Callable[[str], None] | None = None,
     ) -> SubmitResult:
         located = self._locate_many([s.id for s in specs])
         new: list[JobSpec] = []
@@ -595,9 +593,10 @@ class Queue:
                 replaced.append(spec.id)
         if problems:
             raise ManifestError(problems)
-        _stop_point("submit:checked")
+        if crash_hook is not None:
+            crash_hook("submit:checked")
         if not replaced:
-            return self._apply_submit(new, already, replaced, max_pending)
+            return self._apply_submit(new, already, replaced, max_pending, crash_hook)
         # A replace must not race a claim: checked "not running" above, the old copy could be
         # claimed before ours lands in pending/, and the job would then be in pending/ and
         # running/ at once, run twice. Claims skip a round while we hold this lock.
@@ -609,10 +608,11 @@ class Queue:
                                             "is running; cancel it before replacing it"))
             if problems:
                 raise ManifestError(problems)
-            return self._apply_submit(new, already, replaced, max_pending)
+            return self._apply_submit(new, already, replaced, max_pending, crash_hook)
 
     def _apply_submit(self, new: list[JobSpec], already: list[str], replaced: list[str],
-                      max_pending: int | None) -> SubmitResult:
+                      max_pending: int | None,
+                      crash_hook: Callable[[str], None] | None) -> SubmitResult:
         if max_pending is not None:
             pending = self.count(State.PENDING)
             if pending + len(new) > max_pending:
@@ -633,7 +633,7 @@ class Queue:
         if len(records) == 1 and not replaced:
             # One job is atomic by itself (tmp -> fsync -> rename -> fsync dir): skip the
             # journal and spend two fsyncs instead of four (the web tier's 200 ms budget).
-            self._apply_single(records[0], raws[0], stamp, payload)
+            self._apply_single(records[0], raws[0], stamp, payload, crash_hook)
         else:
             self._commit_txn(stamp, payload, records, set(replaced), raws)
         self.events.append({"ts": now, "event": "accepted", "job": r.spec.id}
@@ -642,16 +642,20 @@ class Queue:
         return SubmitResult(tuple(r.spec.id for r in records if r.spec.id not in replaced),
                             tuple(already), tuple(replaced))
 
-    def _apply_single(self, rec: JobRecord, raw: bytes, stamp: str, payload: bytes) -> None:
+    def _apply_single(self, rec: JobRecord, raw: bytes, stamp: str, payload: bytes,
+                      crash_hook: Callable[[str], None] | None = None) -> None:
         tmp = self._tmp_name("job")
         write_file(tmp, raw, fsync=True)
         os.rename(tmp, self.record_path(State.PENDING, rec.spec.id))
         # Protects against: power loss losing the rename after we report "accepted".
         fsync_dir(self.dir(State.PENDING))
+        if crash_hook is not None:
+            crash_hook("submit:before_doorbell")
         self._ring_doorbell(stamp, payload)
 
     def _ring_doorbell(self, stamp: str, payload: bytes) -> None:
-        # No fsync: a lost doorbell only delays a running runner until its next full scan.
+        # No fsync: a lost doorbell (or one never rung: the submit was killed before it)
+        # only delays a running runner until its next rescan of pending/ (Runner._rescan).
         tmp = self._tmp_name("bell")
         write_file(tmp, payload, fsync=False)
         os.replace(tmp, self.dir("journal") / f"{stamp}.new")
@@ -784,6 +788,24 @@ class Queue:
         for b in bells:
             unlink_quiet(b)
         return len(index)
+
+    def pending_mtime_ns(self) -> int:
+        """When a name last came into or left pending/ (for a cheap "anything new?")."""
+        return os.stat(self.dir(State.PENDING)).st_mtime_ns
+
+    def index_unknown_pending(self, index: ClaimIndex) -> int:
+        """Add the jobs in pending/ that ``index`` does not know (whose doorbell was never
+        rung); returns how many. Reads only their records: the others cost a name each."""
+        now = self.clock.wall()
+        added = 0
+        for name in os.listdir(self.dir(State.PENDING)):
+            if not name.endswith(".json") or name[:-5] in index:
+                continue
+            rec = self._read_or_quarantine(self.dir(State.PENDING) / name)
+            if rec is not None:
+                index.add(rec.entry(), now=now)
+                added += 1
+        return added
 
     def poll_new(self, index: ClaimIndex) -> int:
         """Add jobs submitted since the last look (doorbells), cheaply: no pending/ scan."""
@@ -1058,10 +1080,19 @@ class Queue:
     def clear_cancel_request(self, job_id: str) -> None:
         unlink_quiet(self.dir("control") / f"cancel.{job_id}")
 
-    def dead_retry(self, job_ids: Sequence[str]) -> list[str]:
-        """Return dead jobs to pending with a fresh attempt budget (history kept)."""
+    def dead_retry(self, job_ids: Sequence[str], *,
+                   crash_hook: Callable[[str], None] | None = None) -> list[str]:
+        """Return dead jobs to pending with a fresh attempt budget (history kept).
+
+        Each job moves with one rename, so that a crash at any point leaves it in exactly
+        one folder. Its new record is written over the dead one first: a crash right after
+        leaves a dead job whose record already says "retried from dead" with a fresh budget,
+        and retrying it again makes the same record. (Rewriting it after the move instead
+        would race a runner, whose claim renames pending/x away: the rewrite would bring a
+        second copy back into pending/.)"""
         revived: list[str] = []
         now = self.clock.wall()
+        hook = crash_hook or (lambda point: None)
         with self._lock(".submit.lock"):
             for jid in job_ids:
                 src = self.record_path(State.DEAD, jid)
@@ -1071,15 +1102,28 @@ class Queue:
                 rec = replace(rec, attempt_base=len(rec.attempts), not_before=0.0, lease=None,
                               reason="retried from dead", changed_at=now)
                 tmp = self._tmp_name("revive")
+                # Protects against: power loss after the renames below exposing an empty
+                # record (the data must reach the disk before a name points at it).
                 write_file(tmp, rec.dumps(), fsync=True)
-                os.replace(tmp, self.record_path(State.PENDING, jid))
-                unlink_quiet(src)
+                os.replace(tmp, src)
+                hook("dead_retry:rewritten")
+                try:
+                    os.rename(src, self.record_path(State.PENDING, jid))
+                except FileNotFoundError:
+                    continue  # purged since we read it
+                hook("dead_retry:moved")
                 revived.append(jid)
             if revived:
+                # Protects against: power loss after we report "retried" undoing the moves.
+                # pending/ first: a power loss between the two syncs can then leave a job in
+                # both folders (on a file system that does not keep a rename whole), never
+                # in neither.
                 fsync_dir(self.dir(State.PENDING))
                 fsync_dir(self.dir(State.DEAD))
                 bell = self.dir("journal") / f"{time.time_ns():020d}.revive"
                 tmp = self._tmp_name("bell")
+                # No fsync: a lost doorbell only delays a running runner until its next
+                # rescan of pending/ (Runner._rescan).
                 write_file(tmp, json.dumps(revived).encode(), fsync=False)
                 os.replace(tmp, bell)
                 self.events.append({"ts": now, "event": "revived", "job": j} for j in revived)

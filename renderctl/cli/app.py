@@ -193,12 +193,14 @@ def do_submit(
     manifests: list[Path], *, queue: Path | None, out_dir: Path | None, replace: bool,
     max_pending: int | None, limits: Any, into: Any = None,
 ) -> Any:
+    from renderctl.crashpoints import CrashPoints
     from renderctl.manifest import load_manifests
     from renderctl.store import Queue
 
     jobs = load_manifests(manifests, out_root=out_root(out_dir), limits=limits)
     q = into if into is not None else Queue(queue_path(queue))
-    return q.submit(jobs, replace=replace, max_pending=max_pending)
+    return q.submit(jobs, replace=replace, max_pending=max_pending,
+                    crash_hook=CrashPoints.from_env())
 
 
 @app.command()
@@ -492,6 +494,7 @@ def dead_retry(
     queue: QueueOpt = None,
 ) -> None:
     """Return dead jobs to pending with a fresh attempt budget (history is kept)."""
+    from renderctl.crashpoints import CrashPoints
     from renderctl.errors import UserError
     from renderctl.lifecycle import State
     from renderctl.store import Queue
@@ -503,7 +506,7 @@ def dead_retry(
         ids = job_ids
     else:
         raise UserError("name job ids or use --all")
-    revived = q.dead_retry(ids)
+    revived = q.dead_retry(ids, crash_hook=CrashPoints.from_env())
     missing = sorted(set(ids) - set(revived))
     print(f"retried {len(revived)} job(s)")
     if missing:

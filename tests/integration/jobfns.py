@@ -70,6 +70,13 @@ def fail(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> Non
     raise RuntimeError(params.get("message", "this job always fails"))
 
 
+def fail_until_marker(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
+    """Fail while ``params["marker"]`` is missing (a cause not yet fixed), then write a PDF."""
+    if not Path(params["marker"]).exists():
+        raise RuntimeError("not fixed yet")
+    write_pdf(inputs, output, params)
+
+
 def invalid(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
     from renderctl.errors import InvalidInput
 

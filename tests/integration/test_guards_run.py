@@ -402,9 +402,14 @@ def test_cancel_racing_a_claiming_runner(env: Env) -> None:
     r.wait_event("started", timeout=20)
     res = env.cli("cancel", *doomed, "--json")
     answers = json.loads(res.stdout)
-    assert r.wait_exit(timeout=60) == 1, r.diag()
+    rc = r.wait_exit(timeout=60)
 
     by_state = {s: env.ids_in(s) for s in STATES}
+    # Exit 1 iff the runner itself cancelled something: a job `cancel` took from pending/
+    # was never this runner's, and every "cancel requested" may lose to its completion.
+    by_runner = [j for j in by_state["cancelled"]
+                 if env.record("cancelled", j)["reason"] != "cancelled while pending"]
+    assert rc == (1 if by_runner else 0), (by_runner, r.diag())
     for j in ids:
         held = [s for s in STATES if j in by_state[s]]
         assert held in (["done"], ["cancelled"]), f"{j}: {held}"

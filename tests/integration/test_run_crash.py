@@ -10,6 +10,8 @@ Two ways to kill it:
 After each kill a plain ``renderctl run`` on the same queue must finish the work: every job in
 exactly one terminal folder, every output published once (its inode unchanged since it
 first appeared), the done record's hash matching the file, no temporaries left.
+
+The same holds for a ``renderctl dead retry`` killed at each of its crash points.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from jobfns import (
 )
 
 from renderctl.runner import CRASH_POINTS
-from renderctl.store import LEASE_XATTR
+from renderctl.store import DEAD_RETRY_CRASH_POINTS, LEASE_XATTR
 
 SIGKILLED = -signal.SIGKILL
 FAST = ("--workers", "2", "--backoff-base", "0.01")
@@ -259,3 +261,93 @@ def test_a_lease_whose_holder_is_unknown_is_taken_over_when_it_expires_not_befor
     # /tmp, crash by crash), and so is every note of where they were
     assert not dead_work_root.exists()
     assert sorted((queue / "control").glob("work.*")) == []
+
+
+# -- a `dead retry` killed half-way ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("point", DEAD_RETRY_CRASH_POINTS)
+def test_dead_retry_killed_at_each_crash_point_leaves_the_job_in_one_folder(
+        tmp_path: Path, write_manifest: Any, point: str) -> None:
+    # Given a job dead-lettered by a cause that is then fixed
+    stage(tmp_path)
+    marker = tmp_path / "fixed"
+    manifest = write_manifest([{**py_job("d1", "fail_until_marker", marker=str(marker)),
+                                "max_attempts": 1}])
+    queue, out = tmp_path / "q", tmp_path / "out"
+    qv = QueueView(queue)
+    assert run_cli("run", manifest, *cli_args(queue, out, *FAST)).returncode == 1
+    assert qv.states_of(["d1"]) == {"d1": ["dead"]}
+    marker.touch()
+
+    # When `dead retry` SIGKILLs itself at the crash point
+    killed = run_cli("dead", "retry", "d1", "--queue", queue,
+                     env={"RENDERCTL_CRASH_AT": point})
+    assert killed.returncode == SIGKILLED, killed.stdout + killed.stderr
+
+    # Then the job is in exactly one folder, dead (the retry never happened) or pending
+    folders = qv.states_of(["d1"])["d1"]
+    assert folders in (["dead"], ["pending"]), f"the job is in {folders}"
+    where = folders[0]
+
+    # And finishing what the user asked (a runner; the retry again if it was not made)
+    # completes it once, and it is nowhere else
+    if where == "dead":
+        assert run_cli("dead", "retry", "d1", "--queue", queue).returncode == 0
+    again = run_cli("run", *cli_args(queue, out, *FAST))
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert_settled(qv, out, {"d1": out / "d1.pdf"}, dead=set())
+    rec = qv.record("done", "d1")
+    assert [a["outcome"] for a in rec["attempts"]] == ["failed", "completed"]
+
+
+# -- `cancel` of a job whose runner died ----------------------------------------------------
+
+
+@pytest.mark.parametrize(("point", "published"), [("publish:after_link", True),
+                                                  ("publish:before_link", False)])
+def test_cancel_with_no_runner_judges_the_orphan_as_recovery_does(
+        tmp_path: Path, write_manifest: Any, point: str, published: bool) -> None:
+    # Given a runner SIGKILLed while publishing its one job (after the output was moved into
+    # place, or just before), so the job is left in running/ with nobody holding the queue
+    stage(tmp_path)
+    manifest = write_manifest([py_job("c1", "write_pdf")])
+    queue, out = tmp_path / "q", tmp_path / "out"
+    final = out / "c1.pdf"
+    qv = QueueView(queue)
+    crashed = run_cli("run", manifest, *cli_args(queue, out, "--workers", "1"),
+                      env={"RENDERCTL_CRASH_AT": point})
+    assert crashed.returncode == SIGKILLED, crashed.stdout + crashed.stderr
+    assert qv.ids("running") == {"c1"}
+    assert final.exists() is published
+    at_crash = inodes([final])
+
+    # When it is cancelled with no runner alive
+    res = run_cli("cancel", "c1", "--queue", queue, "--json")
+    assert res.returncode == 0, res.stdout + res.stderr
+
+    if published:
+        # Then, its output being published and its own, it is done (cancel came too late):
+        # completed from the evidence, the output neither removed nor published again
+        assert json.loads(res.stdout) == {"c1": "already done"}
+        assert qv.states_of(["c1"]) == {"c1": ["done"]}
+        rec = qv.record("done", "c1")
+        assert [a["outcome"] for a in rec["attempts"]] == ["completed"]
+        assert rec["result"]["sha256"] == sha256_of(final)
+        assert_pdf(final, "c1")
+        assert inodes([final]) == at_crash
+    else:
+        # Then it is cancelled, with the attempt its runner died in recorded, and no output:
+        # neither at the final path nor as a temporary beside it
+        assert json.loads(res.stdout) == {"c1": "cancelled"}
+        assert qv.states_of(["c1"]) == {"c1": ["cancelled"]}
+        rec = qv.record("cancelled", "c1")
+        assert [a["outcome"] for a in rec["attempts"]] == ["crashed"]
+        assert not final.exists()
+    assert stray_temporaries(out) == []
+
+    # And a later runner finds nothing to do and changes nothing
+    again = run_cli("run", *cli_args(queue, out, "--workers", "1"))
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert qv.states_of(["c1"]) == {"c1": ["done" if published else "cancelled"]}
+    assert inodes([final]) == at_crash

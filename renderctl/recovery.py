@@ -1,0 +1,143 @@
+"""Judging an orphan: a job left in running/ by a runner that is gone.
+
+Two callers must reach the same verdict on the same evidence: the runner's recovery (at
+start, and when a lease it could not judge expires) and `cancel` when no runner holds the
+queue (control.py). Both come here, holding the queue's runner lock, so that nobody else
+moves the job meanwhile:
+
+1. ``kill_stale_workers``: process groups a dead runner's workers left are killed first, so
+   that no dying process writes a temporary after step 2 removed it;
+2. ``judge_orphan``: an output published and this attempt's own (``publish.is_ours``) means
+   the job completed: it is recorded done from that evidence, never run or published again.
+   Otherwise the job's output temporaries are discarded, and the attempt the runner died in
+   is a ``crashed`` one if it had started (its token is in a started log: workers append it
+   before starting), or nothing is charged if the job had only been claimed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import signal
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from renderctl import proctree
+from renderctl.fsutil import unlink_quiet
+from renderctl.lifecycle import Outcome, State
+from renderctl.publish import discard, is_ours, tmp_output_path, tmp_outputs
+from renderctl.render.base import RendererSpec
+from renderctl.store import JobRecord, Queue, Transition
+
+STARTED_LOG = "started.{}.log"  # control/: tokens of the attempts a runner's workers began
+WORKERS_FILE = "workers.{}.json"  # control/: a runner's worker pids and process groups
+
+
+@dataclass(frozen=True)
+class Orphan:
+    """What the evidence says of one orphaned job."""
+
+    done: Transition | None = None  # published and ours: it completed
+    published_tmp: Path | None = None  # the output's temporary name, once done is durable
+    crashed: Mapping[str, Any] | None = None  # the attempt it died in, if that had started
+
+
+def started_tokens(q: Queue) -> set[str]:
+    """Tokens of every attempt a worker of any runner of ``q`` had started."""
+    tokens: set[str] = set()
+    for log in q.dir("control").glob(STARTED_LOG.format("*")):
+        with contextlib.suppress(OSError):
+            tokens.update(log.read_text().split())
+    return tokens
+
+
+def kill_stale_workers(q: Queue, *, own: Path | None = None) -> None:
+    """Kill process groups a dead runner's workers left (e.g. a command's grandchild).
+
+    Only for a caller holding the runner lock: every other runner of ``q`` is dead then."""
+    doomed: list[int] = []
+    for f in q.dir("control").glob(WORKERS_FILE.format("*")):
+        if f == own:
+            continue
+        try:
+            entries = json.loads(f.read_text())
+        except (OSError, ValueError):
+            entries = []
+        for e in entries:
+            pgid = int(e.get("pgid", 0))
+            if pgid > 1 and proctree.group_alive(pgid):
+                proctree.kill_group(pgid, signal.SIGKILL)
+                doomed.append(pgid)
+        unlink_quiet(f)
+    # SIGKILL lands asynchronously: a dying worker may still finish the write(2) it is
+    # in. Wait (briefly) until they are gone, so that the temporaries recovery removes
+    # next cannot reappear behind it.
+    deadline = time.monotonic() + 2.0
+    while doomed and time.monotonic() < deadline:
+        doomed = [g for g in doomed if proctree.group_alive(g)]
+        if doomed:
+            time.sleep(0.005)
+
+
+def judge_orphan(rec: JobRecord, *, started: set[str], now: float,
+                 specs: Mapping[str, RendererSpec] | None = None) -> Orphan:
+    """The verdict on one orphaned job (see the module docstring); discards its output
+    temporaries unless its output is published."""
+    spec = rec.spec
+    lease = rec.lease
+    final = spec.output_path
+    if specs is None:
+        from renderctl.render.registry import all_specs
+
+        specs = all_specs()
+    kind = specs.get(spec.kind)
+    is_dir = kind is not None and kind.output == "dir"
+    if lease is not None:
+        tmp = tmp_output_path(final, spec.id, lease.attempt)
+        if final.exists() and is_ours(tmp, final, is_dir=is_dir, job_id=spec.id,
+                                      token=lease.token):
+            # Published before the crash, not yet recorded: complete, never republish.
+            attempt = {"n": lease.attempt, "outcome": Outcome.COMPLETED.value,
+                       "started_at": lease.claimed_at, "ended_at": now, "recovered": True}
+            result = {"path": str(final), **describe_output(final, is_dir),
+                      "attempts": len(rec.attempts) + 1, "recovered": True}
+            done = replace(rec, attempts=rec.attempts + (attempt,), lease=None,
+                           result=result, reason="", changed_at=now)
+            return Orphan(done=Transition(done, State.DONE),
+                          published_tmp=None if is_dir else tmp)
+    for t in tmp_outputs(final, spec.id):
+        discard(t)
+    if lease is None or lease.token not in started:
+        return Orphan()  # it never started (claimed ahead, or the claim was cut short)
+    if lease.holder.host:
+        why = f"the runner (pid {lease.holder.pid} on {lease.holder.host}) died"
+    else:  # UNKNOWN_HOLDER: its holder file was gone
+        why = "an unknown runner let its lease expire"
+    return Orphan(crashed={"n": lease.attempt, "outcome": Outcome.CRASHED.value,
+                           "started_at": lease.claimed_at, "ended_at": now,
+                           "error": f"{why} during the attempt"})
+
+
+def apply_verdicts(q: Queue, transitions: list[Transition], published_tmps: list[Path]) -> None:
+    """Make verdicts durable, then drop the temporary names of outputs found published (only
+    now: the done records that replace them as proof are on disk)."""
+    if transitions:
+        q.finish(transitions)
+    for tmp in published_tmps:
+        unlink_quiet(tmp)
+
+
+def describe_output(final: Path, is_dir: bool) -> dict[str, Any]:
+    """sha256 (files) and size of a published output, for a done record made from evidence."""
+    if is_dir:
+        total = sum(p.stat().st_size for p in final.rglob("*") if p.is_file())
+        return {"sha256": None, "bytes": total, "pages": None}
+    h = hashlib.sha256()
+    with open(final, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return {"sha256": h.hexdigest(), "bytes": final.stat().st_size, "pages": None}
