@@ -153,6 +153,11 @@ def _kept_fd(path: str | Path, flags: int) -> int:
     return fd
 
 
+def kept_fds() -> tuple[int, ...]:
+    """The descriptors kept open on counter files (a worker checks a job left them alone)."""
+    return tuple(_KEPT.values())
+
+
 def _forget_kept(prefix: str) -> None:
     for key in [k for k in _KEPT if k[0].startswith(prefix)]:
         with contextlib.suppress(OSError):

@@ -37,7 +37,13 @@ from typing import Any, NoReturn
 
 from renderctl.errors import ExitCode, InvalidInput, InvalidOutput, os_error_message
 from renderctl.fsutil import with_name
-from renderctl.guards import LimitBelowUsage, reset_job_peak, set_job_limit, slot_peak_bytes
+from renderctl.guards import (
+    LimitBelowUsage,
+    kept_fds,
+    reset_job_peak,
+    set_job_limit,
+    slot_peak_bytes,
+)
 from renderctl.lifecycle import Outcome
 from renderctl.messages import Broken, Drain, Dropped, Finished, Ready, RunJob, Skip, Started, Stop
 from renderctl.publish import DIR_MARKER, tag_output
@@ -150,6 +156,13 @@ class Worker:
         self.capture = _Capture(os.path.join(config.work_root, f"w{os.getpid()}.out"))
         self.started_fd = os.open(config.started_log,
                                   os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        self.own_fds = _OwnFds()
+        self.own_fds.add(self.capture.fd, "its capture of stdout and stderr")
+        self.own_fds.add(self.capture.saved[0], "its saved stdout")
+        self.own_fds.add(self.capture.saved[1], "its saved stderr")
+        self.own_fds.add(self.started_fd, "its started log")
+        self.own_fds.add(conn.fileno(), "its connection to the runner")
+        self.retire_reason = ""  # set when this worker must not run another job
 
     def serve(self) -> None:
         self.conn.send(Ready(os.getpid(), os.getpgid(0)))
@@ -176,6 +189,10 @@ class Worker:
                     # Not the job's failure (execute() keeps those): ours, such as the
                     # started log on a full disk. Say so once, instead of a traceback.
                     self._broken(exc)
+                if self.retire_reason:
+                    # Its jobs go back to the runner, which starts a fresh worker for them.
+                    self._drop_all(self.retire_reason)
+                    return
         finally:
             self._flush()
 
@@ -244,6 +261,7 @@ class Worker:
         return True
 
     def _run(self, job: RunJob) -> None:
+        self.own_fds.add_kept(kept_fds())  # cgroup files opened since the last job
         try:
             os.write(self.started_fd, f"{job.token}\n".encode())
         except OSError as exc:
@@ -254,7 +272,17 @@ class Worker:
         try:
             with self._clean_context(job, workdir) as captured:
                 fields = execute(job, Path(workdir))
-            fields.setdefault("stderr_tail", captured.stderr_tail())
+                damage = self.own_fds.damage()
+                if damage:
+                    # The job closed or replaced descriptors this worker relies on: its
+                    # failure, not an I/O error of the queue. Nothing of ours can be trusted
+                    # to point where it did (a dup2 from a reused number would send our
+                    # stdout into the job's file), so report and retire.
+                    captured.intact = False
+                    fields = {"outcome": Outcome.FAILED.value, "error": damage}
+                    self.retire_reason = "a job broke the worker's descriptors; retiring"
+            if captured.intact:
+                fields.setdefault("stderr_tail", captured.stderr_tail())
         finally:
             with contextlib.suppress(OSError):
                 os.chdir(self.neutral_cwd)
@@ -269,7 +297,8 @@ class Worker:
             except OSError:
                 os.makedirs(self.workdir, mode=0o700, exist_ok=True)
         elapsed = time.monotonic() - t0
-        peak = slot_peak_bytes(self.config.slot_path)
+        # Read through kept descriptors: not after a job damaged them.
+        peak = None if self.retire_reason else slot_peak_bytes(self.config.slot_path)
         if peak is not None:
             fields["peak_memory_bytes"] = peak
         # Held until the next job starts or the worker is about to wait (see _send).
@@ -421,22 +450,68 @@ def reset_render_settings() -> None:
         harden()
 
 
+class _OwnFds:
+    """The worker's own descriptors and the files they were opened on.
+
+    A python job runs in the worker and may close any descriptor (a daemonizing library
+    closes them all), after which the number can be reused by whatever the job opens next.
+    One fstat per descriptor after each job (~1 us each) tells that apart from a genuine
+    I/O error, which would otherwise be the first sign of it."""
+
+    def __init__(self) -> None:
+        self.known: dict[int, tuple[int, int, str]] = {}  # fd: (st_dev, st_ino, what)
+        self.kept: tuple[int, ...] = ()
+
+    def add(self, fd: int, what: str) -> None:
+        st = os.fstat(fd)
+        self.known[fd] = (st.st_dev, st.st_ino, what)
+
+    def add_kept(self, fds: tuple[int, ...]) -> None:
+        """Follow the cgroup files guards keeps open (opened lazily, so the set grows)."""
+        if fds == self.kept:
+            return
+        for fd in self.kept:
+            self.known.pop(fd, None)
+        for fd in fds:
+            self.add(fd, "a cgroup file of its memory slot")
+        self.kept = fds
+
+    def damage(self) -> str:
+        """Which descriptors are no longer what they were, as a message; "" if none."""
+        bad: dict[int, str] = {}
+        for fd, (dev, ino, what) in self.known.items():
+            try:
+                st = os.fstat(fd)
+            except OSError:
+                bad[fd] = what
+                continue
+            if st.st_ino != ino or st.st_dev != dev:
+                bad[fd] = what
+        if not bad:
+            return ""
+        fds = ", ".join(map(str, sorted(bad)))
+        whats = ", ".join(dict.fromkeys(bad.values()))
+        return (f"the job closed or replaced the worker's file descriptor"
+                f"{'s' if len(bad) > 1 else ''} {fds} ({whats}); the worker was replaced")
+
+
 class _Capture:
     """Redirect fd 1 and 2 to the worker's capture file for the duration of the job.
 
     The file stays open for the worker's life and is truncated per job: one ftruncate
-    instead of an open, a stat and a buffered read of the (usually empty) file."""
+    instead of an open, a stat and a buffered read of the (usually empty) file. The
+    worker's own stdout and stderr are saved once, for its life, not per job."""
 
     def __init__(self, path: str) -> None:
         self.path = path
         self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-        self.saved: list[int] = []
+        self.saved = (os.dup(1), os.dup(2))  # close-on-exec: a command does not get them
+        self.intact = True  # False: the job broke our descriptors; restore nothing
 
     def __enter__(self) -> _Capture:
         sys.stdout.flush()
         sys.stderr.flush()
         os.ftruncate(self.fd, 0)
-        self.saved = [os.dup(1), os.dup(2)]
         # O_APPEND is not set: the job's writes go at the shared offset, which starts at 0.
         os.lseek(self.fd, 0, os.SEEK_SET)
         os.dup2(self.fd, 1)
@@ -447,10 +522,9 @@ class _Capture:
         with contextlib.suppress(Exception):
             sys.stdout.flush()
             sys.stderr.flush()
-        os.dup2(self.saved[0], 1)
-        os.dup2(self.saved[1], 2)
-        for fd in self.saved:
-            os.close(fd)
+        if self.intact:
+            os.dup2(self.saved[0], 1)
+            os.dup2(self.saved[1], 2)
 
     def stderr_tail(self) -> str | None:
         size = os.fstat(self.fd).st_size

@@ -78,3 +78,31 @@ def test_a_cancel_reaches_a_job_that_moved_its_worker_out_of_its_group(
         runner.close()
         if pidfile.exists() and not gone(int(pidfile.read_text())):
             os.kill(int(pidfile.read_text()), signal.SIGKILL)
+
+
+# -- a job that breaks its worker's descriptors --------------------------------------------
+
+
+def test_a_job_that_closes_its_workers_descriptors_fails_alone(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given a job that closes every descriptor of its worker but the socket to the runner
+    # (and would write a good PDF), allowed two attempts, and a job after it
+    stage(tmp_path)
+    manifest = write_manifest([{**py_job("closer", "close_worker_fds"), "max_attempts": 2},
+                               py_job("next", "write_pdf")])
+    queue, out = tmp_path / "q", tmp_path / "out"
+
+    # When one worker at a time runs them
+    result = run_cli("run", manifest, *cli_args(queue, out, "--workers", "1",
+                                                  "--backoff-base", "0"))
+
+    # Then the run goes on (no I/O error of the queue): the closer fails each attempt,
+    # saying why, and is dead-lettered; the next job completes in a fresh worker
+    assert result.returncode == 1, result.stdout + result.stderr
+    view = QueueView(queue)
+    attempts = view.record("dead", "closer")["attempts"]
+    assert [a["outcome"] for a in attempts] == ["failed", "failed"], attempts
+    assert all("file descriptor" in a["error"] for a in attempts), attempts
+    assert view.ids("done") == {"next"}
+    assert_pdf(out / "next.pdf", "next")
+    assert not (out / "closer.pdf").exists()
