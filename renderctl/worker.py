@@ -20,6 +20,7 @@ import importlib.abc
 import importlib.machinery
 import io
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -50,6 +51,10 @@ from renderctl.publish import DIR_MARKER, tag_output
 
 TAIL_LINES = 20
 TAIL_BYTES = 4096
+# How long a job's leftover processes may take to die after SIGKILL (one holding 1 GiB is
+# reaped ~0.1 s after it); past that the worker retires rather than run the next job beside
+# them.
+LEFTOVER_BOUND_S = 2.0
 PRELOAD = (
     "renderctl.worker",
     "renderctl.render.safety",
@@ -79,6 +84,10 @@ PARENT_DEATH_SIGNAL = signal.SIGRTMIN + 3
 
 
 def _die_with_group(signum: int, frame: object) -> None:
+    # First what the job left outside our group (setsid() daemons): as a subreaper we are
+    # their parent, and must live until they are dead, or they would pass to init.
+    with contextlib.suppress(Exception):
+        remove_leftovers(_children_of_threads, LEFTOVER_BOUND_S / 2)
     os.killpg(0, signal.SIGKILL)
 
 
@@ -87,6 +96,8 @@ def worker_main(conn: Connection, config: WorkerConfig) -> None:
     os.setpgid(0, 0)
     from renderctl import proctree
 
+    # Orphans of a job become ours, so that nothing a job started can outlive it.
+    proctree.set_child_subreaper()
     _drop_forkserver_fds()
     signal.signal(PARENT_DEATH_SIGNAL, _die_with_group)
     try:
@@ -162,6 +173,14 @@ class Worker:
         self.own_fds.add(self.capture.saved[1], "its saved stderr")
         self.own_fds.add(self.started_fd, "its started log")
         self.own_fds.add(conn.fileno(), "its connection to the runner")
+        # Kept open: one pread per job lists our children (0.4 us; an open/read/close 5 us),
+        # and the task folder's link count (2 + threads) says when other threads need asking.
+        pid = os.getpid()
+        self.children_fd = os.open(f"/proc/{pid}/task/{pid}/children",
+                                   os.O_RDONLY | os.O_CLOEXEC)
+        self.tasks_fd = os.open(f"/proc/{pid}/task", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        self.own_fds.add(self.children_fd, "its list of child processes")
+        self.own_fds.add(self.tasks_fd, "its list of threads")
         self.retire_reason = ""  # set when this worker must not run another job
 
     def serve(self) -> None:
@@ -273,6 +292,12 @@ class Worker:
             with self._clean_context(job, workdir) as captured:
                 fields = execute(job, Path(workdir))
                 damage = self.own_fds.damage()
+                # Before the peak is read and the next job starts: what a job left running
+                # (a daemon, a command's background process) would run into the next job
+                # and be charged to it.
+                if not remove_leftovers(_children_of_threads if damage else self._children,
+                                        LEFTOVER_BOUND_S):
+                    self.retire_reason = "a job left processes that would not die; retiring"
                 if damage:
                     # The job closed or replaced descriptors this worker relies on: its
                     # failure, not an I/O error of the queue. Nothing of ours can be trusted
@@ -303,6 +328,12 @@ class Worker:
             fields["peak_memory_bytes"] = peak
         # Held until the next job starts or the worker is about to wait (see _send).
         self.outbox.append(Finished(job.job_id, job.token, elapsed_s=elapsed, **fields))
+
+    def _children(self) -> list[int]:
+        if os.fstat(self.tasks_fd).st_nlink > 3:
+            # A thread the job left running may have children of its own.
+            return _children_of_threads()
+        return [int(p) for p in _pread_whole(self.children_fd).split()]
 
     @contextlib.contextmanager
     def _clean_context(self, job: RunJob, workdir: str) -> Iterator[_Capture]:
@@ -448,6 +479,57 @@ def reset_render_settings() -> None:
         from renderctl.render.safety import harden
 
         harden()
+
+
+def _pread_whole(fd: int) -> bytes:
+    chunks: list[bytes] = []
+    while chunk := os.pread(fd, 1 << 16, sum(map(len, chunks))):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _children_of_threads() -> list[int]:
+    """Children of every thread of this process, by path (no kept descriptor needed)."""
+    pids: list[int] = []
+    for tid in os.listdir("/proc/self/task"):
+        with contextlib.suppress(OSError), open(f"/proc/self/task/{tid}/children", "rb") as fh:
+            pids.extend(int(p) for p in fh.read().split())
+    return pids
+
+
+def remove_leftovers(children: Callable[[], list[int]], bound_s: float) -> bool:
+    """SIGKILL and reap every process a job left behind; False if some outlived ``bound_s``.
+
+    Only our own children are signalled: an unreaped child's pid cannot be reused, so there
+    is no race with pid reuse. As a child subreaper we inherit each killed process's
+    children, the next round kills those, and so on down to setsid() daemons."""
+    deadline = time.monotonic() + bound_s
+    while pids := children():
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        for pid in pids:
+            if not _reap(pid, deadline):
+                return False
+        if time.monotonic() >= deadline:
+            return not children()  # still forking faster than we kill
+    return True
+
+
+def _reap(pid: int, deadline: float) -> bool:
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True  # reaped already (a child of another thread, by that thread)
+    try:
+        # Readable once it has exited: no polling, and a bound on a process stuck in D state.
+        select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+        try:
+            return os.waitpid(pid, os.WNOHANG)[0] != 0
+        except ChildProcessError:
+            return True
+    finally:
+        os.close(fd)
 
 
 class _OwnFds:

@@ -10,11 +10,27 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import psutil
-from jobfns import QueueView, assert_pdf, cli_args, py_job, run_cli, stage, wait_for_pid
+import pytest
+from jobfns import (
+    QueueView,
+    Runner,
+    assert_pdf,
+    cgroup_v1_writable,
+    cli_args,
+    py_job,
+    run_cli,
+    stage,
+    wait_for_pid,
+    wait_until,
+)
+
+needs_cgroup_v1 = pytest.mark.skipif(not cgroup_v1_writable(),
+                                     reason="cgroup v1 memory controller not writable here")
 
 
 def gone(pid: int) -> bool:
@@ -61,8 +77,6 @@ def test_a_cancel_reaches_a_job_that_moved_its_worker_out_of_its_group(
     manifest = write_manifest([py_job("escaper", "leave_group_and_hang", s=600,
                                       pidfile=str(pidfile))])
     queue, out = tmp_path / "q", tmp_path / "out"
-    from jobfns import Runner
-
     runner = Runner(manifest, *cli_args(queue, out, "--workers", "1"))
     try:
         worker = wait_for_pid(pidfile)
@@ -78,6 +92,99 @@ def test_a_cancel_reaches_a_job_that_moved_its_worker_out_of_its_group(
         runner.close()
         if pidfile.exists() and not gone(int(pidfile.read_text())):
             os.kill(int(pidfile.read_text()), signal.SIGKILL)
+
+
+@pytest.fixture
+def leftover(tmp_path: Path) -> Iterator[Path]:
+    """Where a job's leftover process writes its pid; killed after the test if it runs."""
+    pidfile = tmp_path / "leftover.pid"
+    yield pidfile
+    if pidfile.exists() and not gone(pid := int(pidfile.read_text())):
+        os.kill(pid, signal.SIGKILL)
+
+
+# -- a job's leftovers die with the job ----------------------------------------------------
+
+
+@needs_cgroup_v1
+def test_a_daemon_left_by_a_job_is_not_charged_to_the_next_job(
+        tmp_path: Path, write_manifest: Any, leftover: Path) -> None:
+    # Given a job that leaves a setsid() daemon holding 80 MB and succeeds, then a job that
+    # needs 90 MB, both under a 150 MB ceiling, in one worker
+    stage(tmp_path)
+    manifest = write_manifest([py_job("daemon", "leave_a_daemon", mb=80, pidfile=str(leftover)),
+                               py_job("victim", "allocate", mb=90)],
+                              defaults={"memory_mb": 150, "max_attempts": 1})
+    queue, out = tmp_path / "q", tmp_path / "out"
+    # When one worker runs both under the cgroup guard
+    result = run_cli("run", manifest, *cli_args(queue, out, "--workers", "1",
+                                                  "--memory-guard", "cgroup-v1"))
+
+    # Then both complete: the daemon died with its job, before the next one started
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert QueueView(queue).ids("done") == {"daemon", "victim"}
+    assert gone(int(leftover.read_text()))
+
+
+def test_a_background_process_of_a_command_dies_before_the_next_job(
+        tmp_path: Path, write_manifest: Any, leftover: Path) -> None:
+    # Given a command that starts `sleep` in the background and exits 0, and a job after it
+    # that fails if that sleep still runs
+    stage(tmp_path)
+    manifest = write_manifest([
+        {"id": "bg", "kind": "command", "output": "bg.txt",
+         "argv": ["sh", "-c", f"sleep 120 & echo $! > {leftover}; echo ok > {{output}}"]},
+        py_job("next", "fail_if_alive", pidfile=str(leftover)),
+    ], defaults={"max_attempts": 1})
+    queue, out = tmp_path / "q", tmp_path / "out"
+    # When one worker runs both
+    result = run_cli("run", manifest, *cli_args(queue, out, "--workers", "1"))
+
+    # Then both complete: the background sleep was gone when the next job started
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert QueueView(queue).ids("done") == {"bg", "next"}
+
+
+def test_a_timeout_kill_takes_the_jobs_escaped_daemon_with_it_under_sampling(
+        tmp_path: Path, write_manifest: Any, leftover: Path) -> None:
+    # Given a job that leaves a SIGTERM-ignoring setsid() daemon and hangs past its timeout,
+    # under the sampling guard (no cgroup to find the daemon by)
+    stage(tmp_path)
+    manifest = write_manifest([
+        {**py_job("hang", "leave_a_daemon", pidfile=str(leftover), hang_s=600, ignore_term=True),
+         "timeout_s": 1, "max_attempts": 1}])
+    queue, out = tmp_path / "q", tmp_path / "out"
+    # When the runner times it out and exits
+    result = run_cli("run", manifest, *cli_args(queue, out, "--workers", "1",
+                                                  "--memory-guard", "sampling",
+                                                  "--kill-grace", "0.5"), timeout=30)
+
+    # Then the job timed out, and its daemon is gone with it
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert [a["outcome"] for a in QueueView(queue).record("dead", "hang")["attempts"]] \
+        == ["timeout"]
+    wait_until(lambda: gone(int(leftover.read_text())), timeout_s=5,
+               what="the daemon of the timed-out job to die")
+
+
+def test_a_killed_runners_workers_take_their_jobs_daemons_with_them(
+        tmp_path: Path, write_manifest: Any, leftover: Path) -> None:
+    # Given a running job that has left a SIGTERM-ignoring setsid() daemon and hangs
+    stage(tmp_path)
+    manifest = write_manifest([py_job("hang", "leave_a_daemon", pidfile=str(leftover),
+                                      hang_s=600, ignore_term=True)])
+    queue, out = tmp_path / "q", tmp_path / "out"
+    runner = Runner(manifest, *cli_args(queue, out, "--workers", "1"))
+    try:
+        daemon = wait_for_pid(leftover, what="the job's daemon to start")
+
+        # When the runner is SIGKILLed
+        runner.kill()
+
+        # Then the daemon dies too: nothing of the job runs on unsupervised
+        wait_until(lambda: gone(daemon), timeout_s=10, what="the daemon to die with the runner")
+    finally:
+        runner.close()
 
 
 # -- a job that breaks its worker's descriptors --------------------------------------------
