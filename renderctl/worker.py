@@ -40,7 +40,9 @@ from renderctl.errors import ExitCode, InvalidInput, InvalidOutput, os_error_mes
 from renderctl.fsutil import with_name
 from renderctl.guards import (
     LimitBelowUsage,
+    ceiling_lifted,
     kept_fds,
+    peak_is_per_job,
     reset_job_peak,
     set_job_limit,
     slot_peak_bytes,
@@ -51,6 +53,7 @@ from renderctl.publish import DIR_MARKER, tag_output
 
 TAIL_LINES = 20
 TAIL_BYTES = 4096
+MB = 1024 * 1024
 # How long a job's leftover processes may take to die after SIGKILL (one holding 1 GiB is
 # reaped ~0.1 s after it); past that the worker retires rather than run the next job beside
 # them.
@@ -322,12 +325,32 @@ class Worker:
             except OSError:
                 os.makedirs(self.workdir, mode=0o700, exist_ok=True)
         elapsed = time.monotonic() - t0
-        # Read through kept descriptors: not after a job damaged them.
-        peak = None if self.retire_reason else slot_peak_bytes(self.config.slot_path)
-        if peak is not None:
-            fields["peak_memory_bytes"] = peak
+        if not self.retire_reason:  # read through kept descriptors: not if a job broke them
+            self._check_ceiling(job, fields)
         # Held until the next job starts or the worker is about to wait (see _send).
         self.outbox.append(Finished(job.job_id, job.token, elapsed_s=elapsed, **fields))
+
+    def _check_ceiling(self, job: RunJob, fields: dict[str, Any]) -> None:
+        """Record the job's peak, and judge it by the ceiling the job was given, which the
+        job (as root) may have lifted for itself."""
+        slot = self.config.slot_path
+        peak = slot_peak_bytes(slot)
+        if peak is None:
+            return
+        fields["peak_memory_bytes"] = peak
+        limit = job.memory_limit_bytes
+        lifted = ceiling_lifted(slot, limit)
+        if lifted:
+            # Rewritten before the next job (_apply_limit): its leftovers are dead by now and
+            # nothing else runs here until then, so that job starts under its own ceiling.
+            self.limit_bytes = 0
+        # v1's peak is this job's alone and never above an intact ceiling; v2's is the
+        # slot's, so there only a lifted ceiling makes it the job's doing.
+        if peak > limit and (lifted or peak_is_per_job(slot)):
+            fields.update(outcome=Outcome.MEMORY.value,
+                          error=f"peak {peak / MB:.0f} MB crossed its memory ceiling of "
+                                f"{limit / MB:.0f} MB"
+                                + (", which the job had lifted" if lifted else ""))
 
     def _children(self) -> list[int]:
         if os.fstat(self.tasks_fd).st_nlink > 3:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,6 +30,7 @@ from jobfns import (
     wait_until,
 )
 
+MB = 1 << 20
 needs_cgroup_v1 = pytest.mark.skipif(not cgroup_v1_writable(),
                                      reason="cgroup v1 memory controller not writable here")
 
@@ -65,7 +67,7 @@ def test_a_job_that_moves_its_worker_out_of_its_group_still_times_out(
     dead = view.record("dead", "escaper")
     assert [a["outcome"] for a in dead["attempts"]] == ["timeout"]
     assert view.ids("done") == {"next"}
-    assert_pdf(out / "next.pdf", "next")
+    assert_pdf(tmp_path / "out" / "next.pdf", "next")
     assert gone(int(pidfile.read_text()))
 
 
@@ -94,6 +96,15 @@ def test_a_cancel_reaches_a_job_that_moved_its_worker_out_of_its_group(
             os.kill(int(pidfile.read_text()), signal.SIGKILL)
 
 
+def run_in_one_worker(tmp_path: Path, manifest: Path, *extra: str
+                      ) -> tuple[subprocess.CompletedProcess[str], QueueView]:
+    """`renderctl run` of ``manifest`` with one worker: its jobs run one after another in
+    the same worker process (while it lives). Queue in tmp_path/q, outputs in tmp_path/out."""
+    result = run_cli("run", manifest, *cli_args(tmp_path / "q", tmp_path / "out",
+                                                "--workers", "1", *extra), timeout=30)
+    return result, QueueView(tmp_path / "q")
+
+
 @pytest.fixture
 def leftover(tmp_path: Path) -> Iterator[Path]:
     """Where a job's leftover process writes its pid; killed after the test if it runs."""
@@ -115,14 +126,12 @@ def test_a_daemon_left_by_a_job_is_not_charged_to_the_next_job(
     manifest = write_manifest([py_job("daemon", "leave_a_daemon", mb=80, pidfile=str(leftover)),
                                py_job("victim", "allocate", mb=90)],
                               defaults={"memory_mb": 150, "max_attempts": 1})
-    queue, out = tmp_path / "q", tmp_path / "out"
     # When one worker runs both under the cgroup guard
-    result = run_cli("run", manifest, *cli_args(queue, out, "--workers", "1",
-                                                  "--memory-guard", "cgroup-v1"))
+    result, view = run_in_one_worker(tmp_path, manifest, "--memory-guard", "cgroup-v1")
 
     # Then both complete: the daemon died with its job, before the next one started
     assert result.returncode == 0, result.stdout + result.stderr
-    assert QueueView(queue).ids("done") == {"daemon", "victim"}
+    assert view.ids("done") == {"daemon", "victim"}
     assert gone(int(leftover.read_text()))
 
 
@@ -136,13 +145,12 @@ def test_a_background_process_of_a_command_dies_before_the_next_job(
          "argv": ["sh", "-c", f"sleep 120 & echo $! > {leftover}; echo ok > {{output}}"]},
         py_job("next", "fail_if_alive", pidfile=str(leftover)),
     ], defaults={"max_attempts": 1})
-    queue, out = tmp_path / "q", tmp_path / "out"
     # When one worker runs both
-    result = run_cli("run", manifest, *cli_args(queue, out, "--workers", "1"))
+    result, view = run_in_one_worker(tmp_path, manifest)
 
     # Then both complete: the background sleep was gone when the next job started
     assert result.returncode == 0, result.stdout + result.stderr
-    assert QueueView(queue).ids("done") == {"bg", "next"}
+    assert view.ids("done") == {"bg", "next"}
 
 
 def test_a_timeout_kill_takes_the_jobs_escaped_daemon_with_it_under_sampling(
@@ -153,16 +161,13 @@ def test_a_timeout_kill_takes_the_jobs_escaped_daemon_with_it_under_sampling(
     manifest = write_manifest([
         {**py_job("hang", "leave_a_daemon", pidfile=str(leftover), hang_s=600, ignore_term=True),
          "timeout_s": 1, "max_attempts": 1}])
-    queue, out = tmp_path / "q", tmp_path / "out"
     # When the runner times it out and exits
-    result = run_cli("run", manifest, *cli_args(queue, out, "--workers", "1",
-                                                  "--memory-guard", "sampling",
-                                                  "--kill-grace", "0.5"), timeout=30)
+    result, view = run_in_one_worker(tmp_path, manifest, "--memory-guard", "sampling",
+                                     "--kill-grace", "0.5")
 
     # Then the job timed out, and its daemon is gone with it
     assert result.returncode == 1, result.stdout + result.stderr
-    assert [a["outcome"] for a in QueueView(queue).record("dead", "hang")["attempts"]] \
-        == ["timeout"]
+    assert [a["outcome"] for a in view.record("dead", "hang")["attempts"]] == ["timeout"]
     wait_until(lambda: gone(int(leftover.read_text())), timeout_s=5,
                what="the daemon of the timed-out job to die")
 
@@ -197,19 +202,46 @@ def test_a_job_that_closes_its_workers_descriptors_fails_alone(
     stage(tmp_path)
     manifest = write_manifest([{**py_job("closer", "close_worker_fds"), "max_attempts": 2},
                                py_job("next", "write_pdf")])
-    queue, out = tmp_path / "q", tmp_path / "out"
 
     # When one worker at a time runs them
-    result = run_cli("run", manifest, *cli_args(queue, out, "--workers", "1",
-                                                  "--backoff-base", "0"))
+    result, view = run_in_one_worker(tmp_path, manifest, "--backoff-base", "0")
 
     # Then the run goes on (no I/O error of the queue): the closer fails each attempt,
     # saying why, and is dead-lettered; the next job completes in a fresh worker
     assert result.returncode == 1, result.stdout + result.stderr
-    view = QueueView(queue)
     attempts = view.record("dead", "closer")["attempts"]
     assert [a["outcome"] for a in attempts] == ["failed", "failed"], attempts
     assert all("file descriptor" in a["error"] for a in attempts), attempts
     assert view.ids("done") == {"next"}
-    assert_pdf(out / "next.pdf", "next")
-    assert not (out / "closer.pdf").exists()
+    assert_pdf(tmp_path / "out" / "next.pdf", "next")
+    assert not (tmp_path / "out" / "closer.pdf").exists()
+
+
+# -- a job that lifts its own memory ceiling -----------------------------------------------
+
+
+@needs_cgroup_v1
+def test_a_job_that_lifts_its_ceiling_lifts_it_for_nobody(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given, under 100 MB ceilings in one worker: a job that lifts its slot's ceiling and
+    # then takes 150 MB, one that lifts it and stays small, and a job that takes 300 MB
+    stage(tmp_path)
+    manifest = write_manifest([py_job("lift-big", "lift_my_ceiling", mb=150),
+                               py_job("lift-small", "lift_my_ceiling", mb=10),
+                               py_job("hog", "allocate", mb=300)],
+                              defaults={"memory_mb": 100, "max_attempts": 1})
+
+    # When they run one after another under the cgroup guard
+    result, view = run_in_one_worker(tmp_path, manifest, "--memory-guard", "cgroup-v1")
+
+    # Then the job that went past its ceiling is recorded `memory` (with its peak), the
+    # small one completes, and the hog after them meets its own 100 MB ceiling
+    assert result.returncode == 1, result.stdout + result.stderr
+    big = view.record("dead", "lift-big")["attempts"]
+    assert [a["outcome"] for a in big] == ["memory"], big
+    assert big[0]["peak_memory_bytes"] > 100 * MB
+    assert view.ids("done") == {"lift-small"}
+    hog = view.record("dead", "hog")["attempts"]
+    assert [a["outcome"] for a in hog] == ["memory"], hog
+    assert hog[0]["peak_memory_bytes"] <= 100 * MB
+    assert not (tmp_path / "out" / "lift-big.pdf").exists()
