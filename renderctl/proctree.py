@@ -44,6 +44,7 @@ from pathlib import Path
 import psutil
 
 _PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
 _PROC = Path("/proc")
 
 
@@ -64,6 +65,17 @@ def set_parent_death_signal(
         raise OSError(err, f"prctl(PR_SET_PDEATHSIG): {os.strerror(err)}")
     if os.getppid() != parent or parent == 1:
         raise ParentGone(f"parent {parent} died before PR_SET_PDEATHSIG was set")
+
+
+def set_child_subreaper() -> None:
+    """Make orphaned descendants of this process its children instead of init's.
+
+    A process that double-forks and calls setsid() leaves its parent's process group and,
+    without this, its parent's tree: nothing but a cgroup could find it again."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"prctl(PR_SET_CHILD_SUBREAPER): {os.strerror(err)}")
 
 
 def _check_pgid(pgid: int) -> None:
@@ -229,6 +241,7 @@ __all__ = [
     "kill_group",
     "pid_alive",
     "process_start_time",
+    "set_child_subreaper",
     "set_oom_score_adj",
     "set_parent_death_signal",
     "stop_group",

@@ -20,6 +20,7 @@ import importlib.abc
 import importlib.machinery
 import io
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -37,7 +38,15 @@ from typing import Any, NoReturn
 
 from renderctl.errors import ExitCode, InvalidInput, InvalidOutput, os_error_message
 from renderctl.fsutil import with_name
-from renderctl.guards import LimitBelowUsage, reset_job_peak, set_job_limit, slot_peak_bytes
+from renderctl.guards import (
+    LimitBelowUsage,
+    ceiling_lifted,
+    kept_fds,
+    peak_is_per_job,
+    reset_job_peak,
+    set_job_limit,
+    slot_peak_bytes,
+)
 from renderctl.lifecycle import Outcome
 from renderctl.messages import (
     ABOVE_CEILING,
@@ -55,6 +64,11 @@ from renderctl.publish import DIR_MARKER, tag_output
 
 TAIL_LINES = 20
 TAIL_BYTES = 4096
+MB = 1024 * 1024
+# How long a job's leftover processes may take to die after SIGKILL (one holding 1 GiB is
+# reaped ~0.1 s after it); past that the worker retires rather than run the next job beside
+# them.
+LEFTOVER_BOUND_S = 2.0
 PRELOAD = (
     "renderctl.forkserver_init",  # first: the server ignores group-wide SIGTERM/SIGHUP
     "renderctl.worker",
@@ -85,6 +99,10 @@ PARENT_DEATH_SIGNAL = signal.SIGRTMIN + 3
 
 
 def _die_with_group(signum: int, frame: object) -> None:
+    # First what the job left outside our group (setsid() daemons): as a subreaper we are
+    # their parent, and must live until they are dead, or they would pass to init.
+    with contextlib.suppress(Exception):
+        remove_leftovers(_children_of_threads, LEFTOVER_BOUND_S / 2)
     os.killpg(0, signal.SIGKILL)
 
 
@@ -93,6 +111,8 @@ def worker_main(conn: Connection, config: WorkerConfig) -> None:
     os.setpgid(0, 0)
     from renderctl import proctree
 
+    # Orphans of a job become ours, so that nothing a job started can outlive it.
+    proctree.set_child_subreaper()
     _drop_forkserver_fds()
     signal.signal(PARENT_DEATH_SIGNAL, _die_with_group)
     try:
@@ -162,6 +182,21 @@ class Worker:
         self.capture = _Capture(os.path.join(config.work_root, f"w{os.getpid()}.out"))
         self.started_fd = os.open(config.started_log,
                                   os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        self.own_fds = _OwnFds()
+        self.own_fds.add(self.capture.fd, "its capture of stdout and stderr")
+        self.own_fds.add(self.capture.saved[0], "its saved stdout")
+        self.own_fds.add(self.capture.saved[1], "its saved stderr")
+        self.own_fds.add(self.started_fd, "its started log")
+        self.own_fds.add(conn.fileno(), "its connection to the runner")
+        # Kept open: one pread per job lists our children (0.4 us; an open/read/close 5 us),
+        # and the task folder's link count (2 + threads) says when other threads need asking.
+        pid = os.getpid()
+        self.children_fd = os.open(f"/proc/{pid}/task/{pid}/children",
+                                   os.O_RDONLY | os.O_CLOEXEC)
+        self.tasks_fd = os.open(f"/proc/{pid}/task", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        self.own_fds.add(self.children_fd, "its list of child processes")
+        self.own_fds.add(self.tasks_fd, "its list of threads")
+        self.retire_reason = ""  # set when this worker must not run another job
 
     def serve(self) -> None:
         self.conn.send(Ready(os.getpid(), os.getpgid(0)))
@@ -188,6 +223,10 @@ class Worker:
                     # Not the job's failure (execute() keeps those): ours, such as the
                     # started log on a full disk. Say so once, instead of a traceback.
                     self._broken(exc)
+                if self.retire_reason:
+                    # Its jobs go back to the runner, which starts a fresh worker for them.
+                    self._drop_all(self.retire_reason)
+                    return
         finally:
             self._flush()
 
@@ -256,6 +295,7 @@ class Worker:
         return True
 
     def _run(self, job: RunJob) -> None:
+        self.own_fds.add_kept(kept_fds())  # cgroup files opened since the last job
         try:
             os.write(self.started_fd, f"{job.token}\n".encode())
         except OSError as exc:
@@ -266,7 +306,23 @@ class Worker:
         try:
             with self._clean_context(job, workdir) as captured:
                 fields = execute(job, Path(workdir))
-            fields.setdefault("stderr_tail", captured.stderr_tail())
+                damage = self.own_fds.damage()
+                # Before the peak is read and the next job starts: what a job left running
+                # (a daemon, a command's background process) would run into the next job
+                # and be charged to it.
+                if not remove_leftovers(_children_of_threads if damage else self._children,
+                                        LEFTOVER_BOUND_S):
+                    self.retire_reason = "a job left processes that would not die; retiring"
+                if damage:
+                    # The job closed or replaced descriptors this worker relies on: its
+                    # failure, not an I/O error of the queue. Nothing of ours can be trusted
+                    # to point where it did (a dup2 from a reused number would send our
+                    # stdout into the job's file), so report and retire.
+                    captured.intact = False
+                    fields = {"outcome": Outcome.FAILED.value, "error": damage}
+                    self.retire_reason = "a job broke the worker's descriptors; retiring"
+            if captured.intact:
+                fields.setdefault("stderr_tail", captured.stderr_tail())
         finally:
             with contextlib.suppress(OSError):
                 os.chdir(self.neutral_cwd)
@@ -281,11 +337,38 @@ class Worker:
             except OSError:
                 os.makedirs(self.workdir, mode=0o700, exist_ok=True)
         elapsed = time.monotonic() - t0
-        peak = slot_peak_bytes(self.config.slot_path)
-        if peak is not None:
-            fields["peak_memory_bytes"] = peak
+        if not self.retire_reason:  # read through kept descriptors: not if a job broke them
+            self._check_ceiling(job, fields)
         # Held until the next job starts or the worker is about to wait (see _send).
         self.outbox.append(Finished(job.job_id, job.token, elapsed_s=elapsed, **fields))
+
+    def _check_ceiling(self, job: RunJob, fields: dict[str, Any]) -> None:
+        """Record the job's peak, and judge it by the ceiling the job was given, which the
+        job (as root) may have lifted for itself."""
+        slot = self.config.slot_path
+        peak = slot_peak_bytes(slot)
+        if peak is None:
+            return
+        fields["peak_memory_bytes"] = peak
+        limit = job.memory_limit_bytes
+        lifted = ceiling_lifted(slot, limit)
+        if lifted:
+            # Rewritten before the next job (_apply_limit): its leftovers are dead by now and
+            # nothing else runs here until then, so that job starts under its own ceiling.
+            self.limit_bytes = 0
+        # v1's peak is this job's alone and never above an intact ceiling; v2's is the
+        # slot's, so there only a lifted ceiling makes it the job's doing.
+        if peak > limit and (lifted or peak_is_per_job(slot)):
+            fields.update(outcome=Outcome.MEMORY.value,
+                          error=f"peak {peak / MB:.0f} MB crossed its memory ceiling of "
+                                f"{limit / MB:.0f} MB"
+                                + (", which the job had lifted" if lifted else ""))
+
+    def _children(self) -> list[int]:
+        if os.fstat(self.tasks_fd).st_nlink > 3:
+            # A thread the job left running may have children of its own.
+            return _children_of_threads()
+        return [int(p) for p in _pread_whole(self.children_fd).split()]
 
     @contextlib.contextmanager
     def _clean_context(self, job: RunJob, workdir: str) -> Iterator[_Capture]:
@@ -433,22 +516,119 @@ def reset_render_settings() -> None:
         harden()
 
 
+def _pread_whole(fd: int) -> bytes:
+    chunks: list[bytes] = []
+    while chunk := os.pread(fd, 1 << 16, sum(map(len, chunks))):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _children_of_threads() -> list[int]:
+    """Children of every thread of this process, by path (no kept descriptor needed)."""
+    pids: list[int] = []
+    for tid in os.listdir("/proc/self/task"):
+        with contextlib.suppress(OSError), open(f"/proc/self/task/{tid}/children", "rb") as fh:
+            pids.extend(int(p) for p in fh.read().split())
+    return pids
+
+
+def remove_leftovers(children: Callable[[], list[int]], bound_s: float) -> bool:
+    """SIGKILL and reap every process a job left behind; False if some outlived ``bound_s``.
+
+    Only our own children are signalled: an unreaped child's pid cannot be reused, so there
+    is no race with pid reuse. As a child subreaper we inherit each killed process's
+    children, the next round kills those, and so on down to setsid() daemons."""
+    deadline = time.monotonic() + bound_s
+    while pids := children():
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        for pid in pids:
+            if not _reap(pid, deadline):
+                return False
+        if time.monotonic() >= deadline:
+            return not children()  # still forking faster than we kill
+    return True
+
+
+def _reap(pid: int, deadline: float) -> bool:
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True  # reaped already (a child of another thread, by that thread)
+    try:
+        # Readable once it has exited: no polling, and a bound on a process stuck in D state.
+        select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+        try:
+            return os.waitpid(pid, os.WNOHANG)[0] != 0
+        except ChildProcessError:
+            return True
+    finally:
+        os.close(fd)
+
+
+class _OwnFds:
+    """The worker's own descriptors and the files they were opened on.
+
+    A python job runs in the worker and may close any descriptor (a daemonizing library
+    closes them all), after which the number can be reused by whatever the job opens next.
+    One fstat per descriptor after each job (~1 us each) tells that apart from a genuine
+    I/O error, which would otherwise be the first sign of it."""
+
+    def __init__(self) -> None:
+        self.known: dict[int, tuple[int, int, str]] = {}  # fd: (st_dev, st_ino, what)
+        self.kept: tuple[int, ...] = ()
+
+    def add(self, fd: int, what: str) -> None:
+        st = os.fstat(fd)
+        self.known[fd] = (st.st_dev, st.st_ino, what)
+
+    def add_kept(self, fds: tuple[int, ...]) -> None:
+        """Follow the cgroup files guards keeps open (opened lazily, so the set grows)."""
+        if fds == self.kept:
+            return
+        for fd in self.kept:
+            self.known.pop(fd, None)
+        for fd in fds:
+            self.add(fd, "a cgroup file of its memory slot")
+        self.kept = fds
+
+    def damage(self) -> str:
+        """Which descriptors are no longer what they were, as a message; "" if none."""
+        bad: dict[int, str] = {}
+        for fd, (dev, ino, what) in self.known.items():
+            try:
+                st = os.fstat(fd)
+            except OSError:
+                bad[fd] = what
+                continue
+            if st.st_ino != ino or st.st_dev != dev:
+                bad[fd] = what
+        if not bad:
+            return ""
+        fds = ", ".join(map(str, sorted(bad)))
+        whats = ", ".join(dict.fromkeys(bad.values()))
+        return (f"the job closed or replaced the worker's file descriptor"
+                f"{'s' if len(bad) > 1 else ''} {fds} ({whats}); the worker was replaced")
+
+
 class _Capture:
     """Redirect fd 1 and 2 to the worker's capture file for the duration of the job.
 
     The file stays open for the worker's life and is truncated per job: one ftruncate
-    instead of an open, a stat and a buffered read of the (usually empty) file."""
+    instead of an open, a stat and a buffered read of the (usually empty) file. The
+    worker's own stdout and stderr are saved once, for its life, not per job."""
 
     def __init__(self, path: str) -> None:
         self.path = path
         self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-        self.saved: list[int] = []
+        self.saved = (os.dup(1), os.dup(2))  # close-on-exec: a command does not get them
+        self.intact = True  # False: the job broke our descriptors; restore nothing
 
     def __enter__(self) -> _Capture:
         sys.stdout.flush()
         sys.stderr.flush()
         os.ftruncate(self.fd, 0)
-        self.saved = [os.dup(1), os.dup(2)]
         # O_APPEND is not set: the job's writes go at the shared offset, which starts at 0.
         os.lseek(self.fd, 0, os.SEEK_SET)
         os.dup2(self.fd, 1)
@@ -459,10 +639,9 @@ class _Capture:
         with contextlib.suppress(Exception):
             sys.stdout.flush()
             sys.stderr.flush()
-        os.dup2(self.saved[0], 1)
-        os.dup2(self.saved[1], 2)
-        for fd in self.saved:
-            os.close(fd)
+        if self.intact:
+            os.dup2(self.saved[0], 1)
+            os.dup2(self.saved[1], 2)
 
     def stderr_tail(self) -> str | None:
         size = os.fstat(self.fd).st_size

@@ -246,6 +246,17 @@ def _env(extra: Mapping[str, str] | None) -> dict[str, str]:
     return env
 
 
+def cgroup_v1_writable() -> bool:
+    """Whether a runner here can use the cgroup v1 memory guard (probed with a child group)."""
+    from renderctl import guards
+
+    try:
+        guards.detect_memory_guard(prefer="cgroup-v1")  # probes with a child group, removed
+    except guards.GuardError:
+        return False
+    return True
+
+
 def wait_until(check: Callable[[], T], *, timeout_s: float = 20,
                what: str | Callable[[], str] = "condition", interval_s: float = 0.01) -> T:
     """Poll ``check`` until it returns something truthy (returned) or the deadline passes.
@@ -377,13 +388,17 @@ def leave_group_and_hang(inputs: Sequence[Path], output: Path,
 
 
 def leave_a_daemon(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
-    """Double-fork a setsid() daemon that holds ``params["mb"]`` MB and sleeps, then succeed.
+    """Double-fork a setsid() daemon that holds ``params["mb"]`` MB and sleeps, then succeed
+    (after hanging ``params["hang_s"]`` seconds, if given).
 
-    The daemon writes its pid to ``params["pidfile"]`` once it holds the memory."""
+    The daemon writes its pid to ``params["pidfile"]`` once it holds the memory; with
+    ``params["ignore_term"]`` it ignores SIGTERM, so that only a SIGKILL ends it."""
     r, w = os.pipe()
     if os.fork() == 0:
         os.setsid()
         if os.fork() == 0:
+            if params.get("ignore_term"):
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)
             hold = bytearray(int(params.get("mb", 1)) << 20)
             hold[::4096] = b"x" * len(hold[::4096])
             _write_pid(params["pidfile"], os.getpid())
@@ -391,6 +406,20 @@ def leave_a_daemon(inputs: Sequence[Path], output: Path, params: Mapping[str, An
             time.sleep(600)
         os._exit(0)
     os.read(r, 1)
+    time.sleep(float(params.get("hang_s", 0)))
+    write_pdf(inputs, output, params)
+
+
+def fail_if_alive(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
+    """Fail if the process named in ``params["pidfile"]`` still runs (a zombie does not)."""
+    pid = int(Path(params["pidfile"]).read_text())
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            state = fh.read().rsplit(b")", 1)[1].split()[0]
+    except FileNotFoundError:
+        state = b"gone"
+    if state not in (b"gone", b"Z", b"X"):
+        raise RuntimeError(f"process {pid}, left by an earlier job, still runs ({state!r})")
     write_pdf(inputs, output, params)
 
 
@@ -430,3 +459,16 @@ def write_then_hang(inputs: Sequence[Path], output: Path, params: Mapping[str, A
     write_pdf(inputs, output, params)
     _write_pid(params["pidfile"], os.getpid())
     time.sleep(600)
+
+
+def lift_my_ceiling(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
+    """Remove the memory ceiling of the worker's own cgroup (as root can), then hold
+    ``params["mb"]`` MB while writing a PDF."""
+    from renderctl.guards import _own_cgroup_dir
+
+    slot = _own_cgroup_dir(True)
+    assert slot is not None, "not in a cgroup v1 memory group"
+    for name in ("memory.memsw.limit_in_bytes", "memory.limit_in_bytes"):
+        with contextlib.suppress(FileNotFoundError):
+            (slot / name).write_text("-1")
+    allocate(inputs, output, params)

@@ -22,10 +22,10 @@ from typing import Any
 
 import psutil
 import pytest
-from jobfns import RENDERCTL, STATES, wait_until
+from jobfns import RENDERCTL, STATES, cgroup_v1_writable, wait_until
 from pypdf import PdfReader
 
-from renderctl import guards, proctree
+from renderctl import proctree
 
 MB = 1024 * 1024
 GUARDFNS = Path(__file__).with_name("guardfns.py")
@@ -33,14 +33,6 @@ GUARDFNS = Path(__file__).with_name("guardfns.py")
 
 
 # -- helpers -------------------------------------------------------------------------------
-
-
-def cgroup_v1_writable() -> bool:
-    try:
-        guards.detect_memory_guard(prefer="cgroup-v1")  # probes with a child group, removed
-    except guards.GuardError:
-        return False
-    return True
 
 
 def pid_gone(pid: int) -> bool:

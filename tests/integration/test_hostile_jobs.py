@@ -9,12 +9,30 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import psutil
-from jobfns import QueueView, assert_pdf, cli_args, py_job, run_cli, stage, wait_for_pid
+import pytest
+from jobfns import (
+    QueueView,
+    Runner,
+    assert_pdf,
+    cgroup_v1_writable,
+    cli_args,
+    py_job,
+    run_cli,
+    stage,
+    wait_for_pid,
+    wait_until,
+)
+
+MB = 1 << 20
+needs_cgroup_v1 = pytest.mark.skipif(not cgroup_v1_writable(),
+                                     reason="cgroup v1 memory controller not writable here")
 
 
 def gone(pid: int) -> bool:
@@ -49,7 +67,7 @@ def test_a_job_that_moves_its_worker_out_of_its_group_still_times_out(
     dead = view.record("dead", "escaper")
     assert [a["outcome"] for a in dead["attempts"]] == ["timeout"]
     assert view.ids("done") == {"next"}
-    assert_pdf(out / "next.pdf", "next")
+    assert_pdf(tmp_path / "out" / "next.pdf", "next")
     assert gone(int(pidfile.read_text()))
 
 
@@ -61,8 +79,6 @@ def test_a_cancel_reaches_a_job_that_moved_its_worker_out_of_its_group(
     manifest = write_manifest([py_job("escaper", "leave_group_and_hang", s=600,
                                       pidfile=str(pidfile))])
     queue, out = tmp_path / "q", tmp_path / "out"
-    from jobfns import Runner
-
     runner = Runner(manifest, *cli_args(queue, out, "--workers", "1"))
     try:
         worker = wait_for_pid(pidfile)
@@ -78,3 +94,154 @@ def test_a_cancel_reaches_a_job_that_moved_its_worker_out_of_its_group(
         runner.close()
         if pidfile.exists() and not gone(int(pidfile.read_text())):
             os.kill(int(pidfile.read_text()), signal.SIGKILL)
+
+
+def run_in_one_worker(tmp_path: Path, manifest: Path, *extra: str
+                      ) -> tuple[subprocess.CompletedProcess[str], QueueView]:
+    """`renderctl run` of ``manifest`` with one worker: its jobs run one after another in
+    the same worker process (while it lives). Queue in tmp_path/q, outputs in tmp_path/out."""
+    result = run_cli("run", manifest, *cli_args(tmp_path / "q", tmp_path / "out",
+                                                "--workers", "1", *extra), timeout=30)
+    return result, QueueView(tmp_path / "q")
+
+
+@pytest.fixture
+def leftover(tmp_path: Path) -> Iterator[Path]:
+    """Where a job's leftover process writes its pid; killed after the test if it runs."""
+    pidfile = tmp_path / "leftover.pid"
+    yield pidfile
+    if pidfile.exists() and not gone(pid := int(pidfile.read_text())):
+        os.kill(pid, signal.SIGKILL)
+
+
+# -- a job's leftovers die with the job ----------------------------------------------------
+
+
+@needs_cgroup_v1
+def test_a_daemon_left_by_a_job_is_not_charged_to_the_next_job(
+        tmp_path: Path, write_manifest: Any, leftover: Path) -> None:
+    # Given a job that leaves a setsid() daemon holding 80 MB and succeeds, then a job that
+    # needs 90 MB, both under a 150 MB ceiling, in one worker
+    stage(tmp_path)
+    manifest = write_manifest([py_job("daemon", "leave_a_daemon", mb=80, pidfile=str(leftover)),
+                               py_job("victim", "allocate", mb=90)],
+                              defaults={"memory_mb": 150, "max_attempts": 1})
+    # When one worker runs both under the cgroup guard
+    result, view = run_in_one_worker(tmp_path, manifest, "--memory-guard", "cgroup-v1")
+
+    # Then both complete: the daemon died with its job, before the next one started
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert view.ids("done") == {"daemon", "victim"}
+    assert gone(int(leftover.read_text()))
+
+
+def test_a_background_process_of_a_command_dies_before_the_next_job(
+        tmp_path: Path, write_manifest: Any, leftover: Path) -> None:
+    # Given a command that starts `sleep` in the background and exits 0, and a job after it
+    # that fails if that sleep still runs
+    stage(tmp_path)
+    manifest = write_manifest([
+        {"id": "bg", "kind": "command", "output": "bg.txt",
+         "argv": ["sh", "-c", f"sleep 120 & echo $! > {leftover}; echo ok > {{output}}"]},
+        py_job("next", "fail_if_alive", pidfile=str(leftover)),
+    ], defaults={"max_attempts": 1})
+    # When one worker runs both
+    result, view = run_in_one_worker(tmp_path, manifest)
+
+    # Then both complete: the background sleep was gone when the next job started
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert view.ids("done") == {"bg", "next"}
+
+
+def test_a_timeout_kill_takes_the_jobs_escaped_daemon_with_it_under_sampling(
+        tmp_path: Path, write_manifest: Any, leftover: Path) -> None:
+    # Given a job that leaves a SIGTERM-ignoring setsid() daemon and hangs past its timeout,
+    # under the sampling guard (no cgroup to find the daemon by)
+    stage(tmp_path)
+    manifest = write_manifest([
+        {**py_job("hang", "leave_a_daemon", pidfile=str(leftover), hang_s=600, ignore_term=True),
+         "timeout_s": 1, "max_attempts": 1}])
+    # When the runner times it out and exits
+    result, view = run_in_one_worker(tmp_path, manifest, "--memory-guard", "sampling",
+                                     "--kill-grace", "0.5")
+
+    # Then the job timed out, and its daemon is gone with it
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert [a["outcome"] for a in view.record("dead", "hang")["attempts"]] == ["timeout"]
+    wait_until(lambda: gone(int(leftover.read_text())), timeout_s=5,
+               what="the daemon of the timed-out job to die")
+
+
+def test_a_killed_runners_workers_take_their_jobs_daemons_with_them(
+        tmp_path: Path, write_manifest: Any, leftover: Path) -> None:
+    # Given a running job that has left a SIGTERM-ignoring setsid() daemon and hangs
+    stage(tmp_path)
+    manifest = write_manifest([py_job("hang", "leave_a_daemon", pidfile=str(leftover),
+                                      hang_s=600, ignore_term=True)])
+    queue, out = tmp_path / "q", tmp_path / "out"
+    runner = Runner(manifest, *cli_args(queue, out, "--workers", "1"))
+    try:
+        daemon = wait_for_pid(leftover, what="the job's daemon to start")
+
+        # When the runner is SIGKILLed
+        runner.kill()
+
+        # Then the daemon dies too: nothing of the job runs on unsupervised
+        wait_until(lambda: gone(daemon), timeout_s=10, what="the daemon to die with the runner")
+    finally:
+        runner.close()
+
+
+# -- a job that breaks its worker's descriptors --------------------------------------------
+
+
+def test_a_job_that_closes_its_workers_descriptors_fails_alone(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given a job that closes every descriptor of its worker but the socket to the runner
+    # (and would write a good PDF), allowed two attempts, and a job after it
+    stage(tmp_path)
+    manifest = write_manifest([{**py_job("closer", "close_worker_fds"), "max_attempts": 2},
+                               py_job("next", "write_pdf")])
+
+    # When one worker at a time runs them
+    result, view = run_in_one_worker(tmp_path, manifest, "--backoff-base", "0")
+
+    # Then the run goes on (no I/O error of the queue): the closer fails each attempt,
+    # saying why, and is dead-lettered; the next job completes in a fresh worker
+    assert result.returncode == 1, result.stdout + result.stderr
+    attempts = view.record("dead", "closer")["attempts"]
+    assert [a["outcome"] for a in attempts] == ["failed", "failed"], attempts
+    assert all("file descriptor" in a["error"] for a in attempts), attempts
+    assert view.ids("done") == {"next"}
+    assert_pdf(tmp_path / "out" / "next.pdf", "next")
+    assert not (tmp_path / "out" / "closer.pdf").exists()
+
+
+# -- a job that lifts its own memory ceiling -----------------------------------------------
+
+
+@needs_cgroup_v1
+def test_a_job_that_lifts_its_ceiling_lifts_it_for_nobody(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given, under 100 MB ceilings in one worker: a job that lifts its slot's ceiling and
+    # then takes 150 MB, one that lifts it and stays small, and a job that takes 300 MB
+    stage(tmp_path)
+    manifest = write_manifest([py_job("lift-big", "lift_my_ceiling", mb=150),
+                               py_job("lift-small", "lift_my_ceiling", mb=10),
+                               py_job("hog", "allocate", mb=300)],
+                              defaults={"memory_mb": 100, "max_attempts": 1})
+
+    # When they run one after another under the cgroup guard
+    result, view = run_in_one_worker(tmp_path, manifest, "--memory-guard", "cgroup-v1")
+
+    # Then the job that went past its ceiling is recorded `memory` (with its peak), the
+    # small one completes, and the hog after them meets its own 100 MB ceiling
+    assert result.returncode == 1, result.stdout + result.stderr
+    big = view.record("dead", "lift-big")["attempts"]
+    assert [a["outcome"] for a in big] == ["memory"], big
+    assert big[0]["peak_memory_bytes"] > 100 * MB
+    assert view.ids("done") == {"lift-small"}
+    hog = view.record("dead", "hog")["attempts"]
+    assert [a["outcome"] for a in hog] == ["memory"], hog
+    assert hog[0]["peak_memory_bytes"] <= 100 * MB
+    assert not (tmp_path / "out" / "lift-big.pdf").exists()
