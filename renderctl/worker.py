@@ -9,7 +9,8 @@ Clean context per job: a fresh working directory (also ``TMPDIR``), the environm
 worker started with plus ``RENDERCTL_JOB_ID``/``RENDERCTL_ATTEMPT``, default signal
 handlers, reportlab/pypdf settings reset, stdout/stderr captured to files, and every module
 the job imported from outside the standard library and site-packages (the user's own code)
-dropped afterwards, so the next job imports it afresh with fresh globals.
+dropped afterwards, so the next job imports it afresh with fresh globals; the rest of the
+process-wide state a job can change is put back by ``cleanslate.Baseline``.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, NoReturn
 
+from renderctl.cleanslate import Baseline, threads_left
 from renderctl.errors import ExitCode, InvalidInput, InvalidOutput, os_error_message
 from renderctl.fsutil import with_name
 from renderctl.guards import (
@@ -165,6 +167,11 @@ class Worker:
         self.outbox: list[object] = []
         self.limit_bytes = 0  # the ceiling currently set on this worker's slot
         self.environ = _Environ(os.environ)
+        # Every job starts with default handlers (Python itself ignores SIGPIPE), except the
+        # parent-death signal's; Baseline puts back whatever a job changes.
+        for sig in (signal.SIGALRM, signal.SIGUSR2, signal.SIGPIPE):
+            signal.signal(sig, signal.SIG_DFL)
+        self.baseline = Baseline()
         self.base_path = list(sys.path)
         self.base_modules = set(sys.modules)
         self.library_roots = tuple({
@@ -376,11 +383,6 @@ class Worker:
                           "RENDERCTL_ATTEMPT": str(job.attempt), "TMPDIR": workdir})
         tempfile.tempdir = None  # re-read TMPDIR
         os.chdir(workdir)
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGALRM, signal.SIGUSR1,
-                    signal.SIGUSR2, signal.SIGHUP, signal.SIGPIPE, signal.SIGCHLD):
-            with contextlib.suppress(ValueError, OSError):
-                signal.signal(sig, signal.SIG_DFL)
-        signal.alarm(0)
         reset_render_settings()
         capture = self.capture
         try:
@@ -390,6 +392,12 @@ class Worker:
             tempfile.tempdir = None
             sys.path[:] = self.base_path
             self._forget_user_modules()
+            self.environ.set({})  # before the time zone is judged (TZ)
+            problems = self.baseline.restore()
+            if threads_left():
+                problems.append(f"the job left {threads_left()} thread(s) running")
+            if problems and not self.retire_reason:
+                self.retire_reason = "; ".join(problems) + "; retiring"
 
     def _forget_user_modules(self) -> None:
         for name in sys.modules.keys() - self.base_modules:

@@ -472,3 +472,64 @@ def lift_my_ceiling(inputs: Sequence[Path], output: Path, params: Mapping[str, A
         with contextlib.suppress(FileNotFoundError):
             (slot / name).write_text("-1")
     allocate(inputs, output, params)
+
+
+def observe_process(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
+    """Record the process-wide state a python job could change (see cleanslate.py), as this
+    job finds it, including what a subprocess inherits."""
+    import locale
+    import resource
+
+    child = subprocess.run(["sh", "-c", 'echo "$RCTL_TEST_PUTENV"; grep -E "^Sig(Ign|Blk)" '
+                            '/proc/self/status'], capture_output=True, text=True, check=True)
+    seen = {
+        "pid": os.getpid(),
+        "threads": len(sys._current_frames()),
+        "umask": os.umask(0o022),
+        "handlers": {int(s): str(signal.getsignal(s)) for s in signal.valid_signals()
+                     if s not in (signal.SIGKILL, signal.SIGSTOP)},
+        "mask": sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, [])),
+        "nofile": resource.getrlimit(resource.RLIMIT_NOFILE),
+        "tz": [time.tzname, time.timezone],
+        "locale": locale.setlocale(locale.LC_ALL),
+        "switch": sys.getswitchinterval(),
+        "stdout_is_real": sys.stdout is sys.__stdout__,
+        "vtimer": signal.getitimer(signal.ITIMER_VIRTUAL),
+        "child": child.stdout,
+    }
+    os.umask(seen["umask"])
+    with open(params["report"], "a") as fh:
+        fh.write(json.dumps(seen) + "\n")
+    write_pdf(inputs, output, params)
+
+
+def pollute_process(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
+    """Change all of what observe_process records, and leave it changed."""
+    import io
+    import locale
+    import resource
+
+    write_pdf(inputs, output, params)
+    os.umask(0)
+    for sig in (signal.SIGQUIT, signal.SIGTSTP, signal.SIGRTMIN + 3, signal.SIGWINCH):
+        signal.signal(sig, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTERM, signal.SIGUSR2])
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (64, hard))
+    os.environ["TZ"] = "JST-9"
+    time.tzset()
+    current = locale.setlocale(locale.LC_NUMERIC)
+    locale.setlocale(locale.LC_NUMERIC, "C" if current != "C" else "C.UTF-8")
+    sys.setswitchinterval(0.5)
+    sys.stdout = io.StringIO()
+    os.putenv("RCTL_TEST_PUTENV", "leaked")
+    signal.setitimer(signal.ITIMER_VIRTUAL, 3600)
+
+
+def leave_a_thread(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
+    """Start a thread that outlives the job (it would go on running in the next job)."""
+    import threading
+
+    threading.Thread(target=time.sleep, args=(600,), daemon=True).start()
+    _write_pid(params["pidfile"], os.getpid())
+    write_pdf(inputs, output, params)

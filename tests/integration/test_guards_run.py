@@ -634,9 +634,9 @@ def test_claim_order_follows_acceptance_order_at_runner_start(env: Env) -> None:
 @pytest.mark.parametrize("guard", GUARDS_CHILD)
 def test_a_ceiling_below_a_workers_own_footprint_dead_letters_and_the_run_goes_on(
         env: Env, guard: str) -> None:
-    # Given a job whose 5 MB ceiling no Python process fits under (it lasts long enough
+    # Given a job whose 1 MB ceiling no Python process fits under (it lasts long enough
     # for the sampling guard to look), then an ordinary job
-    m = env.manifest([job("tiny", "sleep_then_write", memory_mb=5, max_attempts=2,
+    m = env.manifest([job("tiny", "sleep_then_write", memory_mb=1, max_attempts=2,
                           params={"s": 0.5}),
                       job("after", "write_pdf")])
 

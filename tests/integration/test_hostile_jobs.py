@@ -245,3 +245,52 @@ def test_a_job_that_lifts_its_ceiling_lifts_it_for_nobody(
     assert [a["outcome"] for a in hog] == ["memory"], hog
     assert hog[0]["peak_memory_bytes"] <= 100 * MB
     assert not (tmp_path / "out" / "lift-big.pdf").exists()
+
+
+def test_a_job_finds_the_process_as_no_earlier_job_left_it(
+        tmp_path: Path, write_manifest: Any) -> None:
+    import json
+
+    # Given one worker that runs: an observer, a job changing process-wide state (signals,
+    # mask, umask, limits, time zone, locale, stdout, C environment, a timer), an observer
+    stage(tmp_path)
+    report = tmp_path / "seen.jsonl"
+    manifest = write_manifest([
+        {**py_job("before", "observe_process", report=str(report)), "priority": 3},
+        {**py_job("polluter", "pollute_process"), "priority": 2},
+        {**py_job("after", "observe_process", report=str(report)), "priority": 1},
+    ])
+    queue, out = tmp_path / "q", tmp_path / "out"
+
+    # When they run in that order in one worker
+    res = run_cli("run", manifest, *cli_args(queue, out, "--workers", "1"))
+
+    # Then the second observer sees exactly what the first did, and in the same worker
+    assert res.returncode == 0, res.stdout + res.stderr
+    before, after = (json.loads(line) for line in report.read_text().splitlines())
+    assert before.pop("pid") == after.pop("pid"), "not one worker: the test proves nothing"
+    assert after == before
+
+
+def test_a_job_that_leaves_a_thread_running_retires_its_worker(
+        tmp_path: Path, write_manifest: Any) -> None:
+    import json
+
+    # Given a job that leaves a thread running, then a job that looks at its process
+    stage(tmp_path)
+    report, pidfile = tmp_path / "seen.jsonl", tmp_path / "leaker.pid"
+    manifest = write_manifest([
+        {**py_job("leaker", "leave_a_thread", pidfile=str(pidfile)), "priority": 2},
+        {**py_job("after", "observe_process", report=str(report)), "priority": 1},
+    ])
+    queue, out = tmp_path / "q", tmp_path / "out"
+
+    # When one worker slot runs both
+    res = run_cli("run", manifest, *cli_args(queue, out, "--workers", "1"))
+
+    # Then both complete, the second in a fresh worker with no thread but its own
+    assert res.returncode == 0, res.stdout + res.stderr
+    seen = json.loads(report.read_text())
+    assert seen["pid"] != int(pidfile.read_text())
+    assert seen["threads"] == 1
+    assert_pdf(out / "leaker.pdf", "leaker")
