@@ -110,9 +110,18 @@ def _read_toml(path: Path) -> dict[str, Any]:
 
 def check_value(key: str, value: Any, *, where: str) -> Any:
     """``value`` converted to ``key``'s type, or ``ConfigError`` naming ``where`` and ``key``."""
-    spec = KEYS.get(key)
-    if spec is None:
+    if key not in KEYS:
         raise ConfigError(f"{where}: unknown key {key!r} (known: {', '.join(sorted(KEYS))})")
+    return check_setting(key, value, label=f"{where}: key {key!r}")
+
+
+def check_setting(key: str, value: Any, *, label: str) -> Any:
+    """``value`` converted to known key ``key``'s type, or ``ConfigError`` after ``label``.
+
+    One check whichever way the value came (file, ``RENDERCTL_<NAME>``, command line);
+    ``label`` names that way, so the message points at what the user has to change.
+    """
+    spec = KEYS[key]
     ok = True
     if spec.type is bool:
         ok = isinstance(value, bool)
@@ -128,7 +137,7 @@ def check_value(key: str, value: Any, *, where: str) -> Any:
     if not ok:
         kind = spec.expect or {bool: "true or false", str: "a non-empty string"}.get(
             spec.type, spec.type.__name__)
-        raise ConfigError(f"{where}: key {key!r}: expected {kind}, got {value!r}")
+        raise ConfigError(f"{label}: expected {kind}, got {value!r}")
     return value
 
 
@@ -137,15 +146,20 @@ def load_config(cwd: str | os.PathLike[str]) -> dict[str, Any]:
 
     ``renderctl.toml`` wins over ``[tool.renderctl]`` in ``pyproject.toml``.
     """
+    return load_config_file(cwd)[1]
+
+
+def load_config_file(cwd: str | os.PathLike[str]) -> tuple[Path | None, dict[str, Any]]:
+    """``load_config`` with the file it read (None when there is none), for messages."""
     found = find_config(cwd)
     if found is None:
-        return {}
+        return None, {}
     path, table = found
     values: dict[str, Any] = {}
     for raw_key, value in table.items():
         key = raw_key.replace("-", "_")
         values[key] = check_value(key, value, where=str(path))
-    return values
+    return path, values
 
 
 def resolve(key: str, *, cli: Any = None, env: Mapping[str, str] | None = None,
@@ -168,7 +182,6 @@ def resolve(key: str, *, cli: Any = None, env: Mapping[str, str] | None = None,
 def parse_env(key: str, raw: str) -> Any:
     """A ``RENDERCTL_<NAME>`` string as ``key``'s type (``ConfigError`` if it is not one)."""
     spec = KEYS[key]
-    where = env_name(key)
     value: Any = raw
     try:
         if spec.type is bool:
@@ -182,7 +195,7 @@ def parse_env(key: str, raw: str) -> Any:
             value = float(raw)
     except ValueError:
         value = raw
-    return check_value(key, value, where=where)
+    return check_setting(key, value, label=env_name(key))
 
 
 @dataclass(frozen=True)

@@ -132,6 +132,59 @@ def _env(name: str) -> str:
     return env_name(name.replace("-", "_"))
 
 
+def _source_label(ctx: typer.Context, param: typer.CallbackParam) -> str | None:
+    """What set this option, as the user would name it; None for the built-in default."""
+    from renderctl.settings import env_name
+
+    key = _config_key(param)
+    # click's ParameterSource, by name: typer vendors click, so its enum is not importable.
+    source = getattr(ctx.get_parameter_source(param.name or ""), "name", "COMMANDLINE")
+    if source == "DEFAULT":
+        return None
+    if source == "ENVIRONMENT":
+        return env_name(key)
+    if source == "DEFAULT_MAP":
+        return f"{ctx.meta.get(CONFIG_FILE_META, 'configuration')}: key {key!r}"
+    return "--" + key.replace("_", "-")
+
+
+def _config_key(param: typer.CallbackParam) -> str:
+    """The configuration key of an option: its long name with ``_`` (``memory_mb``)."""
+    longs = [o for o in getattr(param, "opts", ()) if o.startswith("--")]
+    return longs[0][2:].replace("-", "_") if longs else str(param.name)
+
+
+def checked(ctx: typer.Context, param: typer.CallbackParam, value: Any) -> Any:
+    """An option's value held to its configuration key's check, from whichever source.
+
+    click knows only types; the ranges live in ``settings.KEYS``, which a configuration file
+    already meets. A bad value is one line naming the option, variable or key: exit 2 before
+    the command does anything."""
+    from renderctl.settings import ConfigError, check_setting
+
+    label = _source_label(ctx, param)
+    if value is None or label is None:
+        return value
+    try:
+        return check_setting(_config_key(param), value, label=label)
+    except ConfigError as exc:
+        out.err(str(exc))
+        raise typer.Exit(ExitCode.USAGE) from None
+
+
+def checked_guard(ctx: typer.Context, param: typer.CallbackParam, value: Any) -> Any:
+    """``checked``, and a cgroup guard asked for by name must work on this machine."""
+    from renderctl.guards import GuardUnavailable, require_memory_guard
+
+    value = checked(ctx, param, value)
+    try:
+        require_memory_guard(value)
+    except GuardUnavailable as exc:
+        out.err(f"{_source_label(ctx, param) or '--memory-guard'}: {exc}")
+        raise typer.Exit(ExitCode.USAGE) from None
+    return value
+
+
 def config_default_map(group: Any, config: dict[str, Any]) -> dict[str, Any]:
     """click's ``default_map`` for every (sub)command from the configuration file's keys.
 
@@ -155,17 +208,21 @@ def config_default_map(group: Any, config: dict[str, Any]) -> dict[str, Any]:
     return dm
 
 
+CONFIG_FILE_META = "renderctl.config_file"  # ctx.meta: the file the defaults came from
+
+
 @app.callback()
 def configure(ctx: typer.Context) -> None:
     """Defaults from renderctl.toml (or [tool.renderctl] in pyproject.toml) in the cwd."""
-    from renderctl.settings import ConfigError, load_config
+    from renderctl.settings import ConfigError, load_config_file
 
     try:
-        config = load_config(Path.cwd())
+        path, config = load_config_file(Path.cwd())
     except ConfigError as exc:
         out.err(str(exc))
         raise typer.Exit(ExitCode.USAGE) from None
     if config:
+        ctx.meta[CONFIG_FILE_META] = str(path)
         # click resolves: command line > envvar > default_map > the option's default.
         ctx.default_map = {**(ctx.default_map or {}), **config_default_map(ctx.command, config)}
 
@@ -251,7 +308,7 @@ def run(
         "--follow", envvar=_env("follow"),
         help="keep serving new jobs until SIGTERM/SIGINT")] = False,
     start_method: Annotated[str, typer.Option(
-        "--start-method", envvar=_env("start-method"),
+        "--start-method", envvar=_env("start-method"), callback=checked,
         help="forkserver | fork | spawn")] = RunnerSettings.start_method,
     max_jobs_per_worker: Annotated[int, typer.Option(
         "--max-jobs-per-worker", envvar=_env("max-jobs-per-worker"), min=1,
@@ -273,7 +330,7 @@ def run(
         help="MB the running jobs' ceilings may add up to [default: 80% of available]")
     ] = None,
     memory_guard: Annotated[str, typer.Option(
-        "--memory-guard", envvar=_env("memory-guard"),
+        "--memory-guard", envvar=_env("memory-guard"), callback=checked_guard,
         help="auto | cgroup-v1 | cgroup-v2 | sampling")] = RunnerSettings.memory_guard,
     max_failures: Annotated[int | None, typer.Option(
         "--max-failures", envvar=_env("max-failures"), min=1,
@@ -304,10 +361,6 @@ def run(
     from renderctl.runner import Runner, prestart
     from renderctl.store import Queue
 
-    if start_method not in ("forkserver", "fork", "spawn"):
-        from renderctl.errors import UserError
-
-        raise UserError(f"--start-method must be forkserver, fork or spawn, not {start_method}")
     # The fork server imports the renderers (~0.25 s) in its own process, on the other core,
     # while this one validates and submits the manifests and recovers the queue.
     prestart(start_method)
