@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from renderctl import limits
 from renderctl.errors import UserError
 
 CONFIG_FILE = "renderctl.toml"
@@ -31,11 +32,16 @@ class ConfigError(UserError):
 
 @dataclass(frozen=True)
 class Key:
-    """One configurable option: its type, and a check on its value (None: any)."""
+    """One configurable option: its type, and a check on its value (None: any).
+
+    ``limit`` is the manifest's own check of the job field the option is a default for
+    (its message says what is wrong), so that no door accepts what a manifest refuses.
+    """
 
     type: type
     check: Callable[[Any], bool] | None = None
     expect: str = ""
+    limit: limits.Check | None = None
 
 
 def _positive(v: Any) -> bool:
@@ -51,9 +57,9 @@ KEYS: dict[str, Key] = {
     "queue": Key(str),
     "out": Key(str),
     "workers": Key(int, _positive, "an integer >= 1"),
-    "memory_mb": Key(int, _positive, "an integer >= 1"),
-    "timeout": Key(float, _positive, "a number > 0"),
-    "max_attempts": Key(int, _positive, "an integer >= 1"),
+    "memory_mb": Key(int, limit=limits.check_memory_mb),
+    "timeout": Key(float, limit=limits.check_timeout),
+    "max_attempts": Key(int, limit=limits.check_max_attempts),
     "max_pending": Key(int, _non_negative, "an integer >= 0"),
     "start_method": Key(str, lambda v: v in ("forkserver", "fork", "spawn"),
                         "forkserver, fork or spawn"),
@@ -132,6 +138,10 @@ def check_setting(key: str, value: Any, *, label: str) -> Any:
         value = float(value) if ok else value
     elif spec.type is str:
         ok = isinstance(value, str) and value != ""
+    if ok and spec.limit is not None:
+        problem = spec.limit(value)
+        if problem is not None:
+            raise ConfigError(f"{label}: {problem}")
     if ok and spec.check is not None:
         ok = spec.check(value)
     if not ok:

@@ -27,6 +27,7 @@ from renderctl.errors import (
     Saturated,
     os_error_message,
 )
+from renderctl.limits import MAX_ATTEMPTS, MAX_MEMORY_MB, MAX_TIMEOUT_S
 from renderctl.settings import RunnerSettings  # stdlib only: defaults without the runner
 
 app = typer.Typer(
@@ -110,28 +111,6 @@ def _limits(memory_mb: int | None, timeout: float | None, max_attempts: int | No
     )
 
 
-MemOpt = Annotated[int | None, typer.Option("--memory-mb", help="default memory ceiling (MB)",
-                                            min=1, show_default=False,
-                                            envvar="RENDERCTL_MEMORY_MB")]
-TimeoutOpt = Annotated[float | None, typer.Option("--timeout", help="default timeout (s)",
-                                                  min=0.001, show_default=False,
-                                                  envvar="RENDERCTL_TIMEOUT")]
-AttemptsOpt = Annotated[int | None, typer.Option("--max-attempts", help="default attempts",
-                                                 min=1, show_default=False,
-                                                 envvar="RENDERCTL_MAX_ATTEMPTS")]
-MaxPendingOpt = Annotated[int | None, typer.Option("--max-pending", min=0,
-                                                   envvar="RENDERCTL_MAX_PENDING",
-                                                   help="reject the whole submit if pending "
-                                                   "would exceed this")]
-
-
-def _env(name: str) -> str:
-    """The environment variable that sets option ``--name`` (``RENDERCTL_NAME``)."""
-    from renderctl.settings import env_name
-
-    return env_name(name.replace("-", "_"))
-
-
 def _source_label(ctx: typer.Context, param: typer.CallbackParam) -> str | None:
     """What set this option, as the user would name it; None for the built-in default."""
     from renderctl.settings import env_name
@@ -183,6 +162,35 @@ def checked_guard(ctx: typer.Context, param: typer.CallbackParam, value: Any) ->
         out.err(f"{_source_label(ctx, param) or '--memory-guard'}: {exc}")
         raise typer.Exit(ExitCode.USAGE) from None
     return value
+
+
+# Ranges are not click's min=: `checked` holds each option to its configuration key's check
+# (for job limits, the manifest's own), whichever of option, variable or file set it.
+MemOpt = Annotated[int | None, typer.Option("--memory-mb",
+                                            help="default memory ceiling (MB, 1-"
+                                            f"{MAX_MEMORY_MB})",
+                                            show_default=False, callback=checked,
+                                            envvar="RENDERCTL_MEMORY_MB")]
+TimeoutOpt = Annotated[float | None, typer.Option("--timeout",
+                                                  help="default timeout of one attempt (s, "
+                                                  f"> 0, <= {MAX_TIMEOUT_S:g})",
+                                                  show_default=False, callback=checked,
+                                                  envvar="RENDERCTL_TIMEOUT")]
+AttemptsOpt = Annotated[int | None, typer.Option("--max-attempts",
+                                                 help=f"default attempts (1-{MAX_ATTEMPTS})",
+                                                 show_default=False, callback=checked,
+                                                 envvar="RENDERCTL_MAX_ATTEMPTS")]
+MaxPendingOpt = Annotated[int | None, typer.Option("--max-pending", callback=checked,
+                                                   envvar="RENDERCTL_MAX_PENDING",
+                                                   help="reject the whole submit if pending "
+                                                   "would exceed this")]
+
+
+def _env(name: str) -> str:
+    """The environment variable that sets option ``--name`` (``RENDERCTL_NAME``)."""
+    from renderctl.settings import env_name
+
+    return env_name(name.replace("-", "_"))
 
 
 def config_default_map(group: Any, config: dict[str, Any]) -> dict[str, Any]:
@@ -297,8 +305,8 @@ def run(
                          ] = None,
     queue: QueueOpt = None,
     out_dir: OutOpt = None,
-    workers: Annotated[int | None, typer.Option("--workers", "-j", min=1,
-                                                envvar=_env("workers"),
+    workers: Annotated[int | None, typer.Option("--workers", "-j",
+                                                envvar=_env("workers"), callback=checked,
                                                 help="worker processes [default: from cores "
                                                 "and memory budget]")] = None,
     memory_mb: MemOpt = None,
@@ -311,33 +319,33 @@ def run(
         "--start-method", envvar=_env("start-method"), callback=checked,
         help="forkserver | fork | spawn")] = RunnerSettings.start_method,
     max_jobs_per_worker: Annotated[int, typer.Option(
-        "--max-jobs-per-worker", envvar=_env("max-jobs-per-worker"), min=1,
+        "--max-jobs-per-worker", envvar=_env("max-jobs-per-worker"), callback=checked,
         help="recycle a worker after N jobs")] = RunnerSettings.max_jobs_per_worker,
     backoff_base: Annotated[float, typer.Option(
-        "--backoff-base", envvar=_env("backoff-base"), min=0.0,
+        "--backoff-base", envvar=_env("backoff-base"), callback=checked,
         help="first retry delay (s), doubling")] = RunnerSettings.backoff_base_s,
     backoff_max: Annotated[float, typer.Option(
-        "--backoff-max", envvar=_env("backoff-max"), min=0.0,
+        "--backoff-max", envvar=_env("backoff-max"), callback=checked,
         help="longest retry delay (s)")] = RunnerSettings.backoff_max_s,
     kill_grace: Annotated[float, typer.Option(
-        "--kill-grace", envvar=_env("kill-grace"), min=0.0,
+        "--kill-grace", envvar=_env("kill-grace"), callback=checked,
         help="SIGTERM -> SIGKILL grace on timeout (s)")] = RunnerSettings.kill_grace_s,
     grace: Annotated[float, typer.Option(
-        "--grace", envvar=_env("grace"), min=0.0,
+        "--grace", envvar=_env("grace"), callback=checked,
         help="on SIGTERM/SIGINT: time running jobs get to finish (s)")] = RunnerSettings.grace_s,
     memory_budget: Annotated[int | None, typer.Option(
-        "--memory-budget", envvar=_env("memory-budget"), min=1,
+        "--memory-budget", envvar=_env("memory-budget"), callback=checked,
         help="MB the running jobs' ceilings may add up to [default: 80% of available]")
     ] = None,
     memory_guard: Annotated[str, typer.Option(
         "--memory-guard", envvar=_env("memory-guard"), callback=checked_guard,
         help="auto | cgroup-v1 | cgroup-v2 | sampling")] = RunnerSettings.memory_guard,
     max_failures: Annotated[int | None, typer.Option(
-        "--max-failures", envvar=_env("max-failures"), min=1,
+        "--max-failures", envvar=_env("max-failures"), callback=checked,
         help="stop claiming after N dead-lettered jobs")] = None,
     max_pending: MaxPendingOpt = None,
     prefetch: Annotated[int | None, typer.Option(
-        "--prefetch", envvar=_env("prefetch"), min=1,
+        "--prefetch", envvar=_env("prefetch"), callback=checked,
         help="jobs a worker may hold, the running one included [default: adaptive, 1 for "
         "long jobs]")] = None,
     quiet: Annotated[bool, typer.Option(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
@@ -67,3 +68,76 @@ def test_a_memory_guard_this_machine_lacks_is_a_usage_error(tmp_path: Path,
               missing, cwd=tmp_path)
     one_line_usage_error(res, "--memory-guard", missing, "not usable here")
     assert nothing_enqueued(q)  # checked before the manifest was submitted
+
+
+# -- C2: job limits from options, environment and configuration ----------------------------
+
+# Each value is out of the manifest's range for that field (nan and inf included).
+BAD_LIMITS = [
+    ("--timeout", "nan", "finite"),
+    ("--timeout", "inf", "finite"),
+    ("--timeout", "1e9", "<= 604800"),
+    ("--memory-mb", "99999999999999999999", "between 1 and 1048576"),
+    ("--memory-mb", "0", "between 1 and 1048576"),
+    ("--max-attempts", "100000", "between 1 and 100"),
+]
+
+
+@pytest.mark.parametrize("option, value, needle", BAD_LIMITS)
+def test_job_limit_options_meet_the_manifest_ranges(tmp_path: Path, manifest: Path,
+                                                    option: str, value: str,
+                                                    needle: str) -> None:
+    q = tmp_path / "q"
+    for command in ("submit", "run"):
+        res = cli(command, manifest, "--queue", q, "--out", tmp_path / "out", option, value,
+                  cwd=tmp_path)
+        one_line_usage_error(res, option, needle)
+        assert nothing_enqueued(q)
+
+
+@pytest.mark.parametrize("option, value, needle", BAD_LIMITS)
+def test_job_limit_variables_meet_the_manifest_ranges(tmp_path: Path, manifest: Path,
+                                                      option: str, value: str,
+                                                      needle: str) -> None:
+    var = "RENDERCTL_" + option[2:].replace("-", "_").upper()
+    q = tmp_path / "q"
+    res = cli("submit", manifest, "--queue", q, "--out", tmp_path / "out", cwd=tmp_path,
+              extra_env={var: value})
+    one_line_usage_error(res, var, needle)
+    assert nothing_enqueued(q)
+
+
+@pytest.mark.parametrize("line, needle", [
+    ("timeout = inf", "finite"),
+    ("timeout = nan", "finite"),
+    ("timeout = 1e9", "<= 604800"),
+    ("memory_mb = 99999999999", "between 1 and 1048576"),
+    ("max_attempts = 100000", "between 1 and 100"),
+])
+def test_job_limit_config_keys_meet_the_manifest_ranges(tmp_path: Path, manifest: Path,
+                                                        line: str, needle: str) -> None:
+    (tmp_path / "renderctl.toml").write_text(line + "\n")
+    q = tmp_path / "q"
+    res = cli("submit", manifest, "--queue", q, "--out", tmp_path / "out", cwd=tmp_path)
+    key = line.split(" ")[0]
+    one_line_usage_error(res, str(tmp_path / "renderctl.toml"), f"key {key!r}", needle)
+    assert nothing_enqueued(q)
+
+
+def test_limits_in_range_still_reach_the_jobs(tmp_path: Path, manifest: Path) -> None:
+    q = tmp_path / "q"
+    res = cli("submit", manifest, "--queue", q, "--out", tmp_path / "out", "--timeout", "7",
+              "--memory-mb", "300", "--max-attempts", "4", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    (record,) = (q / "pending").iterdir()
+    spec = json.loads(record.read_text())["spec"]
+    assert (spec["timeout_s"], spec["memory_mb"], spec["max_attempts"]) == (7.0, 300, 4)
+
+
+@pytest.mark.parametrize("option, value", [("--workers", "0"), ("--backoff-base", "nan"),
+                                           ("--grace", "-1"), ("--prefetch", "0")])
+def test_runner_options_get_their_configuration_checks(tmp_path: Path, option: str,
+                                                       value: str) -> None:
+    res = cli("run", "--queue", tmp_path / "q", "--out", tmp_path / "out", option, value,
+              cwd=tmp_path)
+    one_line_usage_error(res, option, "expected", f"got {value}")
