@@ -11,10 +11,11 @@ import functools
 import json
 import os
 import signal
+import stat
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 
@@ -29,6 +30,9 @@ from renderctl.errors import (
 )
 from renderctl.limits import MAX_ATTEMPTS, MAX_MEMORY_MB, MAX_TIMEOUT_S
 from renderctl.settings import RunnerSettings  # stdlib only: defaults without the runner
+
+if TYPE_CHECKING:
+    from renderctl.store import Queue
 
 app = typer.Typer(
     name="renderctl",
@@ -62,6 +66,26 @@ def queue_path(opt: Path | None) -> Path:
     if opt is not None:
         return opt
     return Path(os.environ.get("RENDERCTL_QUEUE") or ".renderctl")
+
+
+def existing_queue(opt: Path | None) -> Queue:
+    """The queue named by ``--queue`` (or its defaults) for a command that only uses one.
+
+    A folder that is not a queue is the user's mistake (a typo, the wrong cwd): exit 2, not
+    the store's 74, which scripts must be able to read as "the disk failed". Checked here
+    because the store cannot tell which of its callers a missing pending/ means.
+    """
+    from renderctl.errors import UserError
+    from renderctl.store import Queue
+
+    path = queue_path(opt)
+    try:
+        is_queue = stat.S_ISDIR((path / "pending").stat().st_mode)
+    except (FileNotFoundError, NotADirectoryError):
+        is_queue = False  # anything else (EACCES, EIO) is a real I/O error: exit 74
+    if not is_queue:
+        raise UserError(f"{path} is not a renderctl queue (no pending/ folder)")
+    return Queue(path, create=False)
 
 
 def out_root(opt: Path | None) -> Path:
@@ -446,9 +470,8 @@ class Tee:
 def status(queue: QueueOpt = None, as_json: JsonOpt = False) -> None:
     """Counts per state, oldest pending age, running jobs, and the runner (if any)."""
     from renderctl.cli.views import render_status, status_json
-    from renderctl.store import Queue
 
-    q = Queue(queue_path(queue), create=False)
+    q = existing_queue(queue)
     st = q.status()
     if as_json:
         out.print_json(status_json(q, st))
@@ -462,9 +485,8 @@ def show(job_id: Annotated[str, typer.Argument(help="job id")], queue: QueueOpt 
          as_json: JsonOpt = False) -> None:
     """One job: state, attempts, errors, output."""
     from renderctl.cli.views import render_job, show_json
-    from renderctl.store import Queue
 
-    q = Queue(queue_path(queue), create=False)
+    q = existing_queue(queue)
     view = q.get(job_id)
     if as_json:
         out.print_json(show_json(view))
@@ -506,9 +528,8 @@ def cancel(job_ids: Annotated[list[str], typer.Argument(help="job ids")],
            queue: QueueOpt = None, as_json: JsonOpt = False) -> None:
     """Cancel jobs: pending ones at once; running ones are killed by the runner."""
     from renderctl.control import cancel_jobs
-    from renderctl.store import Queue
 
-    q = Queue(queue_path(queue), create=False)
+    q = existing_queue(queue)
     results = cancel_jobs(q, job_ids)
     if as_json:
         out.print_json({r.job_id: r.outcome for r in results})
@@ -524,9 +545,8 @@ def cancel(job_ids: Annotated[list[str], typer.Argument(help="job ids")],
 def dead_list(queue: QueueOpt = None, as_json: JsonOpt = False) -> None:
     """Dead-lettered jobs with their last outcome."""
     from renderctl.lifecycle import State
-    from renderctl.store import Queue
 
-    q = Queue(queue_path(queue), create=False)
+    q = existing_queue(queue)
     rows = []
     for jid in q.list_ids(State.DEAD):
         view = q.find(jid)
@@ -555,30 +575,34 @@ def dead_retry(
     """Return dead jobs to pending with a fresh attempt budget (history is kept)."""
     from renderctl.errors import UserError
     from renderctl.lifecycle import State
-    from renderctl.store import Queue
 
-    q = Queue(queue_path(queue), create=False)
+    q = existing_queue(queue)
     if all_:
         ids = q.list_ids(State.DEAD)
     elif job_ids:
         ids = job_ids
     else:
         raise UserError("name job ids or use --all")
-    revived = q.dead_retry(ids)
-    missing = sorted(set(ids) - set(revived))
-    print(f"retried {len(revived)} job(s)")
+    # Exit 2 promises nothing changed, and the store retries each id it finds: so every id
+    # is looked up first. (A job leaving dead/ meanwhile, by a concurrent retry or purge, is
+    # still skipped by the store and reported below.)
+    missing = sorted({j for j in ids if not q.record_path(State.DEAD, j).exists()})
     if missing:
-        out.err("not in dead/: " + ", ".join(missing))
-        raise typer.Exit(ExitCode.USAGE)
+        raise UserError("not in dead/: " + ", ".join(missing) + "; nothing was retried")
+    revived = q.dead_retry(ids)
+    print(f"retried {len(revived)} job(s)")
+    gone = sorted(set(ids) - set(revived))
+    if gone:
+        out.err("left dead/ while retrying: " + ", ".join(gone))
+        raise typer.Exit(ExitCode.JOBS_FAILED)
 
 
 @dead_app.command("purge")
 @handle_errors
 def dead_purge(queue: QueueOpt = None) -> None:
     """Delete every dead-lettered record."""
-    from renderctl.store import Queue
 
-    n = Queue(queue_path(queue), create=False).dead_purge()
+    n = existing_queue(queue).dead_purge()
     print(f"purged {n} job(s)")
 
 
@@ -591,9 +615,8 @@ def top(queue: QueueOpt = None,
     from rich.console import Console
 
     from renderctl.cli.top import run_top
-    from renderctl.store import Queue
 
-    q = Queue(queue_path(queue), create=False)
+    q = existing_queue(queue)
     if out.is_tty():
         # A terminal gets the live view; NO_COLOR keeps it, without colour.
         console = Console(highlight=False, no_color="NO_COLOR" in os.environ)
@@ -607,9 +630,8 @@ def top(queue: QueueOpt = None,
 def metrics(queue: QueueOpt = None) -> None:
     """Print the queue's metrics in Prometheus text format (0.0.4)."""
     from renderctl.metrics import collect, exposition, load_totals, save_totals
-    from renderctl.store import Queue
 
-    q = Queue(queue_path(queue), create=False)
+    q = existing_queue(queue)
     totals = load_totals(q)
     text = exposition(collect(q, totals))
     save_totals(q, totals)
@@ -638,9 +660,8 @@ def wait(
     import time
 
     from renderctl.lifecycle import TERMINAL, State
-    from renderctl.store import Queue
 
-    q = Queue(queue_path(queue), create=False)
+    q = existing_queue(queue)
     unknown = [j for j in job_ids if q.find(j) is None]
     if unknown:
         out.err("no such job: " + ", ".join(unknown))

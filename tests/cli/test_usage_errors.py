@@ -141,3 +141,34 @@ def test_runner_options_get_their_configuration_checks(tmp_path: Path, option: s
     res = cli("run", "--queue", tmp_path / "q", "--out", tmp_path / "out", option, value,
               cwd=tmp_path)
     one_line_usage_error(res, option, "expected", f"got {value}")
+
+
+# -- C3: usage, not I/O; all or nothing ----------------------------------------------------
+
+
+@pytest.mark.parametrize("args", [["status"], ["show", "x"], ["cancel", "x"], ["wait", "x"],
+                                  ["dead", "list"], ["dead", "retry", "x"], ["dead", "purge"],
+                                  ["metrics"], ["top", "--once"]], ids=" ".join)
+def test_a_queue_that_does_not_exist_is_a_usage_error(tmp_path: Path, args: list[str]) -> None:
+    missing = tmp_path / "nonexistent"
+    res = cli(*args, "--queue", missing, cwd=tmp_path)
+    one_line_usage_error(res, str(missing), "is not a renderctl queue")
+    assert not missing.exists()  # reading commands never create a queue
+
+
+def test_dead_retry_with_an_unknown_id_retries_nothing(tmp_path: Path) -> None:
+    manifest = write_jobs(tmp_path / "m", [job("op1", "fail", max_attempts=1),
+                                           job("op2", "fail", max_attempts=1)])
+    q = tmp_path / "q"
+    run = cli("run", manifest, "--queue", q, "--out", tmp_path / "out", "-j", "1",
+              cwd=tmp_path)
+    assert run.returncode == 1, run.stderr
+    dead = sorted(p.name for p in (q / "dead").iterdir())
+    assert dead == ["op1.json", "op2.json"]
+    res = cli("dead", "retry", "op1", "nope", "op2", "--queue", q, cwd=tmp_path)
+    assert sorted(p.name for p in (q / "dead").iterdir()) == dead
+    assert not any((q / "pending").iterdir())
+    one_line_usage_error(res, "not in dead/: nope", "nothing was retried")
+    ok = cli("dead", "retry", "op1", "op2", "--queue", q, cwd=tmp_path)
+    assert ok.returncode == 0 and "retried 2 job(s)" in ok.stdout, ok.stderr
+    assert not any((q / "dead").iterdir())
