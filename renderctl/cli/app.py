@@ -233,7 +233,10 @@ def config_default_map(group: Any, config: dict[str, Any]) -> dict[str, Any]:
         for p in cmd.params:
             for opt in getattr(p, "opts", ()):
                 key = opt[2:].replace("-", "_") if opt.startswith("--") else None
-                if key in config and p.name is not None:
+                # Only the option that RENDERCTL_<KEY> also sets: a name can mean something
+                # else elsewhere (`wait --timeout` is how long to wait, not the jobs' limit).
+                if (key in config and p.name is not None
+                        and getattr(p, "envvar", None) == _env(key)):
                     own[p.name] = config[key]
         if own:
             dm[name] = own
@@ -650,7 +653,9 @@ def wait(
     queue: QueueOpt = None,
     timeout: Annotated[float | None, typer.Option(
         "--timeout", min=0.0, show_default=False,
-        help="give up after S seconds (exit 75)")] = None,
+        help="give up after S seconds (exit 75) [default: wait as long as it takes]; not "
+        "the jobs' timeout: `timeout` in renderctl.toml and RENDERCTL_TIMEOUT do not set "
+        "it")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Block until these jobs are terminal; exit 0 if all completed, 1 if any did not.
@@ -659,8 +664,13 @@ def wait(
     """
     import time
 
+    from renderctl.errors import UserError
     from renderctl.lifecycle import TERMINAL, State
 
+    if timeout is not None and timeout != timeout:
+        # NaN passes click's min=0 and compares false with every deadline: it would never
+        # give up, which is not what anyone typing a timeout asked for.
+        raise UserError("--timeout: must be a number of seconds, got nan")
     q = existing_queue(queue)
     unknown = [j for j in job_ids if q.find(j) is None]
     if unknown:

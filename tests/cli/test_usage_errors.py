@@ -7,7 +7,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from clihelp import cli, job, write_jobs
+import typer.main
+from clihelp import RENDERCTL, cli, env, job, write_jobs
 
 from renderctl import guards
 
@@ -172,3 +173,53 @@ def test_dead_retry_with_an_unknown_id_retries_nothing(tmp_path: Path) -> None:
     ok = cli("dead", "retry", "op1", "op2", "--queue", q, cwd=tmp_path)
     assert ok.returncode == 0 and "retried 2 job(s)" in ok.stdout, ok.stderr
     assert not any((q / "dead").iterdir())
+
+
+# -- C4: wait's own timeout ----------------------------------------------------------------
+
+
+def test_the_job_timeout_setting_does_not_limit_wait(tmp_path: Path, manifest: Path) -> None:
+    # Given a configuration and an environment that set the JOBS' timeout to a fraction of
+    # a second, and a queued job that nothing runs
+    (tmp_path / "renderctl.toml").write_text("timeout = 0.2\n")
+    q = tmp_path / "q"
+    assert cli("submit", manifest, "--queue", q, "--out", tmp_path / "out",
+               cwd=tmp_path).returncode == 0
+    # When wait is given no --timeout of its own, it waits on past them
+    waiter = subprocess.Popen([*RENDERCTL, "wait", "j1", "--queue", str(q)], cwd=tmp_path,
+                              env=env({"RENDERCTL_TIMEOUT": "0.2"}), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        with pytest.raises(subprocess.TimeoutExpired):
+            waiter.wait(timeout=2)
+        # and returns when the job is terminal
+        assert cli("cancel", "j1", "--queue", q, cwd=tmp_path).returncode == 0
+        stdout, stderr = waiter.communicate(timeout=20)
+    finally:
+        if waiter.poll() is None:
+            waiter.kill()
+    assert waiter.returncode == 1, stderr
+    assert stdout.strip() == "j1: cancelled"
+    # (its own --timeout, exit 75, is test_wait's; an answer already there beats it)
+    assert cli("wait", "j1", "--queue", q, "--timeout", "0", cwd=tmp_path).returncode == 1
+    help_text = cli("wait", "--help", cwd=tmp_path).stdout
+    assert "not the jobs' timeout" in " ".join(help_text.split())
+
+
+def test_every_configuration_key_still_sets_an_option() -> None:
+    # Keys now reach only options whose RENDERCTL_<KEY> matches; none may be left orphaned.
+    from renderctl.cli.app import app, config_default_map
+    from renderctl.settings import KEYS
+
+    command = typer.main.get_command(app)
+    mapped = config_default_map(command, {k: k for k in KEYS})  # each value names its key
+    reached = {v for own in mapped.values() for v in own.values() if isinstance(v, str)}
+    reached |= {v for own in mapped.values() for sub in own.values() if isinstance(sub, dict)
+                for v in sub.values()}
+    assert reached == set(KEYS)
+    assert "timeout" not in mapped["wait"]
+
+
+def test_wait_refuses_a_nan_timeout(tmp_path: Path) -> None:
+    res = cli("wait", "j1", "--timeout", "nan", "--queue", tmp_path / "q", cwd=tmp_path)
+    one_line_usage_error(res, "--timeout", "nan")
