@@ -669,8 +669,13 @@ def load_manifests(
     *,
     out_root: str | os.PathLike[str],
     limits: Limits = Limits(),
+    origins: dict[str, str] | None = None,
 ) -> list[JobSpec]:
-    """Read and validate every manifest of one command; all jobs, or ``ManifestError``."""
+    """Read and validate every manifest of one command; all jobs, or ``ManifestError``.
+
+    ``origins``, if given, is filled with each job's id -> the manifest it came from, so
+    that problems found later (by the queue, against what it holds) can name the file too.
+    """
     problems: list[Problem] = []
     jobs: list[JobSpec] = []
     specs = all_specs()
@@ -697,8 +702,11 @@ def load_manifests(
             problems.append(Problem(name, None, None, str(exc)))
             continue
         base = Path(os.path.abspath(os.path.dirname(name) or "."))
-        jobs.extend(validate_document(doc, file=name, base=base, out_root=root, limits=limits,
-                                      specs=specs, problems=problems))
+        found = validate_document(doc, file=name, base=base, out_root=root, limits=limits,
+                                  specs=specs, problems=problems)
+        if origins is not None:
+            origins.update((job.id, name) for job in found)
+        jobs.extend(found)
     check_unique(jobs, problems, files=[os.fspath(p) for p in paths])
     if problems:
         raise ManifestError(problems)

@@ -285,12 +285,22 @@ def do_submit(
     manifests: list[Path], *, queue: Path | None, out_dir: Path | None, replace: bool,
     max_pending: int | None, limits: Any, into: Any = None,
 ) -> Any:
+    from dataclasses import replace as with_file
+
     from renderctl.manifest import load_manifests
     from renderctl.store import Queue
 
-    jobs = load_manifests(manifests, out_root=out_root(out_dir), limits=limits)
+    origins: dict[str, str] = {}
+    jobs = load_manifests(manifests, out_root=out_root(out_dir), limits=limits,
+                          origins=origins)
     q = into if into is not None else Queue(queue_path(queue))
-    return q.submit(jobs, replace=replace, max_pending=max_pending)
+    try:
+        return q.submit(jobs, replace=replace, max_pending=max_pending)
+    except ManifestError as exc:
+        # The queue knows jobs, not files ("<queue>"): the user has to edit a manifest, so
+        # name it.
+        raise ManifestError([with_file(p, file=origins[p.job]) if p.job in origins else p
+                             for p in exc.problems]) from None
 
 
 @app.command()

@@ -223,3 +223,21 @@ def test_every_configuration_key_still_sets_an_option() -> None:
 def test_wait_refuses_a_nan_timeout(tmp_path: Path) -> None:
     res = cli("wait", "j1", "--timeout", "nan", "--queue", tmp_path / "q", cwd=tmp_path)
     one_line_usage_error(res, "--timeout", "nan")
+
+
+# -- C5: a conflict with the queue names the manifest it came from -------------------------
+
+
+@pytest.mark.parametrize("command", ["submit", "run"])
+def test_a_changed_spec_names_its_manifest(tmp_path: Path, command: str) -> None:
+    first = write_jobs(tmp_path / "a", [job("g1", "write")])
+    changed = write_jobs(tmp_path / "b", [job("g0", "write"), job("g1", "write",
+                                                                   output="g1-new.bin")])
+    q, out = tmp_path / "q", tmp_path / "out"
+    assert cli("submit", first, "--queue", q, "--out", out, cwd=tmp_path).returncode == 0
+    res = cli(command, changed, "--queue", q, "--out", out, cwd=tmp_path)
+    assert res.returncode == 2, res.stderr
+    assert (f"{changed}: job g1: already in the queue (pending) with a different spec"
+            in res.stderr), res.stderr
+    assert "<queue>" not in res.stderr
+    assert sorted(p.name for p in (q / "pending").iterdir()) == ["g1.json"]  # not g0
