@@ -241,3 +241,17 @@ def test_a_changed_spec_names_its_manifest(tmp_path: Path, command: str) -> None
             in res.stderr), res.stderr
     assert "<queue>" not in res.stderr
     assert sorted(p.name for p in (q / "pending").iterdir()) == ["g1.json"]  # not g0
+
+
+# -- C6: run --json ------------------------------------------------------------------------
+
+
+def test_every_run_json_line_has_ts_and_event(tmp_path: Path, manifest: Path) -> None:
+    res = cli("run", manifest, "--queue", tmp_path / "q", "--out", tmp_path / "out",
+              "--json", "-j", "1", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    lines = [json.loads(line) for line in res.stdout.splitlines()]
+    assert lines[-1]["event"] == "summary"
+    for line in lines:
+        assert isinstance(line.get("ts"), float) and isinstance(line.get("event"), str), line
+    assert lines[-1]["ts"] >= lines[-2]["ts"]
