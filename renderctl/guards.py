@@ -88,6 +88,10 @@ class GuardError(RenderctlError):
 class GuardUnavailable(GuardError):
     """The mechanism asked for (``prefer=``) is not usable on this machine."""
 
+    # Only an explicit choice raises it, so it is the configuration that is wrong: another
+    # try on this machine fails the same way, while `auto` or `sampling` would work.
+    exit_code = ExitCode.USAGE
+
 
 class LimitBelowUsage(GuardError):
     """The slot already uses more than the new ceiling; the worker should be recycled."""
@@ -735,6 +739,27 @@ def available_memory_guard() -> GuardName:
     return "sampling"
 
 
+def _usable_cgroup(v1: bool) -> Path | None:
+    """This process's own cgroup of that version, if a runner could make slots below it."""
+    own = _own_cgroup_dir(v1)
+    return own if own is not None and _probe(own, v1) else None
+
+
+def _unavailable(name: str) -> GuardUnavailable:
+    return GuardUnavailable(f"{name} is not usable here (its memory controller is not "
+                            "writable); auto picks the strongest guard that is")
+
+
+def require_memory_guard(prefer: str) -> None:
+    """Raise ``GuardUnavailable`` if ``prefer`` names a cgroup guard that cannot work here.
+
+    The CLI asks before it enqueues anything: the runner only finds out after a `run`'s
+    manifests are in the queue, and a command that fails must leave the queue as it was.
+    """
+    if prefer in ("cgroup-v1", "cgroup-v2") and _usable_cgroup(prefer == "cgroup-v1") is None:
+        raise _unavailable(prefer)
+
+
 def detect_memory_guard(
     *, prefer: str = "auto", runner_pid: int | None = None, sampling_interval_s: float = 0.05
 ) -> MemoryGuard:
@@ -745,9 +770,9 @@ def detect_memory_guard(
     for v1, name in ((False, "cgroup-v2"), (True, "cgroup-v1")):
         if prefer not in ("auto", name):
             continue
-        own = _own_cgroup_dir(v1)
-        if own is not None and _probe(own, v1):
+        own = _usable_cgroup(v1)
+        if own is not None:
             return CgroupGuard(own, v1, pid)
         if prefer == name:
-            raise GuardUnavailable(f"{name} memory controller is not writable here")
+            raise _unavailable(name)
     return SamplingGuard(sampling_interval_s)

@@ -16,12 +16,25 @@ import os
 import re
 import stat
 import tomllib
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from renderctl.errors import ManifestError, Problem
+from renderctl.limits import (
+    MAX_ATTEMPTS,
+    MAX_MEMORY_MB,
+    MAX_TIMEOUT_S,
+    Check,
+    check_max_attempts,
+    check_memory_mb,
+    check_timeout,
+    int_range,
+    is_int,
+    is_number,
+    type_name,
+)
 from renderctl.render.base import ParamSpec, RendererSpec
 from renderctl.render.registry import all_specs
 
@@ -33,8 +46,6 @@ MAX_PATH_BYTES = 4096
 MAX_SEGMENT_BYTES = 255
 MAX_INPUTS = 1000
 MAX_ARGV = 1000
-MAX_MEMORY_MB = 1 << 20
-MAX_TIMEOUT_S = 7 * 24 * 3600.0
 
 ID_RE = re.compile(r"[A-Za-z0-9._-]{1,128}")
 GROUP_RE = re.compile(r"[A-Za-z0-9._:@-]{1,128}")
@@ -128,9 +139,6 @@ class JobSpec:
 
 # -- the field table ---------------------------------------------------------------------
 
-Check = Callable[[Any], str | None]  # returns an error message, or None when fine
-
-
 @dataclass(frozen=True)
 class FieldSpec:
     """One manifest field: where it may appear, its JSON Schema, and its check."""
@@ -143,39 +151,10 @@ class FieldSpec:
     check: Check
 
 
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_number(v: Any) -> bool:
-    return (isinstance(v, int | float) and not isinstance(v, bool)) and math.isfinite(v)
-
-
-def _int_range(lo: int, hi: int) -> Check:
-    def check(v: Any) -> str | None:
-        if not _is_int(v):
-            return f"must be an integer, got {_type_name(v)}"
-        if not lo <= v <= hi:
-            return f"must be between {lo} and {hi}, got {v}"
-        return None
-
-    return check
-
-
-def _check_timeout(v: Any) -> str | None:
-    if isinstance(v, float) and not math.isfinite(v):
-        return f"must be a finite number of seconds, got {v}"
-    if not _is_number(v):
-        return f"must be a number of seconds, got {_type_name(v)}"
-    if not 0 < v <= MAX_TIMEOUT_S:
-        return f"must be > 0 and <= {int(MAX_TIMEOUT_S)}, got {v}"
-    return None
-
-
 def _check_str(pattern: re.Pattern[str], what: str) -> Check:
     def check(v: Any) -> str | None:
         if not isinstance(v, str):
-            return f"must be a string, got {_type_name(v)}"
+            return f"must be a string, got {type_name(v)}"
         if not pattern.fullmatch(v):
             return f"{what}, got {v[:80]!r}"
         return None
@@ -185,13 +164,13 @@ def _check_str(pattern: re.Pattern[str], what: str) -> Check:
 
 def _check_kind(v: Any) -> str | None:
     if not isinstance(v, str):
-        return f"must be a string, got {_type_name(v)}"
+        return f"must be a string, got {type_name(v)}"
     return None  # the catalogue is checked once per job, where the plugin list is at hand
 
 
 def _check_id(v: Any) -> str | None:
     if not isinstance(v, str):
-        return f"must be a string, got {_type_name(v)}"
+        return f"must be a string, got {type_name(v)}"
     if not ID_RE.fullmatch(v) or v.startswith("."):
         return f"must match [A-Za-z0-9._-]{{1,128}} and not start with '.', got {v[:80]!r}"
     return None
@@ -199,22 +178,6 @@ def _check_id(v: Any) -> str | None:
 
 def _check_any(v: Any) -> str | None:
     return None
-
-
-def _type_name(v: Any) -> str:
-    if isinstance(v, bool):
-        return "a boolean"
-    if isinstance(v, dict):
-        return "a table"
-    if isinstance(v, list):
-        return "an array"
-    if isinstance(v, str):
-        return "a string"
-    if isinstance(v, int | float):
-        return "a number"
-    if isinstance(v, dt.datetime | dt.date | dt.time):
-        return "a date/time"
-    return type(v).__name__
 
 
 _STR_LIST = {"type": "array", "items": {"type": "string"}}
@@ -237,15 +200,14 @@ FIELDS: tuple[FieldSpec, ...] = (
               _check_str(CALLABLE_RE, "must look like package.module:function")),
     FieldSpec("params", {"type": "object"}, "renderer params", True, True, _check_any),
     FieldSpec("memory_mb", {"type": "integer", "minimum": 1, "maximum": MAX_MEMORY_MB},
-              "memory ceiling of the job's process tree (MB)", True, True,
-              _int_range(1, MAX_MEMORY_MB)),
+              "memory ceiling of the job's process tree (MB)", True, True, check_memory_mb),
     FieldSpec("timeout_s", {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_TIMEOUT_S},
-              "wall-clock limit of one attempt (s)", True, True, _check_timeout),
-    FieldSpec("max_attempts", {"type": "integer", "minimum": 1, "maximum": 100},
-              "attempts before dead-lettering", True, True, _int_range(1, 100)),
+              "wall-clock limit of one attempt (s)", True, True, check_timeout),
+    FieldSpec("max_attempts", {"type": "integer", "minimum": 1, "maximum": MAX_ATTEMPTS},
+              "attempts before dead-lettering", True, True, check_max_attempts),
     FieldSpec("priority", {"type": "integer", "minimum": -1000, "maximum": 1000},
               "higher runs first; waiting raises it slowly", True, True,
-              _int_range(-1000, 1000)),
+              int_range(-1000, 1000)),
     FieldSpec("group", {"type": "string", "pattern": "^" + GROUP_RE.pattern + "$"},
               "fairness key: round-robin among groups of equal priority", True, True,
               _check_str(GROUP_RE, "must match [A-Za-z0-9._:@-]{1,128}")),
@@ -404,7 +366,7 @@ def _long_string(v: Any) -> str | None:
 def check_output_path(value: Any) -> str | None:
     """Why ``value`` is not an acceptable output path, or None (pure: no file system)."""
     if not isinstance(value, str):
-        return f"must be a string, got {_type_name(value)}"
+        return f"must be a string, got {type_name(value)}"
     if value == "":
         return "must not be empty"
     if "\x00" in value:
@@ -450,15 +412,15 @@ def _check_params(
 def _param_type_error(p: ParamSpec, v: Any) -> str | None:
     ok = {
         "str": isinstance(v, str),
-        "int": _is_int(v),
-        "float": _is_number(v),
-        "number": _is_number(v),
+        "int": is_int(v),
+        "float": is_number(v),
+        "number": is_number(v),
         "bool": isinstance(v, bool),
         "list[str]": isinstance(v, list) and all(isinstance(x, str) for x in v),
         "table": isinstance(v, dict),
     }[p.type]
     if not ok:
-        return f"must be {p.type}, got {_type_name(v)}"
+        return f"must be {p.type}, got {type_name(v)}"
     if p.choices and v not in p.choices:
         return f"must be one of {', '.join(p.choices)}, got {v!r}"
     return None
@@ -474,7 +436,7 @@ def _parse_deadline(v: Any) -> float | str:
         except ValueError:
             return f"must be an RFC 3339 date-time, got {v[:60]!r}"
     else:
-        return f"must be a date-time with a timezone, got {_type_name(v)}"
+        return f"must be a date-time with a timezone, got {type_name(v)}"
     if when.tzinfo is None:
         return "must carry a timezone (e.g. 2026-12-01T09:00:00Z)"
     return when.timestamp()
@@ -482,7 +444,7 @@ def _parse_deadline(v: Any) -> float | str:
 
 def _resolve_input(ctx: _Ctx, jid: str, fld: str, base: Path, value: Any) -> str | None:
     if not isinstance(value, str) or value == "":
-        ctx.add(jid, fld, f"must be a non-empty string, got {_type_name(value)}")
+        ctx.add(jid, fld, f"must be a non-empty string, got {type_name(value)}")
         return None
     if "\x00" in value:
         ctx.add(jid, fld, "must not contain NUL")
@@ -515,7 +477,7 @@ def _validate_job(
 ) -> JobSpec | None:
     label = f"#{index}"
     if not isinstance(raw, dict):
-        ctx.add(label, None, f"a job must be a table, got {_type_name(raw)}")
+        ctx.add(label, None, f"a job must be a table, got {type_name(raw)}")
         return None
     jid_raw = raw.get("id")
     jid = jid_raw if isinstance(jid_raw, str) and ID_RE.fullmatch(jid_raw) else label
@@ -530,7 +492,7 @@ def _validate_job(
     if isinstance(raw.get("params"), dict):
         params.update(raw["params"])
     elif "params" in raw:
-        ctx.add(jid, "params", f"must be a table, got {_type_name(raw['params'])}")
+        ctx.add(jid, "params", f"must be a table, got {type_name(raw['params'])}")
     for name in ("id", "output"):
         if name not in raw:
             ctx.add(jid, name, "is required")
@@ -557,7 +519,7 @@ def _validate_job(
             inputs.append(resolved)
     elif "inputs" in raw:
         if not isinstance(raw["inputs"], list):
-            ctx.add(jid, "inputs", f"must be an array of paths, got {_type_name(raw['inputs'])}")
+            ctx.add(jid, "inputs", f"must be an array of paths, got {type_name(raw['inputs'])}")
         elif len(raw["inputs"]) > MAX_INPUTS:
             ctx.add(jid, "inputs", f"at most {MAX_INPUTS} inputs")
         else:
@@ -649,7 +611,7 @@ def validate_document(
     ctx = _Ctx(file, problems if problems is not None else [])
     specs = specs if specs is not None else all_specs()
     if not isinstance(doc, dict):
-        ctx.add(None, None, f"the manifest must be a table/object, got {_type_name(doc)}")
+        ctx.add(None, None, f"the manifest must be a table/object, got {type_name(doc)}")
         return []
     for key in doc:
         if key not in ("defaults", "jobs"):
@@ -658,7 +620,7 @@ def validate_document(
                     + (f" (did you mean {hint!r}?)" if hint else ""))
     defaults = doc.get("defaults", {})
     if not isinstance(defaults, dict):
-        ctx.add(None, "defaults", f"must be a table, got {_type_name(defaults)}")
+        ctx.add(None, "defaults", f"must be a table, got {type_name(defaults)}")
         defaults = {}
     bad_defaults = False
     for key, value in defaults.items():
@@ -669,7 +631,7 @@ def validate_document(
             bad_defaults = True
         elif key == "params":
             if not isinstance(value, dict):
-                ctx.add(None, "defaults.params", f"must be a table, got {_type_name(value)}")
+                ctx.add(None, "defaults.params", f"must be a table, got {type_name(value)}")
                 bad_defaults = True
         else:
             msg = FIELD_BY_NAME[key].check(value)
@@ -685,7 +647,7 @@ def validate_document(
         ctx.add(None, "jobs", "is required: at least one [[jobs]] entry")
         return []
     if not isinstance(jobs, list):
-        ctx.add(None, "jobs", f"must be an array of tables, got {_type_name(jobs)}")
+        ctx.add(None, "jobs", f"must be an array of tables, got {type_name(jobs)}")
         return []
     if len(jobs) == 0:
         ctx.add(None, "jobs", "is empty")
@@ -707,8 +669,13 @@ def load_manifests(
     *,
     out_root: str | os.PathLike[str],
     limits: Limits = Limits(),
+    origins: dict[str, str] | None = None,
 ) -> list[JobSpec]:
-    """Read and validate every manifest of one command; all jobs, or ``ManifestError``."""
+    """Read and validate every manifest of one command; all jobs, or ``ManifestError``.
+
+    ``origins``, if given, is filled with each job's id -> the manifest it came from, so
+    that problems found later (by the queue, against what it holds) can name the file too.
+    """
     problems: list[Problem] = []
     jobs: list[JobSpec] = []
     specs = all_specs()
@@ -735,8 +702,11 @@ def load_manifests(
             problems.append(Problem(name, None, None, str(exc)))
             continue
         base = Path(os.path.abspath(os.path.dirname(name) or "."))
-        jobs.extend(validate_document(doc, file=name, base=base, out_root=root, limits=limits,
-                                      specs=specs, problems=problems))
+        found = validate_document(doc, file=name, base=base, out_root=root, limits=limits,
+                                  specs=specs, problems=problems)
+        if origins is not None:
+            origins.update((job.id, name) for job in found)
+        jobs.extend(found)
     check_unique(jobs, problems, files=[os.fspath(p) for p in paths])
     if problems:
         raise ManifestError(problems)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from renderctl import limits
 from renderctl.errors import UserError
 
 CONFIG_FILE = "renderctl.toml"
@@ -31,11 +32,16 @@ class ConfigError(UserError):
 
 @dataclass(frozen=True)
 class Key:
-    """One configurable option: its type, and a check on its value (None: any)."""
+    """One configurable option: its type, and a check on its value (None: any).
+
+    ``limit`` is the manifest's own check of the job field the option is a default for
+    (its message says what is wrong), so that no door accepts what a manifest refuses.
+    """
 
     type: type
     check: Callable[[Any], bool] | None = None
     expect: str = ""
+    limit: limits.Check | None = None
 
 
 def _positive(v: Any) -> bool:
@@ -51,9 +57,9 @@ KEYS: dict[str, Key] = {
     "queue": Key(str),
     "out": Key(str),
     "workers": Key(int, _positive, "an integer >= 1"),
-    "memory_mb": Key(int, _positive, "an integer >= 1"),
-    "timeout": Key(float, _positive, "a number > 0"),
-    "max_attempts": Key(int, _positive, "an integer >= 1"),
+    "memory_mb": Key(int, limit=limits.check_memory_mb),
+    "timeout": Key(float, limit=limits.check_timeout),
+    "max_attempts": Key(int, limit=limits.check_max_attempts),
     "max_pending": Key(int, _non_negative, "an integer >= 0"),
     "start_method": Key(str, lambda v: v in ("forkserver", "fork", "spawn"),
                         "forkserver, fork or spawn"),
@@ -110,9 +116,18 @@ def _read_toml(path: Path) -> dict[str, Any]:
 
 def check_value(key: str, value: Any, *, where: str) -> Any:
     """``value`` converted to ``key``'s type, or ``ConfigError`` naming ``where`` and ``key``."""
-    spec = KEYS.get(key)
-    if spec is None:
+    if key not in KEYS:
         raise ConfigError(f"{where}: unknown key {key!r} (known: {', '.join(sorted(KEYS))})")
+    return check_setting(key, value, label=f"{where}: key {key!r}")
+
+
+def check_setting(key: str, value: Any, *, label: str) -> Any:
+    """``value`` converted to known key ``key``'s type, or ``ConfigError`` after ``label``.
+
+    One check whichever way the value came (file, ``RENDERCTL_<NAME>``, command line);
+    ``label`` names that way, so the message points at what the user has to change.
+    """
+    spec = KEYS[key]
     ok = True
     if spec.type is bool:
         ok = isinstance(value, bool)
@@ -123,12 +138,16 @@ def check_value(key: str, value: Any, *, where: str) -> Any:
         value = float(value) if ok else value
     elif spec.type is str:
         ok = isinstance(value, str) and value != ""
+    if ok and spec.limit is not None:
+        problem = spec.limit(value)
+        if problem is not None:
+            raise ConfigError(f"{label}: {problem}")
     if ok and spec.check is not None:
         ok = spec.check(value)
     if not ok:
         kind = spec.expect or {bool: "true or false", str: "a non-empty string"}.get(
             spec.type, spec.type.__name__)
-        raise ConfigError(f"{where}: key {key!r}: expected {kind}, got {value!r}")
+        raise ConfigError(f"{label}: expected {kind}, got {value!r}")
     return value
 
 
@@ -137,15 +156,20 @@ def load_config(cwd: str | os.PathLike[str]) -> dict[str, Any]:
 
     ``renderctl.toml`` wins over ``[tool.renderctl]`` in ``pyproject.toml``.
     """
+    return load_config_file(cwd)[1]
+
+
+def load_config_file(cwd: str | os.PathLike[str]) -> tuple[Path | None, dict[str, Any]]:
+    """``load_config`` with the file it read (None when there is none), for messages."""
     found = find_config(cwd)
     if found is None:
-        return {}
+        return None, {}
     path, table = found
     values: dict[str, Any] = {}
     for raw_key, value in table.items():
         key = raw_key.replace("-", "_")
         values[key] = check_value(key, value, where=str(path))
-    return values
+    return path, values
 
 
 def resolve(key: str, *, cli: Any = None, env: Mapping[str, str] | None = None,
@@ -168,7 +192,6 @@ def resolve(key: str, *, cli: Any = None, env: Mapping[str, str] | None = None,
 def parse_env(key: str, raw: str) -> Any:
     """A ``RENDERCTL_<NAME>`` string as ``key``'s type (``ConfigError`` if it is not one)."""
     spec = KEYS[key]
-    where = env_name(key)
     value: Any = raw
     try:
         if spec.type is bool:
@@ -182,7 +205,7 @@ def parse_env(key: str, raw: str) -> Any:
             value = float(raw)
     except ValueError:
         value = raw
-    return check_value(key, value, where=where)
+    return check_setting(key, value, label=env_name(key))
 
 
 @dataclass(frozen=True)

@@ -11,10 +11,11 @@ import functools
 import json
 import os
 import signal
+import stat
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 
@@ -27,7 +28,11 @@ from renderctl.errors import (
     Saturated,
     os_error_message,
 )
+from renderctl.limits import MAX_ATTEMPTS, MAX_MEMORY_MB, MAX_TIMEOUT_S
 from renderctl.settings import RunnerSettings  # stdlib only: defaults without the runner
+
+if TYPE_CHECKING:
+    from renderctl.store import Queue
 
 app = typer.Typer(
     name="renderctl",
@@ -61,6 +66,26 @@ def queue_path(opt: Path | None) -> Path:
     if opt is not None:
         return opt
     return Path(os.environ.get("RENDERCTL_QUEUE") or ".renderctl")
+
+
+def existing_queue(opt: Path | None) -> Queue:
+    """The queue named by ``--queue`` (or its defaults) for a command that only uses one.
+
+    A folder that is not a queue is the user's mistake (a typo, the wrong cwd): exit 2, not
+    the store's 74, which scripts must be able to read as "the disk failed". Checked here
+    because the store cannot tell which of its callers a missing pending/ means.
+    """
+    from renderctl.errors import UserError
+    from renderctl.store import Queue
+
+    path = queue_path(opt)
+    try:
+        is_queue = stat.S_ISDIR((path / "pending").stat().st_mode)
+    except (FileNotFoundError, NotADirectoryError):
+        is_queue = False  # anything else (EACCES, EIO) is a real I/O error: exit 74
+    if not is_queue:
+        raise UserError(f"{path} is not a renderctl queue (no pending/ folder)")
+    return Queue(path, create=False)
 
 
 def out_root(opt: Path | None) -> Path:
@@ -110,16 +135,76 @@ def _limits(memory_mb: int | None, timeout: float | None, max_attempts: int | No
     )
 
 
-MemOpt = Annotated[int | None, typer.Option("--memory-mb", help="default memory ceiling (MB)",
-                                            min=1, show_default=False,
+def _source_label(ctx: typer.Context, param: typer.CallbackParam) -> str | None:
+    """What set this option, as the user would name it; None for the built-in default."""
+    from renderctl.settings import env_name
+
+    key = _config_key(param)
+    # click's ParameterSource, by name: typer vendors click, so its enum is not importable.
+    source = getattr(ctx.get_parameter_source(param.name or ""), "name", "COMMANDLINE")
+    if source == "DEFAULT":
+        return None
+    if source == "ENVIRONMENT":
+        return env_name(key)
+    if source == "DEFAULT_MAP":
+        return f"{ctx.meta.get(CONFIG_FILE_META, 'configuration')}: key {key!r}"
+    return "--" + key.replace("_", "-")
+
+
+def _config_key(param: typer.CallbackParam) -> str:
+    """The configuration key of an option: its long name with ``_`` (``memory_mb``)."""
+    longs = [o for o in getattr(param, "opts", ()) if o.startswith("--")]
+    return longs[0][2:].replace("-", "_") if longs else str(param.name)
+
+
+def checked(ctx: typer.Context, param: typer.CallbackParam, value: Any) -> Any:
+    """An option's value held to its configuration key's check, from whichever source.
+
+    click knows only types; the ranges live in ``settings.KEYS``, which a configuration file
+    already meets. A bad value is one line naming the option, variable or key: exit 2 before
+    the command does anything."""
+    from renderctl.settings import ConfigError, check_setting
+
+    label = _source_label(ctx, param)
+    if value is None or label is None:
+        return value
+    try:
+        return check_setting(_config_key(param), value, label=label)
+    except ConfigError as exc:
+        out.err(str(exc))
+        raise typer.Exit(ExitCode.USAGE) from None
+
+
+def checked_guard(ctx: typer.Context, param: typer.CallbackParam, value: Any) -> Any:
+    """``checked``, and a cgroup guard asked for by name must work on this machine."""
+    from renderctl.guards import GuardUnavailable, require_memory_guard
+
+    value = checked(ctx, param, value)
+    try:
+        require_memory_guard(value)
+    except GuardUnavailable as exc:
+        out.err(f"{_source_label(ctx, param) or '--memory-guard'}: {exc}")
+        raise typer.Exit(ExitCode.USAGE) from None
+    return value
+
+
+# Ranges are not click's min=: `checked` holds each option to its configuration key's check
+# (for job limits, the manifest's own), whichever of option, variable or file set it.
+MemOpt = Annotated[int | None, typer.Option("--memory-mb",
+                                            help="default memory ceiling (MB, 1-"
+                                            f"{MAX_MEMORY_MB})",
+                                            show_default=False, callback=checked,
                                             envvar="RENDERCTL_MEMORY_MB")]
-TimeoutOpt = Annotated[float | None, typer.Option("--timeout", help="default timeout (s)",
-                                                  min=0.001, show_default=False,
+TimeoutOpt = Annotated[float | None, typer.Option("--timeout",
+                                                  help="default timeout of one attempt (s, "
+                                                  f"> 0, <= {MAX_TIMEOUT_S:g})",
+                                                  show_default=False, callback=checked,
                                                   envvar="RENDERCTL_TIMEOUT")]
-AttemptsOpt = Annotated[int | None, typer.Option("--max-attempts", help="default attempts",
-                                                 min=1, show_default=False,
+AttemptsOpt = Annotated[int | None, typer.Option("--max-attempts",
+                                                 help=f"default attempts (1-{MAX_ATTEMPTS})",
+                                                 show_default=False, callback=checked,
                                                  envvar="RENDERCTL_MAX_ATTEMPTS")]
-MaxPendingOpt = Annotated[int | None, typer.Option("--max-pending", min=0,
+MaxPendingOpt = Annotated[int | None, typer.Option("--max-pending", callback=checked,
                                                    envvar="RENDERCTL_MAX_PENDING",
                                                    help="reject the whole submit if pending "
                                                    "would exceed this")]
@@ -148,24 +233,31 @@ def config_default_map(group: Any, config: dict[str, Any]) -> dict[str, Any]:
         for p in cmd.params:
             for opt in getattr(p, "opts", ()):
                 key = opt[2:].replace("-", "_") if opt.startswith("--") else None
-                if key in config and p.name is not None:
+                # Only the option that RENDERCTL_<KEY> also sets: a name can mean something
+                # else elsewhere (`wait --timeout` is how long to wait, not the jobs' limit).
+                if (key in config and p.name is not None
+                        and getattr(p, "envvar", None) == _env(key)):
                     own[p.name] = config[key]
         if own:
             dm[name] = own
     return dm
 
 
+CONFIG_FILE_META = "renderctl.config_file"  # ctx.meta: the file the defaults came from
+
+
 @app.callback()
 def configure(ctx: typer.Context) -> None:
     """Defaults from renderctl.toml (or [tool.renderctl] in pyproject.toml) in the cwd."""
-    from renderctl.settings import ConfigError, load_config
+    from renderctl.settings import ConfigError, load_config_file
 
     try:
-        config = load_config(Path.cwd())
+        path, config = load_config_file(Path.cwd())
     except ConfigError as exc:
         out.err(str(exc))
         raise typer.Exit(ExitCode.USAGE) from None
     if config:
+        ctx.meta[CONFIG_FILE_META] = str(path)
         # click resolves: command line > envvar > default_map > the option's default.
         ctx.default_map = {**(ctx.default_map or {}), **config_default_map(ctx.command, config)}
 
@@ -193,14 +285,24 @@ def do_submit(
     manifests: list[Path], *, queue: Path | None, out_dir: Path | None, replace: bool,
     max_pending: int | None, limits: Any, into: Any = None,
 ) -> Any:
+    from dataclasses import replace as with_file
+
     from renderctl.crashpoints import CrashPoints
     from renderctl.manifest import load_manifests
     from renderctl.store import Queue
 
-    jobs = load_manifests(manifests, out_root=out_root(out_dir), limits=limits)
+    origins: dict[str, str] = {}
+    jobs = load_manifests(manifests, out_root=out_root(out_dir), limits=limits,
+                          origins=origins)
     q = into if into is not None else Queue(queue_path(queue))
-    return q.submit(jobs, replace=replace, max_pending=max_pending,
-                    crash_hook=CrashPoints.from_env())
+    try:
+        return q.submit(jobs, replace=replace, max_pending=max_pending,
+                        crash_hook=CrashPoints.from_env())
+    except ManifestError as exc:
+        # The queue knows jobs, not files ("<queue>"): the user has to edit a manifest, so
+        # name it.
+        raise ManifestError([with_file(p, file=origins[p.job]) if p.job in origins else p
+                             for p in exc.problems]) from None
 
 
 @app.command()
@@ -242,8 +344,8 @@ def run(
                          ] = None,
     queue: QueueOpt = None,
     out_dir: OutOpt = None,
-    workers: Annotated[int | None, typer.Option("--workers", "-j", min=1,
-                                                envvar=_env("workers"),
+    workers: Annotated[int | None, typer.Option("--workers", "-j",
+                                                envvar=_env("workers"), callback=checked,
                                                 help="worker processes [default: from cores "
                                                 "and memory budget]")] = None,
     memory_mb: MemOpt = None,
@@ -253,36 +355,36 @@ def run(
         "--follow", envvar=_env("follow"),
         help="keep serving new jobs until SIGTERM/SIGINT")] = False,
     start_method: Annotated[str, typer.Option(
-        "--start-method", envvar=_env("start-method"),
+        "--start-method", envvar=_env("start-method"), callback=checked,
         help="forkserver | fork | spawn")] = RunnerSettings.start_method,
     max_jobs_per_worker: Annotated[int, typer.Option(
-        "--max-jobs-per-worker", envvar=_env("max-jobs-per-worker"), min=1,
+        "--max-jobs-per-worker", envvar=_env("max-jobs-per-worker"), callback=checked,
         help="recycle a worker after N jobs")] = RunnerSettings.max_jobs_per_worker,
     backoff_base: Annotated[float, typer.Option(
-        "--backoff-base", envvar=_env("backoff-base"), min=0.0,
+        "--backoff-base", envvar=_env("backoff-base"), callback=checked,
         help="first retry delay (s), doubling")] = RunnerSettings.backoff_base_s,
     backoff_max: Annotated[float, typer.Option(
-        "--backoff-max", envvar=_env("backoff-max"), min=0.0,
+        "--backoff-max", envvar=_env("backoff-max"), callback=checked,
         help="longest retry delay (s)")] = RunnerSettings.backoff_max_s,
     kill_grace: Annotated[float, typer.Option(
-        "--kill-grace", envvar=_env("kill-grace"), min=0.0,
+        "--kill-grace", envvar=_env("kill-grace"), callback=checked,
         help="SIGTERM -> SIGKILL grace on timeout (s)")] = RunnerSettings.kill_grace_s,
     grace: Annotated[float, typer.Option(
-        "--grace", envvar=_env("grace"), min=0.0,
+        "--grace", envvar=_env("grace"), callback=checked,
         help="on SIGTERM/SIGINT: time running jobs get to finish (s)")] = RunnerSettings.grace_s,
     memory_budget: Annotated[int | None, typer.Option(
-        "--memory-budget", envvar=_env("memory-budget"), min=1,
+        "--memory-budget", envvar=_env("memory-budget"), callback=checked,
         help="MB the running jobs' ceilings may add up to [default: 80% of available]")
     ] = None,
     memory_guard: Annotated[str, typer.Option(
-        "--memory-guard", envvar=_env("memory-guard"),
+        "--memory-guard", envvar=_env("memory-guard"), callback=checked_guard,
         help="auto | cgroup-v1 | cgroup-v2 | sampling")] = RunnerSettings.memory_guard,
     max_failures: Annotated[int | None, typer.Option(
-        "--max-failures", envvar=_env("max-failures"), min=1,
+        "--max-failures", envvar=_env("max-failures"), callback=checked,
         help="stop claiming after N dead-lettered jobs")] = None,
     max_pending: MaxPendingOpt = None,
     prefetch: Annotated[int | None, typer.Option(
-        "--prefetch", envvar=_env("prefetch"), min=1,
+        "--prefetch", envvar=_env("prefetch"), callback=checked,
         help="jobs a worker may hold, the running one included [default: adaptive, 1 for "
         "long jobs]")] = None,
     quiet: Annotated[bool, typer.Option(
@@ -306,10 +408,6 @@ def run(
     from renderctl.runner import Runner, prestart
     from renderctl.store import Queue
 
-    if start_method not in ("forkserver", "fork", "spawn"):
-        from renderctl.errors import UserError
-
-        raise UserError(f"--start-method must be forkserver, fork or spawn, not {start_method}")
     # The fork server imports the renderers (~0.25 s) in its own process, on the other core,
     # while this one validates and submits the manifests and recovers the queue.
     prestart(start_method)
@@ -361,7 +459,9 @@ def run(
         if collector is not None and junit is not None:
             collector.write(junit, q)
     if as_json:
-        out.print_json(summary_json(summary))
+        # Through the reporter that wrote the events, so the last line is shaped like them
+        # (its `ts` and all), as README promises of every line.
+        main.event(summary_json(summary))
     else:
         out.write_out(summary_line(summary) + "\n")
     raise typer.Exit(summary.exit_code)
@@ -387,9 +487,8 @@ class Tee:
 def status(queue: QueueOpt = None, as_json: JsonOpt = False) -> None:
     """Counts per state, oldest pending age, running jobs, and the runner (if any)."""
     from renderctl.cli.views import render_status, status_json
-    from renderctl.store import Queue
 
-    q = Queue(queue_path(queue), create=False)
+    q = existing_queue(queue)
     st = q.status()
     if as_json:
         out.print_json(status_json(q, st))
@@ -403,9 +502,8 @@ def show(job_id: Annotated[str, typer.Argument(help="job id")], queue: QueueOpt 
          as_json: JsonOpt = False) -> None:
     """One job: state, attempts, errors, output."""
     from renderctl.cli.views import render_job, show_json
-    from renderctl.store import Queue
 
-    q = Queue(queue_path(queue), create=False)
+    q = existing_queue(queue)
     view = q.get(job_id)
     if as_json:
         out.print_json(show_json(view))
@@ -447,9 +545,8 @@ def cancel(job_ids: Annotated[list[str], typer.Argument(help="job ids")],
            queue: QueueOpt = None, as_json: JsonOpt = False) -> None:
     """Cancel jobs: pending ones at once; running ones are killed by the runner."""
     from renderctl.control import cancel_jobs
-    from renderctl.store import Queue
 
-    q = Queue(queue_path(queue), create=False)
+    q = existing_queue(queue)
     results = cancel_jobs(q, job_ids)
     if as_json:
         out.print_json({r.job_id: r.outcome for r in results})
@@ -465,9 +562,8 @@ def cancel(job_ids: Annotated[list[str], typer.Argument(help="job ids")],
 def dead_list(queue: QueueOpt = None, as_json: JsonOpt = False) -> None:
     """Dead-lettered jobs with their last outcome."""
     from renderctl.lifecycle import State
-    from renderctl.store import Queue
 
-    q = Queue(queue_path(queue), create=False)
+    q = existing_queue(queue)
     rows = []
     for jid in q.list_ids(State.DEAD):
         view = q.find(jid)
@@ -497,30 +593,34 @@ def dead_retry(
     from renderctl.crashpoints import CrashPoints
     from renderctl.errors import UserError
     from renderctl.lifecycle import State
-    from renderctl.store import Queue
 
-    q = Queue(queue_path(queue), create=False)
+    q = existing_queue(queue)
     if all_:
         ids = q.list_ids(State.DEAD)
     elif job_ids:
         ids = job_ids
     else:
         raise UserError("name job ids or use --all")
-    revived = q.dead_retry(ids, crash_hook=CrashPoints.from_env())
-    missing = sorted(set(ids) - set(revived))
-    print(f"retried {len(revived)} job(s)")
+    # Exit 2 promises nothing changed, and the store retries each id it finds: so every id
+    # is looked up first. (A job leaving dead/ meanwhile, by a concurrent retry or purge, is
+    # still skipped by the store and reported below.)
+    missing = sorted({j for j in ids if not q.record_path(State.DEAD, j).exists()})
     if missing:
-        out.err("not in dead/: " + ", ".join(missing))
-        raise typer.Exit(ExitCode.USAGE)
+        raise UserError("not in dead/: " + ", ".join(missing) + "; nothing was retried")
+    revived = q.dead_retry(ids, crash_hook=CrashPoints.from_env())
+    print(f"retried {len(revived)} job(s)")
+    gone = sorted(set(ids) - set(revived))
+    if gone:
+        out.err("left dead/ while retrying: " + ", ".join(gone))
+        raise typer.Exit(ExitCode.JOBS_FAILED)
 
 
 @dead_app.command("purge")
 @handle_errors
 def dead_purge(queue: QueueOpt = None) -> None:
     """Delete every dead-lettered record."""
-    from renderctl.store import Queue
 
-    n = Queue(queue_path(queue), create=False).dead_purge()
+    n = existing_queue(queue).dead_purge()
     print(f"purged {n} job(s)")
 
 
@@ -533,9 +633,8 @@ def top(queue: QueueOpt = None,
     from rich.console import Console
 
     from renderctl.cli.top import run_top
-    from renderctl.store import Queue
 
-    q = Queue(queue_path(queue), create=False)
+    q = existing_queue(queue)
     if out.is_tty():
         # A terminal gets the live view; NO_COLOR keeps it, without colour.
         console = Console(highlight=False, no_color="NO_COLOR" in os.environ)
@@ -549,9 +648,8 @@ def top(queue: QueueOpt = None,
 def metrics(queue: QueueOpt = None) -> None:
     """Print the queue's metrics in Prometheus text format (0.0.4)."""
     from renderctl.metrics import collect, exposition, load_totals, save_totals
-    from renderctl.store import Queue
 
-    q = Queue(queue_path(queue), create=False)
+    q = existing_queue(queue)
     totals = load_totals(q)
     text = exposition(collect(q, totals))
     save_totals(q, totals)
@@ -570,7 +668,9 @@ def wait(
     queue: QueueOpt = None,
     timeout: Annotated[float | None, typer.Option(
         "--timeout", min=0.0, show_default=False,
-        help="give up after S seconds (exit 75)")] = None,
+        help="give up after S seconds (exit 75) [default: wait as long as it takes]; not "
+        "the jobs' timeout: `timeout` in renderctl.toml and RENDERCTL_TIMEOUT do not set "
+        "it")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Block until these jobs are terminal; exit 0 if all completed, 1 if any did not.
@@ -579,10 +679,14 @@ def wait(
     """
     import time
 
+    from renderctl.errors import UserError
     from renderctl.lifecycle import TERMINAL, State
-    from renderctl.store import Queue
 
-    q = Queue(queue_path(queue), create=False)
+    if timeout is not None and timeout != timeout:
+        # NaN passes click's min=0 and compares false with every deadline: it would never
+        # give up, which is not what anyone typing a timeout asked for.
+        raise UserError("--timeout: must be a number of seconds, got nan")
+    q = existing_queue(queue)
     unknown = [j for j in job_ids if q.find(j) is None]
     if unknown:
         out.err("no such job: " + ", ".join(unknown))

@@ -122,9 +122,9 @@ def test_queue_folder_that_cannot_be_created_exits_74(runner: CliRunner, good: P
     assert "cannot create queue" in res.stderr and "Traceback" not in res.output
 
 
-def test_status_of_a_missing_queue_exits_74(runner: CliRunner, tmp_path: Path) -> None:
+def test_status_of_a_missing_queue_exits_2(runner: CliRunner, tmp_path: Path) -> None:
     res = runner.invoke(app, ["status", "--queue", str(tmp_path / "none")])
-    assert res.exit_code == 74 and "not a renderctl queue" in res.stderr
+    assert res.exit_code == 2 and "not a renderctl queue" in res.stderr  # usage, not I/O
     assert not (tmp_path / "none").exists()  # status never creates a queue
 
 

@@ -36,7 +36,7 @@ def test_pyproject_table_and_queue_default(tmp_path: Path) -> None:
     (tmp_path / "pyproject.toml").write_text(
         '[project]\nname = "x"\n[tool.renderctl]\nqueue = "from-config"\n')
     res = cli("status", "--json", cwd=tmp_path)
-    assert res.returncode == 74  # not a queue yet: proves the configured path was used
+    assert res.returncode == 2  # not a queue yet: proves the configured path was used
     assert "from-config" in res.stderr
     env_wins = cli("status", "--json", cwd=tmp_path,
                    extra_env={"RENDERCTL_QUEUE": str(tmp_path / "envq")})

@@ -1,0 +1,71 @@
+"""The ranges of a job's limit fields, and the checks that hold values to them.
+
+One source of truth for two doors: a manifest's ``memory_mb``, ``timeout_s`` and
+``max_attempts`` (``manifest.FIELDS``), and the defaults for them that come from the
+command line, ``RENDERCTL_<NAME>`` or a configuration file (``settings.KEYS``). A value one
+door refuses must not get in through the other: a NaN timeout, say, is no timeout at all.
+Stdlib only, so that ``settings`` (layer 0) may use it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from collections.abc import Callable
+from typing import Any
+
+MAX_MEMORY_MB = 1 << 20
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
+MAX_ATTEMPTS = 100
+
+Check = Callable[[Any], str | None]  # returns an error message, or None when fine
+
+
+def is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def is_number(v: Any) -> bool:
+    return (isinstance(v, int | float) and not isinstance(v, bool)) and math.isfinite(v)
+
+
+def int_range(lo: int, hi: int) -> Check:
+    def check(v: Any) -> str | None:
+        if not is_int(v):
+            return f"must be an integer, got {type_name(v)}"
+        if not lo <= v <= hi:
+            return f"must be between {lo} and {hi}, got {v}"
+        return None
+
+    return check
+
+
+def check_timeout(v: Any) -> str | None:
+    if isinstance(v, float) and not math.isfinite(v):
+        return f"must be a finite number of seconds, got {v}"
+    if not is_number(v):
+        return f"must be a number of seconds, got {type_name(v)}"
+    if not 0 < v <= MAX_TIMEOUT_S:
+        return f"must be > 0 and <= {int(MAX_TIMEOUT_S)}, got {v}"
+    return None
+
+
+check_memory_mb = int_range(1, MAX_MEMORY_MB)
+check_max_attempts = int_range(1, MAX_ATTEMPTS)
+
+
+def type_name(v: Any) -> str:
+    """What a value is, in the words of a manifest's author (TOML/JSON, not Python)."""
+    if isinstance(v, bool):
+        return "a boolean"
+    if isinstance(v, dict):
+        return "a table"
+    if isinstance(v, list):
+        return "an array"
+    if isinstance(v, str):
+        return "a string"
+    if isinstance(v, int | float):
+        return "a number"
+    if isinstance(v, dt.datetime | dt.date | dt.time):
+        return "a date/time"
+    return type(v).__name__

@@ -1,0 +1,257 @@
+"""Bad options, variables and ids: one line naming the culprit, exit 2, nothing changed."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+import typer.main
+from clihelp import RENDERCTL, cli, env, job, write_jobs
+
+from renderctl import guards
+
+
+def one_line_usage_error(res: subprocess.CompletedProcess[str], *needles: str) -> None:
+    """Exit 2 with a single stderr line holding every needle (never a traceback)."""
+    stderr = res.stderr
+    assert res.returncode == 2, (res.returncode, stderr)
+    assert "Traceback" not in stderr, stderr
+    assert len(stderr.strip().splitlines()) == 1, stderr
+    for needle in needles:
+        assert needle in stderr, (needle, stderr)
+
+
+def nothing_enqueued(queue: Path) -> bool:
+    return not (queue / "pending").exists() or not any((queue / "pending").iterdir())
+
+
+@pytest.fixture
+def manifest(tmp_path: Path) -> Path:
+    return write_jobs(tmp_path / "m", [job("j1", "write")])
+
+
+# -- C1: the memory guard ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("how", ["option", "env"])
+def test_an_unknown_memory_guard_is_a_usage_error(tmp_path: Path, manifest: Path,
+                                                  how: str) -> None:
+    q = tmp_path / "q"
+    args: list[object] = ["run", manifest, "--queue", q, "--out", tmp_path / "out"]
+    if how == "option":
+        res = cli(*args, "--memory-guard", "bogus", cwd=tmp_path)
+        label = "--memory-guard"
+    else:
+        res = cli(*args, cwd=tmp_path, extra_env={"RENDERCTL_MEMORY_GUARD": "bogus"})
+        label = "RENDERCTL_MEMORY_GUARD"
+    one_line_usage_error(res, label, "'bogus'", "auto, cgroup-v1, cgroup-v2 or sampling")
+    assert nothing_enqueued(q)
+
+
+def _missing_guard() -> str | None:
+    for name in ("cgroup-v2", "cgroup-v1"):
+        try:
+            guards.require_memory_guard(name)
+        except guards.GuardUnavailable:
+            return name
+    return None
+
+
+def test_a_memory_guard_this_machine_lacks_is_a_usage_error(tmp_path: Path,
+                                                            manifest: Path) -> None:
+    missing = _missing_guard()
+    if missing is None:
+        pytest.skip("both cgroup guards work here")
+    q = tmp_path / "q"
+    res = cli("run", manifest, "--queue", q, "--out", tmp_path / "out", "--memory-guard",
+              missing, cwd=tmp_path)
+    one_line_usage_error(res, "--memory-guard", missing, "not usable here")
+    assert nothing_enqueued(q)  # checked before the manifest was submitted
+
+
+# -- C2: job limits from options, environment and configuration ----------------------------
+
+# Each value is out of the manifest's range for that field (nan and inf included).
+BAD_LIMITS = [
+    ("--timeout", "nan", "finite"),
+    ("--timeout", "inf", "finite"),
+    ("--timeout", "1e9", "<= 604800"),
+    ("--memory-mb", "99999999999999999999", "between 1 and 1048576"),
+    ("--memory-mb", "0", "between 1 and 1048576"),
+    ("--max-attempts", "100000", "between 1 and 100"),
+]
+
+
+@pytest.mark.parametrize("option, value, needle", BAD_LIMITS)
+def test_job_limit_options_meet_the_manifest_ranges(tmp_path: Path, manifest: Path,
+                                                    option: str, value: str,
+                                                    needle: str) -> None:
+    q = tmp_path / "q"
+    for command in ("submit", "run"):
+        res = cli(command, manifest, "--queue", q, "--out", tmp_path / "out", option, value,
+                  cwd=tmp_path)
+        one_line_usage_error(res, option, needle)
+        assert nothing_enqueued(q)
+
+
+@pytest.mark.parametrize("option, value, needle", BAD_LIMITS)
+def test_job_limit_variables_meet_the_manifest_ranges(tmp_path: Path, manifest: Path,
+                                                      option: str, value: str,
+                                                      needle: str) -> None:
+    var = "RENDERCTL_" + option[2:].replace("-", "_").upper()
+    q = tmp_path / "q"
+    res = cli("submit", manifest, "--queue", q, "--out", tmp_path / "out", cwd=tmp_path,
+              extra_env={var: value})
+    one_line_usage_error(res, var, needle)
+    assert nothing_enqueued(q)
+
+
+@pytest.mark.parametrize("line, needle", [
+    ("timeout = inf", "finite"),
+    ("timeout = nan", "finite"),
+    ("timeout = 1e9", "<= 604800"),
+    ("memory_mb = 99999999999", "between 1 and 1048576"),
+    ("max_attempts = 100000", "between 1 and 100"),
+])
+def test_job_limit_config_keys_meet_the_manifest_ranges(tmp_path: Path, manifest: Path,
+                                                        line: str, needle: str) -> None:
+    (tmp_path / "renderctl.toml").write_text(line + "\n")
+    q = tmp_path / "q"
+    res = cli("submit", manifest, "--queue", q, "--out", tmp_path / "out", cwd=tmp_path)
+    key = line.split(" ")[0]
+    one_line_usage_error(res, str(tmp_path / "renderctl.toml"), f"key {key!r}", needle)
+    assert nothing_enqueued(q)
+
+
+def test_limits_in_range_still_reach_the_jobs(tmp_path: Path, manifest: Path) -> None:
+    q = tmp_path / "q"
+    res = cli("submit", manifest, "--queue", q, "--out", tmp_path / "out", "--timeout", "7",
+              "--memory-mb", "300", "--max-attempts", "4", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    (record,) = (q / "pending").iterdir()
+    spec = json.loads(record.read_text())["spec"]
+    assert (spec["timeout_s"], spec["memory_mb"], spec["max_attempts"]) == (7.0, 300, 4)
+
+
+@pytest.mark.parametrize("option, value", [("--workers", "0"), ("--backoff-base", "nan"),
+                                           ("--grace", "-1"), ("--prefetch", "0")])
+def test_runner_options_get_their_configuration_checks(tmp_path: Path, option: str,
+                                                       value: str) -> None:
+    res = cli("run", "--queue", tmp_path / "q", "--out", tmp_path / "out", option, value,
+              cwd=tmp_path)
+    one_line_usage_error(res, option, "expected", f"got {value}")
+
+
+# -- C3: usage, not I/O; all or nothing ----------------------------------------------------
+
+
+@pytest.mark.parametrize("args", [["status"], ["show", "x"], ["cancel", "x"], ["wait", "x"],
+                                  ["dead", "list"], ["dead", "retry", "x"], ["dead", "purge"],
+                                  ["metrics"], ["top", "--once"]], ids=" ".join)
+def test_a_queue_that_does_not_exist_is_a_usage_error(tmp_path: Path, args: list[str]) -> None:
+    missing = tmp_path / "nonexistent"
+    res = cli(*args, "--queue", missing, cwd=tmp_path)
+    one_line_usage_error(res, str(missing), "is not a renderctl queue")
+    assert not missing.exists()  # reading commands never create a queue
+
+
+def test_dead_retry_with_an_unknown_id_retries_nothing(tmp_path: Path) -> None:
+    manifest = write_jobs(tmp_path / "m", [job("op1", "fail", max_attempts=1),
+                                           job("op2", "fail", max_attempts=1)])
+    q = tmp_path / "q"
+    run = cli("run", manifest, "--queue", q, "--out", tmp_path / "out", "-j", "1",
+              cwd=tmp_path)
+    assert run.returncode == 1, run.stderr
+    dead = sorted(p.name for p in (q / "dead").iterdir())
+    assert dead == ["op1.json", "op2.json"]
+    res = cli("dead", "retry", "op1", "nope", "op2", "--queue", q, cwd=tmp_path)
+    assert sorted(p.name for p in (q / "dead").iterdir()) == dead
+    assert not any((q / "pending").iterdir())
+    one_line_usage_error(res, "not in dead/: nope", "nothing was retried")
+    ok = cli("dead", "retry", "op1", "op2", "--queue", q, cwd=tmp_path)
+    assert ok.returncode == 0 and "retried 2 job(s)" in ok.stdout, ok.stderr
+    assert not any((q / "dead").iterdir())
+
+
+# -- C4: wait's own timeout ----------------------------------------------------------------
+
+
+def test_the_job_timeout_setting_does_not_limit_wait(tmp_path: Path, manifest: Path) -> None:
+    # Given a configuration and an environment that set the JOBS' timeout to a fraction of
+    # a second, and a queued job that nothing runs
+    (tmp_path / "renderctl.toml").write_text("timeout = 0.2\n")
+    q = tmp_path / "q"
+    assert cli("submit", manifest, "--queue", q, "--out", tmp_path / "out",
+               cwd=tmp_path).returncode == 0
+    # When wait is given no --timeout of its own, it waits on past them
+    waiter = subprocess.Popen([*RENDERCTL, "wait", "j1", "--queue", str(q)], cwd=tmp_path,
+                              env=env({"RENDERCTL_TIMEOUT": "0.2"}), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        with pytest.raises(subprocess.TimeoutExpired):
+            waiter.wait(timeout=2)
+        # and returns when the job is terminal
+        assert cli("cancel", "j1", "--queue", q, cwd=tmp_path).returncode == 0
+        stdout, stderr = waiter.communicate(timeout=20)
+    finally:
+        if waiter.poll() is None:
+            waiter.kill()
+    assert waiter.returncode == 1, stderr
+    assert stdout.strip() == "j1: cancelled"
+    # (its own --timeout, exit 75, is test_wait's; an answer already there beats it)
+    assert cli("wait", "j1", "--queue", q, "--timeout", "0", cwd=tmp_path).returncode == 1
+    help_text = cli("wait", "--help", cwd=tmp_path).stdout
+    assert "not the jobs' timeout" in " ".join(help_text.split())
+
+
+def test_every_configuration_key_still_sets_an_option() -> None:
+    # Keys now reach only options whose RENDERCTL_<KEY> matches; none may be left orphaned.
+    from renderctl.cli.app import app, config_default_map
+    from renderctl.settings import KEYS
+
+    command = typer.main.get_command(app)
+    mapped = config_default_map(command, {k: k for k in KEYS})  # each value names its key
+    reached = {v for own in mapped.values() for v in own.values() if isinstance(v, str)}
+    reached |= {v for own in mapped.values() for sub in own.values() if isinstance(sub, dict)
+                for v in sub.values()}
+    assert reached == set(KEYS)
+    assert "timeout" not in mapped["wait"]
+
+
+def test_wait_refuses_a_nan_timeout(tmp_path: Path) -> None:
+    res = cli("wait", "j1", "--timeout", "nan", "--queue", tmp_path / "q", cwd=tmp_path)
+    one_line_usage_error(res, "--timeout", "nan")
+
+
+# -- C5: a conflict with the queue names the manifest it came from -------------------------
+
+
+@pytest.mark.parametrize("command", ["submit", "run"])
+def test_a_changed_spec_names_its_manifest(tmp_path: Path, command: str) -> None:
+    first = write_jobs(tmp_path / "a", [job("g1", "write")])
+    changed = write_jobs(tmp_path / "b", [job("g0", "write"), job("g1", "write",
+                                                                   output="g1-new.bin")])
+    q, out = tmp_path / "q", tmp_path / "out"
+    assert cli("submit", first, "--queue", q, "--out", out, cwd=tmp_path).returncode == 0
+    res = cli(command, changed, "--queue", q, "--out", out, cwd=tmp_path)
+    assert res.returncode == 2, res.stderr
+    assert (f"{changed}: job g1: already in the queue (pending) with a different spec"
+            in res.stderr), res.stderr
+    assert "<queue>" not in res.stderr
+    assert sorted(p.name for p in (q / "pending").iterdir()) == ["g1.json"]  # not g0
+
+
+# -- C6: run --json ------------------------------------------------------------------------
+
+
+def test_every_run_json_line_has_ts_and_event(tmp_path: Path, manifest: Path) -> None:
+    res = cli("run", manifest, "--queue", tmp_path / "q", "--out", tmp_path / "out",
+              "--json", "-j", "1", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    lines = [json.loads(line) for line in res.stdout.splitlines()]
+    assert lines[-1]["event"] == "summary"
+    for line in lines:
+        assert isinstance(line.get("ts"), float) and isinstance(line.get("event"), str), line
+    assert lines[-1]["ts"] >= lines[-2]["ts"]
