@@ -303,7 +303,17 @@ class Runner:
         self.holder = Holder.current()
         self.token_prefix = f"{self.holder.pid}-{self.holder.start_time}"
         self.started_at = time.monotonic()
-        with self.q.runner_lock(self.holder):
+        # `cancel` wakes the lock's holder with SIGUSR1, whose default action kills: ignored
+        # from before we hold the lock until after we release it, handled in between.
+        usr1 = signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+        try:
+            return self._run_locked(self.holder)
+        finally:
+            signal.signal(signal.SIGUSR1, usr1)
+
+    def _run_locked(self, holder: Holder) -> RunSummary:
+        with self.q.runner_lock(holder):
+            self.crash_point("locked")
             self._install_signals()
             proctree.set_oom_score_adj(-900)  # the supervisor must outlive what it supervises
             self.guard = detect_memory_guard(prefer=self.s.memory_guard,
@@ -319,7 +329,7 @@ class Runner:
                 self.recover()
                 self.q.load_index(self.index)
                 self._next_rescan = time.monotonic() + RESCAN_FULL_S
-                self.reporter.event({"event": "runner_started", "pid": self.holder.pid,
+                self.reporter.event({"event": "runner_started", "pid": holder.pid,
                                      "workers": self.n_workers, "guard": self.guard.name,
                                      "pending": len(self.index),
                                      "budget_mb": self.budget_mb})
@@ -410,8 +420,11 @@ class Runner:
             # workers were still dying when we started) can go.
             self.q.clean_tmp()
         signal.set_wakeup_fd(-1)
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+        for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, signal.SIG_DFL)
+        # Still holding the lock: a cancel's wake-up may land until it is released (run()).
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+        self.crash_point("shutdown")
         for fd in (self._wake_r, self._wake_w):
             with contextlib.suppress(OSError):
                 os.close(fd)

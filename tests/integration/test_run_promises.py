@@ -1,6 +1,9 @@
-"""Two DESIGN.md promises no other test covered: `--follow` (including a job whose submit
-died before telling the runner), and outputs confined to the output root even when a
-folder inside it is a symlink pointing out."""
+"""DESIGN.md promises under races and odd states that no other file covers: `--follow`
+(including a job whose submit died before telling the runner), outputs confined to the
+output root, a kill racing its job's completion, replace racing a claim, a repeated attempt
+token, signals aimed at the runner's group or landing while it starts or stops, and an
+output folder that is a file. Races are arranged with RENDERCTL_STOP_AT (a process frozen
+at a named point), not hoped for."""
 
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 from jobfns import QueueView, Runner, assert_pdf, cli_args, py_job, run_cli, stage
 
 from renderctl.errors import ExitCode
@@ -383,3 +387,29 @@ def test_a_job_whose_output_folder_is_a_file_dead_letters_alone(
     assert f"{out / 'sub'} is a file" in attempt["error"]
     assert_pdf(out / "ok" / "p2.pdf", "p2")
     assert (out / "sub").read_text() == "a file, not a folder"
+
+
+@pytest.mark.parametrize("point", ["locked", "shutdown"])
+def test_a_cancels_wake_up_while_the_runner_starts_or_stops_does_not_kill_it(
+        tmp_path: Path, write_manifest: Any, point: str) -> None:
+    from jobfns import wait_until
+
+    # Given a runner frozen just after taking the queue's lock, or in its shutdown while it
+    # still holds it: the moments `cancel` may find it without its SIGUSR1 handler
+    stage(tmp_path)
+    manifest = write_manifest([py_job("a", "write_pdf")])
+    queue, out = tmp_path / "q", tmp_path / "out"
+    runner = Runner(manifest, *cli_args(queue, out, "--workers", "1"),
+                    env={"RENDERCTL_STOP_AT": point})
+    try:
+        wait_until(lambda: _stopped(runner.pid), what=f"the runner to freeze at {point}")
+
+        # When the wake-up `cancel` sends arrives then
+        os.kill(runner.pid, signal.SIGUSR1)
+        os.kill(runner.pid, signal.SIGCONT)
+
+        # Then the run carries on and ends as it would have
+        assert runner.wait(60) == ExitCode.OK, (runner.lines, runner.stderr())
+    finally:
+        runner.close()
+    assert QueueView(queue).states_of(["a"]) == {"a": ["done"]}
