@@ -1367,7 +1367,7 @@ class Runner:
                 # file tagged with its token was published for an earlier life of this id
                 # (replaced, or resubmitted after its done record was deleted) whose
                 # attempt numbers restarted under this same runner.
-                fin = replace(fin, error=_exists_message(a.final))
+                fin = replace(fin, error=_exists_message(a.final, a.job_id))
                 t = self._transition(a, fin, Outcome.OUTPUT_EXISTS.value, now)
                 transitions[i] = t
                 unlink_quiet(staged[i][0])  # the done record we had staged for it
@@ -1519,8 +1519,17 @@ def _signal_all(procs: list[Any], sig: int) -> None:
             p.send_signal(sig)  # psutil checks the process is still the one we saw
 
 
-def _exists_message(final: Path) -> str:
-    if owner_token(final):
+def _exists_message(final: Path, job_id: str) -> str:
+    token = owner_token(final)
+    if token:
+        # The tag is the attempt's token, <runner>:<job>:<attempt>: name its job.
+        _, _, rest = token.partition(":")
+        owner, _, attempt = rest.rpartition(":")
+        if owner and owner != job_id:
+            # Two jobs given one output path (in different submits: one manifest's duplicate
+            # outputs are refused at validation).
+            return (f"{final} already exists: renderctl published it for job {owner} "
+                    f"(attempt {attempt}); two jobs name this output; left untouched")
         # Most likely this job's own output from before its record was deleted by hand
         # (README, Housekeeping): say so, so that the fix (move it away) is obvious.
         return (f"{final} already exists: renderctl published it for an earlier attempt that "

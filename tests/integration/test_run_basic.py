@@ -318,3 +318,23 @@ def test_recycled_workers_are_replaced_and_the_batch_finishes(
     assert Counter(e["job"] for e in events if e.get("event") == "completed") == Counter(ids)
     workers = {e["worker"] for e in events if e.get("event") == "started"}
     assert len(workers) >= 5, workers
+
+
+def test_a_second_job_naming_a_published_output_dead_letters_naming_its_owner(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given job g1 completed, and then g2, submitted separately, naming the same output
+    stage(tmp_path)
+    queue, out = tmp_path / "q", tmp_path / "out"
+    first = write_manifest([py_job("g1", "write_pdf", output="same.pdf")], name="one.toml")
+    assert run_cli("run", first, *cli_args(queue, out)).returncode == 0
+    second = write_manifest([py_job("g2", "write_pdf", output="same.pdf")], name="two.toml")
+
+    # When g2 runs
+    res = run_cli("run", second, *cli_args(queue, out))
+
+    # Then it is dead with output_exists, the error names g1, and g1's file is untouched
+    assert res.returncode == 1, res.stdout + res.stderr
+    attempt = QueueView(queue).record("dead", "g2")["attempts"][-1]
+    assert attempt["outcome"] == "output_exists"
+    assert "for job g1 (attempt 1)" in attempt["error"], attempt["error"]
+    assert_pdf(out / "same.pdf", "g1")
