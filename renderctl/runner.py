@@ -240,6 +240,7 @@ class Runner:
         self.q = queue
         self.s = settings
         self.reporter: Reporter = reporter or NullReporter()
+        queue.on_quarantine = self.reporter.event  # a corrupt record: said as it is found
         self.clock = clock
         self.index = ClaimIndex()
         self.workers: dict[int, WorkerHandle] = {}

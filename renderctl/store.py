@@ -311,6 +311,10 @@ class Queue:
         self.events = EventLog(self.path / "events.jsonl")
         self._tmp_counter = 0
         self._replace_fd: int | None = None  # REPLACE_LOCK, opened by the first claim
+        # DESIGN: corrupt files are "quarantined and reported": what this object moved, and
+        # whom to tell at once.
+        self.quarantined: list[dict[str, Any]] = []
+        self.on_quarantine: Callable[[dict[str, Any]], None] | None = None
         # What this object itself put in pending/: load_index need not read those back (a
         # later replace or cancel is caught at claim, which re-reads the file anyway).
         self._submitted: dict[str, Entry] = {}
@@ -452,9 +456,12 @@ class Queue:
         except FileNotFoundError:
             return dst
         fsync_dir(self.dir("corrupt"))
-        self.events.append([{"ts": self.clock.wall(), "event": "corrupt",
-                             "file": f"{path.parent.name}/{path.name}", "moved_to": dst.name,
-                             "reason": reason}])
+        ev = {"ts": self.clock.wall(), "event": "corrupt",
+              "file": f"{path.parent.name}/{path.name}", "moved_to": dst.name, "reason": reason}
+        self.events.append([ev])
+        self.quarantined.append(ev)
+        if self.on_quarantine is not None:
+            self.on_quarantine(ev)  # a runner reports it with its other events
         return dst
 
     def find(self, job_id: str) -> JobView | None:
@@ -475,8 +482,14 @@ class Queue:
         return None
 
     def get(self, job_id: str) -> JobView:
+        seen = len(self.quarantined)
         view = self.find(job_id)
         if view is None:
+            for ev in self.quarantined[seen:]:
+                if ev["file"].endswith(f"/{job_id}.json"):
+                    raise JobNotFound(f"job {job_id!r}: its record {ev['file']} could not be "
+                                      f"read ({ev['reason']}); moved to "
+                                      f"{self.dir('corrupt') / ev['moved_to']}")
             raise JobNotFound(f"no job {job_id!r} in queue {self.path}")
         return view
 

@@ -12,7 +12,7 @@ from renderctl.runner import Runner, RunSummary
 
 # Events printed in plain mode; the rest (claimed, started) would drown the useful lines.
 PLAIN_EVENTS = frozenset({"completed", "retry", "dead", "cancelled", "expired", "released",
-                          "recovered", "fenced", "runner_started", "stopping"})
+                          "recovered", "fenced", "runner_started", "stopping", "corrupt"})
 
 
 class PlainReporter:
@@ -38,6 +38,9 @@ def format_event(ev: Mapping[str, Any]) -> str:
     if name == "runner_started":
         return (f"runner started: pid {ev['pid']}, {ev['workers']} worker(s), memory guard "
                 f"{ev['guard']}, budget {ev['budget_mb']} MB, {ev['pending']} pending")
+    if name == "corrupt":
+        return (f"corrupt   {ev['file']}: {ev['reason']}; moved to corrupt/{ev['moved_to']} "
+                "(kept, not run)")
     if name == "stopping":
         return (f"stopping on {ev['signal']}: no new jobs; {ev['running']} running job(s) get "
                 f"{ev['grace_s']:g}s to finish (signal again to skip)")

@@ -338,3 +338,28 @@ def test_a_second_job_naming_a_published_output_dead_letters_naming_its_owner(
     assert attempt["outcome"] == "output_exists"
     assert "for job g1 (attempt 1)" in attempt["error"], attempt["error"]
     assert_pdf(out / "same.pdf", "g1")
+
+
+def test_a_corrupt_record_is_reported_by_run_and_by_show_and_kept(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given a queue with two good jobs and two unreadable records
+    stage(tmp_path)
+    queue, out = tmp_path / "q", tmp_path / "out"
+    manifest = write_manifest([py_job("a1", "write_pdf"), py_job("a2", "write_pdf")])
+    assert run_cli("submit", manifest, *cli_args(queue, out)).returncode == 0
+    (queue / "pending" / "zz.json").write_text("not json")
+    (queue / "pending" / "a2.json").write_bytes(b"\xff\xfe")
+
+    # When `show` meets one, and `run` the other
+    show = run_cli("show", "a2", "--queue", queue)
+    res = run_cli("run", *cli_args(queue, out, "--workers", "1"))
+
+    # Then each says which record could not be read and where it was kept; nothing is lost
+    assert show.returncode == 2
+    assert "pending/a2.json could not be read" in show.stderr, show.stderr
+    assert "corrupt" in show.stderr and "Traceback" not in show.stderr
+    assert res.returncode == 0, res.stdout + res.stderr
+    line = next(x for x in res.stdout.splitlines() if x.startswith("corrupt"))
+    assert "pending/zz.json" in line and "moved to corrupt/" in line, line
+    kept = sorted(p.read_bytes() for p in (queue / "corrupt").iterdir())
+    assert kept == sorted([b"not json", b"\xff\xfe"])
