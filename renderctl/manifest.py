@@ -423,6 +423,11 @@ def _param_type_error(p: ParamSpec, v: Any) -> str | None:
         return f"must be {p.type}, got {type_name(v)}"
     if p.choices and v not in p.choices:
         return f"must be one of {', '.join(p.choices)}, got {v!r}"
+    if (p.low is not None or p.high is not None) and is_number(v):
+        low = -math.inf if p.low is None else p.low
+        high = math.inf if p.high is None else p.high
+        if not (math.isfinite(v) and low <= v <= high):
+            return f"must be between {low:g} and {high:g}, got {v!r}"
     return None
 
 

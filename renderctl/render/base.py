@@ -32,6 +32,10 @@ class ParamSpec:
     required: bool = False
     description: str = ""
     choices: tuple[str, ...] = ()
+    # For numbers: the range the renderer accepts, so that validation (not the first
+    # attempt, as invalid_input) says a value is out of it.
+    low: float | None = None
+    high: float | None = None
 
 
 @dataclass(frozen=True)

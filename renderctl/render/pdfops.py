@@ -19,13 +19,13 @@ from reportlab.lib.colors import Color
 from reportlab.pdfgen.canvas import Canvas
 
 from renderctl.errors import InvalidInput
+from renderctl.render.registry import MAX_PAGES_PER_PART
 from renderctl.render.text import plain
 
 # The PDF spec lets the header sit anywhere in the first 1024 bytes.
 HEADER_WINDOW = 1024
 # Writers put %%EOF at the very end; a little trailing junk is common and harmless.
 EOF_WINDOW = 2048
-MAX_PAGES_PER_PART = 100_000
 
 POSITIONS = ("center", "top", "bottom", "top-left", "top-right", "bottom-left", "bottom-right")
 

@@ -11,6 +11,8 @@ from importlib.metadata import entry_points
 
 from renderctl.render.base import ParamSpec, RendererSpec
 
+MAX_PAGES_PER_PART = 100_000
+
 ENTRY_POINT_GROUP = "renderctl.renderers"
 
 # `command` and `python` are run by the worker itself (argv / callable fields in the
@@ -59,9 +61,11 @@ BUILTIN: tuple[RendererSpec, ...] = (
                 choices=("center", "top", "bottom", "top-left", "top-right", "bottom-left",
                          "bottom-right"),
             ),
-            ParamSpec("opacity", "number", description="0..1, default 0.3"),
-            ParamSpec("rotation", "number", description="degrees, default 45 at center"),
-            ParamSpec("font_size", "number", description="points, default 48"),
+            ParamSpec("opacity", "number", description="0..1, default 0.3", low=0, high=1),
+            ParamSpec("rotation", "number", description="degrees, default 45 at center",
+                      low=-360, high=360),
+            ParamSpec("font_size", "number", description="points, default 48", low=1,
+                      high=500),
         ),
     ),
     RendererSpec(
@@ -70,7 +74,8 @@ BUILTIN: tuple[RendererSpec, ...] = (
         description="Split one PDF into parts of N pages; the output is a folder.",
         min_inputs=1,
         max_inputs=1,
-        params=(ParamSpec("pages_per_part", "int", description="pages per part, default 1"),),
+        params=(ParamSpec("pages_per_part", "int", description="pages per part, default 1",
+                          low=1, high=MAX_PAGES_PER_PART),),
         output="dir",
     ),
     RendererSpec(
