@@ -246,8 +246,21 @@ def config_default_map(group: Any, config: dict[str, Any]) -> dict[str, Any]:
 CONFIG_FILE_META = "renderctl.config_file"  # ctx.meta: the file the defaults came from
 
 
+def _show_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        print(f"renderctl {version('renderctl')}")
+        raise typer.Exit()
+
+
 @app.callback()
-def configure(ctx: typer.Context) -> None:
+def configure(
+    ctx: typer.Context,
+    _version: Annotated[bool, typer.Option(
+        "--version", callback=_show_version, is_eager=True,
+        help="Print the version and exit.")] = False,
+) -> None:
     """Defaults from renderctl.toml (or [tool.renderctl] in pyproject.toml) in the cwd."""
     from renderctl.settings import ConfigError, load_config_file
 
@@ -595,6 +608,8 @@ def dead_retry(
     from renderctl.lifecycle import State
 
     q = existing_queue(queue)
+    if all_ and job_ids:
+        raise UserError("name job ids or use --all, not both")
     if all_:
         ids = q.list_ids(State.DEAD)
     elif job_ids:

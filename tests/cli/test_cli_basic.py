@@ -191,3 +191,20 @@ def test_light_commands_do_not_import_reportlab_pypdf_or_pydantic(
                           text=True, env=_env())
     assert "Traceback" not in proc.stderr, proc.stderr
     assert "HEAVY=\n" in proc.stderr, proc.stderr
+
+
+def test_version_prints_the_installed_version(renderctl_argv: list[str]) -> None:
+    from importlib.metadata import version
+
+    res = subprocess.run([*renderctl_argv, "--version"], capture_output=True, text=True,
+                         timeout=30)
+    assert (res.returncode, res.stdout) == (0, f"renderctl {version('renderctl')}\n")
+
+
+def test_dead_retry_refuses_ids_and_all_together(runner: CliRunner, good: Path,
+                                                 queue_dir: Path, out_root: Path) -> None:
+    q = ["--queue", str(queue_dir)]
+    assert runner.invoke(app, ["submit", *q, "--out", str(out_root), str(good)]).exit_code == 0
+    res = runner.invoke(app, ["dead", "retry", "--all", "a", *q])
+    assert res.exit_code == 2
+    assert "not both" in res.stderr
