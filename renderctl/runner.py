@@ -37,6 +37,7 @@ import json
 import math
 import multiprocessing
 import multiprocessing.connection as mpc
+import multiprocessing.util
 import os
 import select
 import shutil
@@ -117,6 +118,7 @@ STATE_FILE = "runner.state.json"
 MAX_START_FAILURES = 5
 WORK_ROOT_PREFIX = "renderctl-work-"  # of each runner's folder of job working directories
 # control/ files of one runner, by token prefix (holder files: store.HOLDER_FILE)
+MP_DIR_PREFIX = "pymp-"  # multiprocessing.util.get_temp_dir()'s folders
 WORK_NOTE = "work.{}"  # where its WORK_ROOT_PREFIX folder is, for the next runner to remove
 BUDGET_SHARE = 0.8  # of MemAvailable at start: leave room for the page cache and the rest
 
@@ -321,10 +323,11 @@ class Runner:
                                              sampling_interval_s=self.s.sample_interval_s)
             self._publish_runner_info()
             self.work_root = tempfile.mkdtemp(prefix=WORK_ROOT_PREFIX)
-            # Where our jobs' working folders are, for the next runner should we die (they
-            # hold capture files and whatever a job left: /tmp would fill up, crash by crash).
+            # Where our jobs' working folders are, and multiprocessing's own folder (the fork
+            # server's socket), for the next runner should we die: they would pile up in
+            # /tmp, crash by crash (multiprocessing removes its folder only at a clean exit).
             (self.q.dir("control") / WORK_NOTE.format(self.token_prefix)).write_text(
-                self.work_root)
+                f"{self.work_root}\n{multiprocessing.util.get_temp_dir()}\n")
             self.started_log = str(self.q.dir("control") / STARTED_LOG.format(self.token_prefix))
             try:
                 self.recover()
@@ -608,11 +611,11 @@ class Runner:
             if name_prefix(f.name, WORK_NOTE) == self.token_prefix:
                 continue
             with contextlib.suppress(OSError):
-                root = f.read_text().strip()
-                # Only what we would have made: never a path a damaged file points at.
-                if os.path.basename(root).startswith(WORK_ROOT_PREFIX) and \
-                        os.path.isdir(root) and not os.path.islink(root):
-                    shutil.rmtree(root, ignore_errors=True)
+                for root in f.read_text().split("\n"):
+                    # Only what we would have made: never a path a damaged file points at.
+                    if os.path.basename(root).startswith((WORK_ROOT_PREFIX, MP_DIR_PREFIX)) \
+                            and os.path.isdir(root) and not os.path.islink(root):
+                        shutil.rmtree(root, ignore_errors=True)
             unlink_quiet(f)
 
     def _record_workers(self) -> None:

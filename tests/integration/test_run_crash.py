@@ -230,8 +230,9 @@ def test_a_lease_whose_holder_is_unknown_is_taken_over_when_it_expires_not_befor
     for holder in (queue / "control").glob("holder.*.json"):
         holder.unlink()
     [work_note] = (queue / "control").glob("work.*")
-    dead_work_root = Path(work_note.read_text())
+    dead_work_root, dead_mp_dir = map(Path, work_note.read_text().split())
     assert dead_work_root.is_dir()  # the dead runner's job folders, capture files and all
+    assert dead_mp_dir.name.startswith("pymp-") and dead_mp_dir.is_dir()  # its fork server's
     prefix, attempt, claimed_at, _ = os.getxattr(running, LEASE_XATTR).decode().split()
     expires_at = time.time() + 2
     os.setxattr(running, LEASE_XATTR, f"{prefix} {attempt} {claimed_at} {expires_at}".encode())
@@ -260,6 +261,7 @@ def test_a_lease_whose_holder_is_unknown_is_taken_over_when_it_expires_not_befor
     # And the dead runner's job working folders are gone with it (they would pile up in
     # /tmp, crash by crash), and so is every note of where they were
     assert not dead_work_root.exists()
+    assert not dead_mp_dir.exists()
     assert sorted((queue / "control").glob("work.*")) == []
 
 
