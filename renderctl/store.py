@@ -298,6 +298,13 @@ class QueueBackend(Protocol):
     def status(self) -> QueueStatus: ...
 
 
+def _read_with_inode(path: Path) -> tuple[bytes, tuple[int, int]]:
+    """A file's bytes and the (device, inode) they were read from."""
+    with open(path, "rb") as fh:
+        st = os.fstat(fh.fileno())
+        return fh.read(), (st.st_dev, st.st_ino)
+
+
 # -- the queue ----------------------------------------------------------------------------
 
 
@@ -438,16 +445,31 @@ class Queue:
     def _read_or_quarantine(self, path: Path) -> JobRecord | None:
         """Read a record; an unparseable one is moved to corrupt/ and reported, not lost."""
         try:
-            raw = path.read_bytes()
+            raw, inode = _read_with_inode(path)
         except FileNotFoundError:
             return None
         try:
-            return self._with_lease(path, JobRecord.loads(raw))
+            rec = JobRecord.loads(raw)
         except _CORRUPT as exc:
-            self.quarantine(path, f"unparseable: {exc}")
+            self.quarantine(path, f"unparseable: {exc}", inode=inode)
             return None
+        if rec.spec.id != path.stem:
+            return None  # a recycled record file, read as the runner refilled it
+        return self._with_lease(path, rec)
 
-    def quarantine(self, path: Path, reason: str) -> Path:
+    def quarantine(self, path: Path, reason: str,
+                   inode: tuple[int, int] | None = None) -> Path:
+        """Move an unparseable file to corrupt/. With ``inode`` (what was read), only if the
+        path still names that file: a reader in another process may have read a running
+        record's file after the runner recycled it (see recycle) and refilled it, torn;
+        the path may name the job's next claim by then, which must not be moved."""
+        if inode is not None:
+            try:
+                st = os.stat(path)
+            except FileNotFoundError:
+                return path
+            if (st.st_dev, st.st_ino) != inode:
+                return path
         # Unique per quarantine: two damaged copies of one name must both be kept.
         stamp = f"{time.time_ns()}.{os.getpid()}.{os.urandom(3).hex()}"
         dst = self.dir("corrupt") / f"{path.parent.name}.{path.name}.{stamp}"
@@ -472,13 +494,17 @@ class Queue:
             for state in order:
                 p = self.record_path(state, job_id)
                 try:
-                    raw = p.read_bytes()
+                    raw, inode = _read_with_inode(p)
                 except FileNotFoundError:
                     continue
                 try:
-                    return JobView(state, self._with_lease(p, JobRecord.loads(raw)), p)
+                    rec = JobRecord.loads(raw)
                 except _CORRUPT as exc:
-                    self.quarantine(p, f"unparseable: {exc}")
+                    self.quarantine(p, f"unparseable: {exc}", inode=inode)
+                    continue
+                if rec.spec.id == job_id:
+                    return JobView(state, self._with_lease(p, rec), p)
+                # Another job's record: the file was recycled as we read it. Look again.
         return None
 
     def get(self, job_id: str) -> JobView:

@@ -211,6 +211,35 @@ def test_status_quarantines_a_corrupt_running_file(q: Queue, content: bytes) -> 
     assert_quarantined(q, "running", "x", content)
 
 
+def test_a_torn_read_of_a_recycled_record_file_never_moves_the_jobs_next_record(
+        q: Queue, tmp_path: Path) -> None:
+    # Given x's live record in running/ (its next claim), and bytes a reader in another
+    # process read from x's previous record file while the runner refilled it (torn)
+    submit(q, [pyjob("x")], tmp_path)
+    index = ClaimIndex()
+    q.load_index(index)
+    q.claim(index, holder=HOLDER, lease_s=60, limit=1, token_prefix="t")
+    live = q.record_path(State.RUNNING, "x")
+    old_inode = (os.stat(live).st_dev, os.stat(live).st_ino + 1)  # not the live file's
+
+    # When that reader judges what it read unparseable
+    q.quarantine(live, "unparseable: torn", inode=old_inode)
+
+    # Then the live record stays where it is: only the file that was read may be moved
+    assert live.exists() and files(q, "corrupt") == []
+    assert q.find("x") is not None and q.find("x").state is State.RUNNING
+
+
+def test_find_does_not_answer_with_another_jobs_record(q: Queue, tmp_path: Path) -> None:
+    # Given pending/x.json holding y's record (a recycled file read while it was refilled)
+    submit(q, [pyjob("y")], tmp_path)
+    os.rename(q.record_path(State.PENDING, "y"), q.record_path(State.PENDING, "x"))
+
+    # Then x is not found as y, and nothing is quarantined (the record is whole)
+    assert q.find("x") is None
+    assert files(q, "corrupt") == []
+
+
 def test_load_index_quarantines_and_skips(q: Queue, tmp_path: Path) -> None:
     submit(q, [pyjob("good")], tmp_path)
     (q.dir(State.PENDING) / "bad.json").write_bytes(b"{")
