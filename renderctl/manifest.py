@@ -685,8 +685,15 @@ def load_manifests(
     jobs: list[JobSpec] = []
     specs = all_specs()
     root = os.path.abspath(out_root)
+    # One file named twice (jobs/*.toml jobs/demo.toml) is read once, not reported as
+    # duplicating its own ids.
+    unique: list[str] = []
+    seen: set[str] = set()
     for p in paths:
-        name = os.fspath(p)
+        if (real := os.path.realpath(p)) not in seen:
+            seen.add(real)
+            unique.append(os.fspath(p))
+    for name in unique:
         try:
             st = os.stat(name)
             if not stat.S_ISREG(st.st_mode):
@@ -712,7 +719,7 @@ def load_manifests(
         if origins is not None:
             origins.update((job.id, name) for job in found)
         jobs.extend(found)
-    check_unique(jobs, problems, files=[os.fspath(p) for p in paths])
+    check_unique(jobs, problems, files=unique)
     if problems:
         raise ManifestError(problems)
     return jobs

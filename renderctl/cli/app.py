@@ -296,8 +296,10 @@ def validate(manifests: ManifestsArg, out_dir: OutOpt = None, as_json: JsonOpt =
 
 def do_submit(
     manifests: list[Path], *, queue: Path | None, out_dir: Path | None, replace: bool,
-    max_pending: int | None, limits: Any, into: Any = None,
-) -> Any:
+    max_pending: int | None, limits: Any,
+) -> tuple[Any, Any]:
+    """Validate ``manifests``, then open the queue (creating its folder only now: a command
+    with a manifest error leaves no trace) and submit. Returns (SubmitResult, Queue)."""
     from dataclasses import replace as with_file
 
     from renderctl.crashpoints import CrashPoints
@@ -307,10 +309,10 @@ def do_submit(
     origins: dict[str, str] = {}
     jobs = load_manifests(manifests, out_root=out_root(out_dir), limits=limits,
                           origins=origins)
-    q = into if into is not None else Queue(queue_path(queue))
+    q = Queue(queue_path(queue))
     try:
         return q.submit(jobs, replace=replace, max_pending=max_pending,
-                        crash_hook=CrashPoints.from_env())
+                        crash_hook=CrashPoints.from_env()), q
     except ManifestError as exc:
         # The queue knows jobs, not files ("<queue>"): the user has to edit a manifest, so
         # name it.
@@ -333,8 +335,9 @@ def submit(
     as_json: JsonOpt = False,
 ) -> None:
     """Validate manifests, then enqueue all their jobs atomically (all or nothing)."""
-    res = do_submit(manifests, queue=queue, out_dir=out_dir, replace=replace,
-                    max_pending=max_pending, limits=_limits(memory_mb, timeout, max_attempts))
+    res, _ = do_submit(manifests, queue=queue, out_dir=out_dir, replace=replace,
+                       max_pending=max_pending,
+                       limits=_limits(memory_mb, timeout, max_attempts))
     if res.accepted or res.replaced:
         from renderctl.store import Queue
 
@@ -425,13 +428,16 @@ def run(
     # while this one validates and submits the manifests and recovers the queue.
     prestart(start_method)
     limits = _limits(memory_mb, timeout, max_attempts)
-    q = Queue(queue_path(queue))
     if manifests:
-        res = do_submit(manifests, queue=queue, out_dir=out_dir, replace=False,
-                        max_pending=max_pending, limits=limits, into=q)
+        # One Queue object for the submit and the run: it knows what it put in pending/, so
+        # the runner's start need not read those records back.
+        res, q = do_submit(manifests, queue=queue, out_dir=out_dir, replace=False,
+                           max_pending=max_pending, limits=limits)
         if not as_json and not quiet:
             print(f"accepted {len(res.accepted)} job(s)"
                   + (f", {len(res.already)} already accepted" if res.already else ""))
+    else:
+        q = Queue(queue_path(queue))
     settings = RunnerSettings(
         workers=workers, start_method=start_method, max_jobs_per_worker=max_jobs_per_worker,
         backoff_base_s=backoff_base, backoff_max_s=backoff_max, kill_grace_s=kill_grace,

@@ -208,3 +208,14 @@ def test_dead_retry_refuses_ids_and_all_together(runner: CliRunner, good: Path,
     res = runner.invoke(app, ["dead", "retry", "--all", "a", *q])
     assert res.exit_code == 2
     assert "not both" in res.stderr
+
+
+def test_run_with_a_bad_manifest_leaves_no_queue_folder(renderctl_argv: list[str], bad: Path,
+                                                        tmp_path: Path) -> None:
+    queue = tmp_path / "never"
+    res = subprocess.run([*renderctl_argv, "run", str(bad), "--queue", str(queue),
+                          "--out", str(tmp_path / "out")], capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode == 2, res.stderr
+    assert "nothing was enqueued" in res.stderr
+    assert not queue.exists()

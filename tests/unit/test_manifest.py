@@ -449,3 +449,11 @@ def test_huge_integer_is_a_manifest_error(tmp_path: Path, out_root: Path, name: 
     path.write_text(f'{{"jobs": [{{"id": "a", "priority": {digits}}}]}}' if name.endswith("json")
                     else f'[[jobs]]\nid = "a"\npriority = {digits}\n')
     problems([path], out_root)
+
+
+def test_one_manifest_named_twice_is_read_once(folder: Path, out_root: Path,
+                                              write_manifest: Any) -> None:
+    path = write_manifest([job(id="a"), job(id="b", output="b.pdf")])
+    jobs = load_manifests([path, Path(str(path).replace("/", "//", 1)), path],
+                          out_root=out_root)
+    assert [j.id for j in jobs] == ["a", "b"]
