@@ -335,9 +335,14 @@ def submit(
     as_json: JsonOpt = False,
 ) -> None:
     """Validate manifests, then enqueue all their jobs atomically (all or nothing)."""
-    res, _ = do_submit(manifests, queue=queue, out_dir=out_dir, replace=replace,
-                       max_pending=max_pending,
-                       limits=_limits(memory_mb, timeout, max_attempts))
+    try:
+        res, _ = do_submit(manifests, queue=queue, out_dir=out_dir, replace=replace,
+                           max_pending=max_pending,
+                           limits=_limits(memory_mb, timeout, max_attempts))
+    except ManifestError as exc:
+        if as_json:  # a script reads stdout: the same shape as `validate --json`
+            out.print_json({"accepted": [], "problems": [p.__dict__ for p in exc.problems]})
+        raise
     if res.accepted or res.replaced:
         from renderctl.store import Queue
 

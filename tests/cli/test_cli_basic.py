@@ -219,3 +219,12 @@ def test_run_with_a_bad_manifest_leaves_no_queue_folder(renderctl_argv: list[str
     assert res.returncode == 2, res.stderr
     assert "nothing was enqueued" in res.stderr
     assert not queue.exists()
+
+
+def test_submit_json_reports_problems_on_stdout(runner: CliRunner, bad: Path,
+                                                queue_dir: Path) -> None:
+    res = runner.invoke(app, ["submit", "--json", "--queue", str(queue_dir), str(bad)])
+    assert res.exit_code == 2
+    doc = json.loads(res.stdout)
+    assert doc["accepted"] == []
+    assert {p["field"] for p in doc["problems"]} == {"memroy_mb", "output"}
