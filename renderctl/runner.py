@@ -640,13 +640,9 @@ class Runner:
             # Its last job's ceiling is still set; the new worker must start without it.
             with contextlib.suppress(OSError):
                 slot.release_limit()
-        parent, child = self._ctx.Pipe(duplex=True)
         cfg = WorkerConfig(slot_path=slot.path, started_log=self.started_log,
                            work_root=self.work_root)
-        proc = self._ctx.Process(target=worker_main, args=(child, cfg),
-                                 name=f"renderctl-worker-{index}", daemon=False)
-        proc.start()
-        child.close()
+        proc, parent = start_worker(self._ctx, cfg, name=f"renderctl-worker-{index}")
         with contextlib.suppress(ProcessLookupError, OSError):
             slot.adopt(proc.pid)
         w = self.workers[index] = WorkerHandle(index, proc, parent, slot)
@@ -1151,6 +1147,12 @@ class Runner:
         elif sig is not None:
             outcome, error = Outcome.CRASHED.value, \
                 f"worker killed by {_signame(sig)} (nobody sent it)"
+        elif code == 255 and (server := _dead_fork_server()) is not None:
+            # The fork server relays its children's exit status; it died (a job signalled
+            # its parent?), so this worker died of its parent-death signal, status unknown.
+            exit_code = None
+            outcome, error = Outcome.CRASHED.value, \
+                f"worker died with the fork server (pid {server}), which was killed"
         else:
             outcome, error = Outcome.FAILED.value, \
                 f"worker exited with status {code} during the job"
@@ -1464,6 +1466,32 @@ class Runner:
         self.reporter.event(ev)
 
 
+def start_worker(ctx: Any, cfg: WorkerConfig, *, name: str,
+                 tries: int = 5) -> tuple[Any, mpc.Connection]:
+    """Start a worker process; returns it and the runner's end of its pipe.
+
+    A job can kill the fork server (it is a job's grandparent: ``os.kill(os.getppid(), 9)``).
+    A start talking to the dying server then fails with EOFError or a connection error;
+    CPython starts a new server at the next start once it has reaped the old one, so try
+    again shortly instead of letting one job's act end the run."""
+    for attempt in range(tries):
+        parent, child = ctx.Pipe(duplex=True)
+        proc = ctx.Process(target=worker_main, args=(child, cfg), name=name, daemon=False)
+        try:
+            proc.start()
+        except (EOFError, ConnectionError, FileNotFoundError) as exc:
+            parent.close()
+            child.close()
+            if attempt == tries - 1:
+                raise WorkerStartError(f"cannot start a worker: the fork server keeps "
+                                       f"failing ({type(exc).__name__}: {exc})") from None
+            time.sleep(0.01 * 2 ** attempt)
+            continue
+        child.close()
+        return proc, parent
+    raise AssertionError("unreachable")
+
+
 def prestart(method: str) -> Any:
     """The multiprocessing context for ``method``; for forkserver, start the server now.
 
@@ -1540,6 +1568,14 @@ def _exists_message(final: Path, job_id: str) -> str:
                 "no record of this queue remembers (a deleted done record?); left untouched, "
                 "move it away to render it again")
     return f"{final} already exists and renderctl did not publish it for this job; left untouched"
+
+
+def _dead_fork_server() -> int | None:
+    """The pid of this process's fork server if it has died (else None)."""
+    from multiprocessing import forkserver
+
+    pid = getattr(forkserver._forkserver, "_forkserver_pid", None)
+    return pid if pid is not None and not proctree.pid_alive(pid) else None
 
 
 def _path_problem(exc: Exception, final: Path) -> str:

@@ -303,3 +303,37 @@ def test_a_command_job_does_not_inherit_an_earlier_jobs_bare_putenv(
     # Then the command saw the worker's environment, not the earlier job's change
     assert res.returncode == 0, res.stdout + res.stderr
     assert (out / "seen.txt").read_text().strip() == "unset"
+
+
+def test_a_worker_starts_although_the_fork_server_dies_during_its_start(tmp_path: Path) -> None:
+    import threading
+    from multiprocessing import forkserver
+
+    from renderctl.messages import Ready, Stop
+    from renderctl.runner import prestart, start_worker
+    from renderctl.worker import WorkerConfig
+
+    # Given a fork server that will die while a worker's start waits on it (as when a job
+    # kills its worker's parent): frozen now, killed 0.3 s into the start
+    ctx = prestart("forkserver")
+    server = forkserver._forkserver._forkserver_pid  # type: ignore[attr-defined]
+    os.kill(server, signal.SIGSTOP)
+    killer = threading.Timer(0.3, os.kill, (server, signal.SIGKILL))
+    killer.start()
+    cfg = WorkerConfig(slot_path="", started_log=str(tmp_path / "started.log"),
+                       work_root=str(tmp_path))
+
+    # When a worker is started
+    proc, conn = start_worker(ctx, cfg, name="renderctl-worker-test")
+
+    # Then it starts (through a new fork server) and is ready for jobs
+    try:
+        killer.join()
+        assert conn.poll(30), "the worker never said it was ready"
+        ready = conn.recv()
+        assert isinstance(ready, Ready) and ready.pid == proc.pid
+        assert forkserver._forkserver._forkserver_pid != server  # type: ignore[attr-defined]
+    finally:
+        conn.send(Stop())
+        proc.join(10)
+    assert proc.exitcode == 0
