@@ -1564,9 +1564,9 @@ def _exists_message(final: Path, job_id: str) -> str:
                     f"(attempt {attempt}); two jobs name this output; left untouched")
         # Most likely this job's own output from before its record was deleted by hand
         # (README, Housekeeping): say so, so that the fix (move it away) is obvious.
-        return (f"{final} already exists: renderctl published it for an earlier attempt that "
-                "no record of this queue remembers (a deleted done record?); left untouched, "
-                "move it away to render it again")
+        return (f"{final} already exists: renderctl published it for an earlier life of "
+                "this job id that no record of this queue remembers (the job was replaced, "
+                "or its done record deleted); left untouched, move it away to render it again")
     return f"{final} already exists and renderctl did not publish it for this job; left untouched"
 
 

@@ -353,3 +353,34 @@ def test_cancel_with_no_runner_judges_the_orphan_as_recovery_does(
     assert again.returncode == 0, again.stdout + again.stderr
     assert qv.states_of(["c1"]) == {"c1": ["done" if published else "cancelled"]}
     assert inodes([final]) == at_crash
+
+
+def test_recovery_never_takes_an_earlier_lifes_output_for_a_replaced_jobs_attempt(
+        tmp_path: Path, write_manifest: Any) -> None:
+    from jobfns import pdf_text
+
+    # Given a --follow runner that completed x (v1), then x replaced by v2, which the same
+    # runner claims as attempt 1 again (the same token as v1's output tag) and dies starting
+    stage(tmp_path)
+    queue, out = tmp_path / "q", tmp_path / "out"
+    v1 = write_manifest([py_job("x", "write_pdf")], name="v1.toml")
+    runner = Runner(v1, *cli_args(queue, out, "--workers", "1", "--follow", "--json"),
+                    env={"RENDERCTL_CRASH_AT": "start:n=2"})
+    try:
+        runner.until(lambda line: '"completed"' in line)
+        v1_text = pdf_text(out / "x.pdf")
+        v2 = write_manifest([py_job("x", "write_pdf", version=2)], name="v2.toml")
+        assert run_cli("submit", v2, "--replace", *cli_args(queue, out)).returncode == 0
+        assert runner.wait(30) == -9
+    finally:
+        runner.close()
+
+    # When the next runner recovers it
+    res = run_cli("run", *cli_args(queue, out, *FAST))
+
+    # Then the v1 file is not taken for v2's: output_exists, the file untouched
+    assert res.returncode == 1, res.stdout + res.stderr
+    rec = QueueView(queue).record("dead", "x")
+    assert rec["spec"]["params"] == {"version": 2}
+    assert rec["attempts"][-1]["outcome"] == "output_exists"
+    assert pdf_text(out / "x.pdf") == v1_text
