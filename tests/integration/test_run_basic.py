@@ -150,7 +150,7 @@ def test_a_job_whose_done_record_was_deleted_runs_again_but_never_overwrites_its
     rec = QueueView(queue).record("dead", "once")
     error = rec["attempts"][-1]["error"]
     assert rec["attempts"][-1]["outcome"] == "output_exists"
-    assert "renderctl published it for an earlier attempt" in error
+    assert "renderctl published it for an earlier life of this job id" in error
     assert "move it away" in error
 
 
