@@ -1021,10 +1021,13 @@ class Runner:
             self._observe_exec(fin.elapsed_s)
             self.completions.append((a, fin))
         elif isinstance(msg, Dropped):
-            # A worker that has run nothing could not set its first job's ceiling: what its
-            # slot holds already (a file an earlier job left in tmpfs, or the fresh worker
-            # itself under a tiny ceiling) is above it. Replacing the worker into the same
-            # slot would spin forever: charge the job, and give the successor a fresh slot.
+            # A worker retiring because its slot holds more than the next job's ceiling: its
+            # successor gets a fresh slot (what an earlier job left charged to this one, a
+            # file in tmpfs, must not count against a later job). If even a worker that has
+            # run nothing could not set the ceiling, the job is charged: replacing workers
+            # for it would spin forever.
+            if msg.reason == ABOVE_CEILING:
+                w.stale_slot = True
             unfit = msg.reason == ABOVE_CEILING and not w.started_any
             for i, jid in enumerate(msg.job_ids):
                 a = self._pop_queued(w, jid)
@@ -1035,7 +1038,6 @@ class Runner:
                 elif self.stop_signal is not None:
                     self._release_unrun(a)
                 elif unfit and i == 0:
-                    w.stale_slot = True
                     held = w.slot.usage_bytes()
                     self._record_now(a, {
                         "outcome": Outcome.MEMORY.value, "peak_memory_bytes": held,
@@ -1112,8 +1114,11 @@ class Runner:
         self._unwatch(w)
         with contextlib.suppress(Exception):
             w.conn.close()
-        if w.replaced:
+        if w.replaced and not w.stale_slot:
             self._spare_slots.append(w.slot)  # emptied above; its successor already runs
+        elif w.replaced:
+            with contextlib.suppress(Exception):
+                w.slot.close()
         elif self.stop_signal is None and (not self._finished() or self.s.follow):
             slot: Slot | None = w.slot
             if w.stale_slot:

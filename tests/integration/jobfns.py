@@ -533,3 +533,13 @@ def leave_a_thread(inputs: Sequence[Path], output: Path, params: Mapping[str, An
     threading.Thread(target=time.sleep, args=(600,), daemon=True).start()
     _write_pid(params["pidfile"], os.getpid())
     write_pdf(inputs, output, params)
+
+
+def leave_shm(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
+    """Leave a ``params["mb"]`` MB file in tmpfs (its pages stay charged to the job's memory
+    cgroup after the job), then succeed."""
+    with open(params["shm"], "wb") as fh:
+        block = b"x" * (1 << 20)
+        for _ in range(int(params["mb"])):
+            fh.write(block)
+    write_pdf(inputs, output, params)

@@ -294,3 +294,28 @@ def test_a_job_that_leaves_a_thread_running_retires_its_worker(
     assert seen["pid"] != int(pidfile.read_text())
     assert seen["threads"] == 1
     assert_pdf(out / "leaker.pdf", "leaker")
+
+
+@needs_cgroup_v1
+def test_memory_a_job_left_in_tmpfs_is_not_charged_to_a_later_job(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given a job that leaves 150 MB in /dev/shm (charged to its slot), then a job with a
+    # 100 MB ceiling and a single attempt, in one worker slot
+    stage(tmp_path)
+    shm = Path("/dev/shm") / f"renderctl-test-{os.getpid()}"
+    manifest = write_manifest([
+        {**py_job("a", "leave_shm", shm=str(shm), mb=150), "memory_mb": 400, "priority": 2},
+        {**py_job("b", "write_pdf"), "memory_mb": 100, "max_attempts": 1, "priority": 1},
+    ])
+    queue, out = tmp_path / "q", tmp_path / "out"
+    try:
+        # When they run
+        res = run_cli("run", manifest, *cli_args(queue, out, "--workers", "1",
+                                                  "--prefetch", "1"))
+    finally:
+        shm.unlink(missing_ok=True)
+
+    # Then the second runs in a fresh slot and completes
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert QueueView(queue).states_of(["a", "b"]) == {"a": ["done"], "b": ["done"]}
+    assert_pdf(out / "b.pdf", "b")
