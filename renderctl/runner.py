@@ -307,12 +307,13 @@ class Runner:
         self.token_prefix = f"{self.holder.pid}-{self.holder.start_time}"
         self.started_at = time.monotonic()
         # `cancel` wakes the lock's holder with SIGUSR1, whose default action kills: ignored
-        # from before we hold the lock until after we release it, handled in between.
-        usr1 = signal.signal(signal.SIGUSR1, signal.SIG_IGN)
-        try:
-            return self._run_locked(self.holder)
-        finally:
-            signal.signal(signal.SIGUSR1, usr1)
+        # from before we hold the lock, handled while we run, and ignored again for good
+        # (not restored): a cancel that read our pid while we held the lock may signal us
+        # after we released it, while the CLI still prints the summary.
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+        summary = self._run_locked(self.holder)
+        self.crash_point("released")
+        return summary
 
     def _run_locked(self, holder: Holder) -> RunSummary:
         with self.q.runner_lock(holder):

@@ -64,6 +64,9 @@ FORMAT_VERSION = 1
 LEASE_XATTR = "user.renderctl.lease"
 FREE_PREFIX = "free."  # tmp/free.*: retired record files kept for reuse
 HOLDER_FILE = "holder.{}.json"  # control/: who a token prefix is (see _write_lease)
+# How long a starting runner waits for runner.lock held by something that is not a live
+# runner (a `status` peeking, a `cancel` fixing an orphaned job: both take it briefly).
+LOCK_PATIENCE_S = 5.0
 REPLACE_LOCK = ".replace.lock"  # a replace holds it exclusively; a claim batch, shared
 # What reading a damaged record can raise; each means "quarantine it", never "crash".
 _CORRUPT = (ValueError, KeyError, TypeError, RecursionError, AttributeError)
@@ -296,6 +299,21 @@ class QueueBackend(Protocol):
     def list_ids(self, state: State) -> list[str]: ...
 
     def status(self) -> QueueStatus: ...
+
+
+def _holder_alive(info: Mapping[str, Any]) -> bool | None:
+    """Whether runner.lock's recorded holder (a runner's Holder) runs: None if it is on
+    another host or its record is damaged (nothing here can tell), False if nobody wrote
+    one (a reader holds the lock, not a runner)."""
+    if not info.get("pid"):
+        return False
+    from renderctl.proctree import holder_alive
+
+    try:
+        return holder_alive(host=str(info.get("host", "")), boot_id=str(info.get("boot_id")),
+                            pid=int(info["pid"]), start_time=int(info.get("start_time") or 0))
+    except (TypeError, ValueError):
+        return None
 
 
 def _read_with_inode(path: Path) -> tuple[bytes, tuple[int, int]]:
@@ -1182,13 +1200,20 @@ class Queue:
         path = self.path / "runner.lock"
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                info = self.runner_info() or {}
-                pid = info.get("pid")
-                raise QueueBusy(f"another runner (pid {pid}) holds queue {self.path}",
-                                holder_pid=pid) from None
+            deadline = time.monotonic() + LOCK_PATIENCE_S
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    info = self.runner_info() or {}
+                    if _holder_alive(info) is not False or time.monotonic() >= deadline:
+                        pid = info.get("pid")
+                        raise QueueBusy(f"another runner (pid {pid}) holds queue {self.path}",
+                                        holder_pid=pid) from None
+                    # Not a runner: `status` peeking (a shared lock for microseconds) or a
+                    # `cancel` fixing an orphan. A cron run must not be refused for that.
+                    time.sleep(0.02)
             os.ftruncate(fd, 0)
             os.pwrite(fd, json.dumps({**holder.to_json(), "started_at": self.clock.wall()}
                                      ).encode(), 0)
@@ -1219,7 +1244,9 @@ class Queue:
 
     def signal_runner(self, sig: int) -> bool:
         info = self.runner_info()
-        if not info or not info.get("pid"):
+        # Only a live runner: while a `cancel` holds the lock to fix a dead runner's orphan,
+        # the file still names the dead runner, whose pid may belong to someone else now.
+        if not info or _holder_alive(info) is not True:
             return False
         try:
             os.kill(int(info["pid"]), sig)
