@@ -94,6 +94,7 @@ from renderctl.store import Claim, Holder, JobRecord, Queue, Transition, name_pr
 from renderctl.worker import PRELOAD, WorkerConfig, worker_main
 
 MB = 1024 * 1024
+RETIRE_BOUND_S = 5.0  # a worker that said it retires and has not exited by then is killed
 CRASH_POINTS = ("claim", "lease", "start", "commit", "publish:before_link",
                 "publish:after_link", "publish:after_done", "dead")
 
@@ -1029,6 +1030,13 @@ class Runner:
             # for it would spin forever.
             if msg.reason == ABOVE_CEILING:
                 w.stale_slot = True
+            if msg.reason not in ("skip", "drain") and w.current is None \
+                    and w.kill_deadline is None:
+                # It retires (its reason says why) and should be gone in milliseconds; one
+                # that is not (something a job left holds it) is killed, so that its slot
+                # and the jobs sent to it meanwhile are not lost with it.
+                w.kill_deadline = time.monotonic() + RETIRE_BOUND_S
+                w.doomed = _tree(w.pid, include_root=True)
             unfit = msg.reason == ABOVE_CEILING and not w.started_any
             for i, jid in enumerate(msg.job_ids):
                 a = self._pop_queued(w, jid)

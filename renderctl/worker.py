@@ -128,6 +128,10 @@ def worker_main(conn: Connection, config: WorkerConfig) -> None:
     with contextlib.suppress(ValueError):
         signal.set_wakeup_fd(-1)
     Worker(conn, config).serve()
+    # Not through multiprocessing's exit path: it waits for every non-daemon thread (one a
+    # job left running would hold this worker, and the jobs sent to it, forever) and runs
+    # the atexit handlers jobs registered. Our results are sent; nothing else is owed.
+    os._exit(0)
 
 
 def _drop_forkserver_fds() -> None:
@@ -320,6 +324,7 @@ class Worker:
                 if not remove_leftovers(_children_of_threads if damage else self._children,
                                         LEFTOVER_BOUND_S):
                     self.retire_reason = "a job left processes that would not die; retiring"
+                _forget_dead_mp_helpers()
                 if damage:
                     # The job closed or replaced descriptors this worker relies on: its
                     # failure, not an I/O error of the queue. Nothing of ours can be trusted
@@ -538,6 +543,33 @@ def _children_of_threads() -> list[int]:
         with contextlib.suppress(OSError), open(f"/proc/self/task/{tid}/children", "rb") as fh:
             pids.extend(int(p) for p in fh.read().split())
     return pids
+
+
+def _forget_dead_mp_helpers() -> None:
+    """Forget the resource tracker and fork server a job's own multiprocessing started.
+
+    They are this worker's children, so they were just killed with the job's other
+    leftovers, but multiprocessing still holds their pipes and pids: the next job's use
+    would write to a dead pipe (SIGPIPE: the worker dies) or wait for a reaped pid
+    (ChildProcessError). Forgotten, they are started afresh when a job needs them."""
+    from multiprocessing import forkserver, resource_tracker
+
+    from renderctl.proctree import pid_alive
+
+    tracker = resource_tracker._resource_tracker
+    pid = getattr(tracker, "_pid", None)
+    if pid is not None and not pid_alive(pid):
+        with contextlib.suppress(OSError, TypeError):
+            os.close(tracker._fd)  # type: ignore[attr-defined]
+        tracker._fd = tracker._pid = None  # type: ignore[attr-defined]
+    server = forkserver._forkserver
+    pid = getattr(server, "_forkserver_pid", None)
+    if pid is not None and not pid_alive(pid):
+        with contextlib.suppress(OSError, TypeError):
+            os.close(server._forkserver_alive_fd)  # type: ignore[attr-defined]
+        server._forkserver_pid = None  # type: ignore[attr-defined]
+        server._forkserver_address = None  # type: ignore[attr-defined]
+        server._forkserver_alive_fd = None  # type: ignore[attr-defined]
 
 
 def remove_leftovers(children: Callable[[], list[int]], bound_s: float) -> bool:

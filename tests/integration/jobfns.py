@@ -530,7 +530,8 @@ def leave_a_thread(inputs: Sequence[Path], output: Path, params: Mapping[str, An
     """Start a thread that outlives the job (it would go on running in the next job)."""
     import threading
 
-    threading.Thread(target=time.sleep, args=(600,), daemon=True).start()
+    threading.Thread(target=time.sleep, args=(600,),
+                     daemon=bool(params.get("daemon", True))).start()
     _write_pid(params["pidfile"], os.getpid())
     write_pdf(inputs, output, params)
 
@@ -542,4 +543,21 @@ def leave_shm(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -
         block = b"x" * (1 << 20)
         for _ in range(int(params["mb"])):
             fh.write(block)
+    write_pdf(inputs, output, params)
+
+
+def _child_writes(path: str) -> None:
+    Path(path).write_text("written by a child process")
+
+
+def use_multiprocessing(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
+    """Run a child through multiprocessing's ``params["ctx"]`` context, as job code may."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context(params["ctx"])
+    side = Path(os.environ["TMPDIR"]) / "child.txt"
+    child = ctx.Process(target=_child_writes, args=(str(side),))
+    child.start()
+    child.join(60)
+    assert child.exitcode == 0 and side.read_text() == "written by a child process"
     write_pdf(inputs, output, params)

@@ -319,3 +319,46 @@ def test_memory_a_job_left_in_tmpfs_is_not_charged_to_a_later_job(
     assert res.returncode == 0, res.stdout + res.stderr
     assert QueueView(queue).states_of(["a", "b"]) == {"a": ["done"], "b": ["done"]}
     assert_pdf(out / "b.pdf", "b")
+
+
+@pytest.mark.parametrize("ctx", ["spawn", "forkserver"])
+def test_jobs_may_use_multiprocessing_one_after_another_in_one_worker(
+        tmp_path: Path, write_manifest: Any, ctx: str) -> None:
+    # Given two jobs that each start a child through multiprocessing (whose helper processes
+    # the worker kills after each job, as leftovers)
+    stage(tmp_path)
+    manifest = write_manifest([
+        {**py_job(f"{ctx}-{n}", "use_multiprocessing", ctx=ctx), "max_attempts": 1,
+         "priority": 3 - n} for n in (1, 2)])
+    queue, out = tmp_path / "q", tmp_path / "out"
+
+    # When one worker runs both
+    res = run_cli("run", manifest, *cli_args(queue, out, "--workers", "1"))
+
+    # Then both complete (the second does not die writing to the first's dead helpers)
+    assert res.returncode == 0, res.stdout + res.stderr
+    for n in (1, 2):
+        assert_pdf(out / f"{ctx}-{n}.pdf", f"{ctx}-{n}")
+
+
+def test_a_job_that_leaves_a_non_daemon_thread_does_not_hold_up_the_run(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given a job leaving a non-daemon thread (an interpreter waits for those at exit),
+    # then two ordinary jobs, on one worker
+    stage(tmp_path)
+    manifest = write_manifest([
+        {**py_job("leaker", "leave_a_thread", daemon=False,
+                  pidfile=str(tmp_path / "leaker.pid")), "priority": 3},
+        {**py_job("next-1", "write_pdf"), "priority": 2},
+        {**py_job("next-2", "write_pdf"), "priority": 1},
+    ])
+    queue, out = tmp_path / "q", tmp_path / "out"
+
+    # When they run
+    t0 = time.monotonic()
+    res = run_cli("run", manifest, *cli_args(queue, out, "--workers", "1"), timeout=60)
+
+    # Then all complete promptly: the retiring worker exits (or is killed), not waits
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert time.monotonic() - t0 < 20
+    assert QueueView(queue).ids("done") == {"leaker", "next-1", "next-2"}
