@@ -81,7 +81,6 @@ class Baseline:
         """Put everything back (call once os.environ is the job's); returns what could not be."""
         problems: list[str] = []
         os.umask(self.umask)
-        signal.pthread_sigmask(signal.SIG_SETMASK, self.mask)
         signal.alarm(0)
         for timer in _TIMERS:
             if signal.getitimer(timer) != (0.0, 0.0):
@@ -91,6 +90,9 @@ class Baseline:
                 if signal.getsignal(sig) is not handler:
                     with contextlib.suppress(OSError, ValueError):
                         signal.signal(sig, handler)
+        # After the handlers: a signal the job blocked and left pending is delivered now to
+        # the worker's handler (or default), not to the job's.
+        signal.pthread_sigmask(signal.SIG_SETMASK, self.mask)
         if "rlimits" in self.touched:
             for res, limits in self.rlimits.items():
                 if resource.getrlimit(res) != limits:

@@ -314,6 +314,7 @@ class Worker:
         self._send(Started(job.job_id, job.token, time.time()))
         t0 = time.monotonic()
         workdir = self.workdir
+        damage = ""
         try:
             with self._clean_context(job, workdir) as captured:
                 fields = execute(job, Path(workdir))
@@ -349,7 +350,7 @@ class Worker:
             except OSError:
                 os.makedirs(self.workdir, mode=0o700, exist_ok=True)
         elapsed = time.monotonic() - t0
-        if not self.retire_reason:  # read through kept descriptors: not if a job broke them
+        if not damage:  # read through kept descriptors: not if a job broke them
             self._check_ceiling(job, fields)
         # Held until the next job starts or the worker is about to wait (see _send).
         self.outbox.append(Finished(job.job_id, job.token, elapsed_s=elapsed, **fields))
