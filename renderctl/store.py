@@ -472,7 +472,12 @@ class Queue:
             self.quarantine(path, f"unparseable: {exc}", inode=inode)
             return None
         if rec.spec.id != path.stem:
-            return None  # a recycled record file, read as the runner refilled it
+            # Either a recycled record file read as the runner refilled it (the path names
+            # another file by now: leave it), or a record filed under the wrong name (moved
+            # by hand): that one would never run, so it is reported like a corrupt one.
+            self.quarantine(path, f"the record of job {rec.spec.id!r} filed as {path.name}",
+                            inode=inode)
+            return None
         return self._with_lease(path, rec)
 
     def quarantine(self, path: Path, reason: str,

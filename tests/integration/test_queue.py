@@ -500,3 +500,19 @@ def test_a_lease_whose_holder_file_is_gone_is_judged_by_its_expiry_alone(
     lease = read_lease(q.record_path(State.RUNNING, "a"))
     assert lease is not None and lease.holder == UNKNOWN_HOLDER
     assert (lease.token, lease.expires_at) == (claim.lease.token, claim.lease.expires_at)
+
+
+def test_a_record_filed_under_another_jobs_name_is_reported_not_lost(
+        q: Queue, tmp_path: Path) -> None:
+    # Given y's record renamed by hand to pending/x.json
+    submit(q, [pyjob("y")], tmp_path)
+    os.rename(q.record_path(State.PENDING, "y"), q.record_path(State.PENDING, "x"))
+
+    # When a runner indexes pending/
+    assert q.load_index(ClaimIndex()) == 0
+
+    # Then it is quarantined with its reason (it could never have run as x or y)
+    [moved] = files(q, "corrupt")
+    assert moved.startswith("pending.x.json.")
+    [ev] = [e for e in events(q) if e["event"] == "corrupt"]
+    assert "the record of job 'y' filed as x.json" in ev["reason"]
