@@ -11,7 +11,8 @@ the worker retires instead. Monkeypatched library functions are not detected (th
 mean comparing every module's namespace per job); a job that needs that isolation is a
 ``command`` job, or runs with ``--max-jobs-per-worker 1``.
 
-Cost on the common path (nothing changed): ~5 us per job. Signal handlers, resource limits
+Cost on the common path (nothing changed): ~3 us per job (only after jobs that run the
+user's code in the worker: python callables, plugin renderers). Signal handlers, resource limits
 and the C environment are compared only after a job called ``signal.signal``,
 ``resource.setrlimit``/``prlimit`` or ``os.putenv``/``unsetenv`` (the functions are wrapped
 to say so): comparing 60 handlers and 16 limits every time cost ~40 us, nearly 1% of an

@@ -30,7 +30,7 @@ from typing import Any
 from renderctl import proctree
 from renderctl.fsutil import unlink_quiet
 from renderctl.lifecycle import Outcome, State
-from renderctl.publish import discard, is_ours, tmp_output_path, tmp_outputs
+from renderctl.publish import DIR_MARKER, discard, is_ours, tmp_output_path, tmp_outputs
 from renderctl.render.base import RendererSpec
 from renderctl.store import JobRecord, Queue, Transition
 
@@ -132,8 +132,6 @@ def _written_since(final: Path, is_dir: bool, claimed_at: float) -> bool:
     an output an earlier life of the job published. That output was written before this
     claim; this attempt's own was written after it (the worker writes, then the runner
     renames, which keeps the mtime). 2 ms of slack: claimed_at is kept in milliseconds."""
-    from renderctl.publish import DIR_MARKER
-
     try:
         mtime = os.stat(final / DIR_MARKER if is_dir else final).st_mtime
     except OSError:

@@ -18,16 +18,19 @@ fixed sleep. Because nothing but this loop runs in the runner, ``fork`` is safe 
 Actors:
 
 - **WorkerHandle**: one worker process and its slot (cgroup or sampler), the jobs sent to
-  it, the one it has started, and why we killed it (if we did). Each worker is its own
-  process group; killing the group kills the job's whole tree.
+  it, the one it has started, and why we killed it (if we did, and for which job). A kill
+  takes the worker's process group, the worker itself and its whole tree (a job can leave
+  the group) and, with a cgroup guard, every task in its slot.
 - **claims**: jobs moved to ``running/`` with a lease, waiting in ``ready`` for a worker
   and for room in the memory budget. A few are claimed ahead (prefetch) so that a worker
   never waits for the runner's disk syncs; how many follows from the observed job length.
 - **completions**: finished attempts waiting for the next group commit. Nothing is reported
   done before its output and record are durable; many jobs share one sync.
-- **recovery** (at start): running jobs of a dead runner are returned to pending (a
-  ``crashed`` attempt if the attempt had started, nothing charged if it had not), or
-  completed if their output had already been published.
+- **recovery** (at start, and when a lease of a runner we cannot judge expires; the
+  verdicts live in recovery.py, which `cancel` with no runner uses too): running jobs of
+  a dead runner are returned to pending (a ``crashed`` attempt if the attempt had started,
+  nothing charged if it had not), or completed if this attempt's output had already been
+  published.
 """
 
 from __future__ import annotations
@@ -1036,7 +1039,7 @@ class Runner:
                 # that is not (something a job left holds it) is killed, so that its slot
                 # and the jobs sent to it meanwhile are not lost with it.
                 w.kill_deadline = time.monotonic() + RETIRE_BOUND_S
-                w.doomed = _tree(w.pid, include_root=True)
+                w.doomed = _tree(w.pid)
             unfit = msg.reason == ABOVE_CEILING and not w.started_any
             for i, jid in enumerate(msg.job_ids):
                 a = self._pop_queued(w, jid)
@@ -1219,7 +1222,7 @@ class Runner:
             in_slot = w.slot.pids()
         except (OSError, ValueError):
             in_slot = []
-        w.doomed = _tree(w.pid, include_root=True) + _processes(in_slot)
+        w.doomed = _tree(w.pid) + _processes(in_slot)
         if graceful:
             proctree.kill_group(w.pgid, signal.SIGTERM)
             _signal_all(w.doomed, signal.SIGTERM)
@@ -1488,7 +1491,8 @@ def start_worker(ctx: Any, cfg: WorkerConfig, *, name: str,
     A start talking to the dying server then fails with EOFError or a connection error;
     CPython starts a new server at the next start once it has reaped the old one, so try
     again shortly instead of letting one job's act end the run."""
-    for attempt in range(tries):
+    attempt = 0
+    while True:
         parent, child = ctx.Pipe(duplex=True)
         proc = ctx.Process(target=worker_main, args=(child, cfg), name=name, daemon=False)
         try:
@@ -1496,14 +1500,14 @@ def start_worker(ctx: Any, cfg: WorkerConfig, *, name: str,
         except (EOFError, ConnectionError, FileNotFoundError) as exc:
             parent.close()
             child.close()
-            if attempt == tries - 1:
+            attempt += 1
+            if attempt == tries:
                 raise WorkerStartError(f"cannot start a worker: the fork server keeps "
                                        f"failing ({type(exc).__name__}: {exc})") from None
             time.sleep(0.01 * 2 ** attempt)
             continue
         child.close()
         return proc, parent
-    raise AssertionError("unreachable")
 
 
 def prestart(method: str) -> Any:
@@ -1532,16 +1536,16 @@ def _percentiles(values: deque[float]) -> dict[str, float] | None:
     return {"p50": q(0.5), "p99": q(0.99), "n": len(xs)}
 
 
-def _tree(pid: int | None, *, include_root: bool = False) -> list[Any]:
-    """psutil handles of ``pid``'s descendants (safe against pid reuse when signalled)."""
+def _tree(pid: int | None) -> list[Any]:
+    """psutil handles of ``pid`` and its descendants (safe against pid reuse when
+    signalled)."""
     if pid is None:
         return []
     import psutil
 
     try:
         root = psutil.Process(pid)
-        return [root, *root.children(recursive=True)] if include_root \
-            else root.children(recursive=True)
+        return [root, *root.children(recursive=True)]
     except psutil.Error:
         return []
 

@@ -27,6 +27,18 @@ Durability (each fsync names the crash it protects against where it is made):
 
 Batches share one sync: N transitions cost one ``syncfs`` plus one directory fsync per
 folder touched, not N fsyncs (MEASUREMENTS.md: fsyncs per job are the cost that matters).
+
+- **dead retry** rewrites ``dead/x`` in place durably, then moves it to ``pending/`` with one
+  rename: a crash leaves the job in exactly one of the two.
+- **Locks**: ``.submit.lock`` (submits and journal replays, one at a time);
+  ``.replace.lock``, held by a ``--replace`` while it re-checks and applies, taken shared
+  and non-blocking by each claim batch (a claim skips a round rather than let a job be
+  claimed between a replace's check and its rename); ``runner.lock`` (one runner per queue;
+  readers take it shared for a moment, so a starting runner waits for a holder that is not
+  a live runner).
+- **Readers in other processes** (`show`, `status`) may read a running record's file just
+  as the runner recycles it: a record is quarantined only if its path still names the file
+  that was read, and a record of another id is never taken for the one looked up.
 """
 
 from __future__ import annotations

@@ -1,9 +1,12 @@
 """The worker process: runs one attempt at a time, in a clean context, and reports back.
 
-A worker is its own process group (so the runner can kill a job's whole tree with one
-``killpg``), dies with its parent (PR_SET_PDEATHSIG), and never touches queue folders: it
+A worker is its own process group and a child subreaper (so whatever a job starts, even a
+``setsid`` daemon, stays in its tree and is killed and reaped after the job), dies with its
+parent (PR_SET_PDEATHSIG, taking that tree with it), and never touches queue folders: it
 writes the job's output to the temporary path it was given, checks it, and says so. The
-runner publishes.
+runner publishes. A worker retires (answering ``Dropped`` with why) when a job broke its
+descriptors, left a thread or an unkillable process, or left its slot above the next
+job's ceiling; the runner starts a fresh one.
 
 Clean context per job: a fresh working directory (also ``TMPDIR``), the environment the
 worker started with plus ``RENDERCTL_JOB_ID``/``RENDERCTL_ATTEMPT``, default signal
@@ -63,6 +66,7 @@ from renderctl.messages import (
     Stop,
 )
 from renderctl.publish import DIR_MARKER, tag_output
+from renderctl.render.registry import BUILTIN
 
 TAIL_LINES = 20
 TAIL_BYTES = 4096
@@ -123,7 +127,10 @@ def worker_main(conn: Connection, config: WorkerConfig) -> None:
         os._exit(0)
     # The runner shields itself from the OOM killer; a worker must be the one to go.
     proctree.set_oom_score_adj(500)
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP, signal.SIGCHLD):
+    # Every job starts with default handlers (Python itself ignores SIGPIPE; the fork server
+    # ignores SIGINT, SIGTERM and SIGHUP), except the parent-death signal's.
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP,
+                signal.SIGCHLD, signal.SIGALRM, signal.SIGPIPE):
         signal.signal(sig, signal.SIG_DFL)
     with contextlib.suppress(ValueError):
         signal.set_wakeup_fd(-1)
@@ -171,11 +178,7 @@ class Worker:
         self.outbox: list[object] = []
         self.limit_bytes = 0  # the ceiling currently set on this worker's slot
         self.environ = _Environ(os.environ)
-        # Every job starts with default handlers (Python itself ignores SIGPIPE), except the
-        # parent-death signal's; Baseline puts back whatever a job changes.
-        for sig in (signal.SIGALRM, signal.SIGUSR2, signal.SIGPIPE):
-            signal.signal(sig, signal.SIG_DFL)
-        self.baseline = Baseline()
+        self.baseline = Baseline()  # puts back whatever a job changes (see worker_main)
         self.base_path = list(sys.path)
         self.base_modules = set(sys.modules)
         self.library_roots = tuple({
@@ -318,14 +321,16 @@ class Worker:
         try:
             with self._clean_context(job, workdir) as captured:
                 fields = execute(job, Path(workdir))
-                damage = self.own_fds.damage()
+                user_code = runs_user_code_here(job)
+                damage = self.own_fds.damage() if user_code else ""
                 # Before the peak is read and the next job starts: what a job left running
                 # (a daemon, a command's background process) would run into the next job
                 # and be charged to it.
                 if not remove_leftovers(_children_of_threads if damage else self._children,
                                         LEFTOVER_BOUND_S):
                     self.retire_reason = "a job left processes that would not die; retiring"
-                _forget_dead_mp_helpers()
+                if user_code:
+                    _forget_dead_mp_helpers()
                 if damage:
                     # The job closed or replaced descriptors this worker relies on: its
                     # failure, not an I/O error of the queue. Nothing of ours can be trusted
@@ -399,11 +404,12 @@ class Worker:
             sys.path[:] = self.base_path
             self._forget_user_modules()
             self.environ.set({})  # before the time zone is judged (TZ)
-            problems = self.baseline.restore()
-            if threads_left():
-                problems.append(f"the job left {threads_left()} thread(s) running")
-            if problems and not self.retire_reason:
-                self.retire_reason = "; ".join(problems) + "; retiring"
+            if runs_user_code_here(job):
+                problems = self.baseline.restore()
+                if threads_left():
+                    problems.append(f"the job left {threads_left()} thread(s) running")
+                if problems and not self.retire_reason:
+                    self.retire_reason = "; ".join(problems) + "; retiring"
 
     def _forget_user_modules(self) -> None:
         for name in sys.modules.keys() - self.base_modules:
@@ -544,6 +550,18 @@ def _children_of_threads() -> list[int]:
         with contextlib.suppress(OSError), open(f"/proc/self/task/{tid}/children", "rb") as fh:
             pids.extend(int(p) for p in fh.read().split())
     return pids
+
+
+# Kinds whose code is ours, or runs in a child process (command): they cannot change this
+# process, so the checks after a job that runs someone's code here are skipped for them
+# (~12 us a job: descriptors, process state, threads, multiprocessing's helpers).
+_OWN_KINDS = frozenset(spec.kind for spec in BUILTIN if spec.kind != "python")
+
+
+def runs_user_code_here(job: RunJob) -> bool:
+    """Whether the job runs code of the user's (a python callable, a plugin renderer) in
+    this process."""
+    return job.spec.get("kind") not in _OWN_KINDS
 
 
 def _forget_dead_mp_helpers() -> None:
