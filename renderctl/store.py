@@ -528,18 +528,9 @@ class Queue:
         for _ in range(3):  # a job moving between folders during the scan: look again
             for state in order:
                 p = self.record_path(state, job_id)
-                try:
-                    raw, inode = _read_with_inode(p)
-                except FileNotFoundError:
-                    continue
-                try:
-                    rec = JobRecord.loads(raw)
-                except _CORRUPT as exc:
-                    self.quarantine(p, f"unparseable: {exc}", inode=inode)
-                    continue
-                if rec.spec.id == job_id:
-                    return JobView(state, self._with_lease(p, rec), p)
-                # Another job's record: the file was recycled as we read it. Look again.
+                rec = self._read_or_quarantine(p)
+                if rec is not None:
+                    return JobView(state, rec, p)
         return None
 
     def get(self, job_id: str) -> JobView:
