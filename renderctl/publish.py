@@ -28,8 +28,7 @@ class Published(StrEnum):
     """What a publish attempt found."""
 
     PUBLISHED = "published"  # we made the output visible now
-    ALREADY_OURS = "already_ours"  # an earlier life of this attempt already did
-    EXISTS = "exists"  # someone else's file is there: never touched
+    EXISTS = "exists"  # something is there already: never touched
 
 
 class OutputEscapes(Exception):
@@ -61,8 +60,7 @@ def check_confined(root: Path, final: Path) -> None:
         raise OutputEscapes(f"{final} is a symlink")
 
 
-def publish(tmp: Path, final: Path, *, is_dir: bool, job_id: str,
-            token: str | None = None) -> Published:
+def publish(tmp: Path, final: Path, *, is_dir: bool, token: str | None = None) -> Published:
     """Make ``tmp`` visible as ``final`` unless something is already there.
 
     With ``token`` (the worker tagged the file with it, see ``tag_output``), a file is moved
@@ -76,8 +74,10 @@ def publish(tmp: Path, final: Path, *, is_dir: bool, job_id: str,
             os.link(tmp, final, follow_symlinks=False)
         return Published.PUBLISHED
     except FileExistsError:
-        return Published.ALREADY_OURS if is_ours(tmp, final, is_dir=is_dir, job_id=job_id,
-                                                 token=token) else Published.EXISTS
+        # Not ours to judge here: an attempt being committed has published nothing yet, so
+        # whatever is there came from someone else, or from an earlier life of this job id
+        # whose token repeats (see Runner._commit). Recovery judges with is_ours.
+        return Published.EXISTS
 
 
 def tag_output(path: Path, token: str) -> bool:

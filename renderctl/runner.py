@@ -1381,15 +1381,13 @@ class Runner:
         linked: list[Assignment] = []
         restaged = False
         for a, i, fin in to_link:
-            is_dir = a.output_kind == "dir"
-            token = a.claim.lease.token if fin.owner_tagged or is_dir else None
-            status = publish(a.tmp, a.final, is_dir=is_dir, job_id=a.job_id, token=token)
-            if status is not Published.PUBLISHED:
-                # Someone created the file since we looked: theirs; never overwrite it. Even
-                # "already ours" is not ours here: this attempt published nothing yet, so a
-                # file tagged with its token was published for an earlier life of this id
-                # (replaced, or resubmitted after its done record was deleted) whose
-                # attempt numbers restarted under this same runner.
+            token = a.claim.lease.token if fin.owner_tagged else None
+            status = publish(a.tmp, a.final, is_dir=a.output_kind == "dir", token=token)
+            if status is Published.EXISTS:
+                # Someone's file is there: never overwrite it. Even one tagged with this
+                # attempt's token is not this attempt's (it published nothing yet): an
+                # earlier life of this id (replaced, or resubmitted after its done record was
+                # deleted), whose attempt numbers restarted under this same runner.
                 fin = replace(fin, error=_exists_message(a.final, a.job_id))
                 t = self._transition(a, fin, Outcome.OUTPUT_EXISTS.value, now)
                 transitions[i] = t
