@@ -282,7 +282,9 @@ def validate(manifests: ManifestsArg, out_dir: OutOpt = None, as_json: JsonOpt =
     from renderctl.manifest import load_manifests
 
     try:
-        jobs = load_manifests(manifests, out_root=out_root(out_dir))
+        origins: dict[str, str] = {}
+        jobs = load_manifests(manifests, out_root=out_root(out_dir), origins=origins)
+        warn_past_deadlines(jobs, origins)
     except ManifestError as exc:
         if as_json:
             out.print_json({"valid": False, "problems": [p.__dict__ for p in exc.problems]})
@@ -292,6 +294,18 @@ def validate(manifests: ManifestsArg, out_dir: OutOpt = None, as_json: JsonOpt =
         out.print_json({"valid": True, "jobs": len(jobs)})
     else:
         print(f"ok: {len(jobs)} job(s) in {len(manifests)} manifest(s)")
+
+
+def warn_past_deadlines(jobs: list[Any], origins: dict[str, str]) -> None:
+    """A deadline already past is valid (the job is accepted and expires unrun), but it is
+    almost always a typo or a stale manifest: say so on stderr, once per job."""
+    import time
+
+    now = time.time()
+    for job in jobs:
+        if job.deadline is not None and job.deadline < now:
+            out.err(f"warning: {origins.get(job.id, '?')}: job {job.id}: deadline: already "
+                    "past; the job will expire without running")
 
 
 def do_submit(
@@ -309,6 +323,7 @@ def do_submit(
     origins: dict[str, str] = {}
     jobs = load_manifests(manifests, out_root=out_root(out_dir), limits=limits,
                           origins=origins)
+    warn_past_deadlines(jobs, origins)
     q = Queue(queue_path(queue))
     try:
         return q.submit(jobs, replace=replace, max_pending=max_pending,

@@ -228,3 +228,15 @@ def test_submit_json_reports_problems_on_stdout(runner: CliRunner, bad: Path,
     doc = json.loads(res.stdout)
     assert doc["accepted"] == []
     assert {p["field"] for p in doc["problems"]} == {"memroy_mb", "output"}
+
+
+def test_a_deadline_already_past_is_accepted_with_a_warning(runner: CliRunner,
+                                                            write_manifest: Any,
+                                                            queue_dir: Path) -> None:
+    past = write_manifest([{"id": "late", "kind": "python", "callable": "m:f",
+                            "output": "late.pdf", "deadline": "2020-01-01T00:00:00Z"}],
+                          name="past.toml")
+    for cmd in (["validate"], ["submit", "--queue", str(queue_dir)]):
+        res = runner.invoke(app, [*cmd, str(past)])
+        assert res.exit_code == 0, res.stderr
+        assert f"warning: {past}: job late: deadline: already past" in res.stderr
