@@ -166,9 +166,15 @@ def load_config_file(cwd: str | os.PathLike[str]) -> tuple[Path | None, dict[str
         return None, {}
     path, table = found
     values: dict[str, Any] = {}
+    problems: list[str] = []
     for raw_key, value in table.items():
         key = raw_key.replace("-", "_")
-        values[key] = check_value(key, value, where=str(path))
+        try:
+            values[key] = check_value(key, value, where=str(path))
+        except ConfigError as exc:
+            problems.append(str(exc))
+    if problems:  # every one at once, as a manifest's problems are
+        raise ConfigError("\n".join(problems))
     return path, values
 
 

@@ -267,7 +267,8 @@ def configure(
     try:
         path, config = load_config_file(Path.cwd())
     except ConfigError as exc:
-        out.err(str(exc))
+        for line in str(exc).splitlines():  # every problem of the file, one line each
+            out.err(line)
         raise typer.Exit(ExitCode.USAGE) from None
     if config:
         ctx.meta[CONFIG_FILE_META] = str(path)

@@ -60,6 +60,16 @@ def test_bad_config_exits_2_naming_file_and_key(tmp_path: Path, text: str,
     assert "Traceback" not in res.stderr
 
 
+def test_every_problem_of_a_config_file_is_reported_at_once(tmp_path: Path) -> None:
+    (tmp_path / "renderctl.toml").write_text('workers = "many"\nbogus = 1\ntimeout = -1\n')
+    res = cli("status", cwd=tmp_path)
+    assert res.returncode == 2
+    lines = res.stderr.splitlines()
+    assert len(lines) == 3 and all(line.startswith("renderctl: ") for line in lines), lines
+    for needle in ("key 'workers'", "unknown key 'bogus'", "key 'timeout'"):
+        assert any(needle in line for line in lines), (needle, lines)
+
+
 def test_resolver_rule() -> None:
     cfg = {"workers": 3}
     assert resolve("workers", cli=1, env={"RENDERCTL_WORKERS": "2"}, config=cfg) == 1
