@@ -93,7 +93,15 @@ from renderctl.recovery import (
 )
 from renderctl.render.registry import all_specs
 from renderctl.settings import RunnerSettings
-from renderctl.store import Claim, Holder, JobRecord, Queue, Transition, name_prefix
+from renderctl.store import (
+    Claim,
+    Holder,
+    JobRecord,
+    Queue,
+    Transition,
+    name_prefix,
+    parse_token,
+)
 from renderctl.worker import PRELOAD, WorkerConfig, worker_main
 
 MB = 1024 * 1024
@@ -1570,9 +1578,8 @@ def _signal_all(procs: list[Any], sig: int) -> None:
 def _exists_message(final: Path, job_id: str) -> str:
     token = owner_token(final)
     if token:
-        # The tag is the attempt's token, <runner>:<job>:<attempt>: name its job.
-        _, _, rest = token.partition(":")
-        owner, _, attempt = rest.rpartition(":")
+        # The tag is the attempt's token: name its job.
+        _, owner, attempt = parse_token(token)
         if owner and owner != job_id:
             # Two jobs given one output path (in different submits: one manifest's duplicate
             # outputs are refused at validation).

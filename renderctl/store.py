@@ -328,6 +328,18 @@ def _holder_alive(info: Mapping[str, Any]) -> bool | None:
         return None
 
 
+def make_token(prefix: str, job_id: str, attempt: int) -> str:
+    """An attempt's token: ``<runner prefix>:<job id>:<attempt>`` (ids hold no ':')."""
+    return f"{prefix}:{job_id}:{attempt}"
+
+
+def parse_token(token: str) -> tuple[str, str, str]:
+    """(runner prefix, job id, attempt) of a token made by ``make_token``; "" where absent."""
+    prefix, _, rest = token.partition(":")
+    job_id, _, attempt = rest.rpartition(":")
+    return prefix, job_id, attempt
+
+
 def _read_with_inode(path: Path) -> tuple[bytes, tuple[int, int]]:
     """A file's bytes and the (device, inode) they were read from."""
     with open(path, "rb") as fh:
@@ -963,7 +975,7 @@ class Queue:
                 crash_hook("claim")
             attempt = len(rec.attempts) + 1
             # Milliseconds: what the compact xattr keeps (see _write_lease).
-            lease = Lease(holder, f"{token_prefix}:{rec.spec.id}:{attempt}", attempt,
+            lease = Lease(holder, make_token(token_prefix, rec.spec.id, attempt), attempt,
                           round(now, 3), round(now + lease_s, 3))
             rec = replace(rec, lease=lease)
             self._write_lease(dst, rec)
@@ -1332,7 +1344,7 @@ def read_lease(path: str | os.PathLike[str]) -> Lease | None:
         job_id = name.removesuffix(".json")
         control = f"{queue_dir.rpartition('/')[0]}/control"
         return Lease(_holder(control, prefix),
-                     f"{prefix}:{job_id}:{attempt}", int(attempt), float(claimed_at),
+                     make_token(prefix, job_id, int(attempt)), int(attempt), float(claimed_at),
                      float(expires_at))
     except (ValueError, KeyError, TypeError, UnicodeDecodeError):
         return None
