@@ -53,7 +53,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from renderctl import proctree
+from renderctl import mpstate, proctree
 from renderctl.clock import SYSTEM_CLOCK, Clock
 from renderctl.crashpoints import CRASH_ENV, STOP_ENV, CrashPoints
 from renderctl.errors import ExitCode, QueueIOError, RenderctlError
@@ -1172,7 +1172,7 @@ class Runner:
         elif sig is not None:
             outcome, error = Outcome.CRASHED.value, \
                 f"worker killed by {_signame(sig)} (nobody sent it)"
-        elif code == 255 and (server := _dead_fork_server()) is not None:
+        elif code == 255 and (server := mpstate.dead_fork_server()) is not None:
             # The fork server relays its children's exit status; it died (a job signalled
             # its parent?), so this worker died of its parent-death signal, status unknown.
             exit_code = None
@@ -1591,14 +1591,6 @@ def _exists_message(final: Path, job_id: str) -> str:
                 "this job id that no record of this queue remembers (the job was replaced, "
                 "or its done record deleted); left untouched, move it away to render it again")
     return f"{final} already exists and renderctl did not publish it for this job; left untouched"
-
-
-def _dead_fork_server() -> int | None:
-    """The pid of this process's fork server if it has died (else None)."""
-    from multiprocessing import forkserver
-
-    pid = getattr(forkserver._forkserver, "_forkserver_pid", None)
-    return pid if pid is not None and not proctree.pid_alive(pid) else None
 
 
 def _path_problem(exc: Exception, final: Path) -> str:

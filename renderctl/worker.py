@@ -40,6 +40,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, NoReturn
 
+from renderctl import mpstate
 from renderctl.cleanslate import Baseline, threads_left
 from renderctl.errors import ExitCode, InvalidInput, InvalidOutput, os_error_message
 from renderctl.fsutil import with_name
@@ -119,7 +120,7 @@ def worker_main(conn: Connection, config: WorkerConfig) -> None:
 
     # Orphans of a job become ours, so that nothing a job started can outlive it.
     proctree.set_child_subreaper()
-    _drop_forkserver_fds()
+    mpstate.drop_inherited_pipes()
     signal.signal(PARENT_DEATH_SIGNAL, _die_with_group)
     try:
         proctree.set_parent_death_signal(PARENT_DEATH_SIGNAL)
@@ -139,31 +140,6 @@ def worker_main(conn: Connection, config: WorkerConfig) -> None:
     # job left running would hold this worker, and the jobs sent to it, forever) and runs
     # the atexit handlers jobs registered. Our results are sent; nothing else is owed.
     os._exit(0)
-
-
-def _drop_forkserver_fds() -> None:
-    """Close the fork server's "alive" pipe end that CPython hands every forkserver child.
-
-    The fork server exits when that pipe reaches EOF, i.e. when the runner dies, and its
-    exit is what fires our parent-death signal. While any worker holds a copy of the write
-    end, the EOF never comes and a SIGKILLed runner's workers would run on unsupervised.
-    """
-    from multiprocessing import forkserver, resource_tracker
-
-    server = forkserver._forkserver
-    fd = getattr(server, "_forkserver_alive_fd", None)
-    if fd is None:
-        return  # not a fork server's child
-    with contextlib.suppress(OSError):
-        os.close(fd)
-    server._forkserver_alive_fd = None  # type: ignore[attr-defined]
-    # Likewise the resource tracker's pipe, so that it too exits with the runner.
-    tracker = resource_tracker._resource_tracker
-    tfd = getattr(tracker, "_fd", None)
-    if tfd is not None:
-        with contextlib.suppress(OSError):
-            os.close(tfd)
-        tracker._fd = None  # type: ignore[attr-defined]
 
 
 class Worker:
@@ -330,7 +306,7 @@ class Worker:
                                         LEFTOVER_BOUND_S):
                     self.retire_reason = "a job left processes that would not die; retiring"
                 if user_code:
-                    _forget_dead_mp_helpers()
+                    mpstate.forget_dead_helpers()
                 if damage:
                     # The job closed or replaced descriptors this worker relies on: its
                     # failure, not an I/O error of the queue. Nothing of ours can be trusted
@@ -562,33 +538,6 @@ def runs_user_code_here(job: RunJob) -> bool:
     """Whether the job runs code of the user's (a python callable, a plugin renderer) in
     this process."""
     return job.spec.get("kind") not in _OWN_KINDS
-
-
-def _forget_dead_mp_helpers() -> None:
-    """Forget the resource tracker and fork server a job's own multiprocessing started.
-
-    They are this worker's children, so they were just killed with the job's other
-    leftovers, but multiprocessing still holds their pipes and pids: the next job's use
-    would write to a dead pipe (SIGPIPE: the worker dies) or wait for a reaped pid
-    (ChildProcessError). Forgotten, they are started afresh when a job needs them."""
-    from multiprocessing import forkserver, resource_tracker
-
-    from renderctl.proctree import pid_alive
-
-    tracker = resource_tracker._resource_tracker
-    pid = getattr(tracker, "_pid", None)
-    if pid is not None and not pid_alive(pid):
-        with contextlib.suppress(OSError, TypeError):
-            os.close(tracker._fd)  # type: ignore[attr-defined]
-        tracker._fd = tracker._pid = None  # type: ignore[attr-defined]
-    server = forkserver._forkserver
-    pid = getattr(server, "_forkserver_pid", None)
-    if pid is not None and not pid_alive(pid):
-        with contextlib.suppress(OSError, TypeError):
-            os.close(server._forkserver_alive_fd)  # type: ignore[attr-defined]
-        server._forkserver_pid = None  # type: ignore[attr-defined]
-        server._forkserver_address = None  # type: ignore[attr-defined]
-        server._forkserver_alive_fd = None  # type: ignore[attr-defined]
 
 
 def remove_leftovers(children: Callable[[], list[int]], bound_s: float) -> bool:
