@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 # -- runner -> worker ----------------------------------------------------------------------
@@ -79,17 +80,22 @@ class Finished:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-# Dropped.reason of a worker retiring because its slot already holds more than the next
-# job's ceiling (see Worker._apply_limit).
-ABOVE_CEILING = "worker above the next job's ceiling; recycling"
+class DropKind(StrEnum):
+    """Why a worker hands queued jobs back (``Dropped.kind``)."""
+
+    SKIP = "skip"  # answer to Skip: those jobs were cancelled
+    DRAIN = "drain"  # answer to Drain: the runner is stopping; the current job finishes
+    RETIRE = "retire"  # the worker is leaving now (a job broke it, or left a thread...)
+    ABOVE_CEILING = "above_ceiling"  # retiring: its slot holds more than the next ceiling
 
 
 @dataclass(frozen=True)
 class Dropped:
-    """These queued jobs were not started (answer to ``Skip``/``Drain``, or a worker retiring
-    because it could not honour the next job's ceiling)."""
+    """These queued jobs were not started: ``kind`` says why (the runner acts on it),
+    ``reason`` says it in words (for logs)."""
 
     job_ids: tuple[str, ...]
+    kind: DropKind
     reason: str = ""
 
 

@@ -61,9 +61,9 @@ from renderctl.fsutil import syncfs, unlink_quiet
 from renderctl.guards import MemoryGuard, OomMark, Slot, TreeSampler, detect_memory_guard
 from renderctl.lifecycle import Outcome, State
 from renderctl.messages import (
-    ABOVE_CEILING,
     Broken,
     Drain,
+    DropKind,
     Dropped,
     Finished,
     Ready,
@@ -1039,16 +1039,16 @@ class Runner:
             # file in tmpfs, must not count against a later job). If even a worker that has
             # run nothing could not set the ceiling, the job is charged: replacing workers
             # for it would spin forever.
-            if msg.reason == ABOVE_CEILING:
+            if msg.kind is DropKind.ABOVE_CEILING:
                 w.stale_slot = True
-            if msg.reason not in ("skip", "drain") and w.current is None \
+            if msg.kind in (DropKind.RETIRE, DropKind.ABOVE_CEILING) and w.current is None \
                     and w.kill_deadline is None:
                 # It retires (its reason says why) and should be gone in milliseconds; one
                 # that is not (something a job left holds it) is killed, so that its slot
                 # and the jobs sent to it meanwhile are not lost with it.
                 w.kill_deadline = time.monotonic() + RETIRE_BOUND_S
                 w.doomed = _tree(w.pid)
-            unfit = msg.reason == ABOVE_CEILING and not w.started_any
+            unfit = msg.kind is DropKind.ABOVE_CEILING and not w.started_any
             for i, jid in enumerate(msg.job_ids):
                 a = self._pop_queued(w, jid)
                 if a is None:

@@ -55,9 +55,9 @@ from renderctl.guards import (
 )
 from renderctl.lifecycle import Outcome
 from renderctl.messages import (
-    ABOVE_CEILING,
     Broken,
     Drain,
+    DropKind,
     Dropped,
     Finished,
     Ready,
@@ -198,7 +198,7 @@ class Worker:
                     self._flush()  # a result must not wait for the next job
                 self._take_messages(block=block)
                 if self.draining:
-                    self._drop_all("drain")
+                    self._drop_all(DropKind.DRAIN)
                     return
                 if not self.queue:
                     if self.stopping:
@@ -215,7 +215,7 @@ class Worker:
                     self._broken(exc)
                 if self.retire_reason:
                     # Its jobs go back to the runner, which starts a fresh worker for them.
-                    self._drop_all(self.retire_reason)
+                    self._drop_all(DropKind.RETIRE, self.retire_reason)
                     return
         finally:
             self._flush()
@@ -257,16 +257,16 @@ class Worker:
         elif isinstance(msg, Skip):
             skipped = tuple(j.job_id for j in self.queue if j.job_id in msg.job_ids)
             self.queue = deque(j for j in self.queue if j.job_id not in msg.job_ids)
-            self._send(Dropped(skipped, "skip"))
+            self._send(Dropped(skipped, DropKind.SKIP))
         elif isinstance(msg, Drain):
             self.draining = True
         elif isinstance(msg, Stop):
             self.stopping = True
 
-    def _drop_all(self, reason: str) -> None:
+    def _drop_all(self, kind: DropKind, reason: str = "") -> None:
         ids = tuple(j.job_id for j in self.queue)
         self.queue.clear()
-        self._send(Dropped(ids, reason))
+        self._send(Dropped(ids, kind, reason))
 
     def _apply_limit(self, job: RunJob) -> bool:
         """Set this slot's ceiling to the job's; a worker too big for it retires instead."""
@@ -279,7 +279,8 @@ class Worker:
             set_job_limit(self.config.slot_path, job.memory_limit_bytes)
         except LimitBelowUsage:
             self.queue.appendleft(job)
-            self._drop_all(ABOVE_CEILING)
+            self._drop_all(DropKind.ABOVE_CEILING,
+                           "worker above the next job's ceiling; recycling")
             return False
         self.limit_bytes = job.memory_limit_bytes
         return True
