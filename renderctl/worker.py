@@ -77,7 +77,7 @@ MB = 1024 * 1024
 # them.
 LEFTOVER_BOUND_S = 2.0
 PRELOAD = (
-    "renderctl.forkserver_init",  # first: the server ignores group-wide SIGTERM/SIGHUP
+    "renderctl.forkserver_init",  # first: the server ignores a group-wide SIGTERM
     "renderctl.worker",
     "renderctl.render.safety",
     "renderctl.render.invoice",
@@ -129,7 +129,7 @@ def worker_main(conn: Connection, config: WorkerConfig) -> None:
     # The runner shields itself from the OOM killer; a worker must be the one to go.
     proctree.set_oom_score_adj(500)
     # Every job starts with default handlers (Python itself ignores SIGPIPE; the fork server
-    # ignores SIGINT, SIGTERM and SIGHUP), except the parent-death signal's.
+    # ignores SIGINT and SIGTERM; nohup, SIGHUP), except the parent-death signal's.
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP,
                 signal.SIGCHLD, signal.SIGALRM, signal.SIGPIPE):
         signal.signal(sig, signal.SIG_DFL)
