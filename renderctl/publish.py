@@ -35,9 +35,14 @@ class OutputEscapes(Exception):
     """The output's folder resolves outside the output root (a symlink on the way)."""
 
 
-def tmp_output_path(final: Path, job_id: str, attempt: int) -> Path:
-    """The temporary name beside ``final`` for one attempt (deterministic, for recovery)."""
+def tmp_output_path(final: Path, job_id: str, token: str) -> Path:
+    """The temporary name beside ``final`` for one attempt (deterministic, for recovery).
+
+    Named by the attempt's token, unique per claim: no two attempts (another life of the job
+    id, or a runner that took over an expired lease) ever write to the same temporary, and
+    in link mode a leftover name hard-linked to a published file is never written into."""
     tag = hashlib.sha256(job_id.encode()).hexdigest()[:16]
+    attempt = hashlib.sha256(token.encode()).hexdigest()[:16]
     return final.parent / f"{RESERVED_PREFIX}{tag}-{attempt}.tmp"
 
 
@@ -75,8 +80,7 @@ def publish(tmp: Path, final: Path, *, is_dir: bool, token: str | None = None) -
         return Published.PUBLISHED
     except FileExistsError:
         # Not ours to judge here: an attempt being committed has published nothing yet, so
-        # whatever is there came from someone else, or from an earlier life of this job id
-        # whose token repeats (see Runner._commit). Recovery judges with is_ours.
+        # whatever is there came from someone else. Recovery judges with is_ours.
         return Published.EXISTS
 
 

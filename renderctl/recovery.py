@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
 import signal
 import time
 from collections.abc import Mapping
@@ -30,7 +29,7 @@ from typing import Any
 from renderctl import proctree
 from renderctl.fsutil import unlink_quiet
 from renderctl.lifecycle import Outcome, State
-from renderctl.publish import DIR_MARKER, discard, is_ours, tmp_output_path, tmp_outputs
+from renderctl.publish import discard, is_ours, tmp_output_path, tmp_outputs
 from renderctl.render.base import RendererSpec
 from renderctl.store import JobRecord, Queue, Transition
 
@@ -98,10 +97,9 @@ def judge_orphan(rec: JobRecord, *, started: set[str], now: float,
     kind = specs.get(spec.kind)
     is_dir = kind is not None and kind.output == "dir"
     if lease is not None:
-        tmp = tmp_output_path(final, spec.id, lease.attempt)
+        tmp = tmp_output_path(final, spec.id, lease.token)
         if final.exists() and is_ours(tmp, final, is_dir=is_dir, job_id=spec.id,
-                                      token=lease.token) \
-                and _written_since(final, is_dir, lease.claimed_at):
+                                      token=lease.token):
             # Published before the crash, not yet recorded: complete, never republish.
             attempt = {"n": lease.attempt, "outcome": Outcome.COMPLETED.value,
                        "started_at": lease.claimed_at, "ended_at": now, "recovered": True}
@@ -122,21 +120,6 @@ def judge_orphan(rec: JobRecord, *, started: set[str], now: float,
     return Orphan(crashed={"n": lease.attempt, "outcome": Outcome.CRASHED.value,
                            "started_at": lease.claimed_at, "ended_at": now,
                            "error": f"{why} during the attempt"})
-
-
-def _written_since(final: Path, is_dir: bool, claimed_at: float) -> bool:
-    """Whether the output was written after this attempt was claimed.
-
-    Tokens repeat: attempt numbers restart when a job is replaced, or resubmitted after its
-    done record was deleted, so under one runner a new attempt's token can equal the tag of
-    an output an earlier life of the job published. That output was written before this
-    claim; this attempt's own was written after it (the worker writes, then the runner
-    renames, which keeps the mtime). 2 ms of slack: claimed_at is kept in milliseconds."""
-    try:
-        mtime = os.stat(final / DIR_MARKER if is_dir else final).st_mtime
-    except OSError:
-        return False
-    return mtime >= claimed_at - 0.002
 
 
 def apply_verdicts(q: Queue, transitions: list[Transition], published_tmps: list[Path]) -> None:

@@ -889,7 +889,7 @@ class Runner:
         final = spec.output_path
         kind = self._specs.get(spec.kind)
         output_kind = kind.output if kind is not None else "file"
-        a = Assignment(c, final, tmp_output_path(final, spec.id, c.lease.attempt), output_kind,
+        a = Assignment(c, final, tmp_output_path(final, spec.id, c.lease.token), output_kind,
                        spec.memory_mb)
         if spec.memory_mb > self.budget_mb:
             self._finish_unrun(a, State.DEAD,
@@ -1392,10 +1392,8 @@ class Runner:
             token = a.claim.lease.token if fin.owner_tagged else None
             status = publish(a.tmp, a.final, is_dir=a.output_kind == "dir", token=token)
             if status is Published.EXISTS:
-                # Someone's file is there: never overwrite it. Even one tagged with this
-                # attempt's token is not this attempt's (it published nothing yet): an
-                # earlier life of this id (replaced, or resubmitted after its done record was
-                # deleted), whose attempt numbers restarted under this same runner.
+                # Someone's file is there (this attempt published nothing yet, and its
+                # token is unique to this claim): never overwrite it.
                 fin = replace(fin, error=_exists_message(a.final, a.job_id))
                 t = self._transition(a, fin, Outcome.OUTPUT_EXISTS.value, now)
                 transitions[i] = t

@@ -146,9 +146,11 @@ class Lease:
                 "claimed_at": self.claimed_at, "expires_at": self.expires_at}
 
     def token_prefix(self, job_id: str) -> str:
-        """Who took it: the token is ``<prefix>:<job id>:<attempt>``; "" if it is not."""
-        suffix = f":{job_id}:{self.attempt}"
-        return self.token[:-len(suffix)] if self.token.endswith(suffix) else ""
+        """Who took it: the token's prefix if the token is the one ``make_token`` makes of
+        this lease (so the compact xattr can rebuild it); "" if it is not."""
+        prefix = self.token.partition(":")[0]
+        made = make_token(prefix, job_id, self.attempt, self.claimed_at)
+        return prefix if made == self.token else ""
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Lease:
@@ -328,15 +330,19 @@ def _holder_alive(info: Mapping[str, Any]) -> bool | None:
         return None
 
 
-def make_token(prefix: str, job_id: str, attempt: int) -> str:
-    """An attempt's token: ``<runner prefix>:<job id>:<attempt>`` (ids hold no ':')."""
-    return f"{prefix}:{job_id}:{attempt}"
+def make_token(prefix: str, job_id: str, attempt: int, claimed_at: float) -> str:
+    """An attempt's token: ``<runner prefix>:<job id>:<attempt>:<claimed at, ms>``.
+
+    Unique per claim, not just per attempt number: attempt numbers restart when a job is
+    replaced, or resubmitted after its done record was deleted, and a released attempt is
+    claimed again under the same number; the claim time (the lease keeps it, so the compact
+    xattr needs no new field) tells those lives apart. Job ids hold no ':'."""
+    return f"{prefix}:{job_id}:{attempt}:{round(claimed_at * 1000)}"
 
 
 def parse_token(token: str) -> tuple[str, str, str]:
     """(runner prefix, job id, attempt) of a token made by ``make_token``; "" where absent."""
-    prefix, _, rest = token.partition(":")
-    job_id, _, attempt = rest.rpartition(":")
+    prefix, job_id, attempt, *_ = [*token.split(":", 3), "", "", ""]
     return prefix, job_id, attempt
 
 
@@ -975,8 +981,9 @@ class Queue:
                 crash_hook("claim")
             attempt = len(rec.attempts) + 1
             # Milliseconds: what the compact xattr keeps (see _write_lease).
-            lease = Lease(holder, make_token(token_prefix, rec.spec.id, attempt), attempt,
-                          round(now, 3), round(now + lease_s, 3))
+            claimed_at = round(now, 3)
+            lease = Lease(holder, make_token(token_prefix, rec.spec.id, attempt, claimed_at),
+                          attempt, claimed_at, round(now + lease_s, 3))
             rec = replace(rec, lease=lease)
             self._write_lease(dst, rec)
             claims.append(Claim(rec))
@@ -1344,8 +1351,8 @@ def read_lease(path: str | os.PathLike[str]) -> Lease | None:
         job_id = name.removesuffix(".json")
         control = f"{queue_dir.rpartition('/')[0]}/control"
         return Lease(_holder(control, prefix),
-                     make_token(prefix, job_id, int(attempt)), int(attempt), float(claimed_at),
-                     float(expires_at))
+                     make_token(prefix, job_id, int(attempt), float(claimed_at)), int(attempt),
+                     float(claimed_at), float(expires_at))
     except (ValueError, KeyError, TypeError, UnicodeDecodeError):
         return None
 

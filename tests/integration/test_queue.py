@@ -294,7 +294,8 @@ def test_claim_finish_round_trip(queue_dir: Path, tmp_path: Path) -> None:
     assert files(q, State.RUNNING) == ["high.json", "mid.json"]
     assert files(q, State.PENDING) == ["low.json"]
     lease = claims[0].lease
-    assert (lease.holder, lease.token, lease.attempt) == (HOLDER, "t:high:1", 1)
+    ms = round(clock.wall() * 1000)
+    assert (lease.holder, lease.token, lease.attempt) == (HOLDER, f"t:high:1:{ms}", 1)
     assert (lease.claimed_at, lease.expires_at) == (clock.wall(), clock.wall() + 60)
     assert q.read_record(q.record_path(State.RUNNING, "high")) == claims[0].record
     assert q.holds(claims[0])
@@ -322,7 +323,9 @@ def test_claim_finish_round_trip(queue_dir: Path, tmp_path: Path) -> None:
     assert [c.job_id for c in claims] == ["low"]
     clock.advance(30)
     claims, _ = q.claim(index, holder=HOLDER, lease_s=60, limit=5, token_prefix="t")
-    assert [(c.job_id, c.lease.attempt, c.lease.token) for c in claims] == [("mid", 2, "t:mid:2")]
+    ms = round(clock.wall() * 1000)
+    assert [(c.job_id, c.lease.attempt, c.lease.token) for c in claims] == [
+        ("mid", 2, f"t:mid:2:{ms}")]
     # And the next records are written into the spare inodes: no record file is created
     spare_inodes = {os.stat(q.dir("tmp") / n).st_ino for n in spare}
     q.finish([Transition(replace(c.record, result={"path": "x"}, lease=None), State.DONE)

@@ -384,3 +384,35 @@ def test_recovery_never_takes_an_earlier_lifes_output_for_a_replaced_jobs_attemp
     assert rec["spec"]["params"] == {"version": 2}
     assert rec["attempts"][-1]["outcome"] == "output_exists"
     assert pdf_text(out / "x.pdf") == v1_text
+
+
+def test_recovery_completes_an_output_whose_mtime_the_job_set_in_the_past(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given a command job that copies a PDF keeping its timestamps (`cp -p`: the published
+    # file's mtime is the input's, years before the claim), and a runner SIGKILLed after
+    # publishing it, before its done record
+    stage(tmp_path)
+    src = tmp_path / "in.pdf"
+    from jobfns import _pdf
+    _pdf(src, "keep")  # the text assert_pdf expects of job `keep`
+    os.utime(src, (1_000_000_000, 1_000_000_000))  # 2001
+    manifest = write_manifest([{"id": "keep", "kind": "command", "inputs": ["in.pdf"],
+                                "argv": ["cp", "-p", "{input}", "{output}"],
+                                "output": "keep.pdf"}])
+    queue, out = tmp_path / "q", tmp_path / "out"
+    final = out / "keep.pdf"
+    qv = QueueView(queue)
+    crashed = run_cli("run", manifest, *cli_args(queue, out, "--workers", "1"),
+                      env={"RENDERCTL_CRASH_AT": "publish:after_link"})
+    assert crashed.returncode == SIGKILLED, crashed.stdout + crashed.stderr
+    assert os.stat(final).st_mtime == 1_000_000_000
+    at_crash = inodes([final])
+
+    # When the next runner recovers it
+    res = run_cli("run", *cli_args(queue, out, *FAST))
+
+    # Then its own output is recognised by its tag, not its age: done, never republished
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert_settled(qv, out, {"keep": final}, dead=set())
+    assert qv.record("done", "keep")["result"].get("recovered") is True
+    assert inodes([final]) == at_crash

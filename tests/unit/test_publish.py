@@ -8,7 +8,7 @@ from renderctl.publish import Published, is_ours, publish, tag_output, tmp_outpu
 
 
 def staged(final: Path, job: str, attempt: int, data: bytes) -> Path:
-    tmp = tmp_output_path(final, job, attempt)
+    tmp = tmp_output_path(final, job, f"t:{job}:{attempt}")
     tmp.write_bytes(data)
     return tmp
 
