@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import signal
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from renderctl.lifecycle import State
@@ -18,11 +18,14 @@ class CancelResult:
     outcome: str  # cancelled | cancel requested | already <state> | not found
 
 
-def cancel_jobs(q: Queue, job_ids: Sequence[str]) -> list[CancelResult]:
+def cancel_jobs(q: Queue, job_ids: Sequence[str], *,
+                crash_hook: Callable[[str], None] | None = None) -> list[CancelResult]:
     """Cancel each job: pending at once; running via the runner (or directly if none runs)."""
     results: list[CancelResult] = []
     wake = False
     for jid in job_ids:
+        if crash_hook is not None:
+            crash_hook("cancel:before")
         if q.cancel_pending(jid):
             results.append(CancelResult(jid, "cancelled"))
             continue

@@ -130,7 +130,9 @@ def atomic_write(
 ) -> None:
     """Durably replace ``path`` with ``data``: tmp -> fsync -> rename -> fsync the directory."""
     final = Path(path)
-    tmp = Path(tmp_dir) / f".{final.name}.{os.getpid()}.{os.urandom(4).hex()}"
+    # The pid first: that is how a queue's tmp cleaner (Queue.clean_tmp) tells a live
+    # writer's file from a dead one's.
+    tmp = Path(tmp_dir) / f"{os.getpid()}.{final.name}.{os.urandom(4).hex()}"
     try:
         write_file(tmp, data, fsync=True)
         os.replace(tmp, final)

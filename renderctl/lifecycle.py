@@ -24,8 +24,10 @@ TERMINAL = frozenset({State.DONE, State.DEAD, State.CANCELLED, State.EXPIRED})
 
 # Every rename the queue may make. Anything else is a bug, caught where it is attempted.
 TRANSITIONS: dict[State, frozenset[State]] = {
-    State.PENDING: frozenset({State.RUNNING, State.CANCELLED, State.EXPIRED}),
-    State.RUNNING: frozenset({State.PENDING, State.DONE, State.DEAD, State.CANCELLED}),
+    State.PENDING: frozenset({State.RUNNING, State.CANCELLED}),
+    # -> expired: a claim takes a job out of pending/ first, then sees its deadline passed.
+    State.RUNNING: frozenset({State.PENDING, State.DONE, State.DEAD, State.CANCELLED,
+                              State.EXPIRED}),
     State.DEAD: frozenset({State.PENDING}),  # `renderctl dead retry`
     State.DONE: frozenset(),
     State.CANCELLED: frozenset(),

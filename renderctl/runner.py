@@ -692,8 +692,19 @@ class Runner:
                                          "running": sum(1 for w in self.workers.values()
                                                         if w.current is not None)})
                 self._drain(now)
+                if now >= self._next_poll:
+                    self._next_poll = now + self.s.poll_interval_s
+                    self.wake_cancel = True
+                if self.wake_cancel:
+                    # A cancel during the grace is still a cancel: a running job is killed
+                    # now rather than left to finish (or be released and run again later).
+                    self.wake_cancel = False
+                    self._handle_cancel_requests()
                 if not any(w.current or w.queued for w in self.workers.values()) \
                         and not self.ready and not self.completions:
+                    # Requests that came in for jobs we have released: they are pending
+                    # now, and cancelling them there is what was asked.
+                    self._handle_cancel_requests()
                     return
             else:
                 if now >= self._next_poll:

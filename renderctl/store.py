@@ -470,10 +470,11 @@ class Queue:
         return self.dir(state) / f"{job_id}.json"
 
     @contextlib.contextmanager
-    def _lock(self, name: str, *, blocking: bool = True) -> Iterator[int]:
+    def _lock(self, name: str, *, blocking: bool = True, shared: bool = False) -> Iterator[int]:
         fd = os.open(self.path / name, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+            fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
+                        | (0 if blocking else fcntl.LOCK_NB))
             yield fd
         finally:
             os.close(fd)
@@ -550,6 +551,16 @@ class Queue:
                 if rec is not None:
                     return JobView(state, rec, p)
         return None
+
+    def _copies(self, job_id: str) -> list[JobView]:
+        """Every copy of a job (normally one; a crash mid-move may leave two)."""
+        views = []
+        for state in State:
+            p = self.record_path(state, job_id)
+            rec = self._read_or_quarantine(p)
+            if rec is not None:
+                views.append(JobView(state, rec, p))
+        return views
 
     def get(self, job_id: str) -> JobView:
         seen = len(self.quarantined)
@@ -718,7 +729,7 @@ class Queue:
             # journal and spend two fsyncs instead of four (the web tier's 200 ms budget).
             self._apply_single(records[0], raws[0], stamp, payload, crash_hook)
         else:
-            self._commit_txn(stamp, payload, records, set(replaced), raws)
+            self._commit_txn(stamp, payload, records, set(replaced), raws, crash_hook)
         self.events.append({"ts": now, "event": "accepted", "job": r.spec.id}
                            for r in records)
         self._submitted.update((r.spec.id, r.entry()) for r in records)
@@ -744,7 +755,8 @@ class Queue:
         os.replace(tmp, self.dir("journal") / f"{stamp}.new")
 
     def _commit_txn(self, stamp: str, payload: bytes, records: Sequence[JobRecord],
-                    replaced: set[str], raws: Sequence[bytes] | None = None) -> None:
+                    replaced: set[str], raws: Sequence[bytes] | None = None,
+                    crash_hook: Callable[[str], None] | None = None) -> None:
         journal = self.dir("journal") / f"{stamp}.txn"
         tmp = self._tmp_name("txn")
         write_file(tmp, payload, fsync=True)
@@ -752,11 +764,12 @@ class Queue:
         # Protects against: power loss right after we report "accepted": without this the
         # journal entry (our commit point) could vanish, and with it the whole batch.
         fsync_dir(journal.parent)
-        self._apply_txn(journal, records, replaced=replaced, raws=raws)
+        self._apply_txn(journal, records, replaced=replaced, raws=raws, crash_hook=crash_hook)
 
     def _apply_txn(self, journal: Path, records: Sequence[JobRecord], *,
                    replaced: set[str], replay: bool = False,
-                   raws: Sequence[bytes] | None = None) -> None:
+                   raws: Sequence[bytes] | None = None,
+                   crash_hook: Callable[[str], None] | None = None) -> None:
         """Roll a committed batch forward into pending/ (idempotent: replays are safe).
 
         The caller holds the replace lock if ``replaced`` (no claim runs meanwhile)."""
@@ -765,19 +778,15 @@ class Queue:
         for i, rec in enumerate(records):
             jid = rec.spec.id
             if replay:
-                other = self.find(jid)
-                if other is not None and (other.record.seq == rec.seq
-                                          or other.state is State.RUNNING):
+                # Every copy, not just the one find() prefers: a replace cut short after
+                # placing ours leaves the old finished copy beside it (see below).
+                copies = self._copies(jid)
+                if any(c.record.seq == rec.seq or c.state is State.RUNNING for c in copies):
                     # Applied already (and perhaps claimed or finished since), or the copy it
                     # was to replace is running: placing ours would make two copies.
                     continue
-                if other is not None and other.state is not State.PENDING \
-                        and jid not in replaced:
+                if any(c.state is not State.PENDING for c in copies) and jid not in replaced:
                     continue  # finished after an earlier roll-forward
-            if jid in replaced:
-                for state in State:
-                    if state is not State.PENDING and state is not State.RUNNING:
-                        unlink_quiet(self.record_path(state, jid))
             tmp = self._tmp_name("job")
             write_file(tmp, raws[i] if raws is not None else rec.dumps(), fsync=small)
             staged.append((tmp, self.record_path(State.PENDING, jid)))
@@ -785,12 +794,32 @@ class Queue:
             # Protects against: power loss after the renames below, which would otherwise
             # expose empty job files in pending/. One syncfs instead of one fsync per job.
             syncfs(self.path)
+        if crash_hook is not None:
+            crash_hook("submit:staged")
         for tmp, dst in staged:
             os.replace(tmp, dst)
         if staged:
             # Protects against: power loss losing the renames into pending/ after the
             # journal entry is retired below.
             fsync_dir(self.dir(State.PENDING))
+        if crash_hook is not None:
+            crash_hook("submit:placed")
+        if replaced:
+            # Only now, with the new copies in place, drop the finished ones they replace:
+            # a `cancel` or `show` in between then finds the job somewhere (a crash in
+            # between leaves two copies, and the replay of this journal entry drops the old).
+            seqs = {r.spec.id: r.seq for r in records}
+            touched = {c.state for jid in replaced for c in self._copies(jid)
+                       if c.state.terminal and c.record.seq != seqs.get(jid)
+                       and unlink_quiet(c.path)}
+            for state in touched:
+                # Protects against: power loss after the journal entry is retired bringing
+                # an old copy back beside the new one (the job in two folders).
+                fsync_dir(self.dir(state))
+            for jid in replaced:
+                # A cancel asked of the old job (left by a runner that stopped before acting
+                # on it) is not a cancel of the new one.
+                self.clear_cancel_request(jid)
         # Doorbell for a running runner: "these ids are new in pending/". No fsync: if the
         # rename is lost, the next open replays the .txn, which is idempotent.
         os.replace(journal, journal.with_suffix(".new"))
@@ -967,15 +996,21 @@ class Queue:
             if rec.seq != entry.seq or rec.not_before > now:
                 index.add(rec.entry(), now=now)  # replaced or re-delayed: reindex as it is
                 continue
+            try:
+                # The atomic step: whoever renames pending/x first (we, or a cancel) wins.
+                # An expiring job takes it too: writing expired/x over a pending/x that a
+                # cancel may be renaming away at the same moment would leave it in two
+                # folders. (If we die before finishing it, recovery finds it in running/
+                # with no lease, returns it to pending, and the next claim expires it.)
+                os.rename(src, dst)
+            except FileNotFoundError:
+                continue
             if rec.spec.deadline is not None and rec.spec.deadline < now and not rec.attempts:
                 expired.append(Transition(
                     replace(rec, reason="deadline passed before it started", changed_at=now),
-                    State.EXPIRED, State.PENDING))
-                continue
-            try:
-                # The atomic step: whoever renames pending/x first (we, or a cancel) wins.
-                os.rename(src, dst)
-            except FileNotFoundError:
+                    State.EXPIRED, State.RUNNING))
+                if crash_hook is not None:
+                    crash_hook("claim:expiring")
                 continue
             if crash_hook is not None:
                 crash_hook("claim")
@@ -1131,10 +1166,13 @@ class Queue:
         """Cancel a pending job atomically; False if it is not pending (any more)."""
         src = self.record_path(State.PENDING, job_id)
         dst = self.record_path(State.CANCELLED, job_id)
-        try:
-            os.rename(src, dst)  # races with a claim's rename: exactly one wins
-        except FileNotFoundError:
-            return False
+        # Shared with claims, exclusive to a replace: a replace checks what it replaces, then
+        # writes pending/x; our rename in between would leave x in cancelled/ and pending/.
+        with self._lock(REPLACE_LOCK, shared=True):
+            try:
+                os.rename(src, dst)  # races with a claim's rename: exactly one wins
+            except FileNotFoundError:
+                return False
         now = self.clock.wall()
         rec = self._read_or_quarantine(dst)
         if rec is not None:
@@ -1215,9 +1253,13 @@ class Queue:
 
     def dead_purge(self) -> int:
         n = 0
-        for jid in self.list_ids(State.DEAD):
-            n += unlink_quiet(self.record_path(State.DEAD, jid))
-        fsync_dir(self.dir(State.DEAD))
+        # The lock `dead retry` holds: a retry rewrites dead/x and then renames it to
+        # pending/; a purge in between would unlink the job it is reviving (reported
+        # "retried", then never run).
+        with self._lock(".submit.lock"):
+            for jid in self.list_ids(State.DEAD):
+                n += unlink_quiet(self.record_path(State.DEAD, jid))
+            fsync_dir(self.dir(State.DEAD))
         return n
 
     # -- the runner lock --

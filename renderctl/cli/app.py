@@ -585,9 +585,10 @@ def cancel(job_ids: Annotated[list[str], typer.Argument(help="job ids")],
            queue: QueueOpt = None, as_json: JsonOpt = False) -> None:
     """Cancel jobs: pending ones at once; running ones are killed by the runner."""
     from renderctl.control import cancel_jobs
+    from renderctl.crashpoints import CrashPoints
 
     q = existing_queue(queue)
-    results = cancel_jobs(q, job_ids)
+    results = cancel_jobs(q, job_ids, crash_hook=CrashPoints.from_env())
     if as_json:
         out.print_json({r.job_id: r.outcome for r in results})
     else:

@@ -105,3 +105,28 @@ def test_a_failed_fsync_is_fatal_and_names_what_failed(tmp_path: Path) -> None:
     with pytest.raises(QueueIOError, match="fsync failed for the record") as info:
         fsync_fd(fd, what="the record")
     assert info.value.exit_code == ExitCode.IO_ERROR
+
+
+def test_a_tmp_cleaner_running_mid_write_keeps_a_live_writers_temporary(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from renderctl import fsutil
+    from renderctl.store import Queue
+
+    # Given a queue, and an atomic_write into its control/ (as the runner writes its holder
+    # file) interrupted right after its temporary is written
+    q = Queue(tmp_path / "q")
+    cleaned: list[int] = []
+    real_write = fsutil.write_file
+
+    def write_then_let_a_cli_open(path: str | os.PathLike[str], data: bytes, **kw: bool) -> None:
+        real_write(path, data, **kw)
+        # When another process opens the queue then (any CLI command cleans tmp/)
+        cleaned.append(Queue(tmp_path / "q").clean_tmp())
+
+    monkeypatch.setattr(fsutil, "write_file", write_then_let_a_cli_open)
+    atomic_write(q.dir("control") / "holder.x.json", b"{}", tmp_dir=q.dir("tmp"))
+
+    # Then the cleaner saw a live writer's file and left it; the write completed
+    assert cleaned == [0]
+    assert (q.dir("control") / "holder.x.json").read_bytes() == b"{}"
+    assert os.listdir(q.dir("tmp")) == []

@@ -1,0 +1,269 @@
+"""`cancel`, `submit --replace`, `dead purge` and expiry racing each other and the runner:
+whatever the interleaving, a job is in exactly one folder, and what each command reported
+holds. Each race is arranged with RENDERCTL_STOP_AT (a real process frozen at a named point)
+or RENDERCTL_CRASH_AT (SIGKILL there), never hoped for with sleeps."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from jobfns import (
+    RENDERCTL,
+    QueueView,
+    Runner,
+    _env,
+    assert_pdf,
+    cli_args,
+    py_job,
+    run_cli,
+    stage,
+    wait_for_pid,
+    wait_until,
+)
+
+from renderctl.errors import ExitCode
+
+PAST = "2020-01-01T00:00:00Z"
+FLOCK_SYSCALL = 73  # x86_64
+
+
+def _stopped(pid: int) -> bool:
+    import psutil
+
+    return psutil.Process(pid).status() == psutil.STATUS_STOPPED
+
+
+def _frozen(args: list[str], point: str) -> subprocess.Popen[str]:
+    """``renderctl ARGS`` started and frozen (SIGSTOP) at ``point``."""
+    proc = subprocess.Popen([*RENDERCTL, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=_env({"RENDERCTL_STOP_AT": point}))
+    wait_until(lambda: proc.poll() is not None or _stopped(proc.pid),
+               what=f"{args[0]} to freeze at {point}")
+    assert proc.poll() is None, proc.communicate()
+    return proc
+
+
+def _exited_or_waiting_for_a_lock(proc: subprocess.Popen[str]) -> bool:
+    if proc.poll() is not None:
+        return True
+    try:
+        return Path(f"/proc/{proc.pid}/syscall").read_text().split()[0] == str(FLOCK_SYSCALL)
+    except (OSError, IndexError):
+        return False
+
+
+def _finish(proc: subprocess.Popen[str]) -> tuple[int, str, str]:
+    os.kill(proc.pid, signal.SIGCONT)
+    out, err = proc.communicate(timeout=60)
+    return proc.returncode, out, err
+
+
+def test_a_job_expiring_as_it_is_claimed_and_cancelled_ends_in_one_folder(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given x, past its deadline and first in line, and y; the runner frozen right after it
+    # claimed y, x's expiry already decided but not yet written
+    stage(tmp_path)
+    queue, out = tmp_path / "q", tmp_path / "out"
+    manifest = write_manifest([{**py_job("x", "write_pdf"), "priority": 10, "deadline": PAST},
+                               py_job("y", "write_pdf")])
+    assert run_cli("submit", manifest, *cli_args(queue, out)).returncode == 0
+    runner = Runner(*cli_args(queue, out, "--workers", "1", "--json"),
+                    env={"RENDERCTL_STOP_AT": "claim"})
+    try:
+        wait_until(lambda: _stopped(runner.pid), what="the runner to freeze in its claim")
+
+        # When the user cancels x meanwhile, and the runner goes on
+        res = run_cli("cancel", "x", "--json", "--queue", queue)
+        assert res.returncode == 0, res.stdout + res.stderr
+        os.kill(runner.pid, signal.SIGCONT)
+        assert runner.wait() == ExitCode.JOBS_FAILED, runner.lines
+    finally:
+        runner.close()
+
+    # Then x is expired (it was claimed first) and nowhere else; no request is left over
+    view = QueueView(queue)
+    assert view.states_of(["x", "y"]) == {"x": ["expired"], "y": ["done"]}
+    assert view.record("expired", "x")["reason"] == "deadline passed before it started"
+    assert not list((queue / "control").glob("cancel.*"))
+    assert not (out / "x.pdf").exists()
+    assert_pdf(out / "y.pdf", "y")
+
+
+def test_a_runner_killed_while_expiring_a_job_expires_it_after_a_restart(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given a job past its deadline, and a runner SIGKILLed once it took the job out of
+    # pending/ to expire it, before it wrote the expired record
+    stage(tmp_path)
+    queue, out = tmp_path / "q", tmp_path / "out"
+    manifest = write_manifest([{**py_job("x", "write_pdf"), "deadline": PAST}])
+    killed = run_cli("run", manifest, *cli_args(queue, out),
+                     env={"RENDERCTL_CRASH_AT": "claim:expiring"})
+    assert killed.returncode == -signal.SIGKILL, killed.stdout + killed.stderr
+    assert QueueView(queue).states_of(["x"]) == {"x": ["running"]}
+
+    # When a runner starts again
+    res = run_cli("run", *cli_args(queue, out))
+
+    # Then the job is expired, once, never run
+    assert res.returncode == ExitCode.JOBS_FAILED, res.stdout + res.stderr
+    view = QueueView(queue)
+    assert view.states_of(["x"]) == {"x": ["expired"]}
+    assert view.record("expired", "x")["attempts"] == []
+    assert not out.exists() or list(out.iterdir()) == []
+
+
+def test_a_cancel_racing_a_replace_cancels_the_job_it_reported(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given pending x (v1); `cancel x` frozen just before it acts, and `submit --replace x`
+    # (v2) frozen once it has checked x and written v2's record, before placing it
+    stage(tmp_path)
+    queue, out = tmp_path / "q", tmp_path / "out"
+    v1 = write_manifest([py_job("x", "write_pdf")], name="v1.toml")
+    v2 = write_manifest([py_job("x", "write_pdf", version=2)], name="v2.toml")
+    assert run_cli("submit", v1, *cli_args(queue, out)).returncode == 0
+    cancel = _frozen(["cancel", "x", "--json", "--queue", str(queue)], "cancel:before")
+    replace = _frozen(["submit", str(v2), "--replace", "--json", *cli_args(queue, out)],
+                      "submit:staged")
+    try:
+        # When the cancel goes on first (it waits for the replace, or it is done), then
+        # the replace
+        os.kill(cancel.pid, signal.SIGCONT)
+        wait_until(lambda: _exited_or_waiting_for_a_lock(cancel),
+                   what="the cancel to finish or wait")
+        rc_r, out_r, err_r = _finish(replace)
+        rc_c, out_c, err_c = _finish(cancel)
+    finally:
+        for p in (cancel, replace):
+            if p.poll() is None:
+                p.kill()
+
+    # Then both report success, and x is cancelled (the cancel came last): v2, in one folder
+    assert rc_r == 0, err_r
+    assert '"x"' in out_r
+    assert rc_c == 0, err_c
+    assert '"cancelled"' in out_c, out_c
+    view = QueueView(queue)
+    assert view.states_of(["x"]) == {"x": ["cancelled"]}
+    assert view.record("cancelled", "x")["spec"]["params"] == {"version": 2}
+
+
+def test_a_cancel_racing_a_replace_of_a_finished_job_finds_the_new_one(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given x cancelled (v1); a second `cancel x` that has opened the queue, frozen; and
+    # `submit --replace x` (v2) frozen with v2 written but not yet placed
+    stage(tmp_path)
+    queue, out = tmp_path / "q", tmp_path / "out"
+    v1 = write_manifest([py_job("x", "write_pdf", output="x1.pdf")], name="v1.toml")
+    v2 = write_manifest([py_job("x", "write_pdf", output="x2.pdf")], name="v2.toml")
+    assert run_cli("submit", v1, *cli_args(queue, out)).returncode == 0
+    assert run_cli("cancel", "x", "--queue", queue).returncode == 0
+    cancel = _frozen(["cancel", "x", "--json", "--queue", str(queue)], "cancel:before")
+    replace = _frozen(["submit", str(v2), "--replace", *cli_args(queue, out)], "submit:staged")
+    try:
+        # When the cancel goes on in the middle of the replace, then the replace
+        os.kill(cancel.pid, signal.SIGCONT)
+        wait_until(lambda: _exited_or_waiting_for_a_lock(cancel),
+                   what="the cancel to finish or wait")
+        rc_r, _, err_r = _finish(replace)
+        rc_c, out_c, err_c = _finish(cancel)
+    finally:
+        for p in (cancel, replace):
+            if p.poll() is None:
+                p.kill()
+
+    # Then the cancel never finds x missing: it cancels v2, which is in one folder
+    assert rc_r == 0, err_r
+    assert rc_c == 0, out_c + err_c
+    assert '"cancelled"' in out_c, out_c
+    view = QueueView(queue)
+    assert view.states_of(["x"]) == {"x": ["cancelled"]}
+    assert view.record("cancelled", "x")["spec"]["output"].endswith("x2.pdf")
+
+
+def test_a_replace_killed_after_placing_the_new_job_leaves_one_copy(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given x completed (v1), and `submit --replace x` (v2) SIGKILLed after it placed v2 in
+    # pending/ but before it dropped the old done record
+    stage(tmp_path)
+    queue, out = tmp_path / "q", tmp_path / "out"
+    v1 = write_manifest([py_job("x", "write_pdf", output="x1.pdf")], name="v1.toml")
+    v2 = write_manifest([py_job("x", "write_pdf", output="x2.pdf")], name="v2.toml")
+    assert run_cli("run", v1, *cli_args(queue, out)).returncode == 0
+    killed = run_cli("submit", v2, "--replace", *cli_args(queue, out),
+                     env={"RENDERCTL_CRASH_AT": "submit:placed"})
+    assert killed.returncode == -signal.SIGKILL, killed.stdout + killed.stderr
+
+    # When the queue is next opened (by anything: here `status`), and then run
+    assert run_cli("status", "--queue", queue).returncode == 0
+    view = QueueView(queue)
+    assert view.states_of(["x"]) == {"x": ["pending"]}
+    res = run_cli("run", *cli_args(queue, out))
+
+    # Then v2 runs, once, and x is done as v2
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert view.states_of(["x"]) == {"x": ["done"]}
+    assert view.record("done", "x")["spec"]["output"].endswith("x2.pdf")
+    assert_pdf(out / "x2.pdf", "x")
+
+
+def test_a_cancel_during_the_grace_stops_the_running_job(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given a runner draining after SIGTERM, with a long grace, its one job still running
+    stage(tmp_path)
+    queue, out = tmp_path / "q", tmp_path / "out"
+    pidfile = tmp_path / "x.pid"
+    manifest = write_manifest([py_job("x", "sleep_then_write", s=600, pidfile=str(pidfile))])
+    runner = Runner(manifest, *cli_args(queue, out, "--workers", "1", "--grace", "600",
+                                        "--json"))
+    try:
+        wait_for_pid(pidfile)
+        runner.proc.send_signal(signal.SIGTERM)
+        runner.until(lambda ln: '"stopping"' in ln)
+
+        # When the user cancels the job
+        res = run_cli("cancel", "x", "--queue", queue)
+        assert res.returncode == 0, res.stdout + res.stderr
+
+        # Then the runner kills it now (not 10 minutes later) and exits
+        assert runner.wait(60) == ExitCode.SIGTERM, runner.lines
+    finally:
+        runner.close()
+    view = QueueView(queue)
+    assert view.states_of(["x"]) == {"x": ["cancelled"]}
+    assert [a["outcome"] for a in view.record("cancelled", "x")["attempts"]] == ["cancelled"]
+    assert not list((queue / "control").glob("cancel.*"))
+    assert not (out / "x.pdf").exists()
+
+
+def test_a_purge_racing_a_retry_never_drops_the_job_the_retry_reported(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given dead x, and `dead retry x` frozen after rewriting its record, before moving it
+    stage(tmp_path)
+    queue, out = tmp_path / "q", tmp_path / "out"
+    manifest = write_manifest([{**py_job("x", "fail"), "max_attempts": 1}])
+    assert run_cli("run", manifest, *cli_args(queue, out)).returncode == ExitCode.JOBS_FAILED
+    retry = _frozen(["dead", "retry", "x", "--queue", str(queue)],
+                    "dead_retry:rewritten")
+    try:
+        # When `dead purge` runs meanwhile (it waits for the retry, or it is done)
+        purge = subprocess.Popen([*RENDERCTL, "dead", "purge", "--queue", str(queue)],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                 env=_env(None))
+        wait_until(lambda: _exited_or_waiting_for_a_lock(purge),  # type: ignore[arg-type]
+                   what="the purge to finish or wait")
+        rc, out_r, err = _finish(retry)
+        purge.communicate(timeout=60)
+    finally:
+        for p in (retry, purge):
+            if p.poll() is None:
+                p.kill()
+
+    # Then the retry's report holds: x is pending, and nothing else happened to it
+    assert rc == 0, err
+    assert "retried 1 job(s)" in out_r
+    assert purge.returncode == 0
+    assert QueueView(queue).states_of(["x"]) == {"x": ["pending"]}
