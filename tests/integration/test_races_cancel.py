@@ -11,6 +11,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import pytest
 from jobfns import (
     RENDERCTL,
     QueueView,
@@ -116,55 +117,24 @@ def test_a_runner_killed_while_expiring_a_job_expires_it_after_a_restart(
     assert not out.exists() or list(out.iterdir()) == []
 
 
-def test_a_cancel_racing_a_replace_cancels_the_job_it_reported(
-        tmp_path: Path, write_manifest: Any) -> None:
-    # Given pending x (v1); `cancel x` frozen just before it acts, and `submit --replace x`
-    # (v2) frozen once it has checked x and written v2's record, before placing it
-    stage(tmp_path)
-    queue, out = tmp_path / "q", tmp_path / "out"
-    v1 = write_manifest([py_job("x", "write_pdf")], name="v1.toml")
-    v2 = write_manifest([py_job("x", "write_pdf", version=2)], name="v2.toml")
-    assert run_cli("submit", v1, *cli_args(queue, out)).returncode == 0
-    cancel = _frozen(["cancel", "x", "--json", "--queue", str(queue)], "cancel:before")
-    replace = _frozen(["submit", str(v2), "--replace", "--json", *cli_args(queue, out)],
-                      "submit:staged")
-    try:
-        # When the cancel goes on first (it waits for the replace, or it is done), then
-        # the replace
-        os.kill(cancel.pid, signal.SIGCONT)
-        wait_until(lambda: _exited_or_waiting_for_a_lock(cancel),
-                   what="the cancel to finish or wait")
-        rc_r, out_r, err_r = _finish(replace)
-        rc_c, out_c, err_c = _finish(cancel)
-    finally:
-        for p in (cancel, replace):
-            if p.poll() is None:
-                p.kill()
-
-    # Then both report success, and x is cancelled (the cancel came last): v2, in one folder
-    assert rc_r == 0, err_r
-    assert '"x"' in out_r
-    assert rc_c == 0, err_c
-    assert '"cancelled"' in out_c, out_c
-    view = QueueView(queue)
-    assert view.states_of(["x"]) == {"x": ["cancelled"]}
-    assert view.record("cancelled", "x")["spec"]["params"] == {"version": 2}
-
-
-def test_a_cancel_racing_a_replace_of_a_finished_job_finds_the_new_one(
-        tmp_path: Path, write_manifest: Any) -> None:
-    # Given x cancelled (v1); a second `cancel x` that has opened the queue, frozen; and
-    # `submit --replace x` (v2) frozen with v2 written but not yet placed
+@pytest.mark.parametrize("before", ["pending", "cancelled"])
+def test_a_cancel_racing_a_replace_cancels_the_new_job_in_one_folder(
+        tmp_path: Path, write_manifest: Any, before: str) -> None:
+    # Given x pending or already cancelled (v1); `cancel x` that has opened the queue,
+    # frozen just before it acts; and `submit --replace x` (v2) frozen once it has checked
+    # x and written v2's record, before placing it
     stage(tmp_path)
     queue, out = tmp_path / "q", tmp_path / "out"
     v1 = write_manifest([py_job("x", "write_pdf", output="x1.pdf")], name="v1.toml")
     v2 = write_manifest([py_job("x", "write_pdf", output="x2.pdf")], name="v2.toml")
     assert run_cli("submit", v1, *cli_args(queue, out)).returncode == 0
-    assert run_cli("cancel", "x", "--queue", queue).returncode == 0
+    if before == "cancelled":
+        assert run_cli("cancel", "x", "--queue", queue).returncode == 0
     cancel = _frozen(["cancel", "x", "--json", "--queue", str(queue)], "cancel:before")
     replace = _frozen(["submit", str(v2), "--replace", *cli_args(queue, out)], "submit:staged")
     try:
-        # When the cancel goes on in the middle of the replace, then the replace
+        # When the cancel goes on in the middle of the replace (it waits for the replace,
+        # or it is done), then the replace
         os.kill(cancel.pid, signal.SIGCONT)
         wait_until(lambda: _exited_or_waiting_for_a_lock(cancel),
                    what="the cancel to finish or wait")
@@ -175,7 +145,8 @@ def test_a_cancel_racing_a_replace_of_a_finished_job_finds_the_new_one(
             if p.poll() is None:
                 p.kill()
 
-    # Then the cancel never finds x missing: it cancels v2, which is in one folder
+    # Then both succeed, the cancel never finds x missing and what it reports holds: it
+    # cancelled x as replaced (v2), which is in one folder
     assert rc_r == 0, err_r
     assert rc_c == 0, out_c + err_c
     assert '"cancelled"' in out_c, out_c
