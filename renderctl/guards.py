@@ -239,6 +239,30 @@ def slot_peak_bytes(slot_path: str) -> int | None:
     return CgroupSlot(path, _is_v1(path)).peak_bytes()
 
 
+def slot_usage_bytes(slot_path: str) -> int | None:
+    """Worker side: the slot's charge now (one pread on a kept descriptor, ~2 us)."""
+    if not slot_path:
+        return None
+    name = "memory.usage_in_bytes" if _is_v1(Path(slot_path)) else "memory.current"
+    return _read_int(f"{slot_path}/{name}")
+
+
+def slot_held_bytes(slot_path: str) -> int | None:
+    """Worker side: the slot's charge less its file page cache, which the kernel reclaims
+    before it would kill anything: what a job's ceiling really competes with (processes'
+    own memory, and files in tmpfs, which count as shared memory and stay charged to the
+    slot after the job). Reads memory.stat (~30 us): only when the usage looks grown."""
+    usage = slot_usage_bytes(slot_path)
+    if usage is None:
+        return None
+    cache = 0
+    for line in _read_text(f"{slot_path}/memory.stat").splitlines():
+        name, _, value = line.partition(" ")
+        if name in ("active_file", "inactive_file"):
+            cache += int(value)
+    return max(0, usage - cache)
+
+
 def ceiling_lifted(slot_path: str, limit_bytes: int) -> bool:
     """Worker side, after a job: whether the slot's ceiling is no longer ``limit_bytes``.
 

@@ -20,6 +20,10 @@ class State(StrEnum):
         return self in TERMINAL
 
 
+# The reason an expired record gives, wherever the deadline was found passed (claim,
+# dispatch, or the worker about to start it).
+EXPIRED_REASON = "deadline passed before it started"
+
 TERMINAL = frozenset({State.DONE, State.DEAD, State.CANCELLED, State.EXPIRED})
 
 # Every rename the queue may make. Anything else is a bug, caught where it is attempted.

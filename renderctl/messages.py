@@ -20,6 +20,10 @@ class RunJob:
     tmp_output: str
     output_kind: str  # "file" | "dir"
     memory_limit_bytes: int
+    # Its deadline (wall clock) if it has never been attempted: DESIGN.md's "not started by
+    # then -> expired, never run" holds at the start itself, which may come long after the
+    # claim for a job queued behind another in this worker.
+    expires_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -85,7 +89,9 @@ class DropKind(StrEnum):
 
     SKIP = "skip"  # answer to Skip: those jobs were cancelled
     DRAIN = "drain"  # answer to Drain: the runner is stopping; the current job finishes
+    EXPIRED = "expired"  # its deadline passed before the worker could start it
     RETIRE = "retire"  # the worker is leaving now (a job broke it, or left a thread...)
+    LEAKED = "leaked"  # retiring: a job left memory charged to its slot (replace the slot)
     ABOVE_CEILING = "above_ceiling"  # retiring: its slot holds more than the next ceiling
 
 

@@ -59,7 +59,7 @@ from renderctl.crashpoints import CRASH_ENV, STOP_ENV, CrashPoints
 from renderctl.errors import ExitCode, QueueIOError, RenderctlError
 from renderctl.fsutil import syncfs, unlink_quiet
 from renderctl.guards import MemoryGuard, OomMark, Slot, TreeSampler, detect_memory_guard
-from renderctl.lifecycle import Outcome, State
+from renderctl.lifecycle import EXPIRED_REASON, Outcome, State
 from renderctl.messages import (
     Broken,
     Drain,
@@ -125,6 +125,10 @@ RESCAN_FULL_S = 60.0
 MTIME_SETTLED_NS = 1_000_000_000  # an mtime this recent may hide a later change in its tick
 PREFETCH_WORK_S = 0.04  # of short jobs queued per worker (see _prefetch_depth)
 NAP_MAX_S = 0.02  # the longest the loop leaves workers' messages unread (see _nap)
+# Jobs queued behind one that has run this long (at least; or STEAL_FACTOR x the recent
+# job time) are taken back for an idle worker (see _rebalance).
+STEAL_AFTER_S = 0.5
+STEAL_FACTOR = 4.0
 STATE_INTERVAL_S = 1.0  # how often runner.state.json is rewritten for `top` and metrics
 STATE_FILE = "runner.state.json"
 MAX_START_FAILURES = 5
@@ -267,6 +271,7 @@ class Runner:
         self._stop_reported = False
         self.stopped = False  # the loop has ended (the last snapshot says "finished")
         self.wake_cancel = True
+        self._halt_reported = False
         self.guard: MemoryGuard | None = None
         self.budget_mb = settings.memory_budget_mb or default_budget_mb()
         self.n_workers = settings.workers or default_workers(self.budget_mb)
@@ -719,6 +724,7 @@ class Runner:
                     self._take_over_expired(self.clock.wall())
                 self._claim()
             self._dispatch()
+            self._rebalance(now)
             self._enforce(now)
             if self.completions and not self._oldest_completion:
                 self._oldest_completion = now
@@ -836,9 +842,12 @@ class Runner:
         deadlines = [self._next_renew, now + self.s.poll_interval_s]
         if any(w.current for w in self.workers.values()):
             deadlines.append(self._next_sample)
+        idle = self._idle()
         for w in self.workers.values():
             if w.current is not None and w.current.started_mono is not None:
                 deadlines.append(w.current.started_mono + w.current.claim.record.spec.timeout_s)
+                if idle and w.queued:
+                    deadlines.append(w.current.started_mono + self._steal_after())
             if w.kill_deadline is not None:
                 deadlines.append(w.kill_deadline)
         if self.stop_deadline is not None:
@@ -940,17 +949,26 @@ class Runner:
             self._spawn(self._next_index)
 
     def _dispatch_ready(self, depth: int) -> None:
+        now = time.monotonic()
         while self.ready:
             a = self.ready[0]
             if a.cancel_requested:
                 self.ready.popleft()
                 self._finish_unrun(a, State.CANCELLED, "cancelled before it started")
                 continue
+            expires = _expires_at(a)
+            if expires is not None and self.clock.wall() > expires:
+                # Claimed in time, but waited in ready/ (for memory, for a worker) past it.
+                self.ready.popleft()
+                self._finish_unrun(a, State.EXPIRED, EXPIRED_REASON)
+                continue
             total = sum(w.reserved_mb() for w in self.workers.values())
             best: WorkerHandle | None = None
             for w in self.workers.values():
                 if w.pid is None or w.retiring or w.load() >= depth:
                     continue
+                if w.current is not None and self._overdue(w.current, now):
+                    continue  # nothing waits behind a job already overdue (see _rebalance)
                 after = total - w.reserved_mb() + max(w.reserved_mb(), a.memory_mb)
                 if after > self.budget_mb:
                     continue
@@ -961,11 +979,60 @@ class Runner:
             self.ready.popleft()
             self._send(best, a)
 
+    def _steal_after(self) -> float:
+        return max(STEAL_AFTER_S, STEAL_FACTOR * self._avg_exec)
+
+    def _overdue(self, a: Assignment, now: float) -> bool:
+        """Whether running job ``a`` has run for longer than jobs lately take."""
+        return a.started_mono is not None and now >= a.started_mono + self._steal_after()
+
+    def _stuck(self, w: WorkerHandle, now: float) -> bool:
+        """Whether ``w`` has jobs queued behind one that is overdue."""
+        return bool(w.queued) and w.current is not None and w.kill_reason is None \
+            and self._overdue(w.current, now)
+
+    def _idle(self) -> bool:
+        return any(w.pid is not None and not w.retiring and not w.load()
+                   for w in self.workers.values())
+
+    def _rebalance(self, now: float) -> None:
+        """Take jobs queued in a worker stuck on a long job back for an idle one.
+
+        Prefetching short jobs (see _prefetch_depth) bets that the running one is short too;
+        when it turns out long, the jobs behind it would wait for it while another worker
+        has nothing to do. The worker reads our Skip only after its current job, and may
+        start a taken job before that: so each gets a new token (Queue.relet), and the old
+        one is treated as cancelled in that worker (started: killed, never published)."""
+        if self.stop_signal is not None or self.ready or not self._idle():
+            return
+        for w in self.workers.values():
+            if not self._stuck(w, now):
+                continue
+            self.crash_point("rebalance")
+            taken = list(w.queued)
+            w.queued.clear()
+            self._tell(w, Skip(tuple(a.job_id for a in taken)))
+            for a in taken:
+                w.cancelled_tokens[a.claim.lease.token] = a.tmp
+            claims = self.q.relet([a.claim for a in taken], lease_s=self.s.lease_s)
+            fresh = {c.job_id: c for c in claims}
+            for a in reversed(taken):
+                c = fresh.get(a.job_id)
+                if c is None:
+                    continue  # fenced meanwhile: no longer ours to run
+                self.ready.appendleft(replace(
+                    a, claim=c, tmp=tmp_output_path(a.final, a.job_id, c.lease.token)))
+            for a in taken:
+                self.reporter.event({"event": "requeued", "job": a.job_id, "worker": w.pid,
+                                     "reason": "queued behind a long job"})
+        if self.ready:
+            self._dispatch()
+
     def _send(self, w: WorkerHandle, a: Assignment) -> None:
         spec = a.claim.record.spec
         msg = RunJob(job_id=spec.id, attempt=a.claim.lease.attempt, token=a.claim.lease.token,
                      spec=spec.to_json(), tmp_output=str(a.tmp), output_kind=a.output_kind,
-                     memory_limit_bytes=spec.memory_mb * MB)
+                     memory_limit_bytes=spec.memory_mb * MB, expires_at=_expires_at(a))
         w.queued.append(a)
         w.assigned_total += 1
         out = self._outgoing.setdefault(w, [])
@@ -1050,9 +1117,10 @@ class Runner:
             # file in tmpfs, must not count against a later job). If even a worker that has
             # run nothing could not set the ceiling, the job is charged: replacing workers
             # for it would spin forever.
-            if msg.kind is DropKind.ABOVE_CEILING:
+            if msg.kind in (DropKind.ABOVE_CEILING, DropKind.LEAKED):
                 w.stale_slot = True
-            if msg.kind in (DropKind.RETIRE, DropKind.ABOVE_CEILING) and w.current is None \
+            if msg.kind in (DropKind.RETIRE, DropKind.ABOVE_CEILING, DropKind.LEAKED) \
+                    and w.current is None \
                     and w.kill_deadline is None:
                 # It retires (its reason says why) and should be gone in milliseconds; one
                 # that is not (something a job left holds it) is killed, so that its slot
@@ -1066,6 +1134,8 @@ class Runner:
                     continue
                 if a.cancel_requested:
                     self._finish_unrun(a, State.CANCELLED, "cancelled before it started")
+                elif msg.kind is DropKind.EXPIRED:
+                    self._finish_unrun(a, State.EXPIRED, EXPIRED_REASON)
                 elif self.stop_signal is not None:
                     self._release_unrun(a)
                 elif unfit and i == 0:
@@ -1485,6 +1555,13 @@ class Runner:
     def _count(self, t: Transition) -> None:
         if t.dst.terminal:
             self.counts[t.dst.value] += 1
+            if t.dst is State.DEAD and self.halted and not self._halt_reported:
+                self._halt_reported = True
+                self.reporter.event({
+                    "event": "halted", "dead": self.counts["dead"],
+                    "max_failures": self.s.max_failures,
+                    "reason": f"--max-failures {self.s.max_failures} reached: no new jobs "
+                              "are started; running ones finish"})
         elif t.dst is State.PENDING and t.record.attempts:
             self.retries += 1
             self.index.add(t.record.entry(), now=self.clock.wall())
@@ -1616,6 +1693,12 @@ def _signame(sig: int) -> str:
         return signal.Signals(sig).name
     except ValueError:
         return f"signal {sig}"
+
+
+def _expires_at(a: Assignment) -> float | None:
+    """When ``a`` expires unstarted: its deadline, unless an attempt of it ever started."""
+    rec = a.claim.record
+    return rec.spec.deadline if not rec.attempts else None
 
 
 def _kill_message(reason: Outcome, a: Assignment, peak: int | None) -> str:

@@ -68,7 +68,7 @@ from renderctl.fsutil import (
     unlink_quiet,
     write_file,
 )
-from renderctl.lifecycle import State, check_transition
+from renderctl.lifecycle import EXPIRED_REASON, State, check_transition
 from renderctl.manifest import JobSpec, Limits, jobs_from_dicts
 from renderctl.policy import ClaimIndex, Entry
 
@@ -1007,7 +1007,7 @@ class Queue:
                 continue
             if rec.spec.deadline is not None and rec.spec.deadline < now and not rec.attempts:
                 expired.append(Transition(
-                    replace(rec, reason="deadline passed before it started", changed_at=now),
+                    replace(rec, reason=EXPIRED_REASON, changed_at=now),
                     State.EXPIRED, State.RUNNING))
                 if crash_hook is not None:
                     crash_hook("claim:expiring")
@@ -1096,11 +1096,33 @@ class Queue:
     def renew(self, claims: Iterable[Claim], *, lease_s: float) -> list[Claim]:
         """Extend leases still ours; returns the renewed claims."""
         now = self.clock.wall()
+        return self._set_leases(
+            claims, lambda c: replace(c.lease, expires_at=round(now + lease_s, 3)))
+
+    def relet(self, claims: Iterable[Claim], *, lease_s: float) -> list[Claim]:
+        """Give claimed jobs that never started a new token (same attempt): the runner takes
+        them back from a worker stuck on a long job, which may still start them under the
+        old one before it reads that it must not. A new token means a new output temporary,
+        so the two can never write the same file, and only the new one can be published
+        (recovery too judges by the lease's token)."""
+        now = self.clock.wall()
+
+        def fresh(c: Claim) -> Lease:
+            # Later than the old claim time, so that the token differs (it has ms in it).
+            at = max(round(now, 3), round(c.lease.claimed_at + 0.001, 3))
+            token = make_token(c.lease.token_prefix(c.job_id), c.job_id, c.lease.attempt, at)
+            return replace(c.lease, token=token, claimed_at=at,
+                           expires_at=round(now + lease_s, 3))
+
+        return self._set_leases(claims, fresh)
+
+    def _set_leases(self, claims: Iterable[Claim],
+                 new_lease: Callable[[Claim], Lease]) -> list[Claim]:
         out: list[Claim] = []
         for c in claims:
             if not self.holds(c):
                 continue  # fenced: someone else owns it now
-            rec = replace(c.record, lease=replace(c.lease, expires_at=round(now + lease_s, 3)))
+            rec = replace(c.record, lease=new_lease(c))
             path = self.record_path(State.RUNNING, c.job_id)
             if self._xattrs:
                 self._write_lease(path, rec)

@@ -51,9 +51,11 @@ from renderctl.guards import (
     peak_is_per_job,
     reset_job_peak,
     set_job_limit,
+    slot_held_bytes,
     slot_peak_bytes,
+    slot_usage_bytes,
 )
-from renderctl.lifecycle import Outcome
+from renderctl.lifecycle import EXPIRED_REASON, Outcome
 from renderctl.messages import (
     Broken,
     Drain,
@@ -76,6 +78,12 @@ MB = 1024 * 1024
 # reaped ~0.1 s after it); past that the worker retires rather than run the next job beside
 # them.
 LEFTOVER_BOUND_S = 2.0
+# What a worker's slot may come to hold beyond what it held before its first job, once a
+# job has ended, before the worker retires for it: memory a job left behind (a C extension's
+# leak, a module-level cache, a file in /dev/shm) would count against every later job's
+# ceiling there, and kill an innocent one. Importing reportlab and pypdf, which stay loaded,
+# costs ~35 MB; the rest is headroom for the allocator's own retention.
+LEFTOVER_ALLOWANCE_BYTES = 64 << 20
 PRELOAD = (
     "renderctl.forkserver_init",  # first: the server ignores a group-wide SIGTERM
     "renderctl.worker",
@@ -187,6 +195,8 @@ class Worker:
         self.own_fds.add(self.children_fd, "its list of child processes")
         self.own_fds.add(self.tasks_fd, "its list of threads")
         self.retire_reason = ""  # set when this worker must not run another job
+        self.retire_kind = DropKind.RETIRE
+        self.held_base: int | None = None  # what the slot held before the first job
 
     def serve(self) -> None:
         self.conn.send(Ready(os.getpid(), os.getpgid(0)))
@@ -205,6 +215,9 @@ class Worker:
                         return
                     continue
                 job = self.queue.popleft()
+                if job.expires_at is not None and time.time() > job.expires_at:
+                    self._send(Dropped((job.job_id,), DropKind.EXPIRED, EXPIRED_REASON))
+                    continue
                 if not self._apply_limit(job):
                     return
                 try:
@@ -215,7 +228,7 @@ class Worker:
                     self._broken(exc)
                 if self.retire_reason:
                     # Its jobs go back to the runner, which starts a fresh worker for them.
-                    self._drop_all(DropKind.RETIRE, self.retire_reason)
+                    self._drop_all(self.retire_kind, self.retire_reason)
                     return
         finally:
             self._flush()
@@ -272,6 +285,8 @@ class Worker:
         """Set this slot's ceiling to the job's; a worker too big for it retires instead."""
         if not self.config.slot_path:
             return True
+        if self.held_base is None:
+            self.held_base = slot_held_bytes(self.config.slot_path) or 0
         if job.memory_limit_bytes == self.limit_bytes:
             reset_job_peak(self.config.slot_path)
             return True
@@ -308,6 +323,8 @@ class Worker:
                     self.retire_reason = "a job left processes that would not die; retiring"
                 if user_code:
                     mpstate.forget_dead_helpers()
+                if (user_code or job.spec.get("kind") == "command") and not damage:
+                    self._check_leftover_memory()  # (through kept descriptors)
                 if damage:
                     # The job closed or replaced descriptors this worker relies on: its
                     # failure, not an I/O error of the queue. Nothing of ours can be trusted
@@ -358,6 +375,20 @@ class Worker:
                           error=f"peak {peak / MB:.0f} MB crossed its memory ceiling of "
                                 f"{limit / MB:.0f} MB"
                                 + (", which the job had lifted" if lifted else ""))
+
+    def _check_leftover_memory(self) -> None:
+        """Retire (for a fresh slot) if the job left memory charged to this slot."""
+        slot = self.config.slot_path
+        if not slot or self.held_base is None or self.retire_reason:
+            return
+        usage = slot_usage_bytes(slot) or 0
+        if usage - self.held_base <= LEFTOVER_ALLOWANCE_BYTES:
+            return  # the usual case: one pread, no memory.stat
+        grown = (slot_held_bytes(slot) or 0) - self.held_base
+        if grown > LEFTOVER_ALLOWANCE_BYTES:
+            self.retire_kind = DropKind.LEAKED
+            self.retire_reason = (f"a job left {grown / MB:.0f} MB held in this worker's "
+                                  "memory slot; retiring (a fresh slot for the next job)")
 
     def _children(self) -> list[int]:
         if os.fstat(self.tasks_fd).st_nlink > 3:

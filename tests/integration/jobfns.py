@@ -431,6 +431,17 @@ def allocate(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) ->
     del hold
 
 
+def leak_memory(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
+    """Keep ``params["mb"]`` MB (touched) alive after the job, as a module-level cache or a
+    C extension's leak would, then write a PDF."""
+    import builtins
+
+    hold = bytearray(int(params["mb"]) << 20)
+    hold[::4096] = b"x" * len(hold[::4096])
+    builtins.__dict__.setdefault("_rctl_test_leak", []).append(hold)
+    write_pdf(inputs, output, params)
+
+
 def close_worker_fds(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
     """Close every inherited descriptor above stderr except the worker's socket to the
     runner (as a careless daemonizing library might), then write a good PDF."""

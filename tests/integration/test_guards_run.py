@@ -282,8 +282,10 @@ def test_memory_ceiling_kills_the_whole_tree_when_a_child_crosses_it(env: Env,
     assert r.wait_exit(timeout=30) == 1, r.diag()
     att = env.show("tool")["attempts"]
     assert [a["outcome"] for a in att] == ["memory"], att
-    seen = (f"child died {float(marker.read_text().split()[1]) - att[0]['started_at']:.2f}s "
-            "into the attempt; " if marker.exists() else "")
+    # The marker may be empty: the kill can land while the job writes it.
+    died = marker.read_text().split() if marker.exists() else []
+    seen = (f"child died {float(died[1]) - att[0]['started_at']:.2f}s into the attempt; "
+            if len(died) > 1 else "")
     print(f"\n[memory-child/{guard}] {seen}attempt ended after {att[0]['elapsed_s']:.2f}s, "
           f"peak {att[0].get('peak_memory_bytes', 0) / MB:.1f} MB")
     # Then the job's process group is killed as the ceiling is crossed, not 5 s later

@@ -298,29 +298,57 @@ def test_a_job_that_leaves_a_thread_running_retires_its_worker(
         assert QueueView(queue).record("done", "leaker")["result"]["peak_memory_bytes"]
 
 
+def _after_a_leaker(tmp_path: Path, write_manifest: Any, leaker: str,
+                    second: dict[str, Any]) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """Run, in one worker slot, a job (``leaker``) that leaves 150 MB charged to its slot,
+    then ``second`` (one attempt); returns the run and the queue (outputs in tmp_path/out)."""
+    stage(tmp_path)
+    shm = Path("/dev/shm") / f"renderctl-test-{os.getpid()}"
+    manifest = write_manifest([
+        {**py_job("leaker", leaker, shm=str(shm), mb=150), "memory_mb": 400, "priority": 2},
+        {**second, "max_attempts": 1, "priority": 1},
+    ])
+    queue = tmp_path / "q"
+    try:
+        res = run_cli("run", manifest, *cli_args(queue, tmp_path / "out", "--workers", "1",
+                                                  "--prefetch", "2"))
+    finally:
+        shm.unlink(missing_ok=True)
+    return res, queue
+
+
 @needs_cgroup_v1
 def test_memory_a_job_left_in_tmpfs_is_not_charged_to_a_later_job(
         tmp_path: Path, write_manifest: Any) -> None:
     # Given a job that leaves 150 MB in /dev/shm (charged to its slot), then a job with a
-    # 100 MB ceiling and a single attempt, in one worker slot
-    stage(tmp_path)
-    shm = Path("/dev/shm") / f"renderctl-test-{os.getpid()}"
-    manifest = write_manifest([
-        {**py_job("a", "leave_shm", shm=str(shm), mb=150), "memory_mb": 400, "priority": 2},
-        {**py_job("b", "write_pdf"), "memory_mb": 100, "max_attempts": 1, "priority": 1},
-    ])
-    queue, out = tmp_path / "q", tmp_path / "out"
-    try:
-        # When they run
-        res = run_cli("run", manifest, *cli_args(queue, out, "--workers", "1",
-                                                  "--prefetch", "1"))
-    finally:
-        shm.unlink(missing_ok=True)
+    # 100 MB ceiling, in one worker slot
+    # When they run
+    res, queue = _after_a_leaker(tmp_path, write_manifest, "leave_shm",
+                                 {**py_job("b", "write_pdf"), "memory_mb": 100})
 
     # Then the second runs in a fresh slot and completes
     assert res.returncode == 0, res.stdout + res.stderr
-    assert QueueView(queue).states_of(["a", "b"]) == {"a": ["done"], "b": ["done"]}
-    assert_pdf(out / "b.pdf", "b")
+    assert QueueView(queue).states_of(["leaker", "b"]) == {"leaker": ["done"], "b": ["done"]}
+    assert_pdf(tmp_path / "out" / "b.pdf", "b")
+
+
+@needs_cgroup_v1
+@pytest.mark.parametrize("leaker", ["leak_memory", "leave_shm"])
+def test_memory_a_job_leaves_behind_does_not_kill_the_next_job_under_the_same_ceiling(
+        tmp_path: Path, write_manifest: Any, leaker: str) -> None:
+    # Given a job that leaves 150 MB charged to its slot (in the worker's heap, or in
+    # /dev/shm), then a job that needs 300 MB of its 400 MB ceiling, in one worker slot
+    # When they run
+    res, queue = _after_a_leaker(tmp_path, write_manifest, leaker,
+                                 {**py_job("innocent", "allocate", mb=300), "memory_mb": 400})
+
+    # Then the second runs in a fresh worker and slot, and completes with its own peak
+    assert res.returncode == 0, res.stdout + res.stderr
+    view = QueueView(queue)
+    assert view.states_of(["leaker", "innocent"]) == {"leaker": ["done"], "innocent": ["done"]}
+    assert_pdf(tmp_path / "out" / "innocent.pdf", "innocent")
+    peak = view.record("done", "innocent")["result"]["peak_memory_bytes"]
+    assert 300 << 20 < peak < 400 << 20, peak
 
 
 @pytest.mark.parametrize("ctx", ["spawn", "forkserver"])

@@ -266,7 +266,7 @@ def test_max_failures_stops_claiming_after_the_first_dead_job(
 
     # When run with --max-failures 1 and one worker
     res = run_cli("run", manifest, *cli_args(queue, out, "--workers", "1",
-                                             "--max-failures", "1"))
+                                             "--max-failures", "1", "--json"))
 
     # Then the run exits 1 with the bad job dead; most others were never claimed; nothing
     # is left running (jobs claimed ahead before the failure may have finished)
@@ -277,6 +277,9 @@ def test_max_failures_stops_claiming_after_the_first_dead_job(
     pending, done = qv.ids("pending"), qv.ids("done")
     assert pending | done == set(ok)
     assert len(pending) >= len(ok) - 3, f"claimed on after the failure: done {sorted(done)}"
+    # And it said why it stopped early, once
+    halted = [e for e in json_lines(res.stdout) if e["event"] == "halted"]
+    assert [(e["dead"], e["max_failures"]) for e in halted] == [(1, 1)], res.stdout
 
 
 def test_a_second_runner_on_a_held_queue_exits_75_naming_the_holder(

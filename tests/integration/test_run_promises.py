@@ -438,3 +438,43 @@ def test_a_status_peeking_at_the_lock_does_not_turn_a_starting_runner_away(
     # Then it waits for the reader instead of exiting 75 "another runner holds the queue"
     assert res.returncode == 0, res.stdout + res.stderr
     assert QueueView(queue).states_of(["a"]) == {"a": ["done"]}
+
+
+def test_a_job_whose_deadline_passes_while_it_waits_in_a_worker_expires_unrun(
+        tmp_path: Path, write_manifest: Any) -> None:
+    import datetime as dt
+    import time
+
+    from jobfns import wait_for_pid, wait_until
+
+    # Given one worker holding two jobs: `first` running until the test says go, and
+    # `late` queued behind it, claimed well before its deadline (5 s away)
+    stage(tmp_path)
+    queue, out = tmp_path / "q", tmp_path / "out"
+    pidfile, go = tmp_path / "first.pid", tmp_path / "go"
+    deadline = time.time() + 5
+    manifest = write_manifest([
+        {**py_job("first", "wait_for_go", pidfile=str(pidfile), go=str(go)), "priority": 10},
+        {**py_job("late", "write_pdf"),
+         "deadline": dt.datetime.fromtimestamp(deadline, dt.UTC).isoformat()},
+    ])
+    runner = Runner(manifest, *cli_args(queue, out, "--workers", "1", "--prefetch", "2",
+                                        "--json"))
+    try:
+        wait_for_pid(pidfile, what="first to start")
+        assert QueueView(queue).states_of(["late"]) == {"late": ["running"]}  # claimed
+
+        # When its deadline passes while it still waits, and only then the worker is free
+        wait_until(lambda: time.time() > deadline + 0.1, timeout_s=10, what="the deadline")
+        go.touch()
+
+        # Then it expires without ever starting (DESIGN.md: not started by then -> expired)
+        assert runner.wait() == ExitCode.JOBS_FAILED, runner.lines
+    finally:
+        runner.close()
+    view = QueueView(queue)
+    assert view.states_of(["first", "late"]) == {"first": ["done"], "late": ["expired"]}
+    assert view.record("expired", "late")["reason"] == "deadline passed before it started"
+    assert not any('"started"' in ln and '"late"' in ln for ln in runner.lines)
+    assert any('"expired"' in ln and '"late"' in ln for ln in runner.lines)
+    assert not (out / "late.pdf").exists()

@@ -337,3 +337,75 @@ def test_a_worker_starts_although_the_fork_server_dies_during_its_start(tmp_path
         conn.send(Stop())
         proc.join(10)
     assert proc.exitcode == 0
+
+
+SHORTS = [f"s{n}" for n in range(1, 7)]
+
+
+def _long_and_shorts(tmp_path: Path, write_manifest: Any) -> tuple[Path, Path, Path, Path]:
+    """(manifest, queue, out, go): `long` (first in line, runs until ``go`` exists, its pid
+    in long.pid) and six short jobs, which two workers holding up to 4 jobs each share."""
+    stage(tmp_path)
+    go = tmp_path / "go"
+    manifest = write_manifest(
+        [{**py_job("long", "wait_for_go", pidfile=str(tmp_path / "long.pid"), go=str(go)),
+          "priority": 10}] + [py_job(s, "write_pdf") for s in SHORTS])
+    return manifest, tmp_path / "q", tmp_path / "out", go
+
+
+def _done_once(queue: Path, job_ids: list[str], out: Path, lines: list[str]) -> None:
+    view = QueueView(queue)
+    assert view.states_of(job_ids) == {j: ["done"] for j in job_ids}
+    for j in job_ids:
+        assert [a["outcome"] for a in view.record("done", j)["attempts"]] == ["completed"]
+        assert_pdf(out / f"{j}.pdf", j)
+    left = [p.name for p in out.iterdir() if p.name.startswith(".")]
+    assert not left, (left, [json.loads(ln) for ln in lines if "started" in ln or "requeued" in ln])
+
+
+def test_jobs_queued_behind_a_long_job_move_to_an_idle_worker(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given a long job and six short ones, some of them prefetched behind the long one
+    manifest, queue, out, go = _long_and_shorts(tmp_path, write_manifest)
+    runner = Runner(manifest, *cli_args(queue, out, "--workers", "2", "--prefetch", "4",
+                                        "--json"))
+    try:
+        wait_for_pid(tmp_path / "long.pid", what="long to start")
+
+        # When the long job keeps running
+        # Then every short job completes meanwhile, on the other worker
+        wait_until(lambda: QueueView(queue).ids("done") >= set(SHORTS), timeout_s=30,
+                   what=lambda: f"the short jobs to complete: {runner.lines}")
+        go.touch()
+        assert runner.wait() == 0, runner.lines
+    finally:
+        runner.close()
+    assert any('"requeued"' in ln for ln in runner.lines), "nothing was queued behind it"
+    _done_once(queue, ["long", *SHORTS], out, runner.lines)
+
+
+def test_a_job_its_stuck_worker_starts_as_it_is_taken_back_runs_and_publishes_once(
+        tmp_path: Path, write_manifest: Any) -> None:
+    from test_run_promises import _stopped
+
+    # Given a long job with short ones queued behind it, and the runner frozen just as it
+    # takes them back for the idle worker
+    manifest, queue, out, go = _long_and_shorts(tmp_path, write_manifest)
+    runner = Runner(manifest, *cli_args(queue, out, "--workers", "2", "--prefetch", "4",
+                                        "--json"), env={"RENDERCTL_STOP_AT": "rebalance"})
+    try:
+        wait_until(lambda: _stopped(runner.pid), timeout_s=30,
+                   what="the runner to freeze as it rebalances")
+
+        # When the long job ends right then, so that its worker starts the next queued job
+        # before it can read that it must not, and the runner goes on
+        go.touch()
+        wait_until(lambda: (out / "long.pdf").exists() or any(
+            p.name.startswith(".") for p in out.iterdir()), what="the worker to move on")
+        os.kill(runner.pid, signal.SIGCONT)
+
+        # Then every job completes, each published once, by one attempt
+        assert runner.wait() == 0, runner.lines
+    finally:
+        runner.close()
+    _done_once(queue, ["long", *SHORTS], out, runner.lines)
