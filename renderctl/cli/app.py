@@ -587,14 +587,28 @@ def cancel(job_ids: Annotated[list[str], typer.Argument(help="job ids")],
     from renderctl.control import cancel_jobs
 
     q = existing_queue(queue)
+    # All or none, like `dead retry`: exit 2 promises nothing changed, and cancel_jobs acts
+    # on each id it finds, so every id is looked up first. A job in any folder counts
+    # (cancelling a finished one is a harmless "already <state>"); only an id in none is a
+    # mistake.
+    missing = sorted({j for j in job_ids if q.find(j) is None})
+    if missing:
+        if as_json:
+            out.print_json({j: "not found" for j in missing})
+        out.err("no such job: " + ", ".join(missing) + "; nothing was cancelled")
+        raise typer.Exit(ExitCode.USAGE)
     results = cancel_jobs(q, job_ids)
     if as_json:
         out.print_json({r.job_id: r.outcome for r in results})
     else:
         for r in results:
             print(f"{r.job_id}: {r.outcome}")
-    if any(r.outcome == "not found" for r in results):
-        raise typer.Exit(ExitCode.USAGE)
+    gone = [r.job_id for r in results if r.outcome == "not found"]
+    if gone:
+        # Found above, gone now (its record archived or purged meanwhile): the others were
+        # cancelled, so this is not exit 2's "nothing changed".
+        out.err("vanished while cancelling: " + ", ".join(gone))
+        raise typer.Exit(ExitCode.JOBS_FAILED)
 
 
 @dead_app.command("list")
