@@ -28,7 +28,7 @@ from renderctl.errors import (
     Saturated,
     os_error_message,
 )
-from renderctl.limits import MAX_ATTEMPTS, MAX_MEMORY_MB, MAX_TIMEOUT_S
+from renderctl.limits import MAX_ATTEMPTS, MAX_MEMORY_MB, MAX_TIMEOUT_S, MAX_WORKERS
 from renderctl.settings import RunnerSettings  # stdlib only: defaults without the runner
 
 if TYPE_CHECKING:
@@ -409,8 +409,9 @@ def run(
     out_dir: OutOpt = None,
     workers: Annotated[int | None, typer.Option("--workers", "-j",
                                                 envvar=_env("workers"), callback=checked,
-                                                help="worker processes [default: from cores "
-                                                "and memory budget]")] = None,
+                                                help=f"worker processes (1-{MAX_WORKERS}) "
+                                                "[default: from cores and memory budget]")
+                         ] = None,
     memory_mb: MemOpt = None,
     timeout: TimeoutOpt = None,
     max_attempts: AttemptsOpt = None,
