@@ -721,7 +721,9 @@ def dead_list(queue: QueueOpt = None, as_json: JsonOpt = False) -> None:
         out.print_json(rows)
         return
     for r in rows:
-        print(f"{r['id']}\t{r['outcome']}\tattempts={r['attempts']}\t{r['error'] or r['reason']}")
+        # One row per job, four tab-separated columns: a multi-line error is escaped.
+        print(f"{r['id']}\t{r['outcome']}\tattempts={r['attempts']}\t"
+              f"{out.one_line(r['error'] or r['reason'])}")
     if not rows:
         print("no dead-lettered jobs")
 

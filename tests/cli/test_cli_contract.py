@@ -255,3 +255,38 @@ def test_a_runner_that_starts_during_run_manifest_gets_its_jobs(tmp_path: Path) 
             if proc is not None and proc.poll() is None:
                 proc.kill()
                 proc.communicate()
+
+
+# -- plain text: one event, one line -----------------------------------------------------------
+
+WHY = "first line\\n\\tsecond line [red]"  # TOML escapes: a newline and a tab
+
+
+def test_a_multi_line_error_stays_on_one_line_in_plain_text(tmp_path: Path) -> None:
+    # Given a job whose exception message spans two lines and holds a tab
+    manifest = write_jobs(tmp_path / "m", [job("boom", "fail", max_attempts=1,
+                                               params={"why": WHY})])
+    q, out = tmp_path / "q", tmp_path / "out"
+
+    # When it runs to dead-letter, printing plain lines, and the dead folder is listed
+    run = cli("run", manifest, "--queue", q, "--out", out, "-j", "1", cwd=tmp_path)
+    dead = cli("dead", "list", "--queue", q, cwd=tmp_path)
+
+    # Then the dead event is one line with the message escaped, and nothing else starts
+    # with the message's second line
+    assert run.returncode == 1, run.stderr
+    [line] = [ln for ln in run.stdout.splitlines() if ln.startswith("dead ")]
+    assert "first line\\n\\tsecond line [red]" in line, run.stdout
+    assert not any(ln.lstrip().startswith("second line") for ln in run.stdout.splitlines())
+    # And `dead list` is one row of four tab-separated columns
+    assert dead.returncode == 0, dead.stderr
+    [row] = dead.stdout.splitlines()
+    cols = row.split("\t")
+    assert cols[:3] == ["boom", "failed", "attempts=1"] and len(cols) == 4, row
+    assert "first line\\n\\tsecond line" in cols[3]
+
+    # And JSON keeps the message as it was
+    as_json = json.loads(cli("dead", "list", "--json", "--queue", q, cwd=tmp_path).stdout)
+    assert "first line\n\tsecond line [red]" in as_json[0]["error"]
+    events = [json.loads(ln) for ln in (q / "events.jsonl").read_text().splitlines()]
+    assert any("first line\n\tsecond line" in str(e.get("error")) for e in events)
