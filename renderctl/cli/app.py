@@ -289,8 +289,13 @@ def validate(manifests: ManifestsArg, out_dir: OutOpt = None, as_json: JsonOpt =
     except ManifestError as exc:
         if as_json:
             out.print_json({"valid": False, "problems": [p.__dict__ for p in exc.problems]})
-            raise typer.Exit(ExitCode.USAGE) from None
-        raise
+        else:
+            for p in exc.problems:
+                out.err(str(p))
+            # Not handle_errors' "nothing was enqueued": validate never enqueues anything.
+            out.err(f"invalid: {len(exc.problems)} problem(s) in {len(manifests)} "
+                    "manifest(s)")
+        raise typer.Exit(ExitCode.USAGE) from None
     if as_json:
         out.print_json({"valid": True, "jobs": len(jobs)})
     else:

@@ -290,3 +290,45 @@ def test_a_multi_line_error_stays_on_one_line_in_plain_text(tmp_path: Path) -> N
     assert "first line\n\tsecond line [red]" in as_json[0]["error"]
     events = [json.loads(ln) for ln in (q / "events.jsonl").read_text().splitlines()]
     assert any("first line\n\tsecond line" in str(e.get("error")) for e in events)
+
+
+# -- words ----------------------------------------------------------------------------------
+
+ONE_PAGE = '''
+
+def one_page(inputs, output, params):
+    from pypdf import PdfWriter
+
+    w = PdfWriter()
+    w.add_blank_page(width=72, height=72)
+    w.write(output)
+'''
+
+
+def test_show_says_1_page_not_1_pages(tmp_path: Path) -> None:
+    # Given a job that published a one-page PDF
+    manifest = write_jobs(tmp_path / "m", [job("p", "one_page", output="p.pdf")])
+    with open(tmp_path / "m" / "jobsmod.py", "a") as fh:
+        fh.write(ONE_PAGE)
+    q = tmp_path / "q"
+    run = cli("run", manifest, "--queue", q, "--out", tmp_path / "out", "-j", "1",
+              cwd=tmp_path)
+    assert run.returncode == 0, run.stdout + run.stderr
+
+    # When it is shown
+    res = cli("show", "p", "--queue", q, cwd=tmp_path)
+
+    # Then its page count reads as English
+    assert res.returncode == 0, res.stderr
+    assert "1 page," in res.stdout and "1 pages" not in res.stdout, res.stdout
+
+
+def test_validate_does_not_talk_of_enqueuing(tmp_path: Path) -> None:
+    # Given a manifest with a problem
+    manifest = bad_manifest(tmp_path / "m")
+    # When it is validated
+    res = cli("validate", manifest, cwd=tmp_path)
+    # Then it says it is invalid, not that nothing was enqueued (validate never enqueues)
+    assert res.returncode == 2
+    assert "invalid: 1 problem(s) in 1 manifest(s)" in res.stderr, res.stderr
+    assert "enqueued" not in res.stderr
