@@ -63,9 +63,19 @@ ManifestsArg = Annotated[list[Path], typer.Argument(help="manifest files (TOML o
 
 
 def queue_path(opt: Path | None) -> Path:
-    if opt is not None:
-        return opt
-    return Path(os.environ.get("RENDERCTL_QUEUE") or ".renderctl")
+    """The queue folder named by ``--queue`` (or its defaults); ``UserError`` (exit 2) if
+    that names something other than a folder: the user's mistake, not the disk's (74)."""
+    from renderctl.errors import UserError
+
+    path = opt if opt is not None else Path(os.environ.get("RENDERCTL_QUEUE") or ".renderctl")
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return path  # missing (created by submit/run, refused by the others) or unreadable
+    if not stat.S_ISDIR(mode):
+        what = "a file" if stat.S_ISREG(mode) else "not a folder"
+        raise UserError(f"--queue {path} is {what}, not a queue folder")
+    return path
 
 
 def existing_queue(opt: Path | None) -> Queue:

@@ -288,3 +288,22 @@ def test_the_most_workers_allowed_are_accepted() -> None:
     assert check_setting("workers", MAX_WORKERS, label="--workers") == MAX_WORKERS
     with pytest.raises(ConfigError, match=f"--workers: must be at most {MAX_WORKERS}"):
         check_setting("workers", MAX_WORKERS + 1, label="--workers")
+
+
+@pytest.mark.parametrize("command", ["submit", "run", "status", "cancel"])
+def test_a_queue_path_that_is_a_file_is_a_usage_error(tmp_path: Path, manifest: Path,
+                                                      command: str) -> None:
+    # Given --queue naming an existing regular file
+    not_a_queue = tmp_path / "notes.txt"
+    not_a_queue.write_text("mine\n")
+    args: list[object] = {"submit": ["submit", manifest], "run": ["run", manifest],
+                          "status": ["status"], "cancel": ["cancel", "j1"]}[command]
+
+    # When a command is pointed at it
+    res = cli(*args, "--queue", not_a_queue, "--out", tmp_path / "out", cwd=tmp_path) \
+        if command in ("submit", "run") else cli(*args, "--queue", not_a_queue, cwd=tmp_path)
+
+    # Then it is a usage error (exit 2, not 74's "the disk failed") naming the path, and
+    # the file is left alone
+    one_line_usage_error(res, f"--queue {not_a_queue} is a file, not a queue folder")
+    assert not_a_queue.read_text() == "mine\n"
