@@ -332,3 +332,18 @@ def test_validate_does_not_talk_of_enqueuing(tmp_path: Path) -> None:
     assert res.returncode == 2
     assert "invalid: 1 problem(s) in 1 manifest(s)" in res.stderr, res.stderr
     assert "enqueued" not in res.stderr
+
+
+def test_a_duplicate_id_across_manifests_names_the_file_to_edit(tmp_path: Path) -> None:
+    # Given the id `a` in two manifests
+    first = write_jobs(tmp_path / "one", [job("a", "write"), job("b", "write")])
+    second = write_jobs(tmp_path / "two", [job("c", "write"), job("a", "write")])
+
+    # When both are submitted in one command
+    res = cli("submit", first, second, "--json", "--queue", tmp_path / "q", cwd=tmp_path)
+
+    # Then the problem is in the second file, and names the first
+    assert res.returncode == 2
+    [problem] = json.loads(res.stdout)["problems"]
+    assert (problem["file"], problem["job"], problem["field"]) == (str(second), "a", "id")
+    assert problem["message"] == f"duplicate job id (also in {first})"
