@@ -323,17 +323,6 @@ def test_show_says_1_page_not_1_pages(tmp_path: Path) -> None:
     assert "1 page," in res.stdout and "1 pages" not in res.stdout, res.stdout
 
 
-def test_validate_does_not_talk_of_enqueuing(tmp_path: Path) -> None:
-    # Given a manifest with a problem
-    manifest = bad_manifest(tmp_path / "m")
-    # When it is validated
-    res = cli("validate", manifest, cwd=tmp_path)
-    # Then it says it is invalid, not that nothing was enqueued (validate never enqueues)
-    assert res.returncode == 2
-    assert "invalid: 1 problem(s) in 1 manifest(s)" in res.stderr, res.stderr
-    assert "enqueued" not in res.stderr
-
-
 def test_a_duplicate_id_across_manifests_names_the_file_to_edit(tmp_path: Path) -> None:
     # Given the id `a` in two manifests
     first = write_jobs(tmp_path / "one", [job("a", "write"), job("b", "write")])
