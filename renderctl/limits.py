@@ -17,6 +17,14 @@ from typing import Any
 MAX_MEMORY_MB = 1 << 20
 MAX_TIMEOUT_S = 7 * 24 * 3600.0
 MAX_ATTEMPTS = 100
+# `run --workers`: each worker is a process (plus its job's tree) that the runner's one
+# thread supervises: its pipe polled, its memory sampled every 50 ms, ~0.3-0.5 ms of runner
+# CPU per job it finishes. Well before a few hundred workers that thread, not the workers,
+# is the bottleneck, and a typo (100000) would fork until the machine's pid or memory limit.
+# A fixed number rather than one from the core count: a configuration file valid on one
+# machine stays valid on every other, and 256 is far above what this runner can keep busy
+# on any machine it is likely to meet (the default is min(cores, budget / 400 MB)).
+MAX_WORKERS = 256
 
 Check = Callable[[Any], str | None]  # returns an error message, or None when fine
 
@@ -51,6 +59,14 @@ def check_timeout(v: Any) -> str | None:
 
 
 check_memory_mb = int_range(1, MAX_MEMORY_MB)
+
+
+def check_workers(v: Any) -> str | None:
+    """Only the ceiling: below 1 keeps the key's own "expected an integer >= 1"."""
+    if is_int(v) and v > MAX_WORKERS:
+        return f"must be at most {MAX_WORKERS} (one runner supervises every worker), got {v}"
+    return None
+
 check_max_attempts = int_range(1, MAX_ATTEMPTS)
 
 

@@ -683,6 +683,7 @@ def load_manifests(
     """
     problems: list[Problem] = []
     jobs: list[JobSpec] = []
+    files: list[str] = []  # the manifest of each job in ``jobs``
     specs = all_specs()
     root = os.path.abspath(out_root)
     # One file named twice (jobs/*.toml jobs/demo.toml) is read once, not reported as
@@ -719,26 +720,35 @@ def load_manifests(
         if origins is not None:
             origins.update((job.id, name) for job in found)
         jobs.extend(found)
-    check_unique(jobs, problems, files=unique)
+        files.extend(name for _ in found)
+    check_unique(jobs, problems, files=files)
     if problems:
         raise ManifestError(problems)
     return jobs
 
 
-def check_unique(jobs: Sequence[JobSpec], problems: list[Problem], *, files: list[str]) -> None:
-    """Ids and output paths must be unique across everything one command submits."""
-    label = files[0] if len(files) == 1 else ", ".join(files)
-    seen_ids: set[str] = set()
-    seen_outputs: dict[str, str] = {}
-    for job in jobs:
-        if job.id in seen_ids:
-            problems.append(Problem(label, job.id, "id", "duplicate job id"))
-        seen_ids.add(job.id)
+def check_unique(jobs: Sequence[JobSpec], problems: list[Problem], *,
+                 files: Sequence[str]) -> None:
+    """Ids and output paths must be unique across everything one command submits.
+
+    ``files[i]`` is the manifest ``jobs[i]`` came from. A duplicate is reported in the file
+    of its second occurrence (the one to edit, or delete), naming the first when that is
+    another file."""
+    first_id: dict[str, str] = {}  # id -> its file
+    first_output: dict[str, tuple[str, str]] = {}  # output -> (job id, its file)
+    for job, file in zip(jobs, files, strict=True):
+        if job.id in first_id:
+            other = first_id[job.id]
+            problems.append(Problem(file, job.id, "id", "duplicate job id"
+                                    + ("" if other == file else f" (also in {other})")))
+        first_id.setdefault(job.id, file)
         key = os.path.join(job.out_root, job.output)
-        if key in seen_outputs and seen_outputs[key] != job.id:
-            problems.append(Problem(label, job.id, "output",
-                                    f"same output as job {seen_outputs[key]}: {job.output}"))
-        seen_outputs.setdefault(key, job.id)
+        if key in first_output and first_output[key][0] != job.id:
+            other_id, other = first_output[key]
+            where = "" if other == file else f" in {other}"
+            problems.append(Problem(file, job.id, "output",
+                                    f"same output as job {other_id}{where}: {job.output}"))
+        first_output.setdefault(key, (job.id, file))
 
 
 def jobs_from_dicts(
@@ -758,7 +768,7 @@ def jobs_from_dicts(
     jobs = validate_document(doc, file=source, base=Path(os.path.abspath(base)),
                              out_root=os.path.abspath(out_root), limits=limits,
                              problems=problems)
-    check_unique(jobs, problems, files=[source])
+    check_unique(jobs, problems, files=[source] * len(jobs))
     if problems:
         raise ManifestError(problems)
     return jobs

@@ -56,7 +56,7 @@ def _non_negative(v: Any) -> bool:
 KEYS: dict[str, Key] = {
     "queue": Key(str),
     "out": Key(str),
-    "workers": Key(int, _positive, "an integer >= 1"),
+    "workers": Key(int, _positive, "an integer >= 1", limit=limits.check_workers),
     "memory_mb": Key(int, limit=limits.check_memory_mb),
     "timeout": Key(float, limit=limits.check_timeout),
     "max_attempts": Key(int, limit=limits.check_max_attempts),

@@ -28,7 +28,7 @@ from renderctl.errors import (
     Saturated,
     os_error_message,
 )
-from renderctl.limits import MAX_ATTEMPTS, MAX_MEMORY_MB, MAX_TIMEOUT_S
+from renderctl.limits import MAX_ATTEMPTS, MAX_MEMORY_MB, MAX_TIMEOUT_S, MAX_WORKERS
 from renderctl.settings import RunnerSettings  # stdlib only: defaults without the runner
 
 if TYPE_CHECKING:
@@ -63,9 +63,19 @@ ManifestsArg = Annotated[list[Path], typer.Argument(help="manifest files (TOML o
 
 
 def queue_path(opt: Path | None) -> Path:
-    if opt is not None:
-        return opt
-    return Path(os.environ.get("RENDERCTL_QUEUE") or ".renderctl")
+    """The queue folder named by ``--queue`` (or its defaults); ``UserError`` (exit 2) if
+    that names something other than a folder: the user's mistake, not the disk's (74)."""
+    from renderctl.errors import UserError
+
+    path = opt if opt is not None else Path(os.environ.get("RENDERCTL_QUEUE") or ".renderctl")
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return path  # missing (created by submit/run, refused by the others) or unreadable
+    if not stat.S_ISDIR(mode):
+        what = "a file" if stat.S_ISREG(mode) else "not a folder"
+        raise UserError(f"--queue {path} is {what}, not a queue folder")
+    return path
 
 
 def existing_queue(opt: Path | None) -> Queue:
@@ -290,6 +300,9 @@ def validate(manifests: ManifestsArg, out_dir: OutOpt = None, as_json: JsonOpt =
         if as_json:
             out.print_json({"valid": False, "problems": [p.__dict__ for p in exc.problems]})
             raise typer.Exit(ExitCode.USAGE) from None
+        # TODO: handle_errors ends with "nothing was enqueued", inapt for validate (which
+        # never enqueues); tests/unit/test_manifest_fuzz.py asserts it of validate too, so
+        # the wording and that test must change together.
         raise
     if as_json:
         out.print_json({"valid": True, "jobs": len(jobs)})
@@ -311,10 +324,11 @@ def warn_past_deadlines(jobs: list[Any], origins: dict[str, str]) -> None:
 
 def do_submit(
     manifests: list[Path], *, queue: Path | None, out_dir: Path | None, replace: bool,
-    max_pending: int | None, limits: Any,
+    max_pending: int | None, limits: Any, before: Callable[[Queue], None] | None = None,
 ) -> tuple[Any, Any]:
     """Validate ``manifests``, then open the queue (creating its folder only now: a command
-    with a manifest error leaves no trace) and submit. Returns (SubmitResult, Queue)."""
+    with a manifest error leaves no trace), call ``before`` (which may refuse by raising)
+    and submit. Returns (SubmitResult, Queue)."""
     from dataclasses import replace as with_file
 
     from renderctl.crashpoints import CrashPoints
@@ -326,6 +340,8 @@ def do_submit(
                           origins=origins)
     warn_past_deadlines(jobs, origins)
     q = Queue(queue_path(queue))
+    if before is not None:
+        before(q)
     try:
         return q.submit(jobs, replace=replace, max_pending=max_pending,
                         crash_hook=CrashPoints.from_env()), q
@@ -334,6 +350,29 @@ def do_submit(
         # name it.
         raise ManifestError([with_file(p, file=origins[p.job]) if p.job in origins else p
                              for p in exc.problems]) from None
+
+
+def refused_json(exc: RenderctlError, *, accepted: Any = None) -> dict[str, Any]:
+    """What `submit --json` (and `run --json`, before it runs anything) prints when it
+    enqueued nothing: ``problems`` for a manifest error (the shape of `validate --json`),
+    else ``error`` (``saturated``, ``busy``) with the message and the numbers behind it.
+    ``accepted`` is a SubmitResult when the jobs were enqueued after all (a runner that
+    started between `run`'s check and its submit)."""
+    doc: dict[str, Any] = {"accepted": list(accepted.accepted) if accepted else []}
+    if accepted:
+        doc["already_accepted"] = list(accepted.already)
+    if isinstance(exc, ManifestError):
+        doc["problems"] = [p.__dict__ for p in exc.problems]
+        return doc
+    doc["message"] = str(exc)
+    if isinstance(exc, Saturated):
+        doc.update(error="saturated", requested=exc.requested, pending=exc.pending,
+                   max_pending=exc.max_pending, would_fit=exc.would_fit)
+    elif isinstance(exc, QueueBusy):
+        doc.update(error="busy", holder_pid=exc.holder_pid)
+    else:
+        doc["error"] = type(exc).__name__
+    return doc
 
 
 @app.command()
@@ -355,9 +394,9 @@ def submit(
         res, _ = do_submit(manifests, queue=queue, out_dir=out_dir, replace=replace,
                            max_pending=max_pending,
                            limits=_limits(memory_mb, timeout, max_attempts))
-    except ManifestError as exc:
-        if as_json:  # a script reads stdout: the same shape as `validate --json`
-            out.print_json({"accepted": [], "problems": [p.__dict__ for p in exc.problems]})
+    except (ManifestError, Saturated) as exc:
+        if as_json:  # a script reads stdout: say what happened there too
+            out.print_json(refused_json(exc))
         raise
     if res.accepted or res.replaced:
         from renderctl.store import Queue
@@ -383,8 +422,9 @@ def run(
     out_dir: OutOpt = None,
     workers: Annotated[int | None, typer.Option("--workers", "-j",
                                                 envvar=_env("workers"), callback=checked,
-                                                help="worker processes [default: from cores "
-                                                "and memory budget]")] = None,
+                                                help=f"worker processes (1-{MAX_WORKERS}) "
+                                                "[default: from cores and memory budget]")
+                         ] = None,
     memory_mb: MemOpt = None,
     timeout: TimeoutOpt = None,
     max_attempts: AttemptsOpt = None,
@@ -449,11 +489,23 @@ def run(
     # while this one validates and submits the manifests and recovers the queue.
     prestart(start_method)
     limits = _limits(memory_mb, timeout, max_attempts)
+    res = None
     if manifests:
         # One Queue object for the submit and the run: it knows what it put in pending/, so
         # the runner's start need not read those records back.
-        res, q = do_submit(manifests, queue=queue, out_dir=out_dir, replace=False,
-                           max_pending=max_pending, limits=limits)
+        try:
+            res, q = do_submit(manifests, queue=queue, out_dir=out_dir, replace=False,
+                               max_pending=max_pending, limits=limits,
+                               before=refuse_if_runner)
+        except ManifestError as exc:
+            exc = for_run(exc)
+            if as_json:  # as `submit --json` says it: stdout is what a script reads
+                out.print_json(refused_json(exc))
+            raise exc from None
+        except (Saturated, QueueBusy) as exc:
+            if as_json:
+                out.print_json(refused_json(exc))
+            raise
         if not as_json and not quiet:
             print(f"accepted {len(res.accepted)} job(s)"
                   + (f", {len(res.already)} already accepted" if res.already else ""))
@@ -491,6 +543,20 @@ def run(
     runner = Runner(q, settings, reporter=Tee(main, *extras) if extras else main)
     try:
         summary = runner.run()
+    except QueueBusy as exc:
+        if res is None:
+            if as_json:
+                out.print_json(refused_json(exc))
+            raise
+        # A runner started between refuse_if_runner and our submit: the jobs are in
+        # pending/ all the same, and that runner (or the next) will run them. Say so: "try
+        # again later" alone would have the user submit them twice.
+        busy = QueueBusy(f"{exc}; the {len(res.accepted)} job(s) accepted above stay queued "
+                         "and that runner (or the next) will run them",
+                         holder_pid=exc.holder_pid)
+        if as_json:
+            out.print_json(refused_json(busy, accepted=res))
+        raise busy from None
     finally:
         if dashboard is not None:
             dashboard.close(runner)
@@ -505,6 +571,43 @@ def run(
     else:
         out.write_out(summary_line(summary) + "\n")
     raise typer.Exit(summary.exit_code)
+
+
+def refuse_if_runner(q: Queue) -> None:
+    """``run MANIFEST`` on a queue another live runner holds: refuse (75) before enqueuing,
+    so that "try again later" does not leave the jobs behind to be submitted twice.
+
+    Judged as ``Queue.runner_lock`` judges it: a lock whose recorded holder is not a live
+    runner (``status`` peeking, ``cancel`` settling a dead runner's orphan) is not busy.
+    """
+    from renderctl.proctree import holder_alive
+
+    info = q.runner_info()
+    if not info or not info.get("pid"):
+        return
+    try:
+        alive = holder_alive(host=str(info.get("host", "")), boot_id=str(info.get("boot_id")),
+                             pid=int(info["pid"]), start_time=int(info.get("start_time") or 0))
+    except (TypeError, ValueError):
+        alive = None  # a damaged record: as the lock does, assume it is held
+    if alive is not False:
+        pid = info.get("pid")
+        raise QueueBusy(f"another runner (pid {pid}) holds queue {q.path}; nothing was "
+                        "enqueued (`renderctl submit` the manifests for that runner to run "
+                        "them, or try again later)", holder_pid=pid)
+
+
+def for_run(exc: ManifestError) -> ManifestError:
+    """The queue's problems in `run`'s words: `run` has no --replace, `submit` has."""
+    from dataclasses import replace as with_message
+
+    def reword(message: str) -> str:
+        if "--replace" in message and "renderctl submit --replace" not in message:
+            return message.replace("--replace", "`renderctl submit --replace`") + (
+                ", then `renderctl run`")
+        return message
+
+    return ManifestError([with_message(p, message=reword(p.message)) for p in exc.problems])
 
 
 class Tee:
@@ -588,14 +691,28 @@ def cancel(job_ids: Annotated[list[str], typer.Argument(help="job ids")],
     from renderctl.crashpoints import CrashPoints
 
     q = existing_queue(queue)
+    # All or none, like `dead retry`: exit 2 promises nothing changed, and cancel_jobs acts
+    # on each id it finds, so every id is looked up first. A job in any folder counts
+    # (cancelling a finished one is a harmless "already <state>"); only an id in none is a
+    # mistake.
+    missing = sorted({j for j in job_ids if q.find(j) is None})
+    if missing:
+        if as_json:
+            out.print_json({j: "not found" for j in missing})
+        out.err("no such job: " + ", ".join(missing) + "; nothing was cancelled")
+        raise typer.Exit(ExitCode.USAGE)
     results = cancel_jobs(q, job_ids, crash_hook=CrashPoints.from_env())
     if as_json:
         out.print_json({r.job_id: r.outcome for r in results})
     else:
         for r in results:
             print(f"{r.job_id}: {r.outcome}")
-    if any(r.outcome == "not found" for r in results):
-        raise typer.Exit(ExitCode.USAGE)
+    gone = [r.job_id for r in results if r.outcome == "not found"]
+    if gone:
+        # Found above, gone now (its record archived or purged meanwhile): the others were
+        # cancelled, so this is not exit 2's "nothing changed".
+        out.err("vanished while cancelling: " + ", ".join(gone))
+        raise typer.Exit(ExitCode.JOBS_FAILED)
 
 
 @dead_app.command("list")
@@ -618,7 +735,9 @@ def dead_list(queue: QueueOpt = None, as_json: JsonOpt = False) -> None:
         out.print_json(rows)
         return
     for r in rows:
-        print(f"{r['id']}\t{r['outcome']}\tattempts={r['attempts']}\t{r['error'] or r['reason']}")
+        # One row per job, four tab-separated columns: a multi-line error is escaped.
+        print(f"{r['id']}\t{r['outcome']}\tattempts={r['attempts']}\t"
+              f"{out.one_line(r['error'] or r['reason'])}")
     if not rows:
         print("no dead-lettered jobs")
 
@@ -732,6 +851,8 @@ def wait(
     q = existing_queue(queue)
     unknown = [j for j in job_ids if q.find(j) is None]
     if unknown:
+        if as_json:  # the shape of `cancel --json` refusing: only the ids not found
+            out.print_json({j: "not found" for j in unknown})
         out.err("no such job: " + ", ".join(unknown))
         raise typer.Exit(ExitCode.USAGE)
     deadline = None if timeout is None else time.monotonic() + timeout
@@ -762,6 +883,12 @@ def wait(
             break
         if deadline is not None and now >= deadline:
             left = [j for j in job_ids if j not in final]
+            if as_json:
+                # Every id with the state it is in now: terminal ones as on success, the
+                # rest `pending` or `running` (exit 75 says the wait gave up).
+                now_in = {j: getattr(q.find(j), "state", None) for j in left}
+                out.print_json({j: final.get(j) or getattr(now_in[j], "value", "not found")
+                                for j in job_ids})
             out.err(f"timed out after {timeout:g}s; not terminal yet: {', '.join(left)}")
             raise typer.Exit(ExitCode.TEMPFAIL)
         time.sleep(WAIT_POLL_S)

@@ -55,6 +55,19 @@ def err(message: str) -> None:
     sys.stderr.flush()
 
 
+_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+_CONTROL = {c: _ESCAPES.get(chr(c), f"\\x{c:02x}") for c in [*range(32), *range(127, 160)]}
+_CONTROL.update({0x2028: "\\u2028", 0x2029: "\\u2029"})  # line breaks to str.splitlines
+
+
+def one_line(text: object) -> str:
+    """``text`` fit for one line of plain output: a newline, tab or other control character
+    (a job's multi-line exception, an ANSI code in its stderr) becomes a visible escape
+    (``\\n``, ``\\t``, ``\\x1b``), so that one event stays one line and one ``dead list`` row
+    keeps its tab-separated columns. JSON output keeps the text as it was."""
+    return str(text).strip().translate(_CONTROL)
+
+
 def human_duration(seconds: float | None) -> str:
     if seconds is None:
         return "-"

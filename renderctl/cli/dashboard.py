@@ -23,7 +23,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from renderctl.cli.console import human_bytes, human_duration
+from renderctl.cli.console import human_bytes, human_duration, one_line
 
 MEMORY_WARN = 0.85  # share of the ceiling at which a job's memory bar turns red
 TERMINAL = ("done", "dead", "cancelled", "expired")
@@ -169,11 +169,13 @@ def _failures(fails: Sequence[Mapping[str, Any]], *, width: int) -> Table:
         t.add_column(col, no_wrap=col != "cause", overflow="fold")
     cause_w = max(20, width - 60)
     for f in list(fails)[-5:]:
-        cause = str(f.get("error") or f.get("reason") or "-")
+        # One row per failure (a multi-line exception escaped), and Text, not a str: rich
+        # would read "[...]" in a job's message as markup.
+        cause = one_line(f.get("error") or f.get("reason") or "-")
         if len(cause) > cause_w:
             cause = cause[: cause_w - 3] + "..."
         t.add_row(str(f.get("job")), str(f.get("event") or "-"), str(f.get("attempt") or "-"),
-                  Text(str(f.get("outcome") or "-"), style="red"), cause)
+                  Text(str(f.get("outcome") or "-"), style="red"), Text(cause))
     return t
 
 

@@ -7,7 +7,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from renderctl.cli.console import human_bytes, human_duration, write_out
+from renderctl.cli.console import human_bytes, human_duration, one_line, write_out
 from renderctl.runner import Runner, RunSummary
 
 # Events printed in plain mode; the rest (claimed, started) would drown the useful lines.
@@ -39,8 +39,8 @@ def format_event(ev: Mapping[str, Any]) -> str:
         return (f"runner started: pid {ev['pid']}, {ev['workers']} worker(s), memory guard "
                 f"{ev['guard']}, budget {ev['budget_mb']} MB, {ev['pending']} pending")
     if name == "corrupt":
-        return (f"corrupt   {ev['file']}: {ev['reason']}; moved to corrupt/{ev['moved_to']} "
-                "(kept, not run)")
+        return (f"corrupt   {one_line(ev['file'])}: {one_line(ev['reason'])}; moved to "
+                f"corrupt/{one_line(ev['moved_to'])} (kept, not run)")
     if name == "stopping":
         return (f"stopping on {ev['signal']}: no new jobs; {ev['running']} running job(s) get "
                 f"{ev['grace_s']:g}s to finish (signal again to skip)")
@@ -54,13 +54,15 @@ def format_event(ev: Mapping[str, Any]) -> str:
     if ev.get("peak_memory_bytes"):
         parts.append(f"peak={human_bytes(ev['peak_memory_bytes'])}")
     if ev.get("output"):
-        parts.append(str(ev["output"]))
+        parts.append(one_line(ev["output"]))
     if name == "retry" and ev.get("retry_at"):
         parts.append(f"retry in {human_duration(max(0.0, ev['retry_at'] - time.time()))}")
+    # A job's exception text may span lines (a traceback, a tool's stderr): one event is
+    # one line on a pipe, so it is escaped there; --json keeps it whole.
     if ev.get("error"):
-        parts.append(f"error: {ev['error']}")
+        parts.append(f"error: {one_line(ev['error'])}")
     elif ev.get("reason") and name != "completed":
-        parts.append(f"({ev['reason']})")
+        parts.append(f"({one_line(ev['reason'])})")
     if name == "recovered":
         parts.append(f"-> {ev.get('state')}")
     return " ".join(parts)

@@ -112,7 +112,8 @@ def render_job(c: Console, view: JobView) -> None:
     ]
     if rec.result:
         r = rec.result
-        pages = f"{r['pages']} pages, " if r.get("pages") is not None else ""  # not a PDF
+        n = r.get("pages")
+        pages = f"{n} page{'' if n == 1 else 's'}, " if n is not None else ""  # not a PDF
         lines.append(f"  published {r.get('path')} ({human_bytes(r.get('bytes'))}, {pages}"
                      f"sha256 {str(r.get('sha256'))[:16]}...)")
     if rec.lease and view.state is State.RUNNING:

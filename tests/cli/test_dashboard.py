@@ -97,6 +97,17 @@ def test_failures_and_dead_letter_highlight(snapshot: dict[str, Any]) -> None:
     assert "last failures" not in calm.export_text()
 
 
+def test_a_failure_with_lines_and_brackets_is_one_literal_row(snapshot: dict[str, Any]) -> None:
+    # Given a failure whose message spans lines and holds what rich would read as markup
+    snapshot["recent_failures"] = [{"event": "dead", "job": "j", "attempt": 1,
+                                    "outcome": "failed", "error": "boom [/]\nsecond"}]
+    # When the dashboard is drawn
+    text = record(snapshot).export_text()
+    # Then the message is shown as written, on the row of its job
+    [row] = [ln for ln in text.splitlines() if " j " in ln and "failed" in ln]
+    assert "boom [/]\\nsecond" in row, text
+
+
 def test_no_runner_and_empty_snapshot_render() -> None:
     text = record({"queue": "/q", "runner_alive": False,
                    "queue_counts": {"pending": 2, "running": 0, "done": 3, "dead": 1,

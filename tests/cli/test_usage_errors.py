@@ -11,6 +11,8 @@ import typer.main
 from clihelp import RENDERCTL, cli, env, job, write_jobs
 
 from renderctl import guards
+from renderctl.limits import MAX_WORKERS
+from renderctl.settings import ConfigError, check_setting
 
 
 def one_line_usage_error(res: subprocess.CompletedProcess[str], *needles: str) -> None:
@@ -255,3 +257,53 @@ def test_every_run_json_line_has_ts_and_event(tmp_path: Path, manifest: Path) ->
     for line in lines:
         assert isinstance(line.get("ts"), float) and isinstance(line.get("event"), str), line
     assert lines[-1]["ts"] >= lines[-2]["ts"]
+
+
+@pytest.mark.parametrize("how", ["option", "env", "file"])
+def test_workers_are_capped(tmp_path: Path, manifest: Path, how: str) -> None:
+    # Given a worker count far above what one runner can supervise
+    q = tmp_path / "q"
+    args: list[object] = ["run", manifest, "--queue", q, "--out", tmp_path / "out"]
+    extra: dict[str, str] = {}
+    if how == "option":
+        args += ["--workers", "100000"]
+        label = "--workers"
+    elif how == "env":
+        extra = {"RENDERCTL_WORKERS": "100000"}
+        label = "RENDERCTL_WORKERS"
+    else:
+        (tmp_path / "renderctl.toml").write_text("workers = 100000\n")
+        label = "key 'workers'"
+
+    # When `run` is asked for it
+    res = cli(*args, cwd=tmp_path, extra_env=extra)
+
+    # Then it is a usage error naming the source and the limit, before anything is enqueued
+    one_line_usage_error(res, label, f"at most {MAX_WORKERS}", "got 100000")
+    assert nothing_enqueued(q)
+
+
+def test_the_most_workers_allowed_are_accepted() -> None:
+    # (In process: a run with 256 workers would spawn them all.)
+    assert check_setting("workers", MAX_WORKERS, label="--workers") == MAX_WORKERS
+    with pytest.raises(ConfigError, match=f"--workers: must be at most {MAX_WORKERS}"):
+        check_setting("workers", MAX_WORKERS + 1, label="--workers")
+
+
+@pytest.mark.parametrize("command", ["submit", "run", "status", "cancel"])
+def test_a_queue_path_that_is_a_file_is_a_usage_error(tmp_path: Path, manifest: Path,
+                                                      command: str) -> None:
+    # Given --queue naming an existing regular file
+    not_a_queue = tmp_path / "notes.txt"
+    not_a_queue.write_text("mine\n")
+    args: list[object] = {"submit": ["submit", manifest], "run": ["run", manifest],
+                          "status": ["status"], "cancel": ["cancel", "j1"]}[command]
+
+    # When a command is pointed at it
+    res = cli(*args, "--queue", not_a_queue, "--out", tmp_path / "out", cwd=tmp_path) \
+        if command in ("submit", "run") else cli(*args, "--queue", not_a_queue, cwd=tmp_path)
+
+    # Then it is a usage error (exit 2, not 74's "the disk failed") naming the path, and
+    # the file is left alone
+    one_line_usage_error(res, f"--queue {not_a_queue} is a file, not a queue folder")
+    assert not_a_queue.read_text() == "mine\n"

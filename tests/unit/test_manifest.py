@@ -312,6 +312,26 @@ def test_duplicate_ids_across_files(folder: Path, out_root: Path, write_manifest
     assert_reported(problems([a, b], out_root), field="id", message="duplicate job id")
 
 
+def test_a_duplicate_is_reported_in_its_own_file_naming_the_first(
+        folder: Path, out_root: Path, write_manifest: Any) -> None:
+    # Given three manifests: the id j1 in the first and the third, and the third's output
+    # also that of a job in the second
+    a = write_manifest([job()], name="a.toml", folder=folder)
+    b = write_manifest([job(id="j2", output="o/shared.pdf")], name="b.toml", folder=folder)
+    c = write_manifest([job(output="o/c.pdf"), job(id="j3", output="o/shared.pdf")],
+                       name="c.json", folder=folder)
+
+    # When they are loaded together
+    found = problems([a, b, c], out_root)
+
+    # Then each duplicate is reported in the file that repeats it (c.json, the one to
+    # edit), naming the file where it was first: not in a list of every manifest
+    assert sorted((p.file, p.job, p.field, p.message) for p in found) == [
+        (str(c), "j1", "id", f"duplicate job id (also in {a})"),
+        (str(c), "j3", "output", f"same output as job j2 in {b}: o/shared.pdf"),
+    ]
+
+
 def test_two_jobs_with_the_same_output(folder: Path, out_root: Path, write_manifest: Any) -> None:
     path = write_manifest([job(), job(id="j2")], folder=folder)
     assert_reported(problems([path], out_root), field="output",

@@ -1,0 +1,338 @@
+"""What the command line promises around its edges: all-or-none commands, JSON on every
+outcome of a --json command, honest exit codes, one line per event."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from clihelp import RENDERCTL, cli, env, job, poll, write_jobs
+
+
+class BackgroundRunner:
+    """A `renderctl run --follow` holding ``queue``, busy with one long job (``long``)."""
+
+    def __init__(self, folder: Path, queue: Path, out: Path) -> None:
+        manifest = write_jobs(folder / "bg", [job("long", "sleep", params={"s": "60"})])
+        self.proc = subprocess.Popen(
+            [*RENDERCTL, "run", str(manifest), "--queue", str(queue), "--out", str(out),
+             "--workers", "1", "--follow", "--grace", "0", "--json"],
+            cwd=folder, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.queue = queue
+        poll(lambda: (queue / "running" / "long.json").exists(), timeout_s=30,
+             what="the background runner to start its job")
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()  # SIGTERM: released, then exit 143
+            try:
+                self.proc.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.communicate()
+
+
+@pytest.fixture
+def busy_queue(tmp_path: Path) -> Iterator[BackgroundRunner]:
+    bg = BackgroundRunner(tmp_path, tmp_path / "q", tmp_path / "out")
+    try:
+        yield bg
+    finally:
+        bg.close()
+
+
+def state_of(queue: Path, job_id: str, cwd: Path) -> str:
+    res = cli("show", job_id, "--queue", queue, "--json", cwd=cwd)
+    assert res.returncode == 0, res.stderr
+    return str(json.loads(res.stdout)["state"])
+
+
+# -- cancel: all or none ---------------------------------------------------------------------
+
+
+def test_cancel_with_an_unknown_id_cancels_nothing(tmp_path: Path) -> None:
+    # Given two pending jobs
+    manifest = write_jobs(tmp_path / "m", [job("a", "write"), job("b", "write")])
+    q = tmp_path / "q"
+    assert cli("submit", manifest, "--queue", q, cwd=tmp_path).returncode == 0
+
+    # When one command cancels one of them and an id that is nowhere
+    res = cli("cancel", "a", "nope", "--queue", q, cwd=tmp_path)
+
+    # Then it refuses whole: exit 2 naming the missing id, and `a` is still pending
+    assert res.returncode == 2, res.stderr
+    assert "nope" in res.stderr and "nothing was cancelled" in res.stderr
+    assert res.stdout == ""
+    assert state_of(q, "a", tmp_path) == "pending"
+
+    # And with --json, stdout says which ids were not found (and only those)
+    as_json = cli("cancel", "a", "nope", "--json", "--queue", q, cwd=tmp_path)
+    assert as_json.returncode == 2
+    assert json.loads(as_json.stdout) == {"nope": "not found"}
+    assert state_of(q, "a", tmp_path) == "pending"
+
+
+def test_cancel_counts_ids_in_every_state_as_found(tmp_path: Path) -> None:
+    # Given a job already cancelled (terminal) and one pending
+    manifest = write_jobs(tmp_path / "m", [job("a", "write"), job("b", "write")])
+    q = tmp_path / "q"
+    assert cli("submit", manifest, "--queue", q, cwd=tmp_path).returncode == 0
+    assert cli("cancel", "a", "--queue", q, cwd=tmp_path).returncode == 0
+
+    # When both are cancelled in one command
+    res = cli("cancel", "a", "b", "--json", "--queue", q, cwd=tmp_path)
+
+    # Then the terminal one is reported as such and the pending one is cancelled: exit 0
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout) == {"a": "already cancelled", "b": "cancelled"}
+
+
+def test_cancel_of_a_running_job_is_a_request(tmp_path: Path,
+                                              busy_queue: BackgroundRunner) -> None:
+    # Given a runner busy with `long`
+    # When it is cancelled
+    res = cli("cancel", "long", "--json", "--queue", busy_queue.queue, cwd=tmp_path)
+
+    # Then the runner is asked to kill it, and it ends cancelled
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout) == {"long": "cancel requested"}
+    poll(lambda: (busy_queue.queue / "cancelled" / "long.json").exists(), timeout_s=20,
+         what="the runner to cancel the running job")
+
+
+# -- --json says what happened, whatever happened ---------------------------------------------
+
+
+def bad_manifest(folder: Path) -> Path:
+    path = write_jobs(folder, [job("x", "write")])
+    path.write_text(path.read_text() + 'memroy_mb = 1\n')
+    return path
+
+
+def test_run_json_reports_manifest_problems_as_submit_json_does(tmp_path: Path) -> None:
+    # Given a manifest with an unknown field
+    manifest = bad_manifest(tmp_path / "m")
+    q = tmp_path / "q"
+
+    # When it is given to `submit --json` and to `run --json`
+    submitted = cli("submit", manifest, "--json", "--queue", q, cwd=tmp_path)
+    ran = cli("run", manifest, "--json", "--queue", q, cwd=tmp_path)
+
+    # Then both exit 2 and print the same JSON object naming the problem on stdout
+    assert (submitted.returncode, ran.returncode) == (2, 2), ran.stderr
+    doc = json.loads(ran.stdout)
+    assert doc == json.loads(submitted.stdout)
+    assert doc["accepted"] == []
+    assert [(p["job"], p["field"]) for p in doc["problems"]] == [("x", "memroy_mb")]
+
+
+def test_run_tells_to_replace_with_submit(tmp_path: Path) -> None:
+    # Given a job in the queue, and a manifest that changes its spec
+    folder = tmp_path / "m"
+    q = tmp_path / "q"
+    assert cli("submit", write_jobs(folder, [job("a", "write")]), "--queue", q,
+               cwd=tmp_path).returncode == 0
+    changed = write_jobs(folder, [job("a", "write", max_attempts=2)])
+
+    # When `run` is given it (run has no --replace)
+    res = cli("run", changed, "--queue", q, cwd=tmp_path)
+    as_json = cli("run", changed, "--json", "--queue", q, cwd=tmp_path)
+
+    # Then it refuses (exit 2) and points at the command that can replace it
+    assert res.returncode == 2, res.stderr
+    assert "renderctl submit --replace" in res.stderr, res.stderr
+    assert "nothing was enqueued" in res.stderr
+    assert as_json.returncode == 2
+    [problem] = json.loads(as_json.stdout)["problems"]
+    assert problem["job"] == "a" and "renderctl submit --replace" in problem["message"]
+    # And `submit` itself still says --replace, which it has
+    sub = cli("submit", changed, "--queue", q, cwd=tmp_path)
+    assert sub.returncode == 2 and "use --replace" in sub.stderr
+
+
+def test_submit_json_when_saturated(tmp_path: Path) -> None:
+    # Given an empty queue that admits one pending job
+    manifest = write_jobs(tmp_path / "m", [job("a", "write"), job("b", "write")])
+    q = tmp_path / "q"
+
+    # When two jobs are submitted with --json
+    res = cli("submit", manifest, "--json", "--max-pending", "1", "--queue", q, cwd=tmp_path)
+
+    # Then it exits 75 and says on stdout that it was saturated, and how many would fit
+    assert res.returncode == 75, res.stderr
+    doc = json.loads(res.stdout)
+    assert {k: doc[k] for k in ("accepted", "error", "requested", "pending", "max_pending",
+                                "would_fit")} == {
+        "accepted": [], "error": "saturated", "requested": 2, "pending": 0,
+        "max_pending": 1, "would_fit": 1}
+    assert "nothing was enqueued" in doc["message"]
+
+
+def test_wait_json_on_timeout_and_unknown_ids(tmp_path: Path) -> None:
+    # Given a pending job and nothing running the queue
+    manifest = write_jobs(tmp_path / "m", [job("a", "write")])
+    q = tmp_path / "q"
+    assert cli("submit", manifest, "--queue", q, cwd=tmp_path).returncode == 0
+
+    # When `wait --json` gives up
+    timed_out = cli("wait", "a", "--json", "--timeout", "0.2", "--queue", q, cwd=tmp_path)
+
+    # Then it exits 75 and says where the job is
+    assert timed_out.returncode == 75
+    assert json.loads(timed_out.stdout) == {"a": "pending"}
+
+    # And an unknown id: exit 2, and stdout names it
+    unknown = cli("wait", "a", "nope", "--json", "--queue", q, cwd=tmp_path)
+    assert unknown.returncode == 2
+    assert json.loads(unknown.stdout) == {"nope": "not found"}
+
+
+# -- run MANIFEST on a queue another runner holds ---------------------------------------------
+
+
+def test_run_with_a_manifest_on_a_held_queue_enqueues_nothing(
+        tmp_path: Path, busy_queue: BackgroundRunner) -> None:
+    # Given a live runner holding the queue
+    manifest = write_jobs(tmp_path / "m", [job("mine", "write")])
+
+    # When `run MANIFEST` is pointed at it, plain and with --json
+    res = cli("run", manifest, "--queue", busy_queue.queue, cwd=tmp_path)
+    as_json = cli("run", manifest, "--json", "--queue", busy_queue.queue, cwd=tmp_path)
+
+    # Then it exits 75 naming the holder, and nothing of the manifest was enqueued
+    assert res.returncode == 75, res.stderr
+    assert f"pid {busy_queue.proc.pid}" in res.stderr
+    assert "nothing was enqueued" in res.stderr
+    assert as_json.returncode == 75
+    doc = json.loads(as_json.stdout)
+    assert (doc["accepted"], doc["error"], doc["holder_pid"]) == ([], "busy",
+                                                                  busy_queue.proc.pid)
+    assert cli("show", "mine", "--queue", busy_queue.queue, cwd=tmp_path).returncode == 2
+
+
+def _stopped(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
+    except FileNotFoundError:
+        return False
+
+
+def test_a_runner_that_starts_during_run_manifest_gets_its_jobs(tmp_path: Path) -> None:
+    # Given `run MANIFEST` frozen after its busy check, inside its submit
+    q, out = tmp_path / "q", tmp_path / "out"
+    manifest = write_jobs(tmp_path / "m", [job("mine", "write")])
+    late = subprocess.Popen([*RENDERCTL, "run", str(manifest), "--queue", str(q), "--out",
+                             str(out), "--json"], cwd=tmp_path,
+                            env=env({"RENDERCTL_STOP_AT": "submit:checked"}),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    other = None
+    try:
+        poll(lambda: _stopped(late.pid), timeout_s=30, what="run to stop at submit:checked")
+        # And another runner taking the queue meanwhile
+        other = subprocess.Popen([*RENDERCTL, "run", "--queue", str(q), "--out", str(out),
+                                  "--follow", "--workers", "1"], cwd=tmp_path, env=env(),
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        poll(lambda: (q / "runner.state.json").exists(), timeout_s=30,
+             what="the other runner to hold the queue")
+
+        # When the frozen one goes on
+        late.send_signal(signal.SIGCONT)
+        stdout, stderr = late.communicate(timeout=30)
+
+        # Then it exits 75, saying its jobs were accepted and the other runner will run them
+        assert late.returncode == 75, stderr
+        assert "1 job(s) accepted above stay queued" in stderr, stderr
+        doc = json.loads(stdout.splitlines()[-1])
+        assert (doc["accepted"], doc["error"]) == (["mine"], "busy")
+        poll(lambda: (q / "done" / "mine.json").exists(), timeout_s=30,
+             what="the other runner to run the job")
+    finally:
+        for proc in (late, other):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+
+
+# -- plain text: one event, one line -----------------------------------------------------------
+
+WHY = "first line\\n\\tsecond line [red]"  # TOML escapes: a newline and a tab
+
+
+def test_a_multi_line_error_stays_on_one_line_in_plain_text(tmp_path: Path) -> None:
+    # Given a job whose exception message spans two lines and holds a tab
+    manifest = write_jobs(tmp_path / "m", [job("boom", "fail", max_attempts=1,
+                                               params={"why": WHY})])
+    q, out = tmp_path / "q", tmp_path / "out"
+
+    # When it runs to dead-letter, printing plain lines, and the dead folder is listed
+    run = cli("run", manifest, "--queue", q, "--out", out, "-j", "1", cwd=tmp_path)
+    dead = cli("dead", "list", "--queue", q, cwd=tmp_path)
+
+    # Then the dead event is one line with the message escaped, and nothing else starts
+    # with the message's second line
+    assert run.returncode == 1, run.stderr
+    [line] = [ln for ln in run.stdout.splitlines() if ln.startswith("dead ")]
+    assert "first line\\n\\tsecond line [red]" in line, run.stdout
+    assert not any(ln.lstrip().startswith("second line") for ln in run.stdout.splitlines())
+    # And `dead list` is one row of four tab-separated columns
+    assert dead.returncode == 0, dead.stderr
+    [row] = dead.stdout.splitlines()
+    cols = row.split("\t")
+    assert cols[:3] == ["boom", "failed", "attempts=1"] and len(cols) == 4, row
+    assert "first line\\n\\tsecond line" in cols[3]
+
+    # And JSON keeps the message as it was
+    as_json = json.loads(cli("dead", "list", "--json", "--queue", q, cwd=tmp_path).stdout)
+    assert "first line\n\tsecond line [red]" in as_json[0]["error"]
+    events = [json.loads(ln) for ln in (q / "events.jsonl").read_text().splitlines()]
+    assert any("first line\n\tsecond line" in str(e.get("error")) for e in events)
+
+
+# -- words ----------------------------------------------------------------------------------
+
+ONE_PAGE = '''
+
+def one_page(inputs, output, params):
+    from pypdf import PdfWriter
+
+    w = PdfWriter()
+    w.add_blank_page(width=72, height=72)
+    w.write(output)
+'''
+
+
+def test_show_says_1_page_not_1_pages(tmp_path: Path) -> None:
+    # Given a job that published a one-page PDF
+    manifest = write_jobs(tmp_path / "m", [job("p", "one_page", output="p.pdf")])
+    with open(tmp_path / "m" / "jobsmod.py", "a") as fh:
+        fh.write(ONE_PAGE)
+    q = tmp_path / "q"
+    run = cli("run", manifest, "--queue", q, "--out", tmp_path / "out", "-j", "1",
+              cwd=tmp_path)
+    assert run.returncode == 0, run.stdout + run.stderr
+
+    # When it is shown
+    res = cli("show", "p", "--queue", q, cwd=tmp_path)
+
+    # Then its page count reads as English
+    assert res.returncode == 0, res.stderr
+    assert "1 page," in res.stdout and "1 pages" not in res.stdout, res.stdout
+
+
+def test_a_duplicate_id_across_manifests_names_the_file_to_edit(tmp_path: Path) -> None:
+    # Given the id `a` in two manifests
+    first = write_jobs(tmp_path / "one", [job("a", "write"), job("b", "write")])
+    second = write_jobs(tmp_path / "two", [job("c", "write"), job("a", "write")])
+
+    # When both are submitted in one command
+    res = cli("submit", first, second, "--json", "--queue", tmp_path / "q", cwd=tmp_path)
+
+    # Then the problem is in the second file, and names the first
+    assert res.returncode == 2
+    [problem] = json.loads(res.stdout)["problems"]
+    assert (problem["file"], problem["job"], problem["field"]) == (str(second), "a", "id")
+    assert problem["message"] == f"duplicate job id (also in {first})"
