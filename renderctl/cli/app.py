@@ -300,10 +300,11 @@ def validate(manifests: ManifestsArg, out_dir: OutOpt = None, as_json: JsonOpt =
         if as_json:
             out.print_json({"valid": False, "problems": [p.__dict__ for p in exc.problems]})
             raise typer.Exit(ExitCode.USAGE) from None
-        # TODO: handle_errors ends with "nothing was enqueued", inapt for validate (which
-        # never enqueues); tests/unit/test_manifest_fuzz.py asserts it of validate too, so
-        # the wording and that test must change together.
-        raise
+        # Not handle_errors' "nothing was enqueued": validate never enqueues anything.
+        for p in exc.problems:
+            out.err(str(p))
+        out.err(f"{len(exc.problems)} problem(s); invalid")
+        raise typer.Exit(ExitCode.USAGE) from None
     if as_json:
         out.print_json({"valid": True, "jobs": len(jobs)})
     else:

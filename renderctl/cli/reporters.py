@@ -12,7 +12,8 @@ from renderctl.runner import Runner, RunSummary
 
 # Events printed in plain mode; the rest (claimed, started) would drown the useful lines.
 PLAIN_EVENTS = frozenset({"completed", "retry", "dead", "cancelled", "expired", "released",
-                          "recovered", "fenced", "runner_started", "stopping", "corrupt"})
+                          "recovered", "fenced", "runner_started", "stopping", "corrupt",
+                          "halted"})
 
 
 class PlainReporter:
@@ -41,6 +42,8 @@ def format_event(ev: Mapping[str, Any]) -> str:
     if name == "corrupt":
         return (f"corrupt   {one_line(ev['file'])}: {one_line(ev['reason'])}; moved to "
                 f"corrupt/{one_line(ev['moved_to'])} (kept, not run)")
+    if name == "halted":
+        return f"halted    {one_line(ev['reason'])}"
     if name == "stopping":
         return (f"stopping on {ev['signal']}: no new jobs; {ev['running']} running job(s) get "
                 f"{ev['grace_s']:g}s to finish (signal again to skip)")

@@ -48,7 +48,7 @@ def test_validate_exit_codes(runner: CliRunner, good: Path, bad: Path) -> None:
     assert res.exit_code == 2
     assert f"{bad}: job x: memroy_mb: unknown field (did you mean 'memory_mb'?)" in res.stderr
     assert f"{bad}: job x: output: must be relative" in res.stderr
-    assert "2 problem(s); nothing was enqueued" in res.stderr
+    assert "2 problem(s); invalid" in res.stderr and "enqueued" not in res.stderr
     as_json = runner.invoke(app, ["validate", "--json", str(bad)])
     assert as_json.exit_code == 2
     assert {p["field"] for p in json.loads(as_json.stdout)["problems"]} == {"memroy_mb",

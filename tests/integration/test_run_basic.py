@@ -100,7 +100,7 @@ def test_show_describes_a_published_file_that_is_not_a_pdf_without_a_page_count(
     assert f"published {out / 'one.bin'} (1B, sha256 " in one, one
     assert "pages" not in one
     doc = run_cli("show", "doc", "--queue", queue).stdout
-    assert f"published {out / 'doc.pdf'} (" in doc and ", 1 pages, sha256 " in doc, doc
+    assert f"published {out / 'doc.pdf'} (" in doc and ", 1 page, sha256 " in doc, doc
 
 
 def test_a_reader_that_went_away_neither_stops_a_run_nor_makes_an_error(

@@ -168,7 +168,7 @@ def test_cli_rejects_bad_manifests_cleanly(
     # Then it exits 2 with a message, no traceback, and nothing enqueued
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr
-    assert "nothing was enqueued" in proc.stderr
+    assert ("nothing was enqueued" if command == "submit" else "; invalid") in proc.stderr
     assert not (queue / "pending").exists() or not list((queue / "pending").iterdir())
 
 
