@@ -20,6 +20,7 @@ class ExitCode(IntEnum):
     USAGE = 2
     IO_ERROR = 74
     TEMPFAIL = 75
+    SIGHUP = 129  # not in DESIGN.md's table: 128 + the signal, as for the two below
     SIGINT = 130
     SIGTERM = 143
 

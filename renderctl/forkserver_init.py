@@ -1,13 +1,12 @@
 """First module the fork server imports (``PRELOAD``): it shields the server from a SIGTERM
-aimed at the runner's whole process group.
+or SIGHUP aimed at the runner's whole process group.
 
 The fork server shares the runner's process group, and ``timeout``, systemd's stop,
-Slurm and ``kill -TERM -PGID`` signal the whole group. Dying on that SIGTERM, the server
-would fire every worker's parent-death signal, killing the running jobs at once and
-charging them an attempt, while the runner was about to give them their grace period and
-release them uncharged. (SIGHUP needs nothing here: the runner itself dies of it, or
-ignores it under ``nohup``, which the server inherits.) CPython's server already ignores
-SIGINT for the same reason; it still exits when the runner does (its "alive" pipe).
+Slurm and ``kill -TERM -PGID`` signal the whole group, as a closing terminal does with
+SIGHUP. Dying on that signal, the server would fire every worker's parent-death signal,
+killing the running jobs at once and charging them an attempt, while the runner was about
+to give them their grace period and release them uncharged. CPython's server already
+ignores SIGINT for the same reason; it still exits when the runner does (its "alive" pipe).
 Workers set these back to their defaults at start (``worker_main``).
 """
 
@@ -25,3 +24,4 @@ def _in_fork_server() -> bool:
 
 if _in_fork_server():
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)

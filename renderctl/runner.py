@@ -127,6 +127,7 @@ PREFETCH_WORK_S = 0.04  # of short jobs queued per worker (see _prefetch_depth)
 NAP_MAX_S = 0.02  # the longest the loop leaves workers' messages unread (see _nap)
 # Jobs queued behind one that has run this long (at least; or STEAL_FACTOR x the recent
 # job time) are taken back for an idle worker (see _rebalance).
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # drain, then exit 128 + n
 STEAL_AFTER_S = 0.5
 STEAL_FACTOR = 4.0
 STATE_INTERVAL_S = 1.0  # how often runner.state.json is rewritten for `top` and metrics
@@ -369,6 +370,8 @@ class Runner:
     def _exit_code(self) -> ExitCode:
         if self.stop_signal == signal.SIGINT:
             return ExitCode.SIGINT
+        if self.stop_signal == signal.SIGHUP:
+            return ExitCode.SIGHUP
         if self.stop_signal is not None:
             return ExitCode.SIGTERM
         bad = self.counts["dead"] + self.counts["cancelled"] + self.counts["expired"]
@@ -379,8 +382,11 @@ class Runner:
         self._poller.register(self._wake_r, select.POLLIN)
         self._urgent.register(self._wake_r, select.POLLIN)
         signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
-        signal.signal(signal.SIGTERM, self._on_stop_signal)
-        signal.signal(signal.SIGINT, self._on_stop_signal)
+        # SIGHUP too (the terminal of an interactive run closed, or a session logged out):
+        # dying of it would orphan the running jobs, each charged a crashed attempt at the
+        # next start; draining returns them uncharged.
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, self._on_stop_signal)
         signal.signal(signal.SIGUSR1, self._on_wake_signal)
 
     def _on_stop_signal(self, signum: int, frame: object) -> None:
@@ -442,7 +448,7 @@ class Runner:
             # workers were still dying when we started) can go.
             self.q.clean_tmp()
         signal.set_wakeup_fd(-1)
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in STOP_SIGNALS:
             signal.signal(sig, signal.SIG_DFL)
         # Still holding the lock: a cancel's wake-up may land until it is released (run()).
         signal.signal(signal.SIGUSR1, signal.SIG_IGN)

@@ -328,8 +328,10 @@ def test_a_replace_that_loses_the_race_to_a_claim_enqueues_nothing(
     assert_pdf(out / "u1.pdf", "u1")
 
 
-def test_sigterm_to_the_runners_whole_process_group_drains_like_sigterm_to_the_runner(
-        tmp_path: Path, write_manifest: Any) -> None:
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, ExitCode.SIGTERM),
+                                           (signal.SIGHUP, ExitCode.SIGHUP)], ids=["TERM", "HUP"])
+def test_a_signal_to_the_runners_whole_process_group_drains_like_one_to_the_runner(
+        tmp_path: Path, write_manifest: Any, sig: int, code: int) -> None:
     from jobfns import wait_for_pid
 
     # Given a runner leading its own process group (as under `timeout`, systemd or Slurm),
@@ -350,12 +352,13 @@ def test_sigterm_to_the_runners_whole_process_group_drains_like_sigterm_to_the_r
         wait_for_pid(short_pid, what="short to start")
         wait_for_pid(long_pid, what="long to start")
 
-        # When the whole group gets SIGTERM
-        os.killpg(runner.pid, signal.SIGTERM)
+        # When the whole group gets SIGTERM (`timeout`, systemd) or SIGHUP (its terminal
+        # closed)
+        os.killpg(runner.pid, sig)
 
         # Then the short job finishes within the grace and the long one is released,
         # uncharged: the fork server did not take the workers down with it
-        assert runner.wait(30) == ExitCode.SIGTERM, runner.lines
+        assert runner.wait(30) == code, runner.lines
     finally:
         runner.close()
     view = QueueView(queue)
