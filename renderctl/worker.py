@@ -74,6 +74,7 @@ from renderctl.render.registry import BUILTIN
 TAIL_LINES = 20
 TAIL_BYTES = 4096
 MB = 1024 * 1024
+PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 # How long a job's leftover processes may take to die after SIGKILL (one holding 1 GiB is
 # reaped ~0.1 s after it); past that the worker retires rather than run the next job beside
 # them.
@@ -193,6 +194,9 @@ class Worker:
                                    os.O_RDONLY | os.O_CLOEXEC)
         self.tasks_fd = os.open(f"/proc/{pid}/task", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         self.own_fds.add(self.children_fd, "its list of child processes")
+        # Its own resident size (second field, pages), for the sampling guard's leftovers.
+        self.statm_fd = os.open(f"/proc/{pid}/statm", os.O_RDONLY | os.O_CLOEXEC)
+        self.own_fds.add(self.statm_fd, "its memory counter")
         self.own_fds.add(self.tasks_fd, "its list of threads")
         self.retire_reason = ""  # set when this worker must not run another job
         self.retire_kind = DropKind.RETIRE
@@ -283,10 +287,10 @@ class Worker:
 
     def _apply_limit(self, job: RunJob) -> bool:
         """Set this slot's ceiling to the job's; a worker too big for it retires instead."""
+        if self.held_base is None:
+            self.held_base = self._held()
         if not self.config.slot_path:
             return True
-        if self.held_base is None:
-            self.held_base = slot_held_bytes(self.config.slot_path) or 0
         if job.memory_limit_bytes == self.limit_bytes:
             reset_job_peak(self.config.slot_path)
             return True
@@ -376,19 +380,29 @@ class Worker:
                                 f"{limit / MB:.0f} MB"
                                 + (", which the job had lifted" if lifted else ""))
 
+    def _held(self) -> int:
+        """What counts against a job's ceiling before it starts: the slot's charge less page
+        cache (cgroup guard), or this process's resident size (the sampling guard measures
+        the worker's tree)."""
+        if self.config.slot_path:
+            return slot_held_bytes(self.config.slot_path) or 0
+        return int(_pread_whole(self.statm_fd).split()[1]) * PAGE_SIZE
+
     def _check_leftover_memory(self) -> None:
-        """Retire (for a fresh slot) if the job left memory charged to this slot."""
-        slot = self.config.slot_path
-        if not slot or self.held_base is None or self.retire_reason:
+        """Retire (with a fresh slot) if the job left memory that the next job's ceiling
+        would be charged for."""
+        if self.held_base is None or self.retire_reason:
             return
-        usage = slot_usage_bytes(slot) or 0
-        if usage - self.held_base <= LEFTOVER_ALLOWANCE_BYTES:
-            return  # the usual case: one pread, no memory.stat
-        grown = (slot_held_bytes(slot) or 0) - self.held_base
+        slot = self.config.slot_path
+        if slot:
+            usage = slot_usage_bytes(slot) or 0
+            if usage - self.held_base <= LEFTOVER_ALLOWANCE_BYTES:
+                return  # the usual case: one pread, no memory.stat
+        grown = self._held() - self.held_base
         if grown > LEFTOVER_ALLOWANCE_BYTES:
-            self.retire_kind = DropKind.LEAKED
-            self.retire_reason = (f"a job left {grown / MB:.0f} MB held in this worker's "
-                                  "memory slot; retiring (a fresh slot for the next job)")
+            self.retire_kind = DropKind.LEAKED if slot else DropKind.RETIRE
+            where = "this worker's memory slot" if slot else "this worker"
+            self.retire_reason = f"a job left {grown / MB:.0f} MB held in {where}; retiring"
 
     def _children(self) -> list[int]:
         if os.fstat(self.tasks_fd).st_nlink > 3:
