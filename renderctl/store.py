@@ -1333,6 +1333,15 @@ class Queue:
         finally:
             os.close(fd)
 
+    def busy_runner(self) -> dict[str, Any] | None:
+        """The holder record of a runner that holds the queue, judged as ``runner_lock``
+        judges it (a holder that may be alive is busy; a `status` or `cancel` holding the
+        lock briefly is not); None if a new runner could start."""
+        info = self.runner_info()
+        if not info or _holder_alive(info) is False:
+            return None
+        return info
+
     def signal_runner(self, sig: int) -> bool:
         info = self.runner_info()
         # Only a live runner: while a `cancel` holds the lock to fix a dead runner's orphan,

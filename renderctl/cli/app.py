@@ -581,17 +581,8 @@ def refuse_if_runner(q: Queue) -> None:
     Judged as ``Queue.runner_lock`` judges it: a lock whose recorded holder is not a live
     runner (``status`` peeking, ``cancel`` settling a dead runner's orphan) is not busy.
     """
-    from renderctl.proctree import holder_alive
-
-    info = q.runner_info()
-    if not info or not info.get("pid"):
-        return
-    try:
-        alive = holder_alive(host=str(info.get("host", "")), boot_id=str(info.get("boot_id")),
-                             pid=int(info["pid"]), start_time=int(info.get("start_time") or 0))
-    except (TypeError, ValueError):
-        alive = None  # a damaged record: as the lock does, assume it is held
-    if alive is not False:
+    info = q.busy_runner()
+    if info is not None:
         pid = info.get("pid")
         raise QueueBusy(f"another runner (pid {pid}) holds queue {q.path}; nothing was "
                         "enqueued (`renderctl submit` the manifests for that runner to run "
