@@ -327,8 +327,6 @@ class Worker:
                     self.retire_reason = "a job left processes that would not die; retiring"
                 if user_code:
                     mpstate.forget_dead_helpers()
-                if (user_code or job.spec.get("kind") == "command") and not damage:
-                    self._check_leftover_memory()  # (through kept descriptors)
                 if damage:
                     # The job closed or replaced descriptors this worker relies on: its
                     # failure, not an I/O error of the queue. Nothing of ours can be trusted
@@ -355,6 +353,10 @@ class Worker:
         elapsed = time.monotonic() - t0
         if not damage:  # read through kept descriptors: not if a job broke them
             self._check_ceiling(job, fields)
+            if runs_user_code_here(job) or job.spec.get("kind") == "command":
+                # Only now, with its working directory emptied: scratch files there (on a
+                # tmpfs /tmp they are memory too) are not left behind.
+                self._check_leftover_memory()
         # Held until the next job starts or the worker is about to wait (see _send).
         self.outbox.append(Finished(job.job_id, job.token, elapsed_s=elapsed, **fields))
 

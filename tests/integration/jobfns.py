@@ -442,6 +442,16 @@ def leak_memory(inputs: Sequence[Path], output: Path, params: Mapping[str, Any])
     write_pdf(inputs, output, params)
 
 
+def stage_scratch(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
+    """Leave a ``params["mb"]`` MB intermediate file in the job's working directory (the
+    worker empties it after the job), as a render staging images would, then write a PDF."""
+    with open("stage.bin", "wb") as fh:
+        block = b"s" * (1 << 20)
+        for _ in range(int(params["mb"])):
+            fh.write(block)
+    write_pdf(inputs, output, params)
+
+
 def close_worker_fds(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
     """Close every inherited descriptor above stderr except the worker's socket to the
     runner (as a careless daemonizing library might), then write a good PDF."""

@@ -23,6 +23,7 @@ from jobfns import (
     assert_pdf,
     cgroup_v1_writable,
     cli_args,
+    json_lines,
     py_job,
     run_cli,
     stage,
@@ -354,6 +355,27 @@ def test_memory_a_job_leaves_behind_does_not_kill_the_next_job_under_the_same_ce
     peak = view.record("done", "innocent")["result"]["peak_memory_bytes"]
     # (exact under a cgroup; sampled every 50 ms otherwise, so perhaps caught mid-growth)
     assert (300 if guard == "cgroup-v1" else 200) << 20 < peak < 400 << 20, peak
+
+
+@needs_cgroup_v1
+def test_scratch_files_in_a_jobs_working_directory_on_tmpfs_are_not_leftovers(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given jobs that each leave 100 MB of scratch in their working directory, which is on
+    # tmpfs (TMPDIR=/dev/shm for the runner; on many systems /tmp is tmpfs): memory,
+    # charged to the slot, until the worker empties the directory after the job
+    stage(tmp_path)
+    jobs = [{**py_job(f"j{n}", "stage_scratch", mb=100), "priority": 9 - n} for n in range(4)]
+    queue, out = tmp_path / "q", tmp_path / "out"
+
+    # When one worker runs them
+    res = run_cli("run", write_manifest(jobs), *cli_args(queue, out, "--workers", "1",
+                                                         "--json"),
+                  env={"TMPDIR": "/dev/shm"})
+
+    # Then they complete in that one worker: none is retired for memory it no longer holds
+    assert res.returncode == 0, res.stdout + res.stderr
+    workers = {e["worker"] for e in json_lines(res.stdout) if e["event"] == "started"}
+    assert len(workers) == 1, res.stdout
 
 
 @pytest.mark.parametrize("ctx", ["spawn", "forkserver"])
