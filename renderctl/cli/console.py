@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import sys
@@ -33,15 +34,27 @@ def write_out(text: str) -> None:
     try:
         sys.stdout.write(text)
         sys.stdout.flush()
-    except BrokenPipeError:
+    except OSError as exc:
+        if not reader_gone(exc):
+            raise
         silence_stdout()
 
 
-def silence_stdout() -> None:
-    """Point stdout at /dev/null: later writes, and the interpreter's final flush of what is
-    still buffered, then succeed instead of failing again."""
+# A pipe whose reader left (EPIPE), and a terminal that hung up (EIO, ENXIO: its window
+# closed, the SSH session dropped; the runner drains on the SIGHUP that came with it).
+_GONE = (errno.EPIPE, errno.EIO, errno.ENXIO)
+
+
+def reader_gone(exc: OSError) -> bool:
+    """Whether a failed write to stdout or stderr means nobody reads it any more."""
+    return exc.errno in _GONE
+
+
+def silence_stdout(stream: Any = None) -> None:
+    """Point stdout (or ``stream``) at /dev/null: later writes, and the interpreter's final
+    flush of what is still buffered, then succeed instead of failing again."""
     devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
+    os.dup2(devnull, (stream or sys.stdout).fileno())
     os.close(devnull)
 
 
@@ -51,8 +64,13 @@ def print_json(data: Any) -> None:
 
 def err(message: str) -> None:
     """A user-facing error on stderr, no traceback."""
-    sys.stderr.write(f"renderctl: {message}\n")
-    sys.stderr.flush()
+    try:
+        sys.stderr.write(f"renderctl: {message}\n")
+        sys.stderr.flush()
+    except OSError as exc:
+        if not reader_gone(exc):
+            raise
+        silence_stdout(sys.stderr)
 
 
 _ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}

@@ -23,7 +23,13 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from renderctl.cli.console import human_bytes, human_duration, one_line
+from renderctl.cli.console import (
+    human_bytes,
+    human_duration,
+    one_line,
+    reader_gone,
+    silence_stdout,
+)
 
 MEMORY_WARN = 0.85  # share of the ceiling at which a job's memory bar turns red
 TERMINAL = ("done", "dead", "cancelled", "expired")
@@ -207,6 +213,21 @@ class DashboardReporter:
         self._due = 0.0
         self._slow_due = 0.0
         self._slow: dict[str, Any] = {}
+        self.gone = False  # the terminal hung up: draw nothing more
+
+    def _draw(self, draw: Any) -> None:
+        """Draw, unless the terminal is gone. A closed terminal window or a dropped SSH
+        session fails writes with EIO: the runner drains on the SIGHUP that came with it,
+        and must not die of its display meanwhile (its jobs would be charged a crash)."""
+        if self.gone:
+            return
+        try:
+            draw()
+        except OSError as exc:
+            if not reader_gone(exc):
+                raise
+            self.gone = True
+            silence_stdout(self.console.file)
 
     def start(self) -> None:
         # No threads (auto_refresh=False) and no stdout redirection: the runner forks, and a
@@ -227,9 +248,10 @@ class DashboardReporter:
         if self.live is None:
             # Started at the first tick, not before: a runner that cannot get the queue
             # (another one holds it) must leave the terminal as it found it.
-            self.start()
-            assert self.live is not None
-        self.live.update(self.frame(runner, now), refresh=True)
+            self._draw(self.start)
+        live = self.live
+        if live is not None:
+            self._draw(lambda: live.update(self.frame(runner, now), refresh=True))
 
     def frame(self, runner: Any, now: float) -> RenderableType:
         snap = dict(runner.snapshot())
@@ -248,12 +270,15 @@ class DashboardReporter:
         if self.live is None:
             if runner is None or getattr(runner, "holder", None) is None:
                 return  # it never ran (e.g. the queue was busy): draw nothing
-            self.start()
-            assert self.live is not None
+            self._draw(self.start)
+        live = self.live
+        if live is None:
+            return
         try:
             if runner is not None:
                 self._slow_due = 0.0
-                self.live.update(self.frame(runner, time.monotonic()), refresh=True)
+                self._draw(lambda: live.update(self.frame(runner, time.monotonic()),
+                                               refresh=True))
         finally:
-            self.live.stop()
+            self._draw(live.stop)
             self.live = None

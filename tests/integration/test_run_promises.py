@@ -481,3 +481,52 @@ def test_a_job_whose_deadline_passes_while_it_waits_in_a_worker_expires_unrun(
     assert not any('"started"' in ln and '"late"' in ln for ln in runner.lines)
     assert any('"expired"' in ln and '"late"' in ln for ln in runner.lines)
     assert not (out / "late.pdf").exists()
+
+
+def test_a_run_on_a_terminal_that_closes_drains_and_exits_129(
+        tmp_path: Path, write_manifest: Any) -> None:
+    import pty
+    import select
+
+    from jobfns import RENDERCTL, _env
+
+    # Given `renderctl run` drawing its dashboard on a terminal, two jobs running
+    stage(tmp_path)
+    pids = [tmp_path / f"j{n}.pid" for n in range(2)]
+    manifest = write_manifest([py_job(f"j{n}", "sleep_then_write", s=2.0, pidfile=str(p))
+                               for n, p in enumerate(pids)])
+    queue, out = tmp_path / "q", tmp_path / "out"
+    env = {k: v for k, v in _env(None).items() if k != "NO_COLOR"}
+    env["TERM"] = "xterm"
+    stderr = tmp_path / "stderr.txt"
+    pid, master = pty.fork()
+    if pid == 0:  # the child: stderr to a file, so that only the dashboard is on the tty
+        try:
+            fd = os.open(stderr, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+            os.dup2(fd, 2)
+            os.execvpe(RENDERCTL[0], [*RENDERCTL, "run", str(manifest),
+                                      *cli_args(queue, out, "--workers", "2")], env)
+        finally:
+            os._exit(127)
+    try:
+        drained = bytearray()
+        for p in pids:  # reading the terminal meanwhile, so the dashboard never blocks
+            while not p.exists():
+                if select.select([master], [], [], 0.05)[0]:
+                    drained += os.read(master, 65536)
+
+        # When the terminal goes away (its window closed: SIGHUP, then EIO on every write)
+        os.close(master)
+        _, status = os.waitpid(pid, 0)
+    finally:
+        with contextlib.suppress(ChildProcessError, ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+
+    # Then the runner drains like on SIGTERM and exits 129; nothing is lost or charged
+    assert os.waitstatus_to_exitcode(status) == ExitCode.SIGHUP, stderr.read_text()
+    assert "Traceback" not in stderr.read_text()
+    view = QueueView(queue)
+    assert view.states_of(["j0", "j1"]) == {"j0": ["done"], "j1": ["done"]}
+    for j in ("j0", "j1"):
+        assert [a["outcome"] for a in view.record("done", j)["attempts"]] == ["completed"]
