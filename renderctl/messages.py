@@ -24,6 +24,9 @@ class RunJob:
     # then -> expired, never run" holds at the start itself, which may come long after the
     # claim for a job queued behind another in this worker.
     expires_at: float | None = None
+    # Its number in this worker's stream of jobs, for the start gate (renderctl.gate); 0:
+    # no gate, always start.
+    seq: int = 0
 
 
 @dataclass(frozen=True)

@@ -58,6 +58,7 @@ from renderctl.clock import SYSTEM_CLOCK, Clock
 from renderctl.crashpoints import CRASH_ENV, STOP_ENV, CrashPoints
 from renderctl.errors import ExitCode, QueueIOError, RenderctlError
 from renderctl.fsutil import syncfs, unlink_quiet
+from renderctl.gate import StartGate
 from renderctl.guards import MemoryGuard, OomMark, Slot, TreeSampler, detect_memory_guard
 from renderctl.lifecycle import EXPIRED_REASON, Outcome, State
 from renderctl.messages import (
@@ -187,6 +188,7 @@ class Assignment:
     started_wall: float | None = None
     cancel_requested: bool = False
     moved: bool = False  # published by rename (the temporary name is gone)
+    seq: int = 0  # its number in its worker's stream (renderctl.gate)
 
     @property
     def job_id(self) -> str:
@@ -224,6 +226,7 @@ class WorkerHandle:
     sampler: TreeSampler | None = None
     mark: OomMark | None = None
     readable: Any = None  # select.poll() of its connection alone
+    gate: StartGate | None = None  # decides, with the worker, whether queued jobs start
 
     def reserved_mb(self) -> int:
         sizes = [a.memory_mb for a in self.queued]
@@ -273,6 +276,7 @@ class Runner:
         self.stopped = False  # the loop has ended (the last snapshot says "finished")
         self.wake_cancel = True
         self._halt_reported = False
+        self._gates = 0  # start gates made (each worker gets a fresh one)
         self.guard: MemoryGuard | None = None
         self.budget_mb = settings.memory_budget_mb or default_budget_mb()
         self.n_workers = settings.workers or default_workers(self.budget_mb)
@@ -425,6 +429,8 @@ class Runner:
                 w.slot.close()
             for tmp in w.discard_at_death:  # its jobs can no longer write them
                 discard(tmp)
+            if w.gate is not None:
+                w.gate.close()  # its file goes with work_root
         self.workers.clear()
         for slot in self._spare_slots:
             with contextlib.suppress(Exception):
@@ -664,12 +670,18 @@ class Runner:
             # Its last job's ceiling is still set; the new worker must start without it.
             with contextlib.suppress(OSError):
                 slot.release_limit()
+        self._gates += 1
+        gate = StartGate(os.path.join(self.work_root, f"gate.{self._gates}"), create=True)
         cfg = WorkerConfig(slot_path=slot.path, started_log=self.started_log,
-                           work_root=self.work_root)
-        proc, parent = start_worker(self._ctx, cfg, name=f"renderctl-worker-{index}")
+                           work_root=self.work_root, gate_path=gate.path)
+        try:
+            proc, parent = start_worker(self._ctx, cfg, name=f"renderctl-worker-{index}")
+        except BaseException:
+            gate.close()
+            raise
         with contextlib.suppress(ProcessLookupError, OSError):
             slot.adopt(proc.pid)
-        w = self.workers[index] = WorkerHandle(index, proc, parent, slot)
+        w = self.workers[index] = WorkerHandle(index, proc, parent, slot, gate=gate)
         self._watch(w)
 
     def _watch(self, w: WorkerHandle) -> None:
@@ -1006,28 +1018,31 @@ class Runner:
 
         Prefetching short jobs (see _prefetch_depth) bets that the running one is short too;
         when it turns out long, the jobs behind it would wait for it while another worker
-        has nothing to do. The worker reads our Skip only after its current job, and may
-        start a taken job before that: so each gets a new token (Queue.relet), and the old
-        one is treated as cancelled in that worker (started: killed, never published)."""
+        has nothing to do. The worker reads messages only between jobs, so the two settle
+        which queued jobs it has started through its start gate (renderctl.gate): those
+        stay, the rest are ours, and it will never start them. No job runs twice."""
         if self.stop_signal is not None or self.ready or not self._idle():
             return
         for w in self.workers.values():
             if not self._stuck(w, now):
                 continue
+            # Look again with its messages read: it may have finished that job and started
+            # the next one since the loop last read them (a nap, a group commit), and then
+            # nothing needs taking back.
+            self._read_messages(w)
+            if not self._stuck(w, now):
+                continue
             self.crash_point("rebalance")
-            taken = list(w.queued)
-            w.queued.clear()
-            self._tell(w, Skip(tuple(a.job_id for a in taken)))
-            for a in taken:
-                w.cancelled_tokens[a.claim.lease.token] = a.tmp
-            claims = self.q.relet([a.claim for a in taken], lease_s=self.s.lease_s)
-            fresh = {c.job_id: c for c in claims}
-            for a in reversed(taken):
-                c = fresh.get(a.job_id)
-                if c is None:
-                    continue  # fenced meanwhile: no longer ours to run
-                self.ready.appendleft(replace(
-                    a, claim=c, tmp=tmp_output_path(a.final, a.job_id, c.lease.token)))
+            if w.gate is None:
+                continue
+            # What it started by now stays with it; the rest it will never start (renderctl.
+            # gate): it answers each with Dropped as it comes to it, which we then ignore.
+            started = w.gate.revoke(w.assigned_total)
+            taken = [a for a in w.queued if a.seq > started]
+            if not taken:
+                continue
+            w.queued = deque(a for a in w.queued if a.seq <= started)
+            self.ready.extendleft(reversed(taken))
             for a in taken:
                 self.reporter.event({"event": "requeued", "job": a.job_id, "worker": w.pid,
                                      "reason": "queued behind a long job"})
@@ -1038,7 +1053,9 @@ class Runner:
         spec = a.claim.record.spec
         msg = RunJob(job_id=spec.id, attempt=a.claim.lease.attempt, token=a.claim.lease.token,
                      spec=spec.to_json(), tmp_output=str(a.tmp), output_kind=a.output_kind,
-                     memory_limit_bytes=spec.memory_mb * MB, expires_at=_expires_at(a))
+                     memory_limit_bytes=spec.memory_mb * MB, expires_at=_expires_at(a),
+                     seq=w.assigned_total + 1)
+        a.seq = msg.seq
         w.queued.append(a)
         w.assigned_total += 1
         out = self._outgoing.setdefault(w, [])
@@ -1221,6 +1238,9 @@ class Runner:
         self._unwatch(w)
         with contextlib.suppress(Exception):
             w.conn.close()
+        if w.gate is not None:
+            w.gate.close()
+            unlink_quiet(w.gate.path)
         if w.replaced and not w.stale_slot:
             self._spare_slots.append(w.slot)  # emptied above; its successor already runs
         elif w.replaced:

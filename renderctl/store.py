@@ -1099,23 +1099,6 @@ class Queue:
         return self._set_leases(
             claims, lambda c: replace(c.lease, expires_at=round(now + lease_s, 3)))
 
-    def relet(self, claims: Iterable[Claim], *, lease_s: float) -> list[Claim]:
-        """Give claimed jobs that never started a new token (same attempt): the runner takes
-        them back from a worker stuck on a long job, which may still start them under the
-        old one before it reads that it must not. A new token means a new output temporary,
-        so the two can never write the same file, and only the new one can be published
-        (recovery too judges by the lease's token)."""
-        now = self.clock.wall()
-
-        def fresh(c: Claim) -> Lease:
-            # Later than the old claim time, so that the token differs (it has ms in it).
-            at = max(round(now, 3), round(c.lease.claimed_at + 0.001, 3))
-            token = make_token(c.lease.token_prefix(c.job_id), c.job_id, c.lease.attempt, at)
-            return replace(c.lease, token=token, claimed_at=at,
-                           expires_at=round(now + lease_s, 3))
-
-        return self._set_leases(claims, fresh)
-
     def _set_leases(self, claims: Iterable[Claim],
                  new_lease: Callable[[Claim], Lease]) -> list[Claim]:
         out: list[Claim] = []

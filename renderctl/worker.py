@@ -44,6 +44,7 @@ from renderctl import mpstate
 from renderctl.cleanslate import Baseline, threads_left
 from renderctl.errors import ExitCode, InvalidInput, InvalidOutput, os_error_message
 from renderctl.fsutil import with_name
+from renderctl.gate import StartGate
 from renderctl.guards import (
     LimitBelowUsage,
     ceiling_lifted,
@@ -103,6 +104,7 @@ class WorkerConfig:
     slot_path: str  # cgroup of this worker's slot ("" with the sampling guard)
     started_log: str  # append-only evidence of which attempts began (see runner recovery)
     work_root: str  # parent of each job's temporary working directory
+    gate_path: str = ""  # its StartGate (renderctl.gate); "" for none
 
 
 # -- entry point ---------------------------------------------------------------------------
@@ -197,6 +199,9 @@ class Worker:
         # Its own resident size (second field, pages), for the sampling guard's leftovers.
         self.statm_fd = os.open(f"/proc/{pid}/statm", os.O_RDONLY | os.O_CLOEXEC)
         self.own_fds.add(self.statm_fd, "its memory counter")
+        self.gate = StartGate(config.gate_path) if config.gate_path else None
+        if self.gate is not None:
+            self.own_fds.add(self.gate.fd, "its start gate")
         self.own_fds.add(self.tasks_fd, "its list of threads")
         self.retire_reason = ""  # set when this worker must not run another job
         self.retire_kind = DropKind.RETIRE
@@ -219,6 +224,10 @@ class Worker:
                         return
                     continue
                 job = self.queue.popleft()
+                if self.gate is not None and job.seq and not self.gate.start(job.seq):
+                    # Taken back by the runner for another worker (Runner._rebalance).
+                    self._send(Dropped((job.job_id,), DropKind.SKIP, "taken back"))
+                    continue
                 if job.expires_at is not None and time.time() > job.expires_at:
                     self._send(Dropped((job.job_id,), DropKind.EXPIRED, EXPIRED_REASON))
                     continue

@@ -442,6 +442,14 @@ def leak_memory(inputs: Sequence[Path], output: Path, params: Mapping[str, Any])
     write_pdf(inputs, output, params)
 
 
+def logged_write(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
+    """Append "<job id> <pid>" to ``params["log"]`` (one line per execution), then write a
+    PDF: a test counts executions, whatever the queue recorded."""
+    with open(params["log"], "a") as fh:
+        fh.write(f"{os.environ['RENDERCTL_JOB_ID']} {os.getpid()}\n")
+    write_pdf(inputs, output, params)
+
+
 def stage_scratch(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
     """Leave a ``params["mb"]`` MB intermediate file in the job's working directory (the
     worker empties it after the job), as a render staging images would, then write a PDF."""

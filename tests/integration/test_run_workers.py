@@ -346,10 +346,10 @@ def _long_and_shorts(tmp_path: Path, write_manifest: Any) -> tuple[Path, Path, P
     """(manifest, queue, out, go): `long` (first in line, runs until ``go`` exists, its pid
     in long.pid) and six short jobs, which two workers holding up to 4 jobs each share."""
     stage(tmp_path)
-    go = tmp_path / "go"
+    go, log = tmp_path / "go", tmp_path / "exec.log"
     manifest = write_manifest(
         [{**py_job("long", "wait_for_go", pidfile=str(tmp_path / "long.pid"), go=str(go)),
-          "priority": 10}] + [py_job(s, "write_pdf") for s in SHORTS])
+          "priority": 10}] + [py_job(s, "logged_write", log=str(log)) for s in SHORTS])
     return manifest, tmp_path / "q", tmp_path / "out", go
 
 
@@ -359,6 +359,9 @@ def _done_once(queue: Path, job_ids: list[str], out: Path, lines: list[str]) -> 
     for j in job_ids:
         assert [a["outcome"] for a in view.record("done", j)["attempts"]] == ["completed"]
         assert_pdf(out / f"{j}.pdf", j)
+    # Executed once each, too: not just recorded once
+    ran = [line.split()[0] for line in (queue.parent / "exec.log").read_text().splitlines()]
+    assert sorted(ran) == sorted(SHORTS), ran
     left = [p.name for p in out.iterdir() if p.name.startswith(".")]
     assert not left, (left, [json.loads(ln) for ln in lines if "started" in ln or "requeued" in ln])
 
@@ -384,7 +387,7 @@ def test_jobs_queued_behind_a_long_job_move_to_an_idle_worker(
     _done_once(queue, ["long", *SHORTS], out, runner.lines)
 
 
-def test_a_job_its_stuck_worker_starts_as_it_is_taken_back_runs_and_publishes_once(
+def test_a_job_its_stuck_worker_starts_as_it_is_taken_back_runs_once(
         tmp_path: Path, write_manifest: Any) -> None:
     from test_run_promises import _stopped
 
@@ -404,7 +407,7 @@ def test_a_job_its_stuck_worker_starts_as_it_is_taken_back_runs_and_publishes_on
             p.name.startswith(".") for p in out.iterdir()), what="the worker to move on")
         os.kill(runner.pid, signal.SIGCONT)
 
-        # Then every job completes, each published once, by one attempt
+        # Then every job completes, each executed once, published once, by one attempt
         assert runner.wait() == 0, runner.lines
     finally:
         runner.close()
