@@ -1096,16 +1096,11 @@ class Queue:
     def renew(self, claims: Iterable[Claim], *, lease_s: float) -> list[Claim]:
         """Extend leases still ours; returns the renewed claims."""
         now = self.clock.wall()
-        return self._set_leases(
-            claims, lambda c: replace(c.lease, expires_at=round(now + lease_s, 3)))
-
-    def _set_leases(self, claims: Iterable[Claim],
-                 new_lease: Callable[[Claim], Lease]) -> list[Claim]:
         out: list[Claim] = []
         for c in claims:
             if not self.holds(c):
                 continue  # fenced: someone else owns it now
-            rec = replace(c.record, lease=new_lease(c))
+            rec = replace(c.record, lease=replace(c.lease, expires_at=round(now + lease_s, 3)))
             path = self.record_path(State.RUNNING, c.job_id)
             if self._xattrs:
                 self._write_lease(path, rec)
