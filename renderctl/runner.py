@@ -203,6 +203,7 @@ class WorkerHandle:
     proc: Any  # multiprocessing.Process (BaseProcess of the chosen context)
     conn: mpc.Connection
     slot: Slot
+    gate: StartGate  # decides, with the worker, whether its queued jobs start
     pid: int | None = None
     pgid: int | None = None
     queued: deque[Assignment] = field(default_factory=deque)
@@ -226,7 +227,6 @@ class WorkerHandle:
     sampler: TreeSampler | None = None
     mark: OomMark | None = None
     readable: Any = None  # select.poll() of its connection alone
-    gate: StartGate | None = None  # decides, with the worker, whether queued jobs start
 
     def reserved_mb(self) -> int:
         sizes = [a.memory_mb for a in self.queued]
@@ -429,8 +429,7 @@ class Runner:
                 w.slot.close()
             for tmp in w.discard_at_death:  # its jobs can no longer write them
                 discard(tmp)
-            if w.gate is not None:
-                w.gate.close()  # its file goes with work_root
+            w.gate.close()  # its file goes with work_root
         self.workers.clear()
         for slot in self._spare_slots:
             with contextlib.suppress(Exception):
@@ -681,7 +680,7 @@ class Runner:
             raise
         with contextlib.suppress(ProcessLookupError, OSError):
             slot.adopt(proc.pid)
-        w = self.workers[index] = WorkerHandle(index, proc, parent, slot, gate=gate)
+        w = self.workers[index] = WorkerHandle(index, proc, parent, slot, gate)
         self._watch(w)
 
     def _watch(self, w: WorkerHandle) -> None:
@@ -974,12 +973,6 @@ class Runner:
                 self.ready.popleft()
                 self._finish_unrun(a, State.CANCELLED, "cancelled before it started")
                 continue
-            expires = _expires_at(a)
-            if expires is not None and self.clock.wall() > expires:
-                # Claimed in time, but waited in ready/ (for memory, for a worker) past it.
-                self.ready.popleft()
-                self._finish_unrun(a, State.EXPIRED, EXPIRED_REASON)
-                continue
             total = sum(w.reserved_mb() for w in self.workers.values())
             best: WorkerHandle | None = None
             for w in self.workers.values():
@@ -1033,8 +1026,6 @@ class Runner:
             if not self._stuck(w, now):
                 continue
             self.crash_point("rebalance")
-            if w.gate is None:
-                continue
             # What it started by now stays with it; the rest it will never start (renderctl.
             # gate): it answers each with Dropped as it comes to it, which we then ignore.
             started = w.gate.revoke(w.assigned_total)
@@ -1238,9 +1229,8 @@ class Runner:
         self._unwatch(w)
         with contextlib.suppress(Exception):
             w.conn.close()
-        if w.gate is not None:
-            w.gate.close()
-            unlink_quiet(w.gate.path)
+        w.gate.close()
+        unlink_quiet(w.gate.path)
         if w.replaced and not w.stale_slot:
             self._spare_slots.append(w.slot)  # emptied above; its successor already runs
         elif w.replaced:

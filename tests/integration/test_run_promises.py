@@ -483,6 +483,48 @@ def test_a_job_whose_deadline_passes_while_it_waits_in_a_worker_expires_unrun(
     assert not (out / "late.pdf").exists()
 
 
+def test_a_job_whose_deadline_passes_while_it_waits_for_memory_expires_unrun(
+        tmp_path: Path, write_manifest: Any) -> None:
+    import datetime as dt
+    import time
+
+    from jobfns import wait_for_pid, wait_until
+
+    # Given two workers but a memory budget for one job at a time: `first` running until
+    # the test says go, and `late` claimed (well before its deadline, 4 s away) but held
+    # back in the runner for want of memory
+    stage(tmp_path)
+    queue, out = tmp_path / "q", tmp_path / "out"
+    pidfile, go = tmp_path / "first.pid", tmp_path / "go"
+    deadline = time.time() + 4
+    manifest = write_manifest([
+        {**py_job("first", "wait_for_go", pidfile=str(pidfile), go=str(go)), "priority": 10,
+         "memory_mb": 300},
+        {**py_job("late", "write_pdf"), "memory_mb": 300,
+         "deadline": dt.datetime.fromtimestamp(deadline, dt.UTC).isoformat()},
+    ])
+    runner = Runner(manifest, *cli_args(queue, out, "--workers", "2", "--memory-budget", "400",
+                                        "--json"))
+    try:
+        wait_for_pid(pidfile, what="first to start")
+        wait_until(lambda: QueueView(queue).states_of(["late"]) == {"late": ["running"]},
+                   what="late to be claimed")
+
+        # When its deadline passes while it waits, and only then memory frees up
+        wait_until(lambda: time.time() > deadline + 0.1, timeout_s=10, what="the deadline")
+        go.touch()
+
+        # Then it expires without ever starting
+        assert runner.wait() == ExitCode.JOBS_FAILED, runner.lines
+    finally:
+        runner.close()
+    view = QueueView(queue)
+    assert view.states_of(["first", "late"]) == {"first": ["done"], "late": ["expired"]}
+    assert view.record("expired", "late")["reason"] == "deadline passed before it started"
+    assert not any('"started"' in ln and '"late"' in ln for ln in runner.lines)
+    assert not (out / "late.pdf").exists()
+
+
 def test_a_run_on_a_terminal_that_closes_drains_and_exits_129(
         tmp_path: Path, write_manifest: Any) -> None:
     import pty
