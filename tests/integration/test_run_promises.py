@@ -443,31 +443,42 @@ def test_a_status_peeking_at_the_lock_does_not_turn_a_starting_runner_away(
     assert QueueView(queue).states_of(["a"]) == {"a": ["done"]}
 
 
-def test_a_job_whose_deadline_passes_while_it_waits_in_a_worker_expires_unrun(
-        tmp_path: Path, write_manifest: Any) -> None:
+# How `late` comes to wait, claimed, after `first` started: queued behind it in its one
+# worker, or held back by the runner for want of memory (two workers, budget for one job).
+WAITS = {
+    "in its worker": (["--workers", "1", "--prefetch", "2"], {}),
+    "for memory": (["--workers", "2", "--memory-budget", "400"], {"memory_mb": 300}),
+}
+
+
+@pytest.mark.parametrize("waits", list(WAITS))
+def test_a_job_whose_deadline_passes_while_it_waits_to_start_expires_unrun(
+        tmp_path: Path, write_manifest: Any, waits: str) -> None:
     import datetime as dt
     import time
 
     from jobfns import wait_for_pid, wait_until
 
-    # Given one worker holding two jobs: `first` running until the test says go, and
-    # `late` queued behind it, claimed well before its deadline (5 s away)
+    # Given `first` running until the test says go, and `late` waiting to start, claimed
+    # well before its deadline (4 s away)
+    args, limits = WAITS[waits]
     stage(tmp_path)
     queue, out = tmp_path / "q", tmp_path / "out"
     pidfile, go = tmp_path / "first.pid", tmp_path / "go"
-    deadline = time.time() + 5
+    deadline = time.time() + 4
     manifest = write_manifest([
-        {**py_job("first", "wait_for_go", pidfile=str(pidfile), go=str(go)), "priority": 10},
-        {**py_job("late", "write_pdf"),
+        {**py_job("first", "wait_for_go", pidfile=str(pidfile), go=str(go)), "priority": 10,
+         **limits},
+        {**py_job("late", "write_pdf"), **limits,
          "deadline": dt.datetime.fromtimestamp(deadline, dt.UTC).isoformat()},
     ])
-    runner = Runner(manifest, *cli_args(queue, out, "--workers", "1", "--prefetch", "2",
-                                        "--json"))
+    runner = Runner(manifest, *cli_args(queue, out, *args, "--json"))
     try:
         wait_for_pid(pidfile, what="first to start")
-        assert QueueView(queue).states_of(["late"]) == {"late": ["running"]}  # claimed
+        wait_until(lambda: QueueView(queue).states_of(["late"]) == {"late": ["running"]},
+                   what="late to be claimed")
 
-        # When its deadline passes while it still waits, and only then the worker is free
+        # When its deadline passes while it still waits, and only then it could start
         wait_until(lambda: time.time() > deadline + 0.1, timeout_s=10, what="the deadline")
         go.touch()
 
@@ -480,48 +491,6 @@ def test_a_job_whose_deadline_passes_while_it_waits_in_a_worker_expires_unrun(
     assert view.record("expired", "late")["reason"] == "deadline passed before it started"
     assert not any('"started"' in ln and '"late"' in ln for ln in runner.lines)
     assert any('"expired"' in ln and '"late"' in ln for ln in runner.lines)
-    assert not (out / "late.pdf").exists()
-
-
-def test_a_job_whose_deadline_passes_while_it_waits_for_memory_expires_unrun(
-        tmp_path: Path, write_manifest: Any) -> None:
-    import datetime as dt
-    import time
-
-    from jobfns import wait_for_pid, wait_until
-
-    # Given two workers but a memory budget for one job at a time: `first` running until
-    # the test says go, and `late` claimed (well before its deadline, 4 s away) but held
-    # back in the runner for want of memory
-    stage(tmp_path)
-    queue, out = tmp_path / "q", tmp_path / "out"
-    pidfile, go = tmp_path / "first.pid", tmp_path / "go"
-    deadline = time.time() + 4
-    manifest = write_manifest([
-        {**py_job("first", "wait_for_go", pidfile=str(pidfile), go=str(go)), "priority": 10,
-         "memory_mb": 300},
-        {**py_job("late", "write_pdf"), "memory_mb": 300,
-         "deadline": dt.datetime.fromtimestamp(deadline, dt.UTC).isoformat()},
-    ])
-    runner = Runner(manifest, *cli_args(queue, out, "--workers", "2", "--memory-budget", "400",
-                                        "--json"))
-    try:
-        wait_for_pid(pidfile, what="first to start")
-        wait_until(lambda: QueueView(queue).states_of(["late"]) == {"late": ["running"]},
-                   what="late to be claimed")
-
-        # When its deadline passes while it waits, and only then memory frees up
-        wait_until(lambda: time.time() > deadline + 0.1, timeout_s=10, what="the deadline")
-        go.touch()
-
-        # Then it expires without ever starting
-        assert runner.wait() == ExitCode.JOBS_FAILED, runner.lines
-    finally:
-        runner.close()
-    view = QueueView(queue)
-    assert view.states_of(["first", "late"]) == {"first": ["done"], "late": ["expired"]}
-    assert view.record("expired", "late")["reason"] == "deadline passed before it started"
-    assert not any('"started"' in ln and '"late"' in ln for ln in runner.lines)
     assert not (out / "late.pdf").exists()
 
 
