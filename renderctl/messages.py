@@ -64,6 +64,9 @@ class Started:
     job_id: str
     token: str
     wall: float
+    # Memory earlier jobs left held in this worker (below the leftover allowance), which
+    # its ceiling is raised by: the sampling guard must judge and report the same way.
+    carried_bytes: int = 0
 
 
 @dataclass(frozen=True)

@@ -186,6 +186,7 @@ class Assignment:
     memory_mb: int
     started_mono: float | None = None
     started_wall: float | None = None
+    carried_bytes: int = 0  # memory earlier jobs left in its worker (Started.carried_bytes)
     cancel_requested: bool = False
     moved: bool = False  # published by rename (the temporary name is gone)
     seq: int = 0  # its number in its worker's stream (renderctl.gate)
@@ -1093,10 +1094,11 @@ class Runner:
                 return
             a.started_mono = time.monotonic()
             a.started_wall = msg.wall
+            a.carried_bytes = msg.carried_bytes
             w.current = a
             w.started_any = True
             if w.sampler is not None:
-                w.sampler.limit_bytes = a.memory_mb * MB
+                w.sampler.limit_bytes = a.memory_mb * MB + msg.carried_bytes
                 w.sampler.peak_bytes = 0
             self.reporter.event({"event": "started", "job": a.job_id,
                                  "attempt": a.claim.lease.attempt, "worker": w.pid})
@@ -1122,7 +1124,7 @@ class Runner:
                               error="the kernel killed a process of the job at its ceiling")
                 w.mark = w.slot.mark()
             if fin.peak_memory_bytes is None and w.sampler is not None:
-                fin = replace(fin, peak_memory_bytes=w.sampler.peak_bytes or None)
+                fin = replace(fin, peak_memory_bytes=_own_peak(a, w.sampler.peak_bytes))
             self._observe_exec(fin.elapsed_s)
             self.completions.append((a, fin))
         elif isinstance(msg, Dropped):
@@ -1261,7 +1263,8 @@ class Runner:
         reason = Outcome.MEMORY if oom else w.kill_reason
         peak = w.slot.peak_bytes()
         if peak is None and w.sampler is not None:
-            peak = w.sampler.peak_bytes or None
+            peak = w.sampler.peak_bytes
+        peak = _own_peak(a, peak)
         sig = -code if code is not None and code < 0 else None
         exit_code = code if code is not None and code >= 0 else None
         if reason is not None:
@@ -1715,6 +1718,14 @@ def _expires_at(a: Assignment) -> float | None:
     """When ``a`` expires unstarted: its deadline, unless an attempt of it ever started."""
     rec = a.claim.record
     return rec.spec.deadline if not rec.attempts else None
+
+
+def _own_peak(a: Assignment, peak: int | None) -> int | None:
+    """A job's peak as reported and judged: less what earlier jobs left held in its worker,
+    which its ceiling was raised by (see worker.CARRY_SLACK_BYTES)."""
+    if not peak:
+        return None
+    return max(0, peak - a.carried_bytes) or None
 
 
 def _kill_message(reason: Outcome, a: Assignment, peak: int | None) -> str:

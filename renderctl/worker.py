@@ -86,6 +86,11 @@ LEFTOVER_BOUND_S = 2.0
 # ceiling there, and kill an innocent one. Importing reportlab and pypdf, which stay loaded,
 # costs ~35 MB; the rest is headroom for the allocator's own retention.
 LEFTOVER_ALLOWANCE_BYTES = 64 << 20
+# Below the allowance, what earlier jobs left is added to the next job's ceiling, so that a
+# job's fate does not depend on what ran before it in the same worker. The exact figure
+# needs memory.stat (~30 us); it is re-read only when the slot's usage (one pread) has moved
+# by more than this since, which bounds the error of the figure used.
+CARRY_SLACK_BYTES = 4 << 20
 PRELOAD = (
     "renderctl.forkserver_init",  # first: the server ignores a group-wide SIGTERM
     "renderctl.worker",
@@ -206,6 +211,10 @@ class Worker:
         self.retire_reason = ""  # set when this worker must not run another job
         self.retire_kind = DropKind.RETIRE
         self.held_base: int | None = None  # what the slot held before the first job
+        # What earlier jobs left held here (below the allowance): added to the next job's
+        # ceiling. Measured when the slot's usage was carry_usage.
+        self.carried = 0
+        self.carry_usage = -(1 << 62)
 
     def serve(self) -> None:
         self.conn.send(Ready(os.getpid(), os.getpgid(0)))
@@ -295,22 +304,24 @@ class Worker:
         self._send(Dropped(ids, kind, reason))
 
     def _apply_limit(self, job: RunJob) -> bool:
-        """Set this slot's ceiling to the job's; a worker too big for it retires instead."""
+        """Set this slot's ceiling to the job's (plus what earlier jobs left held here); a
+        worker too big for it retires instead."""
         if self.held_base is None:
             self.held_base = self._held()
         if not self.config.slot_path:
             return True
-        if job.memory_limit_bytes == self.limit_bytes:
+        limit = job.memory_limit_bytes + self.carried
+        if limit == self.limit_bytes:
             reset_job_peak(self.config.slot_path)
             return True
         try:
-            set_job_limit(self.config.slot_path, job.memory_limit_bytes)
+            set_job_limit(self.config.slot_path, limit)
         except LimitBelowUsage:
             self.queue.appendleft(job)
             self._drop_all(DropKind.ABOVE_CEILING,
                            "worker above the next job's ceiling; recycling")
             return False
-        self.limit_bytes = job.memory_limit_bytes
+        self.limit_bytes = limit
         return True
 
     def _run(self, job: RunJob) -> None:
@@ -319,7 +330,8 @@ class Worker:
             os.write(self.started_fd, f"{job.token}\n".encode())
         except OSError as exc:
             raise with_name(exc, self.config.started_log) from None
-        self._send(Started(job.job_id, job.token, time.time()))
+        carried = self.carried if self.held_base is not None else 0
+        self._send(Started(job.job_id, job.token, time.time(), carried_bytes=carried))
         t0 = time.monotonic()
         workdir = self.workdir
         damage = ""
@@ -361,7 +373,7 @@ class Worker:
                 os.makedirs(self.workdir, mode=0o700, exist_ok=True)
         elapsed = time.monotonic() - t0
         if not damage:  # read through kept descriptors: not if a job broke them
-            self._check_ceiling(job, fields)
+            self._check_ceiling(job, fields, carried)
             if runs_user_code_here(job) or job.spec.get("kind") == "command":
                 # Only now, with its working directory emptied: scratch files there (on a
                 # tmpfs /tmp they are memory too) are not left behind.
@@ -369,16 +381,18 @@ class Worker:
         # Held until the next job starts or the worker is about to wait (see _send).
         self.outbox.append(Finished(job.job_id, job.token, elapsed_s=elapsed, **fields))
 
-    def _check_ceiling(self, job: RunJob, fields: dict[str, Any]) -> None:
-        """Record the job's peak, and judge it by the ceiling the job was given, which the
-        job (as root) may have lifted for itself."""
+    def _check_ceiling(self, job: RunJob, fields: dict[str, Any], carried: int) -> None:
+        """Record the job's peak (less what earlier jobs left held in the slot), and judge it
+        by the ceiling the job was given, which the job (as root) may have lifted for
+        itself."""
         slot = self.config.slot_path
         peak = slot_peak_bytes(slot)
         if peak is None:
             return
+        peak = max(0, peak - carried)
         fields["peak_memory_bytes"] = peak
         limit = job.memory_limit_bytes
-        lifted = ceiling_lifted(slot, limit)
+        lifted = ceiling_lifted(slot, limit + carried)
         if lifted:
             # Rewritten before the next job (_apply_limit): its leftovers are dead by now and
             # nothing else runs here until then, so that job starts under its own ceiling.
@@ -400,20 +414,23 @@ class Worker:
         return int(_pread_whole(self.statm_fd).split()[1]) * PAGE_SIZE
 
     def _check_leftover_memory(self) -> None:
-        """Retire (with a fresh slot) if the job left memory that the next job's ceiling
-        would be charged for."""
+        """Retire (with a fresh slot) if the job left more memory held than the allowance;
+        otherwise note what it left, for the next job's ceiling."""
         if self.held_base is None or self.retire_reason:
             return
         slot = self.config.slot_path
         if slot:
             usage = slot_usage_bytes(slot) or 0
-            if usage - self.held_base <= LEFTOVER_ALLOWANCE_BYTES:
+            if abs(usage - self.carry_usage) <= CARRY_SLACK_BYTES:
                 return  # the usual case: one pread, no memory.stat
+            self.carry_usage = usage
         grown = self._held() - self.held_base
         if grown > LEFTOVER_ALLOWANCE_BYTES:
             self.retire_kind = DropKind.LEAKED if slot else DropKind.RETIRE
             where = "this worker's memory slot" if slot else "this worker"
             self.retire_reason = f"a job left {grown / MB:.0f} MB held in {where}; retiring"
+            return
+        self.carried = max(0, grown)
 
     def _children(self) -> list[int]:
         if os.fstat(self.tasks_fd).st_nlink > 3:

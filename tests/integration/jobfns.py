@@ -424,10 +424,12 @@ def fail_if_alive(inputs: Sequence[Path], output: Path, params: Mapping[str, Any
 
 
 def allocate(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
-    """Hold ``params["mb"]`` MB (touched) while writing a PDF."""
+    """Hold ``params["mb"]`` MB (touched) while writing a PDF, and for ``params["hold_s"]``
+    seconds more (long enough for a sampling guard to see it whole)."""
     hold = bytearray(int(params["mb"]) << 20)
     hold[::4096] = b"x" * len(hold[::4096])
     write_pdf(inputs, output, params)
+    time.sleep(float(params.get("hold_s", 0)))
     del hold
 
 

@@ -357,6 +357,37 @@ def test_memory_a_job_leaves_behind_does_not_kill_the_next_job_under_the_same_ce
     assert (300 if guard == "cgroup-v1" else 200) << 20 < peak < 400 << 20, peak
 
 
+@pytest.mark.parametrize("guard", [
+    pytest.param("cgroup-v1", marks=needs_cgroup_v1),
+    "sampling",
+])
+def test_memory_a_job_leaves_below_the_allowance_does_not_count_against_the_next_job(
+        tmp_path: Path, write_manifest: Any, guard: str) -> None:
+    # Given a job that leaves 56 MB in its worker (below the 64 MB that retires a worker:
+    # a module-level cache, say), then a job needing 350 MB of its 400 MB ceiling, which
+    # the two together exceed
+    stage(tmp_path)
+    manifest = write_manifest([
+        {**py_job("leaker", "leak_memory", mb=56), "memory_mb": 400, "priority": 2},
+        {**py_job("innocent", "allocate", mb=350, hold_s=0.3), "memory_mb": 400,
+         "max_attempts": 1, "priority": 1},
+    ])
+    queue = tmp_path / "q"
+
+    # When one worker runs both
+    res = run_cli("run", manifest, *cli_args(queue, tmp_path / "out", "--workers", "1",
+                                             "--json", "--memory-guard", guard))
+
+    # Then the second completes in the same worker, as it would have in a fresh one, and
+    # its peak is its own
+    assert res.returncode == 0, res.stdout + res.stderr
+    workers = {e["worker"] for e in json_lines(res.stdout) if e["event"] == "started"}
+    assert len(workers) == 1, res.stdout
+    assert_pdf(tmp_path / "out" / "innocent.pdf", "innocent")
+    peak = QueueView(queue).record("done", "innocent")["result"]["peak_memory_bytes"]
+    assert (350 if guard == "cgroup-v1" else 250) << 20 < peak < 400 << 20, peak
+
+
 @needs_cgroup_v1
 def test_scratch_files_in_a_jobs_working_directory_on_tmpfs_are_not_leftovers(
         tmp_path: Path, write_manifest: Any) -> None:
