@@ -16,7 +16,6 @@ moves the job meanwhile:
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import signal
@@ -46,13 +45,23 @@ class Orphan:
     crashed: Mapping[str, Any] | None = None  # the attempt it died in, if that had started
 
 
-def started_tokens(q: Queue) -> set[str]:
-    """Tokens of every attempt a worker of any runner of ``q`` had started."""
-    tokens: set[str] = set()
+def started_tokens(q: Queue) -> dict[str, float | None]:
+    """Tokens of every attempt a worker of any runner of ``q`` had started, with the time it
+    started (None from a line cut short by the crash)."""
+    started: dict[str, float | None] = {}
     for log in q.dir("control").glob(STARTED_LOG.format("*")):
-        with contextlib.suppress(OSError):
-            tokens.update(log.read_text().split())
-    return tokens
+        try:
+            text = log.read_text()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            token, _, wall = line.partition(" ")
+            if token:
+                try:
+                    started[token] = float(wall)
+                except ValueError:
+                    started[token] = None
+    return started
 
 
 def kill_stale_workers(q: Queue, *, own: Path | None = None) -> None:
@@ -83,7 +92,7 @@ def kill_stale_workers(q: Queue, *, own: Path | None = None) -> None:
             time.sleep(0.005)
 
 
-def judge_orphan(rec: JobRecord, *, started: set[str], now: float,
+def judge_orphan(rec: JobRecord, *, started: Mapping[str, float | None], now: float,
                  specs: Mapping[str, RendererSpec] | None = None) -> Orphan:
     """The verdict on one orphaned job (see the module docstring); discards its output
     temporaries unless its output is published."""
@@ -117,8 +126,11 @@ def judge_orphan(rec: JobRecord, *, started: set[str], now: float,
         why = f"the runner (pid {lease.holder.pid} on {lease.holder.host}) died"
     else:  # UNKNOWN_HOLDER: its holder file was gone
         why = "an unknown runner let its lease expire"
+    # Ended when the runner died, some time before now: its duration is unknown.
     return Orphan(crashed={"n": lease.attempt, "outcome": Outcome.CRASHED.value,
-                           "started_at": lease.claimed_at, "ended_at": now,
+                           # (never before its claim: a torn line's figure is garbage)
+                           "started_at": max(started[lease.token] or 0, lease.claimed_at),
+                           "ended_at": now, "host": lease.holder.host,
                            "error": f"{why} during the attempt"})
 
 

@@ -292,7 +292,7 @@ class Runner:
         # host, or a holder file removed by hand): job id -> lease expiry (wall s). Taken
         # over when it expires; until then the run is not finished.
         self._foreign: dict[str, float] = {}
-        self._started_at_recovery: set[str] = set()
+        self._started_at_recovery: dict[str, float | None] = {}
         self.wait_times: deque[float] = deque(maxlen=512)
         self.recent_failures: deque[dict[str, Any]] = deque(maxlen=5)
         self.started_at = 0.0
@@ -615,7 +615,7 @@ class Runner:
             return lease.expires_at < now
         return lease.expires_at < now  # another host: only the lease can tell
 
-    def _recover_one(self, rec: JobRecord, started: set[str],
+    def _recover_one(self, rec: JobRecord, started: Mapping[str, float | None],
                      now: float) -> tuple[Transition, Path | None]:
         o = judge_orphan(rec, started=started, now=now, specs=self._specs)
         if o.done is not None:

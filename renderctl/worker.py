@@ -326,12 +326,14 @@ class Worker:
 
     def _run(self, job: RunJob) -> None:
         self.own_fds.add_kept(kept_fds())  # cgroup files opened since the last job
+        wall = time.time()
         try:
-            os.write(self.started_fd, f"{job.token}\n".encode())
+            # With the start time: recovery records it if the runner dies during the job.
+            os.write(self.started_fd, f"{job.token} {wall:.6f}\n".encode())
         except OSError as exc:
             raise with_name(exc, self.config.started_log) from None
         carried = self.carried if self.held_base is not None else 0
-        self._send(Started(job.job_id, job.token, time.time(), carried_bytes=carried))
+        self._send(Started(job.job_id, job.token, wall, carried_bytes=carried))
         t0 = time.monotonic()
         workdir = self.workdir
         damage = ""

@@ -145,6 +145,35 @@ def test_runner_killed_at_each_crash_point_recovers_without_loss_or_double_publi
         assert [a["outcome"] for a in rec["attempts"]] == ["completed"]
 
 
+def test_an_attempt_the_runner_died_in_is_recorded_from_when_it_started(
+        tmp_path: Path, write_manifest: object) -> None:
+    # Given two jobs claimed together by one worker, the second starting only after the
+    # first's 0.5 s render
+    stage(tmp_path)
+    manifest = write_manifest([  # type: ignore[operator]
+        {**py_job("first", "sleep_then_write", s=0.5), "priority": 2},
+        {**py_job("second", "write_pdf"), "priority": 1},
+    ])
+    queue, out = tmp_path / "q", tmp_path / "out"
+    qv = QueueView(queue)
+
+    # When the runner dies as the second starts, and another runs the queue
+    crashed = run_cli("run", manifest, *cli_args(queue, out, "--workers", "1", "--prefetch",
+                                                 "2"), env={"RENDERCTL_CRASH_AT": "start:n=2"})
+    assert crashed.returncode == SIGKILLED, crashed.stdout + crashed.stderr
+    again = run_cli("run", *cli_args(queue, out))
+    assert again.returncode == 0, again.stdout + again.stderr
+
+    # Then the second's crashed attempt started when its worker started it (after the first
+    # ended), not when it was claimed, and names the host it ran on
+    rec = qv.record("done", "second")
+    cut, retried = rec["attempts"]
+    assert cut["outcome"] == "crashed" and retried["outcome"] == "completed"
+    first = qv.record("done", "first")["attempts"][0]
+    assert cut["started_at"] >= first["started_at"] + 0.5, (cut, first)
+    assert cut["host"] == retried["host"]
+
+
 # -- random kills -------------------------------------------------------------------------
 
 JOBS = 300
