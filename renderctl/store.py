@@ -1262,6 +1262,43 @@ class Queue:
             fsync_dir(self.dir(State.DEAD))
         return n
 
+    def prune(self, states: Sequence[State], older_than_s: float, *,
+              dry_run: bool = False) -> dict[str, int]:
+        """Delete the records in the terminal folders ``states`` that reached them more than
+        ``older_than_s`` ago (their ``changed_at``); returns how many per state.
+
+        Only file modification times older than the cutoff are read: a record is written
+        when it reaches its state, so a newer file cannot hold an old enough record."""
+        if any(not s.terminal for s in states):
+            raise ValueError("only terminal records can be pruned")
+        cutoff = self.clock.wall() - older_than_s
+        counts: dict[str, int] = {}
+        # Submit's lock: a submit (`--replace`, or a repeat of an id it finds here), a
+        # `dead retry` and a journal replay each decide by what they read in these folders.
+        with self._lock(".submit.lock"):
+            for state in states:
+                folder = self.dir(state)
+                n = 0
+                with os.scandir(folder) as it:
+                    entries = [e for e in it if e.name.endswith(".json")]
+                for e in entries:
+                    try:
+                        if e.stat().st_mtime >= cutoff:
+                            continue
+                        rec = JobRecord.loads(read_file(e.path))
+                    except FileNotFoundError:
+                        continue
+                    except _CORRUPT:
+                        continue  # not ours to judge here: status/show quarantine it
+                    if rec.changed_at >= cutoff:
+                        continue
+                    n += 1 if dry_run else unlink_quiet(e.path)
+                if n and not dry_run:
+                    # Protects against: power loss bringing back records reported deleted.
+                    fsync_dir(folder)
+                counts[state.value] = n
+        return counts
+
     # -- the runner lock --
     @contextlib.contextmanager
     def runner_lock(self, holder: Holder) -> Iterator[None]:

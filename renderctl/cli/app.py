@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import signal
 import stat
 import sys
@@ -776,6 +777,58 @@ def dead_purge(queue: QueueOpt = None) -> None:
 
     n = existing_queue(queue).dead_purge()
     print(f"purged {n} job(s)")
+
+
+_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhdw]?)")
+PRUNE_DEFAULT = ("done", "cancelled", "expired")
+
+
+def parse_age(text: str, option: str) -> float:
+    """``90``, ``90s``, ``30m``, ``12h``, ``7d``, ``2w`` in seconds; UserError otherwise."""
+    from renderctl.errors import UserError
+
+    m = _DURATION.fullmatch(text.strip().lower())
+    if m is None:
+        raise UserError(f"{option}: {text!r} is not an age (examples: 90s, 30m, 12h, 7d, 2w)")
+    return float(m.group(1)) * _UNITS[m.group(2)]
+
+
+@app.command()
+@handle_errors
+def prune(
+    older_than: Annotated[str, typer.Option(
+        "--older-than", help="age at which a finished record goes: 90s, 30m, 12h, 7d, 2w",
+        metavar="<age>", show_default=False)],
+    states: Annotated[list[str] | None, typer.Option(
+        "--state", help="a terminal state to prune (repeatable) [default: done, cancelled, "
+                        "expired; dead-lettered jobs only when named]", metavar="<state>",
+        show_default=False)
+    ] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="count, delete nothing")] = False,
+    queue: QueueOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Delete finished jobs' records older than an age (the queue's history; outputs stay)."""
+    from renderctl.errors import UserError
+    from renderctl.lifecycle import TERMINAL, State
+
+    age = parse_age(older_than, "--older-than")
+    names = list(dict.fromkeys(s.strip().lower() for s in (states or PRUNE_DEFAULT)))
+    allowed = sorted(s.value for s in TERMINAL)
+    bad = [s for s in names if s not in allowed]
+    if bad:
+        raise UserError(f"--state: {', '.join(map(repr, bad))} is not a finished state "
+                        f"(one of {', '.join(allowed)})")
+    counts = existing_queue(queue).prune([State(s) for s in names], age, dry_run=dry_run)
+    total = sum(counts.values())
+    if as_json:
+        out.print_json({"pruned": counts, "total": total, "dry_run": dry_run,
+                        "older_than_s": age})
+        return
+    detail = ", ".join(f"{s} {n}" for s, n in counts.items())
+    verb = "would prune" if dry_run else "pruned"
+    print(f"{verb} {total} record(s) older than {older_than.strip()}: {detail}")
 
 
 @app.command()

@@ -463,6 +463,45 @@ def test_dead_purge(q: Queue, tmp_path: Path) -> None:
     assert q.dead_purge() == 1 and files(q, State.DEAD) == []
 
 
+def test_prune_deletes_only_terminal_records_older_than_the_age(queue_dir: Path,
+                                                                  tmp_path: Path) -> None:
+    # Given records that reached done, cancelled and dead 3 h ago, one cancelled 30 min ago,
+    # and a job still pending (each file written when its record was, as the queue does)
+    clock = FakeClock()
+    q = Queue(queue_dir, clock=clock)
+    submit(q, [pyjob("done"), pyjob("dead")], tmp_path)
+    claims, _ = claim_all(q)
+    q.finish([Transition(c.record, State.DONE if c.job_id == "done" else State.DEAD)
+              for c in claims])
+    submit(q, [pyjob(j) for j in ("old-cancel", "new-cancel", "waiting")], tmp_path)
+    assert q.cancel_pending("old-cancel")
+
+    def age_files(*states: State) -> None:
+        for state in states:
+            for name in files(q, state):
+                os.utime(q.dir(state) / name, (clock.wall(), clock.wall()))
+
+    age_files(State.DONE, State.DEAD, State.CANCELLED)
+    clock.advance(2.5 * 3600)
+    assert q.cancel_pending("new-cancel")
+    os.utime(q.record_path(State.CANCELLED, "new-cancel"), (clock.wall(), clock.wall()))
+    clock.advance(0.5 * 3600)
+    default = [State.DONE, State.CANCELLED, State.EXPIRED]
+
+    # When pruning at 1 h, first as a dry run
+    assert q.prune(default, 3600, dry_run=True) == {"done": 1, "cancelled": 1, "expired": 0}
+    assert files(q, State.DONE) == ["done.json"]
+    assert q.prune(default, 3600) == {"done": 1, "cancelled": 1, "expired": 0}
+
+    # Then only the old finished ones are gone; dead letters stay unless named
+    assert files(q, State.DONE) == [] and files(q, State.CANCELLED) == ["new-cancel.json"]
+    assert files(q, State.DEAD) == ["dead.json"]
+    assert q.prune([State.DEAD], 3600) == {"dead": 1} and files(q, State.DEAD) == []
+    assert files(q, State.PENDING) == ["waiting.json"]
+    with pytest.raises(ValueError):
+        q.prune([State.PENDING], 0)
+
+
 def test_submitted_records_are_plain_json(q: Queue, tmp_path: Path) -> None:
     # Scripts may read the queue: every record must be strict JSON.
     submit(q, [pyjob("a", params={"x": [1, 2.5, "s"]})], tmp_path)

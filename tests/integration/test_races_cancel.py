@@ -210,8 +210,12 @@ def test_a_cancel_during_the_grace_stops_the_running_job(
     assert not (out / "x.pdf").exists()
 
 
+@pytest.mark.parametrize("purge_argv", [
+    ["dead", "purge"],
+    ["prune", "--older-than", "0s", "--state", "dead"],
+], ids=["dead-purge", "prune"])
 def test_a_purge_racing_a_retry_never_drops_the_job_the_retry_reported(
-        tmp_path: Path, write_manifest: Any) -> None:
+        tmp_path: Path, write_manifest: Any, purge_argv: list[str]) -> None:
     # Given dead x, and `dead retry x` frozen after rewriting its record, before moving it
     stage(tmp_path)
     queue, out = tmp_path / "q", tmp_path / "out"
@@ -220,14 +224,15 @@ def test_a_purge_racing_a_retry_never_drops_the_job_the_retry_reported(
     retry = _frozen(["dead", "retry", "x", "--queue", str(queue)],
                     "dead_retry:rewritten")
     try:
-        # When `dead purge` runs meanwhile (it waits for the retry, or it is done)
-        purge = subprocess.Popen([*RENDERCTL, "dead", "purge", "--queue", str(queue)],
+        # When `dead purge` (or a prune of dead records) runs meanwhile (it waits for the
+        # retry, or it is done)
+        purge = subprocess.Popen([*RENDERCTL, *purge_argv, "--queue", str(queue)],
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                  env=_env(None))
         wait_until(lambda: _exited_or_waiting_for_a_lock(purge),  # type: ignore[arg-type]
                    what="the purge to finish or wait")
         rc, out_r, err = _finish(retry)
-        purge.communicate(timeout=60)
+        _, purge_err = purge.communicate(timeout=60)
     finally:
         for p in (retry, purge):
             if p.poll() is None:
@@ -236,5 +241,5 @@ def test_a_purge_racing_a_retry_never_drops_the_job_the_retry_reported(
     # Then the retry's report holds: x is pending, and nothing else happened to it
     assert rc == 0, err
     assert "retried 1 job(s)" in out_r
-    assert purge.returncode == 0
+    assert purge.returncode == 0, purge_err
     assert QueueView(queue).states_of(["x"]) == {"x": ["pending"]}

@@ -366,3 +366,46 @@ def test_a_corrupt_record_is_reported_by_run_and_by_show_and_kept(
     assert "pending/zz.json" in line and "moved to corrupt/" in line, line
     kept = sorted(p.read_bytes() for p in (queue / "corrupt").iterdir())
     assert kept == sorted([b"not json", b"\xff\xfe"])
+
+
+def test_prune_forgets_old_finished_jobs_and_keeps_their_outputs(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given a completed job, a dead-lettered one, a cancelled one and one still pending
+    stage(tmp_path)
+    queue, out = tmp_path / "q", tmp_path / "out"
+    ran = write_manifest([py_job("ok", "write_pdf"), {**py_job("bad", "fail"), "max_attempts": 1}],
+                         name="ran.toml")
+    assert run_cli("run", ran, *cli_args(queue, out)).returncode == 1
+    later = write_manifest([py_job("c", "write_pdf"), py_job("p", "write_pdf")],
+                           name="later.toml")
+    assert run_cli("submit", later, "--queue", queue).returncode == 0
+    assert run_cli("cancel", "c", "--queue", queue).returncode == 0
+    view = QueueView(queue)
+    before = view.states_of(["ok", "bad", "c", "p"])
+
+    # When pruning at an age none has reached, then as a dry run at age 0
+    res = run_cli("prune", "--older-than", "1h", "--queue", queue)
+    assert res.returncode == 0 and res.stdout.startswith("pruned 0 record(s)"), res.stdout
+    res = run_cli("prune", "--older-than", "0s", "--dry-run", "--json", "--queue", queue)
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout) == {"pruned": {"done": 1, "cancelled": 1, "expired": 0},
+                                      "total": 2, "dry_run": True, "older_than_s": 0.0}
+    # or with an age that is not one
+    res = run_cli("prune", "--older-than", "soon", "--queue", queue)
+    assert res.returncode == 2 and "--older-than" in res.stderr, res.stderr
+
+    # Then nothing was deleted
+    assert view.states_of(["ok", "bad", "c", "p"]) == before
+
+    # When pruning at age 0
+    res = run_cli("prune", "--older-than", "0s", "--queue", queue)
+
+    # Then the completed and cancelled records are gone, the dead letter and the pending job
+    # stay, and so does the published output
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == \
+        "pruned 2 record(s) older than 0s: done 1, cancelled 1, expired 0"
+    assert view.states_of(["ok", "bad", "c", "p"]) == \
+        {"ok": [], "bad": ["dead"], "c": [], "p": ["pending"]}
+    assert run_cli("show", "ok", "--queue", queue).returncode == 2
+    assert_pdf(out / "ok.pdf", "ok")
