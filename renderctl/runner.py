@@ -210,6 +210,7 @@ class WorkerHandle:
     queued: deque[Assignment] = field(default_factory=deque)
     current: Assignment | None = None
     assigned_total: int = 0
+    halt_cut: int = 0  # the last job it had started when --max-failures took the rest back
     retiring: bool = False
     replaced: bool = False  # its successor was started when it retired
     kill_reason: Outcome | None = None
@@ -740,6 +741,8 @@ class Runner:
                     self._handle_cancel_requests()
                 if self._foreign:
                     self._take_over_expired(self.clock.wall())
+                if self.halted:
+                    self._halt()
                 self._claim()
             self._dispatch()
             self._rebalance(now)
@@ -791,6 +794,30 @@ class Runner:
     def halted(self) -> bool:
         """`--max-failures` reached: no more claims; finish what runs, then stop."""
         return self.s.max_failures is not None and self.counts["dead"] >= self.s.max_failures
+
+    def _halt(self) -> None:
+        """`--max-failures` reached: say so (once, after the dead job that did it), and return
+        what was claimed but has not started to pending, uncharged: jobs waiting to be sent,
+        and jobs queued in workers, which their start gates settle exactly (as in
+        _rebalance: a job a worker has started runs on, the rest never start there)."""
+        if not self._halt_reported:
+            self._halt_reported = True
+            self.reporter.event({
+                "event": "halted", "dead": self.counts["dead"],
+                "max_failures": self.s.max_failures,
+                "reason": f"--max-failures {self.s.max_failures} reached: no new jobs "
+                          "are started; running ones finish"})
+        while self.ready:
+            self._release_unrun(self.ready.popleft())
+        for w in self.workers.values():
+            if not w.queued or w.queued[-1].seq <= w.halt_cut:
+                continue
+            self._read_messages(w)  # its Started messages so far: fewer to settle below
+            started = w.halt_cut = w.gate.revoke(w.assigned_total)
+            taken = [a for a in w.queued if a.seq > started]
+            w.queued = deque(a for a in w.queued if a.seq <= started)
+            for a in taken:
+                self._release_unrun(a)
 
     def _commit_due(self, now: float) -> bool:
         """Commit now, or let more results join the batch (one sync for all of them)?"""
@@ -967,6 +994,8 @@ class Runner:
             self._spawn(self._next_index)
 
     def _dispatch_ready(self, depth: int) -> None:
+        if self.halted:
+            return  # (what is ready goes back to pending: _halt)
         now = time.monotonic()
         while self.ready:
             a = self.ready[0]
@@ -1574,13 +1603,6 @@ class Runner:
     def _count(self, t: Transition) -> None:
         if t.dst.terminal:
             self.counts[t.dst.value] += 1
-            if t.dst is State.DEAD and self.halted and not self._halt_reported:
-                self._halt_reported = True
-                self.reporter.event({
-                    "event": "halted", "dead": self.counts["dead"],
-                    "max_failures": self.s.max_failures,
-                    "reason": f"--max-failures {self.s.max_failures} reached: no new jobs "
-                              "are started; running ones finish"})
         elif t.dst is State.PENDING and t.record.attempts:
             self.retries += 1
             self.index.add(t.record.entry(), now=self.clock.wall())

@@ -282,6 +282,36 @@ def test_max_failures_stops_claiming_after_the_first_dead_job(
     assert [(e["dead"], e["max_failures"]) for e in halted] == [(1, 1)], res.stdout
 
 
+def test_max_failures_starts_nothing_more_of_what_was_queued_in_workers(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given, queued together in one worker: a job that dead-letters at once, a slow one
+    # (running when the runner learns of the failure), and quick ones behind them
+    stage(tmp_path)
+    quick = [f"q{n}" for n in range(4)]
+    jobs = [{**py_job("bad", "invalid"), "priority": 10},
+            {**py_job("slow", "sleep_then_write", s=0.5), "priority": 9},
+            *(py_job(j, "write_one_byte", f"{j}.bin") for j in quick)]
+    queue, out = tmp_path / "q", tmp_path / "out"
+
+    # When run with --max-failures 1
+    res = run_cli("run", write_manifest(jobs),
+                  *cli_args(queue, out, "--workers", "1", "--prefetch", "6",
+                            "--max-failures", "1", "--json"))
+
+    # Then the halt comes right after the dead job that caused it, and no queued job starts
+    # after it: the quick ones are back in pending, uncharged; the running one finished
+    assert res.returncode == 1, res.stdout + res.stderr
+    events = [e for e in json_lines(res.stdout) if e["event"] in ("dead", "halted", "started")]
+    names = [(e["event"], e.get("job")) for e in events]
+    halt = names.index(("halted", None))
+    assert names[halt - 1] == ("dead", "bad"), names
+    assert not [n for n in names[halt:] if n[0] == "started"], names
+    qv = QueueView(queue)
+    assert qv.ids("dead") == {"bad"} and qv.ids("done") <= {"slow"}
+    assert qv.ids("pending") >= set(quick) and qv.ids("running") == set()
+    assert all(qv.record("pending", j)["attempts"] == [] for j in quick)
+
+
 def test_a_second_runner_on_a_held_queue_exits_75_naming_the_holder(
         tmp_path: Path, write_manifest: Any) -> None:
     # Given a runner busy with a long job
