@@ -11,15 +11,52 @@ from __future__ import annotations
 import os
 import signal
 
+from renderctl.errors import UserError
+
 CRASH_ENV = "RENDERCTL_CRASH_AT"
 # Same syntax; SIGSTOP instead: a test freezes the process at a named point, arranges what
 # happens meanwhile (another command, a worker moving on), then SIGCONTs it.
 STOP_ENV = "RENDERCTL_STOP_AT"
 
 
-def _parse(value: str | None) -> tuple[str, int] | None:
-    point, _, nth = (value or "").partition(":n=")
-    return (point, int(nth or 1)) if point else None
+# Every point a process of renderctl passes (tests/unit/test_crashpoints.py checks that the
+# code names no other): a misspelt point would otherwise never fire, and a crash test
+# written with it would pass without crashing anything.
+KNOWN = frozenset({
+    # runner
+    "locked", "claim", "claim:expiring", "lease", "start", "commit", "publish:before_link",
+    "publish:after_link", "publish:after_done", "dead", "rebalance", "released",
+    "shutdown",
+    # store: submit, finish, dead retry
+    "submit:checked", "submit:staged", "submit:placed", "submit:before_doorbell",
+    "finish:before_unlink", "dead_retry:rewritten", "dead_retry:moved",
+    # cancel
+    "cancel:before",
+})
+
+
+class BadCrashPoint(UserError):
+    """A crash or stop point variable that names no point, or a bad count."""
+
+
+def _parse(value: str | None, variable: str = CRASH_ENV) -> tuple[str, int] | None:
+    if not value:
+        return None
+    point, sep, nth = value.partition(":n=")
+    if point not in KNOWN:
+        raise BadCrashPoint(f"{variable}={value!r}: no such point (one of "
+                            f"{', '.join(sorted(KNOWN))}; append :n=N for the Nth pass)")
+    if not sep:
+        return point, 1
+    if not nth.isdigit() or int(nth) < 1:
+        raise BadCrashPoint(f"{variable}={value!r}: n must be a whole number >= 1")
+    return point, int(nth)
+
+
+def check_env() -> None:
+    """Refuse (UserError, exit 2) malformed crash/stop point variables before any work."""
+    _parse(os.environ.get(CRASH_ENV), CRASH_ENV)
+    _parse(os.environ.get(STOP_ENV), STOP_ENV)
 
 
 class CrashPoints:
@@ -27,8 +64,8 @@ class CrashPoints:
     was passed."""
 
     def __init__(self, value: str | None, stop: str | None = None) -> None:
-        self._kill = _parse(value)
-        self._stop = _parse(stop)
+        self._kill = _parse(value, CRASH_ENV)
+        self._stop = _parse(stop, STOP_ENV)
         self._passed: dict[str, int] = {}
 
     @classmethod

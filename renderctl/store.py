@@ -69,7 +69,7 @@ from renderctl.fsutil import (
     write_file,
 )
 from renderctl.lifecycle import EXPIRED_REASON, State, check_transition
-from renderctl.manifest import JobSpec, Limits, jobs_from_dicts
+from renderctl.manifest import ID_RE, JobSpec, Limits, jobs_from_dicts
 from renderctl.policy import ClaimIndex, Entry
 
 FORMAT_VERSION = 1
@@ -330,6 +330,13 @@ def _holder_alive(info: Mapping[str, Any]) -> bool | None:
         return None
 
 
+def _possible_id(job_id: str) -> bool:
+    """Whether a job could have this id (the manifest refuses any other): a user's id that
+    is not one is not a path to look up, where "../pending/x" would find x, and 300
+    characters an I/O error (exit 74)."""
+    return ID_RE.fullmatch(job_id) is not None and not job_id.startswith(".")
+
+
 def make_token(prefix: str, job_id: str, attempt: int, claimed_at: float) -> str:
     """An attempt's token: ``<runner prefix>:<job id>:<attempt>:<claimed at, ms>``.
 
@@ -540,8 +547,14 @@ class Queue:
             self.on_quarantine(ev)  # a runner reports it with its other events
         return dst
 
+    def has_record(self, state: State, job_id: str) -> bool:
+        """Whether ``state``'s folder has a record named for ``job_id``."""
+        return _possible_id(job_id) and self.record_path(state, job_id).exists()
+
     def find(self, job_id: str) -> JobView | None:
         """Where a job is. Later states are checked first (a crash may leave two copies)."""
+        if not _possible_id(job_id):
+            return None
         order = (State.DONE, State.DEAD, State.CANCELLED, State.EXPIRED, State.PENDING,
                  State.RUNNING)
         for _ in range(3):  # a job moving between folders during the scan: look again

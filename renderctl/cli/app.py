@@ -273,7 +273,14 @@ def configure(
         help="Print the version and exit.")] = False,
 ) -> None:
     """Defaults from renderctl.toml (or [tool.renderctl] in pyproject.toml) in the cwd."""
+    from renderctl.crashpoints import BadCrashPoint, check_env
     from renderctl.settings import ConfigError, load_config_file
+
+    try:
+        check_env()
+    except BadCrashPoint as exc:
+        out.err(str(exc))
+        raise typer.Exit(ExitCode.USAGE) from None
 
     try:
         path, config = load_config_file(Path.cwd())
@@ -759,7 +766,7 @@ def dead_retry(
     # Exit 2 promises nothing changed, and the store retries each id it finds: so every id
     # is looked up first. (A job leaving dead/ meanwhile, by a concurrent retry or purge, is
     # still skipped by the store and reported below.)
-    missing = sorted({j for j in ids if not q.record_path(State.DEAD, j).exists()})
+    missing = sorted({j for j in ids if not q.has_record(State.DEAD, j)})
     if missing:
         raise UserError("not in dead/: " + ", ".join(missing) + "; nothing was retried")
     revived = q.dead_retry(ids, crash_hook=CrashPoints.from_env())

@@ -221,6 +221,18 @@ def test_run_with_a_bad_manifest_leaves_no_queue_folder(renderctl_argv: list[str
     assert not queue.exists()
 
 
+def test_a_malformed_crash_point_variable_exits_2_before_any_work(
+        renderctl_argv: list[str], good: Path, tmp_path: Path) -> None:
+    queue = tmp_path / "never"
+    res = subprocess.run([*renderctl_argv, "run", str(good), "--queue", str(queue)],
+                         capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "RENDERCTL_CRASH_AT": "commit:n=x"})
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.startswith("renderctl: RENDERCTL_CRASH_AT='commit:n=x'"), res.stderr
+    assert "Traceback" not in res.stderr
+    assert not queue.exists()
+
+
 def test_submit_json_reports_problems_on_stdout(runner: CliRunner, bad: Path,
                                                 queue_dir: Path) -> None:
     res = runner.invoke(app, ["submit", "--json", "--queue", str(queue_dir), str(bad)])

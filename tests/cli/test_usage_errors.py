@@ -307,3 +307,25 @@ def test_a_queue_path_that_is_a_file_is_a_usage_error(tmp_path: Path, manifest: 
     # the file is left alone
     one_line_usage_error(res, f"--queue {not_a_queue} is a file, not a queue folder")
     assert not_a_queue.read_text() == "mine\n"
+
+
+# -- ids no job can have -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("jid", ["a" * 300, "../pending/j1", "../../x"])
+@pytest.mark.parametrize("command", [["show"], ["cancel"], ["wait", "--timeout", "1"],
+                                     ["dead", "retry"]])
+def test_an_id_no_job_can_have_is_not_found_and_changes_nothing(
+        tmp_path: Path, manifest: Path, command: list[str], jid: str) -> None:
+    # Given a queue with j1 pending
+    q = tmp_path / "q"
+    assert cli("submit", manifest, "--queue", q, cwd=tmp_path).returncode == 0
+    # When a command is given an id no job can have: too long for a file name, or a path
+    # to another folder's record of a real job
+    res = cli(*command, jid, "--queue", q, cwd=tmp_path)
+    # Then it is not found (never an I/O error, never j1 seen through the path), and j1
+    # stays pending
+    assert res.returncode == 2, (res.returncode, res.stdout, res.stderr)
+    assert "Traceback" not in res.stderr and "I/O error" not in res.stderr, res.stderr
+    assert sorted(p.name for p in (q / "pending").iterdir()) == ["j1.json"]
+    assert not (q / "cancelled").exists() or not any((q / "cancelled").iterdir())
