@@ -298,29 +298,48 @@ def parse_document(raw: bytes, *, name: str) -> Any:
         raise _ParseError(f"nested deeper than {MAX_DEPTH} levels") from None
     except ValueError as exc:  # e.g. an integer of more than 4300 digits
         raise _ParseError(f"invalid TOML: {exc}") from None
-    where = _non_finite(doc)
-    if where is not None:
-        # JSON rejects NaN/Infinity at parse time; TOML allows them. They also break
-        # "same spec" comparisons (nan != nan), so a manifest may not carry them anywhere.
-        raise _ParseError(f"{where or 'a value'}: nan and inf are not allowed in a manifest")
+    # (TOML allows nan and inf; validate_document reports each, with the job and field.)
     return doc
 
 
-def _non_finite(v: Any, path: str = "") -> str | None:
+NON_FINITE = "nan and inf are not allowed in a manifest"
+
+
+def _without_non_finite(v: Any, path: str, found: list[str]) -> Any:
+    """``v`` without its nan and inf values, whose paths go to ``found``.
+
+    JSON rejects NaN/Infinity at parse time; TOML allows them. They also break "same spec"
+    comparisons (nan != nan), so a manifest may not carry them anywhere. Dropping them
+    lets every other problem of the manifest be reported in the same pass."""
     if isinstance(v, float) and not math.isfinite(v):
-        return path
-    items: Iterable[tuple[str, Any]]
-    if isinstance(v, dict):
-        items = ((f"{path}.{k}" if path else str(k), x) for k, x in v.items())
-    elif isinstance(v, list):
-        items = ((f"{path}[{i}]", x) for i, x in enumerate(v))
-    else:
+        found.append(path)
         return None
-    for sub_path, x in items:
-        found = _non_finite(x, sub_path)
-        if found is not None:
-            return found
-    return None
+    if isinstance(v, dict):
+        out = {}
+        for k, x in v.items():
+            sub = f"{path}.{k}" if path else str(k)
+            before = len(found)
+            y = _without_non_finite(x, sub, found)
+            if len(found) == before or y is not None:
+                out[k] = y
+        return out
+    if isinstance(v, list):
+        return [_without_non_finite(x, f"{path}[{i}]", found) for i, x in enumerate(v)]
+    return v
+
+
+def _report_non_finite(ctx: _Ctx, doc: dict[str, Any], paths: list[str]) -> None:
+    """One problem per nan/inf, under its job and field where it is in one."""
+    jobs = doc.get("jobs")
+    for path in paths:
+        m = re.match(r"jobs\[(\d+)\]\.?(.*)", path)
+        if m is None or not isinstance(jobs, list):
+            ctx.add(None, path, NON_FINITE)
+            continue
+        raw = jobs[int(m.group(1))]
+        jid = raw.get("id") if isinstance(raw, dict) else None
+        label = jid if isinstance(jid, str) and ID_RE.fullmatch(jid) else f"#{m.group(1)}"
+        ctx.add(label, m.group(2) or None, NON_FINITE)
 
 
 # -- validation ---------------------------------------------------------------------------
@@ -611,13 +630,19 @@ def validate_document(
     limits: Limits = Limits(),
     specs: Mapping[str, RendererSpec] | None = None,
     problems: list[Problem] | None = None,
+    ids: list[str] | None = None,
 ) -> list[JobSpec]:
-    """Validate a parsed document; problems are appended to ``problems``."""
+    """Validate a parsed document; problems are appended to ``problems``, and the id of
+    every job that has a well-formed one, valid job or not, to ``ids`` (for check_unique:
+    a duplicate is a problem of its own, whatever else is wrong with the job)."""
     ctx = _Ctx(file, problems if problems is not None else [])
     specs = specs if specs is not None else all_specs()
     if not isinstance(doc, dict):
         ctx.add(None, None, f"the manifest must be a table/object, got {type_name(doc)}")
         return []
+    non_finite: list[str] = []
+    doc = _without_non_finite(doc, "", non_finite)
+    _report_non_finite(ctx, doc, non_finite)
     for key in doc:
         if key not in ("defaults", "jobs"):
             hint = _suggest(key, ("defaults", "jobs"))
@@ -666,6 +691,9 @@ def validate_document(
                             limits=limits, specs=specs)
         if job is not None:
             out.append(job)
+        if ids is not None and isinstance(raw, dict) and isinstance(raw.get("id"), str) \
+                and ID_RE.fullmatch(raw["id"]):
+            ids.append(raw["id"])
     return out
 
 
@@ -684,6 +712,7 @@ def load_manifests(
     problems: list[Problem] = []
     jobs: list[JobSpec] = []
     files: list[str] = []  # the manifest of each job in ``jobs``
+    id_files: list[tuple[str, str]] = []  # every well-formed id, valid job or not, and its file
     specs = all_specs()
     root = os.path.abspath(out_root)
     # One file named twice (jobs/*.toml jobs/demo.toml) is read once, not reported as
@@ -715,33 +744,37 @@ def load_manifests(
             problems.append(Problem(name, None, None, str(exc)))
             continue
         base = Path(os.path.abspath(os.path.dirname(name) or "."))
+        ids: list[str] = []
         found = validate_document(doc, file=name, base=base, out_root=root, limits=limits,
-                                  specs=specs, problems=problems)
+                                  specs=specs, problems=problems, ids=ids)
         if origins is not None:
             origins.update((job.id, name) for job in found)
         jobs.extend(found)
         files.extend(name for _ in found)
-    check_unique(jobs, problems, files=files)
+        id_files.extend((jid, name) for jid in ids)
+    check_unique(jobs, problems, files=files, ids=id_files)
     if problems:
         raise ManifestError(problems)
     return jobs
 
 
 def check_unique(jobs: Sequence[JobSpec], problems: list[Problem], *,
-                 files: Sequence[str]) -> None:
+                 files: Sequence[str], ids: Sequence[tuple[str, str]] | None = None) -> None:
     """Ids and output paths must be unique across everything one command submits.
 
-    ``files[i]`` is the manifest ``jobs[i]`` came from. A duplicate is reported in the file
-    of its second occurrence (the one to edit, or delete), naming the first when that is
-    another file."""
+    ``files[i]`` is the manifest ``jobs[i]`` came from; ``ids``, if given, is every id
+    with its file, invalid jobs' included (the valid jobs' by default). A duplicate is
+    reported in the file of its second occurrence (the one to edit, or delete), naming the
+    first when that is another file."""
     first_id: dict[str, str] = {}  # id -> its file
+    for jid, file in ids if ids is not None else zip((j.id for j in jobs), files, strict=True):
+        if jid in first_id:
+            other = first_id[jid]
+            problems.append(Problem(file, jid, "id", "duplicate job id"
+                                    + ("" if other == file else f" (also in {other})")))
+        first_id.setdefault(jid, file)
     first_output: dict[str, tuple[str, str]] = {}  # output -> (job id, its file)
     for job, file in zip(jobs, files, strict=True):
-        if job.id in first_id:
-            other = first_id[job.id]
-            problems.append(Problem(file, job.id, "id", "duplicate job id"
-                                    + ("" if other == file else f" (also in {other})")))
-        first_id.setdefault(job.id, file)
         key = os.path.join(job.out_root, job.output)
         if key in first_output and first_output[key][0] != job.id:
             other_id, other = first_output[key]
@@ -765,10 +798,11 @@ def jobs_from_dicts(
     doc: dict[str, Any] = {"jobs": [dict(i) for i in items]}
     if defaults:
         doc["defaults"] = dict(defaults)
+    ids: list[str] = []
     jobs = validate_document(doc, file=source, base=Path(os.path.abspath(base)),
                              out_root=os.path.abspath(out_root), limits=limits,
-                             problems=problems)
-    check_unique(jobs, problems, files=[source] * len(jobs))
+                             problems=problems, ids=ids)
+    check_unique(jobs, problems, files=[source] * len(jobs), ids=[(i, source) for i in ids])
     if problems:
         raise ManifestError(problems)
     return jobs

@@ -860,11 +860,23 @@ def run_command(argv: list[str], inputs: list[Path], output: Path,
     tail = read_tail(str(log))
     if code == 0:
         return None  # the output is checked next; a success keeps no log in the record
+    # The tool's own last words, in the error every report shows (run's lines and events,
+    # `dead list`): "exited with status 3" alone sends the user to `show` for the reason.
+    said = _last_line(tail)
     if code < 0:
         return {"outcome": Outcome.CRASHED.value, "signal": -code, "stderr_tail": tail,
-                "error": f"command killed by signal {signal.Signals(-code).name}"}
+                "error": f"command killed by signal {signal.Signals(-code).name}{said}"}
     return {"outcome": Outcome.FAILED.value, "exit_code": code, "stderr_tail": tail,
-            "error": f"command exited with status {code}"}
+            "error": f"command exited with status {code}{said}"}
+
+
+def _last_line(tail: str | None, limit: int = 200) -> str:
+    """': <the last non-blank line of a tail>' (shortened), or '' if there is none."""
+    for line in reversed((tail or "").splitlines()):
+        line = line.strip()
+        if line:
+            return ": " + (line if len(line) <= limit else line[:limit - 3] + "...")
+    return ""
 
 
 def check_output(output: Path, job: RunJob) -> dict[str, Any]:
@@ -880,7 +892,8 @@ def check_output(output: Path, job: RunJob) -> dict[str, Any]:
                 continue
             data = p.read_bytes()
             if p.suffix.lower() == ".pdf":
-                pages += pdf_pages(p, data)
+                pages += pdf_pages(p, data, name=f"{_output_name(job)}/"
+                                                 f"{p.relative_to(output).as_posix()}")
             digest.update(p.relative_to(output).as_posix().encode() + b"\0")
             digest.update(hashlib.sha256(data).digest())
             total += len(data)
@@ -894,7 +907,7 @@ def check_output(output: Path, job: RunJob) -> dict[str, Any]:
         raise InvalidOutput("the output is not a regular file")
     with open(output, "rb") as fh:
         data = fh.read()
-    n_pages = pdf_pages(output, data) if _is_pdf_target(job) else None
+    n_pages = pdf_pages(output, data, name=_output_name(job)) if _is_pdf_target(job) else None
     return {"sha256": hashlib.sha256(data).hexdigest(), "bytes": st.st_size, "pages": n_pages}
 
 
@@ -902,23 +915,30 @@ def _is_pdf_target(job: RunJob) -> bool:
     return str(job.spec.get("output", "")).lower().endswith(".pdf")
 
 
-def pdf_pages(path: Path, data: bytes | None = None) -> int:
+def _output_name(job: RunJob) -> str:
+    """The output as the user named it (the file checked has a temporary name)."""
+    return str(job.spec.get("output", "")) or "the output"
+
+
+def pdf_pages(path: Path, data: bytes | None = None, *, name: str | None = None) -> int:
     """Open a PDF with pypdf; InvalidOutput unless it parses and has at least one page.
 
-    ``data``: the file's bytes when the caller has read them already (for the hash)."""
+    ``data``: the file's bytes when the caller has read them already (for the hash);
+    ``name``: what the messages call the file (default: its name)."""
     from pypdf import PdfReader
 
+    name = name or path.name
     try:
         if data is None:
             with open(path, "rb") as fh:
                 data = fh.read()
         if not data[:1024].lstrip().startswith(b"%PDF-"):
-            raise InvalidOutput(f"{path.name}: not a PDF (no %PDF- header)")
+            raise InvalidOutput(f"{name}: not a PDF (no %PDF- header)")
         n = len(PdfReader(io.BytesIO(data)).pages)
     except InvalidOutput:
         raise
     except Exception as exc:
-        raise InvalidOutput(f"{path.name}: not a readable PDF: {_message(exc)}") from None
+        raise InvalidOutput(f"{name}: not a readable PDF: {_message(exc)}") from None
     if n < 1:
-        raise InvalidOutput(f"{path.name}: the PDF has no pages")
+        raise InvalidOutput(f"{name}: the PDF has no pages")
     return n

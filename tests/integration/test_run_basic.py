@@ -171,6 +171,9 @@ def failing_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         {"id": "cmd-exit3", "kind": "command",
          "argv": ["sh", "-c", "echo first line >&2; echo 'disk quota exceeded' >&2; exit 3"],
          "output": "never.pdf"},
+        {"id": "cmd-notpdf", "kind": "command",
+         "argv": ["sh", "-c", 'echo hello > "$1"', "sh", "{output}"], "output": "notpdf.pdf",
+         "max_attempts": 1},
         py_job("fine", "write_pdf"),
     ]
     manifest = folder / "jobs.json"
@@ -183,8 +186,8 @@ def failing_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 def test_a_run_with_dead_jobs_exits_1_and_says_so(failing_run: dict[str, Any]) -> None:
     res = failing_run["res"]
     assert res.returncode == 1, res.stderr
-    assert "summary: done 2, dead 4" in res.stdout
-    assert res.stdout.count("\ndead ") + res.stdout.startswith("dead ") == 4
+    assert "summary: done 2, dead 5" in res.stdout
+    assert res.stdout.count("\ndead ") + res.stdout.startswith("dead ") == 5
 
 
 def test_a_failing_job_is_retried_max_attempts_times_then_dead_with_every_attempt(
@@ -221,7 +224,18 @@ def test_a_command_exiting_3_fails_with_its_exit_code_and_stderr_tail(
         assert a["outcome"] == "failed"
         assert a["exit_code"] == 3
         assert a["stderr_tail"].splitlines() == ["first line", "disk quota exceeded"]
+        # its last words are in the error every report shows, the run's own lines included
+        assert a["error"] == "command exited with status 3: disk quota exceeded"
+    assert "command exited with status 3: disk quota exceeded" in failing_run["res"].stdout
     assert not (failing_run["out"] / "never.pdf").exists()
+
+
+def test_an_output_that_is_not_a_pdf_is_named_as_the_user_named_it(
+        failing_run: dict[str, Any]) -> None:
+    [attempt] = failing_run["queue"].record("dead", "cmd-notpdf")["attempts"]
+    assert attempt["outcome"] == "invalid_output"
+    assert "notpdf.pdf: not a PDF (no %PDF- header)" in attempt["error"], attempt
+    assert ".rctl" not in attempt["error"]
 
 
 def test_an_output_path_holding_a_foreign_file_dead_letters_and_leaves_it(

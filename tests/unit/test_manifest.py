@@ -414,6 +414,33 @@ def test_every_problem_of_a_command_is_reported_at_once(
     assert len(text.splitlines()) == 4
 
 
+def test_nan_and_inf_are_reported_at_their_job_and_field_among_the_other_problems(
+        tmp_path: Path, out_root: Path) -> None:
+    # Given a TOML manifest with nan/inf in two jobs' fields and params, in the defaults,
+    # and other problems beside them
+    path = tmp_path / "m.toml"
+    path.write_text('[defaults]\ntimeout_s = inf\n'
+                    '[[jobs]]\nid = "a"\nkind = "python"\ncallable = "m:f"\n'
+                    'output = "a.pdf"\nmemory_mb = nan\npriority = "high"\n'
+                    '[[jobs]]\nid = "b"\nkind = "python"\ncallable = "m:f"\n'
+                    'output = "/abs.pdf"\nparams = { x = [1.0, -inf] }\n')
+    # When it is loaded
+    found = {(p.job, p.field, p.message) for p in problems([path], out_root)}
+    # Then each nan/inf is its own problem where it is, and nothing else is hidden
+    nf = "nan and inf are not allowed in a manifest"
+    assert {(None, "defaults.timeout_s", nf), ("a", "memory_mb", nf),
+            ("b", "params.x[1]", nf)} <= found
+    assert ("a", "priority", "must be an integer, got a string") in found
+    assert any(j == "b" and f == "output" for j, f, _ in found)
+
+
+def test_a_duplicate_id_is_reported_even_when_its_job_has_other_problems(
+        folder: Path, out_root: Path, write_manifest: Any) -> None:
+    path = write_manifest([job(), job(output="o/other.pdf", memory_mb=0)], folder=folder)
+    found = {(p.job, p.field) for p in problems([path], out_root)}
+    assert found == {("j1", "memory_mb"), ("j1", "id")}
+
+
 def test_jobs_from_dicts_validates_like_a_manifest(folder: Path, out_root: Path) -> None:
     with pytest.raises(ManifestError) as info:
         jobs_from_dicts([job(memroy_mb=1)], base=folder, out_root=out_root)
