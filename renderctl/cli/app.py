@@ -728,9 +728,11 @@ def dead_list(queue: QueueOpt = None, as_json: JsonOpt = False) -> None:
         out.print_json(rows)
         return
     for r in rows:
-        # One row per job, four tab-separated columns: a multi-line error is escaped.
-        print(f"{r['id']}\t{r['outcome']}\tattempts={r['attempts']}\t"
-              f"{out.one_line(r['error'] or r['reason'])}")
+        # One row per job, four tab-separated columns: a multi-line error is escaped. A job
+        # dead-lettered before any attempt (it can never fit the memory budget) has no
+        # outcome: a dash, as elsewhere in plain output, not Python's "None".
+        print(f"{r['id']}\t{r['outcome'] or '-'}\tattempts={r['attempts']}\t"
+              f"{out.one_line(r['error'] or r['reason'] or '-')}")
     if not rows:
         print("no dead-lettered jobs")
 

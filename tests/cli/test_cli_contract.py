@@ -292,6 +292,29 @@ def test_a_multi_line_error_stays_on_one_line_in_plain_text(tmp_path: Path) -> N
     assert any("first line\n\tsecond line" in str(e.get("error")) for e in events)
 
 
+def test_a_job_dead_before_any_attempt_lists_its_outcome_as_a_dash(tmp_path: Path) -> None:
+    # Given a job whose ceiling can never fit the run's memory budget
+    manifest = write_jobs(tmp_path / "m", [job("big", "write", memory_mb=400)])
+    q = tmp_path / "q"
+    run = cli("run", manifest, "--queue", q, "--out", tmp_path / "out", "--memory-budget", "1",
+              cwd=tmp_path)
+    assert run.returncode == 1, run.stdout + run.stderr
+
+    # When the dead folder is listed
+    dead = cli("dead", "list", "--queue", q, cwd=tmp_path)
+
+    # Then the row says it has no outcome with a dash, not Python's None
+    assert dead.returncode == 0, dead.stderr
+    [row] = dead.stdout.splitlines()
+    cols = row.split("\t")
+    assert cols[:3] == ["big", "-", "attempts=0"], row
+    assert "can never fit" in cols[3], row
+    # And its dead event has no attempt or outcome, as README's events table says
+    [ev] = [json.loads(ln) for ln in (q / "events.jsonl").read_text().splitlines()
+            if json.loads(ln)["event"] == "dead"]
+    assert "attempt" not in ev and "outcome" not in ev and "never fit" in ev["reason"], ev
+
+
 # -- words ----------------------------------------------------------------------------------
 
 ONE_PAGE = '''
