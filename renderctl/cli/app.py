@@ -199,6 +199,51 @@ def checked_guard(ctx: typer.Context, param: typer.CallbackParam, value: Any) ->
     return value
 
 
+def report_file_problem(path: Path) -> str | None:
+    """Why `run` could not write a report file at ``path`` (None: it can, as far as one can
+    tell before trying): its folder must exist and take new files, and the path must not be
+    a folder. The report is written beside it and renamed over it, so anything but a regular
+    file there (a FIFO, /dev/null) would be replaced, not written to."""
+    try:
+        mode = path.stat().st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        pass  # a new file; its folder is judged below
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    else:
+        if stat.S_ISDIR(mode):
+            return "is a folder, not a file"
+        if not stat.S_ISREG(mode):
+            return "is not a regular file (the report would replace it)"
+    folder = path.parent
+    try:
+        folder_mode = folder.stat().st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return f"folder {folder} does not exist"
+    except OSError as exc:
+        return f"folder {folder}: {exc.strerror or exc}"
+    if not stat.S_ISDIR(folder_mode):
+        return f"{folder} is not a folder"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"folder {folder} is not writable"
+    return None
+
+
+def checked_report_file(ctx: typer.Context, param: typer.CallbackParam,
+                        value: Path | None) -> Path | None:
+    """``--junit``/``--metrics-textfile``: a path `run` can write, or exit 2 naming the
+    option, variable or key. Checked before anything is enqueued: found only at the end, a
+    typo would lose the report of a whole run, silently."""
+    if value is None:
+        return None
+    problem = report_file_problem(value)
+    if problem is not None:
+        label = _source_label(ctx, param) or "--" + _config_key(param).replace("_", "-")
+        out.err(f"{label}: {value}: {problem}")
+        raise typer.Exit(ExitCode.USAGE)
+    return value
+
+
 # Ranges are not click's min=: `checked` holds each option to its configuration key's check
 # (for job limits, the manifest's own), whichever of option, variable or file set it.
 MemOpt = Annotated[int | None, typer.Option("--memory-mb",
@@ -470,11 +515,14 @@ def run(
         "--quiet", envvar=_env("quiet"), help="print only failures and the summary")] = False,
     metrics_textfile: Annotated[Path | None, typer.Option(
         "--metrics-textfile", envvar=_env("metrics-textfile"), show_default=False,
-        help="rewrite this Prometheus textfile (node_exporter) every ~5 s and at the end")
+        callback=checked_report_file,
+        help="rewrite this Prometheus textfile (node_exporter) every ~5 s and at the end "
+        "(its folder must exist)")
     ] = None,
     junit: Annotated[Path | None, typer.Option(
-        "--junit", envvar=_env("junit"), show_default=False,
-        help="write a JUnit XML report of the jobs this run handled at the end")] = None,
+        "--junit", envvar=_env("junit"), show_default=False, callback=checked_report_file,
+        help="write a JUnit XML report of the jobs this run handled at the end (its folder "
+        "must exist)")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Submit these manifests (if any), then supervise workers until nothing is left."""
@@ -563,9 +611,9 @@ def run(
         if dashboard is not None:
             dashboard.close(runner)
         if textfile is not None:
-            textfile.close()
+            report_written("metrics textfile", metrics_textfile, textfile.close)
         if collector is not None and junit is not None:
-            collector.write(junit, q)
+            report_written("JUnit report", junit, lambda: collector.write(junit, q))
     if as_json:
         # Through the reporter that wrote the events, so the last line is shaped like them
         # (its `ts` and all), as README promises of every line.
@@ -573,6 +621,17 @@ def run(
     else:
         out.write_out(summary_line(summary) + "\n")
     raise typer.Exit(summary.exit_code)
+
+
+def report_written(what: str, path: Path | None, write: Callable[[], None]) -> None:
+    """Write a report at the end of a run; a failure is a warning naming the file. The jobs
+    ran and their outcomes are recorded: the run's exit code says how they went, not whether
+    an aid to reading them could be written (the folder was checked before the run)."""
+    try:
+        write()
+    except (OSError, ValueError) as exc:
+        why = os_error_message(exc) if isinstance(exc, OSError) else str(exc)
+        out.err(f"warning: {what} {path} not written: {why}")
 
 
 def refuse_if_runner(q: Queue) -> None:
