@@ -4,6 +4,7 @@ outcome of a --json command, honest exit codes, one line per event."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 from collections.abc import Iterator
@@ -313,6 +314,28 @@ def test_a_job_dead_before_any_attempt_lists_its_outcome_as_a_dash(tmp_path: Pat
     [ev] = [json.loads(ln) for ln in (q / "events.jsonl").read_text().splitlines()
             if json.loads(ln)["event"] == "dead"]
     assert "attempt" not in ev and "outcome" not in ev and "never fit" in ev["reason"], ev
+
+
+def test_a_stray_file_in_pending_has_no_age(tmp_path: Path) -> None:
+    # Given a queue with nothing pending, and an old file there that is no job's record
+    manifest = write_jobs(tmp_path / "m", [job("a", "write")])
+    q = tmp_path / "q"
+    assert cli("submit", manifest, "--queue", q, cwd=tmp_path).returncode == 0
+    assert cli("cancel", "a", "--queue", q, cwd=tmp_path).returncode == 0
+    stray = q / "pending" / "notjson.txt"
+    stray.write_text("left by hand")
+    an_hour_ago = stray.stat().st_mtime - 3600
+    os.utime(stray, (an_hour_ago, an_hour_ago))
+
+    # When status and metrics look at the queue
+    st = json.loads(cli("status", "--json", "--queue", q, cwd=tmp_path).stdout)
+    plain = cli("status", "--queue", q, cwd=tmp_path).stdout
+    metrics = cli("metrics", "--queue", q, cwd=tmp_path).stdout
+
+    # Then the age comes from the same files as the count: none pending, no age
+    assert (st["pending"], st["oldest_pending_age_s"]) == (0, None), st
+    assert "oldest pending: -;" in plain, plain
+    assert "renderctl_oldest_pending_age_seconds 0\n" in metrics, metrics
 
 
 # -- words ----------------------------------------------------------------------------------
