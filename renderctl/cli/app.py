@@ -54,13 +54,50 @@ QueueOpt = Annotated[
     typer.Option("--queue", "-q", help="queue folder [default ./.renderctl]",
                  envvar="RENDERCTL_QUEUE", show_default=False),
 ]
+def checked_out(ctx: typer.Context, param: typer.CallbackParam,
+                value: Path | None) -> Path | None:
+    """``--out`` (or its defaults) must be a folder or missing (then it is created): a file
+    there would pass every manifest check and then dead-letter each job at run time with
+    ``invalid_output``. Exit 2 naming the option, variable or key, before anything else."""
+    path = value if value is not None else out_root(None)
+    what = not_a_folder(path)
+    if what is not None:
+        label = _source_label(ctx, param) if value is not None else None
+        out.err(f"{label or '--out (default)'}: {path} is {what}, not a folder (the output root; "
+                "a missing folder is created)")
+        raise typer.Exit(ExitCode.USAGE)
+    return value
+
+
 OutOpt = Annotated[
     Path | None,
     typer.Option("--out", "-o", help="output root [default ./out]", envvar="RENDERCTL_OUT",
-                 show_default=False),
+                 show_default=False, callback=checked_out),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output")]
 ManifestsArg = Annotated[list[Path], typer.Argument(help="manifest files (TOML or JSON)")]
+
+
+def not_a_folder(path: Path) -> str | None:
+    """What ``path`` is when it is something other than a folder and can never become one
+    (``a file``, ``a path through a file (x)``); None when it is a folder or is missing (a
+    missing folder can be created). Unreadable is left to the command: its I/O error (74)
+    says more than a guess would."""
+    try:
+        mode = path.stat().st_mode
+    except NotADirectoryError:
+        for parent in path.parents:
+            try:
+                if not stat.S_ISDIR(parent.stat().st_mode):
+                    return f"a path through a file ({parent})"
+            except OSError:
+                continue
+        return "a path through a file"
+    except OSError:
+        return None
+    if stat.S_ISDIR(mode):
+        return None
+    return "a file" if stat.S_ISREG(mode) else "not a folder"
 
 
 def queue_path(opt: Path | None) -> Path:
@@ -69,14 +106,10 @@ def queue_path(opt: Path | None) -> Path:
     from renderctl.errors import UserError
 
     path = opt if opt is not None else Path(os.environ.get("RENDERCTL_QUEUE") or ".renderctl")
-    try:
-        mode = path.stat().st_mode
-    except OSError:
-        return path  # missing (created by submit/run, refused by the others) or unreadable
-    if not stat.S_ISDIR(mode):
-        what = "a file" if stat.S_ISREG(mode) else "not a folder"
+    what = not_a_folder(path)
+    if what is not None:
         raise UserError(f"--queue {path} is {what}, not a queue folder")
-    return path
+    return path  # missing (created by submit/run, refused by the others) or a folder
 
 
 def existing_queue(opt: Path | None) -> Queue:
