@@ -730,9 +730,15 @@ def show(job_id: Annotated[str, typer.Argument(help="job id")], queue: QueueOpt 
          as_json: JsonOpt = False) -> None:
     """One job: state, attempts, errors, output."""
     from renderctl.cli.views import render_job, show_json
+    from renderctl.errors import JobNotFound
 
     q = existing_queue(queue)
-    view = q.get(job_id)
+    try:
+        view = q.get(job_id)
+    except JobNotFound:
+        if as_json:  # the shape of `cancel --json` refusing: the id, `not found`
+            out.print_json({job_id: "not found"})
+        raise
     if as_json:
         out.print_json(show_json(view))
     else:
@@ -835,6 +841,7 @@ def dead_retry(
     job_ids: Annotated[list[str] | None, typer.Argument(help="job ids")] = None,
     all_: Annotated[bool, typer.Option("--all", help="retry every dead job")] = False,
     queue: QueueOpt = None,
+    as_json: JsonOpt = False,
 ) -> None:
     """Return dead jobs to pending with a fresh attempt budget (history is kept)."""
     from renderctl.crashpoints import CrashPoints
@@ -855,10 +862,19 @@ def dead_retry(
     # still skipped by the store and reported below.)
     missing = sorted({j for j in ids if not q.record_path(State.DEAD, j).exists()})
     if missing:
+        if as_json:
+            # As `wait --json` and `cancel --json` refuse: only the ids at fault, each with
+            # where it is instead (its state, or `not found`).
+            views = {j: q.find(j) for j in missing}
+            out.print_json({j: v.state.value if v is not None else "not found"
+                            for j, v in views.items()})
         raise UserError("not in dead/: " + ", ".join(missing) + "; nothing was retried")
     revived = q.dead_retry(ids, crash_hook=CrashPoints.from_env())
-    print(f"retried {len(revived)} job(s)")
     gone = sorted(set(ids) - set(revived))
+    if as_json:
+        out.print_json({"retried": list(revived), "vanished": gone})
+    else:
+        print(f"retried {len(revived)} job(s)")
     if gone:
         out.err("left dead/ while retrying: " + ", ".join(gone))
         raise typer.Exit(ExitCode.JOBS_FAILED)
@@ -866,11 +882,14 @@ def dead_retry(
 
 @dead_app.command("purge")
 @handle_errors
-def dead_purge(queue: QueueOpt = None) -> None:
+def dead_purge(queue: QueueOpt = None, as_json: JsonOpt = False) -> None:
     """Delete every dead-lettered record."""
 
     n = existing_queue(queue).dead_purge()
-    print(f"purged {n} job(s)")
+    if as_json:
+        out.print_json({"purged": n})
+    else:
+        print(f"purged {n} job(s)")
 
 
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}

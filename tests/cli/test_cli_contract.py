@@ -192,6 +192,42 @@ def test_wait_json_on_timeout_and_unknown_ids(tmp_path: Path) -> None:
     assert json.loads(unknown.stdout) == {"nope": "not found"}
 
 
+def test_dead_retry_purge_and_show_answer_json_on_every_outcome(tmp_path: Path) -> None:
+    # Given two dead-lettered jobs and a completed one
+    manifest = write_jobs(tmp_path / "m", [job("d1", "fail", max_attempts=1),
+                                           job("d2", "fail", max_attempts=1),
+                                           job("ok", "write")])
+    q = tmp_path / "q"
+    run = cli("run", manifest, "--queue", q, "--out", tmp_path / "out", "-j", "1",
+              cwd=tmp_path)
+    assert run.returncode == 1, run.stdout + run.stderr
+
+    # When `dead retry --json` names a done job and an unknown one among the dead
+    refused = cli("dead", "retry", "d1", "ok", "nope", "--json", "--queue", q, cwd=tmp_path)
+
+    # Then it retries nothing (exit 2) and stdout maps only those ids to where they are
+    assert refused.returncode == 2, refused.stderr
+    assert json.loads(refused.stdout) == {"ok": "done", "nope": "not found"}
+    assert state_of(q, "d1", tmp_path) == "dead"
+
+    # And `show --json` of an unknown id answers as `cancel --json` does
+    shown = cli("show", "nope", "--json", "--queue", q, cwd=tmp_path)
+    assert shown.returncode == 2 and "nope" in shown.stderr
+    assert json.loads(shown.stdout) == {"nope": "not found"}
+
+    # And a retry that goes through lists what it retried
+    retried = cli("dead", "retry", "d1", "--json", "--queue", q, cwd=tmp_path)
+    assert retried.returncode == 0, retried.stderr
+    assert json.loads(retried.stdout) == {"retried": ["d1"], "vanished": []}
+    assert state_of(q, "d1", tmp_path) == "pending"
+
+    # And a purge counts what it deleted
+    purged = cli("dead", "purge", "--json", "--queue", q, cwd=tmp_path)
+    assert purged.returncode == 0, purged.stderr
+    assert json.loads(purged.stdout) == {"purged": 1}
+    assert not list((q / "dead").glob("*.json"))
+
+
 # -- run MANIFEST on a queue another runner holds ---------------------------------------------
 
 
