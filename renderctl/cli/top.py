@@ -56,10 +56,10 @@ class TopFeed:
         roots = {r.spec.out_root for r in st.running}
         snap["out_root"] = ", ".join(sorted(roots)) if roots else None
         if not snap.get("running") and st.running:
-            # No runner snapshot (none alive, or not written yet): the leases tell enough.
+            # No runner snapshot (none alive, or not written yet): the leases tell enough,
+            # except the worker: a lease names its runner, whose pid is not a worker's.
             snap["running"] = [
-                {"id": r.spec.id, "kind": r.spec.kind,
-                 "pid": r.lease.holder.pid if r.lease else None,
+                {"id": r.spec.id, "kind": r.spec.kind, "pid": None,
                  "attempt": r.lease.attempt if r.lease else None,
                  "elapsed_s": (now - r.lease.claimed_at) if r.lease else None,
                  "timeout_s": r.spec.timeout_s, "memory_bytes": None,

@@ -118,6 +118,33 @@ def test_top_once_on_a_pipe_prints_whole_plain_lines(tmp_path: Path) -> None:
     assert "workers 1/1 alive" in text and "queue: pending 0  running 1  done 0" in text, text
 
 
+def test_status_and_top_say_whose_pid_they_show(tmp_path: Path) -> None:
+    # Given a runner busy with a long job
+    manifest = write_jobs(tmp_path / "m", [job("long", "sleep", params={"s": "60"})])
+    q, out = tmp_path / "q", tmp_path / "out"
+    runner = subprocess.Popen([*RENDERCTL, "run", str(manifest), "--queue", str(q), "--out",
+                               str(out), "-j", "1"], cwd=tmp_path, env=env(),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        poll(lambda: (q / "running" / "long.json").exists(), what="the job to be claimed")
+        # When status prints its plain line for the running job
+        status = cli("status", "--queue", q, cwd=tmp_path)
+    finally:
+        # And the runner then dies without a word (its workers die with it)
+        runner.kill()
+        runner.wait(timeout=30)
+
+    # Then status names the pid it shows as the lease holder's, the runner (as --json does)
+    [line] = [ln for ln in status.stdout.splitlines() if ln.startswith("running long ")]
+    assert line.endswith(f" holder_pid={runner.pid}"), line
+    # And top, left with only the lease to go by, does not pass the runner's pid off as a
+    # worker's
+    once = cli("top", "--queue", q, "--once", cwd=tmp_path)
+    assert once.returncode == 0, once.stderr
+    [line] = [ln for ln in once.stdout.splitlines() if ln.startswith("running long ")]
+    assert " worker_pid=- " in line, line
+
+
 def test_top_shows_the_last_failures_of_a_long_log_reading_only_its_tail(
         tmp_path: Path) -> None:
     from renderctl.cli.top import TAIL_BYTES, TopFeed
