@@ -193,6 +193,27 @@ def test_light_commands_do_not_import_reportlab_pypdf_or_pydantic(
     assert "HEAVY=\n" in proc.stderr, proc.stderr
 
 
+def test_python_m_renderctl_runs_the_cli_and_starts_light(good: Path) -> None:
+    # `python -m renderctl` is the command line as the `renderctl` script is; -X importtime
+    # lists every module the process imported, so a heavy one cannot hide.
+    helped = subprocess.run([sys.executable, "-X", "importtime", "-m", "renderctl", "--help"],
+                            capture_output=True, text=True, env=_env(), timeout=30)
+    assert helped.returncode == 0, helped.stderr
+    assert "validate" in helped.stdout and "submit" in helped.stdout, helped.stdout
+    imported = {ln.rsplit("|", 1)[-1].strip().split(".")[0]
+                for ln in helped.stderr.splitlines() if ln.startswith("import time:")}
+    assert "renderctl" in imported
+    assert imported & set(HEAVY) == set(), sorted(imported & set(HEAVY))
+    # And it exits with the command's code
+    checked = subprocess.run([sys.executable, "-m", "renderctl", "validate", str(good)],
+                             capture_output=True, text=True, env=_env(), timeout=30)
+    assert checked.returncode == 0 and "ok: 2 job(s)" in checked.stdout, checked.stderr
+    missing = subprocess.run([sys.executable, "-m", "renderctl", "validate",
+                              str(good.with_name("nope.toml"))],
+                             capture_output=True, text=True, env=_env(), timeout=30)
+    assert missing.returncode == 2, missing.stderr
+
+
 def test_version_prints_the_installed_version(renderctl_argv: list[str]) -> None:
     from importlib.metadata import version
 
