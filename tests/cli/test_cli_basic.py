@@ -113,13 +113,15 @@ def test_kinds_lists_the_built_ins(runner: CliRunner) -> None:
             "description": "report title"} in kinds["report"]["params"]
 
 
-def test_queue_folder_that_cannot_be_created_exits_74(runner: CliRunner, good: Path,
-                                                      tmp_path: Path) -> None:
-    blocker = tmp_path / "a-file"
-    blocker.write_text("not a folder")
-    res = runner.invoke(app, ["submit", "--queue", str(blocker / "queue"), str(good)])
+@pytest.mark.skipif(not Path("/sys/kernel").is_dir(), reason="needs sysfs mounted at /sys")
+def test_queue_folder_that_cannot_be_created_exits_74(runner: CliRunner, good: Path) -> None:
+    # sysfs refuses mkdir even to root (EPERM): the system's refusal, not a path the user
+    # got wrong (a path through a regular file is exit 2: test_usage_errors).
+    queue = Path("/sys") / f"renderctl-test-{os.getpid()}" / "queue"
+    res = runner.invoke(app, ["submit", "--queue", str(queue), str(good)])
     assert res.exit_code == 74, res.output
     assert "cannot create queue" in res.stderr and "Traceback" not in res.output
+    assert not queue.parent.exists()
 
 
 def test_status_of_a_missing_queue_exits_2(runner: CliRunner, tmp_path: Path) -> None:
