@@ -54,28 +54,6 @@ QueueOpt = Annotated[
     typer.Option("--queue", "-q", help="queue folder [default ./.renderctl]",
                  envvar="RENDERCTL_QUEUE", show_default=False),
 ]
-def checked_out(ctx: typer.Context, param: typer.CallbackParam,
-                value: Path | None) -> Path | None:
-    """``--out`` (or its defaults) must be a folder or missing (then it is created): a file
-    there would pass every manifest check and then dead-letter each job at run time with
-    ``invalid_output``. Exit 2 naming the option, variable or key, before anything else."""
-    path = value if value is not None else out_root(None)
-    what = not_a_folder(path)
-    if what is not None:
-        label = _source_label(ctx, param) if value is not None else None
-        out.err(f"{label or '--out (default)'}: {path} is {what}, not a folder (the output root; "
-                "a missing folder is created)")
-        raise typer.Exit(ExitCode.USAGE)
-    return value
-
-
-OutOpt = Annotated[
-    Path | None,
-    typer.Option("--out", "-o", help="output root [default ./out]", envvar="RENDERCTL_OUT",
-                 show_default=False, callback=checked_out),
-]
-JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output")]
-ManifestsArg = Annotated[list[Path], typer.Argument(help="manifest files (TOML or JSON)")]
 
 
 def not_a_folder(path: Path) -> str | None:
@@ -98,6 +76,30 @@ def not_a_folder(path: Path) -> str | None:
     if stat.S_ISDIR(mode):
         return None
     return "a file" if stat.S_ISREG(mode) else "not a folder"
+
+
+def checked_out(ctx: typer.Context, param: typer.CallbackParam,
+                value: Path | None) -> Path | None:
+    """``--out`` (or its defaults) must be a folder or missing (then it is created): a file
+    there would pass every manifest check and then dead-letter each job at run time with
+    ``invalid_output``. Exit 2 naming the option, variable or key, before anything else."""
+    path = value if value is not None else out_root(None)
+    what = not_a_folder(path)
+    if what is not None:
+        label = _source_label(ctx, param) if value is not None else None
+        out.err(f"{label or '--out (default)'}: {path} is {what}, not a folder (the output root; "
+                "a missing folder is created)")
+        raise typer.Exit(ExitCode.USAGE)
+    return value
+
+
+OutOpt = Annotated[
+    Path | None,
+    typer.Option("--out", "-o", help="output root [default ./out]", envvar="RENDERCTL_OUT",
+                 show_default=False, callback=checked_out),
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output")]
+ManifestsArg = Annotated[list[Path], typer.Argument(help="manifest files (TOML or JSON)")]
 
 
 def queue_path(opt: Path | None) -> Path:
