@@ -5,8 +5,9 @@ It is appended with O_APPEND, one write(2) per batch of lines so lines from conc
 writers never interleave, and it is not fsynced: a crash may lose its last lines, never a job.
 
 Each line: ``{"ts": <epoch s>, "event": <name>, "job": <id>, ...}``. Events: ``accepted``,
-``claimed``, ``started``, ``completed``, ``retry``, ``dead``, ``cancelled``, ``expired``,
-``released``, ``recovered``, ``corrupt``, ``runner_started``, ``runner_stopped``.
+``claimed``, ``revived``, ``corrupt`` and the state changes ``completed``, ``retry``,
+``dead``, ``cancelled``, ``expired``, ``released`` (README: the fields of each). What only
+the runner sees (``started``, ``runner_started``, ...) goes to its reporter, not here.
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ SIGTERM) is ``<skipped>``. ``classname`` is the job's kind.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import time
@@ -64,12 +65,19 @@ def junit_xml(cases: Sequence[Case], *, suite: str = "renderctl", wall_s: float 
 
 
 def write_junit(path: str | os.PathLike[str], data: bytes) -> None:
-    """Write ``path`` atomically (a temporary file beside it, then rename)."""
+    """Write ``path`` atomically (a temporary file beside it, then rename).
+
+    Its folder is not created: `run` checks it exists before the run, as a missing one is
+    most likely a typo (and, run as root, would have made /nonexistent/... appear)."""
     final = Path(path)
-    final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, final)
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, final)
+    except OSError:
+        with contextlib.suppress(OSError):
+            tmp.unlink()  # a failed report leaves no litter beside it
+        raise
 
 
 class JUnitCollector:

@@ -277,9 +277,14 @@ def write_textfile(path: str | os.PathLike[str], text: str) -> None:
     """
     final = Path(path)
     tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(text)
-    os.replace(tmp, final)
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, final)
+    except OSError:
+        with contextlib.suppress(OSError):
+            tmp.unlink()  # a failed write leaves no litter for node_exporter's folder
+        raise
 
 
 class MetricsTextfile:
@@ -308,9 +313,14 @@ class MetricsTextfile:
         self.write()
 
     def write(self) -> None:
-        # A metrics file is an aid: never let it stop the runner.
+        # A metrics file is an aid: never let it stop the runner. (The next write tries
+        # again; the last one, in close, says why it failed.)
         with contextlib.suppress(OSError, ValueError):
-            write_textfile(self.path, exposition(collect(self.queue, self.totals)))
+            self._write()
+
+    def _write(self) -> None:
+        write_textfile(self.path, exposition(collect(self.queue, self.totals)))
 
     def close(self) -> None:
-        self.write()
+        """Write the final figures; raises OSError if that fails (the caller warns)."""
+        self._write()

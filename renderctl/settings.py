@@ -154,7 +154,8 @@ def check_setting(key: str, value: Any, *, label: str) -> Any:
 def load_config(cwd: str | os.PathLike[str]) -> dict[str, Any]:
     """The checked defaults of the configuration file in ``cwd`` ({} when there is none).
 
-    ``renderctl.toml`` wins over ``[tool.renderctl]`` in ``pyproject.toml``.
+    ``renderctl.toml`` wins over ``[tool.renderctl]`` in ``pyproject.toml`` whole: one file
+    is read, so that what applies is what that one file says (no key-by-key merging).
     """
     return load_config_file(cwd)[1]
 

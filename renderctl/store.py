@@ -601,6 +601,8 @@ class Queue:
         try:
             with os.scandir(self.dir(State.PENDING)) as it:
                 for e in it:
+                    if not e.name.endswith(".json"):
+                        continue  # what `count` counts, or a stray file ages an empty queue
                     try:
                         m = e.stat().st_mtime
                     except FileNotFoundError:

@@ -54,10 +54,49 @@ QueueOpt = Annotated[
     typer.Option("--queue", "-q", help="queue folder [default ./.renderctl]",
                  envvar="RENDERCTL_QUEUE", show_default=False),
 ]
+
+
+def not_a_folder(path: Path) -> str | None:
+    """What ``path`` is when it is something other than a folder and can never become one
+    (``a file``, ``a path through a file (x)``); None when it is a folder or is missing (a
+    missing folder can be created). Unreadable is left to the command: its I/O error (74)
+    says more than a guess would."""
+    try:
+        mode = path.stat().st_mode
+    except NotADirectoryError:
+        for parent in path.parents:
+            try:
+                if not stat.S_ISDIR(parent.stat().st_mode):
+                    return f"a path through a file ({parent})"
+            except OSError:
+                continue
+        return "a path through a file"
+    except OSError:
+        return None
+    if stat.S_ISDIR(mode):
+        return None
+    return "a file" if stat.S_ISREG(mode) else "not a folder"
+
+
+def checked_out(ctx: typer.Context, param: typer.CallbackParam,
+                value: Path | None) -> Path | None:
+    """``--out`` (or its defaults) must be a folder or missing (then it is created): a file
+    there would pass every manifest check and then dead-letter each job at run time with
+    ``invalid_output``. Exit 2 naming the option, variable or key, before anything else."""
+    path = value if value is not None else out_root(None)
+    what = not_a_folder(path)
+    if what is not None:
+        label = _source_label(ctx, param) if value is not None else None
+        out.err(f"{label or '--out (default)'}: {path} is {what}, not a folder (the output root; "
+                "a missing folder is created)")
+        raise typer.Exit(ExitCode.USAGE)
+    return value
+
+
 OutOpt = Annotated[
     Path | None,
     typer.Option("--out", "-o", help="output root [default ./out]", envvar="RENDERCTL_OUT",
-                 show_default=False),
+                 show_default=False, callback=checked_out),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output")]
 ManifestsArg = Annotated[list[Path], typer.Argument(help="manifest files (TOML or JSON)")]
@@ -69,14 +108,10 @@ def queue_path(opt: Path | None) -> Path:
     from renderctl.errors import UserError
 
     path = opt if opt is not None else Path(os.environ.get("RENDERCTL_QUEUE") or ".renderctl")
-    try:
-        mode = path.stat().st_mode
-    except OSError:
-        return path  # missing (created by submit/run, refused by the others) or unreadable
-    if not stat.S_ISDIR(mode):
-        what = "a file" if stat.S_ISREG(mode) else "not a folder"
+    what = not_a_folder(path)
+    if what is not None:
         raise UserError(f"--queue {path} is {what}, not a queue folder")
-    return path
+    return path  # missing (created by submit/run, refused by the others) or a folder
 
 
 def existing_queue(opt: Path | None) -> Queue:
@@ -196,6 +231,51 @@ def checked_guard(ctx: typer.Context, param: typer.CallbackParam, value: Any) ->
     except GuardUnavailable as exc:
         out.err(f"{_source_label(ctx, param) or '--memory-guard'}: {exc}")
         raise typer.Exit(ExitCode.USAGE) from None
+    return value
+
+
+def report_file_problem(path: Path) -> str | None:
+    """Why `run` could not write a report file at ``path`` (None: it can, as far as one can
+    tell before trying): its folder must exist and take new files, and the path must not be
+    a folder. The report is written beside it and renamed over it, so anything but a regular
+    file there (a FIFO, /dev/null) would be replaced, not written to."""
+    try:
+        mode = path.stat().st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        pass  # a new file; its folder is judged below
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    else:
+        if stat.S_ISDIR(mode):
+            return "is a folder, not a file"
+        if not stat.S_ISREG(mode):
+            return "is not a regular file (the report would replace it)"
+    folder = path.parent
+    try:
+        folder_mode = folder.stat().st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return f"folder {folder} does not exist"
+    except OSError as exc:
+        return f"folder {folder}: {exc.strerror or exc}"
+    if not stat.S_ISDIR(folder_mode):
+        return f"{folder} is not a folder"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"folder {folder} is not writable"
+    return None
+
+
+def checked_report_file(ctx: typer.Context, param: typer.CallbackParam,
+                        value: Path | None) -> Path | None:
+    """``--junit``/``--metrics-textfile``: a path `run` can write, or exit 2 naming the
+    option, variable or key. Checked before anything is enqueued: found only at the end, a
+    typo would lose the report of a whole run, silently."""
+    if value is None:
+        return None
+    problem = report_file_problem(value)
+    if problem is not None:
+        label = _source_label(ctx, param) or "--" + _config_key(param).replace("_", "-")
+        out.err(f"{label}: {value}: {problem}")
+        raise typer.Exit(ExitCode.USAGE)
     return value
 
 
@@ -477,11 +557,14 @@ def run(
         "--quiet", envvar=_env("quiet"), help="print only failures and the summary")] = False,
     metrics_textfile: Annotated[Path | None, typer.Option(
         "--metrics-textfile", envvar=_env("metrics-textfile"), show_default=False,
-        help="rewrite this Prometheus textfile (node_exporter) every ~5 s and at the end")
+        callback=checked_report_file,
+        help="rewrite this Prometheus textfile (node_exporter) every ~5 s and at the end "
+        "(its folder must exist)")
     ] = None,
     junit: Annotated[Path | None, typer.Option(
-        "--junit", envvar=_env("junit"), show_default=False,
-        help="write a JUnit XML report of the jobs this run handled at the end")] = None,
+        "--junit", envvar=_env("junit"), show_default=False, callback=checked_report_file,
+        help="write a JUnit XML report of the jobs this run handled at the end (its folder "
+        "must exist)")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Submit these manifests (if any), then supervise workers until nothing is left."""
@@ -570,9 +653,9 @@ def run(
         if dashboard is not None:
             dashboard.close(runner)
         if textfile is not None:
-            textfile.close()
+            report_written("metrics textfile", metrics_textfile, textfile.close)
         if collector is not None and junit is not None:
-            collector.write(junit, q)
+            report_written("JUnit report", junit, lambda: collector.write(junit, q))
     if as_json:
         # Through the reporter that wrote the events, so the last line is shaped like them
         # (its `ts` and all), as README promises of every line.
@@ -580,6 +663,17 @@ def run(
     else:
         out.write_out(summary_line(summary) + "\n")
     raise typer.Exit(summary.exit_code)
+
+
+def report_written(what: str, path: Path | None, write: Callable[[], None]) -> None:
+    """Write a report at the end of a run; a failure is a warning naming the file. The jobs
+    ran and their outcomes are recorded: the run's exit code says how they went, not whether
+    an aid to reading them could be written (the folder was checked before the run)."""
+    try:
+        write()
+    except (OSError, ValueError) as exc:
+        why = os_error_message(exc) if isinstance(exc, OSError) else str(exc)
+        out.err(f"warning: {what} {path} not written: {why}")
 
 
 def refuse_if_runner(q: Queue) -> None:
@@ -645,9 +739,15 @@ def show(job_id: Annotated[str, typer.Argument(help="job id")], queue: QueueOpt 
          as_json: JsonOpt = False) -> None:
     """One job: state, attempts, errors, output."""
     from renderctl.cli.views import render_job, show_json
+    from renderctl.errors import JobNotFound
 
     q = existing_queue(queue)
-    view = q.get(job_id)
+    try:
+        view = q.get(job_id)
+    except JobNotFound:
+        if as_json:  # the shape of `cancel --json` refusing: the id, `not found`
+            out.print_json({job_id: "not found"})
+        raise
     if as_json:
         out.print_json(show_json(view))
     else:
@@ -735,9 +835,11 @@ def dead_list(queue: QueueOpt = None, as_json: JsonOpt = False) -> None:
         out.print_json(rows)
         return
     for r in rows:
-        # One row per job, four tab-separated columns: a multi-line error is escaped.
-        print(f"{r['id']}\t{r['outcome']}\tattempts={r['attempts']}\t"
-              f"{out.one_line(r['error'] or r['reason'])}")
+        # One row per job, four tab-separated columns: a multi-line error is escaped. A job
+        # dead-lettered before any attempt (it can never fit the memory budget) has no
+        # outcome: a dash, as elsewhere in plain output, not Python's "None".
+        print(f"{r['id']}\t{r['outcome'] or '-'}\tattempts={r['attempts']}\t"
+              f"{out.one_line(r['error'] or r['reason'] or '-')}")
     if not rows:
         print("no dead-lettered jobs")
 
@@ -748,6 +850,7 @@ def dead_retry(
     job_ids: Annotated[list[str] | None, typer.Argument(help="job ids")] = None,
     all_: Annotated[bool, typer.Option("--all", help="retry every dead job")] = False,
     queue: QueueOpt = None,
+    as_json: JsonOpt = False,
 ) -> None:
     """Return dead jobs to pending with a fresh attempt budget (history is kept)."""
     from renderctl.crashpoints import CrashPoints
@@ -768,10 +871,19 @@ def dead_retry(
     # still skipped by the store and reported below.)
     missing = sorted({j for j in ids if not q.has_record(State.DEAD, j)})
     if missing:
+        if as_json:
+            # As `wait --json` and `cancel --json` refuse: only the ids at fault, each with
+            # where it is instead (its state, or `not found`).
+            views = {j: q.find(j) for j in missing}
+            out.print_json({j: v.state.value if v is not None else "not found"
+                            for j, v in views.items()})
         raise UserError("not in dead/: " + ", ".join(missing) + "; nothing was retried")
     revived = q.dead_retry(ids, crash_hook=CrashPoints.from_env())
-    print(f"retried {len(revived)} job(s)")
     gone = sorted(set(ids) - set(revived))
+    if as_json:
+        out.print_json({"retried": list(revived), "vanished": gone})
+    else:
+        print(f"retried {len(revived)} job(s)")
     if gone:
         out.err("left dead/ while retrying: " + ", ".join(gone))
         raise typer.Exit(ExitCode.JOBS_FAILED)
@@ -779,11 +891,14 @@ def dead_retry(
 
 @dead_app.command("purge")
 @handle_errors
-def dead_purge(queue: QueueOpt = None) -> None:
+def dead_purge(queue: QueueOpt = None, as_json: JsonOpt = False) -> None:
     """Delete every dead-lettered record."""
 
     n = existing_queue(queue).dead_purge()
-    print(f"purged {n} job(s)")
+    if as_json:
+        out.print_json({"purged": n})
+    else:
+        print(f"purged {n} job(s)")
 
 
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}

@@ -60,40 +60,51 @@ def _progress(snap: Mapping[str, Any]) -> tuple[int, int, int]:
     return finished, remaining, finished + remaining
 
 
+def _header_rows(snap: Mapping[str, Any]) -> list[tuple[str, str, str]]:
+    """(label, text, style) of each header line, for the frame and its plain form alike."""
+    rows = [("queue", str(snap.get("queue") or "-"), ""),
+            ("output root", str(snap.get("out_root") or "-"), "")]
+    if snap.get("runner_alive") is False:
+        rows.append(("runner", "no runner is alive for this queue (counts are from its "
+                               "folders)", "bold yellow"))
+        return rows
+    alive, desired = snap.get("workers_alive", 0), snap.get("workers_desired", 0)
+    rows += [
+        ("runner", f"pid {snap.get('pid', '-')}, up {human_duration(snap.get('uptime_s'))}"
+                   + (" - STOPPING" if snap.get("stopping") else ""), ""),
+        ("workers", f"{alive}/{desired} alive", "yellow" if alive < desired else ""),
+        ("memory guard", f"{snap.get('guard') or '-'}; budget {snap.get('budget_mb', '-')} MB",
+         ""),
+    ]
+    return rows
+
+
 def _header(snap: Mapping[str, Any]) -> Table:
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold")
     grid.add_column()
-    grid.add_row("queue", str(snap.get("queue") or "-"))
-    grid.add_row("output root", str(snap.get("out_root") or "-"))
-    if snap.get("runner_alive") is False:
-        grid.add_row("runner", Text("no runner is alive for this queue (counts are from its "
-                                    "folders)", style="bold yellow"))
-    else:
-        alive, desired = snap.get("workers_alive", 0), snap.get("workers_desired", 0)
-        workers = Text(f"{alive}/{desired} alive",
-                       style="yellow" if alive < desired else "")
-        runner = Text(f"pid {snap.get('pid', '-')}, up {human_duration(snap.get('uptime_s'))}"
-                      + (" - STOPPING" if snap.get("stopping") else ""))
-        grid.add_row("runner", runner)
-        grid.add_row("workers", workers)
-        grid.add_row("memory guard", f"{snap.get('guard') or '-'}; budget "
-                     f"{snap.get('budget_mb', '-')} MB")
+    for label, text, style in _header_rows(snap):
+        grid.add_row(label, Text(text, style=style))
     return grid
 
 
-def _progress_row(snap: Mapping[str, Any], width: int) -> Table:
+def _progress_text(snap: Mapping[str, Any]) -> str:
     finished, remaining, total = _progress(snap)
     uptime = float(snap.get("uptime_s") or 0.0)
     rate = finished / uptime if uptime > 0 else 0.0
     eta = human_duration(remaining / rate) if rate > 0 and remaining else ("-" if remaining
                                                                           else "0s")
+    return f"{finished}/{total} jobs  {rate:.1f} jobs/s  ETA {eta}"
+
+
+def _progress_row(snap: Mapping[str, Any], width: int) -> Table:
+    finished, _, total = _progress(snap)
     grid = Table.grid(padding=(0, 2))
     grid.add_column(width=max(10, width // 3))
     grid.add_column()
     grid.add_row(ProgressBar(total=max(total, 1), completed=finished if total else 0,
                              width=max(10, width // 3)),
-                 f"{finished}/{total} jobs  {rate:.1f} jobs/s  ETA {eta}")
+                 _progress_text(snap))
     return grid
 
 
@@ -117,7 +128,8 @@ def _memory_cell(job: Mapping[str, Any]) -> RenderableType:
 
 def _running(jobs: Sequence[Mapping[str, Any]], *, limit: int = 20) -> Table:
     t = Table(title=f"running ({len(jobs)})", title_justify="left", expand=False)
-    for col in ("id", "kind", "pid", "attempt", "elapsed / timeout", "memory / ceiling"):
+    for col in ("id", "kind", "worker pid", "attempt", "elapsed / timeout",
+                "memory / ceiling"):
         t.add_column(col, no_wrap=True)
     for j in list(jobs)[:limit]:
         elapsed, timeout = j.get("elapsed_s"), j.get("timeout_s")
@@ -132,26 +144,33 @@ def _running(jobs: Sequence[Mapping[str, Any]], *, limit: int = 20) -> Table:
     return t
 
 
-def _counts(snap: Mapping[str, Any]) -> Text:
+def _count_parts(snap: Mapping[str, Any]) -> tuple[str, dict[str, Any], Any]:
+    """(whose counts, the count per state, dead-letter depth) of the counts lines."""
     counts = dict(snap.get("counts") or {})
     qc = snap.get("queue_counts")
-    text = Text()
     if qc:
         shown = {s: qc.get(s, 0) for s in ("pending", "running", *TERMINAL)}
-        text.append("queue: ", style="bold")
+        whose = "queue"
     else:
         shown = {"pending": snap.get("pending_known", 0),
                  "running": len(snap.get("running") or ()),
                  **{s: counts.get(s, 0) for s in TERMINAL}}
-        text.append("this run: ", style="bold")
+        whose = "this run"
+    dead = snap.get("dead_depth")
+    if dead is None:
+        dead = (qc or counts).get("dead", 0)
+    return whose, shown, dead
+
+
+def _counts(snap: Mapping[str, Any]) -> Text:
+    whose, shown, dead = _count_parts(snap)
+    text = Text()
+    text.append(f"{whose}: ", style="bold")
     for state, n in shown.items():
         style = "bold red" if state in ("dead", "cancelled", "expired") and n else ""
         text.append(f"{state} {n}", style=style)
         text.append("  ")
     text.append(f"retries {snap.get('retries', 0)}")
-    dead = snap.get("dead_depth")
-    if dead is None:
-        dead = (qc or counts).get("dead", 0)
     text.append("\n")
     text.append(f"dead-letter depth {dead}",
                 style="bold white on red" if dead else "")
@@ -199,6 +218,38 @@ def render_dashboard(snapshot: Mapping[str, Any], *, width: int = 120) -> Render
     if fails:
         parts.append(_failures(fails, width=width))
     return Group(*parts)
+
+
+def dashboard_lines(snapshot: Mapping[str, Any]) -> list[str]:
+    """The dashboard's information as plain lines, for `top` on a pipe: no box drawing and
+    nothing cut to a terminal's width (a script greps whole ids and pids), every running
+    job and failure on one line of its own (a multi-line error escaped, as `status` and
+    `dead list` do)."""
+    lines = [f"{label} {text}" for label, text, _ in _header_rows(snapshot)]
+    lines.append(f"progress {_progress_text(snapshot)}")
+    running = snapshot.get("running") or ()
+    if not running:
+        lines.append("running: none")
+    for j in running:
+        memory = human_bytes(j.get("memory_bytes"))
+        if j.get("memory_limit_bytes"):
+            memory += f"/{human_bytes(j.get('memory_limit_bytes'))}"
+        lines.append(f"running {j.get('id')} kind={j.get('kind') or '-'} "
+                     f"worker_pid={j.get('pid') or '-'} attempt={j.get('attempt') or '-'} "
+                     f"elapsed={human_duration(j.get('elapsed_s'))}/"
+                     f"{human_duration(j.get('timeout_s'))} memory={memory}")
+    whose, shown, dead = _count_parts(snapshot)
+    lines.append(f"{whose}: " + "  ".join(f"{state} {n}" for state, n in shown.items())
+                 + f"  retries {snapshot.get('retries', 0)}")
+    lines.append(f"dead-letter depth {dead}   oldest pending "
+                 f"{human_duration(snapshot.get('oldest_pending_age_s'))}")
+    lines.append(f"accepted -> first attempt {_pct(snapshot.get('wait_s'))}    "
+                 f"execution {_pct(snapshot.get('exec_s'))}")
+    for f in list(snapshot.get("recent_failures") or ())[-5:]:
+        lines.append(f"failure {f.get('job')} event={f.get('event') or '-'} "
+                     f"attempt={f.get('attempt') or '-'} outcome={f.get('outcome') or '-'} "
+                     f"cause={one_line(f.get('error') or f.get('reason') or '-')}")
+    return lines
 
 
 class DashboardReporter:

@@ -16,7 +16,8 @@ from typing import Any
 from rich.console import Console
 from rich.live import Live
 
-from renderctl.cli.dashboard import render_dashboard
+from renderctl.cli.console import write_out
+from renderctl.cli.dashboard import dashboard_lines, render_dashboard
 from renderctl.metrics import read_runner_state
 from renderctl.store import Queue
 
@@ -55,10 +56,10 @@ class TopFeed:
         roots = {r.spec.out_root for r in st.running}
         snap["out_root"] = ", ".join(sorted(roots)) if roots else None
         if not snap.get("running") and st.running:
-            # No runner snapshot (none alive, or not written yet): the leases tell enough.
+            # No runner snapshot (none alive, or not written yet): the leases tell enough,
+            # except the worker: a lease names its runner, whose pid is not a worker's.
             snap["running"] = [
-                {"id": r.spec.id, "kind": r.spec.kind,
-                 "pid": r.lease.holder.pid if r.lease else None,
+                {"id": r.spec.id, "kind": r.spec.kind, "pid": None,
                  "attempt": r.lease.attempt if r.lease else None,
                  "elapsed_s": (now - r.lease.claimed_at) if r.lease else None,
                  "timeout_s": r.spec.timeout_s, "memory_bytes": None,
@@ -73,7 +74,11 @@ class TopFeed:
 def run_top(queue: Queue, console: Console, *, once: bool, interval_s: float = 0.5) -> None:
     """Redraw until Ctrl-C (or once); returns normally either way."""
     feed = TopFeed(queue)
-    if once or not console.is_terminal:
+    if not console.is_terminal:
+        # Plain lines, as `status` prints on a pipe: a frame would be boxes cut to 80 columns.
+        write_out("\n".join(dashboard_lines(feed.snapshot())) + "\n")
+        return
+    if once:
         console.print(render_dashboard(feed.snapshot(), width=console.width))
         return
     # SIGTERM ends `top` as quietly as Ctrl-C does.

@@ -60,8 +60,10 @@ def render_status(c: Console, q: Queue, st: QueueStatus) -> None:
         print(f"queue {q.path}: {counts} corrupt={st.corrupt}")
         print(f"oldest pending: {human_duration(st.oldest_pending_age_s)}; {runner_line}")
         for j in data["running_jobs"]:
+            # holder_pid, as --json names it: the runner holding the lease, not the worker
+            # (`top` shows the worker's pid; a bare "pid" read as either).
             print(f"running {j['id']} kind={j['kind']} attempt={j['attempt']} "
-                  f"elapsed={human_duration(j['elapsed_s'])} pid={j['holder_pid']}")
+                  f"elapsed={human_duration(j['elapsed_s'])} holder_pid={j['holder_pid']}")
         return
     t = Table(title=f"queue {q.path}", show_header=True)
     for s in State:

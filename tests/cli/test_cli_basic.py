@@ -113,13 +113,15 @@ def test_kinds_lists_the_built_ins(runner: CliRunner) -> None:
             "description": "report title"} in kinds["report"]["params"]
 
 
-def test_queue_folder_that_cannot_be_created_exits_74(runner: CliRunner, good: Path,
-                                                      tmp_path: Path) -> None:
-    blocker = tmp_path / "a-file"
-    blocker.write_text("not a folder")
-    res = runner.invoke(app, ["submit", "--queue", str(blocker / "queue"), str(good)])
+@pytest.mark.skipif(not Path("/sys/kernel").is_dir(), reason="needs sysfs mounted at /sys")
+def test_queue_folder_that_cannot_be_created_exits_74(runner: CliRunner, good: Path) -> None:
+    # sysfs refuses mkdir even to root (EPERM): the system's refusal, not a path the user
+    # got wrong (a path through a regular file is exit 2: test_usage_errors).
+    queue = Path("/sys") / f"renderctl-test-{os.getpid()}" / "queue"
+    res = runner.invoke(app, ["submit", "--queue", str(queue), str(good)])
     assert res.exit_code == 74, res.output
     assert "cannot create queue" in res.stderr and "Traceback" not in res.output
+    assert not queue.parent.exists()
 
 
 def test_status_of_a_missing_queue_exits_2(runner: CliRunner, tmp_path: Path) -> None:
@@ -191,6 +193,27 @@ def test_light_commands_do_not_import_reportlab_pypdf_or_pydantic(
                           text=True, env=_env())
     assert "Traceback" not in proc.stderr, proc.stderr
     assert "HEAVY=\n" in proc.stderr, proc.stderr
+
+
+def test_python_m_renderctl_runs_the_cli_and_starts_light(good: Path) -> None:
+    # `python -m renderctl` is the command line as the `renderctl` script is; -X importtime
+    # lists every module the process imported, so a heavy one cannot hide.
+    helped = subprocess.run([sys.executable, "-X", "importtime", "-m", "renderctl", "--help"],
+                            capture_output=True, text=True, env=_env(), timeout=30)
+    assert helped.returncode == 0, helped.stderr
+    assert "validate" in helped.stdout and "submit" in helped.stdout, helped.stdout
+    imported = {ln.rsplit("|", 1)[-1].strip().split(".")[0]
+                for ln in helped.stderr.splitlines() if ln.startswith("import time:")}
+    assert "renderctl" in imported
+    assert imported & set(HEAVY) == set(), sorted(imported & set(HEAVY))
+    # And it exits with the command's code
+    checked = subprocess.run([sys.executable, "-m", "renderctl", "validate", str(good)],
+                             capture_output=True, text=True, env=_env(), timeout=30)
+    assert checked.returncode == 0 and "ok: 2 job(s)" in checked.stdout, checked.stderr
+    missing = subprocess.run([sys.executable, "-m", "renderctl", "validate",
+                              str(good.with_name("nope.toml"))],
+                             capture_output=True, text=True, env=_env(), timeout=30)
+    assert missing.returncode == 2, missing.stderr
 
 
 def test_version_prints_the_installed_version(renderctl_argv: list[str]) -> None:

@@ -4,6 +4,7 @@ outcome of a --json command, honest exit codes, one line per event."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 from collections.abc import Iterator
@@ -191,6 +192,42 @@ def test_wait_json_on_timeout_and_unknown_ids(tmp_path: Path) -> None:
     assert json.loads(unknown.stdout) == {"nope": "not found"}
 
 
+def test_dead_retry_purge_and_show_answer_json_on_every_outcome(tmp_path: Path) -> None:
+    # Given two dead-lettered jobs and a completed one
+    manifest = write_jobs(tmp_path / "m", [job("d1", "fail", max_attempts=1),
+                                           job("d2", "fail", max_attempts=1),
+                                           job("ok", "write")])
+    q = tmp_path / "q"
+    run = cli("run", manifest, "--queue", q, "--out", tmp_path / "out", "-j", "1",
+              cwd=tmp_path)
+    assert run.returncode == 1, run.stdout + run.stderr
+
+    # When `dead retry --json` names a done job and an unknown one among the dead
+    refused = cli("dead", "retry", "d1", "ok", "nope", "--json", "--queue", q, cwd=tmp_path)
+
+    # Then it retries nothing (exit 2) and stdout maps only those ids to where they are
+    assert refused.returncode == 2, refused.stderr
+    assert json.loads(refused.stdout) == {"ok": "done", "nope": "not found"}
+    assert state_of(q, "d1", tmp_path) == "dead"
+
+    # And `show --json` of an unknown id answers as `cancel --json` does
+    shown = cli("show", "nope", "--json", "--queue", q, cwd=tmp_path)
+    assert shown.returncode == 2 and "nope" in shown.stderr
+    assert json.loads(shown.stdout) == {"nope": "not found"}
+
+    # And a retry that goes through lists what it retried
+    retried = cli("dead", "retry", "d1", "--json", "--queue", q, cwd=tmp_path)
+    assert retried.returncode == 0, retried.stderr
+    assert json.loads(retried.stdout) == {"retried": ["d1"], "vanished": []}
+    assert state_of(q, "d1", tmp_path) == "pending"
+
+    # And a purge counts what it deleted
+    purged = cli("dead", "purge", "--json", "--queue", q, cwd=tmp_path)
+    assert purged.returncode == 0, purged.stderr
+    assert json.loads(purged.stdout) == {"purged": 1}
+    assert not list((q / "dead").glob("*.json"))
+
+
 # -- run MANIFEST on a queue another runner holds ---------------------------------------------
 
 
@@ -290,6 +327,51 @@ def test_a_multi_line_error_stays_on_one_line_in_plain_text(tmp_path: Path) -> N
     assert "first line\n\tsecond line [red]" in as_json[0]["error"]
     events = [json.loads(ln) for ln in (q / "events.jsonl").read_text().splitlines()]
     assert any("first line\n\tsecond line" in str(e.get("error")) for e in events)
+
+
+def test_a_job_dead_before_any_attempt_lists_its_outcome_as_a_dash(tmp_path: Path) -> None:
+    # Given a job whose ceiling can never fit the run's memory budget
+    manifest = write_jobs(tmp_path / "m", [job("big", "write", memory_mb=400)])
+    q = tmp_path / "q"
+    run = cli("run", manifest, "--queue", q, "--out", tmp_path / "out", "--memory-budget", "1",
+              cwd=tmp_path)
+    assert run.returncode == 1, run.stdout + run.stderr
+
+    # When the dead folder is listed
+    dead = cli("dead", "list", "--queue", q, cwd=tmp_path)
+
+    # Then the row says it has no outcome with a dash, not Python's None
+    assert dead.returncode == 0, dead.stderr
+    [row] = dead.stdout.splitlines()
+    cols = row.split("\t")
+    assert cols[:3] == ["big", "-", "attempts=0"], row
+    assert "can never fit" in cols[3], row
+    # And its dead event has no attempt or outcome, as README's events table says
+    [ev] = [json.loads(ln) for ln in (q / "events.jsonl").read_text().splitlines()
+            if json.loads(ln)["event"] == "dead"]
+    assert "attempt" not in ev and "outcome" not in ev and "never fit" in ev["reason"], ev
+
+
+def test_a_stray_file_in_pending_has_no_age(tmp_path: Path) -> None:
+    # Given a queue with nothing pending, and an old file there that is no job's record
+    manifest = write_jobs(tmp_path / "m", [job("a", "write")])
+    q = tmp_path / "q"
+    assert cli("submit", manifest, "--queue", q, cwd=tmp_path).returncode == 0
+    assert cli("cancel", "a", "--queue", q, cwd=tmp_path).returncode == 0
+    stray = q / "pending" / "notjson.txt"
+    stray.write_text("left by hand")
+    an_hour_ago = stray.stat().st_mtime - 3600
+    os.utime(stray, (an_hour_ago, an_hour_ago))
+
+    # When status and metrics look at the queue
+    st = json.loads(cli("status", "--json", "--queue", q, cwd=tmp_path).stdout)
+    plain = cli("status", "--queue", q, cwd=tmp_path).stdout
+    metrics = cli("metrics", "--queue", q, cwd=tmp_path).stdout
+
+    # Then the age comes from the same files as the count: none pending, no age
+    assert (st["pending"], st["oldest_pending_age_s"]) == (0, None), st
+    assert "oldest pending: -;" in plain, plain
+    assert "renderctl_oldest_pending_age_seconds 0\n" in metrics, metrics
 
 
 # -- words ----------------------------------------------------------------------------------

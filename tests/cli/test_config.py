@@ -86,3 +86,6 @@ def test_load_config_prefers_renderctl_toml(tmp_path: Path) -> None:
     assert load_config(tmp_path) == {"timeout": 5.0}
     (tmp_path / "renderctl.toml").write_text("timeout = 7\n")
     assert load_config(tmp_path) == {"timeout": 7.0}
+    # The whole file wins, as README says: pyproject's other keys are not merged in
+    (tmp_path / "pyproject.toml").write_text("[tool.renderctl]\ntimeout = 5\nworkers = 3\n")
+    assert load_config(tmp_path) == {"timeout": 7.0}

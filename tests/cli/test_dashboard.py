@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from renderctl.cli.dashboard import DashboardReporter, render_dashboard
+from renderctl.cli.dashboard import DashboardReporter, dashboard_lines, render_dashboard
 
 MB = 1024 * 1024
 
@@ -106,6 +106,27 @@ def test_a_failure_with_lines_and_brackets_is_one_literal_row(snapshot: dict[str
     # Then the message is shown as written, on the row of its job
     [row] = [ln for ln in text.splitlines() if " j " in ln and "failed" in ln]
     assert "boom [/]\\nsecond" in row, text
+
+
+def test_plain_lines_carry_what_the_frame_shows(snapshot: dict[str, Any]) -> None:
+    # Given a failure spanning lines, when the snapshot is written as plain lines
+    snapshot["recent_failures"][0]["error"] = "boom [/]\nsecond"
+    lines = dashboard_lines(snapshot)
+    # Then each part of the frame is there, one line each, nothing cut or boxed
+    for expected in ("queue /srv/q", "output root /srv/out", "runner pid 4242, up 20.0s",
+                     "workers 3/4 alive", "memory guard cgroup-v2; budget 1600 MB",
+                     "progress 32/102 jobs  1.6 jobs/s  ETA 43.8s",
+                     "running inv-cool kind=invoice worker_pid=101 attempt=1 elapsed=1.5s/2.0m "
+                     "memory=40.0MiB/400.0MiB",
+                     "this run: pending 60  running 2  done 30  dead 2  cancelled 0  "
+                     "expired 0  retries 5",
+                     "dead-letter depth 7   oldest pending 95.0s",
+                     "accepted -> first attempt p50 250ms  p99 3.5s    "
+                     "execution p50 750ms  p99 12.0s",
+                     "failure inv-bad event=dead attempt=3 outcome=memory "
+                     "cause=boom [/]\\nsecond"):
+        assert expected in lines, (expected, lines)
+    assert dashboard_lines({"runner_alive": False})[2].startswith("runner no runner is alive")
 
 
 def test_no_runner_and_empty_snapshot_render() -> None:

@@ -7,6 +7,7 @@ import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import pytest
 from clihelp import cli, job, write_jobs
 
 SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{([^}]*)\})? (\S+)$')
@@ -45,6 +46,7 @@ def test_run_json_junit_and_metrics(tmp_path: Path) -> None:
     ])
     q, out = tmp_path / "q", tmp_path / "out"
     junit, prom = tmp_path / "report" / "junit.xml", tmp_path / "metrics.prom"
+    junit.parent.mkdir()
     # When they run with JSON output, a JUnit report and a metrics textfile
     res = cli("run", manifest, "--queue", q, "--out", out, "-j", "2", "--json",
               "--junit", junit, "--metrics-textfile", prom, cwd=tmp_path)
@@ -144,3 +146,81 @@ def test_metrics_starts_over_on_a_log_that_is_not_the_one_it_read(tmp_path: Path
     log.unlink()
     log.write_bytes(b"".join(reversed(lines)).replace(b'"completed"', b'"completes"'))
     assert completed_total(q, tmp_path) == 0
+
+
+# -- report files: checked before the run, a warning if they still fail at the end -----------
+
+REPORT_OPTIONS = [("--junit", "RENDERCTL_JUNIT"),
+                  ("--metrics-textfile", "RENDERCTL_METRICS_TEXTFILE")]
+
+
+def unwritable_report_path(tmp_path: Path, case: str) -> Path:
+    if case == "missing folder":
+        return tmp_path / "no-such-folder" / "report"
+    if case == "a folder":
+        (tmp_path / "reports").mkdir()
+        return tmp_path / "reports"
+    (tmp_path / "afile").write_text("x")
+    return tmp_path / "afile" / "report"  # a path through a regular file
+
+
+@pytest.mark.parametrize("how", ["option", "env", "file"])
+@pytest.mark.parametrize("case", ["missing folder", "a folder", "through a file"])
+@pytest.mark.parametrize("option, variable", REPORT_OPTIONS)
+def test_a_report_path_run_cannot_write_is_a_usage_error(tmp_path: Path, option: str,
+                                                         variable: str, case: str,
+                                                         how: str) -> None:
+    # Given a report path that cannot take a file
+    manifest = write_jobs(tmp_path / "m", [job("a", "write")])
+    q, path = tmp_path / "q", unwritable_report_path(tmp_path, case)
+
+    # When `run` is asked to write its report there
+    args: list[object] = ["run", manifest, "--queue", q, "--out", tmp_path / "out"]
+    extra_env = {variable: str(path)} if how == "env" else None
+    key = option[2:].replace("-", "_")
+    if how == "option":
+        args += [option, path]
+    elif how == "file":
+        (tmp_path / "renderctl.toml").write_text(f'{key} = "{path}"\n')
+    res = cli(*args, cwd=tmp_path, extra_env=extra_env)
+
+    # Then it refuses at once, naming the option (or variable, or file and key) and the
+    # path, and nothing was enqueued: the queue was not even created
+    assert res.returncode == 2, res.stdout + res.stderr
+    named = {"option": option, "env": variable,
+             "file": f"{tmp_path / 'renderctl.toml'}: key {key!r}"}[how]
+    assert f"renderctl: {named}: {path}: " in res.stderr, res.stderr
+    assert not q.exists()
+
+
+REMOVE_FOLDER = '''
+
+def remove_folder(inputs, output, params):
+    import shutil
+
+    shutil.rmtree(params["path"])
+    Path(output).write_bytes(b"x")
+'''
+
+
+def test_a_report_that_cannot_be_written_at_the_end_is_a_warning(tmp_path: Path) -> None:
+    # Given a job that removes the reports' folder while the run goes on (after the check)
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    manifest = write_jobs(tmp_path / "m", [job("rm", "remove_folder",
+                                               params={"path": str(reports)})])
+    with open(tmp_path / "m" / "jobsmod.py", "a") as fh:
+        fh.write(REMOVE_FOLDER)
+    junit, prom = reports / "junit.xml", reports / "metrics.prom"
+
+    # When the run ends and writes its reports there
+    res = cli("run", manifest, "--queue", tmp_path / "q", "--out", tmp_path / "out",
+              "--junit", junit, "--metrics-textfile", prom, cwd=tmp_path)
+
+    # Then each failed write is a warning naming its file and the error, and the exit code
+    # is still the jobs' (0: the job completed)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert f"warning: JUnit report {junit} not written: " in res.stderr, res.stderr
+    assert f"warning: metrics textfile {prom} not written: " in res.stderr, res.stderr
+    assert "No such file or directory" in res.stderr
+    assert "summary: done 1" in res.stdout

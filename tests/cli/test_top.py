@@ -82,6 +82,69 @@ def test_top_shows_the_running_job_and_leaves_cleanly_on_ctrl_c(tmp_path: Path) 
     assert "\x1b[" not in once.stdout  # plain text on a pipe
 
 
+def test_top_once_on_a_pipe_prints_whole_plain_lines(tmp_path: Path) -> None:
+    # Given a runner busy with a job whose id is wider than a terminal
+    long_id = "a-job-id-wider-than-any-terminal-" + "x" * 80
+    manifest = write_jobs(tmp_path / "m", [job(long_id, "sleep", params={"s": "60"})])
+    q, out = tmp_path / "q", tmp_path / "out"
+    runner = subprocess.Popen([*RENDERCTL, "run", str(manifest), "--queue", str(q), "--out",
+                               str(out), "-j", "1", "--grace", "0"], cwd=tmp_path, env=env(),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        def worker_pid() -> int | None:
+            try:
+                state = json.loads((q / "runner.state.json").read_text())
+            except (OSError, ValueError):
+                return None
+            return next((j["pid"] for j in state["running"] if j["id"] == long_id), None)
+
+        pid = poll(worker_pid, what="the runner's snapshot to show the job running")
+
+        # When `top --once` writes to a pipe, under an 80-column COLUMNS
+        once = cli("top", "--queue", q, "--once", cwd=tmp_path, extra_env={"COLUMNS": "80"})
+    finally:
+        runner.send_signal(signal.SIGTERM)
+        runner.wait(timeout=30)
+
+    # Then it prints plain lines: no box drawing, nothing cut, the whole id and the worker's
+    # pid on the running job's line, the runner and the counts as the frame shows them
+    assert once.returncode == 0, once.stderr
+    text = once.stdout
+    assert not any("\u2500" <= ch <= "\u259f" for ch in text), text  # box and bar glyphs
+    assert "\u2026" not in text and "\x1b[" not in text, text
+    [line] = [ln for ln in text.splitlines() if long_id in ln]
+    assert line.startswith(f"running {long_id} kind=python worker_pid={pid} attempt=1 "), line
+    assert f"queue {q}" in text.splitlines(), text
+    assert "workers 1/1 alive" in text and "queue: pending 0  running 1  done 0" in text, text
+
+
+def test_status_and_top_say_whose_pid_they_show(tmp_path: Path) -> None:
+    # Given a runner busy with a long job
+    manifest = write_jobs(tmp_path / "m", [job("long", "sleep", params={"s": "60"})])
+    q, out = tmp_path / "q", tmp_path / "out"
+    runner = subprocess.Popen([*RENDERCTL, "run", str(manifest), "--queue", str(q), "--out",
+                               str(out), "-j", "1"], cwd=tmp_path, env=env(),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        poll(lambda: (q / "running" / "long.json").exists(), what="the job to be claimed")
+        # When status prints its plain line for the running job
+        status = cli("status", "--queue", q, cwd=tmp_path)
+    finally:
+        # And the runner then dies without a word (its workers die with it)
+        runner.kill()
+        runner.wait(timeout=30)
+
+    # Then status names the pid it shows as the lease holder's, the runner (as --json does)
+    [line] = [ln for ln in status.stdout.splitlines() if ln.startswith("running long ")]
+    assert line.endswith(f" holder_pid={runner.pid}"), line
+    # And top, left with only the lease to go by, does not pass the runner's pid off as a
+    # worker's
+    once = cli("top", "--queue", q, "--once", cwd=tmp_path)
+    assert once.returncode == 0, once.stderr
+    [line] = [ln for ln in once.stdout.splitlines() if ln.startswith("running long ")]
+    assert " worker_pid=- " in line, line
+
+
 def test_top_shows_the_last_failures_of_a_long_log_reading_only_its_tail(
         tmp_path: Path) -> None:
     from renderctl.cli.top import TAIL_BYTES, TopFeed

@@ -329,3 +329,59 @@ def test_an_id_no_job_can_have_is_not_found_and_changes_nothing(
     assert "Traceback" not in res.stderr and "I/O error" not in res.stderr, res.stderr
     assert sorted(p.name for p in (q / "pending").iterdir()) == ["j1.json"]
     assert not (q / "cancelled").exists() or not any((q / "cancelled").iterdir())
+
+
+@pytest.mark.parametrize("command", ["submit", "run", "status"])
+def test_a_queue_path_through_a_file_is_a_usage_error(tmp_path: Path, manifest: Path,
+                                                      command: str) -> None:
+    # Given --queue naming a path below a regular file
+    afile = tmp_path / "afile"
+    afile.write_text("mine\n")
+    args: list[object] = {"submit": ["submit", manifest], "run": ["run", manifest],
+                          "status": ["status"]}[command]
+
+    # When a command is pointed at it
+    res = cli(*args, "--queue", afile / "sub", cwd=tmp_path)
+
+    # Then it is a usage error naming the file in the way, not 74's "Not a directory"
+    one_line_usage_error(res, f"--queue {afile / 'sub'} is a path through a file ({afile}), "
+                              "not a queue folder")
+    assert afile.read_text() == "mine\n"
+
+
+@pytest.mark.parametrize("how", ["option", "env", "file", "default"])
+@pytest.mark.parametrize("command", ["validate", "submit", "run"])
+def test_an_output_root_that_is_a_file_is_a_usage_error(tmp_path: Path, manifest: Path,
+                                                        command: str, how: str) -> None:
+    # Given an output root that names a regular file (by each way of setting it)
+    afile = tmp_path / ("out" if how == "default" else "afile")
+    afile.write_text("mine\n")
+    q = tmp_path / "q"
+    args: list[object] = [command, manifest] + ([] if command == "validate" else ["--queue", q])
+    extra_env = {"RENDERCTL_OUT": str(afile)} if how == "env" else None
+    if how == "option":
+        args += ["--out", afile]
+    elif how == "file":
+        (tmp_path / "renderctl.toml").write_text(f'out = "{afile}"\n')
+
+    # When the command runs
+    res = cli(*args, cwd=tmp_path, extra_env=extra_env)
+
+    # Then it stops at once (not every job dead-lettered at run time), naming where the
+    # value came from, and nothing was enqueued
+    named = {"option": "--out", "env": "RENDERCTL_OUT", "default": "--out (default)",
+             "file": f"{tmp_path / 'renderctl.toml'}: key 'out'"}[how]
+    shown = "out" if how == "default" else afile
+    one_line_usage_error(res, f"{named}: {shown} is a file, not a folder (the output root")
+    assert not q.exists()
+    assert afile.read_text() == "mine\n"
+
+
+def test_an_output_root_through_a_file_is_a_usage_error(tmp_path: Path, manifest: Path) -> None:
+    afile = tmp_path / "afile"
+    afile.write_text("mine\n")
+    res = cli("submit", manifest, "--queue", tmp_path / "q", "--out", afile / "sub",
+              cwd=tmp_path)
+    one_line_usage_error(res, f"--out: {afile / 'sub'} is a path through a file ({afile})")
+    assert not (tmp_path / "q").exists()
+

@@ -114,10 +114,10 @@ def test_faults_manifest_shows_each_guard(tmp_path: Path) -> None:
     assert pages(published) == 1
     assert "recovered on attempt 2" in PdfReader(published).pages[0].extract_text()
 
-    inv = cli_json("show", "inv-0001", "--queue", queue, cwd=tmp_path)
+    inv = cli_json("show", "ordinary-invoice", "--queue", queue, cwd=tmp_path)
     assert inv["state"] == "done", inv
     assert [a["outcome"] for a in inv["attempts"]] == ["completed"], inv
-    assert pages(out / "invoices" / "inv-0001.pdf") >= 1
+    assert pages(out / "faults" / "ordinary-invoice.pdf") >= 1
 
     status = cli_json("status", "--queue", queue, cwd=tmp_path)
     assert (status["done"], status["dead"], status["pending"], status["running"]) == (2, 3, 0, 0)
@@ -126,4 +126,13 @@ def test_faults_manifest_shows_each_guard(tmp_path: Path) -> None:
 @pytest.mark.parametrize("name", ["demo.toml", "faults.toml"])
 def test_example_manifests_validate(name: str, tmp_path: Path) -> None:
     proc = cli("validate", JOBS / name, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_the_example_manifests_validate_together() -> None:
+    # README's first example, as typed there: `renderctl validate jobs/*.toml` from the repo.
+    # Together they must not share a job id or an output path (run them into one queue).
+    names = sorted(str(p.relative_to(REPO)) for p in JOBS.glob("*.toml"))
+    assert len(names) >= 2, names
+    proc = cli("validate", *names, cwd=REPO)
     assert proc.returncode == 0, proc.stdout + proc.stderr
