@@ -29,7 +29,7 @@ KNOWN = frozenset({
     "shutdown",
     # store: submit, finish, dead retry
     "submit:checked", "submit:staged", "submit:placed", "submit:before_doorbell",
-    "finish:before_unlink", "dead_retry:rewritten", "dead_retry:moved",
+    "dead_retry:rewritten", "dead_retry:moved",
     # cancel
     "cancel:before",
 })

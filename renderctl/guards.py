@@ -251,7 +251,7 @@ def slot_held_bytes(slot_path: str) -> int | None:
     """Worker side: the slot's charge less its file page cache, which the kernel reclaims
     before it would kill anything: what a job's ceiling really competes with (processes'
     own memory, and files in tmpfs, which count as shared memory and stay charged to the
-    slot after the job). Reads memory.stat (~30 us): only when the usage looks grown."""
+    slot after the job). Reads memory.stat (~16 us with the usage read)."""
     usage = slot_usage_bytes(slot_path)
     if usage is None:
         return None

@@ -305,8 +305,9 @@ def parse_document(raw: bytes, *, name: str) -> Any:
 NON_FINITE = "nan and inf are not allowed in a manifest"
 
 
-def _without_non_finite(v: Any, path: str, found: list[str]) -> Any:
-    """``v`` without its nan and inf values, whose paths go to ``found``.
+def _without_non_finite(v: Any, path: tuple[str | int, ...],
+                        found: list[tuple[str | int, ...]]) -> Any:
+    """``v`` without its nan and inf values, whose paths (keys and indexes) go to ``found``.
 
     JSON rejects NaN/Infinity at parse time; TOML allows them. They also break "same spec"
     comparisons (nan != nan), so a manifest may not carry them anywhere. Dropping them
@@ -317,29 +318,37 @@ def _without_non_finite(v: Any, path: str, found: list[str]) -> Any:
     if isinstance(v, dict):
         out = {}
         for k, x in v.items():
-            sub = f"{path}.{k}" if path else str(k)
             before = len(found)
-            y = _without_non_finite(x, sub, found)
+            y = _without_non_finite(x, (*path, str(k)), found)
             if len(found) == before or y is not None:
                 out[k] = y
         return out
     if isinstance(v, list):
-        return [_without_non_finite(x, f"{path}[{i}]", found) for i, x in enumerate(v)]
+        return [_without_non_finite(x, (*path, i), found) for i, x in enumerate(v)]
     return v
 
 
-def _report_non_finite(ctx: _Ctx, doc: dict[str, Any], paths: list[str]) -> None:
+def _dotted(path: Sequence[str | int]) -> str:
+    """("params", "b", 1) -> "params.b[1]"."""
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else part)
+    return out
+
+
+def _report_non_finite(ctx: _Ctx, doc: dict[str, Any],
+                       paths: list[tuple[str | int, ...]]) -> None:
     """One problem per nan/inf, under its job and field where it is in one."""
     jobs = doc.get("jobs")
     for path in paths:
-        m = re.match(r"jobs\[(\d+)\]\.?(.*)", path)
-        if m is None or not isinstance(jobs, list):
-            ctx.add(None, path, NON_FINITE)
+        if len(path) < 2 or path[0] != "jobs" or not isinstance(path[1], int) \
+                or not isinstance(jobs, list):
+            ctx.add(None, _dotted(path), NON_FINITE)
             continue
-        raw = jobs[int(m.group(1))]
+        raw = jobs[path[1]]
         jid = raw.get("id") if isinstance(raw, dict) else None
-        label = jid if isinstance(jid, str) and ID_RE.fullmatch(jid) else f"#{m.group(1)}"
-        ctx.add(label, m.group(2) or None, NON_FINITE)
+        label = jid if isinstance(jid, str) and ID_RE.fullmatch(jid) else f"#{path[1]}"
+        ctx.add(label, _dotted(path[2:]) or None, NON_FINITE)
 
 
 # -- validation ---------------------------------------------------------------------------
@@ -640,8 +649,8 @@ def validate_document(
     if not isinstance(doc, dict):
         ctx.add(None, None, f"the manifest must be a table/object, got {type_name(doc)}")
         return []
-    non_finite: list[str] = []
-    doc = _without_non_finite(doc, "", non_finite)
+    non_finite: list[tuple[str | int, ...]] = []
+    doc = _without_non_finite(doc, (), non_finite)
     _report_non_finite(ctx, doc, non_finite)
     for key in doc:
         if key not in ("defaults", "jobs"):

@@ -807,16 +807,19 @@ class Runner:
                 "max_failures": self.s.max_failures,
                 "reason": f"--max-failures {self.s.max_failures} reached: no new jobs "
                           "are started; running ones finish"})
-        while self.ready:
-            self._release_unrun(self.ready.popleft())
+        taken = list(self.ready)
+        self.ready.clear()
         for w in self.workers.values():
             if not w.queued or w.queued[-1].seq <= w.halt_cut:
                 continue
             self._read_messages(w)  # its Started messages so far: fewer to settle below
             started = w.halt_cut = w.gate.revoke(w.assigned_total)
-            taken = [a for a in w.queued if a.seq > started]
+            taken.extend(a for a in w.queued if a.seq > started)
             w.queued = deque(a for a in w.queued if a.seq <= started)
-            for a in taken:
+        for a in taken:
+            if a.cancel_requested:  # its request is consumed: it must end cancelled here
+                self._finish_unrun(a, State.CANCELLED, "cancelled before it started")
+            else:
                 self._release_unrun(a)
 
     def _commit_due(self, now: float) -> bool:

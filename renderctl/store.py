@@ -1307,6 +1307,11 @@ class Queue:
                         continue  # not ours to judge here: status/show quarantine it
                     if rec.changed_at >= cutoff:
                         continue
+                    if os.path.exists(self._rpath(State.RUNNING, rec.spec.id)):
+                        # A runner died between recording this state and dropping the running
+                        # copy: recovery finishes that by the later record. Without it, the
+                        # job would look orphaned and run again.
+                        continue
                     n += 1 if dry_run else unlink_quiet(e.path)
                 if n and not dry_run:
                     # Protects against: power loss bringing back records reported deleted.

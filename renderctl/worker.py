@@ -54,7 +54,6 @@ from renderctl.guards import (
     set_job_limit,
     slot_held_bytes,
     slot_peak_bytes,
-    slot_usage_bytes,
 )
 from renderctl.lifecycle import EXPIRED_REASON, Outcome
 from renderctl.messages import (
@@ -86,11 +85,6 @@ LEFTOVER_BOUND_S = 2.0
 # ceiling there, and kill an innocent one. Importing reportlab and pypdf, which stay loaded,
 # costs ~35 MB; the rest is headroom for the allocator's own retention.
 LEFTOVER_ALLOWANCE_BYTES = 64 << 20
-# Below the allowance, what earlier jobs left is added to the next job's ceiling, so that a
-# job's fate does not depend on what ran before it in the same worker. The exact figure
-# needs memory.stat (~30 us); it is re-read only when the slot's usage (one pread) has moved
-# by more than this since, which bounds the error of the figure used.
-CARRY_SLACK_BYTES = 4 << 20
 PRELOAD = (
     "renderctl.forkserver_init",  # first: the server ignores a group-wide SIGTERM
     "renderctl.worker",
@@ -212,9 +206,8 @@ class Worker:
         self.retire_kind = DropKind.RETIRE
         self.held_base: int | None = None  # what the slot held before the first job
         # What earlier jobs left held here (below the allowance): added to the next job's
-        # ceiling. Measured when the slot's usage was carry_usage.
+        # ceiling, so that a job's fate does not depend on what ran before it.
         self.carried = 0
-        self.carry_usage = -(1 << 62)
 
     def serve(self) -> None:
         self.conn.send(Ready(os.getpid(), os.getpgid(0)))
@@ -421,11 +414,8 @@ class Worker:
         if self.held_base is None or self.retire_reason:
             return
         slot = self.config.slot_path
-        if slot:
-            usage = slot_usage_bytes(slot) or 0
-            if abs(usage - self.carry_usage) <= CARRY_SLACK_BYTES:
-                return  # the usual case: one pread, no memory.stat
-            self.carry_usage = usage
+        # Read whole every time (memory.stat, ~16 us): the slot's usage alone cannot tell,
+        # as page cache that goes away (a file deleted) can hide the same amount leaked.
         grown = self._held() - self.held_base
         if grown > LEFTOVER_ALLOWANCE_BYTES:
             self.retire_kind = DropKind.LEAKED if slot else DropKind.RETIRE

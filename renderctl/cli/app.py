@@ -902,6 +902,7 @@ def dead_purge(queue: QueueOpt = None, as_json: JsonOpt = False) -> None:
 
 
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+MAX_AGE_S = 1000 * 365.25 * 86400
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhdw]?)")
 PRUNE_DEFAULT = ("done", "cancelled", "expired")
 
@@ -913,7 +914,10 @@ def parse_age(text: str, option: str) -> float:
     m = _DURATION.fullmatch(text.strip().lower())
     if m is None:
         raise UserError(f"{option}: {text!r} is not an age (examples: 90s, 30m, 12h, 7d, 2w)")
-    return float(m.group(1)) * _UNITS[m.group(2)]
+    age = float(m.group(1)) * _UNITS[m.group(2)]
+    if age > MAX_AGE_S:  # (and inf, from 400 nines: not a number JSON can print)
+        raise UserError(f"{option}: {text.strip()!r} is more than 1000 years")
+    return age
 
 
 @app.command()

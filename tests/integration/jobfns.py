@@ -444,6 +444,25 @@ def leak_memory(inputs: Sequence[Path], output: Path, params: Mapping[str, Any])
     write_pdf(inputs, output, params)
 
 
+def fill_cache(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
+    """Write and fsync a ``params["mb"]`` MB file at ``params["path"]`` that outlives the job:
+    page cache charged to the job's slot, then write a PDF."""
+    with open(params["path"], "wb") as fh:
+        block = b"c" * (1 << 20)
+        for _ in range(int(params["mb"])):
+            fh.write(block)
+        fh.flush()
+        os.fsync(fh.fileno())
+    write_pdf(inputs, output, params)
+
+
+def leak_and_tidy(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
+    """Leak ``params["mb"]`` MB (as leak_memory) and delete the file at ``params["path"]``,
+    whose page cache goes with it: the slot's usage barely moves, its held memory grows."""
+    leak_memory(inputs, output, params)
+    os.unlink(params["path"])
+
+
 def logged_write(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
     """Append "<job id> <pid>" to ``params["log"]`` (one line per execution), then write a
     PDF: a test counts executions, whatever the queue recorded."""

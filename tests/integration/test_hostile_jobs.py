@@ -363,13 +363,13 @@ def test_memory_a_job_leaves_behind_does_not_kill_the_next_job_under_the_same_ce
 ])
 def test_memory_a_job_leaves_below_the_allowance_does_not_count_against_the_next_job(
         tmp_path: Path, write_manifest: Any, guard: str) -> None:
-    # Given a job that leaves 56 MB in its worker (below the 64 MB that retires a worker:
-    # a module-level cache, say), then a job needing 350 MB of its 400 MB ceiling, which
+    # Given a job that leaves 40 MB in its worker (below the 64 MB that retires a worker:
+    # a module-level cache, say), then a job needing 365 MB of its 400 MB ceiling, which
     # the two together exceed
     stage(tmp_path)
     manifest = write_manifest([
-        {**py_job("leaker", "leak_memory", mb=56), "memory_mb": 400, "priority": 2},
-        {**py_job("innocent", "allocate", mb=350, hold_s=0.3), "memory_mb": 400,
+        {**py_job("leaker", "leak_memory", mb=40), "memory_mb": 400, "priority": 2},
+        {**py_job("innocent", "allocate", mb=365, hold_s=0.3), "memory_mb": 400,
          "max_attempts": 1, "priority": 1},
     ])
     queue = tmp_path / "q"
@@ -385,7 +385,33 @@ def test_memory_a_job_leaves_below_the_allowance_does_not_count_against_the_next
     assert len(workers) == 1, res.stdout
     assert_pdf(tmp_path / "out" / "innocent.pdf", "innocent")
     peak = QueueView(queue).record("done", "innocent")["result"]["peak_memory_bytes"]
-    assert (350 if guard == "cgroup-v1" else 250) << 20 < peak < 400 << 20, peak
+    assert (365 if guard == "cgroup-v1" else 250) << 20 < peak < 400 << 20, peak
+
+
+@needs_cgroup_v1
+def test_a_leak_hidden_by_page_cache_going_away_still_retires_the_worker(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given, in one worker slot: a job that leaves 120 MB of page cache (a file it wrote,
+    # kept), a job that leaks 120 MB and deletes that file (the slot's usage barely moves),
+    # then a job needing 330 MB of its 400 MB ceiling
+    stage(tmp_path)
+    cache = tmp_path / "cached.bin"
+    manifest = write_manifest([
+        {**py_job("a", "fill_cache", path=str(cache), mb=120), "priority": 3},
+        {**py_job("b", "leak_and_tidy", path=str(cache), mb=120), "priority": 2},
+        {**py_job("c", "allocate", mb=330), "memory_mb": 400, "max_attempts": 1,
+         "priority": 1},
+    ])
+    queue = tmp_path / "q"
+
+    # When they run
+    res = run_cli("run", manifest, *cli_args(queue, tmp_path / "out", "--workers", "1",
+                                             "--memory-guard", "cgroup-v1"))
+
+    # Then the leak is seen, its worker retires, and the third completes in a fresh slot
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert QueueView(queue).states_of(["c"]) == {"c": ["done"]}
+    assert_pdf(tmp_path / "out" / "c.pdf", "c")
 
 
 @needs_cgroup_v1

@@ -243,3 +243,33 @@ def test_a_purge_racing_a_retry_never_drops_the_job_the_retry_reported(
     assert "retried 1 job(s)" in out_r
     assert purge.returncode == 0, purge_err
     assert QueueView(queue).states_of(["x"]) == {"x": ["pending"]}
+
+
+def test_a_cancel_arriving_as_max_failures_halts_the_run_is_kept(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given a run with --max-failures 1 where `big` is claimed but held back (the memory
+    # budget is taken by the two running jobs), frozen as it records the first dead job
+    stage(tmp_path)
+    queue, out = tmp_path / "q", tmp_path / "out"
+    manifest = write_manifest([
+        {**py_job("bad", "fail"), "memory_mb": 100, "max_attempts": 1, "priority": 10},
+        {**py_job("slow", "sleep_then_write", s=2), "memory_mb": 400, "priority": 9},
+        {**py_job("big", "write_pdf"), "memory_mb": 400, "priority": 8},
+    ])
+    runner = _frozen(["run", manifest, *cli_args(queue, out, "--workers", "2",
+                                                  "--memory-budget", "600",
+                                                  "--max-failures", "1")], "dead")
+    try:
+        # When `big` is cancelled meanwhile (the request waits for the runner), and the run
+        # goes on: it handles the request, then halts
+        res = run_cli("cancel", "big", "--queue", queue)
+        assert res.returncode == 0, res.stdout + res.stderr
+        rc, _, err = _finish(runner)
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+
+    # Then big is cancelled, not returned to pending to run later, and no request is left
+    assert rc == 1, err
+    assert QueueView(queue).states_of(["bad", "big"]) == {"bad": ["dead"], "big": ["cancelled"]}
+    assert not list((queue / "control").glob("cancel.*"))

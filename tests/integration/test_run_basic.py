@@ -435,8 +435,9 @@ def test_prune_forgets_old_finished_jobs_and_keeps_their_outputs(
     assert json.loads(res.stdout) == {"pruned": {"done": 1, "cancelled": 1, "expired": 0},
                                       "total": 2, "dry_run": True, "older_than_s": 0.0}
     # or with an age that is not one
-    res = run_cli("prune", "--older-than", "soon", "--queue", queue)
-    assert res.returncode == 2 and "--older-than" in res.stderr, res.stderr
+    for age in ("soon", "9" * 400 + "s"):  # (400 nines: inf, which JSON cannot print)
+        res = run_cli("prune", "--older-than", age, "--json", "--queue", queue)
+        assert res.returncode == 2 and "--older-than" in res.stderr, res.stderr
 
     # Then nothing was deleted
     assert view.states_of(["ok", "bad", "c", "p"]) == before

@@ -174,6 +174,29 @@ def test_an_attempt_the_runner_died_in_is_recorded_from_when_it_started(
     assert cut["host"] == retried["host"]
 
 
+def test_prune_leaves_a_record_whose_running_copy_a_crash_left_for_recovery(
+        tmp_path: Path, write_manifest: object) -> None:
+    # Given a job dead-lettered at once (it can never fit the memory budget) by a runner
+    # SIGKILLed after the dead record was durable, before the running copy was removed
+    stage(tmp_path)
+    manifest = write_manifest([{**py_job("huge", "write_pdf"), "memory_mb": 400}])  # type: ignore[operator]
+    queue, out = tmp_path / "q", tmp_path / "out"
+    crashed = run_cli("run", manifest, *cli_args(queue, out, "--memory-budget", "200"),
+                      env={"RENDERCTL_CRASH_AT": "dead"})
+    assert crashed.returncode == SIGKILLED, crashed.stdout + crashed.stderr
+    assert (queue / "dead" / "huge.json").exists() and (queue / "running" / "huge.json").exists()
+
+    # When old dead records are pruned, and a runner runs the queue again
+    res = run_cli("prune", "--older-than", "0s", "--state", "dead", "--queue", queue)
+    assert res.returncode == 0 and "dead 0" in res.stdout, res.stdout + res.stderr
+    again = run_cli("run", *cli_args(queue, out))
+
+    # Then the job stays dead-lettered (recovery finished the cleanup): it never ran
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert QueueView(queue).states_of(["huge"]) == {"huge": ["dead"]}
+    assert not (out / "huge.pdf").exists()
+
+
 # -- random kills -------------------------------------------------------------------------
 
 JOBS = 300

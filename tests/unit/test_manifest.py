@@ -434,6 +434,14 @@ def test_nan_and_inf_are_reported_at_their_job_and_field_among_the_other_problem
     assert any(j == "b" and f == "output" for j, f, _ in found)
 
 
+def test_a_nan_under_a_key_that_looks_like_a_job_path_is_reported_not_a_traceback(
+        tmp_path: Path, out_root: Path) -> None:
+    path = tmp_path / "m.toml"
+    path.write_text('"jobs[3]" = nan\njobs = []\n')
+    found = {(p.job, p.field, p.message) for p in problems([path], out_root)}
+    assert (None, "jobs[3]", "nan and inf are not allowed in a manifest") in found, found
+
+
 def test_a_duplicate_id_is_reported_even_when_its_job_has_other_problems(
         folder: Path, out_root: Path, write_manifest: Any) -> None:
     path = write_manifest([job(), job(output="o/other.pdf", memory_mb=0)], folder=folder)
