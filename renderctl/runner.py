@@ -813,9 +813,8 @@ class Runner:
             if not w.queued or w.queued[-1].seq <= w.halt_cut:
                 continue
             self._read_messages(w)  # its Started messages so far: fewer to settle below
-            started = w.halt_cut = w.gate.revoke(w.assigned_total)
-            taken.extend(a for a in w.queued if a.seq > started)
-            w.queued = deque(a for a in w.queued if a.seq <= started)
+            w.halt_cut = w.assigned_total
+            taken.extend(self._take_back(w))
         for a in taken:
             if a.cancel_requested:  # its request is consumed: it must end cancelled here
                 self._finish_unrun(a, State.CANCELLED, "cancelled before it started")
@@ -1059,19 +1058,25 @@ class Runner:
             if not self._stuck(w, now):
                 continue
             self.crash_point("rebalance")
-            # What it started by now stays with it; the rest it will never start (renderctl.
-            # gate): it answers each with Dropped as it comes to it, which we then ignore.
-            started = w.gate.revoke(w.assigned_total)
-            taken = [a for a in w.queued if a.seq > started]
+            taken = self._take_back(w)
             if not taken:
                 continue
-            w.queued = deque(a for a in w.queued if a.seq <= started)
             self.ready.extendleft(reversed(taken))
             for a in taken:
                 self.reporter.event({"event": "requeued", "job": a.job_id, "worker": w.pid,
                                      "reason": "queued behind a long job"})
         if self.ready:
             self._dispatch()
+
+    @staticmethod
+    def _take_back(w: WorkerHandle) -> list[Assignment]:
+        """The jobs queued in ``w`` that it has not started, removed from it: what it started
+        by now stays with it; the rest it will never start (renderctl.gate). It answers each
+        with Dropped as it comes to it, which is then ignored."""
+        started = w.gate.revoke(w.assigned_total)
+        taken = [a for a in w.queued if a.seq > started]
+        w.queued = deque(a for a in w.queued if a.seq <= started)
+        return taken
 
     def _send(self, w: WorkerHandle, a: Assignment) -> None:
         spec = a.claim.record.spec
