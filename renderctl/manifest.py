@@ -168,10 +168,22 @@ def _check_kind(v: Any) -> str | None:
     return None  # the catalogue is checked once per job, where the plugin list is at hand
 
 
+def is_job_id(v: Any) -> bool:
+    """Whether ``v`` is an id a job may have (the `id` rule; the queue looks up no other)."""
+    return isinstance(v, str) and ID_RE.fullmatch(v) is not None and not v.startswith(".")
+
+
+def _raw_id(raw: Any) -> str | None:
+    """A raw job's id if it is well-formed enough to name the job in a problem (or to count
+    in the duplicate check), valid or not otherwise."""
+    jid = raw.get("id") if isinstance(raw, dict) else None
+    return jid if isinstance(jid, str) and ID_RE.fullmatch(jid) else None
+
+
 def _check_id(v: Any) -> str | None:
     if not isinstance(v, str):
         return f"must be a string, got {type_name(v)}"
-    if not ID_RE.fullmatch(v) or v.startswith("."):
+    if not is_job_id(v):
         return f"must match [A-Za-z0-9._-]{{1,128}} and not start with '.', got {v[:80]!r}"
     return None
 
@@ -345,10 +357,7 @@ def _report_non_finite(ctx: _Ctx, doc: dict[str, Any],
                 or not isinstance(jobs, list):
             ctx.add(None, _dotted(path), NON_FINITE)
             continue
-        raw = jobs[path[1]]
-        jid = raw.get("id") if isinstance(raw, dict) else None
-        label = jid if isinstance(jid, str) and ID_RE.fullmatch(jid) else f"#{path[1]}"
-        ctx.add(label, _dotted(path[2:]) or None, NON_FINITE)
+        ctx.add(_raw_id(jobs[path[1]]) or f"#{path[1]}", _dotted(path[2:]) or None, NON_FINITE)
 
 
 # -- validation ---------------------------------------------------------------------------
@@ -512,8 +521,7 @@ def _validate_job(
     if not isinstance(raw, dict):
         ctx.add(label, None, f"a job must be a table, got {type_name(raw)}")
         return None
-    jid_raw = raw.get("id")
-    jid = jid_raw if isinstance(jid_raw, str) and ID_RE.fullmatch(jid_raw) else label
+    jid = _raw_id(raw) or label
     before = len(ctx.problems)
     for key in raw:
         if key not in JOB_FIELDS:
@@ -700,9 +708,8 @@ def validate_document(
                             limits=limits, specs=specs)
         if job is not None:
             out.append(job)
-        if ids is not None and isinstance(raw, dict) and isinstance(raw.get("id"), str) \
-                and ID_RE.fullmatch(raw["id"]):
-            ids.append(raw["id"])
+        if ids is not None and (jid := _raw_id(raw)) is not None:
+            ids.append(jid)
     return out
 
 
@@ -768,15 +775,14 @@ def load_manifests(
 
 
 def check_unique(jobs: Sequence[JobSpec], problems: list[Problem], *,
-                 files: Sequence[str], ids: Sequence[tuple[str, str]] | None = None) -> None:
+                 files: Sequence[str], ids: Sequence[tuple[str, str]]) -> None:
     """Ids and output paths must be unique across everything one command submits.
 
-    ``files[i]`` is the manifest ``jobs[i]`` came from; ``ids``, if given, is every id
-    with its file, invalid jobs' included (the valid jobs' by default). A duplicate is
-    reported in the file of its second occurrence (the one to edit, or delete), naming the
-    first when that is another file."""
+    ``files[i]`` is the manifest ``jobs[i]`` came from; ``ids`` is every id with its file,
+    invalid jobs' included. A duplicate is reported in the file of its second occurrence
+    (the one to edit, or delete), naming the first when that is another file."""
     first_id: dict[str, str] = {}  # id -> its file
-    for jid, file in ids if ids is not None else zip((j.id for j in jobs), files, strict=True):
+    for jid, file in ids:
         if jid in first_id:
             other = first_id[jid]
             problems.append(Problem(file, jid, "id", "duplicate job id"

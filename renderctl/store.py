@@ -48,6 +48,7 @@ import errno
 import fcntl
 import functools
 import json
+import math
 import os
 import socket
 import time
@@ -69,7 +70,7 @@ from renderctl.fsutil import (
     write_file,
 )
 from renderctl.lifecycle import EXPIRED_REASON, State, check_transition
-from renderctl.manifest import ID_RE, JobSpec, Limits, jobs_from_dicts
+from renderctl.manifest import JobSpec, Limits, is_job_id, jobs_from_dicts
 from renderctl.policy import ClaimIndex, Entry
 
 FORMAT_VERSION = 1
@@ -330,13 +331,6 @@ def _holder_alive(info: Mapping[str, Any]) -> bool | None:
         return None
 
 
-def _possible_id(job_id: str) -> bool:
-    """Whether a job could have this id (the manifest refuses any other): a user's id that
-    is not one is not a path to look up, where "../pending/x" would find x, and 300
-    characters an I/O error (exit 74)."""
-    return ID_RE.fullmatch(job_id) is not None and not job_id.startswith(".")
-
-
 def make_token(prefix: str, job_id: str, attempt: int, claimed_at: float) -> str:
     """An attempt's token: ``<runner prefix>:<job id>:<attempt>:<claimed at, ms>``.
 
@@ -549,11 +543,13 @@ class Queue:
 
     def has_record(self, state: State, job_id: str) -> bool:
         """Whether ``state``'s folder has a record named for ``job_id``."""
-        return _possible_id(job_id) and self.record_path(state, job_id).exists()
+        return is_job_id(job_id) and self.record_path(state, job_id).exists()
 
     def find(self, job_id: str) -> JobView | None:
         """Where a job is. Later states are checked first (a crash may leave two copies)."""
-        if not _possible_id(job_id):
+        if not is_job_id(job_id):
+            # No job can have it: not a path to look up, where "../pending/x" would find x,
+            # and 300 characters would be an I/O error (exit 74).
             return None
         order = (State.DONE, State.DEAD, State.CANCELLED, State.EXPIRED, State.PENDING,
                  State.RUNNING)
@@ -1267,15 +1263,9 @@ class Queue:
         return revived
 
     def dead_purge(self) -> int:
-        n = 0
-        # The lock `dead retry` holds: a retry rewrites dead/x and then renames it to
-        # pending/; a purge in between would unlink the job it is reviving (reported
-        # "retried", then never run).
-        with self._lock(".submit.lock"):
-            for jid in self.list_ids(State.DEAD):
-                n += unlink_quiet(self.record_path(State.DEAD, jid))
-            fsync_dir(self.dir(State.DEAD))
-        return n
+        """Delete every dead-lettered record (prune at any age: the same lock, and the same
+        care for a record a killed runner left beside its running copy)."""
+        return self.prune([State.DEAD], -math.inf)[State.DEAD.value]
 
     def prune(self, states: Sequence[State], older_than_s: float, *,
               dry_run: bool = False) -> dict[str, int]:

@@ -174,8 +174,10 @@ def test_an_attempt_the_runner_died_in_is_recorded_from_when_it_started(
     assert cut["host"] == retried["host"]
 
 
+@pytest.mark.parametrize("purge", [["prune", "--older-than", "0s", "--state", "dead"],
+                                   ["dead", "purge"]], ids=["prune", "dead-purge"])
 def test_prune_leaves_a_record_whose_running_copy_a_crash_left_for_recovery(
-        tmp_path: Path, write_manifest: object) -> None:
+        tmp_path: Path, write_manifest: object, purge: list[str]) -> None:
     # Given a job dead-lettered at once (it can never fit the memory budget) by a runner
     # SIGKILLed after the dead record was durable, before the running copy was removed
     stage(tmp_path)
@@ -186,9 +188,10 @@ def test_prune_leaves_a_record_whose_running_copy_a_crash_left_for_recovery(
     assert crashed.returncode == SIGKILLED, crashed.stdout + crashed.stderr
     assert (queue / "dead" / "huge.json").exists() and (queue / "running" / "huge.json").exists()
 
-    # When old dead records are pruned, and a runner runs the queue again
-    res = run_cli("prune", "--older-than", "0s", "--state", "dead", "--queue", queue)
-    assert res.returncode == 0 and "dead 0" in res.stdout, res.stdout + res.stderr
+    # When dead records are pruned (or purged), and a runner runs the queue again
+    res = run_cli(*purge, "--queue", queue)
+    assert res.returncode == 0 and ("dead 0" in res.stdout or "purged 0" in res.stdout), \
+        res.stdout + res.stderr
     again = run_cli("run", *cli_args(queue, out))
 
     # Then the job stays dead-lettered (recovery finished the cleanup): it never ran
