@@ -126,9 +126,9 @@ RESCAN_FULL_S = 60.0
 MTIME_SETTLED_NS = 1_000_000_000  # an mtime this recent may hide a later change in its tick
 PREFETCH_WORK_S = 0.04  # of short jobs queued per worker (see _prefetch_depth)
 NAP_MAX_S = 0.02  # the longest the loop leaves workers' messages unread (see _nap)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # drain, then exit 128 + n
 # Jobs queued behind one that has run this long (at least; or STEAL_FACTOR x the recent
 # job time) are taken back for an idle worker (see _rebalance).
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # drain, then exit 128 + n
 STEAL_AFTER_S = 0.5
 STEAL_FACTOR = 4.0
 STATE_INTERVAL_S = 1.0  # how often runner.state.json is rewritten for `top` and metrics
@@ -210,7 +210,7 @@ class WorkerHandle:
     queued: deque[Assignment] = field(default_factory=deque)
     current: Assignment | None = None
     assigned_total: int = 0
-    halt_cut: int = 0  # the last job it had started when --max-failures took the rest back
+    halt_cut: int = 0  # its assigned_total when --max-failures took its unstarted jobs back
     retiring: bool = False
     replaced: bool = False  # its successor was started when it retired
     kill_reason: Outcome | None = None
@@ -1752,7 +1752,7 @@ def _expires_at(a: Assignment) -> float | None:
 
 def _own_peak(a: Assignment, peak: int | None) -> int | None:
     """A job's peak as reported and judged: less what earlier jobs left held in its worker,
-    which its ceiling was raised by (see worker.CARRY_SLACK_BYTES)."""
+    which its ceiling was raised by (see Worker._check_leftover_memory)."""
     if not peak:
         return None
     return max(0, peak - a.carried_bytes) or None

@@ -325,7 +325,7 @@ class Worker:
             os.write(self.started_fd, f"{job.token} {wall:.6f}\n".encode())
         except OSError as exc:
             raise with_name(exc, self.config.started_log) from None
-        carried = self.carried if self.held_base is not None else 0
+        carried = self.carried  # (what _apply_limit raised this job's ceiling by)
         self._send(Started(job.job_id, job.token, wall, carried_bytes=carried))
         t0 = time.monotonic()
         workdir = self.workdir
