@@ -4,31 +4,44 @@ A ``python`` job is called inside its worker, so whatever process-wide state it 
 would reach the next job in that worker. The worker resets the obvious (cwd, environment,
 reportlab/pypdf settings, sys.path, the job's own modules: see worker.py); this module
 covers the rest of what a job, or a library it calls, plausibly changes: signal
-dispositions and the signal mask, interval timers, the umask, resource limits, the time
-zone, the locale, the thread switch interval, ``sys.stdin/stdout/stderr`` and variables set
-below ``os.environ`` with ``os.putenv``. A job that leaves a thread running cannot be undone:
-the worker retires instead. Monkeypatched library functions are not detected (that would
+dispositions and the signal mask, interval timers, the umask, resource limits, the CPU
+affinity and nice value, the time zone, the locale, the thread switch interval,
+``sys.stdin/stdout/stderr``, ``sys.argv``, the interpreter's hooks (except, display,
+unraisable, breakpoint, trace, profile), the garbage collector's settings, the int/str
+digit limit, the decimal context, the socket default timeout, the warnings filters, the
+logging configuration (loggers a job created go back to blank but for a library's
+NullHandler), ``random``'s seed and variables set below ``os.environ`` with ``os.putenv``.
+A job that leaves a thread running, or a limit or priority it cannot be given back, cannot
+be undone: the worker retires instead. Monkeypatched library functions are not detected (that would
 mean comparing every module's namespace per job); a job that needs that isolation is a
 ``command`` job, or runs with ``--max-jobs-per-worker 1``.
 
-Cost on the common path (nothing changed): ~3 us per job (only after jobs that run the
+Cost on the common path (nothing changed): ~7 us per job (only after jobs that run the
 user's code in the worker: python callables, plugin renderers). Signal handlers, resource limits
 and the C environment are compared only after a job called ``signal.signal``,
-``resource.setrlimit``/``prlimit`` or ``os.putenv``/``unsetenv`` (the functions are wrapped
-to say so): comparing 60 handlers and 16 limits every time cost ~40 us, nearly 1% of an
-invoice render. Changes made below Python (ctypes, C extensions) are not seen.
+``resource.setrlimit``/``prlimit``, ``os.putenv``/``unsetenv`` or
+``random.seed``/``setstate`` (the functions are wrapped to say so): comparing 60 handlers
+and 16 limits every time cost ~40 us, nearly 1% of an invoice render. Changes made below
+Python (ctypes, C extensions) are not seen.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import decimal
+import gc
 import locale
+import logging
 import os
+import random
 import resource
 import signal
+import socket
 import sys
+import threading
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -38,6 +51,39 @@ _TIMERS = (signal.ITIMER_VIRTUAL, signal.ITIMER_PROF)  # ITIMER_REAL: signal.ala
 
 def _tz() -> tuple[Any, ...]:
     return time.tzname, time.timezone, time.altzone, time.daylight
+
+
+def _hooks() -> tuple[Any, ...]:
+    return (sys.excepthook, sys.displayhook, sys.unraisablehook, sys.breakpointhook,
+            sys.gettrace(), sys.getprofile(), threading.excepthook, threading.gettrace(),
+            threading.getprofile())
+
+
+def _set_hooks(hooks: tuple[Any, ...]) -> None:
+    (sys.excepthook, sys.displayhook, sys.unraisablehook, sys.breakpointhook, trace, profile,
+     threading.excepthook, thread_trace, thread_profile) = hooks
+    sys.settrace(trace)
+    sys.setprofile(profile)
+    threading.settrace(thread_trace)
+    threading.setprofile(thread_profile)
+
+
+_DECIMAL_FIELDS = ("prec", "rounding", "Emin", "Emax", "capitals", "clamp")
+
+
+def _decimal_fields(ctx: decimal.Context) -> tuple[Any, ...]:
+    return (*(getattr(ctx, f) for f in _DECIMAL_FIELDS), dict(ctx.traps))
+
+
+def _logger_state(lg: logging.Logger) -> tuple[Any, ...]:
+    return lg.level, tuple(lg.handlers), tuple(lg.filters), lg.propagate, lg.disabled
+
+
+def _loggers() -> dict[str, logging.Logger]:
+    found = {name: lg for name, lg in logging.Logger.manager.loggerDict.items()
+             if isinstance(lg, logging.Logger)}
+    found[""] = logging.root
+    return found
 
 
 class Baseline:
@@ -59,6 +105,22 @@ class Baseline:
         self.locale = locale.setlocale(locale.LC_ALL)
         self.switch = sys.getswitchinterval()
         self.stdio = (sys.stdin, sys.stdout, sys.stderr)
+        self.argv_list = sys.argv
+        self.argv = list(sys.argv)
+        self.hooks = _hooks()
+        self.gc = (gc.isenabled(), gc.get_threshold())
+        self.int_digits = sys.get_int_max_str_digits()
+        self.affinity = os.sched_getaffinity(0)
+        self.priority = os.getpriority(os.PRIO_PROCESS, 0)
+        # The context a job finds is a fresh copy each time: a job's arithmetic also sets
+        # the context's flags, which the next job must not inherit either.
+        self.decimal = decimal.getcontext().copy()
+        self.decimal_default = _decimal_fields(decimal.DefaultContext)
+        self.socket_timeout = socket.getdefaulttimeout()
+        self.warnings_list: list[Any] = warnings.filters  # type: ignore[assignment]
+        self.warnings = (list(warnings.filters), warnings.showwarning, warnings.formatwarning)
+        self.logging_disable = logging.root.manager.disable
+        self.loggers = {name: (lg, _logger_state(lg)) for name, lg in _loggers().items()}
         self.touched: set[str] = set()  # which of the watched kinds a job changed
         for name in ("putenv", "unsetenv"):
             # os.environ calls these too (keeping its own mapping in step): only a call from
@@ -67,6 +129,8 @@ class Baseline:
         self._watch(signal, "signal", "signals")
         for name in ("setrlimit", "prlimit"):
             self._watch(resource, name, "rlimits")
+        for name in ("seed", "setstate"):
+            self._watch(random, name, "random")
 
     def _watch(self, module: Any, name: str, kind: str, unless_from: str = "") -> None:
         real: Callable[..., Any] = getattr(module, name)
@@ -111,8 +175,73 @@ class Baseline:
             sys.stdin, sys.stdout, sys.stderr = self.stdio
         if "environ" in self.touched:
             _c_environ_match(os.environ)
+        if "random" in self.touched:
+            random.seed()  # what the worker had: unpredictable, not the job's sequence
+        sys.argv = self.argv_list
+        if sys.argv != self.argv:
+            sys.argv[:] = self.argv
+        if _hooks() != self.hooks:
+            _set_hooks(self.hooks)
+        if (gc.isenabled(), gc.get_threshold()) != self.gc:
+            gc.set_threshold(*self.gc[1])
+            (gc.enable if self.gc[0] else gc.disable)()
+        if sys.get_int_max_str_digits() != self.int_digits:
+            sys.set_int_max_str_digits(self.int_digits)
+        problems.extend(self._restore_scheduling())
+        decimal.setcontext(self.decimal.copy())
+        if _decimal_fields(decimal.DefaultContext) != self.decimal_default:
+            *fields, traps = self.decimal_default
+            for name, value in zip(_DECIMAL_FIELDS, fields, strict=True):
+                setattr(decimal.DefaultContext, name, value)
+            decimal.DefaultContext.traps.update(traps)
+        if socket.getdefaulttimeout() != self.socket_timeout:
+            socket.setdefaulttimeout(self.socket_timeout)
+        self._restore_warnings()
+        self._restore_logging()
         self.touched.clear()
         return problems
+
+    def _restore_scheduling(self) -> list[str]:
+        problems: list[str] = []
+        if os.sched_getaffinity(0) != self.affinity:
+            try:
+                os.sched_setaffinity(0, self.affinity)
+            except OSError as exc:
+                problems.append(f"CPU affinity: {exc}")
+        if os.getpriority(os.PRIO_PROCESS, 0) != self.priority:
+            try:  # lowering the nice value back needs privilege (CAP_SYS_NICE)
+                os.setpriority(os.PRIO_PROCESS, 0, self.priority)
+            except OSError as exc:
+                problems.append(f"nice value: {exc}")
+        return problems
+
+    def _restore_warnings(self) -> None:
+        filters, show, fmt = self.warnings
+        if warnings.filters is not self.warnings_list or warnings.filters != filters:
+            self.warnings_list[:] = filters
+            warnings.filters = self.warnings_list  # type: ignore[assignment]
+            # Invalidates the "already warned" registries the job's filters filled.
+            warnings._filters_mutated()  # type: ignore[attr-defined]
+        warnings.showwarning, warnings.formatwarning = show, fmt
+
+    def _restore_logging(self) -> None:
+        if logging.root.manager.disable != self.logging_disable:
+            logging.disable(self.logging_disable)
+        now = _loggers()
+        for name, lg in now.items():
+            known = self.loggers.get(name)
+            if known is None or known[0] is not lg:
+                # Created since: by a job (whose modules are imported afresh next time and
+                # get this same logger back) or by a library it imported (which stays
+                # imported). Libraries' convention is a NullHandler; the rest is the job's.
+                nulls = tuple(h for h in lg.handlers if type(h) is logging.NullHandler)
+                known = self.loggers[name] = (lg, (logging.NOTSET, nulls, (), True, False))
+            state = known[1]
+            if _logger_state(lg) != state:
+                lg.setLevel(state[0])
+                lg.handlers[:] = state[1]
+                lg.filters[:] = state[2]
+                lg.propagate, lg.disabled = state[3], state[4]
 
 
 def threads_left() -> int:

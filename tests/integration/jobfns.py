@@ -527,8 +527,14 @@ def lift_my_ceiling(inputs: Sequence[Path], output: Path, params: Mapping[str, A
 def observe_process(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
     """Record the process-wide state a python job could change (see cleanslate.py), as this
     job finds it, including what a subprocess inherits."""
+    import decimal
+    import gc
     import locale
+    import logging
+    import random
     import resource
+    import socket
+    import warnings
 
     child = subprocess.run(["sh", "-c", 'echo "$RCTL_TEST_PUTENV"; grep -E "^Sig(Ign|Blk)" '
                             '/proc/self/status'], capture_output=True, text=True, check=True)
@@ -546,6 +552,21 @@ def observe_process(inputs: Sequence[Path], output: Path, params: Mapping[str, A
         "stdout_is_real": sys.stdout is sys.__stdout__,
         "vtimer": signal.getitimer(signal.ITIMER_VIRTUAL),
         "child": child.stdout,
+        "decimal": [decimal.getcontext().prec, decimal.DefaultContext.prec,
+                    str(decimal.Decimal(2).sqrt())],
+        "socket_timeout": socket.getdefaulttimeout(),
+        "warnings": [str(f) for f in warnings.filters],
+        "root_logger": [logging.root.level, len(logging.root.handlers)],
+        "pypdf_logger": logging.getLogger("pypdf").level,
+        "job_logger": len(logging.getLogger("renderctl-test-job").handlers),
+        "logging_disable": logging.root.manager.disable,
+        "argv": sys.argv,
+        "gc": [gc.isenabled(), list(gc.get_threshold())],
+        "int_digits": sys.get_int_max_str_digits(),
+        "hooks": [str(h) for h in (sys.excepthook, sys.gettrace(), sys.getprofile())],
+        "affinity": sorted(os.sched_getaffinity(0)),
+        "nice": os.getpriority(os.PRIO_PROCESS, 0),
+        "random": random.random(),  # unseeded: differs between observers (a seed leaks 0.134)
     }
     os.umask(seen["umask"])
     with open(params["report"], "a") as fh:
@@ -555,9 +576,15 @@ def observe_process(inputs: Sequence[Path], output: Path, params: Mapping[str, A
 
 def pollute_process(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
     """Change all of what observe_process records, and leave it changed."""
+    import decimal
+    import gc
     import io
     import locale
+    import logging
+    import random
     import resource
+    import socket
+    import warnings
 
     write_pdf(inputs, output, params)
     os.umask(0)
@@ -574,6 +601,23 @@ def pollute_process(inputs: Sequence[Path], output: Path, params: Mapping[str, A
     sys.stdout = io.StringIO()
     os.putenv("RCTL_TEST_PUTENV", "leaked")
     signal.setitimer(signal.ITIMER_VIRTUAL, 3600)
+    decimal.getcontext().prec = 3
+    decimal.DefaultContext.prec = 5
+    socket.setdefaulttimeout(0.001)
+    warnings.simplefilter("error")
+    logging.basicConfig(level=logging.DEBUG)
+    logging.getLogger("pypdf").setLevel(logging.CRITICAL)
+    logging.getLogger("renderctl-test-job").addHandler(logging.StreamHandler())
+    logging.disable(logging.ERROR)
+    sys.argv[:] = ["polluted"]
+    gc.disable()
+    gc.set_threshold(1, 1, 1)
+    sys.set_int_max_str_digits(640)
+    sys.excepthook = lambda *a: None
+    sys.settrace(lambda *a: None)
+    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+    os.nice(5)
+    random.seed(1)
 
 
 def leave_a_thread(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
@@ -610,4 +654,14 @@ def use_multiprocessing(inputs: Sequence[Path], output: Path, params: Mapping[st
     child.start()
     child.join(60)
     assert child.exitcode == 0 and side.read_text() == "written by a child process"
+    write_pdf(inputs, output, params)
+
+
+def set_decimal_precision(inputs: Sequence[Path], output: Path,
+                          params: Mapping[str, Any]) -> None:
+    """Set the thread's decimal precision to ``params["prec"]`` (and leave it), then write a
+    PDF: a job doing its own money arithmetic the lazy way."""
+    import decimal
+
+    decimal.getcontext().prec = int(params["prec"])
     write_pdf(inputs, output, params)

@@ -24,6 +24,7 @@ from jobfns import (
     cgroup_v1_writable,
     cli_args,
     json_lines,
+    pdf_text,
     py_job,
     run_cli,
     stage,
@@ -253,7 +254,9 @@ def test_a_job_finds_the_process_as_no_earlier_job_left_it(
     import json
 
     # Given one worker that runs: an observer, a job changing process-wide state (signals,
-    # mask, umask, limits, time zone, locale, stdout, C environment, a timer), an observer
+    # mask, umask, limits, time zone, locale, stdout, C environment, a timer, the decimal
+    # context, socket timeout, warnings filters, logging, argv, gc, hooks, affinity, nice,
+    # random's seed), an observer
     stage(tmp_path)
     report = tmp_path / "seen.jsonl"
     manifest = write_manifest([
@@ -270,7 +273,32 @@ def test_a_job_finds_the_process_as_no_earlier_job_left_it(
     assert res.returncode == 0, res.stdout + res.stderr
     before, after = (json.loads(line) for line in report.read_text().splitlines())
     assert before.pop("pid") == after.pop("pid"), "not one worker: the test proves nothing"
+    import random
+    assert after.pop("random") != random.Random(1).random(), "the polluter's seed leaked"
+    before.pop("random")
     assert after == before
+
+
+def test_an_invoice_after_a_job_that_lowered_decimal_precision_renders(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given, for one worker, a python job that leaves the decimal precision at 3 digits,
+    # then a built-in invoice whose totals need more
+    stage(tmp_path)
+    invoice = Path(__file__).resolve().parents[2] / "sample-inputs" / "invoices" / "0001.json"
+    manifest = write_manifest([
+        {**py_job("lazy", "set_decimal_precision", prec=3), "priority": 2},
+        {"id": "inv", "kind": "invoice", "input": str(invoice), "output": "inv.pdf",
+         "max_attempts": 1, "priority": 1},
+    ])
+    queue, out = tmp_path / "q", tmp_path / "out"
+
+    # When one worker runs both
+    res = run_cli("run", manifest, *cli_args(queue, out, "--workers", "1"))
+
+    # Then the invoice renders as in a fresh worker
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert pdf_text(out / "inv.pdf")[0] == 1
+    assert QueueView(queue).record("done", "inv")["attempts"][-1]["outcome"] == "completed"
 
 
 def test_a_job_that_leaves_a_thread_running_retires_its_worker(
