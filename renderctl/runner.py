@@ -36,6 +36,7 @@ Actors:
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import math
 import multiprocessing
@@ -278,6 +279,9 @@ class Runner:
         self.stopped = False  # the loop has ended (the last snapshot says "finished")
         self.wake_cancel = True
         self._halt_reported = False
+        # Why the output folder cannot be written (DESIGN: exit 74, stop, lose nothing): set
+        # by the first job that could not be given, or could not write, its output there.
+        self.output_io_error: str | None = None
         self._gates = 0  # start gates made (each worker gets a fresh one)
         self.guard: MemoryGuard | None = None
         self.budget_mb = settings.memory_budget_mb or default_budget_mb()
@@ -380,6 +384,8 @@ class Runner:
             return ExitCode.SIGHUP
         if self.stop_signal is not None:
             return ExitCode.SIGTERM
+        if self.output_io_error is not None:
+            return ExitCode.IO_ERROR
         bad = self.counts["dead"] + self.counts["cancelled"] + self.counts["expired"]
         return ExitCode.JOBS_FAILED if bad else ExitCode.OK
 
@@ -792,8 +798,15 @@ class Runner:
 
     @property
     def halted(self) -> bool:
-        """`--max-failures` reached: no more claims; finish what runs, then stop."""
+        """`--max-failures` reached, or the output folder cannot be written: no more claims;
+        finish what runs, then stop."""
+        if self.output_io_error is not None:
+            return True
         return self.s.max_failures is not None and self.counts["dead"] >= self.s.max_failures
+
+    def _output_io(self, problem: str) -> None:
+        if self.output_io_error is None:
+            self.output_io_error = problem
 
     def _halt(self) -> None:
         """`--max-failures` reached: say so (once, after the dead job that did it), and return
@@ -802,11 +815,19 @@ class Runner:
         _rebalance: a job a worker has started runs on, the rest never start there)."""
         if not self._halt_reported:
             self._halt_reported = True
-            self.reporter.event({
-                "event": "halted", "dead": self.counts["dead"],
-                "max_failures": self.s.max_failures,
-                "reason": f"--max-failures {self.s.max_failures} reached: no new jobs "
-                          "are started; running ones finish"})
+            if self.output_io_error is not None:
+                self.reporter.event({
+                    "event": "halted", "dead": self.counts["dead"],
+                    "io_error": self.output_io_error,
+                    "reason": f"cannot write outputs: {self.output_io_error}; no new jobs "
+                              "are started, running ones finish, the rest stay pending "
+                              "(exit 74)"})
+            else:
+                self.reporter.event({
+                    "event": "halted", "dead": self.counts["dead"],
+                    "max_failures": self.s.max_failures,
+                    "reason": f"--max-failures {self.s.max_failures} reached: no new jobs "
+                              "are started; running ones finish"})
         taken = list(self.ready)
         self.ready.clear()
         for w in self.workers.values():
@@ -970,6 +991,11 @@ class Runner:
             # be a symlink out of the root, which isdir() happily follows.
             self._check_confined(spec.out_root, final)
         except (OutputEscapes, OSError) as exc:
+            if isinstance(exc, OSError) and exc.errno in FOLDER_IO_ERRNOS:
+                # The folder's fault, not the job's: it never ran, so nothing is charged.
+                self._output_io(f"{exc.filename or final.parent}: {exc.strerror}")
+                self._release_unrun(a)
+                return
             self._record_now(a, {"outcome": Outcome.INVALID_OUTPUT.value,
                                  "error": f"output path: {_path_problem(exc, final)}"})
             return
@@ -1500,6 +1526,13 @@ class Runner:
             outcome = fin.outcome
             if a.cancel_requested:
                 outcome = Outcome.CANCELLED.value
+            elif outcome in (Outcome.FAILED.value, Outcome.INVALID_OUTPUT.value) and (
+                    problem := output_folder_problem(a.final)):
+                # It failed where nothing could have succeeded: not charged, and the run
+                # stops (exit 74) rather than spend every job's attempts on the folder.
+                self._output_io(problem)
+                outcome = Outcome.RELEASED.value
+                fin = replace(fin, error=f"{problem} ({fin.error})" if fin.error else problem)
             elif outcome == Outcome.COMPLETED.value:
                 if not self.q.holds(a.claim):
                     # Fenced: our lease was taken over; the new holder decides. Never publish.
@@ -1726,6 +1759,33 @@ def _exists_message(final: Path, job_id: str) -> str:
                 "this job id that no record of this queue remembers (the job was replaced, "
                 "or its done record deleted); left untouched, move it away to render it again")
     return f"{final} already exists and renderctl did not publish it for this job; left untouched"
+
+
+# Errors that say the output folder (its permissions, its file system) is at fault, whatever
+# the path: a retry of the same job there cannot succeed until someone fixes the folder.
+FOLDER_IO_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC,
+                              errno.EDQUOT, errno.EIO})
+FULL_DISK_BYTES = 1 << 20  # free space below which a failed write is blamed on the disk
+
+
+def output_folder_problem(final: Path) -> str | None:
+    """Why nothing can be written beside ``final`` (None if something can): asked after a
+    job failed, to tell a folder's fault (read-only, not writable to us, full) from the
+    job's. A folder that does not exist is not such a fault: the next claim makes it."""
+    folder = final.parent
+    try:
+        st = os.statvfs(folder)
+    except OSError:
+        return None
+    if st.f_flag & os.ST_RDONLY:
+        return f"{folder}: {os.strerror(errno.EROFS)}"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"{folder}: {os.strerror(errno.EACCES)}"
+    # root may use the blocks reserved for it; everyone else only f_bavail
+    free = st.f_bfree if os.geteuid() == 0 else st.f_bavail
+    if free * st.f_frsize < FULL_DISK_BYTES or (st.f_files and st.f_ffree == 0):
+        return f"{folder}: {os.strerror(errno.ENOSPC)}"
+    return None
 
 
 def _path_problem(exc: Exception, final: Path) -> str:

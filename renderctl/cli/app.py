@@ -662,6 +662,10 @@ def run(
         main.event(summary_json(summary))
     else:
         out.write_out(summary_line(summary) + "\n")
+    if runner.output_io_error is not None:
+        # Like every other exit 74, the reason on stderr (the halted line said it too).
+        out.err(f"cannot write outputs: {runner.output_io_error}; stopped, the jobs not "
+                "run stay pending (nothing was charged for this)")
     raise typer.Exit(summary.exit_code)
 
 

@@ -16,6 +16,7 @@ import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from jobfns import (
@@ -176,3 +177,57 @@ def test_a_worker_that_cannot_write_its_started_log_says_so_once_and_runs_nothin
         if proc.is_alive():
             proc.kill()
             proc.join()
+
+
+@pytest.fixture
+def immutable() -> Iterator[Any]:
+    """Make folders unwritable even to root (chattr +i: EPERM), undone afterwards."""
+    if os.geteuid() != 0 or shutil.which("chattr") is None:
+        pytest.skip("needs root and chattr to make a folder root cannot write")
+    done: list[Path] = []
+
+    def make(folder: Path) -> None:
+        r = subprocess.run(["chattr", "+i", str(folder)], capture_output=True, text=True)
+        if r.returncode != 0:
+            pytest.skip(f"chattr +i refused here: {r.stderr.strip()}")
+        done.append(folder)
+
+    yield make
+    for folder in done:
+        subprocess.run(["chattr", "-i", str(folder)], check=True)
+
+
+@pytest.mark.parametrize("output", ["x.pdf", "sub/x.pdf"],
+                         ids=["job cannot write its output", "output folder cannot be made"])
+def test_an_unwritable_output_folder_stops_the_run_with_74_charging_nothing(
+        tmp_path: Path, write_manifest: Any, immutable: Any, output: str) -> None:
+    # Given two jobs of one attempt each, and an output root nobody can write to
+    stage(tmp_path)
+    manifest = write_manifest([py_job("x", "write_pdf", output=output),
+                               py_job("y", "write_pdf")], defaults={"max_attempts": 1})
+    queue, out = tmp_path / "q", tmp_path / "out"
+    out.mkdir()
+    immutable(out)
+
+    # When they run
+    res = run_cli("run", manifest, *cli_args(queue, out, "--workers", "1"))
+
+    # Then the run stops with 74 saying why, and no job was charged or dead-lettered
+    assert res.returncode == ExitCode.IO_ERROR, res.stdout + res.stderr
+    assert f"cannot write outputs: {out}" in res.stderr, res.stderr
+    assert "Traceback" not in res.stdout + res.stderr
+    view = QueueView(queue)
+    assert view.states_of({"x", "y"}) == {"x": ["pending"], "y": ["pending"]}
+    for jid in ("x", "y"):
+        outcomes = [a["outcome"] for a in view.record("pending", jid)["attempts"]]
+        assert set(outcomes) <= {"released"}, (jid, outcomes)
+
+    # When the folder is fixed and the queue run again
+    subprocess.run(["chattr", "-i", str(out)], check=True)
+    second = run_cli("run", *cli_args(queue, out, "--workers", "1"))
+
+    # Then both complete, once
+    assert second.returncode == ExitCode.OK, second.stdout + second.stderr
+    assert_pdf(out / output, "x")
+    assert_pdf(out / "y.pdf", "y")
+    assert stray_temporaries(out) == []
