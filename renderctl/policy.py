@@ -19,13 +19,14 @@ def compute_backoff(
     attempts: int, *, base_s: float, max_s: float, jitter: float = 0.5,
     rng: random.Random | None = None,
 ) -> float:
-    """Delay before attempt ``attempts + 1``: base * 2^(attempts-1), capped, +-jitter/2."""
+    """Delay before attempt ``attempts + 1``: base * 2^(attempts-1) +-jitter/2, never more
+    than ``max_s`` (`--backoff-max` is the longest delay, jitter included)."""
     if attempts <= 0:
         return 0.0
     # Cap the exponent first: 2**1100 as a float overflows long before max_s matters.
     delay = min(max_s, base_s * (2.0 ** min(attempts - 1, 64)))
     r = (rng or random).random()
-    return max(0.0, delay * (1 - jitter / 2 + jitter * r))
+    return min(max_s, max(0.0, delay * (1 - jitter / 2 + jitter * r)))
 
 
 @dataclass(frozen=True)
@@ -38,9 +39,13 @@ class Verdict:
 
 
 def after_attempt(
-    outcome: Outcome, *, charged_attempts: int, max_attempts: int, backoff_s: float
+    outcome: Outcome, *, charged_attempts: int, max_attempts: int, backoff_s: float,
+    attempt_n: int | None = None,
 ) -> Verdict:
-    """Decide the job's next state from its latest outcome and attempt count."""
+    """Decide the job's next state from its latest outcome and attempt count.
+
+    ``attempt_n`` is the attempt's number in the job's whole history (the one events show);
+    it exceeds ``charged_attempts`` after a `dead retry` or a released attempt."""
     if outcome is Outcome.COMPLETED:
         return Verdict(State.DONE)
     if outcome is Outcome.CANCELLED:
@@ -50,8 +55,10 @@ def after_attempt(
     if not outcome.retryable:
         return Verdict(State.DEAD, reason=f"{outcome.value}: a retry cannot fix it")
     if charged_attempts >= max_attempts:
-        return Verdict(State.DEAD, reason=f"{outcome.value} on attempt {charged_attempts} of "
-                                          f"{max_attempts}")
+        n = charged_attempts if attempt_n is None else attempt_n
+        count = (f"of {max_attempts}" if n == charged_attempts
+                 else f"({charged_attempts} of {max_attempts} counted)")
+        return Verdict(State.DEAD, reason=f"{outcome.value} on attempt {n} {count}")
     return Verdict(State.PENDING, retry_in_s=backoff_s,
                    reason=f"{outcome.value}; retry {charged_attempts + 1} of {max_attempts}")
 

@@ -1502,7 +1502,8 @@ class Runner:
         backoff = compute_backoff(charged, base_s=self.s.backoff_base_s,
                                   max_s=self.s.backoff_max_s)
         v = after_attempt(outcome, charged_attempts=charged,
-                          max_attempts=rec.spec.max_attempts, backoff_s=backoff)
+                          max_attempts=rec.spec.max_attempts, backoff_s=backoff,
+                          attempt_n=attempt.get("n"))
         rec = replace(rec, reason=v.reason,
                       not_before=(now + v.retry_in_s) if v.state is State.PENDING else 0.0)
         return Transition(rec, v.state)

@@ -181,7 +181,8 @@ def test_backoff_jitter_bounds(attempts: int, nominal: float, jitter: float) -> 
     rng = random.Random(1234)
     draws = [compute_backoff(attempts, base_s=1.0, max_s=60.0, jitter=jitter, rng=rng)
              for _ in range(2000)]
-    lo, hi = nominal * (1 - jitter / 2), nominal * (1 + jitter / 2)
+    # --backoff-max is the longest delay: jitter spreads below the cap, never above it
+    lo, hi = nominal * (1 - jitter / 2), min(60.0, nominal * (1 + jitter / 2))
     assert all(lo <= d <= hi for d in draws)
     # the jitter is actually spread over its range, not stuck at one end
     assert min(draws) < lo + 0.05 * (hi - lo) and max(draws) > hi - 0.05 * (hi - lo)
@@ -232,6 +233,15 @@ def test_after_attempt(outcome: Outcome) -> None:
         assert last.reason == f"{outcome.value} on attempt 3 of 3"
     elif with_budget is State.DEAD:
         assert left.reason == f"{outcome.value}: a retry cannot fix it"
+
+
+def test_the_dead_reason_names_the_attempt_events_showed_after_a_dead_retry() -> None:
+    # attempt 2 of the job's history, the first counted since `dead retry` gave it 1 more
+    v = after_attempt(Outcome.FAILED, charged_attempts=1, max_attempts=1, backoff_s=1.0,
+                      attempt_n=2)
+    assert v == Verdict(State.DEAD, reason="failed on attempt 2 (1 of 1 counted)")
+    assert after_attempt(Outcome.FAILED, charged_attempts=3, max_attempts=3, backoff_s=1.0,
+                         attempt_n=3).reason == "failed on attempt 3 of 3"
 
 
 def test_released_is_never_dead_lettered() -> None:
