@@ -1334,7 +1334,7 @@ class Runner:
             outcome, error = reason.value, _kill_message(reason, a, peak)
         elif sig is not None:
             outcome, error = Outcome.CRASHED.value, \
-                f"worker killed by {_signame(sig)} (nobody sent it)"
+                f"worker killed by {_signame(sig)} (not sent by renderctl)"
         elif code == 255 and (server := mpstate.dead_fork_server()) is not None:
             # The fork server relays its children's exit status; it died (a job signalled
             # its parent?), so this worker died of its parent-death signal, status unknown.

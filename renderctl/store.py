@@ -718,7 +718,9 @@ class Queue:
     def _apply_submit(self, new: list[JobSpec], already: list[str], replaced: list[str],
                       max_pending: int | None,
                       crash_hook: Callable[[str], None] | None) -> SubmitResult:
-        if max_pending is not None:
+        if max_pending is not None and new:
+            # A submit adding nothing (every job already accepted) adds nothing to pending,
+            # however far over the limit a `dead retry` or a lowered limit left it: a no-op.
             pending = self.count(State.PENDING)
             if pending + len(new) > max_pending:
                 raise Saturated(requested=len(new), pending=pending, max_pending=max_pending)

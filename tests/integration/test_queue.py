@@ -139,6 +139,9 @@ def test_max_pending_rejects_the_whole_submit(q: Queue, tmp_path: Path) -> None:
     # exactly at the limit is fine; jobs already accepted do not count again
     res = submit(q, [pyjob("old0"), pyjob("new0"), pyjob("new1")], tmp_path, max_pending=5)
     assert res.accepted == ("new0", "new1") and q.count(State.PENDING) == 5
+    # a resubmit adding nothing is a no-op even with pending above a lowered limit
+    res = submit(q, [pyjob("old0"), pyjob("new0")], tmp_path, max_pending=4)
+    assert res.accepted == () and res.already == ("old0", "new0")
 
 
 def test_status_counts_every_state(q: Queue, tmp_path: Path) -> None:
