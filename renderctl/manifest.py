@@ -417,8 +417,12 @@ def check_output_path(value: Any) -> str | None:
     for seg in value.split("/"):
         if seg == "":
             return "has an empty segment ('//' or a trailing '/')"
-        if seg in (".", ".."):
-            return f"must not contain '{seg}' segments (it would leave the output root)"
+        if seg == "..":
+            return "must not contain '..' segments (it would leave the output root)"
+        if seg == ".":
+            # Harmless, but one output would have two spellings, and duplicate outputs
+            # are found by comparing them.
+            return "must not contain '.' segments (write 'a/b.pdf', not './a/b.pdf')"
         if len(seg.encode()) > MAX_SEGMENT_BYTES:
             return f"has a segment longer than {MAX_SEGMENT_BYTES} bytes"
         if seg.startswith(RESERVED_PREFIX):

@@ -254,7 +254,8 @@ def exposition(m: Metrics) -> str:
             "Attempts beyond a job's first (retries and crash recoveries).")
     lines.append(f"renderctl_redeliveries_total {t.redeliveries}")
     _family(lines, "renderctl_publish_collisions_total", "counter",
-            "Attempts whose output path already held a file renderctl had not published.")
+            "Attempts whose output path already held a file (another job's, an earlier "
+            "life's of this id, or not renderctl's): dead-lettered, never overwritten.")
     lines.append(f"renderctl_publish_collisions_total "
                  f"{t.attempts.get(Outcome.OUTPUT_EXISTS.value, 0)}")
     _histogram(lines, "renderctl_time_to_first_attempt_seconds",

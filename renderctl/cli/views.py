@@ -8,7 +8,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from renderctl.cli.console import human_bytes, human_duration, plain
+from renderctl.cli.console import human_bytes, human_duration, one_line, plain
 from renderctl.lifecycle import State
 from renderctl.store import JobView, Queue, QueueStatus
 
@@ -107,8 +107,9 @@ def _ts(t: float | None) -> str:
 def render_job(c: Console, view: JobView) -> None:
     rec = view.record
     lines = [
-        f"job {rec.spec.id}: {view.state.value}" + (f" ({rec.reason})" if rec.reason else ""),
-        f"  kind {rec.spec.kind}; output {rec.spec.output_path}",
+        f"job {rec.spec.id}: {view.state.value}"
+        + (f" ({one_line(rec.reason)})" if rec.reason else ""),
+        f"  kind {rec.spec.kind}; output {one_line(rec.spec.output_path)}",
         f"  accepted {_ts(rec.accepted_at)}; ceiling {rec.spec.memory_mb} MB; "
         f"timeout {human_duration(rec.spec.timeout_s)}; max attempts {rec.spec.max_attempts}",
     ]
@@ -116,7 +117,8 @@ def render_job(c: Console, view: JobView) -> None:
         r = rec.result
         n = r.get("pages")
         pages = f"{n} page{'' if n == 1 else 's'}, " if n is not None else ""  # not a PDF
-        lines.append(f"  published {r.get('path')} ({human_bytes(r.get('bytes'))}, {pages}"
+        lines.append(f"  published {one_line(r.get('path'))} "
+                     f"({human_bytes(r.get('bytes'))}, {pages}"
                      f"sha256 {str(r.get('sha256'))[:16]}...)")
     if rec.lease and view.state is State.RUNNING:
         lines.append(f"  lease: attempt {rec.lease.attempt}, holder pid {rec.lease.holder.pid} "
@@ -132,10 +134,11 @@ def render_job(c: Console, view: JobView) -> None:
             detail.append(f"signal {a['signal']}")
         lines.append("  " + ", ".join(detail))
         if a.get("error"):
-            lines.append(f"    error: {a['error']}")
+            # A job's text may hold newlines and escape codes: shown, not obeyed.
+            lines.append(f"    error: {one_line(a['error'])}")
         if a.get("stderr_tail"):
             for ln in str(a["stderr_tail"]).splitlines()[-5:]:
-                lines.append(f"    | {ln}")
+                lines.append(f"    | {one_line(ln)}")
     if plain():
         print("\n".join(lines))
     else:

@@ -322,6 +322,12 @@ def test_a_multi_line_error_stays_on_one_line_in_plain_text(tmp_path: Path) -> N
     assert cols[:3] == ["boom", "failed", "attempts=1"] and len(cols) == 4, row
     assert "first line\\n\\tsecond line" in cols[3]
 
+    # And `show` prints it as one line too (shown, not obeyed)
+    shown = cli("show", "boom", "--queue", q, cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    assert "    error: " in shown.stdout and "first line\\n\\tsecond line" in shown.stdout
+    assert not any(ln.lstrip().startswith("second line") for ln in shown.stdout.splitlines())
+
     # And JSON keeps the message as it was
     as_json = json.loads(cli("dead", "list", "--json", "--queue", q, cwd=tmp_path).stdout)
     assert "first line\n\tsecond line [red]" in as_json[0]["error"]
