@@ -23,6 +23,10 @@ class State(StrEnum):
 # The reason an expired record gives, wherever the deadline was found passed (claim,
 # dispatch, or the worker about to start it).
 EXPIRED_REASON = "deadline passed before it started"
+# control/cancel.<id>: `cancel` asks for a job a runner holds; the runner acts on it when
+# woken, and a worker checks it before starting a queued job (so a job whose cancel was
+# requested before it started never starts, however late the runner wakes).
+CANCEL_REQUEST_PREFIX = "cancel."
 
 TERMINAL = frozenset({State.DONE, State.DEAD, State.CANCELLED, State.EXPIRED})
 

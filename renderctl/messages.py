@@ -96,6 +96,7 @@ class DropKind(StrEnum):
     SKIP = "skip"  # answer to Skip: those jobs were cancelled
     DRAIN = "drain"  # answer to Drain: the runner is stopping; the current job finishes
     EXPIRED = "expired"  # its deadline passed before the worker could start it
+    CANCELLED = "cancelled"  # a cancel was requested before the worker could start it
     RETIRE = "retire"  # the worker is leaving now (a job broke it, or left a thread...)
     LEAKED = "leaked"  # retiring: a job left memory charged to its slot (replace the slot)
     ABOVE_CEILING = "above_ceiling"  # retiring: its slot holds more than the next ceiling

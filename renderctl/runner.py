@@ -680,7 +680,8 @@ class Runner:
         self._gates += 1
         gate = StartGate(os.path.join(self.work_root, f"gate.{self._gates}"), create=True)
         cfg = WorkerConfig(slot_path=slot.path, started_log=self.started_log,
-                           work_root=self.work_root, gate_path=gate.path)
+                           work_root=self.work_root, gate_path=gate.path,
+                           control_dir=str(self.q.dir("control")))
         try:
             proc, parent = start_worker(self._ctx, cfg, name=f"renderctl-worker-{index}")
         except BaseException:
@@ -1211,7 +1212,7 @@ class Runner:
                 a = self._pop_queued(w, jid)
                 if a is None:
                     continue
-                if a.cancel_requested:
+                if a.cancel_requested or msg.kind is DropKind.CANCELLED:
                     self._finish_unrun(a, State.CANCELLED, "cancelled before it started")
                 elif msg.kind is DropKind.EXPIRED:
                     self._finish_unrun(a, State.EXPIRED, EXPIRED_REASON)

@@ -69,7 +69,7 @@ from renderctl.fsutil import (
     unlink_quiet,
     write_file,
 )
-from renderctl.lifecycle import EXPIRED_REASON, State, check_transition
+from renderctl.lifecycle import CANCEL_REQUEST_PREFIX, EXPIRED_REASON, State, check_transition
 from renderctl.manifest import JobSpec, Limits, is_job_id, jobs_from_dicts
 from renderctl.policy import ClaimIndex, Entry
 
@@ -1201,7 +1201,7 @@ class Queue:
 
     def request_cancel(self, job_id: str) -> Path:
         """Ask the runner to cancel a running job (it polls control/ and is signalled)."""
-        path = self.dir("control") / f"cancel.{job_id}"
+        path = self.dir("control") / f"{CANCEL_REQUEST_PREFIX}{job_id}"
         tmp = self._tmp_name("ctl")
         write_file(tmp, b"", fsync=True)
         os.replace(tmp, path)
@@ -1209,11 +1209,11 @@ class Queue:
         return path
 
     def cancel_requests(self) -> list[str]:
-        return [n[len("cancel."):] for n in os.listdir(self.dir("control"))
-                if n.startswith("cancel.")]
+        return [n[len(CANCEL_REQUEST_PREFIX):] for n in os.listdir(self.dir("control"))
+                if n.startswith(CANCEL_REQUEST_PREFIX)]
 
     def clear_cancel_request(self, job_id: str) -> None:
-        unlink_quiet(self.dir("control") / f"cancel.{job_id}")
+        unlink_quiet(self.dir("control") / f"{CANCEL_REQUEST_PREFIX}{job_id}")
 
     def dead_retry(self, job_ids: Sequence[str], *,
                    crash_hook: Callable[[str], None] | None = None) -> list[str]:

@@ -55,7 +55,7 @@ from renderctl.guards import (
     slot_held_bytes,
     slot_peak_bytes,
 )
-from renderctl.lifecycle import EXPIRED_REASON, Outcome
+from renderctl.lifecycle import CANCEL_REQUEST_PREFIX, EXPIRED_REASON, Outcome
 from renderctl.messages import (
     Broken,
     Drain,
@@ -104,6 +104,7 @@ class WorkerConfig:
     started_log: str  # append-only evidence of which attempts began (see runner recovery)
     work_root: str  # parent of each job's temporary working directory
     gate_path: str = ""  # its StartGate (renderctl.gate); "" for none
+    control_dir: str = ""  # where `cancel` leaves its requests; "" for none
 
 
 # -- entry point ---------------------------------------------------------------------------
@@ -199,6 +200,7 @@ class Worker:
         self.statm_fd = os.open(f"/proc/{pid}/statm", os.O_RDONLY | os.O_CLOEXEC)
         self.own_fds.add(self.statm_fd, "its memory counter")
         self.gate = StartGate(config.gate_path) if config.gate_path else None
+        self.control_dir = config.control_dir
         if self.gate is not None:
             self.own_fds.add(self.gate.fd, "its start gate")
         self.own_fds.add(self.tasks_fd, "its list of threads")
@@ -226,6 +228,12 @@ class Worker:
                         return
                     continue
                 job = self.queue.popleft()
+                if self.cancel_requested(job.job_id):
+                    # Before the gate records a start: the runner may not have woken to the
+                    # request yet, and the job must not start in the meantime (~2 us).
+                    self._send(Dropped((job.job_id,), DropKind.CANCELLED,
+                                       "cancelled before it started"))
+                    continue
                 if self.gate is not None and job.seq and not self.gate.start(job.seq):
                     # Taken back by the runner for another worker (Runner._rebalance).
                     self._send(Dropped((job.job_id,), DropKind.SKIP, "taken back"))
@@ -247,6 +255,10 @@ class Worker:
                     return
         finally:
             self._flush()
+
+    def cancel_requested(self, job_id: str) -> bool:
+        return bool(self.control_dir) and os.path.exists(
+            f"{self.control_dir}/{CANCEL_REQUEST_PREFIX}{job_id}")
 
     def _broken(self, exc: OSError) -> NoReturn:
         with contextlib.suppress(OSError):

@@ -273,3 +273,41 @@ def test_a_cancel_arriving_as_max_failures_halts_the_run_is_kept(
     assert rc == 1, err
     assert QueueView(queue).states_of(["bad", "big"]) == {"bad": ["dead"], "big": ["cancelled"]}
     assert not list((queue / "control").glob("cancel.*"))
+
+
+def test_a_job_whose_cancel_was_requested_before_it_started_never_publishes(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given one worker running a job the test holds, with b queued behind it, and c pending
+    stage(tmp_path)
+    queue, out = tmp_path / "q", tmp_path / "out"
+    pidfile, go = tmp_path / "a.pid", tmp_path / "go"
+    manifest = write_manifest([
+        {**py_job("a", "wait_for_go", pidfile=str(pidfile), go=str(go)), "priority": 3},
+        {**py_job("b", "write_pdf"), "priority": 2},
+        {**py_job("c", "write_pdf"), "priority": 1},
+    ])
+    runner = Runner(manifest, *cli_args(queue, out, "--workers", "1", "--prefetch", "2",
+                                        "--json"))
+    try:
+        wait_for_pid(pidfile)
+        view = QueueView(queue)
+        wait_until(lambda: "b" in view.ids("running"), what="b to be claimed")
+
+        # When `cancel b c` has asked for b (a runner's job) and is frozen before c, and the
+        # job ahead of b ends at once (the runner may not have acted on the request yet)
+        cancel = _frozen(["cancel", "b", "c", "--queue", str(queue)], "cancel:before:n=2")
+        go.touch()
+        wait_until(lambda: "a" in view.ids("done"), what="a to complete")
+        code, stdout, stderr = _finish(cancel)
+        assert code == 0, stdout + stderr
+
+        # Then b ends cancelled and is never published, and the rest of the run goes on
+        assert runner.wait(60) == ExitCode.JOBS_FAILED, runner.lines
+    finally:
+        runner.close()
+    states = view.states_of(["a", "b", "c"])
+    assert states.pop("c") in (["done"], ["cancelled"])  # c raced its own cancel: either
+    assert states == {"a": ["done"], "b": ["cancelled"]}
+    assert not (out / "b.pdf").exists()
+    assert [a["outcome"] for a in view.record("cancelled", "b")["attempts"]] in ([], ["cancelled"])
+    assert not any('"completed"' in ln and '"b"' in ln for ln in runner.lines)
