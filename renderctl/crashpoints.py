@@ -28,7 +28,7 @@ KNOWN = frozenset({
     "publish:after_link", "publish:after_done", "dead", "rebalance", "released",
     "shutdown",
     # store: submit, finish, dead retry
-    "submit:checked", "submit:staged", "submit:placed", "submit:before_doorbell",
+    "submit:parsed", "submit:checked", "submit:staged", "submit:placed", "submit:before_doorbell",
     "dead_retry:rewritten", "dead_retry:moved",
     # cancel
     "cancel:before",

@@ -31,6 +31,22 @@ class RenderctlError(Exception):
     exit_code: ExitCode = ExitCode.USAGE
 
 
+def signal_exit_code(signum: int) -> ExitCode:
+    """What a run stopped by ``signum`` (SIGTERM, SIGINT or SIGHUP) exits with."""
+    import signal
+
+    return {signal.SIGINT: ExitCode.SIGINT, signal.SIGHUP: ExitCode.SIGHUP}.get(
+        signal.Signals(signum), ExitCode.SIGTERM)
+
+
+class Interrupted(RenderctlError):
+    """A stop signal arrived before anything was enqueued: nothing was."""
+
+    def __init__(self, message: str, signum: int) -> None:
+        super().__init__(message)
+        self.exit_code = signal_exit_code(signum)
+
+
 # -- the user's fault ----------------------------------------------------------------------
 
 

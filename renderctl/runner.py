@@ -57,7 +57,7 @@ from typing import Any, Protocol
 from renderctl import mpstate, proctree
 from renderctl.clock import SYSTEM_CLOCK, Clock
 from renderctl.crashpoints import CRASH_ENV, STOP_ENV, CrashPoints
-from renderctl.errors import ExitCode, QueueIOError, RenderctlError
+from renderctl.errors import ExitCode, QueueIOError, RenderctlError, signal_exit_code
 from renderctl.fsutil import syncfs, unlink_quiet
 from renderctl.gate import StartGate
 from renderctl.guards import MemoryGuard, OomMark, Slot, TreeSampler, detect_memory_guard
@@ -378,12 +378,8 @@ class Runner:
                           self.n_workers)
 
     def _exit_code(self) -> ExitCode:
-        if self.stop_signal == signal.SIGINT:
-            return ExitCode.SIGINT
-        if self.stop_signal == signal.SIGHUP:
-            return ExitCode.SIGHUP
         if self.stop_signal is not None:
-            return ExitCode.SIGTERM
+            return signal_exit_code(self.stop_signal)
         if self.output_io_error is not None:
             return ExitCode.IO_ERROR
         bad = self.counts["dead"] + self.counts["cancelled"] + self.counts["expired"]
@@ -400,6 +396,10 @@ class Runner:
         for sig in STOP_SIGNALS:
             signal.signal(sig, self._on_stop_signal)
         signal.signal(signal.SIGUSR1, self._on_wake_signal)
+
+    def stop(self, signum: int) -> None:
+        """Stop as on ``signum`` (one that arrived before run() installed its handlers)."""
+        self._on_stop_signal(signum, None)
 
     def _on_stop_signal(self, signum: int, frame: object) -> None:
         if self.stop_signal is None:

@@ -23,6 +23,7 @@ import typer
 from renderctl.cli import console as out
 from renderctl.errors import (
     ExitCode,
+    Interrupted,
     ManifestError,
     QueueBusy,
     RenderctlError,
@@ -428,12 +429,14 @@ def do_submit(
     jobs = load_manifests(manifests, out_root=out_root(out_dir), limits=limits,
                           origins=origins)
     warn_past_deadlines(jobs, origins)
+    crash_hook = CrashPoints.from_env()
+    crash_hook("submit:parsed")
     q = Queue(queue_path(queue))
     if before is not None:
         before(q)
     try:
         return q.submit(jobs, replace=replace, max_pending=max_pending,
-                        crash_hook=CrashPoints.from_env()), q
+                        crash_hook=crash_hook), q
     except ManifestError as exc:
         # The queue knows jobs, not files ("<queue>"): the user has to edit a manifest, so
         # name it.
@@ -444,9 +447,9 @@ def do_submit(
 def refused_json(exc: RenderctlError, *, accepted: Any = None) -> dict[str, Any]:
     """What `submit --json` (and `run --json`, before it runs anything) prints when it
     enqueued nothing: ``problems`` for a manifest error (the shape of `validate --json`),
-    else ``error`` (``saturated``, ``busy``) with the message and the numbers behind it.
-    ``accepted`` is a SubmitResult when the jobs were enqueued after all (a runner that
-    started between `run`'s check and its submit)."""
+    else ``error`` (``saturated``, ``busy``, ``interrupted``) with the message and the
+    numbers behind it. ``accepted`` is a SubmitResult when the jobs were enqueued after all
+    (a runner that started between `run`'s check and its submit)."""
     doc: dict[str, Any] = {"accepted": list(accepted.accepted) if accepted else []}
     if accepted:
         doc["already_accepted"] = list(accepted.already)
@@ -459,6 +462,8 @@ def refused_json(exc: RenderctlError, *, accepted: Any = None) -> dict[str, Any]
                    max_pending=exc.max_pending, would_fit=exc.would_fit)
     elif isinstance(exc, QueueBusy):
         doc.update(error="busy", holder_pid=exc.holder_pid)
+    elif isinstance(exc, Interrupted):
+        doc["error"] = "interrupted"
     else:
         doc["error"] = type(exc).__name__
     return doc
@@ -574,9 +579,10 @@ def run(
         summary_json,
         summary_line,
     )
-    from renderctl.runner import Runner, prestart
+    from renderctl.runner import STOP_SIGNALS, Runner, prestart
     from renderctl.store import Queue
 
+    early = _EarlyStop(STOP_SIGNALS)
     # The fork server imports the renderers (~0.25 s) in its own process, on the other core,
     # while this one validates and submits the manifests and recovers the queue.
     prestart(start_method)
@@ -588,13 +594,13 @@ def run(
         try:
             res, q = do_submit(manifests, queue=queue, out_dir=out_dir, replace=False,
                                max_pending=max_pending, limits=limits,
-                               before=refuse_if_runner)
+                               before=early.then(refuse_if_runner))
         except ManifestError as exc:
             exc = for_run(exc)
             if as_json:  # as `submit --json` says it: stdout is what a script reads
                 out.print_json(refused_json(exc))
             raise exc from None
-        except (Saturated, QueueBusy) as exc:
+        except (Saturated, QueueBusy, Interrupted) as exc:
             if as_json:
                 out.print_json(refused_json(exc))
             raise
@@ -633,6 +639,7 @@ def run(
         collector = JUnitCollector()
         extras.append(collector)
     runner = Runner(q, settings, reporter=Tee(main, *extras) if extras else main)
+    early.hand_over(runner)
     try:
         summary = runner.run()
     except QueueBusy as exc:
@@ -678,6 +685,44 @@ def report_written(what: str, path: Path | None, write: Callable[[], None]) -> N
     except (OSError, ValueError) as exc:
         why = os_error_message(exc) if isinstance(exc, OSError) else str(exc)
         out.err(f"warning: {what} {path} not written: {why}")
+
+
+class _EarlyStop:
+    """`run`'s stop signals until its runner installs its own handlers.
+
+    Dying of one mid-start printed nothing (even "accepted N job(s)" was lost in stdout's
+    buffer) though the jobs may have been enqueued, and left multiprocessing's temporary
+    folder behind. Before the submit's commit point a signal means nothing is enqueued;
+    after it, the runner starts and drains at once, printing its summary like any stop."""
+
+    def __init__(self, signals: tuple[int, ...]) -> None:
+        self.signum: int | None = None
+        self.runner: Any = None
+        for sig in signals:
+            signal.signal(sig, self._on_signal)
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        if self.runner is not None:
+            self.runner.stop(signum)
+        elif self.signum is None:
+            self.signum = signum
+
+    def refuse(self) -> None:
+        if self.signum is not None:
+            raise Interrupted(f"stopped by {signal.Signals(self.signum).name} before "
+                              "submitting; nothing was enqueued", self.signum)
+
+    def then(self, check: Callable[[Queue], None]) -> Callable[[Queue], None]:
+        """``check``, after refusing if a signal has come (a ``do_submit`` ``before``)."""
+        def both(q: Queue) -> None:
+            self.refuse()
+            check(q)
+        return both
+
+    def hand_over(self, runner: Any) -> None:
+        self.runner = runner
+        if self.signum is not None:
+            runner.stop(self.signum)
 
 
 def refuse_if_runner(q: Queue) -> None:

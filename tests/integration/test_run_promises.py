@@ -541,3 +541,47 @@ def test_a_run_on_a_terminal_that_closes_drains_and_exits_129(
     assert view.states_of(["j0", "j1"]) == {"j0": ["done"], "j1": ["done"]}
     for j in ("j0", "j1"):
         assert [a["outcome"] for a in view.record("done", j)["attempts"]] == ["completed"]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP],
+                         ids=lambda s: signal.Signals(s).name)
+@pytest.mark.parametrize("point", ["submit:parsed", "submit:checked"])
+def test_a_stop_signal_while_run_submits_ends_it_in_order(
+        tmp_path: Path, write_manifest: Any, point: str, sig: int) -> None:
+    from jobfns import wait_until
+
+    # Given `run MANIFEST` frozen before its submit's commit point, or just past it
+    stage(tmp_path)
+    manifest = write_manifest([py_job(f"j{n}", "write_pdf") for n in range(3)])
+    queue, out, tmpdir = tmp_path / "q", tmp_path / "out", tmp_path / "tmpdir"
+    tmpdir.mkdir()
+    runner = Runner(manifest, *cli_args(queue, out, "--workers", "1"),
+                    env={"RENDERCTL_STOP_AT": point, "TMPDIR": str(tmpdir)})
+    try:
+        wait_until(lambda: _stopped(runner.pid), what=f"the run to freeze at {point}")
+
+        # When a stop signal arrives then (before the runner's own handlers exist)
+        os.kill(runner.pid, sig)
+        os.kill(runner.pid, signal.SIGCONT)
+
+        # Then it exits as a stopped run does, saying what became of the jobs, having run
+        # none of them: nothing enqueued before the commit point, all pending after it
+        code = runner.wait(60)
+        stderr = runner.stderr()
+    finally:
+        runner.close()
+    assert code == 128 + sig, (runner.lines, stderr)
+    assert "Traceback" not in stderr
+    view = QueueView(queue)
+    if point == "submit:parsed":
+        assert f"stopped by {signal.Signals(sig).name} before submitting; nothing was " \
+               "enqueued" in stderr
+        assert view.all_ids() == set()
+    else:
+        assert runner.lines[0] == "accepted 3 job(s)", runner.lines
+        assert runner.lines[-1].startswith("summary: done 0,") and \
+            runner.lines[-1].endswith(f"exit {128 + sig}"), runner.lines
+        assert view.ids("pending") == {"j0", "j1", "j2"} and view.all_ids() == view.ids("pending")
+        assert all(view.record("pending", j)["attempts"] == [] for j in ("j0", "j1", "j2"))
+    assert not out.exists() or not any(out.iterdir())
+    assert list(tmpdir.iterdir()) == []  # multiprocessing's folder went with a clean exit
