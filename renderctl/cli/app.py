@@ -510,6 +510,7 @@ def submit(
 @app.command()
 @handle_errors
 def run(
+    ctx: typer.Context,
     manifests: Annotated[list[Path] | None, typer.Argument(help="manifests to submit first")
                          ] = None,
     queue: QueueOpt = None,
@@ -609,6 +610,8 @@ def run(
                   + (f", {len(res.already)} already accepted" if res.already else ""))
     else:
         q = Queue(queue_path(queue))
+        warn_submit_only(ctx, {"out_dir": "--out", "memory_mb": "--memory-mb",
+                               "timeout": "--timeout", "max_attempts": "--max-attempts"})
     settings = RunnerSettings(
         workers=workers, start_method=start_method, max_jobs_per_worker=max_jobs_per_worker,
         backoff_base_s=backoff_base, backoff_max_s=backoff_max, kill_grace_s=kill_grace,
@@ -685,6 +688,18 @@ def report_written(what: str, path: Path | None, write: Callable[[], None]) -> N
     except (OSError, ValueError) as exc:
         why = os_error_message(exc) if isinstance(exc, OSError) else str(exc)
         out.err(f"warning: {what} {path} not written: {why}")
+
+
+def warn_submit_only(ctx: typer.Context, options: dict[str, str]) -> None:
+    """Warn of options given on the command line that only shape jobs being submitted, to a
+    command that submits none: a job keeps the output root and limits it was submitted with,
+    and `run --timeout 60` on a queue a web tier filled would otherwise do nothing, silently.
+    (From the environment or a configuration file they are meant for every command: quiet.)"""
+    given = [flag for name, flag in options.items()
+             if getattr(ctx.get_parameter_source(name), "name", "") == "COMMANDLINE"]
+    if given:
+        out.err(f"warning: {', '.join(given)} only apply to jobs this command submits (none "
+                "here); queued jobs keep the output root and limits they were submitted with")
 
 
 class _EarlyStop:

@@ -89,3 +89,28 @@ def test_load_config_prefers_renderctl_toml(tmp_path: Path) -> None:
     # The whole file wins, as README says: pyproject's other keys are not merged in
     (tmp_path / "pyproject.toml").write_text("[tool.renderctl]\ntimeout = 5\nworkers = 3\n")
     assert load_config(tmp_path) == {"timeout": 7.0}
+
+
+def test_run_without_manifests_warns_that_job_options_reach_no_queued_job(
+        tmp_path: Path) -> None:
+    from clihelp import job, write_jobs
+
+    # Given a job submitted with the default output root and limits
+    manifest = write_jobs(tmp_path / "m", [job("a", "write")])
+    q = tmp_path / "q"
+    assert cli("submit", manifest, "--queue", q, cwd=tmp_path).returncode == 0
+
+    # When a later `run` is given another output root and timeout on its command line
+    res = cli("run", "--queue", q, "--out", tmp_path / "elsewhere", "--timeout", "5",
+              cwd=tmp_path)
+
+    # Then it says those reach no queued job, and the job keeps what it was submitted with
+    assert res.returncode == 0, res.stderr
+    assert "warning: --out, --timeout only apply to jobs this command submits" in res.stderr
+    assert (tmp_path / "out" / "a.bin").exists()
+    assert not (tmp_path / "elsewhere").exists()
+
+    # And from the environment (meant for every command) they pass without a word
+    assert cli("submit", manifest, "--queue", q, cwd=tmp_path).returncode == 0
+    quiet = cli("run", "--queue", q, cwd=tmp_path, extra_env={"RENDERCTL_TIMEOUT": "5"})
+    assert quiet.returncode == 0 and "warning" not in quiet.stderr, quiet.stderr
