@@ -46,6 +46,7 @@ import os
 import select
 import shutil
 import signal
+import stat
 import tempfile
 import time
 from collections import deque
@@ -1776,6 +1777,8 @@ def output_folder_problem(final: Path) -> str | None:
     job's. A folder that does not exist is not such a fault: the next claim makes it."""
     folder = final.parent
     try:
+        if not stat.S_ISDIR(os.stat(folder).st_mode):
+            return None  # a file where the folder should be: the job's path, not the disk
         st = os.statvfs(folder)
     except OSError:
         return None
