@@ -435,13 +435,29 @@ def do_submit(
     if before is not None:
         before(q)
     try:
-        return q.submit(jobs, replace=replace, max_pending=max_pending,
-                        crash_hook=crash_hook), q
+        res = q.submit(jobs, replace=replace, max_pending=max_pending, crash_hook=crash_hook)
     except ManifestError as exc:
         # The queue knows jobs, not files ("<queue>"): the user has to edit a manifest, so
         # name it.
         raise ManifestError([with_file(p, file=origins[p.job]) if p.job in origins else p
                              for p in exc.problems]) from None
+    warn_existing_outputs(jobs, {*res.accepted, *res.replaced}, origins)
+    return res, q
+
+
+def warn_existing_outputs(jobs: list[Any], accepted: set[str], origins: dict[str, str]) -> None:
+    """An output path that holds a file already makes its job dead-letter (output_exists:
+    renderctl never overwrites), a replaced job's own earlier output included. Valid, the
+    file may go before the job runs, but say so now rather than after the render."""
+    shown = 0
+    hits = [j for j in jobs if j.id in accepted and os.path.lexists(j.output_path)]
+    for job in hits[:5]:
+        out.err(f"warning: {origins.get(job.id, '?')}: job {job.id}: output "
+                f"{job.output_path} exists already; renderctl never overwrites, so the job "
+                "will be dead-lettered (output_exists) unless that file is removed first")
+        shown += 1
+    if len(hits) > shown:
+        out.err(f"warning: {len(hits) - shown} more accepted job(s) whose output exists")
 
 
 def refused_json(exc: RenderctlError, *, accepted: Any = None) -> dict[str, Any]:

@@ -275,3 +275,28 @@ def test_a_deadline_already_past_is_accepted_with_a_warning(runner: CliRunner,
         res = runner.invoke(app, [*cmd, str(past)])
         assert res.exit_code == 0, res.stderr
         assert f"warning: {past}: job late: deadline: already past" in res.stderr
+
+
+def test_a_job_whose_output_exists_already_is_accepted_with_a_warning(
+        runner: CliRunner, write_manifest: Any, queue_dir: Path, tmp_path: Path) -> None:
+    # Given an output root where r.pdf exists (an earlier life of job r published it)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "r.pdf").write_bytes(b"%PDF-1.4 earlier")
+    first = write_manifest([{"id": "fresh", "kind": "python", "callable": "m:f",
+                             "output": "fresh.pdf"}], name="fresh.toml")
+    res = runner.invoke(app, ["submit", str(first), "--queue", str(queue_dir), "--out", str(out)])
+    assert res.exit_code == 0 and "warning" not in res.stderr, res.stderr
+
+    # When a job naming it is submitted, new or replacing another spec of the same id
+    for n, extra in enumerate(({}, {"priority": 2}, {"priority": 3})):
+        m = write_manifest([{"id": "r", "kind": "python", "callable": "m:f",
+                             "output": "r.pdf", **extra}], name=f"r{n}.toml")
+        args = ["submit", str(m), "--queue", str(queue_dir), "--out", str(out)]
+        res = runner.invoke(app, args + (["--replace"] if n else []))
+
+        # Then it is accepted, with a warning that it will dead-letter unless the file goes
+        assert res.exit_code == 0, res.stderr
+        assert f"warning: {m}: job r: output {out / 'r.pdf'} exists already" in res.stderr
+        assert "dead-lettered (output_exists)" in res.stderr
+    assert (out / "r.pdf").read_bytes() == b"%PDF-1.4 earlier"
