@@ -811,10 +811,11 @@ class Runner:
             self.output_io_error = problem
 
     def _halt(self) -> None:
-        """`--max-failures` reached: say so (once, after the dead job that did it), and return
-        what was claimed but has not started to pending, uncharged: jobs waiting to be sent,
-        and jobs queued in workers, which their start gates settle exactly (as in
-        _rebalance: a job a worker has started runs on, the rest never start there)."""
+        """`--max-failures` reached, or the output folder cannot be written: say so (once,
+        after the job that did it), and return what was claimed but has not started to
+        pending, uncharged: jobs waiting to be sent, and jobs queued in workers, which their
+        start gates settle exactly (as in _rebalance: a job a worker has started runs on,
+        the rest never start there)."""
         if not self._halt_reported:
             self._halt_reported = True
             if self.output_io_error is not None:
