@@ -632,7 +632,7 @@ class Runner:
             # It never started (claimed ahead, or the claim was cut short): not charged.
             back = replace(rec, lease=None, reason="returned by recovery (never started)",
                            changed_at=now)
-            return Transition(back, State.PENDING), None
+            return Transition(back, State.PENDING, unrun=True), None
         return self._verdict(rec, dict(o.crashed), now), None
 
     def _workers_file(self) -> Path:
@@ -1462,13 +1462,13 @@ class Runner:
         now = self.clock.wall()
         rec = replace(a.claim.record, lease=None, reason="released before it started",
                       changed_at=now)
-        self.q.finish([Transition(rec, State.PENDING)])
+        self.q.finish([Transition(rec, State.PENDING, unrun=True)])
         self.reporter.event({"event": "released", "job": a.job_id})
 
     def _finish_unrun(self, a: Assignment, dst: State, reason: str) -> None:
         now = self.clock.wall()
         rec = replace(a.claim.record, lease=None, reason=reason, changed_at=now)
-        t = Transition(rec, dst)
+        t = Transition(rec, dst, unrun=True)
         self.q.finish([t], crash_hook=self._finish_hook([t]))
         self._count(t)
         self._report(t)

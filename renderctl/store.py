@@ -50,6 +50,7 @@ import functools
 import json
 import math
 import os
+import secrets
 import socket
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -253,6 +254,7 @@ class Transition:
     record: JobRecord
     dst: State
     src: State = State.RUNNING
+    unrun: bool = False  # returned to pending before it started: no attempt was made
 
     @functools.cached_property
     def event(self) -> dict[str, Any]:
@@ -366,6 +368,11 @@ class Queue:
         self.clock = clock
         self.events = EventLog(self.path / "events.jsonl")
         self._tmp_counter = 0
+        # In spare names: another Queue object in a process of the same pid (a restarted
+        # container's runner is pid 1 every time; tests reopen queues in one process) would
+        # count from 0 again, and rename a record over a spare it had adopted and not yet
+        # used, which would then be listed twice and filled for two records.
+        self._spare_tag = secrets.token_hex(4)
         self._replace_fd: int | None = None  # REPLACE_LOCK, opened by the first claim
         # DESIGN: corrupt files are "quarantined and reported": what this object moved, and
         # whom to tell at once.
@@ -384,6 +391,14 @@ class Queue:
         elif not (self.path / "pending").is_dir():
             raise QueueIOError(f"{self.path} is not a renderctl queue (no pending/ folder)")
         self._roll_forward_journals()
+
+    def close(self) -> None:
+        """Close the descriptors this object keeps (the claim lock, the event log)."""
+        if self._replace_fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._replace_fd)
+            self._replace_fd = None
+        self.events.close()
 
     # -- layout --
     def dir(self, name: str | State) -> Path:
@@ -425,7 +440,8 @@ class Queue:
         no inode allocation at all, so the steady state deletes and creates no record file.
         """
         self._tmp_counter += 1
-        free = f"{self.dir('tmp')}/{FREE_PREFIX}{os.getpid()}.{self._tmp_counter}"
+        free = f"{self.dir('tmp')}/{FREE_PREFIX}{os.getpid()}.{self._spare_tag}." \
+            f"{self._tmp_counter}"
         try:
             os.rename(path, free)
         except FileNotFoundError:
@@ -700,8 +716,10 @@ class Queue:
             raise ManifestError(problems)
         if crash_hook is not None:
             crash_hook("submit:checked")
+        # What pending/ grows by: a replaced job that is pending now only changes its spec.
+        adds = sum(1 for spec in new if located.get(spec.id) is not State.PENDING)
         if not replaced:
-            return self._apply_submit(new, already, replaced, max_pending, crash_hook)
+            return self._apply_submit(new, already, replaced, max_pending, crash_hook, adds)
         # A replace must not race a claim: checked "not running" above, the old copy could be
         # claimed before ours lands in pending/, and the job would then be in pending/ and
         # running/ at once, run twice. Claims skip a round while we hold this lock.
@@ -713,17 +731,18 @@ class Queue:
                                             "is running; cancel it before replacing it"))
             if problems:
                 raise ManifestError(problems)
-            return self._apply_submit(new, already, replaced, max_pending, crash_hook)
+            return self._apply_submit(new, already, replaced, max_pending, crash_hook, adds)
 
     def _apply_submit(self, new: list[JobSpec], already: list[str], replaced: list[str],
-                      max_pending: int | None,
-                      crash_hook: Callable[[str], None] | None) -> SubmitResult:
-        if max_pending is not None and new:
-            # A submit adding nothing (every job already accepted) adds nothing to pending,
-            # however far over the limit a `dead retry` or a lowered limit left it: a no-op.
+                      max_pending: int | None, crash_hook: Callable[[str], None] | None,
+                      adds: int) -> SubmitResult:
+        if max_pending is not None and adds:
+            # A submit adding nothing to pending (jobs already accepted, pending ones
+            # replaced) is not refused, however far over the limit a `dead retry` or a
+            # lowered limit left pending.
             pending = self.count(State.PENDING)
-            if pending + len(new) > max_pending:
-                raise Saturated(requested=len(new), pending=pending, max_pending=max_pending)
+            if pending + adds > max_pending:
+                raise Saturated(requested=adds, pending=pending, max_pending=max_pending)
         if not new:
             return SubmitResult((), tuple(already))
         now = self.clock.wall()
@@ -1021,7 +1040,7 @@ class Queue:
             if rec.spec.deadline is not None and rec.spec.deadline < now and not rec.attempts:
                 expired.append(Transition(
                     replace(rec, reason=EXPIRED_REASON, changed_at=now),
-                    State.EXPIRED, State.RUNNING))
+                    State.EXPIRED, State.RUNNING, unrun=True))
                 if crash_hook is not None:
                     crash_hook("claim:expiring")
                 continue
@@ -1304,6 +1323,10 @@ class Queue:
                         # copy: recovery finishes that by the later record. Without it, the
                         # job would look orphaned and run again.
                         continue
+                    if not dry_run:
+                        # A request left for a job now forgotten would cancel the next job
+                        # submitted under its id.
+                        self.clear_cancel_request(rec.spec.id)
                     n += 1 if dry_run else unlink_quiet(e.path)
                 if n and not dry_run:
                     # Protects against: power loss bringing back records reported deleted.
@@ -1399,9 +1422,10 @@ class Queue:
 def transition_event(t: Transition) -> dict[str, Any]:
     """The one event for a state change, as both events.jsonl and `run --json` carry it."""
     rec = t.record
-    last = rec.attempts[-1] if rec.attempts else {}
+    # An unrun job's last attempt is an earlier one (its outcome, its retry_at): not this news.
+    last = rec.attempts[-1] if rec.attempts and not t.unrun else {}
     if t.dst is State.PENDING:
-        name = "released" if last.get("outcome") == "released" else "retry"
+        name = "released" if t.unrun or last.get("outcome") == "released" else "retry"
     else:
         name = {State.DONE: "completed", State.DEAD: "dead", State.CANCELLED: "cancelled",
                 State.EXPIRED: "expired"}.get(t.dst, t.dst.value)

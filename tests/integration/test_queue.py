@@ -144,6 +144,26 @@ def test_max_pending_rejects_the_whole_submit(q: Queue, tmp_path: Path) -> None:
     assert res.accepted == () and res.already == ("old0", "new0")
 
 
+def test_a_job_returned_unrun_logs_released_without_its_last_attempts_outcome(
+        q: Queue, tmp_path: Path) -> None:
+    # Given a job whose first attempt failed, claimed again
+    submit(q, [pyjob("a")], tmp_path)
+    [c], _ = claim_all(q)
+    q.finish([Transition(replace(c.record, attempts=({"n": 1, "outcome": "failed"},),
+                                 lease=None, not_before=0.0), State.PENDING)])
+    [c], _ = claim_all(q)
+
+    # When the runner hands it back before it started (a drain, a halt)
+    q.finish([Transition(replace(c.record, lease=None, reason="released before it started"),
+                         State.PENDING, unrun=True)])
+
+    # Then the log says "released", and does not repeat the failed attempt as news (the
+    # metrics fold each event's outcome into attempts_total: it was counted twice)
+    last = events(q)[-1]
+    assert last["event"] == "released" and last["job"] == "a", last
+    assert "outcome" not in last and "attempt" not in last and "retry_at" not in last
+
+
 def test_status_counts_every_state(q: Queue, tmp_path: Path) -> None:
     submit(q, [pyjob(f"j{i}") for i in range(6)], tmp_path)
     index = ClaimIndex()
