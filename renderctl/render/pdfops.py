@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import math
+import re
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,6 +27,12 @@ from renderctl.render.text import plain
 HEADER_WINDOW = 1024
 # Writers put %%EOF at the very end; a little trailing junk is common and harmless.
 EOF_WINDOW = 2048
+# Some transfers pad a file (NULs to a block size, a mail trailer) by more than EOF_WINDOW;
+# pypdf reads those. Looking further back is bounded so a huge file costs one bounded read.
+EOF_SEARCH = 1 << 20
+# A cut-off file can still hold an earlier %%EOF (an incremental update's base, or a
+# linearized file's first-page section): then what follows it is PDF structure, never padding.
+_PDF_STRUCTURE = re.compile(rb"\bobj\b|\bendobj\b|\bstream\b|\bxref\b|\btrailer\b|startxref")
 
 POSITIONS = ("center", "top", "bottom", "top-left", "top-right", "bottom-left", "bottom-right")
 
@@ -67,13 +74,17 @@ def open_pdf(path: Path) -> PdfReader:
             size = fh.seek(0, io.SEEK_END)
             fh.seek(max(0, size - EOF_WINDOW))
             tail = fh.read()
+            if b"%%EOF" not in tail and size > EOF_WINDOW:
+                fh.seek(max(0, size - EOF_SEARCH))
+                tail = fh.read()
     except OSError as exc:
         raise InvalidInput(f"{path.name}: cannot read: {exc.strerror or exc}") from exc
     if size == 0:
         raise InvalidInput(f"{path.name}: empty file, not a PDF")
     if b"%PDF-" not in head:
         raise InvalidInput(f"{path.name}: not a PDF (no %PDF- header)")
-    if b"%%EOF" not in tail:
+    marker = tail.rfind(b"%%EOF")
+    if marker < 0 or _PDF_STRUCTURE.search(tail, marker + 5):
         raise InvalidInput(f"{path.name}: truncated PDF (no %%EOF marker at the end)")
     with pdf_errors(path.name):
         reader = PdfReader(path, strict=False)
