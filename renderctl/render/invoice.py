@@ -52,6 +52,12 @@ MAX_TEXT = 1_000
 MAX_LINE = 200  # names and address lines: one block must fit on one page
 MAX_NOTES = 10_000
 MAX_INPUT_BYTES = 20_000_000
+# An invoice is 3 levels deep; far deeper JSON is hostile and would exhaust the recursion
+# limit inside the parser, which is a property of the file, not a retryable failure.
+MAX_NESTING = 100
+# Sums (net, tax, total) stay below 10^26: with cents that is the 28 digits anyone checking
+# the invoice with Decimal's default context can reproduce exactly; no real invoice nears it.
+MAX_AMOUNT = Decimal("1e26")
 
 _CURRENCY = re.compile(r"[A-Z]{3}")
 _TOP_FIELDS = {"number", "date", "due_date", "currency", "seller", "customer", "items", "notes"}
@@ -122,8 +128,21 @@ def round_cents(amount: Decimal) -> Decimal:
 
 
 def compute_totals(doc: Invoice) -> Totals:
-    """Line nets, tax per rate on the sum of that rate's nets, and the grand total."""
-    nets = tuple(round_cents(item.quantity * item.unit_price) for item in doc.items)
+    """Line nets, tax per rate on the sum of that rate's nets, and the grand total.
+
+    InvalidInput names the item at which the net total, or the total, passes MAX_AMOUNT."""
+    nets_list: list[Decimal] = []
+    running = Decimal(0)
+    for i, item in enumerate(doc.items):
+        line_net = round_cents(item.quantity * item.unit_price)
+        running += line_net
+        if abs(running) >= MAX_AMOUNT:
+            raise InvalidInput(
+                f"items[{i}]: the net total reaches {running:.4g}, "
+                f"more than an invoice can hold (limit {MAX_AMOUNT:.0e})"
+            )
+        nets_list.append(line_net)
+    nets = tuple(nets_list)
     base_by_rate: dict[Decimal, Decimal] = {}
     for item, line_net in zip(doc.items, nets, strict=True):
         # normalize(): 0.2 and 0.20 are one rate, not two tax lines.
@@ -135,6 +154,11 @@ def compute_totals(doc: Invoice) -> Totals:
     )
     net = sum(nets, Decimal(0))
     tax = sum((t.tax for t in taxes), Decimal(0))
+    if abs(net + tax) >= MAX_AMOUNT:
+        raise InvalidInput(
+            f"items: the total with tax reaches {net + tax:.4g}, "
+            f"more than an invoice can hold (limit {MAX_AMOUNT:.0e})"
+        )
     return Totals(line_nets=nets, net=net, taxes=taxes, tax=tax, total=net + tax)
 
 
@@ -186,7 +210,33 @@ def load_invoice(path: Path) -> Invoice:
         ) from exc
     except ValueError as exc:  # NaN/Infinity, or an absurdly long integer
         raise InvalidInput(f"{path.name}: not valid JSON: {exc}") from exc
+    except RecursionError:
+        line, column = _too_deep(text)
+        raise InvalidInput(
+            f"{path.name}: line {line} column {column}: arrays/objects nested more than "
+            f"{MAX_NESTING} deep"
+        ) from None
     return parse_invoice(data)
+
+
+_NESTING_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]', re.DOTALL)
+
+
+def _too_deep(text: str) -> tuple[int, int]:
+    """Line and column (1-based) where nesting first passes MAX_NESTING; run only after the
+    parser gave up, so valid documents never pay for the scan."""
+    depth = 0
+    for match in _NESTING_TOKEN.finditer(text):
+        token = match.group()
+        if token in "[{":
+            depth += 1
+            if depth > MAX_NESTING:
+                start = match.start()
+                line_start = text.rfind("\n", 0, start) + 1
+                return text.count("\n", 0, start) + 1, start - line_start + 1
+        elif token in "]}":
+            depth -= 1
+    return 1, 1
 
 
 def _no_constant(name: str) -> Any:
@@ -392,12 +442,19 @@ def render(inputs: list[Path], output: Path, params: Mapping[str, Any]) -> None:
     title = params.get("title") or "Invoice"
     if not isinstance(title, str):
         raise InvalidInput("params.title: expected a string")
-    build_pdf(doc, output, title=title)
+    try:
+        totals = compute_totals(doc)
+    except InvalidInput as exc:
+        raise InvalidInput(f"{inputs[0].name}: {exc}") from None
+    build_pdf(doc, output, title=title, totals=totals)
 
 
-def build_pdf(doc: Invoice, output: Path, *, title: str = "Invoice") -> None:
+def build_pdf(
+    doc: Invoice, output: Path, *, title: str = "Invoice", totals: Totals | None = None
+) -> None:
     """Lay out a validated invoice as a PDF at ``output``."""
-    totals = compute_totals(doc)
+    if totals is None:
+        totals = compute_totals(doc)
     st = styles()
     story: list[Any] = [
         _header(doc, title),

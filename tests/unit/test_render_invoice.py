@@ -246,6 +246,47 @@ def test_unreadable_json_is_invalid_input(tmp_path: Path, raw: bytes, message: s
         invoice.render([source], tmp_path / "out.pdf", {})
 
 
+def test_json_nested_past_the_recursion_limit_is_invalid_input(tmp_path: Path) -> None:
+    source = tmp_path / "deep.json"
+    source.write_text("[" * 100_000 + "]" * 100_000, encoding="utf-8")
+    with pytest.raises(InvalidInput) as caught:
+        invoice.render([source], tmp_path / "out.pdf", {})
+    assert str(caught.value) == (
+        f"deep.json: line 1 column {invoice.MAX_NESTING + 1}: arrays/objects nested more than "
+        f"{invoice.MAX_NESTING} deep"
+    )
+
+
+def test_deep_nesting_position_skips_brackets_inside_strings(tmp_path: Path) -> None:
+    source = tmp_path / "deep.json"
+    source.write_text('{"a": "[[[{{",\n "b": ' + "[" * 50_000 + "]" * 50_000 + "}")
+    with pytest.raises(InvalidInput, match=r"deep.json: line 2 column 106:"):
+        invoice.render([source], tmp_path / "out.pdf", {})
+
+
+def test_a_total_past_the_amount_limit_is_invalid_input_naming_the_item(tmp_path: Path) -> None:
+    # Each number is inside the 1e12 limit; their products add up past 1e26 at item 100
+    item = {"description": "x", "quantity": "999999999999", "unit_price": "999999999999.99"}
+    source = write_doc(tmp_path / "big.json", make_doc(items=[item] * 101))
+    with pytest.raises(InvalidInput) as caught:
+        invoice.render([source], tmp_path / "out.pdf", {})
+    assert str(caught.value).startswith("big.json: items[100]: the net total reaches 1.010e+26")
+    assert not (tmp_path / "out.pdf").exists()
+    # One item fewer is still an invoice
+    write_doc(source, make_doc(items=[item] * 100))
+    invoice.render([source], tmp_path / "out.pdf", {})
+    last_page = PdfReader(tmp_path / "out.pdf").pages[-1].extract_text()
+    assert "Total due\nEUR 99,999,999,999,899,000,000,000,001.00" in last_page
+
+
+def test_a_total_with_tax_past_the_amount_limit_names_the_items(tmp_path: Path) -> None:
+    item = {"description": "x", "quantity": "999999999999", "unit_price": "999999999999.99",
+            "tax_rate": "0.5"}
+    source = write_doc(tmp_path / "big.json", make_doc(items=[item] * 99))
+    with pytest.raises(InvalidInput, match=r"^big.json: items: the total with tax reaches"):
+        invoice.render([source], tmp_path / "out.pdf", {})
+
+
 # -- property: the printed total is the Decimal arithmetic --------------------------------
 
 _item = st.fixed_dictionaries(
