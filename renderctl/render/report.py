@@ -34,7 +34,7 @@ from renderctl.render.layout import (
     numbered_canvas,
     styles,
 )
-from renderctl.render.text import para, plain
+from renderctl.render.text import para, plain, quoted
 
 CHART_ROWS = 30
 MAX_INPUT_BYTES = 50_000_000
@@ -46,6 +46,9 @@ CELL_PADDING = 4
 # A cell is clipped with an ellipsis beyond this share of the page, so one long value
 # cannot squeeze every other column to nothing.
 MAX_COLUMN_SHARE = 0.45
+# Beyond this a "number" is a typo or hostile (1e999999 prints a million digits as a total,
+# and a chart of it overflows the float range): such a cell is text.
+MAX_MAGNITUDE = Decimal("1e30")
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,8 @@ class Dataset:
 
     header: tuple[str, ...]
     rows: tuple[tuple[str, ...], ...]
+    # The file line each row starts on (a quoted cell may span lines), for error messages.
+    lines: tuple[int, ...] = ()
 
 
 def load_csv(path: Path) -> Dataset:
@@ -93,7 +98,10 @@ def load_csv(path: Path) -> Dataset:
             if header.index(name) != i:
                 raise InvalidInput(f"{path.name}: header column {name!r} appears twice")
         rows: list[tuple[str, ...]] = []
+        lines: list[int] = []
+        start = reader.line_num + 1
         for row in reader:
+            line, start = start, reader.line_num + 1
             if not row:
                 continue  # blank line
             if len(row) != len(header):
@@ -102,9 +110,10 @@ def load_csv(path: Path) -> Dataset:
                     f"the header has {len(header)}"
                 )
             rows.append(tuple(row))
+            lines.append(line)
     except csv.Error as exc:
         raise InvalidInput(f"{path.name}: line {reader.line_num}: bad CSV: {exc}") from exc
-    return Dataset(header=tuple(header), rows=tuple(rows))
+    return Dataset(header=tuple(header), rows=tuple(rows), lines=tuple(lines))
 
 
 def to_decimal(cell: str) -> Decimal | None:
@@ -116,7 +125,7 @@ def to_decimal(cell: str) -> Decimal | None:
         value = Decimal(text)
     except InvalidOperation:
         return None
-    return value if value.is_finite() else None
+    return value if value.is_finite() and abs(value) < MAX_MAGNITUDE else None
 
 
 def columns_of(data: Dataset) -> tuple[Column, ...]:
@@ -162,7 +171,7 @@ def render(inputs: list[Path], output: Path, params: Mapping[str, Any]) -> None:
     all_columns = {c.name: c for c in columns_of(data)}
     shown = _pick_columns(params.get("columns"), all_columns)
     rows = _sorted_rows(data, params, all_columns)
-    chart_column = _chart_column(params.get("chart"), all_columns)
+    chart_column = _chart_column(params.get("chart"), all_columns, data, inputs[0].name)
     build_pdf(
         title=title,
         source=inputs[0].name,
@@ -215,16 +224,33 @@ def _sorted_rows(
     return tuple(filled + empty)
 
 
-def _chart_column(value: Any, have: Mapping[str, Column]) -> Column | None:
+def _chart_column(
+    value: Any, have: Mapping[str, Column], data: Dataset, source: str
+) -> Column | None:
     if value is None:
         return None
     if not isinstance(value, str):
         raise InvalidInput("params.chart: expected a column name")
     if value not in have:
         raise _missing("chart", value, have)
-    if not have[value].numeric:
-        raise InvalidInput(f"params.chart: column {value!r} is not numeric")
-    return have[value]
+    column = have[value]
+    if not column.numeric:
+        raise InvalidInput(
+            f"params.chart: column {value!r} is not numeric{_why(data, column, source)}"
+        )
+    return column
+
+
+def _why(data: Dataset, column: Column, source: str) -> str:
+    """Where a column stops being numeric: the first filled cell that is not a number."""
+    for row, line in zip(data.rows, data.lines, strict=False):
+        cell = row[column.index]
+        if cell.strip() and to_decimal(cell) is None:
+            return (
+                f" ({source} line {line}, column {column.name!r}: {quoted(cell)} is not a"
+                f" number below {MAX_MAGNITUDE:g})"
+            )
+    return ""
 
 
 def build_pdf(

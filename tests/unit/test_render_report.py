@@ -106,3 +106,25 @@ def test_header_only_csv_renders_an_empty_table(tmp_path: Path) -> None:
     source = write_csv(tmp_path / "empty.csv", ["a", "b"], [])
     pages = render_pages(source, tmp_path / "r.pdf")
     assert "0 rows" in pages[0]
+
+
+@pytest.mark.parametrize("huge", ["1e999999", "1.7e308", "-1e30"])
+def test_a_chart_of_a_number_beyond_any_sane_size_is_invalid_input_naming_the_cell(
+    tmp_path: Path, huge: str
+) -> None:
+    source = tmp_path / "huge.csv"
+    source.write_bytes(f'name,amount\n"A\nwith a line break",2\nB,{huge}\nC,1\n'.encode())
+    with pytest.raises(InvalidInput) as caught:
+        report.render([source], tmp_path / "r.pdf", {"title": "T", "chart": "amount"})
+    assert str(caught.value) == (
+        "params.chart: column 'amount' is not numeric (huge.csv line 4, column 'amount': "
+        f"'{huge}' is not a number below 1e+30)"
+    )
+
+
+def test_a_number_beyond_any_sane_size_is_text_in_the_table(tmp_path: Path) -> None:
+    source = write_csv(tmp_path / "huge.csv", ["name", "amount"], [["A", "1e999999"], ["B", "1"]])
+    pages = render_pages(source, tmp_path / "r.pdf", sort_by="amount")
+    # No total of a million digits: the column is text, sorted as text
+    assert "Total" not in pages[0]
+    assert pages[0].index("B\n1") < pages[0].index("A\n1e999999")
