@@ -13,7 +13,7 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
+from decimal import ROUND_HALF_UP, Context, Decimal, InvalidOperation, localcontext
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +44,11 @@ from renderctl.render.layout import (
 from renderctl.render.text import para, para_lines, plain
 
 CENT = Decimal("0.01")
+# Money is computed in this context, never the thread's: Decimal's default 28 digits round a
+# product of two allowed numbers (36 digits) before it is rounded to cents, which can move
+# the cent; and a python job earlier in the same worker may have changed the thread's
+# context. 50 digits hold every product, sum and tax below MAX_AMOUNT exactly.
+MONEY = Context(prec=50)
 # Bounds that keep Decimal arithmetic and layout sane; beyond them the input is a mistake.
 MAX_ABS_NUMBER = Decimal("1e12")
 MAX_PLACES = 6
@@ -124,13 +129,18 @@ class Totals:
 
 def round_cents(amount: Decimal) -> Decimal:
     """Round to cents, half away from zero (0.005 -> 0.01, -0.005 -> -0.01)."""
-    return amount.quantize(CENT, rounding=ROUND_HALF_UP)
+    return amount.quantize(CENT, rounding=ROUND_HALF_UP, context=MONEY)
 
 
 def compute_totals(doc: Invoice) -> Totals:
     """Line nets, tax per rate on the sum of that rate's nets, and the grand total.
 
     InvalidInput names the item at which the net total, or the total, passes MAX_AMOUNT."""
+    with localcontext(MONEY):
+        return _compute_totals(doc)
+
+
+def _compute_totals(doc: Invoice) -> Totals:
     nets_list: list[Decimal] = []
     running = Decimal(0)
     for i, item in enumerate(doc.items):
@@ -167,7 +177,9 @@ def format_amount(amount: Decimal, *, min_places: int = 2) -> str:
     exponent = amount.as_tuple().exponent
     places = max(min_places, -exponent if isinstance(exponent, int) else 0)
     if places == min_places:
-        amount = amount.quantize(Decimal(1).scaleb(-places), rounding=ROUND_HALF_UP)
+        amount = amount.quantize(
+            Decimal(1).scaleb(-places), rounding=ROUND_HALF_UP, context=MONEY
+        )
     return f"{amount:,.{places}f}"
 
 
@@ -178,12 +190,12 @@ def format_money(currency: str, amount: Decimal) -> str:
 
 def format_rate(rate: Decimal) -> str:
     """A fractional tax rate as a percentage: 0.2 -> ``20%``, 0.055 -> ``5.5%``."""
-    return f"{(rate * 100).normalize():f}%"
+    return f"{MONEY.multiply(rate, 100).normalize(MONEY):f}%"
 
 
 def format_quantity(quantity: Decimal) -> str:
     """A quantity without exponent notation or trailing zeros: 2.50 -> ``2.5``."""
-    return f"{quantity.normalize():f}"
+    return f"{quantity.normalize(MONEY):f}"
 
 
 # -- parsing and validation ----------------------------------------------------------------
@@ -349,7 +361,7 @@ def _number(value: Any, where: str) -> Decimal:
         raise InvalidInput(f"{where}: not a number (got {_json_type(value)})")
     if not number.is_finite():
         raise InvalidInput(f"{where}: not a finite number: {value!r}")
-    if abs(number) >= MAX_ABS_NUMBER:
+    if number.copy_abs() >= MAX_ABS_NUMBER:  # copy_abs: exact, whatever the thread's context
         raise InvalidInput(f"{where}: {value} is too large (limit {MAX_ABS_NUMBER:,f})")
     exponent = number.as_tuple().exponent
     if isinstance(exponent, int) and -exponent > MAX_PLACES:

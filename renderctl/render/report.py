@@ -10,7 +10,7 @@ import csv
 import io
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
+from decimal import Context, Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +49,10 @@ MAX_COLUMN_SHARE = 0.45
 # Beyond this a "number" is a typo or hostile (1e999999 prints a million digits as a total,
 # and a chart of it overflows the float range): such a cell is text.
 MAX_MAGNITUDE = Decimal("1e30")
+# Totals are added in this context, not the thread's (which a python job run earlier in the
+# same worker may have left at 6 digits or rounding down): 60 digits keep any sum of cells
+# below MAX_MAGNITUDE with up to 30 decimals exact.
+SUMS = Context(prec=60)
 
 
 @dataclass(frozen=True)
@@ -125,7 +129,7 @@ def to_decimal(cell: str) -> Decimal | None:
         value = Decimal(text)
     except InvalidOperation:
         return None
-    return value if value.is_finite() and abs(value) < MAX_MAGNITUDE else None
+    return value if value.is_finite() and value.copy_abs() < MAX_MAGNITUDE else None
 
 
 def columns_of(data: Dataset) -> tuple[Column, ...]:
@@ -144,7 +148,7 @@ def column_total(data: Dataset, column: Column) -> Decimal:
     for row in data.rows:
         value = to_decimal(row[column.index])
         if value is not None:
-            total += value
+            total = SUMS.add(total, value)
     return total
 
 

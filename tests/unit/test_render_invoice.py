@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import decimal
 import json
 import sys
 from decimal import ROUND_HALF_UP, Decimal
@@ -285,6 +286,42 @@ def test_a_total_with_tax_past_the_amount_limit_names_the_items(tmp_path: Path) 
     source = write_doc(tmp_path / "big.json", make_doc(items=[item] * 99))
     with pytest.raises(InvalidInput, match=r"^big.json: items: the total with tax reaches"):
         invoice.render([source], tmp_path / "out.pdf", {})
+
+
+BIG_ITEM = {
+    "description": "x",
+    "quantity": "654755751783.744744",
+    "unit_price": "280157244087.723986",
+}
+# The exact product is ...881422.234950229584: half-up to cents is .23 (a 28-digit product
+# is rounded to ...881422.2350 first, which then rounds up to .24).
+BIG_TOTAL = "EUR 183,434,566,970,319,795,881,422.23"
+
+
+def test_money_is_exact_at_the_largest_allowed_values(tmp_path: Path) -> None:
+    _, pages = render_text(tmp_path, make_doc(items=[BIG_ITEM]))
+    assert f"Total due\n{BIG_TOTAL}" in pages[-1]
+    assert "183,434,566,970,319,795,881,422.23\n" in pages[0]  # the line's amount
+
+
+@pytest.mark.parametrize(
+    "context",
+    [
+        decimal.Context(prec=6, rounding=decimal.ROUND_FLOOR),
+        decimal.Context(prec=28, rounding=decimal.ROUND_DOWN, traps=[decimal.Inexact]),
+    ],
+)
+def test_money_ignores_the_threads_decimal_context(
+    tmp_path: Path, context: decimal.Context
+) -> None:
+    # A python job earlier in the same worker may leave the thread's context like this
+    doc = make_doc(items=[BIG_ITEM, {"description": "y", "quantity": "1.5", "unit_price": "0.01",
+                                     "tax_rate": "0.19"}])
+    with decimal.localcontext(context):
+        _, pages = render_text(tmp_path, doc)
+    # 0.015 -> 0.02 net at 19%: tax 0.0038 -> 0.00; total = big + 0.02
+    assert "Total due\nEUR 183,434,566,970,319,795,881,422.25" in pages[-1]
+    assert "\n1.5\n" in pages[0] and "\n19%\n" in pages[0]
 
 
 # -- property: the printed total is the Decimal arithmetic --------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import decimal
 from pathlib import Path
 from typing import Any
 
@@ -128,3 +129,12 @@ def test_a_number_beyond_any_sane_size_is_text_in_the_table(tmp_path: Path) -> N
     # No total of a million digits: the column is text, sorted as text
     assert "Total" not in pages[0]
     assert pages[0].index("B\n1") < pages[0].index("A\n1e999999")
+
+
+def test_totals_ignore_the_threads_decimal_context(tmp_path: Path) -> None:
+    rows = [["A", "123456789012.345678"], ["B", "0.000001"]]
+    source = write_csv(tmp_path / "t.csv", ["name", "amount"], rows)
+    # A python job earlier in the same worker may leave the thread's context like this
+    with decimal.localcontext(decimal.Context(prec=6, rounding=decimal.ROUND_FLOOR)):
+        pages = render_pages(source, tmp_path / "r.pdf")
+    assert "Total\n123,456,789,012.345679" in pages[0]
