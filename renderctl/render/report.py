@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import io
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Context, Decimal, InvalidOperation
@@ -53,6 +54,7 @@ MAX_MAGNITUDE = Decimal("1e30")
 # same worker may have left at 6 digits or rounding down): 60 digits keep any sum of cells
 # below MAX_MAGNITUDE with up to 30 decimals exact.
 SUMS = Context(prec=60)
+_THOUSANDS = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
 
 
 @dataclass(frozen=True)
@@ -122,9 +124,15 @@ def load_csv(path: Path) -> Dataset:
 
 def to_decimal(cell: str) -> Decimal | None:
     """A cell as a finite Decimal (thousands commas allowed), or None if it is not a number."""
-    text = cell.strip().replace(",", "")
+    text = cell.strip()
     if not text or len(text) > 40:
         return None
+    if "," in text:
+        # Only a true thousands separator: "1,5" or "2,25" is a decimal comma, and dropping
+        # it would read them as 15 and 225.
+        if not _THOUSANDS.fullmatch(text):
+            return None
+        text = text.replace(",", "")
     try:
         value = Decimal(text)
     except InvalidOperation:

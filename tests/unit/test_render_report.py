@@ -138,3 +138,21 @@ def test_totals_ignore_the_threads_decimal_context(tmp_path: Path) -> None:
     with decimal.localcontext(decimal.Context(prec=6, rounding=decimal.ROUND_FLOOR)):
         pages = render_pages(source, tmp_path / "r.pdf")
     assert "Total\n123,456,789,012.345679" in pages[0]
+
+
+def test_a_comma_is_only_a_thousands_separator(tmp_path: Path) -> None:
+    rows = [["A", "1,5"], ["B", "2,25"], ["C", "1,000"]]
+    source = write_csv(tmp_path / "comma.csv", ["name", "amount"], rows)
+    pages = render_pages(source, tmp_path / "r.pdf", sort_by="amount")
+    # "1,5" is not a number, so the column is text: no total, sorted as text
+    assert "Total" not in pages[0]
+    assert "C\n1,000\nA\n1,5\nB\n2,25" in pages[0]
+    with pytest.raises(InvalidInput, match=r"comma.csv line 2, column 'amount': '1,5' is not"):
+        report.render([source], tmp_path / "r.pdf", {"title": "T", "chart": "amount"})
+
+
+def test_thousands_separators_still_make_numbers(tmp_path: Path) -> None:
+    rows = [["A", "1,000"], ["B", "-12,345,678.5"], ["C", "999"], ["D", "2,000.25"]]
+    source = write_csv(tmp_path / "k.csv", ["name", "amount"], rows)
+    pages = render_pages(source, tmp_path / "r.pdf", sort_by="amount")
+    assert "B\n-12,345,678.5\nC\n999\nA\n1,000\nD\n2,000.25\nTotal\n-12,341,679.25" in pages[0]
