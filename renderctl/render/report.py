@@ -246,7 +246,9 @@ def _chart_column(
     if value not in have:
         raise _missing("chart", value, have)
     column = have[value]
-    if not column.numeric:
+    # No rows: no cell says what the column holds, and build_pdf draws no chart anyway; the
+    # same params must not fail on an empty export that completes without a chart.
+    if not column.numeric and data.rows:
         raise InvalidInput(
             f"params.chart: column {value!r} is not numeric{_why(data, column, source)}"
         )

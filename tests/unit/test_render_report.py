@@ -103,10 +103,18 @@ def test_bad_csv_is_invalid_input(tmp_path: Path, content: bytes, message: str) 
         report.render([source], tmp_path / "r.pdf", {"title": "T"})
 
 
-def test_header_only_csv_renders_an_empty_table(tmp_path: Path) -> None:
+@pytest.mark.parametrize("params", [{}, {"chart": "b"}, {"chart": "b", "sort_by": "b"}])
+def test_header_only_csv_renders_an_empty_table(tmp_path: Path, params: dict[str, Any]) -> None:
     source = write_csv(tmp_path / "empty.csv", ["a", "b"], [])
-    pages = render_pages(source, tmp_path / "r.pdf")
-    assert "0 rows" in pages[0]
+    pages = render_pages(source, tmp_path / "r.pdf", **params)
+    assert len(pages) == 1
+    assert "0 rows from empty.csv\na\nb\n" in pages[0]
+
+
+def test_header_only_csv_still_needs_the_chart_column_to_exist(tmp_path: Path) -> None:
+    source = write_csv(tmp_path / "empty.csv", ["a", "b"], [])
+    with pytest.raises(InvalidInput, match="params.chart: no column 'c'"):
+        report.render([source], tmp_path / "r.pdf", {"title": "T", "chart": "c"})
 
 
 @pytest.mark.parametrize("huge", ["1e999999", "1.7e308", "-1e30"])
