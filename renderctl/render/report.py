@@ -21,7 +21,15 @@ from reportlab.lib import colors
 from reportlab.lib.pagesizes import landscape
 from reportlab.lib.units import mm
 from reportlab.pdfbase.pdfmetrics import stringWidth
-from reportlab.platypus import LayoutError, Paragraph, SimpleDocTemplate, Spacer, Table, TableStyle
+from reportlab.platypus import (
+    Flowable,
+    LayoutError,
+    Paragraph,
+    SimpleDocTemplate,
+    Spacer,
+    Table,
+    TableStyle,
+)
 
 from renderctl.errors import InvalidInput
 from renderctl.render.layout import (
@@ -44,6 +52,11 @@ FONT = "Helvetica"
 FONT_BOLD = "Helvetica-Bold"
 FONT_SIZE = 8.5
 CELL_PADDING = 4
+ROW_PADDING = 2
+# Every cell is one line of plain text, so every row is this tall, computed as reportlab
+# would (leading 1.2 x size, then the paddings). Given up front, reportlab no longer
+# re-measures every remaining row at each page break, which made long reports quadratic.
+ROW_HEIGHT = FONT_SIZE * 1.2 + (ROW_PADDING + ROW_PADDING)
 # A cell is clipped with an ellipsis beyond this share of the page, so one long value
 # cannot squeeze every other column to nothing.
 MAX_COLUMN_SHARE = 0.45
@@ -314,7 +327,7 @@ def _clip(text: str, font: str, limit: float) -> str:
     return text + "…"
 
 
-def _table(data: Dataset, shown: Sequence[Column], width: float) -> Table:
+def _table(data: Dataset, shown: Sequence[Column], width: float) -> Flowable:
     # Plain strings, not Paragraphs: reportlab draws them verbatim (no markup) and fast.
     header = [plain(c.name) for c in shown]
     body = [[plain(row[c.index]) for c in shown] for row in data.rows]
@@ -338,9 +351,6 @@ def _table(data: Dataset, shown: Sequence[Column], width: float) -> Table:
         header[i] = _clip(header[i], FONT_BOLD, limit)
         for row in body:
             row[i] = _clip(row[i], FONT, limit)
-    rows: list[list[str]] = [header, *body]
-    if totals_row:
-        rows.append(totals_row)
     commands: list[tuple[Any, ...]] = [
         ("FONT", (0, 0), (-1, 0), FONT_BOLD, FONT_SIZE),
         ("FONT", (0, 1), (-1, -1), FONT, FONT_SIZE),
@@ -348,23 +358,101 @@ def _table(data: Dataset, shown: Sequence[Column], width: float) -> Table:
         ("BACKGROUND", (0, 0), (-1, 0), BAND),
         ("LINEBELOW", (0, 0), (-1, 0), 0.8, INK),
         ("ROWBACKGROUNDS", (0, 1), (-1, -1), [colors.white, ZEBRA]),
-        ("TOPPADDING", (0, 0), (-1, -1), 2),
-        ("BOTTOMPADDING", (0, 0), (-1, -1), 2),
+        ("TOPPADDING", (0, 0), (-1, -1), ROW_PADDING),
+        ("BOTTOMPADDING", (0, 0), (-1, -1), ROW_PADDING),
         ("LEFTPADDING", (0, 0), (-1, -1), CELL_PADDING),
         ("RIGHTPADDING", (0, 0), (-1, -1), CELL_PADDING),
     ]
     for i, c in enumerate(shown):
         if c.numeric:
             commands.append(("ALIGN", (i, 0), (i, -1), "RIGHT"))
+    # The last row's commands: they belong only to the table piece that ends the report.
+    last: list[tuple[Any, ...]]
     if totals_row:
-        commands += [
+        last = [
             ("FONT", (0, -1), (-1, -1), FONT_BOLD, FONT_SIZE),
             ("LINEABOVE", (0, -1), (-1, -1), 0.8, INK),
             ("BACKGROUND", (0, -1), (-1, -1), colors.white),
         ]
     else:
-        commands.append(("LINEBELOW", (0, -1), (-1, -1), 0.25, RULE))
-    return Table(rows, colWidths=widths, repeatRows=1, style=TableStyle(commands))
+        last = [("LINEBELOW", (0, -1), (-1, -1), 0.25, RULE)]
+    return _PagedTable(header, body, totals_row, widths, commands, last)
+
+
+class _PagedTable(Flowable):
+    """The report's table, handed to reportlab one page at a time.
+
+    One Table of every row was quadratic: at each page break reportlab builds the rest as a
+    new Table and measures all of its rows again (10k rows 5.4 s, 40k 71 s). This flowable
+    gives reportlab a Table of only a page's worth of rows (plus a margin) and lets that
+    Table choose the split, so each page's piece is what the single Table would have drawn:
+    header repeated, same zebra (it restarts on each page there too), totals at the end.
+    """
+
+    def __init__(
+        self,
+        header: list[str],
+        body: list[list[str]],
+        totals_row: list[str] | None,
+        widths: list[float],
+        commands: list[tuple[Any, ...]],
+        last: list[tuple[Any, ...]],
+        start: int = 0,
+    ) -> None:
+        super().__init__()
+        self._parts = (header, body, totals_row, widths, commands, last)
+        self._start = start
+        self._piece: Table | None = None
+        self.hAlign = "CENTER"  # as Table's default, so the frame places it the same
+
+    def _window(self, avail_height: float) -> Table:
+        header, body, totals_row, widths, commands, last = self._parts
+        # Two rows more than can fit, so a piece that is not the end always overflows and
+        # reportlab splits it exactly where it would have split the whole table.
+        end = self._start + int(avail_height // ROW_HEIGHT) + 2
+        rows = [header, *body[self._start : end]]
+        style = list(commands)
+        if end >= len(body):
+            if totals_row:
+                rows.append(totals_row)
+            style += last
+        return Table(
+            rows,
+            colWidths=widths,
+            rowHeights=[ROW_HEIGHT] * len(rows),
+            repeatRows=1,
+            style=TableStyle(style),
+        )
+
+    def wrap(self, availWidth: float, availHeight: float) -> tuple[float, float]:  # noqa: N803
+        self._piece = self._window(availHeight)
+        width, height = self._piece.wrap(availWidth, availHeight)
+        self.width, self.height = width, height
+        return width, height
+
+    def split(self, availWidth: float, availHeight: float) -> list[Flowable]:  # noqa: N803
+        piece = self._window(availHeight)
+        parts = piece.split(availWidth, availHeight)
+        if len(parts) != 2:
+            return parts  # [] (nothing fits here) or [piece] (the rest fits)
+        taken = len(parts[0]._cellvalues) - 1  # body rows on this page, without the header
+        header, body, totals_row, widths, commands, last = self._parts
+        if self._start + taken >= len(body):
+            return parts  # only the totals row moves on: reportlab's own second piece
+        rest = _PagedTable(
+            header, body, totals_row, widths, commands, last, start=self._start + taken
+        )
+        return [parts[0], rest]
+
+    def draw(self) -> None:
+        assert self._piece is not None, "reportlab wraps a flowable before drawing it"
+        # Draw on this flowable's canvas as it stands (drawOn would add a save/translate
+        # pair, and the bytes would differ from a plain Table's for nothing).
+        self._piece.canv = self.canv
+        try:
+            self._piece.draw()
+        finally:
+            del self._piece.canv
 
 
 def _bar_chart(data: Dataset, column: Column, label: Column | None, width: float) -> Drawing:
