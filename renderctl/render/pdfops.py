@@ -20,6 +20,7 @@ from reportlab.lib.colors import Color
 from reportlab.pdfgen.canvas import Canvas
 
 from renderctl.errors import InvalidInput
+from renderctl.render import rules
 from renderctl.render.registry import MAX_PAGES_PER_PART
 from renderctl.render.text import plain
 
@@ -125,12 +126,8 @@ def stamp(inputs: list[Path], output: Path, params: Mapping[str, Any]) -> None:
     """Draw ``params['text']`` on every page of ``inputs[0]``."""
     if len(inputs) != 1:
         raise InvalidInput(f"stamp takes exactly one input, got {len(inputs)}")
-    text = params.get("text")
-    if not isinstance(text, str) or not plain(text):
-        raise InvalidInput("params.text: a non-empty string is required")
-    text = plain(text)
-    if len(text) > 200:
-        raise InvalidInput(f"params.text: {len(text)} characters is more than 200")
+    rules.require("text", params.get("text"), rules.stamp_text)
+    text = plain(params["text"])
     position = params.get("position", "center")
     if position not in POSITIONS:
         raise InvalidInput(f"params.position: {position!r} is not one of {', '.join(POSITIONS)}")

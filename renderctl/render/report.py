@@ -32,6 +32,7 @@ from reportlab.platypus import (
 )
 
 from renderctl.errors import InvalidInput
+from renderctl.render import rules
 from renderctl.render.layout import (
     BAND,
     INK,
@@ -189,9 +190,8 @@ def render(inputs: list[Path], output: Path, params: Mapping[str, Any]) -> None:
     """Render the CSV in ``inputs[0]`` as a report PDF at ``output``."""
     if len(inputs) != 1:
         raise InvalidInput(f"report takes exactly one input, got {len(inputs)}")
-    title = params.get("title")
-    if not isinstance(title, str) or not title.strip():
-        raise InvalidInput("params.title: a non-empty string is required")
+    rules.require("title", params.get("title"), rules.non_blank)
+    title: str = params["title"]
     data = load_csv(inputs[0])
     all_columns = {c.name: c for c in columns_of(data)}
     shown = _pick_columns(params.get("columns"), all_columns)
@@ -217,8 +217,7 @@ def _missing(field: str, name: str, have: Mapping[str, Column]) -> InvalidInput:
 def _pick_columns(value: Any, have: Mapping[str, Column]) -> tuple[Column, ...]:
     if value is None:
         return tuple(have.values())
-    if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
-        raise InvalidInput("params.columns: expected a non-empty list of column names")
+    rules.require("columns", value, rules.column_names)
     for name in value:
         if name not in have:
             raise _missing("columns", name, have)
