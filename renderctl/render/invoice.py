@@ -41,7 +41,7 @@ from renderctl.render.layout import (
     numbered_canvas,
     styles,
 )
-from renderctl.render.text import para, para_lines, plain
+from renderctl.render.text import para, para_lines, plain, quoted, shortened
 
 CENT = Decimal("0.01")
 # Money is computed in this context, never the thread's: Decimal's default 28 digits round a
@@ -295,7 +295,8 @@ def _object(value: Any, where: str, allowed: set[str]) -> dict[str, Any]:
     if unknown:
         prefix = f"{where}." if where else ""
         raise InvalidInput(
-            f"{prefix}{unknown[0]}: unknown field (allowed: {', '.join(sorted(allowed))})"
+            f"{prefix}{shortened(unknown[0])}: unknown field "
+            f"(allowed: {', '.join(sorted(allowed))})"
         )
     return value
 
@@ -356,16 +357,20 @@ def _number(value: Any, where: str) -> Decimal:
         try:
             number = Decimal(value.strip())
         except InvalidOperation:
-            raise InvalidInput(f"{where}: not a number: {value[:40]!r}") from None
+            raise InvalidInput(f"{where}: not a number: {quoted(value)}") from None
     else:
         raise InvalidInput(f"{where}: not a number (got {_json_type(value)})")
     if not number.is_finite():
-        raise InvalidInput(f"{where}: not a finite number: {value!r}")
+        raise InvalidInput(f"{where}: not a finite number: {quoted(value)}")
     if number.copy_abs() >= MAX_ABS_NUMBER:  # copy_abs: exact, whatever the thread's context
-        raise InvalidInput(f"{where}: {value} is too large (limit {MAX_ABS_NUMBER:,f})")
+        raise InvalidInput(
+            f"{where}: {shortened(value)} is too large (limit {MAX_ABS_NUMBER:,f})"
+        )
     exponent = number.as_tuple().exponent
     if isinstance(exponent, int) and -exponent > MAX_PLACES:
-        raise InvalidInput(f"{where}: {value} has more than {MAX_PLACES} decimal places")
+        raise InvalidInput(
+            f"{where}: {shortened(value)} has more than {MAX_PLACES} decimal places"
+        )
     return number
 
 

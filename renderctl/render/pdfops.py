@@ -22,7 +22,7 @@ from reportlab.pdfgen.canvas import Canvas
 from renderctl.errors import InvalidInput
 from renderctl.render import rules
 from renderctl.render.registry import MAX_PAGES_PER_PART
-from renderctl.render.text import plain
+from renderctl.render.text import plain, quoted
 
 # The PDF spec lets the header sit anywhere in the first 1024 bytes.
 HEADER_WINDOW = 1024
@@ -130,7 +130,9 @@ def stamp(inputs: list[Path], output: Path, params: Mapping[str, Any]) -> None:
     text = plain(params["text"])
     position = params.get("position", "center")
     if position not in POSITIONS:
-        raise InvalidInput(f"params.position: {position!r} is not one of {', '.join(POSITIONS)}")
+        raise InvalidInput(
+            f"params.position: {quoted(position)} is not one of {', '.join(POSITIONS)}"
+        )
     opacity = _param_number(params, "opacity", 0.3, low=0.0, high=1.0)
     rotation = _param_number(
         params, "rotation", 45.0 if position == "center" else 0.0, low=-360.0, high=360.0
@@ -169,10 +171,13 @@ def _param_number(
 ) -> float:
     value = params.get(name, default)
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InvalidInput(f"params.{name}: expected a number, got {value!r}")
-    number = float(value)
+        raise InvalidInput(f"params.{name}: expected a number, got {quoted(value)}")
+    try:
+        number = float(value)
+    except OverflowError:  # an int of thousands of digits: also too big to print whole
+        number = math.inf
     if not math.isfinite(number) or not low <= number <= high:
-        raise InvalidInput(f"params.{name}: {value} is not between {low:g} and {high:g}")
+        raise InvalidInput(f"params.{name}: {number:g} is not between {low:g} and {high:g}")
     return number
 
 
@@ -233,7 +238,9 @@ def split(inputs: list[Path], output: Path, params: Mapping[str, Any]) -> None:
         or not isinstance(per_part, int)
         or not (1 <= per_part <= MAX_PAGES_PER_PART)
     ):
-        raise InvalidInput(f"params.pages_per_part: {per_part!r} is not a whole number >= 1")
+        raise InvalidInput(
+            f"params.pages_per_part: {quoted(per_part)} is not a whole number >= 1"
+        )
     if not output.is_dir():
         # The runner prepares the folder; its absence is our bug, so a plain (retried) error.
         raise NotADirectoryError(f"split output {output} is not a directory")

@@ -44,7 +44,7 @@ from renderctl.render.layout import (
     numbered_canvas,
     styles,
 )
-from renderctl.render.text import para, plain, quoted
+from renderctl.render.text import para, plain, quoted, shortened
 
 CHART_ROWS = 30
 MAX_INPUT_BYTES = 50_000_000
@@ -116,7 +116,7 @@ def load_csv(path: Path) -> Dataset:
             if not name:
                 raise InvalidInput(f"{path.name}: header column {i + 1} has no name")
             if header.index(name) != i:
-                raise InvalidInput(f"{path.name}: header column {name!r} appears twice")
+                raise InvalidInput(f"{path.name}: header column {quoted(name)} appears twice")
         rows: list[tuple[str, ...]] = []
         lines: list[int] = []
         start = reader.line_num + 1
@@ -210,7 +210,8 @@ def render(inputs: list[Path], output: Path, params: Mapping[str, Any]) -> None:
 
 def _missing(field: str, name: str, have: Mapping[str, Column]) -> InvalidInput:
     return InvalidInput(
-        f"params.{field}: no column {name!r} in the CSV (columns: {', '.join(have)})"
+        f"params.{field}: no column {quoted(name)} in the CSV "
+        f"(columns: {', '.join(shortened(c) for c in have)})"
     )
 
 
@@ -262,7 +263,7 @@ def _chart_column(
     # same params must not fail on an empty export that completes without a chart.
     if not column.numeric and data.rows:
         raise InvalidInput(
-            f"params.chart: column {value!r} is not numeric{_why(data, column, source)}"
+            f"params.chart: column {quoted(value)} is not numeric{_why(data, column, source)}"
         )
     return column
 
@@ -273,7 +274,7 @@ def _why(data: Dataset, column: Column, source: str) -> str:
         cell = row[column.index]
         if cell.strip() and to_decimal(cell) is None:
             return (
-                f" ({source} line {line}, column {column.name!r}: {quoted(cell)} is not a"
+                f" ({source} line {line}, column {quoted(column.name)}: {quoted(cell)} is not a"
                 f" number below {MAX_MAGNITUDE:g})"
             )
     return ""

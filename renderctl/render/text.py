@@ -37,10 +37,15 @@ def plain(text: str) -> str:
     return " ".join(clean(text).split())
 
 
-def quoted(value: object, limit: int = 40) -> str:
-    """``repr`` of a user's value for an error message, cut to ``limit`` characters.
+def shortened(value: object, limit: int = 40) -> str:
+    """A user's value for an error message, cut to ``limit`` characters and an ellipsis.
 
     Messages end up in one-line listings (``dead list``); a value pasted back whole would
     let one 5,000-digit field fill the screen."""
     text = value if isinstance(value, str) else str(value)
-    return repr(text if len(text) <= limit else text[:limit] + "…")
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def quoted(value: object, limit: int = 40) -> str:
+    """``repr`` of a user's value for an error message, cut like ``shortened``."""
+    return repr(shortened(value, limit))

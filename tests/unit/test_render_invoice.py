@@ -324,6 +324,27 @@ def test_money_ignores_the_threads_decimal_context(
     assert "\n1.5\n" in pages[0] and "\n19%\n" in pages[0]
 
 
+@pytest.mark.parametrize(
+    ("path", "value", "message"),
+    [
+        ("items.0.unit_price", "1" + "0" * 5_000,
+         f"items[0].unit_price: 1{'0' * 39}… is too large (limit 1,000,000,000,000)"),
+        ("items.0.unit_price", "1." + "0" * 5_000,
+         f"items[0].unit_price: 1.{'0' * 38}… has more than 6 decimal places"),
+        ("items.0.quantity", "x" * 5_000, f"items[0].quantity: not a number: '{'x' * 40}…'"),
+        ("items.0.quantity", "-sNaN" + "1" * 5_000,
+         f"items[0].quantity: not a finite number: '-sNaN{'1' * 35}…'"),
+        ("items.0." + "k" * 5_000, 1, f"items[0].{'k' * 40}…: unknown field (allowed: "),
+    ],
+)
+def test_messages_cut_long_values(tmp_path: Path, path: str, value: Any, message: str) -> None:
+    source = write_doc(tmp_path / "bad.json", _with(path, value))
+    with pytest.raises(InvalidInput) as caught:
+        invoice.render([source], tmp_path / "out.pdf", {})
+    assert str(caught.value).startswith(message)
+    assert len(str(caught.value)) < 200
+
+
 # -- property: the printed total is the Decimal arithmetic --------------------------------
 
 _item = st.fixed_dictionaries(

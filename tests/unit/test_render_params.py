@@ -92,3 +92,51 @@ def test_validate_accepts_what_the_renderer_renders(
 ) -> None:
     assert validate(tmp_path, kind, inputs[kind], params) == []
     assert run(tmp_path, kind, inputs[kind], params) is None
+
+
+# -- messages quote a user's value, never all of it -----------------------------------------
+
+LONG = "9" * 5_000
+
+
+@pytest.mark.parametrize(
+    ("params", "start"),
+    [
+        ({"text": "X", "position": LONG}, f"params.position: '{'9' * 40}…' is not one of"),
+        ({"text": "X", "opacity": LONG}, f"params.opacity: expected a number, got '{'9' * 40}…'"),
+        ({"text": "X", "font_size": 10**5_000}, "params.font_size: inf is not between 1 and 500"),
+    ],
+)
+def test_stamp_messages_cut_long_values(
+    tmp_path: Path, inputs: dict[str, Path], params: dict[str, Any], start: str
+) -> None:
+    message = run(tmp_path, "stamp", inputs["stamp"], params)
+    assert message is not None and message.startswith(start) and len(message) < 200, message
+
+
+def test_split_message_cuts_a_long_value(tmp_path: Path, inputs: dict[str, Path]) -> None:
+    (tmp_path / "parts").mkdir()
+    with pytest.raises(InvalidInput) as caught:
+        pdfops.split([inputs["stamp"]], tmp_path / "parts", {"pages_per_part": LONG})
+    assert str(caught.value) == f"params.pages_per_part: '{'9' * 40}…' is not a whole number >= 1"
+
+
+def test_report_messages_cut_long_column_names(tmp_path: Path) -> None:
+    long_name = "c" * 5_000
+    source = tmp_path / "wide.csv"
+    source.write_text(f"name,{long_name}\nA,x\n", encoding="utf-8")
+    with pytest.raises(InvalidInput) as caught:
+        report.render([source], tmp_path / "r.pdf", {"title": "T", "sort_by": LONG})
+    assert str(caught.value) == (
+        f"params.sort_by: no column '{'9' * 40}…' in the CSV (columns: name, {'c' * 40}…)"
+    )
+    with pytest.raises(InvalidInput) as caught:
+        report.render([source], tmp_path / "r.pdf", {"title": "T", "chart": long_name})
+    assert str(caught.value) == (
+        f"params.chart: column '{'c' * 40}…' is not numeric (wide.csv line 2, column "
+        f"'{'c' * 40}…': 'x' is not a number below 1e+30)"
+    )
+    source.write_text(f"{long_name},{long_name}\n", encoding="utf-8")
+    with pytest.raises(InvalidInput) as caught:
+        report.render([source], tmp_path / "r.pdf", {"title": "T"})
+    assert str(caught.value) == f"wide.csv: header column '{'c' * 40}…' appears twice"
