@@ -67,8 +67,11 @@ def pdf_errors(source: str) -> Iterator[None]:
         raise InvalidInput(f"{source}: unreadable PDF: {reason[:300]}") from exc
 
 
-def open_pdf(path: Path) -> PdfReader:
-    """Open a PDF for reading, or raise InvalidInput saying why it cannot be used."""
+def open_pdf(path: Path, label: str | None = None) -> PdfReader:
+    """Open a PDF for reading, or raise InvalidInput saying why it cannot be used.
+
+    Messages start with ``label`` (default: the file's name)."""
+    label = path.name if label is None else label
     try:
         with path.open("rb") as fh:
             head = fh.read(HEADER_WINDOW)
@@ -79,22 +82,22 @@ def open_pdf(path: Path) -> PdfReader:
                 fh.seek(max(0, size - EOF_SEARCH))
                 tail = fh.read()
     except OSError as exc:
-        raise InvalidInput(f"{path.name}: cannot read: {exc.strerror or exc}") from exc
+        raise InvalidInput(f"{label}: cannot read: {exc.strerror or exc}") from exc
     if size == 0:
-        raise InvalidInput(f"{path.name}: empty file, not a PDF")
+        raise InvalidInput(f"{label}: empty file, not a PDF")
     if b"%PDF-" not in head:
-        raise InvalidInput(f"{path.name}: not a PDF (no %PDF- header)")
+        raise InvalidInput(f"{label}: not a PDF (no %PDF- header)")
     marker = tail.rfind(b"%%EOF")
     if marker < 0 or _PDF_STRUCTURE.search(tail, marker + 5):
-        raise InvalidInput(f"{path.name}: truncated PDF (no %%EOF marker at the end)")
-    with pdf_errors(path.name):
+        raise InvalidInput(f"{label}: truncated PDF (no %%EOF marker at the end)")
+    with pdf_errors(label):
         reader = PdfReader(path, strict=False)
         if reader.is_encrypted:
             # Even an empty user password means someone meant to restrict it: not ours to open.
-            raise InvalidInput(f"{path.name}: encrypted PDF")
+            raise InvalidInput(f"{label}: encrypted PDF")
         pages = len(reader.pages)
     if pages == 0:
-        raise InvalidInput(f"{path.name}: PDF has no pages")
+        raise InvalidInput(f"{label}: PDF has no pages")
     return reader
 
 
@@ -106,17 +109,36 @@ def merge(inputs: list[Path], output: Path, params: Mapping[str, Any]) -> None:
     if not inputs:
         raise InvalidInput("merge needs at least one input")
     writer = PdfWriter()
-    for path in inputs:
-        reader = open_pdf(path)
-        with pdf_errors(path.name):
+    for index, path in enumerate(inputs):
+        # Up to 1,000 inputs from many folders, often with like names (doc377.pdf in each):
+        # only the position and the full path say which one to fix.
+        label = _input_label(index, path)
+        reader = open_pdf(path, label)
+        with pdf_errors(label):
             first = len(writer.pages)
             for page in reader.pages:
                 writer.add_page(page)
         writer.add_outline_item(title=plain(path.stem) or path.name, page_number=first)
     writer.page_mode = "/UseOutlines"
-    # Objects are copied from the inputs lazily, while writing: a fault there is still theirs.
-    with pdf_errors(", ".join(p.name for p in inputs)), output.open("wb") as fh:
+    # Objects are copied from the inputs lazily, while writing: a fault there is still theirs,
+    # though no longer one input's to name.
+    with pdf_errors(_inputs_label(inputs)), output.open("wb") as fh:
         writer.write(fh)
+
+
+def _input_label(index: int, path: Path) -> str:
+    return f"inputs[{index}] {path}"
+
+
+def _inputs_label(inputs: list[Path]) -> str:
+    """All of a merge's inputs in a bounded phrase (a thousand paths would fill a screen)."""
+    if len(inputs) <= 3:
+        return ", ".join(_input_label(i, p) for i, p in enumerate(inputs))
+    last = len(inputs) - 1
+    return (
+        f"one of {len(inputs)} inputs ({_input_label(0, inputs[0])} … "
+        f"{_input_label(last, inputs[last])})"
+    )
 
 
 # -- stamp ---------------------------------------------------------------------------------

@@ -68,6 +68,33 @@ def test_merge_keeps_order_and_adds_one_outline_entry_per_input(
     assert [reader.get_destination_page_number(entry) for entry in outline] == [0, 2, 5]
 
 
+@pytest.mark.parametrize(
+    ("spoil", "reason"),
+    [
+        (lambda data: data[: len(data) // 2], "truncated PDF"),
+        (lambda data: b"", "empty file"),
+        (lambda data: b"%PDF-1.7\n" + bytes(range(256)) * 4 + b"\n%%EOF\n", "unreadable PDF"),
+    ],
+    ids=["truncated", "empty", "garbage"],
+)
+def test_merge_names_the_bad_inputs_position_and_full_path(
+    tmp_path: Path, a_pdf: Path, spoil: object, reason: str
+) -> None:
+    # Given 400 inputs named alike in different folders, of which inputs[376] is broken
+    inputs = []
+    for index in range(400):
+        folder = tmp_path / f"batch{index % 7}" / f"n{index}"
+        folder.mkdir(parents=True)
+        path = folder / f"doc{index + 1}.pdf"
+        path.write_bytes(a_pdf.read_bytes())
+        inputs.append(path)
+    inputs[376].write_bytes(spoil(a_pdf.read_bytes()))  # type: ignore[operator]
+    with pytest.raises(InvalidInput) as caught:
+        pdfops.merge(inputs, tmp_path / "out.pdf", {})
+    assert str(caught.value).startswith(f"inputs[376] {inputs[376]}: {reason}")
+    assert str(inputs[376]).startswith("/")
+
+
 # -- stamp ---------------------------------------------------------------------------------
 
 
