@@ -469,7 +469,7 @@ def _param_type_error(p: ParamSpec, v: Any) -> str | None:
         high = math.inf if p.high is None else p.high
         if not (math.isfinite(v) and low <= v <= high):
             return f"must be between {low:g} and {high:g}, got {v!r}"
-    return None
+    return p.check(v) if p.check is not None else None
 
 
 def _parse_deadline(v: Any) -> float | str:

@@ -36,6 +36,10 @@ class ParamSpec:
     # attempt, as invalid_input) says a value is out of it.
     low: float | None = None
     high: float | None = None
+    # What the type cannot say (not blank, at most N characters): the renderer's own rule
+    # (renderctl.render.rules), returning the problem or None, so validation and the run
+    # refuse the same values.
+    check: Callable[[Any], str | None] | None = None
 
 
 @dataclass(frozen=True)

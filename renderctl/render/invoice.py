@@ -13,7 +13,7 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
+from decimal import ROUND_HALF_UP, Context, Decimal, InvalidOperation, localcontext
 from pathlib import Path
 from typing import Any
 
@@ -41,9 +41,14 @@ from renderctl.render.layout import (
     numbered_canvas,
     styles,
 )
-from renderctl.render.text import para, para_lines, plain
+from renderctl.render.text import para, para_lines, plain, quoted, shortened
 
 CENT = Decimal("0.01")
+# Money is computed in this context, never the thread's: Decimal's default 28 digits round a
+# product of two allowed numbers (36 digits) before it is rounded to cents, which can move
+# the cent; and a python job earlier in the same worker may have changed the thread's
+# context. 50 digits hold every product, sum and tax below MAX_AMOUNT exactly.
+MONEY = Context(prec=50)
 # Bounds that keep Decimal arithmetic and layout sane; beyond them the input is a mistake.
 MAX_ABS_NUMBER = Decimal("1e12")
 MAX_PLACES = 6
@@ -52,6 +57,12 @@ MAX_TEXT = 1_000
 MAX_LINE = 200  # names and address lines: one block must fit on one page
 MAX_NOTES = 10_000
 MAX_INPUT_BYTES = 20_000_000
+# An invoice is 3 levels deep; far deeper JSON is hostile and would exhaust the recursion
+# limit inside the parser, which is a property of the file, not a retryable failure.
+MAX_NESTING = 100
+# Sums (net, tax, total) stay below 10^26: with cents that is the 28 digits anyone checking
+# the invoice with Decimal's default context can reproduce exactly; no real invoice nears it.
+MAX_AMOUNT = Decimal("1e26")
 
 _CURRENCY = re.compile(r"[A-Z]{3}")
 _TOP_FIELDS = {"number", "date", "due_date", "currency", "seller", "customer", "items", "notes"}
@@ -118,12 +129,30 @@ class Totals:
 
 def round_cents(amount: Decimal) -> Decimal:
     """Round to cents, half away from zero (0.005 -> 0.01, -0.005 -> -0.01)."""
-    return amount.quantize(CENT, rounding=ROUND_HALF_UP)
+    return amount.quantize(CENT, rounding=ROUND_HALF_UP, context=MONEY)
 
 
 def compute_totals(doc: Invoice) -> Totals:
-    """Line nets, tax per rate on the sum of that rate's nets, and the grand total."""
-    nets = tuple(round_cents(item.quantity * item.unit_price) for item in doc.items)
+    """Line nets, tax per rate on the sum of that rate's nets, and the grand total.
+
+    InvalidInput names the item at which the net total, or the total, passes MAX_AMOUNT."""
+    with localcontext(MONEY):
+        return _compute_totals(doc)
+
+
+def _compute_totals(doc: Invoice) -> Totals:
+    nets_list: list[Decimal] = []
+    running = Decimal(0)
+    for i, item in enumerate(doc.items):
+        line_net = round_cents(item.quantity * item.unit_price)
+        running += line_net
+        if abs(running) >= MAX_AMOUNT:
+            raise InvalidInput(
+                f"items[{i}]: the net total reaches {running:.4g}, "
+                f"more than an invoice can hold (limit {MAX_AMOUNT:.0e})"
+            )
+        nets_list.append(line_net)
+    nets = tuple(nets_list)
     base_by_rate: dict[Decimal, Decimal] = {}
     for item, line_net in zip(doc.items, nets, strict=True):
         # normalize(): 0.2 and 0.20 are one rate, not two tax lines.
@@ -135,6 +164,11 @@ def compute_totals(doc: Invoice) -> Totals:
     )
     net = sum(nets, Decimal(0))
     tax = sum((t.tax for t in taxes), Decimal(0))
+    if abs(net + tax) >= MAX_AMOUNT:
+        raise InvalidInput(
+            f"items: the total with tax reaches {net + tax:.4g}, "
+            f"more than an invoice can hold (limit {MAX_AMOUNT:.0e})"
+        )
     return Totals(line_nets=nets, net=net, taxes=taxes, tax=tax, total=net + tax)
 
 
@@ -143,7 +177,9 @@ def format_amount(amount: Decimal, *, min_places: int = 2) -> str:
     exponent = amount.as_tuple().exponent
     places = max(min_places, -exponent if isinstance(exponent, int) else 0)
     if places == min_places:
-        amount = amount.quantize(Decimal(1).scaleb(-places), rounding=ROUND_HALF_UP)
+        amount = amount.quantize(
+            Decimal(1).scaleb(-places), rounding=ROUND_HALF_UP, context=MONEY
+        )
     return f"{amount:,.{places}f}"
 
 
@@ -154,12 +190,12 @@ def format_money(currency: str, amount: Decimal) -> str:
 
 def format_rate(rate: Decimal) -> str:
     """A fractional tax rate as a percentage: 0.2 -> ``20%``, 0.055 -> ``5.5%``."""
-    return f"{(rate * 100).normalize():f}%"
+    return f"{MONEY.multiply(rate, 100).normalize(MONEY):f}%"
 
 
 def format_quantity(quantity: Decimal) -> str:
     """A quantity without exponent notation or trailing zeros: 2.50 -> ``2.5``."""
-    return f"{quantity.normalize():f}"
+    return f"{quantity.normalize(MONEY):f}"
 
 
 # -- parsing and validation ----------------------------------------------------------------
@@ -186,7 +222,33 @@ def load_invoice(path: Path) -> Invoice:
         ) from exc
     except ValueError as exc:  # NaN/Infinity, or an absurdly long integer
         raise InvalidInput(f"{path.name}: not valid JSON: {exc}") from exc
+    except RecursionError:
+        line, column = _too_deep(text)
+        raise InvalidInput(
+            f"{path.name}: line {line} column {column}: arrays/objects nested more than "
+            f"{MAX_NESTING} deep"
+        ) from None
     return parse_invoice(data)
+
+
+_NESTING_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]', re.DOTALL)
+
+
+def _too_deep(text: str) -> tuple[int, int]:
+    """Line and column (1-based) where nesting first passes MAX_NESTING; run only after the
+    parser gave up, so valid documents never pay for the scan."""
+    depth = 0
+    for match in _NESTING_TOKEN.finditer(text):
+        token = match.group()
+        if token in "[{":
+            depth += 1
+            if depth > MAX_NESTING:
+                start = match.start()
+                line_start = text.rfind("\n", 0, start) + 1
+                return text.count("\n", 0, start) + 1, start - line_start + 1
+        elif token in "]}":
+            depth -= 1
+    return 1, 1
 
 
 def _no_constant(name: str) -> Any:
@@ -233,7 +295,8 @@ def _object(value: Any, where: str, allowed: set[str]) -> dict[str, Any]:
     if unknown:
         prefix = f"{where}." if where else ""
         raise InvalidInput(
-            f"{prefix}{unknown[0]}: unknown field (allowed: {', '.join(sorted(allowed))})"
+            f"{prefix}{shortened(unknown[0])}: unknown field "
+            f"(allowed: {', '.join(sorted(allowed))})"
         )
     return value
 
@@ -294,16 +357,20 @@ def _number(value: Any, where: str) -> Decimal:
         try:
             number = Decimal(value.strip())
         except InvalidOperation:
-            raise InvalidInput(f"{where}: not a number: {value[:40]!r}") from None
+            raise InvalidInput(f"{where}: not a number: {quoted(value)}") from None
     else:
         raise InvalidInput(f"{where}: not a number (got {_json_type(value)})")
     if not number.is_finite():
-        raise InvalidInput(f"{where}: not a finite number: {value!r}")
-    if abs(number) >= MAX_ABS_NUMBER:
-        raise InvalidInput(f"{where}: {value} is too large (limit {MAX_ABS_NUMBER:,f})")
+        raise InvalidInput(f"{where}: not a finite number: {quoted(value)}")
+    if number.copy_abs() >= MAX_ABS_NUMBER:  # copy_abs: exact, whatever the thread's context
+        raise InvalidInput(
+            f"{where}: {shortened(value)} is too large (limit {MAX_ABS_NUMBER:,f})"
+        )
     exponent = number.as_tuple().exponent
     if isinstance(exponent, int) and -exponent > MAX_PLACES:
-        raise InvalidInput(f"{where}: {value} has more than {MAX_PLACES} decimal places")
+        raise InvalidInput(
+            f"{where}: {shortened(value)} has more than {MAX_PLACES} decimal places"
+        )
     return number
 
 
@@ -392,12 +459,19 @@ def render(inputs: list[Path], output: Path, params: Mapping[str, Any]) -> None:
     title = params.get("title") or "Invoice"
     if not isinstance(title, str):
         raise InvalidInput("params.title: expected a string")
-    build_pdf(doc, output, title=title)
+    try:
+        totals = compute_totals(doc)
+    except InvalidInput as exc:
+        raise InvalidInput(f"{inputs[0].name}: {exc}") from None
+    build_pdf(doc, output, title=title, totals=totals)
 
 
-def build_pdf(doc: Invoice, output: Path, *, title: str = "Invoice") -> None:
+def build_pdf(
+    doc: Invoice, output: Path, *, title: str = "Invoice", totals: Totals | None = None
+) -> None:
     """Lay out a validated invoice as a PDF at ``output``."""
-    totals = compute_totals(doc)
+    if totals is None:
+        totals = compute_totals(doc)
     st = styles()
     story: list[Any] = [
         _header(doc, title),

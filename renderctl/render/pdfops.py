@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import math
+import re
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,13 +20,20 @@ from reportlab.lib.colors import Color
 from reportlab.pdfgen.canvas import Canvas
 
 from renderctl.errors import InvalidInput
+from renderctl.render import rules
 from renderctl.render.registry import MAX_PAGES_PER_PART
-from renderctl.render.text import plain
+from renderctl.render.text import plain, quoted
 
 # The PDF spec lets the header sit anywhere in the first 1024 bytes.
 HEADER_WINDOW = 1024
 # Writers put %%EOF at the very end; a little trailing junk is common and harmless.
 EOF_WINDOW = 2048
+# Some transfers pad a file (NULs to a block size, a mail trailer) by more than EOF_WINDOW;
+# pypdf reads those. Looking further back is bounded so a huge file costs one bounded read.
+EOF_SEARCH = 1 << 20
+# A cut-off file can still hold an earlier %%EOF (an incremental update's base, or a
+# linearized file's first-page section): then what follows it is PDF structure, never padding.
+_PDF_STRUCTURE = re.compile(rb"\bobj\b|\bendobj\b|\bstream\b|\bxref\b|\btrailer\b|startxref")
 
 POSITIONS = ("center", "top", "bottom", "top-left", "top-right", "bottom-left", "bottom-right")
 
@@ -59,30 +67,37 @@ def pdf_errors(source: str) -> Iterator[None]:
         raise InvalidInput(f"{source}: unreadable PDF: {reason[:300]}") from exc
 
 
-def open_pdf(path: Path) -> PdfReader:
-    """Open a PDF for reading, or raise InvalidInput saying why it cannot be used."""
+def open_pdf(path: Path, label: str | None = None) -> PdfReader:
+    """Open a PDF for reading, or raise InvalidInput saying why it cannot be used.
+
+    Messages start with ``label`` (default: the file's name)."""
+    label = path.name if label is None else label
     try:
         with path.open("rb") as fh:
             head = fh.read(HEADER_WINDOW)
             size = fh.seek(0, io.SEEK_END)
             fh.seek(max(0, size - EOF_WINDOW))
             tail = fh.read()
+            if b"%%EOF" not in tail and size > EOF_WINDOW:
+                fh.seek(max(0, size - EOF_SEARCH))
+                tail = fh.read()
     except OSError as exc:
-        raise InvalidInput(f"{path.name}: cannot read: {exc.strerror or exc}") from exc
+        raise InvalidInput(f"{label}: cannot read: {exc.strerror or exc}") from exc
     if size == 0:
-        raise InvalidInput(f"{path.name}: empty file, not a PDF")
+        raise InvalidInput(f"{label}: empty file, not a PDF")
     if b"%PDF-" not in head:
-        raise InvalidInput(f"{path.name}: not a PDF (no %PDF- header)")
-    if b"%%EOF" not in tail:
-        raise InvalidInput(f"{path.name}: truncated PDF (no %%EOF marker at the end)")
-    with pdf_errors(path.name):
+        raise InvalidInput(f"{label}: not a PDF (no %PDF- header)")
+    marker = tail.rfind(b"%%EOF")
+    if marker < 0 or _PDF_STRUCTURE.search(tail, marker + 5):
+        raise InvalidInput(f"{label}: truncated PDF (no %%EOF marker at the end)")
+    with pdf_errors(label):
         reader = PdfReader(path, strict=False)
         if reader.is_encrypted:
             # Even an empty user password means someone meant to restrict it: not ours to open.
-            raise InvalidInput(f"{path.name}: encrypted PDF")
+            raise InvalidInput(f"{label}: encrypted PDF")
         pages = len(reader.pages)
     if pages == 0:
-        raise InvalidInput(f"{path.name}: PDF has no pages")
+        raise InvalidInput(f"{label}: PDF has no pages")
     return reader
 
 
@@ -94,17 +109,36 @@ def merge(inputs: list[Path], output: Path, params: Mapping[str, Any]) -> None:
     if not inputs:
         raise InvalidInput("merge needs at least one input")
     writer = PdfWriter()
-    for path in inputs:
-        reader = open_pdf(path)
-        with pdf_errors(path.name):
+    for index, path in enumerate(inputs):
+        # Up to 1,000 inputs from many folders, often with like names (doc377.pdf in each):
+        # only the position and the full path say which one to fix.
+        label = _input_label(index, path)
+        reader = open_pdf(path, label)
+        with pdf_errors(label):
             first = len(writer.pages)
             for page in reader.pages:
                 writer.add_page(page)
         writer.add_outline_item(title=plain(path.stem) or path.name, page_number=first)
     writer.page_mode = "/UseOutlines"
-    # Objects are copied from the inputs lazily, while writing: a fault there is still theirs.
-    with pdf_errors(", ".join(p.name for p in inputs)), output.open("wb") as fh:
+    # Objects are copied from the inputs lazily, while writing: a fault there is still theirs,
+    # though no longer one input's to name.
+    with pdf_errors(_inputs_label(inputs)), output.open("wb") as fh:
         writer.write(fh)
+
+
+def _input_label(index: int, path: Path) -> str:
+    return f"inputs[{index}] {path}"
+
+
+def _inputs_label(inputs: list[Path]) -> str:
+    """All of a merge's inputs in a bounded phrase (a thousand paths would fill a screen)."""
+    if len(inputs) <= 3:
+        return ", ".join(_input_label(i, p) for i, p in enumerate(inputs))
+    last = len(inputs) - 1
+    return (
+        f"one of {len(inputs)} inputs ({_input_label(0, inputs[0])} … "
+        f"{_input_label(last, inputs[last])})"
+    )
 
 
 # -- stamp ---------------------------------------------------------------------------------
@@ -114,15 +148,13 @@ def stamp(inputs: list[Path], output: Path, params: Mapping[str, Any]) -> None:
     """Draw ``params['text']`` on every page of ``inputs[0]``."""
     if len(inputs) != 1:
         raise InvalidInput(f"stamp takes exactly one input, got {len(inputs)}")
-    text = params.get("text")
-    if not isinstance(text, str) or not plain(text):
-        raise InvalidInput("params.text: a non-empty string is required")
-    text = plain(text)
-    if len(text) > 200:
-        raise InvalidInput(f"params.text: {len(text)} characters is more than 200")
+    rules.require("text", params.get("text"), rules.stamp_text)
+    text = plain(params["text"])
     position = params.get("position", "center")
     if position not in POSITIONS:
-        raise InvalidInput(f"params.position: {position!r} is not one of {', '.join(POSITIONS)}")
+        raise InvalidInput(
+            f"params.position: {quoted(position)} is not one of {', '.join(POSITIONS)}"
+        )
     opacity = _param_number(params, "opacity", 0.3, low=0.0, high=1.0)
     rotation = _param_number(
         params, "rotation", 45.0 if position == "center" else 0.0, low=-360.0, high=360.0
@@ -161,10 +193,13 @@ def _param_number(
 ) -> float:
     value = params.get(name, default)
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InvalidInput(f"params.{name}: expected a number, got {value!r}")
-    number = float(value)
+        raise InvalidInput(f"params.{name}: expected a number, got {quoted(value)}")
+    try:
+        number = float(value)
+    except OverflowError:  # an int of thousands of digits: also too big to print whole
+        number = math.inf
     if not math.isfinite(number) or not low <= number <= high:
-        raise InvalidInput(f"params.{name}: {value} is not between {low:g} and {high:g}")
+        raise InvalidInput(f"params.{name}: {number:g} is not between {low:g} and {high:g}")
     return number
 
 
@@ -225,7 +260,9 @@ def split(inputs: list[Path], output: Path, params: Mapping[str, Any]) -> None:
         or not isinstance(per_part, int)
         or not (1 <= per_part <= MAX_PAGES_PER_PART)
     ):
-        raise InvalidInput(f"params.pages_per_part: {per_part!r} is not a whole number >= 1")
+        raise InvalidInput(
+            f"params.pages_per_part: {quoted(per_part)} is not a whole number >= 1"
+        )
     if not output.is_dir():
         # The runner prepares the folder; its absence is our bug, so a plain (retried) error.
         raise NotADirectoryError(f"split output {output} is not a directory")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 from importlib.metadata import entry_points
 
+from renderctl.render import rules
 from renderctl.render.base import ParamSpec, RendererSpec
 
 MAX_PAGES_PER_PART = 100_000
@@ -33,8 +34,10 @@ BUILTIN: tuple[RendererSpec, ...] = (
         min_inputs=1,
         max_inputs=1,
         params=(
-            ParamSpec("title", "str", required=True, description="report title"),
-            ParamSpec("columns", "list[str]", description="columns to show, in order"),
+            ParamSpec("title", "str", required=True, description="report title",
+                      check=rules.non_blank),
+            ParamSpec("columns", "list[str]", description="columns to show, in order",
+                      check=rules.column_names),
             ParamSpec("sort_by", "str", description="column to sort rows by"),
             ParamSpec("descending", "bool", description="sort descending"),
             ParamSpec("chart", "str", description="numeric column drawn as a bar chart"),
@@ -53,7 +56,9 @@ BUILTIN: tuple[RendererSpec, ...] = (
         min_inputs=1,
         max_inputs=1,
         params=(
-            ParamSpec("text", "str", required=True, description="the stamp text"),
+            ParamSpec("text", "str", required=True, check=rules.stamp_text,
+                      description=f"the stamp text, one line of at most {rules.MAX_STAMP_TEXT}"
+                                  " characters"),
             ParamSpec(
                 "position",
                 "str",

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import csv
 import io
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
+from decimal import Context, Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +21,18 @@ from reportlab.lib import colors
 from reportlab.lib.pagesizes import landscape
 from reportlab.lib.units import mm
 from reportlab.pdfbase.pdfmetrics import stringWidth
-from reportlab.platypus import LayoutError, Paragraph, SimpleDocTemplate, Spacer, Table, TableStyle
+from reportlab.platypus import (
+    Flowable,
+    LayoutError,
+    Paragraph,
+    SimpleDocTemplate,
+    Spacer,
+    Table,
+    TableStyle,
+)
 
 from renderctl.errors import InvalidInput
+from renderctl.render import rules
 from renderctl.render.layout import (
     BAND,
     INK,
@@ -34,7 +44,7 @@ from renderctl.render.layout import (
     numbered_canvas,
     styles,
 )
-from renderctl.render.text import para, plain
+from renderctl.render.text import para, plain, quoted, shortened
 
 CHART_ROWS = 30
 MAX_INPUT_BYTES = 50_000_000
@@ -43,9 +53,22 @@ FONT = "Helvetica"
 FONT_BOLD = "Helvetica-Bold"
 FONT_SIZE = 8.5
 CELL_PADDING = 4
+ROW_PADDING = 2
+# Every cell is one line of plain text, so every row is this tall, computed as reportlab
+# would (leading 1.2 x size, then the paddings). Given up front, reportlab no longer
+# re-measures every remaining row at each page break, which made long reports quadratic.
+ROW_HEIGHT = FONT_SIZE * 1.2 + (ROW_PADDING + ROW_PADDING)
 # A cell is clipped with an ellipsis beyond this share of the page, so one long value
 # cannot squeeze every other column to nothing.
 MAX_COLUMN_SHARE = 0.45
+# Beyond this a "number" is a typo or hostile (1e999999 prints a million digits as a total,
+# and a chart of it overflows the float range): such a cell is text.
+MAX_MAGNITUDE = Decimal("1e30")
+# Totals are added in this context, not the thread's (which a python job run earlier in the
+# same worker may have left at 6 digits or rounding down): 60 digits keep any sum of cells
+# below MAX_MAGNITUDE with up to 30 decimals exact.
+SUMS = Context(prec=60)
+_THOUSANDS = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
 
 
 @dataclass(frozen=True)
@@ -63,6 +86,8 @@ class Dataset:
 
     header: tuple[str, ...]
     rows: tuple[tuple[str, ...], ...]
+    # The file line each row starts on (a quoted cell may span lines), for error messages.
+    lines: tuple[int, ...] = ()
 
 
 def load_csv(path: Path) -> Dataset:
@@ -91,9 +116,12 @@ def load_csv(path: Path) -> Dataset:
             if not name:
                 raise InvalidInput(f"{path.name}: header column {i + 1} has no name")
             if header.index(name) != i:
-                raise InvalidInput(f"{path.name}: header column {name!r} appears twice")
+                raise InvalidInput(f"{path.name}: header column {quoted(name)} appears twice")
         rows: list[tuple[str, ...]] = []
+        lines: list[int] = []
+        start = reader.line_num + 1
         for row in reader:
+            line, start = start, reader.line_num + 1
             if not row:
                 continue  # blank line
             if len(row) != len(header):
@@ -102,21 +130,28 @@ def load_csv(path: Path) -> Dataset:
                     f"the header has {len(header)}"
                 )
             rows.append(tuple(row))
+            lines.append(line)
     except csv.Error as exc:
         raise InvalidInput(f"{path.name}: line {reader.line_num}: bad CSV: {exc}") from exc
-    return Dataset(header=tuple(header), rows=tuple(rows))
+    return Dataset(header=tuple(header), rows=tuple(rows), lines=tuple(lines))
 
 
 def to_decimal(cell: str) -> Decimal | None:
     """A cell as a finite Decimal (thousands commas allowed), or None if it is not a number."""
-    text = cell.strip().replace(",", "")
+    text = cell.strip()
     if not text or len(text) > 40:
         return None
+    if "," in text:
+        # Only a true thousands separator: "1,5" or "2,25" is a decimal comma, and dropping
+        # it would read them as 15 and 225.
+        if not _THOUSANDS.fullmatch(text):
+            return None
+        text = text.replace(",", "")
     try:
         value = Decimal(text)
     except InvalidOperation:
         return None
-    return value if value.is_finite() else None
+    return value if value.is_finite() and value.copy_abs() < MAX_MAGNITUDE else None
 
 
 def columns_of(data: Dataset) -> tuple[Column, ...]:
@@ -135,7 +170,7 @@ def column_total(data: Dataset, column: Column) -> Decimal:
     for row in data.rows:
         value = to_decimal(row[column.index])
         if value is not None:
-            total += value
+            total = SUMS.add(total, value)
     return total
 
 
@@ -155,14 +190,13 @@ def render(inputs: list[Path], output: Path, params: Mapping[str, Any]) -> None:
     """Render the CSV in ``inputs[0]`` as a report PDF at ``output``."""
     if len(inputs) != 1:
         raise InvalidInput(f"report takes exactly one input, got {len(inputs)}")
-    title = params.get("title")
-    if not isinstance(title, str) or not title.strip():
-        raise InvalidInput("params.title: a non-empty string is required")
+    rules.require("title", params.get("title"), rules.non_blank)
+    title: str = params["title"]
     data = load_csv(inputs[0])
     all_columns = {c.name: c for c in columns_of(data)}
     shown = _pick_columns(params.get("columns"), all_columns)
     rows = _sorted_rows(data, params, all_columns)
-    chart_column = _chart_column(params.get("chart"), all_columns)
+    chart_column = _chart_column(params.get("chart"), all_columns, data, inputs[0].name)
     build_pdf(
         title=title,
         source=inputs[0].name,
@@ -176,15 +210,15 @@ def render(inputs: list[Path], output: Path, params: Mapping[str, Any]) -> None:
 
 def _missing(field: str, name: str, have: Mapping[str, Column]) -> InvalidInput:
     return InvalidInput(
-        f"params.{field}: no column {name!r} in the CSV (columns: {', '.join(have)})"
+        f"params.{field}: no column {quoted(name)} in the CSV "
+        f"(columns: {', '.join(shortened(c) for c in have)})"
     )
 
 
 def _pick_columns(value: Any, have: Mapping[str, Column]) -> tuple[Column, ...]:
     if value is None:
         return tuple(have.values())
-    if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
-        raise InvalidInput("params.columns: expected a non-empty list of column names")
+    rules.require("columns", value, rules.column_names)
     for name in value:
         if name not in have:
             raise _missing("columns", name, have)
@@ -215,16 +249,35 @@ def _sorted_rows(
     return tuple(filled + empty)
 
 
-def _chart_column(value: Any, have: Mapping[str, Column]) -> Column | None:
+def _chart_column(
+    value: Any, have: Mapping[str, Column], data: Dataset, source: str
+) -> Column | None:
     if value is None:
         return None
     if not isinstance(value, str):
         raise InvalidInput("params.chart: expected a column name")
     if value not in have:
         raise _missing("chart", value, have)
-    if not have[value].numeric:
-        raise InvalidInput(f"params.chart: column {value!r} is not numeric")
-    return have[value]
+    column = have[value]
+    # No rows: no cell says what the column holds, and build_pdf draws no chart anyway; the
+    # same params must not fail on an empty export that completes without a chart.
+    if not column.numeric and data.rows:
+        raise InvalidInput(
+            f"params.chart: column {quoted(value)} is not numeric{_why(data, column, source)}"
+        )
+    return column
+
+
+def _why(data: Dataset, column: Column, source: str) -> str:
+    """Where a column stops being numeric: the first filled cell that is not a number."""
+    for row, line in zip(data.rows, data.lines, strict=False):
+        cell = row[column.index]
+        if cell.strip() and to_decimal(cell) is None:
+            return (
+                f" ({source} line {line}, column {quoted(column.name)}: {quoted(cell)} is not a"
+                f" number below {MAX_MAGNITUDE:g})"
+            )
+    return ""
 
 
 def build_pdf(
@@ -274,7 +327,7 @@ def _clip(text: str, font: str, limit: float) -> str:
     return text + "…"
 
 
-def _table(data: Dataset, shown: Sequence[Column], width: float) -> Table:
+def _table(data: Dataset, shown: Sequence[Column], width: float) -> Flowable:
     # Plain strings, not Paragraphs: reportlab draws them verbatim (no markup) and fast.
     header = [plain(c.name) for c in shown]
     body = [[plain(row[c.index]) for c in shown] for row in data.rows]
@@ -298,9 +351,6 @@ def _table(data: Dataset, shown: Sequence[Column], width: float) -> Table:
         header[i] = _clip(header[i], FONT_BOLD, limit)
         for row in body:
             row[i] = _clip(row[i], FONT, limit)
-    rows: list[list[str]] = [header, *body]
-    if totals_row:
-        rows.append(totals_row)
     commands: list[tuple[Any, ...]] = [
         ("FONT", (0, 0), (-1, 0), FONT_BOLD, FONT_SIZE),
         ("FONT", (0, 1), (-1, -1), FONT, FONT_SIZE),
@@ -308,23 +358,101 @@ def _table(data: Dataset, shown: Sequence[Column], width: float) -> Table:
         ("BACKGROUND", (0, 0), (-1, 0), BAND),
         ("LINEBELOW", (0, 0), (-1, 0), 0.8, INK),
         ("ROWBACKGROUNDS", (0, 1), (-1, -1), [colors.white, ZEBRA]),
-        ("TOPPADDING", (0, 0), (-1, -1), 2),
-        ("BOTTOMPADDING", (0, 0), (-1, -1), 2),
+        ("TOPPADDING", (0, 0), (-1, -1), ROW_PADDING),
+        ("BOTTOMPADDING", (0, 0), (-1, -1), ROW_PADDING),
         ("LEFTPADDING", (0, 0), (-1, -1), CELL_PADDING),
         ("RIGHTPADDING", (0, 0), (-1, -1), CELL_PADDING),
     ]
     for i, c in enumerate(shown):
         if c.numeric:
             commands.append(("ALIGN", (i, 0), (i, -1), "RIGHT"))
+    # The last row's commands: they belong only to the table piece that ends the report.
+    last: list[tuple[Any, ...]]
     if totals_row:
-        commands += [
+        last = [
             ("FONT", (0, -1), (-1, -1), FONT_BOLD, FONT_SIZE),
             ("LINEABOVE", (0, -1), (-1, -1), 0.8, INK),
             ("BACKGROUND", (0, -1), (-1, -1), colors.white),
         ]
     else:
-        commands.append(("LINEBELOW", (0, -1), (-1, -1), 0.25, RULE))
-    return Table(rows, colWidths=widths, repeatRows=1, style=TableStyle(commands))
+        last = [("LINEBELOW", (0, -1), (-1, -1), 0.25, RULE)]
+    return _PagedTable(header, body, totals_row, widths, commands, last)
+
+
+class _PagedTable(Flowable):
+    """The report's table, handed to reportlab one page at a time.
+
+    One Table of every row was quadratic: at each page break reportlab builds the rest as a
+    new Table and measures all of its rows again (10k rows 5.4 s, 40k 71 s). This flowable
+    gives reportlab a Table of only a page's worth of rows (plus a margin) and lets that
+    Table choose the split, so each page's piece is what the single Table would have drawn:
+    header repeated, same zebra (it restarts on each page there too), totals at the end.
+    """
+
+    def __init__(
+        self,
+        header: list[str],
+        body: list[list[str]],
+        totals_row: list[str] | None,
+        widths: list[float],
+        commands: list[tuple[Any, ...]],
+        last: list[tuple[Any, ...]],
+        start: int = 0,
+    ) -> None:
+        super().__init__()
+        self._parts = (header, body, totals_row, widths, commands, last)
+        self._start = start
+        self._piece: Table | None = None
+        self.hAlign = "CENTER"  # as Table's default, so the frame places it the same
+
+    def _window(self, avail_height: float) -> Table:
+        header, body, totals_row, widths, commands, last = self._parts
+        # Two rows more than can fit, so a piece that is not the end always overflows and
+        # reportlab splits it exactly where it would have split the whole table.
+        end = self._start + int(avail_height // ROW_HEIGHT) + 2
+        rows = [header, *body[self._start : end]]
+        style = list(commands)
+        if end >= len(body):
+            if totals_row:
+                rows.append(totals_row)
+            style += last
+        return Table(
+            rows,
+            colWidths=widths,
+            rowHeights=[ROW_HEIGHT] * len(rows),
+            repeatRows=1,
+            style=TableStyle(style),
+        )
+
+    def wrap(self, availWidth: float, availHeight: float) -> tuple[float, float]:  # noqa: N803
+        self._piece = self._window(availHeight)
+        width, height = self._piece.wrap(availWidth, availHeight)
+        self.width, self.height = width, height
+        return width, height
+
+    def split(self, availWidth: float, availHeight: float) -> list[Flowable]:  # noqa: N803
+        piece = self._window(availHeight)
+        parts = piece.split(availWidth, availHeight)
+        if len(parts) != 2:
+            return parts  # [] (nothing fits here) or [piece] (the rest fits)
+        taken = len(parts[0]._cellvalues) - 1  # body rows on this page, without the header
+        header, body, totals_row, widths, commands, last = self._parts
+        if self._start + taken >= len(body):
+            return parts  # only the totals row moves on: reportlab's own second piece
+        rest = _PagedTable(
+            header, body, totals_row, widths, commands, last, start=self._start + taken
+        )
+        return [parts[0], rest]
+
+    def draw(self) -> None:
+        assert self._piece is not None, "reportlab wraps a flowable before drawing it"
+        # Draw on this flowable's canvas as it stands (drawOn would add a save/translate
+        # pair, and the bytes would differ from a plain Table's for nothing).
+        self._piece.canv = self.canv
+        try:
+            self._piece.draw()
+        finally:
+            del self._piece.canv
 
 
 def _bar_chart(data: Dataset, column: Column, label: Column | None, width: float) -> Drawing:

@@ -35,3 +35,17 @@ def para_lines(lines: list[str]) -> str:
 def plain(text: str) -> str:
     """One line of user text for a plain table cell or ``drawString`` (no markup is parsed)."""
     return " ".join(clean(text).split())
+
+
+def shortened(value: object, limit: int = 40) -> str:
+    """A user's value for an error message, cut to ``limit`` characters and an ellipsis.
+
+    Messages end up in one-line listings (``dead list``); a value pasted back whole would
+    let one 5,000-digit field fill the screen."""
+    text = value if isinstance(value, str) else str(value)
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def quoted(value: object, limit: int = 40) -> str:
+    """``repr`` of a user's value for an error message, cut like ``shortened``."""
+    return repr(shortened(value, limit))

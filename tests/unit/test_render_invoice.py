@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import decimal
 import json
 import sys
 from decimal import ROUND_HALF_UP, Decimal
@@ -244,6 +245,104 @@ def test_unreadable_json_is_invalid_input(tmp_path: Path, raw: bytes, message: s
     source.write_bytes(raw)
     with pytest.raises(InvalidInput, match=message):
         invoice.render([source], tmp_path / "out.pdf", {})
+
+
+def test_json_nested_past_the_recursion_limit_is_invalid_input(tmp_path: Path) -> None:
+    source = tmp_path / "deep.json"
+    source.write_text("[" * 100_000 + "]" * 100_000, encoding="utf-8")
+    with pytest.raises(InvalidInput) as caught:
+        invoice.render([source], tmp_path / "out.pdf", {})
+    assert str(caught.value) == (
+        f"deep.json: line 1 column {invoice.MAX_NESTING + 1}: arrays/objects nested more than "
+        f"{invoice.MAX_NESTING} deep"
+    )
+
+
+def test_deep_nesting_position_skips_brackets_inside_strings(tmp_path: Path) -> None:
+    source = tmp_path / "deep.json"
+    source.write_text('{"a": "[[[{{",\n "b": ' + "[" * 50_000 + "]" * 50_000 + "}")
+    with pytest.raises(InvalidInput, match=r"deep.json: line 2 column 106:"):
+        invoice.render([source], tmp_path / "out.pdf", {})
+
+
+def test_a_total_past_the_amount_limit_is_invalid_input_naming_the_item(tmp_path: Path) -> None:
+    # Each number is inside the 1e12 limit; their products add up past 1e26 at item 100
+    item = {"description": "x", "quantity": "999999999999", "unit_price": "999999999999.99"}
+    source = write_doc(tmp_path / "big.json", make_doc(items=[item] * 101))
+    with pytest.raises(InvalidInput) as caught:
+        invoice.render([source], tmp_path / "out.pdf", {})
+    assert str(caught.value).startswith("big.json: items[100]: the net total reaches 1.010e+26")
+    assert not (tmp_path / "out.pdf").exists()
+    # One item fewer is still an invoice
+    write_doc(source, make_doc(items=[item] * 100))
+    invoice.render([source], tmp_path / "out.pdf", {})
+    last_page = PdfReader(tmp_path / "out.pdf").pages[-1].extract_text()
+    assert "Total due\nEUR 99,999,999,999,899,000,000,000,001.00" in last_page
+
+
+def test_a_total_with_tax_past_the_amount_limit_names_the_items(tmp_path: Path) -> None:
+    item = {"description": "x", "quantity": "999999999999", "unit_price": "999999999999.99",
+            "tax_rate": "0.5"}
+    source = write_doc(tmp_path / "big.json", make_doc(items=[item] * 99))
+    with pytest.raises(InvalidInput, match=r"^big.json: items: the total with tax reaches"):
+        invoice.render([source], tmp_path / "out.pdf", {})
+
+
+BIG_ITEM = {
+    "description": "x",
+    "quantity": "654755751783.744744",
+    "unit_price": "280157244087.723986",
+}
+# The exact product is ...881422.234950229584: half-up to cents is .23 (a 28-digit product
+# is rounded to ...881422.2350 first, which then rounds up to .24).
+BIG_TOTAL = "EUR 183,434,566,970,319,795,881,422.23"
+
+
+def test_money_is_exact_at_the_largest_allowed_values(tmp_path: Path) -> None:
+    _, pages = render_text(tmp_path, make_doc(items=[BIG_ITEM]))
+    assert f"Total due\n{BIG_TOTAL}" in pages[-1]
+    assert "183,434,566,970,319,795,881,422.23\n" in pages[0]  # the line's amount
+
+
+@pytest.mark.parametrize(
+    "context",
+    [
+        decimal.Context(prec=6, rounding=decimal.ROUND_FLOOR),
+        decimal.Context(prec=28, rounding=decimal.ROUND_DOWN, traps=[decimal.Inexact]),
+    ],
+)
+def test_money_ignores_the_threads_decimal_context(
+    tmp_path: Path, context: decimal.Context
+) -> None:
+    # A python job earlier in the same worker may leave the thread's context like this
+    doc = make_doc(items=[BIG_ITEM, {"description": "y", "quantity": "1.5", "unit_price": "0.01",
+                                     "tax_rate": "0.19"}])
+    with decimal.localcontext(context):
+        _, pages = render_text(tmp_path, doc)
+    # 0.015 -> 0.02 net at 19%: tax 0.0038 -> 0.00; total = big + 0.02
+    assert "Total due\nEUR 183,434,566,970,319,795,881,422.25" in pages[-1]
+    assert "\n1.5\n" in pages[0] and "\n19%\n" in pages[0]
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "message"),
+    [
+        ("items.0.unit_price", "1" + "0" * 5_000,
+         f"items[0].unit_price: 1{'0' * 39}… is too large (limit 1,000,000,000,000)"),
+        ("items.0.unit_price", "1." + "0" * 5_000,
+         f"items[0].unit_price: 1.{'0' * 38}… has more than 6 decimal places"),
+        ("items.0.quantity", "x" * 5_000, f"items[0].quantity: not a number: '{'x' * 40}…'"),
+        ("items.0.quantity", "-sNaN" + "1" * 5_000,
+         f"items[0].quantity: not a finite number: '-sNaN{'1' * 35}…'"),
+        ("items.0." + "k" * 5_000, 1, f"items[0].{'k' * 40}…: unknown field (allowed: "),
+    ],
+)
+def test_messages_cut_long_values(tmp_path: Path, path: str, value: Any, message: str) -> None:
+    source = write_doc(tmp_path / "bad.json", _with(path, value))
+    with pytest.raises(InvalidInput) as caught:
+        invoice.render([source], tmp_path / "out.pdf", {})
+    assert str(caught.value).startswith(message)
+    assert len(str(caught.value)) < 200
 
 
 # -- property: the printed total is the Decimal arithmetic --------------------------------

@@ -68,6 +68,33 @@ def test_merge_keeps_order_and_adds_one_outline_entry_per_input(
     assert [reader.get_destination_page_number(entry) for entry in outline] == [0, 2, 5]
 
 
+@pytest.mark.parametrize(
+    ("spoil", "reason"),
+    [
+        (lambda data: data[: len(data) // 2], "truncated PDF"),
+        (lambda data: b"", "empty file"),
+        (lambda data: b"%PDF-1.7\n" + bytes(range(256)) * 4 + b"\n%%EOF\n", "unreadable PDF"),
+    ],
+    ids=["truncated", "empty", "garbage"],
+)
+def test_merge_names_the_bad_inputs_position_and_full_path(
+    tmp_path: Path, a_pdf: Path, spoil: object, reason: str
+) -> None:
+    # Given 400 inputs named alike in different folders, of which inputs[376] is broken
+    inputs = []
+    for index in range(400):
+        folder = tmp_path / f"batch{index % 7}" / f"n{index}"
+        folder.mkdir(parents=True)
+        path = folder / f"doc{index + 1}.pdf"
+        path.write_bytes(a_pdf.read_bytes())
+        inputs.append(path)
+    inputs[376].write_bytes(spoil(a_pdf.read_bytes()))  # type: ignore[operator]
+    with pytest.raises(InvalidInput) as caught:
+        pdfops.merge(inputs, tmp_path / "out.pdf", {})
+    assert str(caught.value).startswith(f"inputs[376] {inputs[376]}: {reason}")
+    assert str(inputs[376]).startswith("/")
+
+
 # -- stamp ---------------------------------------------------------------------------------
 
 
@@ -205,6 +232,58 @@ def test_unusable_pdf_is_invalid_input(
     with pytest.raises(InvalidInput, match=reason) as caught:
         getattr(pdfops, operation)([bad], out, {"text": "X"})
     assert "bad.pdf" in str(caught.value)
+
+
+@pytest.mark.parametrize("padding", [4096, 200_000])
+@pytest.mark.parametrize("operation", ["merge", "stamp", "split"])
+def test_a_pdf_padded_after_its_eof_marker_is_read(
+    tmp_path: Path, a_pdf: Path, padding: int, operation: str
+) -> None:
+    # Given a valid PDF that a transfer padded with NULs past the old 2 KB window
+    padded = tmp_path / "padded.pdf"
+    padded.write_bytes(a_pdf.read_bytes() + b"\0" * padding)
+    out = tmp_path / "out"
+    if operation == "split":
+        out.mkdir()
+    # When it is used, Then its pages come through like the unpadded file's
+    getattr(pdfops, operation)([padded], out, {"text": "X", "pages_per_part": 5})
+    written = next(out.iterdir()) if operation == "split" else out
+    assert [p.extract_text().strip()[:12] for p in PdfReader(written).pages] == [
+        "alpha page 1",
+        "alpha page 2",
+    ]
+
+
+def _updated(path: Path, source: Path) -> Path:
+    # An incremental update appends objects, an xref and a second %%EOF after the first.
+    writer = PdfWriter(source, incremental=True)
+    for number in range(40):
+        writer.add_metadata({f"/Note{number}": "x" * 100})
+        writer.pages[0][NameObject(f"/Extra{number}")] = writer._add_object(
+            StreamObject()
+        )
+    writer.write(path)
+    return path
+
+
+def test_a_pdf_cut_inside_an_appended_update_stays_truncated(tmp_path: Path, a_pdf: Path) -> None:
+    whole = _updated(tmp_path / "whole.pdf", a_pdf)
+    data = whole.read_bytes()
+    first_eof = data.index(b"%%EOF")
+    assert data.count(b"%%EOF") == 2 and len(data) - first_eof > 4096
+    cut = tmp_path / "cut.pdf"
+    # Cut after the base file's %%EOF, inside the update, more than 2 KB after the marker
+    cut.write_bytes(data[: first_eof + 3000])
+    with pytest.raises(InvalidInput, match="cut.pdf: truncated"):
+        pdfops.open_pdf(cut)
+    assert len(pdfops.open_pdf(whole).pages) == 2
+
+
+def test_padding_beyond_the_search_window_is_refused(tmp_path: Path, a_pdf: Path) -> None:
+    padded = tmp_path / "padded.pdf"
+    padded.write_bytes(a_pdf.read_bytes() + b"\0" * (pdfops.EOF_SEARCH + 1))
+    with pytest.raises(InvalidInput, match="padded.pdf: truncated"):
+        pdfops.open_pdf(padded)
 
 
 def test_missing_input_is_invalid_input(tmp_path: Path) -> None:

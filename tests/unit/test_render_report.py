@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import csv
+import decimal
+import math
+import time
 from pathlib import Path
 from typing import Any
 
@@ -102,7 +105,105 @@ def test_bad_csv_is_invalid_input(tmp_path: Path, content: bytes, message: str) 
         report.render([source], tmp_path / "r.pdf", {"title": "T"})
 
 
-def test_header_only_csv_renders_an_empty_table(tmp_path: Path) -> None:
+@pytest.mark.parametrize("params", [{}, {"chart": "b"}, {"chart": "b", "sort_by": "b"}])
+def test_header_only_csv_renders_an_empty_table(tmp_path: Path, params: dict[str, Any]) -> None:
     source = write_csv(tmp_path / "empty.csv", ["a", "b"], [])
-    pages = render_pages(source, tmp_path / "r.pdf")
-    assert "0 rows" in pages[0]
+    pages = render_pages(source, tmp_path / "r.pdf", **params)
+    assert len(pages) == 1
+    assert "0 rows from empty.csv\na\nb\n" in pages[0]
+
+
+def test_header_only_csv_still_needs_the_chart_column_to_exist(tmp_path: Path) -> None:
+    source = write_csv(tmp_path / "empty.csv", ["a", "b"], [])
+    with pytest.raises(InvalidInput, match="params.chart: no column 'c'"):
+        report.render([source], tmp_path / "r.pdf", {"title": "T", "chart": "c"})
+
+
+@pytest.mark.parametrize("huge", ["1e999999", "1.7e308", "-1e30"])
+def test_a_chart_of_a_number_beyond_any_sane_size_is_invalid_input_naming_the_cell(
+    tmp_path: Path, huge: str
+) -> None:
+    source = tmp_path / "huge.csv"
+    source.write_bytes(f'name,amount\n"A\nwith a line break",2\nB,{huge}\nC,1\n'.encode())
+    with pytest.raises(InvalidInput) as caught:
+        report.render([source], tmp_path / "r.pdf", {"title": "T", "chart": "amount"})
+    assert str(caught.value) == (
+        "params.chart: column 'amount' is not numeric (huge.csv line 4, column 'amount': "
+        f"'{huge}' is not a number below 1e+30)"
+    )
+
+
+def test_a_number_beyond_any_sane_size_is_text_in_the_table(tmp_path: Path) -> None:
+    source = write_csv(tmp_path / "huge.csv", ["name", "amount"], [["A", "1e999999"], ["B", "1"]])
+    pages = render_pages(source, tmp_path / "r.pdf", sort_by="amount")
+    # No total of a million digits: the column is text, sorted as text
+    assert "Total" not in pages[0]
+    assert pages[0].index("B\n1") < pages[0].index("A\n1e999999")
+
+
+def test_totals_ignore_the_threads_decimal_context(tmp_path: Path) -> None:
+    rows = [["A", "123456789012.345678"], ["B", "0.000001"]]
+    source = write_csv(tmp_path / "t.csv", ["name", "amount"], rows)
+    # A python job earlier in the same worker may leave the thread's context like this
+    with decimal.localcontext(decimal.Context(prec=6, rounding=decimal.ROUND_FLOOR)):
+        pages = render_pages(source, tmp_path / "r.pdf")
+    assert "Total\n123,456,789,012.345679" in pages[0]
+
+
+def test_a_comma_is_only_a_thousands_separator(tmp_path: Path) -> None:
+    rows = [["A", "1,5"], ["B", "2,25"], ["C", "1,000"]]
+    source = write_csv(tmp_path / "comma.csv", ["name", "amount"], rows)
+    pages = render_pages(source, tmp_path / "r.pdf", sort_by="amount")
+    # "1,5" is not a number, so the column is text: no total, sorted as text
+    assert "Total" not in pages[0]
+    assert "C\n1,000\nA\n1,5\nB\n2,25" in pages[0]
+    with pytest.raises(InvalidInput, match=r"comma.csv line 2, column 'amount': '1,5' is not"):
+        report.render([source], tmp_path / "r.pdf", {"title": "T", "chart": "amount"})
+
+
+def test_thousands_separators_still_make_numbers(tmp_path: Path) -> None:
+    rows = [["A", "1,000"], ["B", "-12,345,678.5"], ["C", "999"], ["D", "2,000.25"]]
+    source = write_csv(tmp_path / "k.csv", ["name", "amount"], rows)
+    pages = render_pages(source, tmp_path / "r.pdf", sort_by="amount")
+    assert "B\n-12,345,678.5\nC\n999\nA\n1,000\nD\n2,000.25\nTotal\n-12,341,679.25" in pages[0]
+
+
+def _numbered_rows(path: Path, count: int) -> Path:
+    rows = [[f"Item {i:06d}", i, f"{i / 100:.2f}"] for i in range(1, count + 1)]
+    return write_csv(path, ["item", "units", "price"], rows)
+
+
+@pytest.mark.parametrize("count", [1, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 600])
+def test_long_table_pages_hold_every_row_once_with_header_and_totals_last(
+    tmp_path: Path, count: int
+) -> None:
+    source = _numbered_rows(tmp_path / "rows.csv", count)
+    pages = render_pages(source, tmp_path / "r.pdf", chart="units")
+    seen: list[int] = []
+    for number, text in enumerate(pages, 1):
+        lines = text.split("\n")
+        # The table starts with its header (the chart's labels, on page 1, come before it)
+        table = lines.index("item")
+        assert lines[table : table + 3] == ["item", "units", "price"]
+        assert f"Page {number} of {len(pages)}" in text
+        seen += [int(line[5:]) for line in lines[table:] if line.startswith("Item ")]
+        assert ("Total" in lines) == (number == len(pages))
+    assert seen == list(range(1, count + 1))
+    units = count * (count + 1) // 2
+    assert f"Total\n{units:,}\n{units / 100:,.2f}\n" in pages[-1]
+
+
+def test_report_time_grows_linearly_with_rows(tmp_path: Path) -> None:
+    # One reportlab Table re-measured every remaining row at each page break: 4x the rows
+    # took ~13x the time (10k rows 4 s, 40k 51 s). Linear is 4x; the bound leaves room for noise.
+    timings = []
+    for count in (4_000, 16_000):
+        source = _numbered_rows(tmp_path / f"{count}.csv", count)
+        started = time.perf_counter()
+        report.render([source], tmp_path / f"{count}.pdf", {"title": "T"})
+        timings.append(time.perf_counter() - started)
+        # 49 rows a page, 45 on the first (under the title), then the totals row
+        assert len(PdfReader(tmp_path / f"{count}.pdf").pages) == 1 + math.ceil(
+            (count + 1 - 45) / 49
+        )
+    assert timings[1] < 7 * timings[0], timings

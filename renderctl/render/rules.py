@@ -1,0 +1,48 @@
+"""Param rules that validation and the renderers share, so they cannot drift apart.
+
+Each rule takes a param's value and returns what is wrong with it, or None. Validation runs
+it through ``ParamSpec.check`` (a manifest error naming the job and ``params.<name>``);
+the renderer runs the same rule at run time through ``require`` (``InvalidInput``), for
+jobs that reached the queue another way. Nothing here imports reportlab or pypdf.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from renderctl.errors import InvalidInput
+from renderctl.render.text import plain
+
+MAX_STAMP_TEXT = 200
+
+
+def stamp_text(value: Any) -> str | None:
+    """A stamp is one line of drawable text: not blank once control characters are dropped."""
+    if not isinstance(value, str) or not plain(value):
+        return "a non-empty string is required"
+    length = len(plain(value))
+    if length > MAX_STAMP_TEXT:
+        return f"{length} characters is more than {MAX_STAMP_TEXT}"
+    return None
+
+
+def non_blank(value: Any) -> str | None:
+    """A heading: a string with something besides whitespace in it."""
+    if not isinstance(value, str) or not value.strip():
+        return "a non-empty string is required"
+    return None
+
+
+def column_names(value: Any) -> str | None:
+    """A report's column selection: at least one name (which ones exist is the CSV's say)."""
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
+        return "expected a non-empty list of column names"
+    return None
+
+
+def require(name: str, value: Any, rule: Callable[[Any], str | None]) -> None:
+    """Raise InvalidInput naming ``params.<name>`` if ``rule`` finds ``value`` wrong."""
+    problem = rule(value)
+    if problem is not None:
+        raise InvalidInput(f"params.{name}: {problem}")
