@@ -12,6 +12,7 @@ else's file: the job dead-letters with ``output_exists`` and the file is left un
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 from enum import StrEnum
@@ -119,10 +120,16 @@ def is_ours(tmp: Path, final: Path, *, is_dir: bool, job_id: str,
 
 
 def discard(tmp: Path) -> None:
-    """Remove an attempt's temporary (file or folder)."""
+    """Remove an attempt's temporary (file or folder), if it can be.
+
+    One that cannot (a folder gone read-only or unwritable: the reason its job is being
+    released) is left where it is: never published, and removed by the next runner's sweep
+    of stale temporaries beside outputs. Failing here would stop the runner with jobs left
+    in running/ and no summary."""
     if tmp.is_dir() and not tmp.is_symlink():
         import shutil
 
         shutil.rmtree(tmp, ignore_errors=True)
     else:
-        unlink_quiet(tmp)
+        with contextlib.suppress(OSError):
+            unlink_quiet(tmp)

@@ -769,6 +769,8 @@ class Runner:
                 self.q.poll_new(self.index)
                 self._rescan(now)
                 if self._finished():
+                    if self.halted:
+                        self._halt()  # its event, when the halt came in this very pass
                     return
             if now >= self._next_state:
                 self._next_state = now + STATE_INTERVAL_S
@@ -989,6 +991,9 @@ class Runner:
             return
         try:
             if (spec.out_root, str(final.parent)) not in self._confined:
+                # Confined before anything is made: a symlink out of the root must neither
+                # get folders made at its target nor have their errors blamed on the folder.
+                check_confined(Path(spec.out_root).resolve(), final)
                 os.makedirs(final.parent, mode=0o755, exist_ok=True)
             # Before the worker writes its temporary there: a folder that exists already may
             # be a symlink out of the root, which isdir() happily follows.
@@ -1528,12 +1533,16 @@ class Runner:
         for a, fin in batch:
             rec = a.claim.record
             outcome = fin.outcome
+            problem = None
             if a.cancel_requested:
                 outcome = Outcome.CANCELLED.value
-            elif outcome in (Outcome.FAILED.value, Outcome.INVALID_OUTPUT.value) and (
-                    problem := output_folder_problem(a.final)):
+            elif outcome in (Outcome.FAILED.value, Outcome.INVALID_OUTPUT.value) \
+                    and a.started_wall is not None \
+                    and (problem := output_folder_problem(a.final)):
                 # It failed where nothing could have succeeded: not charged, and the run
                 # stops (exit 74) rather than spend every job's attempts on the folder.
+                # (Only a job that ran: what _accept_claim refused, such as a path out of
+                # the output root, is the job's own problem whatever the folder allows.)
                 self._output_io(problem)
                 outcome = Outcome.RELEASED.value
                 fin = replace(fin, error=f"{problem} ({fin.error})" if fin.error else problem)
@@ -1549,6 +1558,9 @@ class Runner:
                     outcome = Outcome.INVALID_OUTPUT.value
                     fin = replace(fin, error=f"output path: {exc}")
             t = self._transition(a, fin, outcome, now)
+            if problem:  # not "released by a stopping runner": the folder stopped it
+                t = replace(t, record=replace(t.record,
+                                              reason=f"released: cannot write outputs: {problem}"))
             if t.dst is State.DONE:
                 to_link.append((a, len(transitions), fin))
             else:

@@ -14,7 +14,7 @@ import multiprocessing
 import os
 import shutil
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -179,55 +179,75 @@ def test_a_worker_that_cannot_write_its_started_log_says_so_once_and_runs_nothin
             proc.join()
 
 
-@pytest.fixture
-def immutable() -> Iterator[Any]:
-    """Make folders unwritable even to root (chattr +i: EPERM), undone afterwards."""
-    if os.geteuid() != 0 or shutil.which("chattr") is None:
-        pytest.skip("needs root and chattr to make a folder root cannot write")
-    done: list[Path] = []
-
-    def make(folder: Path) -> None:
-        r = subprocess.run(["chattr", "+i", str(folder)], capture_output=True, text=True)
+@contextlib.contextmanager
+def _made_unwritable(out: Path, how: str) -> Iterator[Callable[[], None]]:
+    """``out`` unwritable even to root, by ``chattr +i`` (EPERM) or as a read-only mount
+    (EROFS, where even unlinking a missing file fails); yields what makes it writable."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root")
+    if how == "chattr +i":
+        if shutil.which("chattr") is None:
+            pytest.skip("needs chattr")
+        out.mkdir()
+        subprocess.run(["chattr", "+i", str(out)], check=True)
+        undo = ["chattr", "-i", str(out)]
+    else:
+        out.mkdir()
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(out)],
+                           capture_output=True, text=True)
         if r.returncode != 0:
-            pytest.skip(f"chattr +i refused here: {r.stderr.strip()}")
-        done.append(folder)
+            pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+        subprocess.run(["mount", "-o", "remount,ro", str(out)], check=True)
+        undo = ["mount", "-o", "remount,rw", str(out)]
+    done = False
 
-    yield make
-    for folder in done:
-        subprocess.run(["chattr", "-i", str(folder)], check=True)
+    def writable() -> None:
+        nonlocal done
+        if not done:
+            subprocess.run(undo, check=True)
+            done = True
+
+    try:
+        yield writable
+    finally:
+        writable()
+        if how != "chattr +i":
+            subprocess.run(["umount", str(out)], check=True)
 
 
-@pytest.mark.parametrize("output", ["x.pdf", "sub/x.pdf"],
-                         ids=["job cannot write its output", "output folder cannot be made"])
+@pytest.mark.parametrize(("how", "output"), [
+    ("chattr +i", "x.pdf"), ("chattr +i", "sub/x.pdf"), ("read-only mount", "x.pdf")],
+    ids=["job cannot write its output", "output folder cannot be made", "read-only mount"])
 def test_an_unwritable_output_folder_stops_the_run_with_74_charging_nothing(
-        tmp_path: Path, write_manifest: Any, immutable: Any, output: str) -> None:
+        tmp_path: Path, write_manifest: Any, how: str, output: str) -> None:
     # Given two jobs of one attempt each, and an output root nobody can write to
     stage(tmp_path)
     manifest = write_manifest([py_job("x", "write_pdf", output=output),
                                py_job("y", "write_pdf")], defaults={"max_attempts": 1})
     queue, out = tmp_path / "q", tmp_path / "out"
-    out.mkdir()
-    immutable(out)
+    with _made_unwritable(out, how) as make_writable:
+        # When they run
+        res = run_cli("run", manifest, *cli_args(queue, out, "--workers", "1"))
 
-    # When they run
-    res = run_cli("run", manifest, *cli_args(queue, out, "--workers", "1"))
+        # Then the run halts (saying so) and exits 74 with the reason, and no job was
+        # charged or dead-lettered
+        assert res.returncode == ExitCode.IO_ERROR, res.stdout + res.stderr
+        assert f"cannot write outputs: {out}" in res.stderr, res.stderr
+        assert any(ln.startswith("halted ") for ln in res.stdout.splitlines()), res.stdout
+        assert res.stdout.splitlines()[-1].startswith("summary:"), res.stdout
+        assert "Traceback" not in res.stdout + res.stderr
+        view = QueueView(queue)
+        assert view.states_of({"x", "y"}) == {"x": ["pending"], "y": ["pending"]}
+        for jid in ("x", "y"):
+            outcomes = [a["outcome"] for a in view.record("pending", jid)["attempts"]]
+            assert set(outcomes) <= {"released"}, (jid, outcomes)
 
-    # Then the run stops with 74 saying why, and no job was charged or dead-lettered
-    assert res.returncode == ExitCode.IO_ERROR, res.stdout + res.stderr
-    assert f"cannot write outputs: {out}" in res.stderr, res.stderr
-    assert "Traceback" not in res.stdout + res.stderr
-    view = QueueView(queue)
-    assert view.states_of({"x", "y"}) == {"x": ["pending"], "y": ["pending"]}
-    for jid in ("x", "y"):
-        outcomes = [a["outcome"] for a in view.record("pending", jid)["attempts"]]
-        assert set(outcomes) <= {"released"}, (jid, outcomes)
+        # When the folder is fixed and the queue run again
+        make_writable()
+        second = run_cli("run", *cli_args(queue, out, "--workers", "1"))
 
-    # When the folder is fixed and the queue run again
-    subprocess.run(["chattr", "-i", str(out)], check=True)
-    second = run_cli("run", *cli_args(queue, out, "--workers", "1"))
-
-    # Then both complete, once
-    assert second.returncode == ExitCode.OK, second.stdout + second.stderr
-    assert_pdf(out / output, "x")
-    assert_pdf(out / "y.pdf", "y")
-    assert stray_temporaries(out) == []
+        # Then both complete, once
+        assert second.returncode == ExitCode.OK, second.stdout + second.stderr
+        assert_pdf(out / output, "x")
+        assert_pdf(out / "y.pdf", "y")
+        assert stray_temporaries(out) == []

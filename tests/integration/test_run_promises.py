@@ -82,19 +82,33 @@ def test_follow_finds_a_job_whose_submit_was_killed_before_its_doorbell(
     assert_pdf(out / "stranded.pdf", "stranded")
 
 
+@pytest.mark.parametrize("immutable", [False, True], ids=["outside writable", "outside +i"])
+@pytest.mark.parametrize("output", ["evil/x.pdf", "evil/sub/x.pdf"])
 def test_an_output_folder_symlinked_out_of_the_root_is_refused(
-        tmp_path: Path, write_manifest: Any) -> None:
-    # Given an output root whose folder "evil" is a symlink to a folder outside it
+        tmp_path: Path, write_manifest: Any, output: str, immutable: bool) -> None:
+    import shutil
+    import subprocess
+
+    # Given an output root whose folder "evil" is a symlink to a folder outside it (one
+    # nobody can write to, in the second case: its refusals are not the output folder's)
     stage(tmp_path)
     queue, out, outside = tmp_path / "q", tmp_path / "out", tmp_path / "outside"
     out.mkdir()
     outside.mkdir()
     (out / "evil").symlink_to(outside, target_is_directory=True)
-    manifest = write_manifest([py_job("escape", "write_pdf", "evil/x.pdf"),
+    manifest = write_manifest([py_job("escape", "write_pdf", output),
                                py_job("fine", "write_pdf", "ok/y.pdf")])
+    if immutable:
+        if os.geteuid() != 0 or shutil.which("chattr") is None:
+            pytest.skip("needs root and chattr")
+        subprocess.run(["chattr", "+i", str(outside)], check=True)
 
     # When it runs
-    res = run_cli("run", manifest, *cli_args(queue, out, "--workers", "1"))
+    try:
+        res = run_cli("run", manifest, *cli_args(queue, out, "--workers", "1"))
+    finally:
+        if immutable:
+            subprocess.run(["chattr", "-i", str(outside)], check=True)
 
     # Then the escaping job is dead-lettered (invalid_output) before it ever runs, so nothing
     # is written outside the root, not even a temporary, and the other job completes
@@ -103,7 +117,7 @@ def test_an_output_folder_symlinked_out_of_the_root_is_refused(
     assert rec["attempts"][-1]["outcome"] == "invalid_output"
     assert "outside the output root" in rec["attempts"][-1]["error"]
     assert rec["attempts"][-1].get("started_at") is None, "it ran with its output outside"
-    assert list(outside.iterdir()) == []
+    assert list(outside.iterdir()) == []  # not even a folder made there
     assert_pdf(out / "ok" / "y.pdf", "fine")
 
 
