@@ -3,22 +3,24 @@
 A ``python`` job is called inside its worker, so whatever process-wide state it changes
 would reach the next job in that worker. The worker resets the obvious (cwd, environment,
 reportlab/pypdf settings, sys.path, the job's own modules: see worker.py); this module
-covers the rest of what a job, or a library it calls, plausibly changes: signal
-dispositions and the signal mask, interval timers, the umask, resource limits, the CPU
-affinity and nice value, the time zone, the locale, the thread switch interval,
-``sys.stdin/stdout/stderr``, ``sys.argv``, the interpreter's hooks (except, display,
-unraisable, breakpoint, trace, profile), the garbage collector's settings, the int/str
-digit limit, the decimal context, the socket default timeout, the warnings filters, the
-logging configuration (loggers a job created go back to blank but for a library's
-NullHandler), ``random``'s seed and variables set below ``os.environ`` with ``os.putenv``.
-A job that leaves a thread running, or a limit or priority it cannot be given back, cannot
-be undone: the worker retires instead. Monkeypatched library functions are not detected (that would
+covers the rest of what a job, or a library it calls, plausibly changes: signal dispositions
+and the signal mask, interval timers, the umask, resource limits, the CPU affinity and nice
+value, the time zone, the locale, the thread switch interval, ``sys.stdin/stdout/stderr``,
+``sys.argv``, the interpreter's hooks (except, display, unraisable, breakpoint, trace,
+profile), the garbage collector's settings, the int/str digit limit, the decimal context,
+the socket default timeout, the warnings filters, the logging configuration (loggers a job
+created go back to blank; a library's, as its import left them: it stays imported),
+``random``'s seed and variables set below ``os.environ`` with ``os.putenv``. A job that
+leaves a thread running, or a limit or priority it cannot be given back, cannot be undone:
+the worker retires instead. Monkeypatched library functions are not detected (that would
 mean comparing every module's namespace per job); a job that needs that isolation is a
-``command`` job, or runs with ``--max-jobs-per-worker 1``.
+``command`` job, or runs with ``--max-jobs-per-worker 1``. Nor can a job that first imports a
+library and, in the same job, sets that library's loggers or filters its warning categories
+be told from the library's own set-up at import: that stays, as the library does.
 
 Cost on the common path (nothing changed): ~7 us per job (only after jobs that run the
-user's code in the worker: python callables, plugin renderers). Signal handlers, resource limits
-and the C environment are compared only after a job called ``signal.signal``,
+user's code in the worker: python callables, plugin renderers). Signal handlers, resource
+limits and the C environment are compared only after a job called ``signal.signal``,
 ``resource.setrlimit``/``prlimit``, ``os.putenv``/``unsetenv`` or
 ``random.seed``/``setstate`` (the functions are wrapped to say so): comparing 60 handlers
 and 16 limits every time cost ~40 us, nearly 1% of an invoice render. Changes made below
@@ -218,10 +220,16 @@ class Baseline:
     def _restore_warnings(self) -> None:
         filters, show, fmt = self.warnings
         if warnings.filters is not self.warnings_list or warnings.filters != filters:
+            # A library a job imported stays imported, and the filters it added at import
+            # (urllib3's for its SecurityWarning) would not be added again for the next
+            # job: those join the baseline. Filters on other categories are the job's.
+            known = set(filters)
+            kept = [f for f in warnings.filters if f in known or _from_library(f[2])]
+            filters = kept + [f for f in filters if f not in kept]
+            self.warnings = (filters, show, fmt)
             self.warnings_list[:] = filters
             warnings.filters = self.warnings_list  # type: ignore[assignment]
-            # Invalidates the "already warned" registries the job's filters filled.
-            warnings._filters_mutated()  # type: ignore[attr-defined]
+            _filters_changed()  # invalidates the "already warned" registries the job filled
         warnings.showwarning, warnings.formatwarning = show, fmt
 
     def _restore_logging(self) -> None:
@@ -232,16 +240,38 @@ class Baseline:
             known = self.loggers.get(name)
             if known is None or known[0] is not lg:
                 # Created since: by a job (whose modules are imported afresh next time and
-                # get this same logger back) or by a library it imported (which stays
-                # imported). Libraries' convention is a NullHandler; the rest is the job's.
-                nulls = tuple(h for h in lg.handlers if type(h) is logging.NullHandler)
-                known = self.loggers[name] = (lg, (logging.NOTSET, nulls, (), True, False))
+                # get this same logger back), or by a library it imported, which stays
+                # imported and would not set its loggers up again for the next job. Named
+                # after a module still loaded: the library's, kept as it is now. Else the
+                # job's: blank, but for a NullHandler (libraries' convention).
+                if name.partition(".")[0] in sys.modules:
+                    state = _logger_state(lg)
+                else:
+                    nulls = tuple(h for h in lg.handlers if type(h) is logging.NullHandler)
+                    state = (logging.NOTSET, nulls, (), True, False)
+                known = self.loggers[name] = (lg, state)
             state = known[1]
             if _logger_state(lg) != state:
                 lg.setLevel(state[0])
                 lg.handlers[:] = state[1]
                 lg.filters[:] = state[2]
                 lg.propagate, lg.disabled = state[3], state[4]
+
+
+def _from_library(category: Any) -> bool:
+    """A warning category defined by a module still loaded after the job's were forgotten
+    (a library's), not a built-in one (which any job's filter names)."""
+    module = getattr(category, "__module__", "builtins") or "builtins"
+    return module != "builtins" and module.partition(".")[0] in sys.modules
+
+
+def _filters_changed() -> None:
+    mutated = getattr(warnings, "_filters_mutated", None)  # CPython 3.11-3.13
+    if mutated is not None:
+        mutated()
+        return
+    with warnings._lock:  # type: ignore[attr-defined]  # 3.14 renamed it, under a lock
+        warnings._filters_mutated_lock_held()  # type: ignore[attr-defined]
 
 
 def threads_left() -> int:

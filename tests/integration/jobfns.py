@@ -665,3 +665,20 @@ def set_decimal_precision(inputs: Sequence[Path], output: Path,
 
     decimal.getcontext().prec = int(params["prec"])
     write_pdf(inputs, output, params)
+
+
+def observe_library_setup(inputs: Sequence[Path], output: Path,
+                          params: Mapping[str, Any]) -> None:
+    """Import the library ``params["lib"]`` (which sets a logger level and a warnings filter
+    when imported), then record whether both are in effect, and write a PDF."""
+    import importlib
+    import logging
+    import warnings
+
+    lib = importlib.import_module(params["lib"])
+    seen = {"pid": os.getpid(),
+            "logger_info": logging.getLogger(params["lib"]).isEnabledFor(logging.INFO),
+            "filter": any(f[2] is lib.LibWarning for f in warnings.filters)}
+    with open(params["report"], "a") as fh:
+        fh.write(json.dumps(seen) + "\n")
+    write_pdf(inputs, output, params)

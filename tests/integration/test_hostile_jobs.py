@@ -301,6 +301,42 @@ def test_an_invoice_after_a_job_that_lowered_decimal_precision_renders(
     assert QueueView(queue).record("done", "inv")["attempts"][-1]["outcome"] == "completed"
 
 
+def test_what_a_library_sets_up_when_first_imported_holds_for_every_job_in_a_worker(
+        tmp_path: Path, write_manifest: Any) -> None:
+    import json
+    import sysconfig
+    import uuid
+
+    # Given a library (installed where libraries are: it stays imported between jobs) that
+    # sets its logger's level and adds a warnings filter when imported, as urllib3 does
+    lib = f"rctl_test_lib_{uuid.uuid4().hex[:8]}"
+    source = Path(sysconfig.get_paths()["purelib"]) / f"{lib}.py"
+    source.write_text(
+        "import logging, warnings\n"
+        "class LibWarning(UserWarning):\n    pass\n"
+        "logging.getLogger(__name__).setLevel(logging.INFO)\n"
+        "warnings.simplefilter('always', LibWarning, append=True)\n")
+    stage(tmp_path)
+    report = tmp_path / "seen.jsonl"
+    manifest = write_manifest([
+        {**py_job(f"j{n}", "observe_library_setup", lib=lib, report=str(report)),
+         "priority": 3 - n} for n in range(3)])
+
+    # When one worker runs three jobs that import it
+    try:
+        res = run_cli("run", manifest, *cli_args(tmp_path / "q", tmp_path / "out",
+                                                  "--workers", "1"))
+    finally:
+        source.unlink()
+
+    # Then each finds it set up as the first did (the clean slate puts back what jobs
+    # change, not what a library did once when it was imported)
+    assert res.returncode == 0, res.stdout + res.stderr
+    seen = [json.loads(line) for line in report.read_text().splitlines()]
+    assert len({s.pop("pid") for s in seen}) == 1, "not one worker: the test proves nothing"
+    assert seen == [{"logger_info": True, "filter": True}] * 3
+
+
 def test_a_job_that_leaves_a_thread_running_retires_its_worker(
         tmp_path: Path, write_manifest: Any) -> None:
     import json
