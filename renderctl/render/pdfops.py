@@ -167,8 +167,14 @@ def stamp(inputs: list[Path], output: Path, params: Mapping[str, Any]) -> None:
     with pdf_errors(path.name):
         writer = PdfWriter(clone_from=reader)
         for page in writer.pages:
-            box = page.mediabox
-            size = (round(float(box.width), 2), round(float(box.height), 2))
+            # What a viewer shows: the crop box (the media box when there is none), turned
+            # clockwise by /Rotate. The stamp is drawn upright in that view, then mapped
+            # back into the page's own coordinates.
+            box = page.cropbox
+            width, height = float(box.width), float(box.height)
+            turn = _page_turn(page)
+            shown = (width, height) if turn in (0, 180) else (height, width)
+            size = (round(shown[0], 2), round(shown[1], 2))
             overlay = overlays.get(size)
             if overlay is None:
                 overlay = _stamp_page(
@@ -180,12 +186,28 @@ def stamp(inputs: list[Path], output: Path, params: Mapping[str, Any]) -> None:
                     font_size=font_size,
                 )
                 overlays[size] = overlay
-            # The overlay's origin is (0, 0); the page's mediabox may start elsewhere.
+            # Undo the viewer's turn (a counter-clockwise rotation by the same angle, which
+            # leaves the view's origin at another corner of the box), then move to the box.
+            corner = {0: (0.0, 0.0), 90: (width, 0.0), 180: (width, height),
+                      90 * 3: (0.0, height)}[turn]
             page.merge_transformed_page(
-                overlay, Transformation().translate(float(box.left), float(box.bottom))
+                overlay,
+                Transformation()
+                .rotate(turn)
+                .translate(float(box.left) + corner[0], float(box.bottom) + corner[1]),
             )
         with output.open("wb") as fh:
             writer.write(fh)
+
+
+def _page_turn(page: PageObject) -> int:
+    """The page's /Rotate (inherited ones included), as 0, 90, 180 or 270 (clockwise). The
+    standard allows only multiples of 90; anything else is shown unrotated, as viewers do."""
+    try:
+        turn = int(page.rotation) % 360
+    except (TypeError, ValueError):
+        return 0
+    return turn if turn % 90 == 0 else 0
 
 
 def _param_number(

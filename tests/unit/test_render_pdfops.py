@@ -131,6 +131,57 @@ def test_stamp_follows_a_mediabox_that_does_not_start_at_zero(tmp_path: Path, a_
     assert 100 < x < 100 + 595 and 200 < y < 200 + 842
 
 
+def _shown_stamp(page: object, word: str) -> tuple[float, float, float, float, float, float]:
+    """Where ``word`` starts and which way it runs, as a viewer shows the page: in the crop
+    box turned clockwise by /Rotate. Returns (x, y, dx, dy, shown width, shown height)."""
+    found: list[tuple[float, float, float, float]] = []
+
+    def visit(text: str, cm: list[float], tm: list[float], *_: object) -> None:
+        if word in text:
+            x = tm[4] * cm[0] + tm[5] * cm[2] + cm[4]
+            y = tm[4] * cm[1] + tm[5] * cm[3] + cm[5]
+            dx, dy = tm[0] * cm[0] + tm[1] * cm[2], tm[0] * cm[1] + tm[1] * cm[3]
+            found.append((x, y, dx, dy))
+
+    page.extract_text(visitor_text=visit)  # type: ignore[attr-defined]
+    assert found, f"{word} not found"
+    x, y, dx, dy = found[0]
+    box = page.cropbox  # type: ignore[attr-defined]
+    w, h = float(box.width), float(box.height)
+    x, y = x - float(box.left), y - float(box.bottom)
+    turn = page.rotation % 360  # type: ignore[attr-defined]
+    if turn == 90:
+        return y, w - x, dy, -dx, h, w
+    if turn == 180:
+        return w - x, h - y, -dx, -dy, w, h
+    if turn == 270:
+        return h - y, x, -dy, dx, h, w
+    return x, y, dx, dy, w, h
+
+
+def test_stamp_lands_upright_where_asked_on_turned_and_cropped_pages(tmp_path: Path) -> None:
+    # Given pages turned 0, 90, 180 and 270 degrees by /Rotate, and one whose crop box is
+    # a window well inside its media box
+    source = make_pdf(tmp_path / "mixed.pdf", "mixed", 5, sizes=((600, 800),))
+    writer = PdfWriter(clone_from=source)
+    for page, turn in zip(writer.pages, (0, 90, 180, 270, 0), strict=True):
+        page.rotate(turn)
+    writer.pages[4].cropbox = RectangleObject((150, 150, 450, 650))
+    writer.write(tmp_path / "turned.pdf")
+
+    # When it is stamped at the top right, unrotated
+    out = tmp_path / "stamped.pdf"
+    pdfops.stamp([tmp_path / "turned.pdf"], out, {"text": "OK", "position": "top-right"})
+
+    # Then on every page, as shown, the text reads left to right in the top-right quarter
+    # of what is visible (it used to land sideways or upside down in another corner, and
+    # above the crop box where nobody sees it)
+    for number, page in enumerate(PdfReader(out).pages, 1):
+        x, y, dx, dy, w, h = _shown_stamp(page, "OK")
+        assert dx > 0 and abs(dy) < 1e-6 * dx, (number, dx, dy)
+        assert w / 2 < x < w and h / 2 < y < h, (number, x, y, w, h)
+
+
 @pytest.mark.parametrize(
     ("params", "field"),
     [
