@@ -33,6 +33,21 @@ def read_pty_until(fd: int, needle: bytes, *, timeout_s: float = 20) -> bytes:
     return buf
 
 
+def wait_reading_pty(proc: subprocess.Popen[bytes], fd: int, *, timeout_s: float = 10) -> int:
+    """Wait for ``proc`` to exit while reading its terminal, as a real terminal does: a
+    program whose last frame does not fit the pty's buffer blocks writing it otherwise."""
+    deadline = time.monotonic() + timeout_s
+    while proc.poll() is None:
+        left = deadline - time.monotonic()
+        assert left > 0, f"still running after {timeout_s:g}s"
+        if select.select([fd], [], [], min(left, 0.05))[0]:
+            try:
+                os.read(fd, 65536)
+            except OSError:  # EIO: the other side closed
+                return proc.wait(timeout=max(0.0, left))
+    return proc.returncode
+
+
 def test_top_shows_the_running_job_and_leaves_cleanly_on_ctrl_c(tmp_path: Path) -> None:
     # Given a runner busy with a long job
     manifest = write_jobs(tmp_path / "m", [job("long-sleeper", "sleep", params={"s": "60"})])
@@ -65,7 +80,7 @@ def test_top_shows_the_running_job_and_leaves_cleanly_on_ctrl_c(tmp_path: Path) 
             assert b"\x1b[" in screen  # a live, styled view
             # And Ctrl-C leaves it quietly with exit 0
             top.send_signal(signal.SIGINT)
-            assert top.wait(timeout=10) == 0
+            assert wait_reading_pty(top, master) == 0
             assert top.stderr is not None and b"Traceback" not in top.stderr.read()
         finally:
             if top.poll() is None:
