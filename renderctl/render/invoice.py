@@ -41,7 +41,7 @@ from renderctl.render.layout import (
     numbered_canvas,
     styles,
 )
-from renderctl.render.text import para, para_lines, plain, quoted, shortened
+from renderctl.render.text import PLAIN_NUMBER, para, para_lines, plain, quoted, shortened
 
 CENT = Decimal("0.01")
 # Money is computed in this context, never the thread's: Decimal's default 28 digits round a
@@ -354,6 +354,8 @@ def _number(value: Any, where: str) -> Decimal:
     if isinstance(value, Decimal):
         number = value
     elif isinstance(value, str):
+        if not PLAIN_NUMBER.fullmatch(value.strip()):
+            raise InvalidInput(f"{where}: not a number: {quoted(value)}")
         try:
             number = Decimal(value.strip())
         except InvalidOperation:

@@ -44,7 +44,7 @@ from renderctl.render.layout import (
     numbered_canvas,
     styles,
 )
-from renderctl.render.text import para, plain, quoted, shortened
+from renderctl.render.text import PLAIN_NUMBER, para, plain, quoted, shortened
 
 CHART_ROWS = 30
 MAX_INPUT_BYTES = 50_000_000
@@ -68,7 +68,7 @@ MAX_MAGNITUDE = Decimal("1e30")
 # same worker may have left at 6 digits or rounding down): 60 digits keep any sum of cells
 # below MAX_MAGNITUDE with up to 30 decimals exact.
 SUMS = Context(prec=60)
-_THOUSANDS = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
+_THOUSANDS = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?", re.ASCII)
 
 
 @dataclass(frozen=True)
@@ -147,6 +147,8 @@ def to_decimal(cell: str) -> Decimal | None:
         if not _THOUSANDS.fullmatch(text):
             return None
         text = text.replace(",", "")
+    if not PLAIN_NUMBER.fullmatch(text):
+        return None
     try:
         value = Decimal(text)
     except InvalidOperation:

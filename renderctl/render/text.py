@@ -49,3 +49,9 @@ def shortened(value: object, limit: int = 40) -> str:
 def quoted(value: object, limit: int = 40) -> str:
     """``repr`` of a user's value for an error message, cut like ``shortened``."""
     return repr(shortened(value, limit))
+
+
+# A number as people write one in data: ASCII digits, a point, an exponent. Decimal() also
+# takes "1_000" (Python's digit grouping: "2024_01" would total as 202401), "١٢٣" and
+# other scripts' digits, "Infinity" and "NaN": none of those is a number in a CSV or JSON.
+PLAIN_NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?", re.ASCII)

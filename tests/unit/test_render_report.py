@@ -160,6 +160,15 @@ def test_a_comma_is_only_a_thousands_separator(tmp_path: Path) -> None:
         report.render([source], tmp_path / "r.pdf", {"title": "T", "chart": "amount"})
 
 
+@pytest.mark.parametrize("cell", ["2024_01", "\u0661\u0662", "NaN", "Infinity"])
+def test_what_only_python_reads_as_a_number_is_text(tmp_path: Path, cell: str) -> None:
+    # Decimal() takes digit grouping ("2024_01" -> 202401), other scripts' digits and
+    # NaN/Infinity; in a CSV they are labels, so the column is text and has no total
+    source = write_csv(tmp_path / "t.csv", ["name", "period"], [["A", cell], ["B", "7"]])
+    pages = render_pages(source, tmp_path / "r.pdf")
+    assert "Total" not in pages[0], pages[0]
+
+
 def test_thousands_separators_still_make_numbers(tmp_path: Path) -> None:
     rows = [["A", "1,000"], ["B", "-12,345,678.5"], ["C", "999"], ["D", "2,000.25"]]
     source = write_csv(tmp_path / "k.csv", ["name", "amount"], rows)
