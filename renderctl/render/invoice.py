@@ -228,7 +228,10 @@ def load_invoice(path: Path) -> Invoice:
             f"{path.name}: line {line} column {column}: arrays/objects nested more than "
             f"{MAX_NESTING} deep"
         ) from None
-    return parse_invoice(data)
+    try:
+        return parse_invoice(data)
+    except InvalidInput as exc:  # the field, as the file's: DESIGN names file and field
+        raise InvalidInput(f"{path.name}: {exc}") from None
 
 
 _NESTING_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]', re.DOTALL)

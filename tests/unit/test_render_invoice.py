@@ -231,7 +231,7 @@ def test_schema_errors_name_the_field(tmp_path: Path, path: str, value: Any, mes
     source = write_doc(tmp_path / "bad.json", _with(path, value))
     with pytest.raises(InvalidInput) as caught:
         invoice.render([source], tmp_path / "out.pdf", {})
-    assert message in str(caught.value)
+    assert str(caught.value).startswith("bad.json: ") and message in str(caught.value)
     assert not (tmp_path / "out.pdf").exists()
 
 
@@ -345,7 +345,7 @@ def test_messages_cut_long_values(tmp_path: Path, path: str, value: Any, message
     source = write_doc(tmp_path / "bad.json", _with(path, value))
     with pytest.raises(InvalidInput) as caught:
         invoice.render([source], tmp_path / "out.pdf", {})
-    assert str(caught.value).startswith(message)
+    assert str(caught.value).startswith(f"bad.json: {message}")  # file, field, value
     assert len(str(caught.value)) < 200
 
 
