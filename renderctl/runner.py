@@ -989,16 +989,17 @@ class Runner:
                                f"memory_mb {spec.memory_mb} can never fit the memory budget "
                                f"of {self.budget_mb} MB (--memory-budget)")
             return
+        key = (spec.out_root, str(final.parent))
         try:
-            if (spec.out_root, str(final.parent)) not in self._confined:
-                # Confined before anything is made: a symlink out of the root must neither
-                # get folders made at its target nor have their errors blamed on the folder.
-                check_confined(Path(spec.out_root).resolve(), final)
+            if key not in self._confined:
+                # Confined before anything is made, and before the worker writes there: a
+                # folder that exists may be a symlink out of the root (isdir() follows it),
+                # which must neither get folders made at its target nor have their errors
+                # blamed on the output folder.
+                self._check_confined(spec.out_root, final)
                 os.makedirs(final.parent, mode=0o755, exist_ok=True)
-            # Before the worker writes its temporary there: a folder that exists already may
-            # be a symlink out of the root, which isdir() happily follows.
-            self._check_confined(spec.out_root, final)
         except (OutputEscapes, OSError) as exc:
+            self._confined.discard(key)  # not made: the next claim there checks again
             if isinstance(exc, OSError) and exc.errno in FOLDER_IO_ERRNOS:
                 # The folder's fault, not the job's: it never ran, so nothing is charged.
                 self._output_io(f"{exc.filename or final.parent}: {exc.strerror}")

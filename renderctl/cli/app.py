@@ -449,15 +449,13 @@ def warn_existing_outputs(jobs: list[Any], accepted: set[str], origins: dict[str
     """An output path that holds a file already makes its job dead-letter (output_exists:
     renderctl never overwrites), a replaced job's own earlier output included. Valid, the
     file may go before the job runs, but say so now rather than after the render."""
-    shown = 0
     hits = [j for j in jobs if j.id in accepted and os.path.lexists(j.output_path)]
     for job in hits[:5]:
         out.err(f"warning: {origins.get(job.id, '?')}: job {job.id}: output "
                 f"{job.output_path} exists already; renderctl never overwrites, so the job "
                 "will be dead-lettered (output_exists) unless that file is removed first")
-        shown += 1
-    if len(hits) > shown:
-        out.err(f"warning: {len(hits) - shown} more accepted job(s) whose output exists")
+    if len(hits) > 5:
+        out.err(f"warning: {len(hits) - 5} more accepted job(s) whose output exists")
 
 
 def refused_json(exc: RenderctlError, *, accepted: Any = None) -> dict[str, Any]:
