@@ -450,12 +450,19 @@ class Runner:
         if self.work_root:
             shutil.rmtree(self.work_root, ignore_errors=True)
             unlink_quiet(self.q.dir("control") / WORK_NOTE.format(self.token_prefix))
-        if self.started_log:
+        try:
+            ours_left = bool(self.token_prefix) and self.token_prefix in self.q.lease_prefixes()
+        except OSError:
+            ours_left = True  # cannot tell: keep the evidence
+        if self.started_log and not ours_left:
+            # While a lease of ours is left in running/ (an exit 74, an exception), the next
+            # runner's recovery reads this log to tell an attempt that ran, and is charged,
+            # from one that never started: without it, work done would be run again free.
             unlink_quiet(self.started_log)
         unlink_quiet(self._workers_file())
         unlink_quiet(self.q.path / STATE_FILE)
         with contextlib.suppress(OSError):
-            if self.token_prefix and self.token_prefix not in self.q.lease_prefixes():
+            if self.token_prefix and not ours_left:
                 self.q.forget_holder(self.token_prefix)  # no lease of ours is left
             self.q.trim_free()
             # Our workers are gone now: their temporaries (and a dead runner's, whose

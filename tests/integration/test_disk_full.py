@@ -32,6 +32,9 @@ from jobfns import (
 )
 
 from renderctl.errors import ExitCode
+from renderctl.lifecycle import State
+from renderctl.recovery import started_tokens
+from renderctl.store import Queue
 from renderctl.messages import Broken, Ready, RunJob, Stop
 from renderctl.worker import WorkerConfig, worker_main
 
@@ -66,6 +69,20 @@ def fill(path: Path) -> int:
             while True:
                 os.write(fd, bytes(size))
     return fd
+
+
+def begun_attempts(queue: Path) -> dict[str, int]:
+    """Jobs left in running/ whose attempt a worker had begun (its token in a started log),
+    with that attempt's number."""
+    q = Queue(queue)
+    started = started_tokens(q)
+    begun = {}
+    for jid in q.list_ids(State.RUNNING):
+        view = q.find(jid)
+        lease = view.record.lease if view is not None else None
+        if lease is not None and lease.token in started:
+            begun[jid] = lease.attempt
+    return begun
 
 
 def test_a_full_disk_stops_the_run_with_74_and_a_rerun_after_freeing_space_loses_nothing(
@@ -112,6 +129,9 @@ def test_a_full_disk_stops_the_run_with_74_and_a_rerun_after_freeing_space_loses
     assert f"({small_disk}" in stderr, stderr
     assert "Traceback" not in stdout + stderr, stderr
     assert view.all_ids() == ids
+    # and the attempts that had begun are still on record for the next run to charge
+    begun = begun_attempts(queue)
+    assert begun, "no attempt was under way when the disk filled: the test proves nothing"
 
     # When space is freed and the queue is run again
     ballast.unlink()
@@ -122,6 +142,11 @@ def test_a_full_disk_stops_the_run_with_74_and_a_rerun_after_freeing_space_loses
     assert all(states == ["done"] for states in view.states_of(ids).values())
     for jid in ids:
         assert_pdf(Path(view.record("done", jid)["result"]["path"]), jid)
+    # and each attempt the first run had begun is charged (crashed), not run again free
+    for jid, attempt in begun.items():
+        outcomes = dict(enumerate((a["outcome"] for a in view.record("done", jid)["attempts"]),
+                                  start=1))
+        assert outcomes.get(attempt) == "crashed", (jid, outcomes)
     assert stray_temporaries(out) == []
 
 
