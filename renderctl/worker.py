@@ -285,8 +285,10 @@ class Worker:
                 self._handle(self.conn.recv())
             while self.conn.poll():
                 self._handle(self.conn.recv())
-        except EOFError:
-            os._exit(0)  # the runner is gone; nothing to report to
+        except (EOFError, OSError):
+            # The runner is gone (EOF; ECONNRESET when it died with our last message
+            # unread): nothing to report to, and nobody to read a traceback.
+            os._exit(0)
 
     def _handle(self, msg: object) -> None:
         if isinstance(msg, tuple):  # a batch: several jobs, perhaps then Stop
