@@ -33,9 +33,9 @@ from jobfns import (
 
 from renderctl.errors import ExitCode
 from renderctl.lifecycle import State
+from renderctl.messages import Broken, Ready, RunJob, Stop
 from renderctl.recovery import started_tokens
 from renderctl.store import Queue
-from renderctl.messages import Broken, Ready, RunJob, Stop
 from renderctl.worker import WorkerConfig, worker_main
 
 
