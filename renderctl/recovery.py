@@ -122,10 +122,16 @@ def judge_orphan(rec: JobRecord, *, started: Mapping[str, float | None], now: fl
         discard(t)
     if lease is None or lease.token not in started:
         return Orphan()  # it never started (claimed ahead, or the claim was cut short)
-    if lease.holder.host:
-        why = f"the runner (pid {lease.holder.pid} on {lease.holder.host}) died"
-    else:  # UNKNOWN_HOLDER: its holder file was gone
+    h = lease.holder
+    if not h.host:  # UNKNOWN_HOLDER: its holder file was gone
         why = "an unknown runner let its lease expire"
+    elif proctree.holder_alive(host=h.host, boot_id=h.boot_id, pid=h.pid,
+                                start_time=h.start_time or 0) is False:
+        why = f"the runner (pid {h.pid} on {h.host}) died"
+    else:
+        # On another host, or its pid now names some other process here: that it died is
+        # not known, only that it stopped renewing its lease.
+        why = f"the runner (pid {h.pid} on {h.host}) let its lease expire"
     # Ended when the runner died, some time before now: its duration is unknown.
     return Orphan(crashed={"n": lease.attempt, "outcome": Outcome.CRASHED.value,
                            # (never before its claim: a torn line's figure is garbage)
