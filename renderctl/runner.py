@@ -86,6 +86,7 @@ from renderctl.publish import (
     tmp_output_path,
     tmp_outputs,
 )
+from renderctl.reaper import Reaper
 from renderctl.recovery import (
     STARTED_LOG,
     WORKERS_FILE,
@@ -290,6 +291,7 @@ class Runner:
         self.holder: Holder | None = None
         self.token_prefix = ""
         self.started_log = ""
+        self.reaper: Reaper | None = None
         self.work_root = ""
         self.exec_times: deque[float] = deque(maxlen=512)
         self._depth = 1  # adaptive prefetch depth (see _prefetch_depth)
@@ -360,6 +362,10 @@ class Runner:
                 f"{self.work_root}\n{multiprocessing.util.get_temp_dir()}\n")
             self.started_log = str(self.q.dir("control") / STARTED_LOG.format(self.token_prefix))
             try:
+                # Before any worker: it kills them if we die while one cannot act on its
+                # parent-death signal (renderctl.reaper). Started now, its ~10 ms of start-up
+                # overlap recovery.
+                self.reaper = Reaper.start()
                 self.recover()
                 self.q.load_index(self.index)
                 self._next_rescan = time.monotonic() + RESCAN_FULL_S
@@ -440,6 +446,9 @@ class Runner:
                 discard(tmp)
             w.gate.close()  # its file goes with work_root
         self.workers.clear()
+        if self.reaper is not None:
+            self.reaper.close()  # our workers are gone: it has nothing left to kill
+            self.reaper = None
         for slot in self._spare_slots:
             with contextlib.suppress(Exception):
                 slot.close()
@@ -689,7 +698,8 @@ class Runner:
         gate = StartGate(os.path.join(self.work_root, f"gate.{self._gates}"), create=True)
         cfg = WorkerConfig(slot_path=slot.path, started_log=self.started_log,
                            work_root=self.work_root, gate_path=gate.path,
-                           control_dir=str(self.q.dir("control")))
+                           control_dir=str(self.q.dir("control")),
+                           reaper=self.reaper.identity if self.reaper else None)
         try:
             proc, parent = start_worker(self._ctx, cfg, name=f"renderctl-worker-{index}")
         except BaseException:
@@ -697,6 +707,8 @@ class Runner:
             raise
         with contextlib.suppress(ProcessLookupError, OSError):
             slot.adopt(proc.pid)
+        if self.reaper is not None:
+            self.reaper.watch(proc.pid)
         w = self.workers[index] = WorkerHandle(index, proc, parent, slot, gate)
         self._watch(w)
 

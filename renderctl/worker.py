@@ -69,6 +69,7 @@ from renderctl.messages import (
     Stop,
 )
 from renderctl.publish import DIR_MARKER, tag_output
+from renderctl.reaper import close_inherited
 from renderctl.render.registry import BUILTIN
 
 TAIL_LINES = 20
@@ -105,6 +106,7 @@ class WorkerConfig:
     work_root: str  # parent of each job's temporary working directory
     gate_path: str = ""  # its StartGate (renderctl.gate); "" for none
     control_dir: str = ""  # where `cancel` leaves its requests; "" for none
+    reaper: tuple[int, int, int] | None = None  # the reaper's pipe (see reaper.close_inherited)
 
 
 # -- entry point ---------------------------------------------------------------------------
@@ -127,6 +129,9 @@ def _die_with_group(signum: int, frame: object) -> None:
 def worker_main(conn: Connection, config: WorkerConfig) -> None:
     """Process entry point: set up the process, then serve jobs until told to stop."""
     os.setpgid(0, 0)
+    # A worker forked from the runner holds a copy of the reaper's pipe: the reaper would
+    # never see EOF (the runner's death) while this worker lives, which is when it matters.
+    close_inherited(config.reaper)
     from renderctl import proctree
 
     # Orphans of a job become ours, so that nothing a job started can outlive it.

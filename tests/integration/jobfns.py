@@ -97,6 +97,24 @@ def sleep_then_write(inputs: Sequence[Path], output: Path, params: Mapping[str, 
     write_pdf(inputs, output, params)
 
 
+def deaf_then_write(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
+    """Start a ``setsid`` daemon, write our pid, then be deaf to signal handlers for a minute:
+    inside one C call (``params["how"] == "c_call"``: no bytecode runs, so no Python handler
+    does) or with every blockable signal blocked (``"blocked"``)."""
+    import hashlib
+
+    subprocess.Popen(["sleep", "60"], start_new_session=True)
+    tmp = Path(params["pidfile"] + ".tmp")
+    tmp.write_text(str(os.getpid()))
+    os.replace(tmp, params["pidfile"])
+    if params["how"] == "c_call":
+        hashlib.pbkdf2_hmac("sha256", b"x", b"y", 10**9)
+    else:
+        signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+        time.sleep(60)
+    write_pdf(inputs, output, params)
+
+
 def observe_and_pollute(inputs: Sequence[Path], output: Path,
                         params: Mapping[str, Any]) -> None:
     """Record what this job sees of earlier jobs' changes, then change all of it."""

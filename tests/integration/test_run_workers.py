@@ -114,6 +114,19 @@ def test_a_job_that_kills_its_worker_every_time_dead_letters_while_others_comple
         assert_pdf(out / f"{j}.pdf", j)
 
 
+def tree_with_job(runner: Runner, pidfile: Path) -> list[psutil.Process]:
+    """The runner's process tree once its job has written its pid to ``pidfile`` (which
+    must be in it); the runner is closed if that does not happen."""
+    try:
+        job_pid = wait_for_pid(pidfile, what="the python job to start")
+        tree = descendants(runner.pid)
+        assert job_pid in {p.pid for p in tree}
+    except BaseException:
+        runner.close()
+        raise
+    return tree
+
+
 def assert_tree_dies_with(runner: Runner, tree: list[psutil.Process]) -> None:
     """SIGKILL ``runner``; within 2 s nothing of ``tree`` may still run (else fail, naming
     the survivors, after killing them so they do not leak into the rest of the suite)."""
@@ -145,16 +158,30 @@ def test_when_the_runner_dies_its_workers_and_python_jobs_die_with_it(
                                       pidfile=str(pidfile))])
     runner = Runner(manifest, *cli_args(tmp_path / "q", tmp_path / "out", "--workers", "1",
                                         "--start-method", method))
-    try:
-        job_pid = wait_for_pid(pidfile, what="the python job to start")
-        tree = descendants(runner.pid)
-        assert job_pid in {p.pid for p in tree}
-    except BaseException:
-        runner.close()
-        raise
+    tree = tree_with_job(runner, pidfile)
 
     # When the runner is SIGKILLed, then its whole tree (worker = job, fork server,
     # resource tracker) is gone within 2 s
+    assert_tree_dies_with(runner, tree)
+
+
+@pytest.mark.parametrize("method", ["fork", "forkserver", "spawn"])
+@pytest.mark.parametrize("how", ["c_call", "blocked"])
+def test_when_the_runner_dies_a_job_deaf_to_signal_handlers_dies_with_it_too(
+        tmp_path: Path, write_manifest: Any, method: str, how: str) -> None:
+    # Given a runner whose python job started a setsid daemon and then went where its
+    # worker's parent-death handler cannot run: one long C call, or all signals blocked
+    stage(tmp_path)
+    pidfile = tmp_path / "job.pid"
+    manifest = write_manifest([py_job("deaf", "deaf_then_write", how=how,
+                                      pidfile=str(pidfile))])
+    runner = Runner(manifest, *cli_args(tmp_path / "q", tmp_path / "out", "--workers", "1",
+                                        "--start-method", method))
+    tree = tree_with_job(runner, pidfile)
+    assert named(tree, "sleep")
+
+    # When the runner is SIGKILLed, then the worker and the daemon are gone within 2 s
+    # all the same
     assert_tree_dies_with(runner, tree)
 
 

@@ -1,0 +1,213 @@
+"""The reaper: a small process that kills the runner's workers when the runner dies.
+
+A worker dies with its parent through a parent-death signal whose *Python* handler kills the
+job's whole tree (worker.py: a plain SIGKILL would leave a command's grandchildren running).
+CPython runs that handler between bytecodes of the main thread, so a job inside one long C
+call (a compression, an image operation, ``hashlib.pbkdf2_hmac``) or one that blocked the
+signal would run on unsupervised for as long as it likes after the runner is SIGKILLed.
+The reaper closes that gap without a thread in any process that forks: a separate process,
+started by the runner with one pipe, reading the pid of every worker the runner starts.
+When the runner is gone, by any death, the kernel closes the pipe's write end and the read
+returns EOF; the reaper then kills what is left of each worker's tree, children first (the
+worker is a child subreaper: everything its job started, ``setsid`` daemons included, is
+its descendant while it lives), then the worker, and exits. A runner that stops normally
+closes the pipe after its workers have gone, so the reaper finds nothing to kill.
+
+The process side (``main``) imports only the standard library and runs as
+``python -I -S reaper.py FD``: no site-packages, no renderctl import, ~10 ms to start, and
+it shares no state with the runner (it is not a fork of it: no inherited locks or fds).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import signal
+import struct
+import subprocess
+import sys
+import time
+
+_PID = struct.Struct("=i")
+# How long the reaper keeps killing one worker's descendants (they may fork while it does)
+# before it gives up on stragglers and kills the worker itself.
+TREE_KILL_BOUND_S = 1.0
+
+
+class Reaper:
+    """The runner's end: start the reaper, tell it each worker, close it at the end."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], fd: int) -> None:
+        self.proc = proc
+        self.fd = fd
+        st = os.fstat(fd)
+        # What a worker forked from the runner (start method "fork") needs to find and
+        # close its inherited copy of our write end: while any copy is open, no EOF.
+        self.identity = (fd, st.st_dev, st.st_ino)
+
+    @classmethod
+    def start(cls) -> Reaper:
+        r, w = os.pipe2(os.O_CLOEXEC)
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-I", "-S", os.path.abspath(__file__), str(r)],
+                pass_fds=(r,), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                # Not holding the runner's working folder (an unmount must not find it busy).
+                cwd="/",
+                # Its own session: a Ctrl-C or hang-up meant for the runner's terminal must
+                # not take the reaper first; a kill of the runner's group leaves it too.
+                start_new_session=True)
+        except BaseException:
+            os.close(w)
+            raise
+        finally:
+            os.close(r)
+        return cls(proc, w)
+
+    def watch(self, pid: int) -> None:
+        """Tell the reaper about a new worker (one atomic pipe write)."""
+        # A reaper someone killed costs only this safety net: the worker's own
+        # parent-death handler still runs, so the run goes on.
+        with contextlib.suppress(OSError):
+            os.write(self.fd, _PID.pack(pid))
+
+    def close(self) -> None:
+        """Let the reaper go (after our workers have): it sees EOF and exits."""
+        with contextlib.suppress(OSError):
+            os.close(self.fd)
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def close_inherited(identity: tuple[int, int, int] | None) -> None:
+    """In a worker: close the runner's write end if this process inherited it (fork).
+
+    Checked by device and inode: under forkserver or spawn the number means nothing here
+    and may be one of our own descriptors."""
+    if identity is None:
+        return
+    fd, dev, ino = identity
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        return
+    if (st.st_dev, st.st_ino) == (dev, ino):
+        os.close(fd)
+
+
+# -- the reaper process ------------------------------------------------------------------
+
+
+def _stat(pid: int) -> list[bytes] | None:
+    """Fields 3.. of /proc/PID/stat: state, ppid, ... (None if gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            data = fh.read()
+    except OSError:
+        return None
+    return data[data.rindex(b")") + 2:].split()
+
+
+def _children(pid: int) -> list[int]:
+    kids: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return kids
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children", "rb") as fh:
+                kids.extend(int(k) for k in fh.read().split())
+        except OSError:
+            continue
+    return kids
+
+
+def _live_descendants(pid: int) -> dict[int, int]:
+    """Living (not zombie) descendants of ``pid``, each with its parent's pid."""
+    found: dict[int, int] = {}
+    stack = [pid]
+    while stack:
+        parent = stack.pop()
+        for kid in _children(parent):
+            if kid in found:
+                continue
+            fields = _stat(kid)
+            if fields is None:
+                continue
+            stack.append(kid)
+            if fields[0] not in (b"Z", b"X"):
+                found[kid] = parent
+    return found
+
+
+def _kill(pid: int, parent: int) -> None:
+    """SIGKILL ``pid`` if it is still ``parent``'s child (a pidfd pins the process first:
+    between our read of the tree and the signal, the pid may have been reused)."""
+    try:
+        pfd = os.pidfd_open(pid)
+    except OSError:
+        return
+    try:
+        fields = _stat(pid)
+        if fields is not None and int(fields[1]) == parent:
+            signal.pidfd_send_signal(pfd, signal.SIGKILL)
+    except OSError:
+        pass
+    finally:
+        os.close(pfd)
+
+
+def _kill_tree(pid: int, pidfd: int) -> None:
+    deadline = time.monotonic() + TREE_KILL_BOUND_S
+    while time.monotonic() < deadline:
+        if select.select([pidfd], [], [], 0)[0]:
+            return  # the worker is gone (its own handler was in time), and its tree with it
+        kids = _live_descendants(pid)
+        if not kids:
+            break
+        for kid, parent in kids.items():
+            _kill(kid, parent)
+        # Their own children are the worker's once they die (it is a subreaper): look again.
+        time.sleep(0.002)
+    with contextlib.suppress(OSError):
+        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+
+
+def main(fd: int) -> None:
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT,
+                signal.SIGUSR1, signal.SIGUSR2, signal.SIGPIPE):
+        signal.signal(sig, signal.SIG_IGN)
+    workers: dict[int, int] = {}  # worker pid -> its pidfd
+    pending = b""
+    while True:
+        ready = select.select([fd, *workers.values()], [], [])[0]
+        for pid, pfd in list(workers.items()):
+            if pfd in ready:  # that worker exited: forget it
+                os.close(pfd)
+                del workers[pid]
+        if fd not in ready:
+            continue
+        data = os.read(fd, 4096)
+        if not data:
+            break  # the runner is gone, or done
+        pending += data
+        whole = len(pending) - len(pending) % _PID.size
+        for (pid,) in _PID.iter_unpack(pending[:whole]):
+            with contextlib.suppress(OSError):
+                workers[pid] = os.pidfd_open(pid)
+        pending = pending[whole:]
+    for pid, pfd in workers.items():
+        _kill_tree(pid, pfd)
+
+
+if __name__ == "__main__":
+    try:
+        main(int(sys.argv[1]))
+    except BaseException:  # nobody reads our output: exit, never hang
+        os._exit(1)
+    os._exit(0)

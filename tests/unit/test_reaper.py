@@ -1,0 +1,73 @@
+"""The reaper on real processes: a "worker" deaf to every catchable signal, with a child
+that left its session, is killed with that child once the runner's end of the pipe closes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+
+from renderctl.proctree import pid_alive, set_child_subreaper
+from renderctl.reaper import Reaper
+
+DEAF_WORKER = """
+import os, signal, subprocess, sys, time
+signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+daemon = subprocess.Popen(["sleep", "60"], start_new_session=True)
+print(daemon.pid, flush=True)
+time.sleep(60)
+"""
+
+
+def wait_gone(pids: list[int], timeout_s: float = 2.0) -> list[int]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        left = [p for p in pids if pid_alive(p)]
+        if not left:
+            return []
+        time.sleep(0.01)
+    return [p for p in pids if pid_alive(p)]
+
+
+def test_the_reaper_kills_a_watched_workers_tree_when_the_pipe_closes() -> None:
+    # Given a reaper watching a worker that blocks every signal and has a setsid child (the
+    # worker is a subreaper, as real workers are, so the child stays in its tree)
+    reaper = Reaper.start()
+    worker = subprocess.Popen([sys.executable, "-c", DEAF_WORKER], stdout=subprocess.PIPE,
+                              text=True, preexec_fn=set_child_subreaper)
+    try:
+        assert worker.stdout is not None
+        daemon = int(worker.stdout.readline())
+        reaper.watch(worker.pid)
+
+        # When the runner's end closes (as the kernel does when the runner dies)
+        reaper.close()
+
+        # Then the worker and its child are gone, and the reaper has exited
+        assert wait_gone([daemon]) == []
+        assert worker.wait(timeout=2) == -signal.SIGKILL
+        assert reaper.proc.returncode == 0
+    finally:
+        for pid in (worker.pid,):
+            if pid_alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        worker.wait()
+        for p in psutil.process_iter(["cmdline"]):
+            if p.info["cmdline"] == ["sleep", "60"] and p.ppid() in (1, worker.pid):
+                p.kill()
+
+
+def test_a_reaper_left_with_no_worker_exits_and_kills_nothing() -> None:
+    # Given a reaper told of a worker that has since exited normally
+    reaper = Reaper.start()
+    done = subprocess.Popen([sys.executable, "-c", "pass"])
+    reaper.watch(done.pid)
+    assert done.wait(timeout=10) == 0
+
+    # When the runner closes it, then it exits at once
+    reaper.close()
+    assert reaper.proc.returncode == 0
