@@ -13,12 +13,13 @@ else's file: the job dead-letters with ``output_exists`` and the file is left un
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 from enum import StrEnum
 from pathlib import Path
 
-from renderctl.fsutil import rename_noreplace, unlink_quiet
+from renderctl.fsutil import open_beneath, rename_noreplace, unlink_quiet
 from renderctl.manifest import RESERVED_PREFIX
 
 DIR_MARKER = ".rctl-job"
@@ -66,18 +67,42 @@ def check_confined(root: Path, final: Path) -> None:
         raise OutputEscapes(f"{final} is a symlink")
 
 
-def publish(tmp: Path, final: Path, *, is_dir: bool, token: str | None = None) -> Published:
+def output_folder(root: Path, final: Path) -> int | None:
+    """A descriptor of ``final``'s folder, opened so that it cannot be outside ``root``
+    (``fsutil.open_beneath``); OutputEscapes if it would be. Without openat2, None after
+    the path check ``check_confined`` (then a symlink swapped in between the check and the
+    publish is not caught: kernels before 5.6 only)."""
+    try:
+        fd = open_beneath(root, os.path.relpath(final.parent, root))
+    except OSError as exc:
+        if exc.errno in (errno.EXDEV, errno.ELOOP):
+            raise OutputEscapes(f"{final.parent} resolves outside the output root {root}") \
+                from None
+        raise
+    if fd is None:
+        check_confined(root.resolve(), final)
+    return fd
+
+
+def publish(tmp: Path, final: Path, *, is_dir: bool, token: str | None = None,
+            dir_fd: int | None = None) -> Published:
     """Make ``tmp`` visible as ``final`` unless something is already there.
 
     With ``token`` (the worker tagged the file with it, see ``tag_output``), a file is moved
     into place with ``renameat2(RENAME_NOREPLACE)``: the tag is the proof of ownership, so
     no temporary link has to stay behind and be removed later (a link and an unlink fewer per
-    job). Without it, ``link()`` keeps the temporary name as the proof."""
+    job). Without it, ``link()`` keeps the temporary name as the proof. With ``dir_fd`` (their
+    folder, from ``output_folder``) both are named relative to it: nothing on the way to
+    them is looked up again, so nothing swapped in since can redirect the publish."""
+    src: str | Path = tmp
+    dst: str | Path = final
+    if dir_fd is not None:
+        src, dst = tmp.name, final.name
     try:
         if is_dir or token is not None:
-            rename_noreplace(tmp, final)
+            rename_noreplace(src, dst, dir_fd=dir_fd)
         else:
-            os.link(tmp, final, follow_symlinks=False)
+            os.link(src, dst, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
         return Published.PUBLISHED
     except FileExistsError:
         # Not ours to judge here: an attempt being committed has published nothing yet, so

@@ -81,6 +81,7 @@ from renderctl.publish import (
     Published,
     check_confined,
     discard,
+    output_folder,
     owner_token,
     publish,
     tmp_output_path,
@@ -1551,7 +1552,6 @@ class Runner:
         transitions: list[Transition] = []
         to_link: list[tuple[Assignment, int, Finished]] = []  # index: in transitions
         for a, fin in batch:
-            rec = a.claim.record
             outcome = fin.outcome
             problem = None
             if a.cancel_requested:
@@ -1566,17 +1566,11 @@ class Runner:
                 self._output_io(problem)
                 outcome = Outcome.RELEASED.value
                 fin = replace(fin, error=f"{problem} ({fin.error})" if fin.error else problem)
-            elif outcome == Outcome.COMPLETED.value:
-                if not self.q.holds(a.claim):
-                    # Fenced: our lease was taken over; the new holder decides. Never publish.
-                    discard(a.tmp)
-                    self.reporter.event({"event": "fenced", "job": a.job_id})
-                    continue
-                try:
-                    self._check_confined(rec.spec.out_root, a.final)
-                except OutputEscapes as exc:
-                    outcome = Outcome.INVALID_OUTPUT.value
-                    fin = replace(fin, error=f"output path: {exc}")
+            elif outcome == Outcome.COMPLETED.value and not self.q.holds(a.claim):
+                # Fenced: our lease was taken over; the new holder decides. Never publish.
+                discard(a.tmp)
+                self.reporter.event({"event": "fenced", "job": a.job_id})
+                continue
             t = self._transition(a, fin, outcome, now)
             if problem:  # not "released by a stopping runner": the folder stopped it
                 t = replace(t, record=replace(t.record,
@@ -1594,23 +1588,46 @@ class Runner:
             self.crash_point("publish:before_link")
         linked: list[Assignment] = []
         restaged = False
-        for a, i, fin in to_link:
-            token = a.claim.lease.token if fin.owner_tagged else None
-            status = publish(a.tmp, a.final, is_dir=a.output_kind == "dir", token=token)
-            if status is Published.EXISTS:
-                # Someone's file is there (this attempt published nothing yet, and its
-                # token is unique to this claim): never overwrite it.
-                fin = replace(fin, error=_exists_message(a.final, a.job_id))
-                t = self._transition(a, fin, Outcome.OUTPUT_EXISTS.value, now)
+        # Each output folder opened once per commit, from its root, by the kernel's own
+        # confined lookup: the claim's check of the path is long past, and a folder swapped
+        # for a symlink out of the root since must not carry the output there.
+        folders: dict[tuple[str, str], int | None] = {}
+        try:
+            for a, i, fin in to_link:
+                token = a.claim.lease.token if fin.owner_tagged else None
+                root = a.claim.record.spec.out_root
+                verdict = None
+                try:
+                    key = (root, str(a.final.parent))
+                    if key not in folders:
+                        folders[key] = output_folder(Path(root), a.final)
+                    status = publish(a.tmp, a.final, is_dir=a.output_kind == "dir",
+                                     token=token, dir_fd=folders[key])
+                except OutputEscapes as exc:
+                    verdict = Outcome.INVALID_OUTPUT, f"output path: {exc}"
+                except (FileNotFoundError, NotADirectoryError) as exc:
+                    verdict = Outcome.FAILED, \
+                        f"its output was gone before it could be published: {exc}"
+                else:
+                    if status is Published.EXISTS:
+                        # Someone's file is there (this attempt published nothing yet, and
+                        # its token is unique to this claim): never overwrite it.
+                        verdict = Outcome.OUTPUT_EXISTS, _exists_message(a.final, a.job_id)
+                if verdict is None:
+                    linked.append(a)
+                    if token is not None:
+                        a.moved = True  # renamed into place: no temporary name to remove
+                    continue
+                t = self._transition(a, replace(fin, error=verdict[1]), verdict[0].value, now)
                 transitions[i] = t
                 unlink_quiet(staged[i][0])  # the done record we had staged for it
                 staged[i] = self.q.stage([t])[0]
                 discard(a.tmp)
                 restaged = True
-            else:
-                linked.append(a)
-                if token is not None:
-                    a.moved = True  # renamed into place: no temporary name left to remove
+        finally:
+            for fd in folders.values():
+                if fd is not None:
+                    os.close(fd)
         if linked:
             self.crash_point("publish:after_link")
         if restaged:

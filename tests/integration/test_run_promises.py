@@ -16,7 +16,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from jobfns import QueueView, Runner, assert_pdf, cli_args, py_job, run_cli, stage
+from jobfns import (
+    QueueView,
+    Runner,
+    assert_pdf,
+    cli_args,
+    py_job,
+    run_cli,
+    stage,
+    wait_for_pid,
+)
 
 from renderctl.errors import ExitCode
 from renderctl.runner import RESCAN_FULL_S
@@ -404,6 +413,36 @@ def test_a_job_whose_output_folder_is_a_file_dead_letters_alone(
     assert f"{out / 'sub'} is a file" in attempt["error"]
     assert_pdf(out / "ok" / "p2.pdf", "p2")
     assert (out / "sub").read_text() == "a file, not a folder"
+
+
+def test_a_folder_swapped_for_a_symlink_out_of_the_root_while_the_job_runs_gets_nothing(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given a job running, its output folder checked and made when it was claimed
+    stage(tmp_path)
+    queue, out, elsewhere = tmp_path / "q", tmp_path / "out", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    pidfile, go = tmp_path / "job.pid", tmp_path / "go"
+    manifest = write_manifest([py_job("s0", "wait_for_go", output="sub/s0.pdf",
+                                      pidfile=str(pidfile), go=str(go))])
+    runner = Runner(manifest, *cli_args(queue, out, "--workers", "1"))
+    try:
+        wait_for_pid(pidfile, what="the job to start")
+
+        # When someone moves the folder away and puts a symlink out of the root in its
+        # place before the job writes its output
+        (out / "sub").rename(out / "sub.old")
+        (out / "sub").symlink_to(elsewhere)
+        go.touch()
+
+        # Then the output is not published through it: the job dead-letters
+        # (invalid_output), and nothing of it is left outside the root
+        assert runner.wait(30) == ExitCode.JOBS_FAILED, runner.lines
+    finally:
+        runner.close()
+    attempt = QueueView(queue).record("dead", "s0")["attempts"][-1]
+    assert attempt["outcome"] == "invalid_output", attempt
+    assert "outside the output root" in attempt["error"], attempt
+    assert list(elsewhere.iterdir()) == []
 
 
 @pytest.mark.parametrize("point", ["locked", "shutdown", "released"])

@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
-from renderctl.publish import Published, is_ours, publish, tag_output, tmp_output_path
+import pytest
+
+from renderctl.publish import (
+    OutputEscapes,
+    Published,
+    is_ours,
+    output_folder,
+    publish,
+    tag_output,
+    tmp_output_path,
+)
 
 
 def staged(final: Path, job: str, attempt: int, data: bytes) -> Path:
@@ -45,3 +56,55 @@ def test_someone_elses_file_is_never_replaced(tmp_path: Path) -> None:
         assert publish(tmp, final, is_dir=False, token=token) is Published.EXISTS
         assert final.read_bytes() == b"theirs"
         tmp.unlink()
+
+
+@pytest.mark.parametrize("token", [None, "t:a:1"])
+def test_an_output_folder_opened_from_the_root_publishes_there_even_if_swapped_after(
+        tmp_path: Path, token: str | None) -> None:
+    # Given a folder in the output root, opened for publishing, then swapped for a symlink
+    # out of the root before the publish itself
+    root, elsewhere = tmp_path / "out", tmp_path / "elsewhere"
+    (root / "sub").mkdir(parents=True)
+    elsewhere.mkdir()
+    final = root / "sub" / "a.pdf"
+    tmp = staged(final, "a", 1, b"ours")
+    if token:
+        assert tag_output(tmp, token)
+    fd = output_folder(root, final)
+    assert fd is not None, "this kernel has openat2 (5.6+)"
+    try:
+        (root / "sub").rename(root / "sub.old")
+        (root / "sub").symlink_to(elsewhere)
+
+        # When it publishes through that folder
+        assert publish(tmp, final, is_dir=False, token=token, dir_fd=fd) \
+            is Published.PUBLISHED
+    finally:
+        os.close(fd)
+
+    # Then the output is in the folder that was checked, nothing went out of the root
+    assert (root / "sub.old" / "a.pdf").read_bytes() == b"ours"
+    assert list(elsewhere.iterdir()) == []
+
+
+@pytest.mark.parametrize("link", ["absolute", "relative-up"])
+def test_an_output_folder_reached_through_a_symlink_out_of_the_root_escapes(
+        tmp_path: Path, link: str) -> None:
+    root, elsewhere = tmp_path / "out", tmp_path / "elsewhere"
+    root.mkdir()
+    elsewhere.mkdir()
+    (root / "sub").symlink_to(elsewhere if link == "absolute" else Path("..") / "elsewhere")
+    with pytest.raises(OutputEscapes, match="outside the output root"):
+        output_folder(root, root / "sub" / "a.pdf")
+
+
+def test_a_symlink_that_stays_inside_the_root_is_followed(tmp_path: Path) -> None:
+    root = tmp_path / "out"
+    (root / "real").mkdir(parents=True)
+    (root / "alias").symlink_to("real")
+    fd = output_folder(root, root / "alias" / "deeper.pdf")
+    assert fd is not None
+    try:
+        assert os.path.samestat(os.stat(fd), os.stat(root / "real"))
+    finally:
+        os.close(fd)
