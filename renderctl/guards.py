@@ -126,6 +126,7 @@ class Slot(Protocol):
     def oom_killed_since(self, mark: OomMark) -> bool: ...
     def peak_bytes(self) -> int | None: ...
     def usage_bytes(self) -> int | None: ...
+    def held_bytes(self) -> int | None: ...
     def pids(self) -> list[int]: ...
     def release_limit(self) -> None: ...
     def close(self) -> None: ...
@@ -270,6 +271,21 @@ def ceiling_lifted(slot_path: str, limit_bytes: int) -> bool:
     preads on kept descriptors (~2 us in all), against 5-7 ms for rewriting the limit
     before every job."""
     return any(_read_int(f) != limit_bytes for f in _limit_files(slot_path))
+
+
+def in_slot(slot_path: str) -> bool:
+    """Worker side, after a job: whether this process is still in its slot's cgroup.
+
+    A job running as root can move its worker into another cgroup (write our pid to that
+    cgroup's ``cgroup.procs``): its ceiling and its peak would no longer apply, to it or to
+    any later job of this worker. One pread on a kept descriptor (~5-13 us); named by pid,
+    not /proc/self, because kept descriptors are inherited by a fork."""
+    text = _read_text(f"/proc/{os.getpid()}/cgroup")
+    for line in text.splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "memory" in controllers.split(",") or controllers == "":
+            return slot_path.endswith(path)
+    return False
 
 
 def peak_is_per_job(slot_path: str) -> bool:
@@ -461,6 +477,10 @@ class CgroupSlot:
         """The slot's current charge."""
         return _read_int(self.dir / ("memory.usage_in_bytes" if self.v1 else "memory.current"))
 
+    def held_bytes(self) -> int | None:
+        """The charge a job's ceiling competes with (see ``slot_held_bytes``)."""
+        return slot_held_bytes(self.path)
+
     def pids(self) -> list[int]:
         """Pids of the processes in this slot."""
         return [int(p) for p in (self.dir / "cgroup.procs").read_text().split()]
@@ -572,6 +592,10 @@ class SamplingSlot:
 
     def usage_bytes(self) -> int | None:
         """Unknown here; read ``TreeSampler.sample()``."""
+        return None
+
+    def held_bytes(self) -> int | None:
+        """Unknown: nothing is charged to a sampling slot."""
         return None
 
     def pids(self) -> list[int]:

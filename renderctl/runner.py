@@ -107,7 +107,13 @@ from renderctl.store import (
     name_prefix,
     parse_token,
 )
-from renderctl.worker import PRELOAD, WorkerConfig, worker_main
+from renderctl.worker import (
+    LEFTOVER_ALLOWANCE_BYTES,
+    PRELOAD,
+    WorkerConfig,
+    last_words,
+    worker_main,
+)
 
 MB = 1024 * 1024
 RETIRE_BOUND_S = 5.0  # a worker that said it retires and has not exited by then is killed
@@ -1206,7 +1212,11 @@ class Runner:
                 # We decided to kill it (cancel, timeout, memory) before it finished: our
                 # verdict stands, recorded now, as the worker may start its next job before
                 # the kill lands. The worker dies anyway and is replaced.
-                self.completions.append((a, self._killed(w, a, None)))
+                # What it said travels with its result (the worker may already be
+                # writing the next job's words over its capture).
+                verdict = replace(self._killed(w, a, None, read_tail=False),
+                                  stderr_tail=msg.stderr_tail)
+                self.completions.append((a, verdict))
                 w.kill_target = None  # recorded: a later job of this worker is not it
                 return
             fin = msg
@@ -1325,12 +1335,16 @@ class Runner:
             w.conn.close()
         w.gate.close()
         unlink_quiet(w.gate.path)
+        respawn = not w.replaced and self.stop_signal is None \
+            and (not self._finished() or self.s.follow)
+        if (w.replaced or respawn) and not w.stale_slot and not self._slot_reusable(w.slot):
+            w.stale_slot = True
         if w.replaced and not w.stale_slot:
             self._spare_slots.append(w.slot)  # emptied above; its successor already runs
         elif w.replaced:
             with contextlib.suppress(Exception):
                 w.slot.close()
-        elif self.stop_signal is None and (not self._finished() or self.s.follow):
+        elif respawn:
             slot: Slot | None = w.slot
             if w.stale_slot:
                 with contextlib.suppress(Exception):
@@ -1341,9 +1355,25 @@ class Runner:
             with contextlib.suppress(Exception):
                 w.slot.close()
 
-    def _killed(self, w: WorkerHandle, a: Assignment, code: int | None) -> Finished:
+    @staticmethod
+    def _slot_reusable(slot: Slot) -> bool:
+        """Whether a dead worker's slot may serve its successor: nothing of its tree is still
+        there, and it holds no more than a worker's leftover allowance. A worker checks what
+        a job left only when the job ends in it; a job killed for its timeout or its memory
+        can leave a file in /dev/shm charged to the slot, which would count against every
+        later job's ceiling there (an innocent one killed for memory it never used)."""
+        try:
+            if slot.pids():
+                return False  # still dying: what it holds cannot be told yet
+            held = slot.held_bytes()
+        except (OSError, ValueError):
+            return False
+        return held is None or held <= LEFTOVER_ALLOWANCE_BYTES
+
+    def _killed(self, w: WorkerHandle, a: Assignment, code: int | None, *,
+                read_tail: bool = True) -> Finished:
         """The result of ``a``, whose worker we killed or saw die (exit ``code``; None: it
-        is still dying)."""
+        is still dying), with the tail of what the job said, read from its files."""
         elapsed = time.monotonic() - (a.started_mono or time.monotonic())
         token = a.claim.lease.token
         if w.kill_reason is not None and a is not w.kill_target:
@@ -1373,8 +1403,11 @@ class Runner:
         else:
             outcome, error = Outcome.FAILED.value, \
                 f"worker exited with status {code} during the job"
+        said = None
+        if read_tail and a.started_mono is not None and w.pid is not None:
+            said = last_words(self.work_root, w.pid, a.claim.record.spec.kind)
         return Finished(a.job_id, token, outcome, elapsed, error=error, exit_code=exit_code,
-                        signal=sig, peak_memory_bytes=peak)
+                        signal=sig, peak_memory_bytes=peak, stderr_tail=said)
 
     # -- guards: timeouts, memory, kills --
     def _enforce(self, now: float) -> None:

@@ -48,6 +48,7 @@ from renderctl.gate import StartGate
 from renderctl.guards import (
     LimitBelowUsage,
     ceiling_lifted,
+    in_slot,
     kept_fds,
     peak_is_per_job,
     reset_job_peak,
@@ -73,6 +74,7 @@ from renderctl.reaper import close_inherited
 from renderctl.render.registry import BUILTIN
 
 TAIL_LINES = 20
+COMMAND_LOG = ".command-output"  # a command job's stdout and stderr, in its working folder
 TAIL_BYTES = 4096
 MB = 1024 * 1024
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
@@ -185,7 +187,7 @@ class Worker:
         self.jobs_run = 0
         self.workdir = os.path.join(config.work_root, f"w{os.getpid()}.0")
         os.makedirs(self.workdir, mode=0o700, exist_ok=True)
-        self.capture = _Capture(os.path.join(config.work_root, f"w{os.getpid()}.out"))
+        self.capture = _Capture(capture_path(config.work_root, os.getpid()))
         self.started_fd = os.open(config.started_log,
                                   os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
         self.own_fds = _OwnFds()
@@ -372,6 +374,9 @@ class Worker:
                     self.retire_reason = "a job broke the worker's descriptors; retiring"
             if captured.intact:
                 fields.setdefault("stderr_tail", captured.stderr_tail())
+                # Emptied now, not when the next job starts: its page cache is charged to
+                # our slot, and the next job's peak is measured from before it starts.
+                captured.clear()
         finally:
             with contextlib.suppress(OSError):
                 os.chdir(self.neutral_cwd)
@@ -406,6 +411,14 @@ class Worker:
         peak = max(0, peak - carried)
         fields["peak_memory_bytes"] = peak
         limit = job.memory_limit_bytes
+        if job.spec["kind"] == "python" and not in_slot(slot):
+            # Its code ran in this process, as root, and moved it out of the slot: nothing
+            # it or a later job here uses is charged or limited any more.
+            self.retire_reason = "a job moved its worker out of its memory slot; retiring"
+            fields.update(outcome=Outcome.MEMORY.value, peak_memory_bytes=None,
+                          error="the job moved its worker out of its memory slot, escaping "
+                                f"its ceiling of {limit / MB:.0f} MB")
+            return
         lifted = ceiling_lifted(slot, limit + carried)
         if lifted:
             # Rewritten before the next job (_apply_limit): its leftovers are dead by now and
@@ -708,9 +721,9 @@ class _OwnFds:
 class _Capture:
     """Redirect fd 1 and 2 to the worker's capture file for the duration of the job.
 
-    The file stays open for the worker's life and is truncated per job: one ftruncate
-    instead of an open, a stat and a buffered read of the (usually empty) file. The
-    worker's own stdout and stderr are saved once, for its life, not per job."""
+    The file stays open for the worker's life and is truncated after each job: one
+    ftruncate instead of an open, a stat and a buffered read of the (usually empty) file.
+    The worker's own stdout and stderr are saved once, for its life, not per job."""
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -721,8 +734,8 @@ class _Capture:
     def __enter__(self) -> _Capture:
         sys.stdout.flush()
         sys.stderr.flush()
-        os.ftruncate(self.fd, 0)
-        # O_APPEND is not set: the job's writes go at the shared offset, which starts at 0.
+        # O_APPEND is not set: the job's writes go at the shared offset, which starts at 0
+        # (the file was emptied after the last job: clear()).
         os.lseek(self.fd, 0, os.SEEK_SET)
         os.dup2(self.fd, 1)
         os.dup2(self.fd, 2)
@@ -736,12 +749,35 @@ class _Capture:
             os.dup2(self.saved[0], 1)
             os.dup2(self.saved[1], 2)
 
+    def clear(self) -> None:
+        os.ftruncate(self.fd, 0)
+
     def stderr_tail(self) -> str | None:
         size = os.fstat(self.fd).st_size
         if not size:
             return None
         start = max(0, size - TAIL_BYTES)
         return _tail_lines(os.pread(self.fd, size - start, start))
+
+
+def capture_path(work_root: str, pid: int) -> str:
+    """Where worker ``pid`` captures a python job's stdout and stderr."""
+    return os.path.join(work_root, f"w{pid}.out")
+
+
+def last_words(work_root: str, pid: int, kind: str) -> str | None:
+    """The tail of what the job in worker ``pid`` said, read by the runner after killing it
+    (the worker can no longer send it): a command's log in the worker's working folder,
+    else the worker's capture."""
+    if kind != "command":
+        return read_tail(capture_path(work_root, pid))
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(work_root):  # its one working folder, w<pid>.<jobs run>
+            if entry.name.startswith(f"w{pid}.") and entry.is_dir(follow_symlinks=False):
+                tail = read_tail(os.path.join(entry.path, COMMAND_LOG))
+                if tail:
+                    return tail
+    return None
 
 
 def read_tail(path: str) -> str | None:
@@ -794,7 +830,10 @@ def execute(job: RunJob, workdir: Path) -> dict[str, Any]:
     except InvalidInput as exc:
         return {"outcome": Outcome.INVALID_INPUT.value, "error": _message(exc)}
     except InvalidOutput as exc:
-        return {"outcome": Outcome.INVALID_OUTPUT.value, "error": _message(exc)}
+        fields = {"outcome": Outcome.INVALID_OUTPUT.value, "error": _message(exc)}
+        if spec["kind"] == "command":  # what it said is what explains a bad output
+            fields["stderr_tail"] = read_tail(str(workdir / COMMAND_LOG))
+        return fields
     except BaseException as exc:  # a job's SystemExit or KeyboardInterrupt is its failure
         return {"outcome": Outcome.FAILED.value, "error": _message(exc),
                 "traceback_tail": _traceback_tail()}
@@ -853,7 +892,7 @@ def run_command(argv: list[str], inputs: list[Path], output: Path,
                 workdir: Path) -> dict[str, Any] | None:
     """Run an argv (never a shell); None means it exited 0 and the output is to be checked."""
     args = expand_argv(argv, inputs, output)
-    log = workdir / ".command-output"
+    log = workdir / COMMAND_LOG
     with open(log, "wb") as fh:
         try:
             # env: exactly the job's os.environ (see _Environ), not the C-level environment,
@@ -865,7 +904,18 @@ def run_command(argv: list[str], inputs: list[Path], output: Path,
             return {"outcome": Outcome.FAILED.value, "error": f"command not found: {args[0]}"}
         except PermissionError:
             return {"outcome": Outcome.FAILED.value, "error": f"not executable: {args[0]}"}
-        code = proc.wait()
+        # The runner ends a command's attempt (timeout, cancel) with SIGTERM to our whole
+        # group, the command included, and SIGKILL after --kill-grace. Dying of it at once
+        # would take the command with us (its parent-death signal is SIGKILL) and cut its
+        # grace short: wait for it to act on the signal first, then die of it ourselves.
+        terminated: list[int] = []
+        signal.signal(signal.SIGTERM, lambda signum, frame: terminated.append(signum))
+        try:
+            code = proc.wait()
+        finally:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        if terminated:
+            os.kill(os.getpid(), signal.SIGTERM)
     tail = read_tail(str(log))
     if code == 0:
         return None  # the output is checked next; a success keeps no log in the record

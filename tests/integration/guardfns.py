@@ -134,3 +134,42 @@ def hog_in_child(inputs: list[Path], output: Path, params: Mapping[str, Any]) ->
         Path(params["marker"]).write_text(f"{child.returncode} {time.time():.6f}\n")
     time.sleep(float(params.get("after_s", 5)))
     write_pdf(inputs, output, params)
+
+
+def say_then_hang(inputs: list[Path], output: Path, params: Mapping[str, Any]) -> None:
+    """Say something on stderr (the evidence a killed attempt's record must keep), hang."""
+    import sys
+
+    print(params.get("say", "about to hang"), file=sys.stderr, flush=True)
+    while True:
+        time.sleep(3600)
+
+
+def shm_then_hang(inputs: list[Path], output: Path, params: Mapping[str, Any]) -> None:
+    """Leave ``mb`` MB in a tmpfs file at ``params["path"]`` (memory that stays charged to
+    the slot after the job's processes are gone), then hang until killed."""
+    with open(params["path"], "wb") as fh:
+        for _ in range(int(params["mb"])):
+            fh.write(bytes(MB))
+    while True:
+        time.sleep(3600)
+
+
+def shout_then_write(inputs: list[Path], output: Path, params: Mapping[str, Any]) -> None:
+    """Write ``mb`` MB to stderr (page cache of the worker's capture file), then a PDF."""
+    line = b"x" * 1023 + b"\n"
+    block = line * 1024
+    for _ in range(int(params["mb"])):
+        os.write(2, block)
+    write_pdf(inputs, output, params)
+
+
+def escape_then_hog(inputs: list[Path], output: Path, params: Mapping[str, Any]) -> None:
+    """As root: move this worker out of its slot's cgroup into the runner's own, then hog."""
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "memory" in controllers.split(","):
+            # <mount>/<runner's cgroup>/renderctl-<runner pid>/<slot>: two levels up
+            runner_cgroup = Path("/sys/fs/cgroup/memory" + path).parent.parent
+            (runner_cgroup / "cgroup.procs").write_text(str(os.getpid()))
+    hog(inputs, output, params)

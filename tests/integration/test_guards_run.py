@@ -334,6 +334,106 @@ def test_timeout_escalates_to_sigkill_and_leaves_no_grandchild(env: Env) -> None
         kill_leftovers(pids())
 
 
+def test_a_timed_out_attempt_keeps_the_tail_of_what_the_job_said(env: Env) -> None:
+    # Given a python job and a command job that each say something, then hang
+    m = env.manifest([job("py", "say_then_hang", params={"say": "python job was here"}),
+                      {"id": "cmd", "kind": "command", "output": "cmd.pdf",
+                       "argv": ["sh", "-c", "echo command job was here >&2; exec sleep 60"]}],
+                     defaults={"timeout_s": 1, "max_attempts": 1})
+
+    # When both time out
+    r = env.run(str(m), "--workers", "2", "--kill-grace", "0.2")
+    assert r.wait_exit(timeout=30) == 1, r.diag()
+
+    # Then each attempt's record keeps its last words, as a failed attempt's does
+    for jid, said in (("py", "python job was here"), ("cmd", "command job was here")):
+        (attempt,) = env.show(jid)["attempts"]
+        assert attempt["outcome"] == "timeout", attempt
+        assert said in (attempt.get("stderr_tail") or ""), attempt
+
+
+def test_a_timed_out_command_gets_the_kill_grace_to_clean_up(env: Env) -> None:
+    # Given a command that cleans up for 0.3 s on SIGTERM (a tool removing its lock files)
+    marker = env.root / "cleaned-up"
+    script = (f"trap 'echo got TERM >&2; sleep 0.3; touch {marker}; exit 1' TERM; "
+              "echo working >&2; sleep 60 & wait")
+    m = env.manifest([{"id": "tidy", "kind": "command", "output": "tidy.pdf",
+                       "argv": ["sh", "-c", script], "timeout_s": 1, "max_attempts": 1}])
+
+    # When it times out with a kill grace of 5 s
+    r = env.run(str(m), "--workers", "1", "--kill-grace", "5")
+    assert r.wait_exit(timeout=30) == 1, r.diag()
+
+    # Then it got SIGTERM and the time to finish its clean-up, well before the SIGKILL,
+    # and the attempt is a timeout that kept what it said
+    assert marker.exists(), "the command was killed before it could clean up"
+    (attempt,) = env.show("tidy")["attempts"]
+    assert attempt["outcome"] == "timeout", attempt
+    assert 1.3 <= attempt["elapsed_s"] < 5.0, attempt
+    assert "got TERM" in (attempt.get("stderr_tail") or ""), attempt
+
+
+@pytest.mark.skipif(not cgroup_v1_writable(), reason="cgroup v1 memory controller not writable")
+def test_memory_a_killed_job_left_in_its_slot_is_not_charged_to_the_next_job(env: Env) -> None:
+    # Given a job that leaves 150 MB in /dev/shm and hangs until its timeout kills it, and
+    # then, in the same worker slot, a job that needs 120 MB of its 200 MB ceiling
+    shm = Path("/dev/shm") / f"renderctl-test-{os.getpid()}-{time.monotonic_ns()}"
+    m = env.manifest([job("leaver", "shm_then_hang", priority=1, timeout_s=2,
+                          params={"mb": 150, "path": str(shm)}),
+                      job("next", "hog", params={"mb": 120})],
+                     defaults={"memory_mb": 200, "max_attempts": 1})
+    try:
+        # When they run one after the other on one worker
+        r = env.run(str(m), "--workers", "1", "--kill-grace", "0.2",
+                    "--memory-guard", "cgroup-v1")
+        assert r.wait_exit(timeout=60) == 1, r.diag()
+        assert shm.stat().st_size == 150 * MB  # the leftover is still there, charged
+    finally:
+        shm.unlink(missing_ok=True)
+
+    # Then the first timed out, and the second was not killed for what the first left
+    assert env.show("leaver")["attempts"][0]["outcome"] == "timeout"
+    assert env.state_of("next") == ["done"], env.show("next")["attempts"]
+    assert pdf_ok(env.out / "next.pdf")
+
+
+@pytest.mark.skipif(not cgroup_v1_writable(), reason="cgroup v1 memory controller not writable")
+def test_a_jobs_peak_does_not_count_what_the_previous_job_wrote_to_stderr(env: Env) -> None:
+    # Given a job that writes 150 MB to stderr, then a small one in the same worker
+    m = env.manifest([job("loud", "shout_then_write", priority=1, params={"mb": 150}),
+                      job("quiet", "write_pdf")], defaults={"memory_mb": 300})
+
+    # When they run one after the other
+    r = env.run(str(m), "--workers", "1", "--memory-guard", "cgroup-v1")
+    assert r.wait_exit(timeout=60) == 0, r.diag()
+
+    # Then the small job's peak is its own (a one-page PDF: a few MB beyond the worker),
+    # not the page cache of the first one's captured output
+    peak = env.record("done", "quiet")["result"]["peak_memory_bytes"]
+    assert peak < 60 * MB, peak / MB
+
+
+@pytest.mark.skipif(not cgroup_v1_writable(), reason="cgroup v1 memory controller not writable")
+def test_a_job_that_moves_its_worker_out_of_its_slot_is_caught_and_the_next_job_is_held(
+        env: Env) -> None:
+    # Given a root job that moves its worker out of its memory slot and then takes 300 MB
+    # of its 200 MB ceiling, and then a job that takes 150 MB
+    m = env.manifest([job("escaper", "escape_then_hog", priority=1, params={"mb": 300}),
+                      job("next", "hog", params={"mb": 150})],
+                     defaults={"memory_mb": 200, "max_attempts": 1})
+
+    # When they run on one worker
+    r = env.run(str(m), "--workers", "1", "--memory-guard", "cgroup-v1")
+    assert r.wait_exit(timeout=60) == 1, r.diag()
+
+    # Then the escape is the first job's memory failure, and the next job runs in a slot
+    # again: its 150 MB are charged (its peak shows them), not hidden
+    (attempt,) = env.show("escaper")["attempts"]
+    assert attempt["outcome"] == "memory", attempt
+    assert "moved its worker out of its memory slot" in attempt["error"], attempt
+    assert env.record("done", "next")["result"]["peak_memory_bytes"] >= 150 * MB
+
+
 # -- 3. cancel ---------------------------------------------------------------------------------
 
 

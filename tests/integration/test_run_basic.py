@@ -172,7 +172,8 @@ def failing_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
          "argv": ["sh", "-c", "echo first line >&2; echo 'disk quota exceeded' >&2; exit 3"],
          "output": "never.pdf"},
         {"id": "cmd-notpdf", "kind": "command",
-         "argv": ["sh", "-c", 'echo hello > "$1"', "sh", "{output}"], "output": "notpdf.pdf",
+         "argv": ["sh", "-c", 'echo hello > "$1"; echo "wrote a greeting" >&2', "sh",
+                  "{output}"], "output": "notpdf.pdf",
          "max_attempts": 1},
         py_job("fine", "write_pdf"),
     ]
@@ -236,6 +237,8 @@ def test_an_output_that_is_not_a_pdf_is_named_as_the_user_named_it(
     assert attempt["outcome"] == "invalid_output"
     assert "notpdf.pdf: not a PDF (no %PDF- header)" in attempt["error"], attempt
     assert ".rctl" not in attempt["error"]
+    # and what the tool said, which explains a bad output, is kept though it exited 0
+    assert attempt["stderr_tail"] == "wrote a greeting", attempt
 
 
 def test_an_output_path_holding_a_foreign_file_dead_letters_and_leaves_it(
