@@ -72,6 +72,8 @@ check_max_attempts = int_range(1, MAX_ATTEMPTS)
 
 def type_name(v: Any) -> str:
     """What a value is, in the words of a manifest's author (TOML/JSON, not Python)."""
+    if v is None:
+        return "null"
     if isinstance(v, bool):
         return "a boolean"
     if isinstance(v, dict):

@@ -512,3 +512,14 @@ def test_one_manifest_named_twice_is_read_once(folder: Path, out_root: Path,
     jobs = load_manifests([path, Path(str(path).replace("/", "//", 1)), path],
                           out_root=out_root)
     assert [j.id for j in jobs] == ["a", "b"]
+
+
+# -- found by an audit ---------------------------------------------------------------------
+
+
+def test_json_null_is_called_null_not_a_python_type(folder: Path, out_root: Path,
+                                                   write_manifest: Any) -> None:
+    path = write_manifest([job(memory_mb=None, group=None)], name="m.json", folder=folder)
+    found = problems([path], out_root)
+    assert_reported(found, field="memory_mb", message="must be an integer, got null")
+    assert_reported(found, field="group", message="must be a string, got null")
