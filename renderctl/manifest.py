@@ -626,10 +626,11 @@ def _validate_job(
         argv=tuple(argv or ()) if spec is not None and spec.kind == "command" else None,
         callable=merged.get("callable") if spec is not None and spec.kind == "python" else None,
         pythonpath=str(base) if spec is not None and spec.kind == "python" else None,
-        memory_mb=merged.get("memory_mb", limits.memory_mb),
+        # int(): 400.0 is valid for an integer field and must be the same spec as 400.
+        memory_mb=int(merged.get("memory_mb", limits.memory_mb)),
         timeout_s=float(merged.get("timeout_s", limits.timeout_s)),
-        max_attempts=merged.get("max_attempts", limits.max_attempts),
-        priority=merged.get("priority", limits.priority),
+        max_attempts=int(merged.get("max_attempts", limits.max_attempts)),
+        priority=int(merged.get("priority", limits.priority)),
         group=merged.get("group", limits.group),
         deadline=deadline,
     )

@@ -90,7 +90,8 @@ JOB_CASES: list[tuple[str, dict[str, Any], str, str]] = [
     ("output-reserved", {"output": "a/.rctl-x.pdf"}, "output", "must not start with '.rctl-'"),
     ("output-not-string", {"output": 3}, "output", "must be a string, got a number"),
     ("memory-bool", {"memory_mb": True}, "memory_mb", "must be an integer, got a boolean"),
-    ("memory-float", {"memory_mb": 1.5}, "memory_mb", "must be an integer, got a number"),
+    ("memory-float", {"memory_mb": 1.5}, "memory_mb", "must be an integer, got 1.5"),
+    ("priority-float", {"priority": -2.5}, "priority", "must be an integer, got -2.5"),
     ("memory-zero", {"memory_mb": 0}, "memory_mb", "must be between 1 and"),
     ("timeout-bool", {"timeout_s": True}, "timeout_s", "must be a number of seconds, got a bool"),
     ("timeout-zero", {"timeout_s": 0}, "timeout_s", "must be > 0"),
@@ -523,3 +524,21 @@ def test_json_null_is_called_null_not_a_python_type(folder: Path, out_root: Path
     found = problems([path], out_root)
     assert_reported(found, field="memory_mb", message="must be an integer, got null")
     assert_reported(found, field="group", message="must be a string, got null")
+
+
+@pytest.mark.parametrize("fmt", ["toml", "json"])
+def test_a_number_with_a_zero_fraction_is_an_integer_as_the_schema_says(
+        folder: Path, out_root: Path, write_manifest: Any, fmt: str) -> None:
+    # Given integer fields written as 400.0 (JSON Schema: an integer), in a job and defaults
+    floats = write_manifest([job(memory_mb=400.0, max_attempts=2.0, priority=-3.0)],
+                            defaults={"priority": 1.0}, name=f"f.{fmt}", folder=folder)
+    ints = write_manifest([job(memory_mb=400, max_attempts=2, priority=-3)],
+                          defaults={"priority": 1}, name=f"i.{fmt}", folder=folder)
+    # When loaded, Then the spec is the one written with integers, to its stored form
+    [f] = load_manifests([floats], out_root=out_root)
+    [i] = load_manifests([ints], out_root=out_root)
+    assert f == i and json.dumps(f.to_json()) == json.dumps(i.to_json())
+    assert type(f.memory_mb) is int and type(f.max_attempts) is int and type(f.priority) is int
+    [d] = load_manifests([write_manifest([job()], defaults={"priority": 1.0, "memory_mb": 256.0},
+                                         name=f"d.{fmt}", folder=folder)], out_root=out_root)
+    assert (d.priority, d.memory_mb) == (1, 256) and type(d.priority) is int
