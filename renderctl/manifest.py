@@ -207,7 +207,7 @@ FIELDS: tuple[FieldSpec, ...] = (
               False, True, _check_any),
     FieldSpec("argv", _STR_LIST, "command kind: argv with {input} {inputs} {output}", True,
               True, _check_any),
-    FieldSpec("callable", {"type": "string", "pattern": CALLABLE_RE.pattern},
+    FieldSpec("callable", {"type": "string", "pattern": "^" + CALLABLE_RE.pattern + "$"},
               "python kind: module:function", True, True,
               _check_str(CALLABLE_RE, "must look like package.module:function")),
     FieldSpec("params", {"type": "object"}, "renderer params", True, True, _check_any),

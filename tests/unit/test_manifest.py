@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -542,3 +543,21 @@ def test_a_number_with_a_zero_fraction_is_an_integer_as_the_schema_says(
     [d] = load_manifests([write_manifest([job()], defaults={"priority": 1.0, "memory_mb": 256.0},
                                          name=f"d.{fmt}", folder=folder)], out_root=out_root)
     assert (d.priority, d.memory_mb) == (1, 256) and type(d.priority) is int
+
+
+PATTERN_SAMPLES = {
+    "id": ["a", "inv-0001", "A.b_c-9", "a b", ".x", "x" * 128, "x" * 129, "x:y", ""],
+    "group": ["tenant-a", "t:a@b.c", "a b", "x" * 128, "x" * 129, ""],
+    "callable": ["m:f", "a.b:c.d", "_p.q9:Cls.meth", "x m:f y", "m:f()", "not callable", "m",
+                 "m:", ":f", "1m:f", ""],
+}
+
+
+@pytest.mark.parametrize("name", sorted(PATTERN_SAMPLES))
+def test_the_schemas_patterns_accept_exactly_what_validation_accepts(name: str) -> None:
+    # A JSON Schema pattern matches anywhere in the string unless anchored: an unanchored
+    # one accepts 'x m:f y', which validation refuses. Compare verdicts value by value.
+    pattern = json_schema()["properties"]["jobs"]["items"]["properties"][name]["pattern"]
+    check = next(f.check for f in FIELDS if f.name == name)
+    for value in PATTERN_SAMPLES[name]:
+        assert (re.search(pattern, value) is not None) == (check(value) is None), (name, value)
