@@ -472,15 +472,20 @@ def _param_type_error(p: ParamSpec, v: Any) -> str | None:
     return p.check(v) if p.check is not None else None
 
 
+_RFC3339_UPPER = str.maketrans("tz", "TZ")
+
+
 def _parse_deadline(v: Any) -> float | str:
     """Epoch seconds, or an error message."""
     if isinstance(v, dt.datetime):
         when = v
     elif isinstance(v, str):
         try:
-            when = dt.datetime.fromisoformat(v.replace("Z", "+00:00"))
+            # RFC 3339 allows 't' and 'z' (its ABNF is case-insensitive); fromisoformat
+            # does not. Other ISO 8601 forms it takes ('2026-12-01 09:00Z') stay accepted.
+            when = dt.datetime.fromisoformat(v.translate(_RFC3339_UPPER).replace("Z", "+00:00"))
         except ValueError:
-            return f"must be an RFC 3339 date-time, got {v[:60]!r}"
+            return f"must be an RFC 3339 date-time such as 2026-12-01T09:00:00Z, got {v[:60]!r}"
     else:
         return f"must be a date-time with a timezone, got {type_name(v)}"
     if when.tzinfo is None:

@@ -561,3 +561,24 @@ def test_the_schemas_patterns_accept_exactly_what_validation_accepts(name: str) 
     check = next(f.check for f in FIELDS if f.name == name)
     for value in PATTERN_SAMPLES[name]:
         assert (re.search(pattern, value) is not None) == (check(value) is None), (name, value)
+
+
+@pytest.mark.parametrize("deadline", [
+    "2026-12-01T09:00:00Z", "2026-12-01t09:00:00z", "2026-12-01T09:00:00z",
+    "2026-12-01t10:00:00+01:00", "2026-12-01T09:00:00.000Z",
+    # not RFC 3339, but ISO 8601 forms accepted before: they stay accepted
+    "2026-12-01 09:00:00Z", "2026-12-01T09:00Z", "20261201T090000Z",
+])
+def test_rfc_3339_deadlines_in_either_case(folder: Path, out_root: Path, write_manifest: Any,
+                                           deadline: str) -> None:
+    # RFC 3339 (5.6, and ABNF strings are case-insensitive) allows 't' and 'z'
+    [spec] = load_manifests([write_manifest([job(deadline=deadline)], folder=folder)],
+                            out_root=out_root)
+    assert spec.deadline == 1796115600.0
+
+
+def test_a_bad_deadline_shows_the_form_it_wants(folder: Path, out_root: Path,
+                                                write_manifest: Any) -> None:
+    found = problems([write_manifest([job(deadline="1 Dec 2026")], folder=folder)], out_root)
+    assert_reported(found, field="deadline", message="must be an RFC 3339 date-time such as "
+                                                     "2026-12-01T09:00:00Z, got '1 Dec 2026'")
