@@ -269,17 +269,27 @@ class _ParseError(Exception):
     pass
 
 
-def _reject_constant(name: str) -> Any:
-    raise _ParseError(f"{name} is not allowed in a manifest")
+class _Repeated(dict[str, Any]):
+    """A JSON object that names a key more than once: its first value kept, the keys
+    repeated in ``repeated``. Reported by ``_scrub``, which knows the job and field, so
+    that one repeat does not hide the rest of the manifest's problems."""
+
+    repeated: list[str]
 
 
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+def _json_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
+    repeated: list[str] = []
     for key, value in pairs:
         if key in out:
-            raise _ParseError(f"duplicate key {key!r}")
-        out[key] = value
-    return out
+            repeated.append(key)
+        else:
+            out[key] = value
+    if not repeated:
+        return out
+    marked = _Repeated(out)
+    marked.repeated = repeated
+    return marked
 
 
 def parse_document(raw: bytes, *, name: str) -> Any:
@@ -292,9 +302,9 @@ def parse_document(raw: bytes, *, name: str) -> Any:
         raise _ParseError("contains a NUL character")
     if name.lower().endswith(".json"):
         try:
-            return json.loads(
-                text, object_pairs_hook=_no_duplicates, parse_constant=_reject_constant
-            )
+            # NaN and Infinity parse to floats, as TOML's nan and inf do: both are reported
+            # by validate_document, at their job and field.
+            return json.loads(text, object_pairs_hook=_json_object)
         except json.JSONDecodeError as exc:
             raise _ParseError(f"invalid JSON at line {exc.lineno} column {exc.colno}: "
                               f"{exc.msg}") from None
@@ -315,28 +325,33 @@ def parse_document(raw: bytes, *, name: str) -> Any:
 
 
 NON_FINITE = "nan and inf are not allowed in a manifest"
+REPEATED = "duplicate key"
+
+_Path = tuple[str | int, ...]
 
 
-def _without_non_finite(v: Any, path: tuple[str | int, ...],
-                        found: list[tuple[str | int, ...]]) -> Any:
-    """``v`` without its nan and inf values, whose paths (keys and indexes) go to ``found``.
+def _scrub(v: Any, path: _Path, found: list[tuple[_Path, str]]) -> Any:
+    """``v`` without the values no job may carry; each one's path (keys and indexes) and
+    message go to ``found``, for the caller to report at its job and field.
 
-    JSON rejects NaN/Infinity at parse time; TOML allows them. They also break "same spec"
-    comparisons (nan != nan), so a manifest may not carry them anywhere. Dropping them
-    lets every other problem of the manifest be reported in the same pass."""
+    nan and inf break "same spec" comparisons (nan != nan), so a manifest may not carry
+    them anywhere; they are dropped. A JSON key given twice keeps its first value. Going on
+    without them lets every other problem of the manifest be reported in the same pass."""
     if isinstance(v, float) and not math.isfinite(v):
-        found.append(path)
+        found.append((path, NON_FINITE))
         return None
     if isinstance(v, dict):
+        if isinstance(v, _Repeated):
+            found.extend(((*path, k), REPEATED) for k in v.repeated)
         out = {}
         for k, x in v.items():
             before = len(found)
-            y = _without_non_finite(x, (*path, str(k)), found)
-            if len(found) == before or y is not None:
+            y = _scrub(x, (*path, str(k)), found)
+            if len(found) == before or y is not None:  # else x itself was nan or inf
                 out[k] = y
         return out
     if isinstance(v, list):
-        return [_without_non_finite(x, (*path, i), found) for i, x in enumerate(v)]
+        return [_scrub(x, (*path, i), found) for i, x in enumerate(v)]
     return v
 
 
@@ -348,16 +363,15 @@ def _dotted(path: Sequence[str | int]) -> str:
     return out
 
 
-def _report_non_finite(ctx: _Ctx, doc: dict[str, Any],
-                       paths: list[tuple[str | int, ...]]) -> None:
-    """One problem per nan/inf, under its job and field where it is in one."""
+def _report_scrubbed(ctx: _Ctx, doc: dict[str, Any], found: list[tuple[_Path, str]]) -> None:
+    """One problem per value ``_scrub`` took out, under its job and field where it is in one."""
     jobs = doc.get("jobs")
-    for path in paths:
+    for path, msg in found:
         if len(path) < 2 or path[0] != "jobs" or not isinstance(path[1], int) \
                 or not isinstance(jobs, list):
-            ctx.add(None, _dotted(path), NON_FINITE)
+            ctx.add(None, _dotted(path), msg)
             continue
-        ctx.add(_raw_id(jobs[path[1]]) or f"#{path[1]}", _dotted(path[2:]) or None, NON_FINITE)
+        ctx.add(_raw_id(jobs[path[1]]) or f"#{path[1]}", _dotted(path[2:]) or None, msg)
 
 
 # -- validation ---------------------------------------------------------------------------
@@ -667,9 +681,9 @@ def validate_document(
     if not isinstance(doc, dict):
         ctx.add(None, None, f"the manifest must be a table/object, got {type_name(doc)}")
         return []
-    non_finite: list[tuple[str | int, ...]] = []
-    doc = _without_non_finite(doc, (), non_finite)
-    _report_non_finite(ctx, doc, non_finite)
+    scrubbed: list[tuple[_Path, str]] = []
+    doc = _scrub(doc, (), scrubbed)
+    _report_scrubbed(ctx, doc, scrubbed)
     for key in doc:
         if key not in ("defaults", "jobs"):
             hint = _suggest(key, ("defaults", "jobs"))

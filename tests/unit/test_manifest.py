@@ -229,15 +229,6 @@ def test_toml_native_datetimes(folder: Path, out_root: Path) -> None:
 
 DOC_CASES: list[tuple[str, str, bytes, str | None, str]] = [
     # (case, file name, content, field, message fragment); each is reported with job None
-    ("json-duplicate-key", "m.json",
-     b'{"jobs": [{"id": "a", "id": "b", "kind": "python", "callable": "m:f", "output": "x"}]}',
-     None, "duplicate key 'id'"),
-    ("json-nan", "m.json", b'{"jobs": [{"id": "a", "timeout_s": NaN}]}', None,
-     "NaN is not allowed"),
-    ("json-infinity", "m.json", b'{"jobs": [{"id": "a", "timeout_s": Infinity}]}', None,
-     "Infinity is not allowed"),
-    ("json-minus-infinity", "m.json", b'{"jobs": [{"id": "a", "priority": -Infinity}]}', None,
-     "-Infinity is not allowed"),
     ("json-syntax", "m.json", b'{"jobs": [', None, "invalid JSON at line 1"),
     ("json-too-deep", "m.json", b"[" * 100_000 + b"]" * 100_000, None, "nested deeper than"),
     ("json-not-object", "m.json", b"[1, 2]", None, "must be a table/object, got an array"),
@@ -582,3 +573,29 @@ def test_a_bad_deadline_shows_the_form_it_wants(folder: Path, out_root: Path,
     found = problems([write_manifest([job(deadline="1 Dec 2026")], folder=folder)], out_root)
     assert_reported(found, field="deadline", message="must be an RFC 3339 date-time such as "
                                                      "2026-12-01T09:00:00Z, got '1 Dec 2026'")
+
+
+def test_json_nan_infinity_and_duplicate_keys_are_reported_at_their_job_and_field(
+        tmp_path: Path, out_root: Path) -> None:
+    # Given a JSON manifest with NaN/Infinity and repeated keys in jobs, params and defaults,
+    # and other problems beside them
+    path = tmp_path / "m.json"
+    path.write_text(
+        '{"defaults": {"timeout_s": Infinity, "priority": 1, "priority": 2},'
+        ' "jobs": [{"id": "a", "kind": "python", "callable": "m:f", "output": "a.pdf",'
+        '           "timeout_s": NaN, "priority": "high"},'
+        '          {"id": "b", "id": "c", "kind": "python", "callable": "m:f",'
+        '           "output": "/abs.pdf", "params": {"x": [1.0, -Infinity], "y": 1, "y": 2}},'
+        '          {"id": "d", "kind": "python", "callable": "m:f", "output": "d.pdf",'
+        '           "memory_mb": -Infinity}],'
+        ' "jobs": []}')
+    # When it is loaded
+    found = {(p.job, p.field, p.message) for p in problems([path], out_root)}
+    # Then each is its own problem where it is (like TOML's), and nothing else is hidden
+    nf = "nan and inf are not allowed in a manifest"
+    assert {(None, "defaults.timeout_s", nf), (None, "defaults.priority", "duplicate key"),
+            (None, "jobs", "duplicate key"),
+            ("a", "timeout_s", nf), ("a", "priority", "must be an integer, got a string"),
+            ("b", "id", "duplicate key"), ("b", "params.x[1]", nf),
+            ("b", "params.y", "duplicate key"), ("d", "memory_mb", nf)} <= found, found
+    assert any(j == "b" and f == "output" for j, f, _ in found)
