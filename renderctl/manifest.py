@@ -326,8 +326,14 @@ def parse_document(raw: bytes, *, name: str) -> Any:
 
 NON_FINITE = "nan and inf are not allowed in a manifest"
 REPEATED = "duplicate key"
+DATE_TIME = "a date/time cannot be passed to a job; write it as a string"
 
 _Path = tuple[str | int, ...]
+
+
+def _in_params(path: _Path) -> bool:
+    return (len(path) > 2 and path[0] == "jobs" and path[2] == "params") or \
+        (len(path) > 1 and path[0] == "defaults" and path[1] == "params")
 
 
 def _scrub(v: Any, path: _Path, found: list[tuple[_Path, str]]) -> Any:
@@ -335,11 +341,17 @@ def _scrub(v: Any, path: _Path, found: list[tuple[_Path, str]]) -> Any:
     message go to ``found``, for the caller to report at its job and field.
 
     nan and inf break "same spec" comparisons (nan != nan), so a manifest may not carry
-    them anywhere; they are dropped. A JSON key given twice keeps its first value. Going on
-    without them lets every other problem of the manifest be reported in the same pass."""
+    them anywhere; they are dropped. A JSON key given twice keeps its first value. A TOML
+    date/time in params (elsewhere the field's own check names it) would reach the queue's
+    JSON, which has none; it becomes its ISO string. Going on without them lets every other
+    problem of the manifest be reported in the same pass."""
     if isinstance(v, float) and not math.isfinite(v):
         found.append((path, NON_FINITE))
         return None
+    if isinstance(v, dt.date | dt.time) and _in_params(path):
+        text = v.isoformat()
+        found.append((path, f'{DATE_TIME}: "{text}"'))
+        return text
     if isinstance(v, dict):
         if isinstance(v, _Repeated):
             found.extend(((*path, k), REPEATED) for k in v.repeated)
@@ -364,14 +376,20 @@ def _dotted(path: Sequence[str | int]) -> str:
 
 
 def _report_scrubbed(ctx: _Ctx, doc: dict[str, Any], found: list[tuple[_Path, str]]) -> None:
-    """One problem per value ``_scrub`` took out, under its job and field where it is in one."""
+    """One problem per value ``_scrub`` took out, under its job and field where it is in one;
+    the later checks stay silent about those fields (see ``_Ctx.scrubbed``)."""
     jobs = doc.get("jobs")
+    where: list[tuple[str | None, str]] = []
     for path, msg in found:
         if len(path) < 2 or path[0] != "jobs" or not isinstance(path[1], int) \
                 or not isinstance(jobs, list):
-            ctx.add(None, _dotted(path), msg)
-            continue
-        ctx.add(_raw_id(jobs[path[1]]) or f"#{path[1]}", _dotted(path[2:]) or None, msg)
+            job, fld = None, _dotted(path)
+        else:
+            job, fld = _raw_id(jobs[path[1]]) or f"#{path[1]}", _dotted(path[2:])
+        ctx.add(job, fld or None, msg)
+        where.append((job, fld))
+    # Only now: one may be inside another (a repeated key whose first value holds a nan).
+    ctx.scrubbed.update(where)
 
 
 # -- validation ---------------------------------------------------------------------------
@@ -381,9 +399,20 @@ def _report_scrubbed(ctx: _Ctx, doc: dict[str, Any], found: list[tuple[_Path, st
 class _Ctx:
     file: str
     problems: list[Problem]
+    # (job, field) of each value _scrub dropped or replaced, reported already: what the
+    # checks then find there ("is required", "must be str") is about the stand-in, not
+    # about what the manifest says, and is left out, as is anything inside it.
+    scrubbed: set[tuple[str | None, str]] = field(default_factory=set)
 
     def add(self, job: str | None, fld: str | None, msg: str) -> None:
+        if self.scrubbed and fld is not None and self._in_scrubbed(job, fld):
+            return
         self.problems.append(Problem(self.file, job, fld, msg))
+
+    def _in_scrubbed(self, job: str | None, fld: str) -> bool:
+        if (job, fld) in self.scrubbed:
+            return True
+        return any(c in ".[" and (job, fld[:i]) in self.scrubbed for i, c in enumerate(fld))
 
 
 def _depth(v: Any, depth: int = 0) -> int:

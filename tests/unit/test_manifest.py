@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import re
@@ -599,3 +600,35 @@ def test_json_nan_infinity_and_duplicate_keys_are_reported_at_their_job_and_fiel
             ("b", "id", "duplicate key"), ("b", "params.x[1]", nf),
             ("b", "params.y", "duplicate key"), ("d", "memory_mb", nf)} <= found, found
     assert any(j == "b" and f == "output" for j, f, _ in found)
+
+
+def test_a_date_or_time_in_params_is_a_problem_not_a_crash_at_submit(
+        folder: Path, out_root: Path) -> None:
+    # Given TOML date/time values in params: open ones (command, python), a renderer's own
+    # (report's title), nested, and in [defaults]; params go to the queue as JSON, which
+    # has no date/time
+    path = folder / "m.toml"
+    path.write_text(
+        '[defaults]\nparams = { since = 2026-01-01 }\n'
+        '[[jobs]]\nid = "c1"\nkind = "command"\nargv = ["echo", "{output}"]\noutput = "c1.pdf"\n'
+        'params = { when = 2026-01-01T00:00:00Z }\n'
+        '[[jobs]]\nid = "p1"\nkind = "python"\ncallable = "m:f"\noutput = "p1.pdf"\n'
+        'params = { t = { at = [1, 09:00:00] } }\n')
+    report = folder / "r.toml"
+    report.write_text('[[jobs]]\nid = "r1"\nkind = "report"\ninput = "in/a.json"\n'
+                      'output = "r1.pdf"\nparams = { title = 1979-05-27T07:32:00 }\n')
+    # When they are loaded
+    found = {(p.job, p.field, p.message) for p in problems([path, report], out_root)}
+    # Then each is reported where it is, saying what to write instead, and only once
+    advice = "a date/time cannot be passed to a job; write it as a string"
+    assert found == {
+        (None, "defaults.params.since", f'{advice}: "2026-01-01"'),
+        ("c1", "params.when", f'{advice}: "2026-01-01T00:00:00+00:00"'),
+        ("p1", "params.t.at[1]", f'{advice}: "09:00:00"'),
+        ("r1", "params.title", f'{advice}: "1979-05-27T07:32:00"'),
+    }, found
+    # And through the Python API, a datetime object is refused the same way
+    with pytest.raises(ManifestError) as info:
+        jobs_from_dicts([job(params={"at": dt.datetime(2026, 1, 1, tzinfo=dt.UTC)})],
+                        base=folder, out_root=out_root)
+    assert [(p.job, p.field) for p in info.value.problems] == [("j1", "params.at")]
