@@ -327,6 +327,18 @@ def parse_document(raw: bytes, *, name: str) -> Any:
 NON_FINITE = "nan and inf are not allowed in a manifest"
 REPEATED = "duplicate key"
 DATE_TIME = "a date/time cannot be passed to a job; write it as a string"
+NOT_UNICODE = "is not valid Unicode: it holds a lone surrogate"
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _has_surrogate(s: str) -> bool:
+    return not s.isascii() and _SURROGATE.search(s) is not None
+
+
+def _printable(s: str) -> str:
+    """``s`` with each lone surrogate written as its escape ('\\ud800'): it can be printed
+    and stored as UTF-8, and named in a problem."""
+    return s.encode("utf-8", "backslashreplace").decode("utf-8")
 
 _Path = tuple[str | int, ...]
 
@@ -344,7 +356,16 @@ def _scrub(v: Any, path: _Path, found: list[tuple[_Path, str]]) -> Any:
     them anywhere; they are dropped. A JSON key given twice keeps its first value. A TOML
     date/time in params (elsewhere the field's own check names it) would reach the queue's
     JSON, which has none; it becomes its ISO string. Going on without them lets every other
-    problem of the manifest be reported in the same pass."""
+    problem of the manifest be reported in the same pass.
+
+    A lone surrogate (JSON's "\\ud800", or a Python API caller's string) cannot be encoded:
+    not as a file name, not in the queue's JSON, not on the terminal. It becomes its escape,
+    in a value and in a key."""
+    if isinstance(v, str):
+        if _has_surrogate(v):
+            found.append((path, NOT_UNICODE))
+            return _printable(v)
+        return v
     if isinstance(v, float) and not math.isfinite(v):
         found.append((path, NON_FINITE))
         return None
@@ -357,6 +378,9 @@ def _scrub(v: Any, path: _Path, found: list[tuple[_Path, str]]) -> Any:
             found.extend(((*path, k), REPEATED) for k in v.repeated)
         out = {}
         for k, x in v.items():
+            if isinstance(k, str) and _has_surrogate(k):
+                k = _printable(k)
+                found.append(((*path, k), NOT_UNICODE))
             before = len(found)
             y = _scrub(x, (*path, str(k)), found)
             if len(found) == before or y is not None:  # else x itself was nan or inf

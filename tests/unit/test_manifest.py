@@ -632,3 +632,44 @@ def test_a_date_or_time_in_params_is_a_problem_not_a_crash_at_submit(
         jobs_from_dicts([job(params={"at": dt.datetime(2026, 1, 1, tzinfo=dt.UTC)})],
                         base=folder, out_root=out_root)
     assert [(p.job, p.field) for p in info.value.problems] == [("j1", "params.at")]
+
+
+def test_a_lone_surrogate_in_any_string_is_a_problem_not_a_traceback(
+        folder: Path, out_root: Path) -> None:
+    # Given a JSON manifest whose strings hold lone surrogates (\ud800 as a JSON escape; no
+    # UTF-8 can encode one), in every kind of string field, in a key, and in [defaults]
+    bad = "\\ud800"
+    path = folder / "m.json"
+    path.write_text(
+        '{"defaults": {"group": "g' + bad + '"}, "jobs": ['
+        '{"id": "s1", "kind": "invoice", "input": "in/a.json", "output": "x' + bad + '.pdf"},'
+        '{"id": "s2", "kind": "invoice", "input": "in/' + bad + '.json", "output": "s2.pdf"},'
+        '{"id": "s3", "kind": "merge", "inputs": ["in/b.pdf", "in/\\udcff.pdf"],'
+        ' "output": "s3.pdf"},'
+        '{"id": "c1", "kind": "command", "argv": ["cp", "{input}' + bad + '", "{output}"],'
+        ' "input": "in/b.pdf", "output": "c1.pdf"},'
+        '{"id": "p1", "kind": "python", "callable": "m:f' + bad + '", "output": "p1.pdf"},'
+        '{"id": "p2", "kind": "python", "callable": "m:f", "output": "p2.pdf",'
+        ' "params": {"t": ["a' + bad + '"], "k' + bad + '": 1}},'
+        '{"id": "p3' + bad + '", "kind": "python", "callable": "m:f", "output": "p3.pdf",'
+        ' "deadline": "2026-12-01T09:00:00Z' + bad + '"},'
+        '{"id": "k1", "kind": "invoice' + bad + '", "output": "k1.pdf"}]}')
+    # When it is loaded
+    found = {(p.job, p.field, p.message) for p in problems([path], out_root)}
+    # Then each is reported once, at its job (by index if the id is the bad string) and
+    # field, and every problem prints
+    lone = "is not valid Unicode: it holds a lone surrogate"
+    assert found == {
+        (None, "defaults.group", lone), ("s1", "output", lone), ("s2", "input", lone),
+        ("s3", "inputs[1]", lone), ("c1", "argv[1]", lone), ("p1", "callable", lone),
+        ("p2", "params.t[0]", lone), ("p2", "params.k\\ud800", lone), ("#6", "id", lone),
+        ("#6", "deadline", lone), ("k1", "kind", lone),
+    }, found
+    with pytest.raises(ManifestError) as info:
+        load_manifests([path], out_root=out_root)
+    str(info.value).encode("utf-8")
+    # And through the Python API the same
+    with pytest.raises(ManifestError) as info:
+        jobs_from_dicts([job(output="a\udc80.pdf")], base=folder, out_root=out_root)
+    assert [(p.job, p.field, p.message) for p in info.value.problems] == [
+        ("j1", "output", lone)]
