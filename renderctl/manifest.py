@@ -664,6 +664,8 @@ def _validate_job(
             if not (isinstance(argv, list) and argv and len(argv) <= MAX_ARGV
                     and all(isinstance(a, str) and "\x00" not in a for a in argv)):
                 ctx.add(jid, "argv", "kind 'command' needs argv: a non-empty array of strings")
+            else:
+                _check_placeholders(ctx, jid, argv, n_given)
         elif "argv" in raw:
             ctx.add(jid, "argv", "only for kind 'command'")
         if spec.kind == "python":
@@ -708,10 +710,41 @@ def _validate_job(
     )
 
 
-def _suggest(key: str, known: Iterable[str]) -> str | None:
+PLACEHOLDERS = ("input", "inputs", "output")
+# A would-be placeholder: {name}, but not a shell's ${name} (argv may be `sh -c '...' sh
+# {output}`); braces around anything else ({print $1}, {a: .b}, find's {}) are the tool's.
+_BRACED_NAME = re.compile(r"(?<!\$)\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def _check_placeholders(ctx: _Ctx, jid: str, argv: list[str], n_inputs: int) -> None:
+    """What ``worker.expand_argv`` would fail on or pass through unexpanded, found now
+    rather than when the job runs: its rules, exactly (argv has no NUL, checked before)."""
+    writes_output = False
+    for i, arg in enumerate(argv):
+        if arg == "{inputs}":
+            continue  # one argument per input; none when there is none
+        if "{inputs}" in arg:
+            ctx.add(jid, f"argv[{i}]", "{inputs} must be a whole argument (it becomes one "
+                                       f"argument per input), got {arg[:80]!r}")
+        # The worker puts the output path in first: what it then finds is an {input}.
+        if "{input}" in arg.replace("{output}", "\x00") and n_inputs == 0:
+            ctx.add(jid, f"argv[{i}]", "uses {input} but the job has no input")
+        writes_output = writes_output or "{output}" in arg
+        for name in _BRACED_NAME.findall(arg):
+            if name not in PLACEHOLDERS and (hint := _suggest(name.lower(), PLACEHOLDERS,
+                                                              cutoff=0.75)):
+                ctx.add(jid, f"argv[{i}]", f"'{{{name}}}' is not a placeholder (did you mean "
+                                           f"{{{hint}}}?)")
+    if not writes_output:
+        # Its output is a temporary named by the attempt, which only {output} tells it.
+        ctx.add(jid, "argv", "never mentions {output}: the command could not write the job's "
+                             "output, and the job would always end invalid_output")
+
+
+def _suggest(key: str, known: Iterable[str], cutoff: float = 0.7) -> str | None:
     import difflib
 
-    close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.7)
+    close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=cutoff)
     return close[0] if close else None
 
 

@@ -673,3 +673,67 @@ def test_a_lone_surrogate_in_any_string_is_a_problem_not_a_traceback(
         jobs_from_dicts([job(output="a\udc80.pdf")], base=folder, out_root=out_root)
     assert [(p.job, p.field, p.message) for p in info.value.problems] == [
         ("j1", "output", lone)]
+
+
+CMD = {"kind": "command", "callable": DROP, "input": "in/b.pdf"}
+ARGV_BAD: list[tuple[str, dict[str, Any], str, str]] = [
+    # (case, overrides, field, message fragment): each would fail or misbehave only at run
+    ("inputs-inside", {"argv": ["cat", "{inputs}x", "{output}"]}, "argv[1]",
+     "{inputs} must be a whole argument"),
+    ("inputs-in-option", {"argv": ["cat", "--in={inputs}", "{output}"]}, "argv[1]",
+     "{inputs} must be a whole argument"),
+    ("input-without-input", {"argv": ["cp", "{input}", "{output}"], "input": DROP}, "argv[1]",
+     "uses {input} but the job has no input"),
+    ("input-inside-without-input", {"argv": ["cp", "--in={input}", "{output}"], "input": DROP},
+     "argv[1]", "uses {input} but the job has no input"),
+    ("no-output", {"argv": ["cp", "{input}", "out.pdf"]}, "argv",
+     "never mentions {output}"),
+    ("outptu", {"argv": ["cp", "{input}", "{outptu}"]}, "argv[2]",
+     "'{outptu}' is not a placeholder (did you mean {output}?)"),
+    ("ouput", {"argv": ["cp", "{input}", "pdf:{ouput}", "{output}"]}, "argv[2]",
+     "did you mean {output}?"),
+    ("inptu", {"argv": ["cp", "{inptu}", "{output}"]}, "argv[1]", "did you mean {input}?"),
+    ("Input", {"argv": ["cp", "{Input}", "{output}"]}, "argv[1]", "did you mean {input}?"),
+    ("INPUTS", {"argv": ["cp", "{INPUTS}", "{output}"]}, "argv[1]", "did you mean {inputs}?"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "field", "message"),
+                         [pytest.param(o, f, m, id=c) for c, o, f, m in ARGV_BAD])
+def test_a_misused_placeholder_is_a_problem_at_validate(
+        folder: Path, out_root: Path, write_manifest: Any,
+        overrides: dict[str, Any], field: str, message: str) -> None:
+    path = write_manifest([job(**{**CMD, **overrides})], folder=folder)
+    assert_reported(problems([path], out_root), field=field, message=message)
+
+
+@pytest.mark.parametrize(("argv", "inputs"), [
+    (["magick", "{input}", "-density", "150", "pdf:{output}", "--log={output}.log"], 1),
+    (["sh", "-c", "awk '{print $1}' \"$1\" > \"$2\"", "sh", "{input}", "{output}"], 1),
+    (["sh", "-c", "jq '{a: .b}' \"$0\" > \"$1\"", "{input}", "{output}"], 1),
+    (["find", ".", "-name", "*.pdf", "-exec", "cp", "{}", "{output}", ";"], 0),
+    # (a shell's ${Input} is its own; ${input} would be expanded by the worker, as {input})
+    (["sh", "-c", 'cp "${HOME}/x.pdf" "$0"; echo ${Input} ${outptu}', "{output}"], 0),
+    (["qpdf", "--empty", "--pages", "{inputs}", "--", "{output}"], 0),  # expands to nothing
+    (["qpdf", "--empty", "--pages", "{inputs}", "--", "{output}"], 2),
+    (["cp", "{input}", "{output}"], 2),  # the first input, as the worker has it
+    (["tool", "{in}", "{out}", "{outdir}", "{infile}", "{}", "{output}"], 1),
+])
+def test_braces_not_meant_as_placeholders_stay_legal(
+        folder: Path, out_root: Path, write_manifest: Any, argv: list[str],
+        inputs: int) -> None:
+    path = write_manifest([job(**{**CMD, "argv": argv, "input": DROP,
+                                  "inputs": ["in/b.pdf"] * inputs})], folder=folder)
+    [spec] = load_manifests([path], out_root=out_root)
+    assert spec.argv == tuple(argv)
+
+
+def test_a_placeholder_problem_of_a_default_argv_is_each_jobs(
+        folder: Path, out_root: Path, write_manifest: Any) -> None:
+    # Given a default argv with {input}, and jobs with and without an input
+    path = write_manifest([{"id": "a", "input": "in/b.pdf", "output": "a.pdf"},
+                           {"id": "b", "output": "b.pdf"}],
+                          defaults={"kind": "command", "argv": ["cp", "{input}", "{output}"]},
+                          folder=folder)
+    # Then only the job without one is reported
+    assert [(p.job, p.field) for p in problems([path], out_root)] == [("b", "argv[1]")]
