@@ -427,6 +427,9 @@ class _Ctx:
     # checks then find there ("is required", "must be str") is about the stand-in, not
     # about what the manifest says, and is left out, as is anything inside it.
     scrubbed: set[tuple[str | None, str]] = field(default_factory=set)
+    # The output root resolved (None: there is none yet), and each output folder's verdict.
+    out_real: Path | None = None
+    folders: dict[str, str | None] = field(default_factory=dict)
 
     def add(self, job: str | None, fld: str | None, msg: str) -> None:
         if self.scrubbed and fld is not None and self._in_scrubbed(job, fld):
@@ -582,6 +585,31 @@ def _resolve_input(ctx: _Ctx, jid: str, fld: str, base: Path, value: Any) -> str
     return os.path.abspath(path)
 
 
+def _output_escapes(ctx: _Ctx, out_root: str, output: str) -> str | None:
+    """Why ``output`` (a valid relative path) would leave the output root through a
+    symlink that is there now, or None: found at submit rather than dead-lettered when the
+    job runs, by the runner's own check (which stays: a symlink may be made in between).
+
+    Once per folder, as the runner does: resolving costs ~30 us, more than all the rest of
+    a job's validation."""
+    if ctx.out_real is None:
+        return None  # no output root yet: nothing in it to lead out
+    folder = os.path.dirname(output)
+    if folder not in ctx.folders:
+        # Lazily: publish imports this module. check_confined also refuses a symlink at the
+        # name itself; asked about a name no output may have (RESERVED_PREFIX), it checks
+        # only the folder. An output that exists already, symlink or not, is submit's
+        # warning, not a problem: it may be removed before the job runs.
+        from renderctl.publish import OutputEscapes, check_confined
+
+        try:
+            check_confined(ctx.out_real, Path(out_root, folder, RESERVED_PREFIX))
+            ctx.folders[folder] = None
+        except (OutputEscapes, OSError, RuntimeError) as exc:  # RuntimeError: a symlink loop
+            ctx.folders[folder] = f"{output}: {exc}"
+    return ctx.folders[folder]
+
+
 def _validate_job(
     ctx: _Ctx,
     index: int,
@@ -646,7 +674,7 @@ def _validate_job(
                     inputs.append(resolved)
 
     if "output" in raw:
-        msg = check_output_path(raw["output"])
+        msg = check_output_path(raw["output"]) or _output_escapes(ctx, out_root, raw["output"])
         if msg:
             ctx.add(jid, "output", msg)
 
@@ -762,7 +790,8 @@ def validate_document(
     """Validate a parsed document; problems are appended to ``problems``, and the id of
     every job that has a well-formed one, valid job or not, to ``ids`` (for check_unique:
     a duplicate is a problem of its own, whatever else is wrong with the job)."""
-    ctx = _Ctx(file, problems if problems is not None else [])
+    ctx = _Ctx(file, problems if problems is not None else [],
+               out_real=Path(out_root).resolve() if os.path.isdir(out_root) else None)
     specs = specs if specs is not None else all_specs()
     if not isinstance(doc, dict):
         ctx.add(None, None, f"the manifest must be a table/object, got {type_name(doc)}")

@@ -737,3 +737,42 @@ def test_a_placeholder_problem_of_a_default_argv_is_each_jobs(
                           folder=folder)
     # Then only the job without one is reported
     assert [(p.job, p.field) for p in problems([path], out_root)] == [("b", "argv[1]")]
+
+
+def test_an_output_whose_folder_leads_out_of_the_output_root_is_a_problem(
+        tmp_path: Path, folder: Path, out_root: Path, write_manifest: Any) -> None:
+    # Given an output root holding a symlink to a folder outside it, and one to a folder in it
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (out_root / "real").mkdir(parents=True)
+    (out_root / "link").symlink_to(elsewhere)
+    (out_root / "alias").symlink_to(out_root / "real")
+    (out_root / "real" / "taken.pdf").symlink_to(elsewhere / "t.pdf")
+    path = write_manifest([job(id="a", output="link/a.pdf"),
+                           job(id="b", output="link/new/deeper/b.pdf"),
+                           job(id="c", output="link/c.pdf"),
+                           job(id="ok1", output="alias/ok1.pdf"),
+                           job(id="ok2", output="real/new/ok2.pdf"),
+                           # a file (or symlink) at the output itself is submit's warning
+                           # (it may be removed before the job runs), as it always was
+                           job(id="ok3", output="alias/taken.pdf")], folder=folder)
+    # When loaded, Then each job whose output's folder resolves outside the root is reported
+    found = problems([path], out_root)
+    assert sorted((p.job, p.field) for p in found) == [("a", "output"), ("b", "output"),
+                                                       ("c", "output")]
+    assert f"{out_root / 'link'} resolves to {elsewhere}, outside the output root " \
+           f"{out_root}" in found[0].message
+    # And an output root that is a symlink itself is fine (it is resolved first)
+    (tmp_path / "root-link").symlink_to(out_root)
+    ok = write_manifest([job(output="real/x.pdf")], name="ok.toml", folder=folder)
+    assert len(load_manifests([ok], out_root=tmp_path / "root-link")) == 1
+    # And with no output root yet nothing can lead out of it
+    assert len(load_manifests([ok], out_root=tmp_path / "none-yet")) == 1
+
+
+def test_a_symlink_loop_on_the_way_to_an_output_is_a_problem(
+        folder: Path, out_root: Path, write_manifest: Any) -> None:
+    out_root.mkdir()
+    (out_root / "loop").symlink_to(out_root / "loop")
+    path = write_manifest([job(output="loop/x.pdf")], folder=folder)
+    assert_reported(problems([path], out_root), field="output", message="loop/x.pdf: ")
