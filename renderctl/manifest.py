@@ -915,11 +915,13 @@ def load_manifests(
 
 def check_unique(jobs: Sequence[JobSpec], problems: list[Problem], *,
                  files: Sequence[str], ids: Sequence[tuple[str, str]]) -> None:
-    """Ids and output paths must be unique across everything one command submits.
+    """Ids and output paths must be unique across everything one command submits, and no
+    output may be inside another (x/a.pdf and x/a.pdf/b.pdf; a split job's folder).
 
     ``files[i]`` is the manifest ``jobs[i]`` came from; ``ids`` is every id with its file,
     invalid jobs' included. A duplicate is reported in the file of its second occurrence
-    (the one to edit, or delete), naming the first when that is another file."""
+    (the one to edit, or delete), naming the first when that is another file; an output
+    inside another at the job inside, whatever the order."""
     first_id: dict[str, str] = {}  # id -> its file
     for jid, file in ids:
         if jid in first_id:
@@ -936,6 +938,22 @@ def check_unique(jobs: Sequence[JobSpec], problems: list[Problem], *,
             problems.append(Problem(file, job.id, "output",
                                     f"same output as job {other_id}{where}: {job.output}"))
         first_output.setdefault(key, (job.id, file))
+    # One of the two jobs would dead-letter (output_exists: a file where a folder must be,
+    # or a folder where the other publishes its own), or put its output in another's
+    # folder output. Each output's folders looked up among all outputs: O(jobs x depth).
+    for job, file in zip(jobs, files, strict=True):
+        cut = job.output.find("/")
+        while cut != -1:
+            outer = job.output[:cut]
+            hit = first_output.get(os.path.join(job.out_root, outer))
+            if hit is not None:
+                other_id, other = hit
+                where = "" if other == file else f" (in {other})"
+                problems.append(Problem(file, job.id, "output",
+                                        f"{job.output} is inside job {other_id}'s output "
+                                        f"{outer}{where}; no job's output may hold another's"))
+                break
+            cut = job.output.find("/", cut + 1)
 
 
 def jobs_from_dicts(

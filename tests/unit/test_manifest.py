@@ -776,3 +776,33 @@ def test_a_symlink_loop_on_the_way_to_an_output_is_a_problem(
     (out_root / "loop").symlink_to(out_root / "loop")
     path = write_manifest([job(output="loop/x.pdf")], folder=folder)
     assert_reported(problems([path], out_root), field="output", message="loop/x.pdf: ")
+
+
+def test_an_output_inside_another_jobs_output_is_a_problem(
+        folder: Path, out_root: Path, write_manifest: Any) -> None:
+    # Given outputs one of which is the folder of another (in either order), a split job's
+    # output folder holding another job's output, in another file, and near misses
+    a = write_manifest([job(id="file", output="x/a.pdf"),
+                        job(id="under-file", output="x/a.pdf/b.pdf"),
+                        job(id="under-deep", output="y/z/c/d.pdf"),
+                        job(id="deep", output="y/z"),
+                        {"id": "split", "kind": "split", "input": "in/b.pdf", "output": "parts"},
+                        job(id="sibling", output="x/b.pdf"),
+                        job(id="same-start", output="x/a.pdfx/e.pdf"),
+                        job(id="parts-file", output="parts.pdf")],
+                       name="a.toml", folder=folder)
+    b = write_manifest([job(id="in-parts", output="parts/extra.pdf")], name="b.toml",
+                       folder=folder)
+    # When they are loaded together
+    found = problems([a, b], out_root)
+    # Then each is reported at the job inside, naming the job whose output holds it
+    assert sorted((p.file, p.job, p.field, p.message) for p in found) == [
+        (str(a), "under-deep", "output",
+         "y/z/c/d.pdf is inside job deep's output y/z; no job's output may hold another's"),
+        (str(a), "under-file", "output",
+         "x/a.pdf/b.pdf is inside job file's output x/a.pdf; no job's output may hold "
+         "another's"),
+        (str(b), "in-parts", "output",
+         f"parts/extra.pdf is inside job split's output parts (in {a}); no job's output may "
+         "hold another's"),
+    ]
