@@ -10,6 +10,7 @@ file, job (id or index) and field.
 from __future__ import annotations
 
 import datetime as dt
+import errno
 import json
 import math
 import os
@@ -581,6 +582,10 @@ def _resolve_input(ctx: _Ctx, jid: str, fld: str, base: Path, value: Any) -> str
         return None
     if not stat.S_ISREG(st.st_mode):
         ctx.add(jid, fld, f"{value}: not a regular file")
+        return None
+    # A worker opens it as this user; unreadable, the job would only fail when it ran.
+    if not os.access(path, os.R_OK):
+        ctx.add(jid, fld, f"{value}: cannot be read: {os.strerror(errno.EACCES)}")
         return None
     return os.path.abspath(path)
 

@@ -6,6 +6,9 @@ import datetime as dt
 import json
 import os
 import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -805,4 +808,53 @@ def test_an_output_inside_another_jobs_output_is_a_problem(
         (str(b), "in-parts", "output",
          f"parts/extra.pdf is inside job split's output parts (in {a}); no job's output may "
          "hold another's"),
+    ]
+
+
+# Loads a manifest and prints its problems as JSON: run without the capabilities that let
+# root read any file.
+LOAD_PROBLEMS = """
+import json, sys
+from renderctl.errors import ManifestError
+from renderctl.manifest import load_manifests
+try:
+    load_manifests([sys.argv[1]], out_root=sys.argv[2])
+except ManifestError as exc:
+    print(json.dumps([[p.job, p.field, p.message] for p in exc.problems]))
+else:
+    print("[]")
+"""
+DROP_READ_CAPS = "-dac_override,-dac_read_search,-fowner"
+
+
+def test_an_input_that_cannot_be_read_is_a_problem(folder: Path, out_root: Path,
+                                                   write_manifest: Any) -> None:
+    # Given an input file nobody may read (mode 000), and one in a folder nobody may search
+    if os.geteuid() == 0 and shutil.which("setpriv") is None:
+        pytest.skip("root reads any file, and setpriv (to drop that) is missing")
+    (folder / "in" / "secret.json").write_text("{}")
+    (folder / "in" / "secret.json").chmod(0)
+    (folder / "shut").mkdir()
+    (folder / "shut" / "a.json").write_text("{}")
+    (folder / "shut").chmod(0)
+    path = write_manifest([
+        {"id": "unreadable", "kind": "invoice", "input": "in/secret.json", "output": "u.pdf"},
+        {"id": "unsearchable", "kind": "invoice", "input": "shut/a.json", "output": "s.pdf"},
+        {"id": "fine", "kind": "invoice", "input": "in/a.json", "output": "f.pdf"}],
+        folder=folder)
+    # When it is validated by a process that cannot read them either (the runner's workers)
+    prefix = ["setpriv", f"--inh-caps={DROP_READ_CAPS}", f"--bounding-set={DROP_READ_CAPS}",
+              "--"] if os.geteuid() == 0 else []
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    try:
+        proc = subprocess.run([*prefix, sys.executable, "-c", LOAD_PROBLEMS, str(path),
+                               str(out_root)], capture_output=True, text=True, env=env,
+                              timeout=60)
+    finally:
+        (folder / "shut").chmod(0o755)
+    assert proc.returncode == 0, proc.stderr
+    # Then both are reported, and nothing else
+    assert json.loads(proc.stdout) == [
+        ["unreadable", "input", "in/secret.json: cannot be read: Permission denied"],
+        ["unsearchable", "input", "shut/a.json: cannot be read: Permission denied"],
     ]
