@@ -376,7 +376,7 @@ def _scrub(v: Any, path: _Path, found: list[tuple[_Path, str]]) -> Any:
         return text
     if isinstance(v, dict):
         if isinstance(v, _Repeated):
-            found.extend(((*path, k), REPEATED) for k in v.repeated)
+            found.extend(((*path, _printable(k)), REPEATED) for k in v.repeated)
         out = {}
         for k, x in v.items():
             if isinstance(k, str) and _has_surrogate(k):

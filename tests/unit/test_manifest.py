@@ -653,7 +653,7 @@ def test_a_lone_surrogate_in_any_string_is_a_problem_not_a_traceback(
         ' "input": "in/b.pdf", "output": "c1.pdf"},'
         '{"id": "p1", "kind": "python", "callable": "m:f' + bad + '", "output": "p1.pdf"},'
         '{"id": "p2", "kind": "python", "callable": "m:f", "output": "p2.pdf",'
-        ' "params": {"t": ["a' + bad + '"], "k' + bad + '": 1}},'
+        ' "params": {"t": ["a' + bad + '"], "k' + bad + '": 1, "k' + bad + '": 2}},'
         '{"id": "p3' + bad + '", "kind": "python", "callable": "m:f", "output": "p3.pdf",'
         ' "deadline": "2026-12-01T09:00:00Z' + bad + '"},'
         '{"id": "k1", "kind": "invoice' + bad + '", "output": "k1.pdf"}]}')
@@ -665,7 +665,8 @@ def test_a_lone_surrogate_in_any_string_is_a_problem_not_a_traceback(
     assert found == {
         (None, "defaults.group", lone), ("s1", "output", lone), ("s2", "input", lone),
         ("s3", "inputs[1]", lone), ("c1", "argv[1]", lone), ("p1", "callable", lone),
-        ("p2", "params.t[0]", lone), ("p2", "params.k\\ud800", lone), ("#6", "id", lone),
+        ("p2", "params.t[0]", lone), ("p2", "params.k\\ud800", lone),
+        ("p2", "params.k\\ud800", "duplicate key"), ("#6", "id", lone),
         ("#6", "deadline", lone), ("k1", "kind", lone),
     }, found
     with pytest.raises(ManifestError) as info:
