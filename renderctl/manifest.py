@@ -754,8 +754,8 @@ def _check_placeholders(ctx: _Ctx, jid: str, argv: list[str], n_inputs: int) -> 
     rather than when the job runs: its rules, exactly (argv has no NUL, checked before)."""
     writes_output = False
     for i, arg in enumerate(argv):
-        if arg == "{inputs}":
-            continue  # one argument per input; none when there is none
+        if "{" not in arg or arg == "{inputs}":
+            continue  # nothing to expand; or one argument per input (none if there is none)
         if "{inputs}" in arg:
             ctx.add(jid, f"argv[{i}]", "{inputs} must be a whole argument (it becomes one "
                                        f"argument per input), got {arg[:80]!r}")
@@ -934,9 +934,12 @@ def check_unique(jobs: Sequence[JobSpec], problems: list[Problem], *,
             problems.append(Problem(file, jid, "id", "duplicate job id"
                                     + ("" if other == file else f" (also in {other})")))
         first_id.setdefault(jid, file)
-    first_output: dict[str, tuple[str, str]] = {}  # output -> (job id, its file)
+    # (out_root, output) -> (job id, its file). The root is absolute and the output
+    # normalised (check_output_path), so the pair names one path; its folders are pairs
+    # too, looked up with no path joined.
+    first_output: dict[tuple[str, str], tuple[str, str]] = {}
     for job, file in zip(jobs, files, strict=True):
-        key = os.path.join(job.out_root, job.output)
+        key = (job.out_root, job.output)
         if key in first_output and first_output[key][0] != job.id:
             other_id, other = first_output[key]
             where = "" if other == file else f" in {other}"
@@ -950,7 +953,7 @@ def check_unique(jobs: Sequence[JobSpec], problems: list[Problem], *,
         cut = job.output.find("/")
         while cut != -1:
             outer = job.output[:cut]
-            hit = first_output.get(os.path.join(job.out_root, outer))
+            hit = first_output.get((job.out_root, outer))
             if hit is not None:
                 other_id, other = hit
                 where = "" if other == file else f" (in {other})"
