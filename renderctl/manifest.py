@@ -599,7 +599,7 @@ def _output_escapes(ctx: _Ctx, out_root: str, output: str) -> str | None:
     a job's validation."""
     if ctx.out_real is None:
         return None  # no output root yet: nothing in it to lead out
-    folder = os.path.dirname(output)
+    folder = output.rpartition("/")[0]
     if folder not in ctx.folders:
         # Lazily: publish imports this module. check_confined also refuses a symlink at the
         # name itself; asked about a name no output may have (RESERVED_PREFIX), it checks
