@@ -37,9 +37,21 @@ def is_number(v: Any) -> bool:
     return (isinstance(v, int | float) and not isinstance(v, bool)) and math.isfinite(v)
 
 
+def is_integral(v: Any) -> bool:
+    """An integer as JSON Schema counts them: 400 and 400.0 (a zero fraction), not True.
+
+    Our schema (`renderctl schema`) says "integer", and a JSON writer may emit 400.0 for
+    400; refusing what the schema accepts would make the schema lie."""
+    return is_int(v) or (isinstance(v, float) and v.is_integer())
+
+
 def int_range(lo: int, hi: int) -> Check:
+    """Accepts what ``is_integral`` does: the caller stores the value with ``int()``."""
+
     def check(v: Any) -> str | None:
-        if not is_int(v):
+        if isinstance(v, float) and math.isfinite(v) and not v.is_integer():
+            return f"must be an integer, got {v!r}"
+        if not is_integral(v):
             return f"must be an integer, got {type_name(v)}"
         if not lo <= v <= hi:
             return f"must be between {lo} and {hi}, got {v}"
@@ -72,6 +84,8 @@ check_max_attempts = int_range(1, MAX_ATTEMPTS)
 
 def type_name(v: Any) -> str:
     """What a value is, in the words of a manifest's author (TOML/JSON, not Python)."""
+    if v is None:
+        return "null"
     if isinstance(v, bool):
         return "a boolean"
     if isinstance(v, dict):

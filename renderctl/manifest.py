@@ -10,6 +10,7 @@ file, job (id or index) and field.
 from __future__ import annotations
 
 import datetime as dt
+import errno
 import json
 import math
 import os
@@ -207,7 +208,7 @@ FIELDS: tuple[FieldSpec, ...] = (
               False, True, _check_any),
     FieldSpec("argv", _STR_LIST, "command kind: argv with {input} {inputs} {output}", True,
               True, _check_any),
-    FieldSpec("callable", {"type": "string", "pattern": CALLABLE_RE.pattern},
+    FieldSpec("callable", {"type": "string", "pattern": "^" + CALLABLE_RE.pattern + "$"},
               "python kind: module:function", True, True,
               _check_str(CALLABLE_RE, "must look like package.module:function")),
     FieldSpec("params", {"type": "object"}, "renderer params", True, True, _check_any),
@@ -269,17 +270,27 @@ class _ParseError(Exception):
     pass
 
 
-def _reject_constant(name: str) -> Any:
-    raise _ParseError(f"{name} is not allowed in a manifest")
+class _Repeated(dict[str, Any]):
+    """A JSON object that names a key more than once: its first value kept, the keys
+    repeated in ``repeated``. Reported by ``_scrub``, which knows the job and field, so
+    that one repeat does not hide the rest of the manifest's problems."""
+
+    repeated: list[str]
 
 
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+def _json_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
+    repeated: list[str] = []
     for key, value in pairs:
         if key in out:
-            raise _ParseError(f"duplicate key {key!r}")
-        out[key] = value
-    return out
+            repeated.append(key)
+        else:
+            out[key] = value
+    if not repeated:
+        return out
+    marked = _Repeated(out)
+    marked.repeated = repeated
+    return marked
 
 
 def parse_document(raw: bytes, *, name: str) -> Any:
@@ -292,9 +303,9 @@ def parse_document(raw: bytes, *, name: str) -> Any:
         raise _ParseError("contains a NUL character")
     if name.lower().endswith(".json"):
         try:
-            return json.loads(
-                text, object_pairs_hook=_no_duplicates, parse_constant=_reject_constant
-            )
+            # NaN and Infinity parse to floats, as TOML's nan and inf do: both are reported
+            # by validate_document, at their job and field.
+            return json.loads(text, object_pairs_hook=_json_object)
         except json.JSONDecodeError as exc:
             raise _ParseError(f"invalid JSON at line {exc.lineno} column {exc.colno}: "
                               f"{exc.msg}") from None
@@ -315,28 +326,69 @@ def parse_document(raw: bytes, *, name: str) -> Any:
 
 
 NON_FINITE = "nan and inf are not allowed in a manifest"
+REPEATED = "duplicate key"
+DATE_TIME = "a date/time cannot be passed to a job; write it as a string"
+NOT_UNICODE = "is not valid Unicode: it holds a lone surrogate"
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-def _without_non_finite(v: Any, path: tuple[str | int, ...],
-                        found: list[tuple[str | int, ...]]) -> Any:
-    """``v`` without its nan and inf values, whose paths (keys and indexes) go to ``found``.
+def _has_surrogate(s: str) -> bool:
+    return not s.isascii() and _SURROGATE.search(s) is not None
 
-    JSON rejects NaN/Infinity at parse time; TOML allows them. They also break "same spec"
-    comparisons (nan != nan), so a manifest may not carry them anywhere. Dropping them
-    lets every other problem of the manifest be reported in the same pass."""
+
+def _printable(s: str) -> str:
+    """``s`` with each lone surrogate written as its escape ('\\ud800'): it can be printed
+    and stored as UTF-8, and named in a problem."""
+    return s.encode("utf-8", "backslashreplace").decode("utf-8")
+
+_Path = tuple[str | int, ...]
+
+
+def _in_params(path: _Path) -> bool:
+    return (len(path) > 2 and path[0] == "jobs" and path[2] == "params") or \
+        (len(path) > 1 and path[0] == "defaults" and path[1] == "params")
+
+
+def _scrub(v: Any, path: _Path, found: list[tuple[_Path, str]]) -> Any:
+    """``v`` without the values no job may carry; each one's path (keys and indexes) and
+    message go to ``found``, for the caller to report at its job and field.
+
+    nan and inf break "same spec" comparisons (nan != nan), so a manifest may not carry
+    them anywhere; they are dropped. A JSON key given twice keeps its first value. A TOML
+    date/time in params (elsewhere the field's own check names it) would reach the queue's
+    JSON, which has none; it becomes its ISO string. Going on without them lets every other
+    problem of the manifest be reported in the same pass.
+
+    A lone surrogate (JSON's "\\ud800", or a Python API caller's string) cannot be encoded:
+    not as a file name, not in the queue's JSON, not on the terminal. It becomes its escape,
+    in a value and in a key."""
+    if isinstance(v, str):
+        if _has_surrogate(v):
+            found.append((path, NOT_UNICODE))
+            return _printable(v)
+        return v
     if isinstance(v, float) and not math.isfinite(v):
-        found.append(path)
+        found.append((path, NON_FINITE))
         return None
+    if isinstance(v, dt.date | dt.time) and _in_params(path):
+        text = v.isoformat()
+        found.append((path, f'{DATE_TIME}: "{text}"'))
+        return text
     if isinstance(v, dict):
+        if isinstance(v, _Repeated):
+            found.extend(((*path, _printable(k)), REPEATED) for k in v.repeated)
         out = {}
         for k, x in v.items():
+            if isinstance(k, str) and _has_surrogate(k):
+                k = _printable(k)
+                found.append(((*path, k), NOT_UNICODE))
             before = len(found)
-            y = _without_non_finite(x, (*path, str(k)), found)
-            if len(found) == before or y is not None:
+            y = _scrub(x, (*path, str(k)), found)
+            if len(found) == before or y is not None:  # else x itself was nan or inf
                 out[k] = y
         return out
     if isinstance(v, list):
-        return [_without_non_finite(x, (*path, i), found) for i, x in enumerate(v)]
+        return [_scrub(x, (*path, i), found) for i, x in enumerate(v)]
     return v
 
 
@@ -348,16 +400,21 @@ def _dotted(path: Sequence[str | int]) -> str:
     return out
 
 
-def _report_non_finite(ctx: _Ctx, doc: dict[str, Any],
-                       paths: list[tuple[str | int, ...]]) -> None:
-    """One problem per nan/inf, under its job and field where it is in one."""
+def _report_scrubbed(ctx: _Ctx, doc: dict[str, Any], found: list[tuple[_Path, str]]) -> None:
+    """One problem per value ``_scrub`` took out, under its job and field where it is in one;
+    the later checks stay silent about those fields (see ``_Ctx.scrubbed``)."""
     jobs = doc.get("jobs")
-    for path in paths:
+    where: list[tuple[str | None, str]] = []
+    for path, msg in found:
         if len(path) < 2 or path[0] != "jobs" or not isinstance(path[1], int) \
                 or not isinstance(jobs, list):
-            ctx.add(None, _dotted(path), NON_FINITE)
-            continue
-        ctx.add(_raw_id(jobs[path[1]]) or f"#{path[1]}", _dotted(path[2:]) or None, NON_FINITE)
+            job, fld = None, _dotted(path)
+        else:
+            job, fld = _raw_id(jobs[path[1]]) or f"#{path[1]}", _dotted(path[2:])
+        ctx.add(job, fld or None, msg)
+        where.append((job, fld))
+    # Only now: one may be inside another (a repeated key whose first value holds a nan).
+    ctx.scrubbed.update(where)
 
 
 # -- validation ---------------------------------------------------------------------------
@@ -367,9 +424,23 @@ def _report_non_finite(ctx: _Ctx, doc: dict[str, Any],
 class _Ctx:
     file: str
     problems: list[Problem]
+    # (job, field) of each value _scrub dropped or replaced, reported already: what the
+    # checks then find there ("is required", "must be str") is about the stand-in, not
+    # about what the manifest says, and is left out, as is anything inside it.
+    scrubbed: set[tuple[str | None, str]] = field(default_factory=set)
+    # The output root resolved (None: there is none yet), and each output folder's verdict.
+    out_real: Path | None = None
+    folders: dict[str, str | None] = field(default_factory=dict)
 
     def add(self, job: str | None, fld: str | None, msg: str) -> None:
+        if self.scrubbed and fld is not None and self._in_scrubbed(job, fld):
+            return
         self.problems.append(Problem(self.file, job, fld, msg))
+
+    def _in_scrubbed(self, job: str | None, fld: str) -> bool:
+        if (job, fld) in self.scrubbed:
+            return True
+        return any(c in ".[" and (job, fld[:i]) in self.scrubbed for i, c in enumerate(fld))
 
 
 def _depth(v: Any, depth: int = 0) -> int:
@@ -472,15 +543,20 @@ def _param_type_error(p: ParamSpec, v: Any) -> str | None:
     return p.check(v) if p.check is not None else None
 
 
+_RFC3339_UPPER = str.maketrans("tz", "TZ")
+
+
 def _parse_deadline(v: Any) -> float | str:
     """Epoch seconds, or an error message."""
     if isinstance(v, dt.datetime):
         when = v
     elif isinstance(v, str):
         try:
-            when = dt.datetime.fromisoformat(v.replace("Z", "+00:00"))
+            # RFC 3339 allows 't' and 'z' (its ABNF is case-insensitive); fromisoformat
+            # does not. Other ISO 8601 forms it takes ('2026-12-01 09:00Z') stay accepted.
+            when = dt.datetime.fromisoformat(v.translate(_RFC3339_UPPER).replace("Z", "+00:00"))
         except ValueError:
-            return f"must be an RFC 3339 date-time, got {v[:60]!r}"
+            return f"must be an RFC 3339 date-time such as 2026-12-01T09:00:00Z, got {v[:60]!r}"
     else:
         return f"must be a date-time with a timezone, got {type_name(v)}"
     if when.tzinfo is None:
@@ -507,7 +583,36 @@ def _resolve_input(ctx: _Ctx, jid: str, fld: str, base: Path, value: Any) -> str
     if not stat.S_ISREG(st.st_mode):
         ctx.add(jid, fld, f"{value}: not a regular file")
         return None
+    # A worker opens it as this user; unreadable, the job would only fail when it ran.
+    if not os.access(path, os.R_OK):
+        ctx.add(jid, fld, f"{value}: cannot be read: {os.strerror(errno.EACCES)}")
+        return None
     return os.path.abspath(path)
+
+
+def _output_escapes(ctx: _Ctx, out_root: str, output: str) -> str | None:
+    """Why ``output`` (a valid relative path) would leave the output root through a
+    symlink that is there now, or None: found at submit rather than dead-lettered when the
+    job runs, by the runner's own check (which stays: a symlink may be made in between).
+
+    Once per folder, as the runner does: resolving costs ~30 us, more than all the rest of
+    a job's validation."""
+    if ctx.out_real is None:
+        return None  # no output root yet: nothing in it to lead out
+    folder = output.rpartition("/")[0]
+    if folder not in ctx.folders:
+        # Lazily: publish imports this module. check_confined also refuses a symlink at the
+        # name itself; asked about a name no output may have (RESERVED_PREFIX), it checks
+        # only the folder. An output that exists already, symlink or not, is submit's
+        # warning, not a problem: it may be removed before the job runs.
+        from renderctl.publish import OutputEscapes, check_confined
+
+        try:
+            check_confined(ctx.out_real, Path(out_root, folder, RESERVED_PREFIX))
+            ctx.folders[folder] = None
+        except (OutputEscapes, OSError, RuntimeError) as exc:  # RuntimeError: a symlink loop
+            ctx.folders[folder] = f"{output}: {exc}"
+    return ctx.folders[folder]
 
 
 def _validate_job(
@@ -574,7 +679,7 @@ def _validate_job(
                     inputs.append(resolved)
 
     if "output" in raw:
-        msg = check_output_path(raw["output"])
+        msg = check_output_path(raw["output"]) or _output_escapes(ctx, out_root, raw["output"])
         if msg:
             ctx.add(jid, "output", msg)
 
@@ -592,6 +697,8 @@ def _validate_job(
             if not (isinstance(argv, list) and argv and len(argv) <= MAX_ARGV
                     and all(isinstance(a, str) and "\x00" not in a for a in argv)):
                 ctx.add(jid, "argv", "kind 'command' needs argv: a non-empty array of strings")
+            else:
+                _check_placeholders(ctx, jid, argv, n_given)
         elif "argv" in raw:
             ctx.add(jid, "argv", "only for kind 'command'")
         if spec.kind == "python":
@@ -626,19 +733,51 @@ def _validate_job(
         argv=tuple(argv or ()) if spec is not None and spec.kind == "command" else None,
         callable=merged.get("callable") if spec is not None and spec.kind == "python" else None,
         pythonpath=str(base) if spec is not None and spec.kind == "python" else None,
-        memory_mb=merged.get("memory_mb", limits.memory_mb),
+        # int(): 400.0 is valid for an integer field and must be the same spec as 400.
+        memory_mb=int(merged.get("memory_mb", limits.memory_mb)),
         timeout_s=float(merged.get("timeout_s", limits.timeout_s)),
-        max_attempts=merged.get("max_attempts", limits.max_attempts),
-        priority=merged.get("priority", limits.priority),
+        max_attempts=int(merged.get("max_attempts", limits.max_attempts)),
+        priority=int(merged.get("priority", limits.priority)),
         group=merged.get("group", limits.group),
         deadline=deadline,
     )
 
 
-def _suggest(key: str, known: Iterable[str]) -> str | None:
+PLACEHOLDERS = ("input", "inputs", "output")
+# A would-be placeholder: {name}, but not a shell's ${name} (argv may be `sh -c '...' sh
+# {output}`); braces around anything else ({print $1}, {a: .b}, find's {}) are the tool's.
+_BRACED_NAME = re.compile(r"(?<!\$)\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def _check_placeholders(ctx: _Ctx, jid: str, argv: list[str], n_inputs: int) -> None:
+    """What ``worker.expand_argv`` would fail on or pass through unexpanded, found now
+    rather than when the job runs: its rules, exactly (argv has no NUL, checked before)."""
+    writes_output = False
+    for i, arg in enumerate(argv):
+        if "{" not in arg or arg == "{inputs}":
+            continue  # nothing to expand; or one argument per input (none if there is none)
+        if "{inputs}" in arg:
+            ctx.add(jid, f"argv[{i}]", "{inputs} must be a whole argument (it becomes one "
+                                       f"argument per input), got {arg[:80]!r}")
+        # The worker puts the output path in first: what it then finds is an {input}.
+        if "{input}" in arg.replace("{output}", "\x00") and n_inputs == 0:
+            ctx.add(jid, f"argv[{i}]", "uses {input} but the job has no input")
+        writes_output = writes_output or "{output}" in arg
+        for name in _BRACED_NAME.findall(arg):
+            if name not in PLACEHOLDERS and (hint := _suggest(name.lower(), PLACEHOLDERS,
+                                                              cutoff=0.75)):
+                ctx.add(jid, f"argv[{i}]", f"'{{{name}}}' is not a placeholder (did you mean "
+                                           f"{{{hint}}}?)")
+    if not writes_output:
+        # Its output is a temporary named by the attempt, which only {output} tells it.
+        ctx.add(jid, "argv", "never mentions {output}: the command could not write the job's "
+                             "output, and the job would always end invalid_output")
+
+
+def _suggest(key: str, known: Iterable[str], cutoff: float = 0.7) -> str | None:
     import difflib
 
-    close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.7)
+    close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=cutoff)
     return close[0] if close else None
 
 
@@ -656,14 +795,15 @@ def validate_document(
     """Validate a parsed document; problems are appended to ``problems``, and the id of
     every job that has a well-formed one, valid job or not, to ``ids`` (for check_unique:
     a duplicate is a problem of its own, whatever else is wrong with the job)."""
-    ctx = _Ctx(file, problems if problems is not None else [])
+    ctx = _Ctx(file, problems if problems is not None else [],
+               out_real=Path(out_root).resolve() if os.path.isdir(out_root) else None)
     specs = specs if specs is not None else all_specs()
     if not isinstance(doc, dict):
         ctx.add(None, None, f"the manifest must be a table/object, got {type_name(doc)}")
         return []
-    non_finite: list[tuple[str | int, ...]] = []
-    doc = _without_non_finite(doc, (), non_finite)
-    _report_non_finite(ctx, doc, non_finite)
+    scrubbed: list[tuple[_Path, str]] = []
+    doc = _scrub(doc, (), scrubbed)
+    _report_scrubbed(ctx, doc, scrubbed)
     for key in doc:
         if key not in ("defaults", "jobs"):
             hint = _suggest(key, ("defaults", "jobs"))
@@ -780,11 +920,13 @@ def load_manifests(
 
 def check_unique(jobs: Sequence[JobSpec], problems: list[Problem], *,
                  files: Sequence[str], ids: Sequence[tuple[str, str]]) -> None:
-    """Ids and output paths must be unique across everything one command submits.
+    """Ids and output paths must be unique across everything one command submits, and no
+    output may be inside another (x/a.pdf and x/a.pdf/b.pdf; a split job's folder).
 
     ``files[i]`` is the manifest ``jobs[i]`` came from; ``ids`` is every id with its file,
     invalid jobs' included. A duplicate is reported in the file of its second occurrence
-    (the one to edit, or delete), naming the first when that is another file."""
+    (the one to edit, or delete), naming the first when that is another file; an output
+    inside another at the job inside, whatever the order."""
     first_id: dict[str, str] = {}  # id -> its file
     for jid, file in ids:
         if jid in first_id:
@@ -792,15 +934,34 @@ def check_unique(jobs: Sequence[JobSpec], problems: list[Problem], *,
             problems.append(Problem(file, jid, "id", "duplicate job id"
                                     + ("" if other == file else f" (also in {other})")))
         first_id.setdefault(jid, file)
-    first_output: dict[str, tuple[str, str]] = {}  # output -> (job id, its file)
+    # (out_root, output) -> (job id, its file). The root is absolute and the output
+    # normalised (check_output_path), so the pair names one path; its folders are pairs
+    # too, looked up with no path joined.
+    first_output: dict[tuple[str, str], tuple[str, str]] = {}
     for job, file in zip(jobs, files, strict=True):
-        key = os.path.join(job.out_root, job.output)
+        key = (job.out_root, job.output)
         if key in first_output and first_output[key][0] != job.id:
             other_id, other = first_output[key]
             where = "" if other == file else f" in {other}"
             problems.append(Problem(file, job.id, "output",
                                     f"same output as job {other_id}{where}: {job.output}"))
         first_output.setdefault(key, (job.id, file))
+    # One of the two jobs would dead-letter (output_exists: a file where a folder must be,
+    # or a folder where the other publishes its own), or put its output in another's
+    # folder output. Each output's folders looked up among all outputs: O(jobs x depth).
+    for job, file in zip(jobs, files, strict=True):
+        cut = job.output.find("/")
+        while cut != -1:
+            outer = job.output[:cut]
+            hit = first_output.get((job.out_root, outer))
+            if hit is not None:
+                other_id, other = hit
+                where = "" if other == file else f" (in {other})"
+                problems.append(Problem(file, job.id, "output",
+                                        f"{job.output} is inside job {other_id}'s output "
+                                        f"{outer}{where}; no job's output may hold another's"))
+                break
+            cut = job.output.find("/", cut + 1)
 
 
 def jobs_from_dicts(

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
+import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -90,7 +95,8 @@ JOB_CASES: list[tuple[str, dict[str, Any], str, str]] = [
     ("output-reserved", {"output": "a/.rctl-x.pdf"}, "output", "must not start with '.rctl-'"),
     ("output-not-string", {"output": 3}, "output", "must be a string, got a number"),
     ("memory-bool", {"memory_mb": True}, "memory_mb", "must be an integer, got a boolean"),
-    ("memory-float", {"memory_mb": 1.5}, "memory_mb", "must be an integer, got a number"),
+    ("memory-float", {"memory_mb": 1.5}, "memory_mb", "must be an integer, got 1.5"),
+    ("priority-float", {"priority": -2.5}, "priority", "must be an integer, got -2.5"),
     ("memory-zero", {"memory_mb": 0}, "memory_mb", "must be between 1 and"),
     ("timeout-bool", {"timeout_s": True}, "timeout_s", "must be a number of seconds, got a bool"),
     ("timeout-zero", {"timeout_s": 0}, "timeout_s", "must be > 0"),
@@ -227,15 +233,6 @@ def test_toml_native_datetimes(folder: Path, out_root: Path) -> None:
 
 DOC_CASES: list[tuple[str, str, bytes, str | None, str]] = [
     # (case, file name, content, field, message fragment); each is reported with job None
-    ("json-duplicate-key", "m.json",
-     b'{"jobs": [{"id": "a", "id": "b", "kind": "python", "callable": "m:f", "output": "x"}]}',
-     None, "duplicate key 'id'"),
-    ("json-nan", "m.json", b'{"jobs": [{"id": "a", "timeout_s": NaN}]}', None,
-     "NaN is not allowed"),
-    ("json-infinity", "m.json", b'{"jobs": [{"id": "a", "timeout_s": Infinity}]}', None,
-     "Infinity is not allowed"),
-    ("json-minus-infinity", "m.json", b'{"jobs": [{"id": "a", "priority": -Infinity}]}', None,
-     "-Infinity is not allowed"),
     ("json-syntax", "m.json", b'{"jobs": [', None, "invalid JSON at line 1"),
     ("json-too-deep", "m.json", b"[" * 100_000 + b"]" * 100_000, None, "nested deeper than"),
     ("json-not-object", "m.json", b"[1, 2]", None, "must be a table/object, got an array"),
@@ -512,3 +509,353 @@ def test_one_manifest_named_twice_is_read_once(folder: Path, out_root: Path,
     jobs = load_manifests([path, Path(str(path).replace("/", "//", 1)), path],
                           out_root=out_root)
     assert [j.id for j in jobs] == ["a", "b"]
+
+
+# -- found by an audit ---------------------------------------------------------------------
+
+
+def test_json_null_is_called_null_not_a_python_type(folder: Path, out_root: Path,
+                                                   write_manifest: Any) -> None:
+    path = write_manifest([job(memory_mb=None, group=None)], name="m.json", folder=folder)
+    found = problems([path], out_root)
+    assert_reported(found, field="memory_mb", message="must be an integer, got null")
+    assert_reported(found, field="group", message="must be a string, got null")
+
+
+@pytest.mark.parametrize("fmt", ["toml", "json"])
+def test_a_number_with_a_zero_fraction_is_an_integer_as_the_schema_says(
+        folder: Path, out_root: Path, write_manifest: Any, fmt: str) -> None:
+    # Given integer fields written as 400.0 (JSON Schema: an integer), in a job and defaults
+    floats = write_manifest([job(memory_mb=400.0, max_attempts=2.0, priority=-3.0)],
+                            defaults={"priority": 1.0}, name=f"f.{fmt}", folder=folder)
+    ints = write_manifest([job(memory_mb=400, max_attempts=2, priority=-3)],
+                          defaults={"priority": 1}, name=f"i.{fmt}", folder=folder)
+    # When loaded, Then the spec is the one written with integers, to its stored form
+    [f] = load_manifests([floats], out_root=out_root)
+    [i] = load_manifests([ints], out_root=out_root)
+    assert f == i and json.dumps(f.to_json()) == json.dumps(i.to_json())
+    assert type(f.memory_mb) is int and type(f.max_attempts) is int and type(f.priority) is int
+    [d] = load_manifests([write_manifest([job()], defaults={"priority": 1.0, "memory_mb": 256.0},
+                                         name=f"d.{fmt}", folder=folder)], out_root=out_root)
+    assert (d.priority, d.memory_mb) == (1, 256) and type(d.priority) is int
+
+
+PATTERN_SAMPLES = {
+    "id": ["a", "inv-0001", "A.b_c-9", "a b", ".x", "x" * 128, "x" * 129, "x:y", ""],
+    "group": ["tenant-a", "t:a@b.c", "a b", "x" * 128, "x" * 129, ""],
+    "callable": ["m:f", "a.b:c.d", "_p.q9:Cls.meth", "x m:f y", "m:f()", "not callable", "m",
+                 "m:", ":f", "1m:f", ""],
+}
+
+
+@pytest.mark.parametrize("name", sorted(PATTERN_SAMPLES))
+def test_the_schemas_patterns_accept_exactly_what_validation_accepts(name: str) -> None:
+    # A JSON Schema pattern matches anywhere in the string unless anchored: an unanchored
+    # one accepts 'x m:f y', which validation refuses. Compare verdicts value by value.
+    pattern = json_schema()["properties"]["jobs"]["items"]["properties"][name]["pattern"]
+    check = next(f.check for f in FIELDS if f.name == name)
+    for value in PATTERN_SAMPLES[name]:
+        assert (re.search(pattern, value) is not None) == (check(value) is None), (name, value)
+
+
+@pytest.mark.parametrize("deadline", [
+    "2026-12-01T09:00:00Z", "2026-12-01t09:00:00z", "2026-12-01T09:00:00z",
+    "2026-12-01t10:00:00+01:00", "2026-12-01T09:00:00.000Z",
+    # not RFC 3339, but ISO 8601 forms accepted before: they stay accepted
+    "2026-12-01 09:00:00Z", "2026-12-01T09:00Z", "20261201T090000Z",
+])
+def test_rfc_3339_deadlines_in_either_case(folder: Path, out_root: Path, write_manifest: Any,
+                                           deadline: str) -> None:
+    # RFC 3339 (5.6, and ABNF strings are case-insensitive) allows 't' and 'z'
+    [spec] = load_manifests([write_manifest([job(deadline=deadline)], folder=folder)],
+                            out_root=out_root)
+    assert spec.deadline == 1796115600.0
+
+
+def test_a_bad_deadline_shows_the_form_it_wants(folder: Path, out_root: Path,
+                                                write_manifest: Any) -> None:
+    found = problems([write_manifest([job(deadline="1 Dec 2026")], folder=folder)], out_root)
+    assert_reported(found, field="deadline", message="must be an RFC 3339 date-time such as "
+                                                     "2026-12-01T09:00:00Z, got '1 Dec 2026'")
+
+
+def test_json_nan_infinity_and_duplicate_keys_are_reported_at_their_job_and_field(
+        tmp_path: Path, out_root: Path) -> None:
+    # Given a JSON manifest with NaN/Infinity and repeated keys in jobs, params and defaults,
+    # and other problems beside them
+    path = tmp_path / "m.json"
+    path.write_text(
+        '{"defaults": {"timeout_s": Infinity, "priority": 1, "priority": 2},'
+        ' "jobs": [{"id": "a", "kind": "python", "callable": "m:f", "output": "a.pdf",'
+        '           "timeout_s": NaN, "priority": "high"},'
+        '          {"id": "b", "id": "c", "kind": "python", "callable": "m:f",'
+        '           "output": "/abs.pdf", "params": {"x": [1.0, -Infinity], "y": 1, "y": 2}},'
+        '          {"id": "d", "kind": "python", "callable": "m:f", "output": "d.pdf",'
+        '           "memory_mb": -Infinity}],'
+        ' "jobs": []}')
+    # When it is loaded
+    found = {(p.job, p.field, p.message) for p in problems([path], out_root)}
+    # Then each is its own problem where it is (like TOML's), and nothing else is hidden
+    nf = "nan and inf are not allowed in a manifest"
+    assert {(None, "defaults.timeout_s", nf), (None, "defaults.priority", "duplicate key"),
+            (None, "jobs", "duplicate key"),
+            ("a", "timeout_s", nf), ("a", "priority", "must be an integer, got a string"),
+            ("b", "id", "duplicate key"), ("b", "params.x[1]", nf),
+            ("b", "params.y", "duplicate key"), ("d", "memory_mb", nf)} <= found, found
+    assert any(j == "b" and f == "output" for j, f, _ in found)
+
+
+def test_a_date_or_time_in_params_is_a_problem_not_a_crash_at_submit(
+        folder: Path, out_root: Path) -> None:
+    # Given TOML date/time values in params: open ones (command, python), a renderer's own
+    # (report's title), nested, and in [defaults]; params go to the queue as JSON, which
+    # has no date/time
+    path = folder / "m.toml"
+    path.write_text(
+        '[defaults]\nparams = { since = 2026-01-01 }\n'
+        '[[jobs]]\nid = "c1"\nkind = "command"\nargv = ["echo", "{output}"]\noutput = "c1.pdf"\n'
+        'params = { when = 2026-01-01T00:00:00Z }\n'
+        '[[jobs]]\nid = "p1"\nkind = "python"\ncallable = "m:f"\noutput = "p1.pdf"\n'
+        'params = { t = { at = [1, 09:00:00] } }\n')
+    report = folder / "r.toml"
+    report.write_text('[[jobs]]\nid = "r1"\nkind = "report"\ninput = "in/a.json"\n'
+                      'output = "r1.pdf"\nparams = { title = 1979-05-27T07:32:00 }\n')
+    # When they are loaded
+    found = {(p.job, p.field, p.message) for p in problems([path, report], out_root)}
+    # Then each is reported where it is, saying what to write instead, and only once
+    advice = "a date/time cannot be passed to a job; write it as a string"
+    assert found == {
+        (None, "defaults.params.since", f'{advice}: "2026-01-01"'),
+        ("c1", "params.when", f'{advice}: "2026-01-01T00:00:00+00:00"'),
+        ("p1", "params.t.at[1]", f'{advice}: "09:00:00"'),
+        ("r1", "params.title", f'{advice}: "1979-05-27T07:32:00"'),
+    }, found
+    # And through the Python API, a datetime object is refused the same way
+    with pytest.raises(ManifestError) as info:
+        jobs_from_dicts([job(params={"at": dt.datetime(2026, 1, 1, tzinfo=dt.UTC)})],
+                        base=folder, out_root=out_root)
+    assert [(p.job, p.field) for p in info.value.problems] == [("j1", "params.at")]
+
+
+def test_a_lone_surrogate_in_any_string_is_a_problem_not_a_traceback(
+        folder: Path, out_root: Path) -> None:
+    # Given a JSON manifest whose strings hold lone surrogates (\ud800 as a JSON escape; no
+    # UTF-8 can encode one), in every kind of string field, in a key, and in [defaults]
+    bad = "\\ud800"
+    path = folder / "m.json"
+    path.write_text(
+        '{"defaults": {"group": "g' + bad + '"}, "jobs": ['
+        '{"id": "s1", "kind": "invoice", "input": "in/a.json", "output": "x' + bad + '.pdf"},'
+        '{"id": "s2", "kind": "invoice", "input": "in/' + bad + '.json", "output": "s2.pdf"},'
+        '{"id": "s3", "kind": "merge", "inputs": ["in/b.pdf", "in/\\udcff.pdf"],'
+        ' "output": "s3.pdf"},'
+        '{"id": "c1", "kind": "command", "argv": ["cp", "{input}' + bad + '", "{output}"],'
+        ' "input": "in/b.pdf", "output": "c1.pdf"},'
+        '{"id": "p1", "kind": "python", "callable": "m:f' + bad + '", "output": "p1.pdf"},'
+        '{"id": "p2", "kind": "python", "callable": "m:f", "output": "p2.pdf",'
+        ' "params": {"t": ["a' + bad + '"], "k' + bad + '": 1, "k' + bad + '": 2}},'
+        '{"id": "p3' + bad + '", "kind": "python", "callable": "m:f", "output": "p3.pdf",'
+        ' "deadline": "2026-12-01T09:00:00Z' + bad + '"},'
+        '{"id": "k1", "kind": "invoice' + bad + '", "output": "k1.pdf"}]}')
+    # When it is loaded
+    found = {(p.job, p.field, p.message) for p in problems([path], out_root)}
+    # Then each is reported once, at its job (by index if the id is the bad string) and
+    # field, and every problem prints
+    lone = "is not valid Unicode: it holds a lone surrogate"
+    assert found == {
+        (None, "defaults.group", lone), ("s1", "output", lone), ("s2", "input", lone),
+        ("s3", "inputs[1]", lone), ("c1", "argv[1]", lone), ("p1", "callable", lone),
+        ("p2", "params.t[0]", lone), ("p2", "params.k\\ud800", lone),
+        ("p2", "params.k\\ud800", "duplicate key"), ("#6", "id", lone),
+        ("#6", "deadline", lone), ("k1", "kind", lone),
+    }, found
+    with pytest.raises(ManifestError) as info:
+        load_manifests([path], out_root=out_root)
+    str(info.value).encode("utf-8")
+    # And through the Python API the same
+    with pytest.raises(ManifestError) as info:
+        jobs_from_dicts([job(output="a\udc80.pdf")], base=folder, out_root=out_root)
+    assert [(p.job, p.field, p.message) for p in info.value.problems] == [
+        ("j1", "output", lone)]
+
+
+CMD = {"kind": "command", "callable": DROP, "input": "in/b.pdf"}
+ARGV_BAD: list[tuple[str, dict[str, Any], str, str]] = [
+    # (case, overrides, field, message fragment): each would fail or misbehave only at run
+    ("inputs-inside", {"argv": ["cat", "{inputs}x", "{output}"]}, "argv[1]",
+     "{inputs} must be a whole argument"),
+    ("inputs-in-option", {"argv": ["cat", "--in={inputs}", "{output}"]}, "argv[1]",
+     "{inputs} must be a whole argument"),
+    ("input-without-input", {"argv": ["cp", "{input}", "{output}"], "input": DROP}, "argv[1]",
+     "uses {input} but the job has no input"),
+    ("input-inside-without-input", {"argv": ["cp", "--in={input}", "{output}"], "input": DROP},
+     "argv[1]", "uses {input} but the job has no input"),
+    ("no-output", {"argv": ["cp", "{input}", "out.pdf"]}, "argv",
+     "never mentions {output}"),
+    ("outptu", {"argv": ["cp", "{input}", "{outptu}"]}, "argv[2]",
+     "'{outptu}' is not a placeholder (did you mean {output}?)"),
+    ("ouput", {"argv": ["cp", "{input}", "pdf:{ouput}", "{output}"]}, "argv[2]",
+     "did you mean {output}?"),
+    ("inptu", {"argv": ["cp", "{inptu}", "{output}"]}, "argv[1]", "did you mean {input}?"),
+    ("Input", {"argv": ["cp", "{Input}", "{output}"]}, "argv[1]", "did you mean {input}?"),
+    ("INPUTS", {"argv": ["cp", "{INPUTS}", "{output}"]}, "argv[1]", "did you mean {inputs}?"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "field", "message"),
+                         [pytest.param(o, f, m, id=c) for c, o, f, m in ARGV_BAD])
+def test_a_misused_placeholder_is_a_problem_at_validate(
+        folder: Path, out_root: Path, write_manifest: Any,
+        overrides: dict[str, Any], field: str, message: str) -> None:
+    path = write_manifest([job(**{**CMD, **overrides})], folder=folder)
+    assert_reported(problems([path], out_root), field=field, message=message)
+
+
+@pytest.mark.parametrize(("argv", "inputs"), [
+    (["magick", "{input}", "-density", "150", "pdf:{output}", "--log={output}.log"], 1),
+    (["sh", "-c", "awk '{print $1}' \"$1\" > \"$2\"", "sh", "{input}", "{output}"], 1),
+    (["sh", "-c", "jq '{a: .b}' \"$0\" > \"$1\"", "{input}", "{output}"], 1),
+    (["find", ".", "-name", "*.pdf", "-exec", "cp", "{}", "{output}", ";"], 0),
+    # (a shell's ${Input} is its own; ${input} would be expanded by the worker, as {input})
+    (["sh", "-c", 'cp "${HOME}/x.pdf" "$0"; echo ${Input} ${outptu}', "{output}"], 0),
+    (["qpdf", "--empty", "--pages", "{inputs}", "--", "{output}"], 0),  # expands to nothing
+    (["qpdf", "--empty", "--pages", "{inputs}", "--", "{output}"], 2),
+    (["cp", "{input}", "{output}"], 2),  # the first input, as the worker has it
+    (["tool", "{in}", "{out}", "{outdir}", "{infile}", "{}", "{output}"], 1),
+])
+def test_braces_not_meant_as_placeholders_stay_legal(
+        folder: Path, out_root: Path, write_manifest: Any, argv: list[str],
+        inputs: int) -> None:
+    path = write_manifest([job(**{**CMD, "argv": argv, "input": DROP,
+                                  "inputs": ["in/b.pdf"] * inputs})], folder=folder)
+    [spec] = load_manifests([path], out_root=out_root)
+    assert spec.argv == tuple(argv)
+
+
+def test_a_placeholder_problem_of_a_default_argv_is_each_jobs(
+        folder: Path, out_root: Path, write_manifest: Any) -> None:
+    # Given a default argv with {input}, and jobs with and without an input
+    path = write_manifest([{"id": "a", "input": "in/b.pdf", "output": "a.pdf"},
+                           {"id": "b", "output": "b.pdf"}],
+                          defaults={"kind": "command", "argv": ["cp", "{input}", "{output}"]},
+                          folder=folder)
+    # Then only the job without one is reported
+    assert [(p.job, p.field) for p in problems([path], out_root)] == [("b", "argv[1]")]
+
+
+def test_an_output_whose_folder_leads_out_of_the_output_root_is_a_problem(
+        tmp_path: Path, folder: Path, out_root: Path, write_manifest: Any) -> None:
+    # Given an output root holding a symlink to a folder outside it, and one to a folder in it
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (out_root / "real").mkdir(parents=True)
+    (out_root / "link").symlink_to(elsewhere)
+    (out_root / "alias").symlink_to(out_root / "real")
+    (out_root / "real" / "taken.pdf").symlink_to(elsewhere / "t.pdf")
+    path = write_manifest([job(id="a", output="link/a.pdf"),
+                           job(id="b", output="link/new/deeper/b.pdf"),
+                           job(id="c", output="link/c.pdf"),
+                           job(id="ok1", output="alias/ok1.pdf"),
+                           job(id="ok2", output="real/new/ok2.pdf"),
+                           # a file (or symlink) at the output itself is submit's warning
+                           # (it may be removed before the job runs), as it always was
+                           job(id="ok3", output="alias/taken.pdf")], folder=folder)
+    # When loaded, Then each job whose output's folder resolves outside the root is reported
+    found = problems([path], out_root)
+    assert sorted((p.job, p.field) for p in found) == [("a", "output"), ("b", "output"),
+                                                       ("c", "output")]
+    assert f"{out_root / 'link'} resolves to {elsewhere}, outside the output root " \
+           f"{out_root}" in found[0].message
+    # And an output root that is a symlink itself is fine (it is resolved first)
+    (tmp_path / "root-link").symlink_to(out_root)
+    ok = write_manifest([job(output="real/x.pdf")], name="ok.toml", folder=folder)
+    assert len(load_manifests([ok], out_root=tmp_path / "root-link")) == 1
+    # And with no output root yet nothing can lead out of it
+    assert len(load_manifests([ok], out_root=tmp_path / "none-yet")) == 1
+
+
+def test_a_symlink_loop_on_the_way_to_an_output_is_a_problem(
+        folder: Path, out_root: Path, write_manifest: Any) -> None:
+    out_root.mkdir()
+    (out_root / "loop").symlink_to(out_root / "loop")
+    path = write_manifest([job(output="loop/x.pdf")], folder=folder)
+    assert_reported(problems([path], out_root), field="output", message="loop/x.pdf: ")
+
+
+def test_an_output_inside_another_jobs_output_is_a_problem(
+        folder: Path, out_root: Path, write_manifest: Any) -> None:
+    # Given outputs one of which is the folder of another (in either order), a split job's
+    # output folder holding another job's output, in another file, and near misses
+    a = write_manifest([job(id="file", output="x/a.pdf"),
+                        job(id="under-file", output="x/a.pdf/b.pdf"),
+                        job(id="under-deep", output="y/z/c/d.pdf"),
+                        job(id="deep", output="y/z"),
+                        {"id": "split", "kind": "split", "input": "in/b.pdf", "output": "parts"},
+                        job(id="sibling", output="x/b.pdf"),
+                        job(id="same-start", output="x/a.pdfx/e.pdf"),
+                        job(id="parts-file", output="parts.pdf")],
+                       name="a.toml", folder=folder)
+    b = write_manifest([job(id="in-parts", output="parts/extra.pdf")], name="b.toml",
+                       folder=folder)
+    # When they are loaded together
+    found = problems([a, b], out_root)
+    # Then each is reported at the job inside, naming the job whose output holds it
+    assert sorted((p.file, p.job, p.field, p.message) for p in found) == [
+        (str(a), "under-deep", "output",
+         "y/z/c/d.pdf is inside job deep's output y/z; no job's output may hold another's"),
+        (str(a), "under-file", "output",
+         "x/a.pdf/b.pdf is inside job file's output x/a.pdf; no job's output may hold "
+         "another's"),
+        (str(b), "in-parts", "output",
+         f"parts/extra.pdf is inside job split's output parts (in {a}); no job's output may "
+         "hold another's"),
+    ]
+
+
+# Loads a manifest and prints its problems as JSON: run without the capabilities that let
+# root read any file.
+LOAD_PROBLEMS = """
+import json, sys
+from renderctl.errors import ManifestError
+from renderctl.manifest import load_manifests
+try:
+    load_manifests([sys.argv[1]], out_root=sys.argv[2])
+except ManifestError as exc:
+    print(json.dumps([[p.job, p.field, p.message] for p in exc.problems]))
+else:
+    print("[]")
+"""
+DROP_READ_CAPS = "-dac_override,-dac_read_search,-fowner"
+
+
+def test_an_input_that_cannot_be_read_is_a_problem(folder: Path, out_root: Path,
+                                                   write_manifest: Any) -> None:
+    # Given an input file nobody may read (mode 000), and one in a folder nobody may search
+    if os.geteuid() == 0 and shutil.which("setpriv") is None:
+        pytest.skip("root reads any file, and setpriv (to drop that) is missing")
+    (folder / "in" / "secret.json").write_text("{}")
+    (folder / "in" / "secret.json").chmod(0)
+    (folder / "shut").mkdir()
+    (folder / "shut" / "a.json").write_text("{}")
+    (folder / "shut").chmod(0)
+    path = write_manifest([
+        {"id": "unreadable", "kind": "invoice", "input": "in/secret.json", "output": "u.pdf"},
+        {"id": "unsearchable", "kind": "invoice", "input": "shut/a.json", "output": "s.pdf"},
+        {"id": "fine", "kind": "invoice", "input": "in/a.json", "output": "f.pdf"}],
+        folder=folder)
+    # When it is validated by a process that cannot read them either (the runner's workers)
+    prefix = ["setpriv", f"--inh-caps={DROP_READ_CAPS}", f"--bounding-set={DROP_READ_CAPS}",
+              "--"] if os.geteuid() == 0 else []
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    try:
+        proc = subprocess.run([*prefix, sys.executable, "-c", LOAD_PROBLEMS, str(path),
+                               str(out_root)], capture_output=True, text=True, env=env,
+                              timeout=60)
+    finally:
+        (folder / "shut").chmod(0o755)
+    assert proc.returncode == 0, proc.stderr
+    # Then both are reported, and nothing else
+    assert json.loads(proc.stdout) == [
+        ["unreadable", "input", "in/secret.json: cannot be read: Permission denied"],
+        ["unsearchable", "input", "shut/a.json: cannot be read: Permission denied"],
+    ]

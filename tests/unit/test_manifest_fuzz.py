@@ -38,7 +38,8 @@ def load_or_manifest_error(path: Path, out_root: Path) -> list[Any] | None:
 json_scalars = (st.none() | st.booleans() | st.integers(-(2**70), 2**70)
                 | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=20)
                 | st.sampled_from(["m:f", "python", "invoice", "report", "a.pdf", "../x",
-                                   "2026-12-01T09:00:00Z", "2026-12-01T09:00:00", ""]))
+                                   "2026-12-01T09:00:00Z", "2026-12-01T09:00:00", "",
+                                   "x\ud800.pdf", "\udcff", "{input}", "{inputs}"]))
 json_values = st.recursive(
     json_scalars,
     lambda children: (st.lists(children, max_size=4)
