@@ -338,7 +338,8 @@ def test_a_timed_out_attempt_keeps_the_tail_of_what_the_job_said(env: Env) -> No
     # Given a python job and a command job that each say something, then hang
     m = env.manifest([job("py", "say_then_hang", params={"say": "python job was here"}),
                       {"id": "cmd", "kind": "command", "output": "cmd.pdf",
-                       "argv": ["sh", "-c", "echo command job was here >&2; exec sleep 60"]}],
+                       "argv": ["sh", "-c", "echo command job was here >&2; exec sleep 60",
+                                "sh", "{output}"]}],
                      defaults={"timeout_s": 1, "max_attempts": 1})
 
     # When both time out
@@ -358,7 +359,8 @@ def test_a_timed_out_command_gets_the_kill_grace_to_clean_up(env: Env) -> None:
     script = (f"trap 'echo got TERM >&2; sleep 0.3; touch {marker}; exit 1' TERM; "
               "echo working >&2; sleep 60 & wait")
     m = env.manifest([{"id": "tidy", "kind": "command", "output": "tidy.pdf",
-                       "argv": ["sh", "-c", script], "timeout_s": 1, "max_attempts": 1}])
+                       "argv": ["sh", "-c", script, "sh", "{output}"], "timeout_s": 1,
+                       "max_attempts": 1}])
 
     # When it times out with a kill grace of 5 s
     r = env.run(str(m), "--workers", "1", "--kill-grace", "5")

@@ -191,7 +191,7 @@ def test_when_the_runner_dies_a_command_jobs_grandchildren_die_with_it(
     # command's tree is under test) running `sh` with a background and a foreground sleep
     stage(tmp_path)
     manifest = write_manifest([{"id": "shell", "kind": "command",
-                                "argv": ["sh", "-c", "sleep 60 & sleep 60"],
+                                "argv": ["sh", "-c", "sleep 60 & sleep 60", "sh", "{output}"],
                                 "output": "shell.pdf"}])
     runner = Runner(manifest, *cli_args(tmp_path / "q", tmp_path / "out", "--workers", "1",
                                         "--start-method", "fork"))
