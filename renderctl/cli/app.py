@@ -50,10 +50,28 @@ app.add_typer(dead_app, name="dead")
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+
+
+def non_empty_path(option: str) -> Callable[[str], Path]:
+    """A parser for a folder option that refuses ``""``: ``Path("")`` is ``.``, so an unset
+    shell variable (``--queue "$Q"``) would make the current folder the queue or output
+    root. Only the command line can give ``""`` (click reads an empty variable as unset, a
+    configuration file refuses it), so the option is the culprit to name."""
+
+    def parse(text: str) -> Path:
+        if text == "":
+            out.err(f"{option}: must not be empty (use . for the current folder)")
+            raise typer.Exit(ExitCode.USAGE)
+        return Path(text)
+
+    return parse
+
+
 QueueOpt = Annotated[
     Path | None,
     typer.Option("--queue", "-q", help="queue folder [default ./.renderctl]",
-                 envvar="RENDERCTL_QUEUE", show_default=False),
+                 envvar="RENDERCTL_QUEUE", show_default=False,
+                 parser=non_empty_path("--queue"), metavar="<path>"),
 ]
 
 
@@ -97,7 +115,8 @@ def checked_out(ctx: typer.Context, param: typer.CallbackParam,
 OutOpt = Annotated[
     Path | None,
     typer.Option("--out", "-o", help="output root [default ./out]", envvar="RENDERCTL_OUT",
-                 show_default=False, callback=checked_out),
+                 show_default=False, callback=checked_out, parser=non_empty_path("--out"),
+                 metavar="<path>"),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output")]
 ManifestsArg = Annotated[list[Path], typer.Argument(help="manifest files (TOML or JSON)")]
