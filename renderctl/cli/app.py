@@ -67,14 +67,6 @@ def non_empty_path(option: str) -> Callable[[str], Path]:
     return parse
 
 
-QueueOpt = Annotated[
-    Path | None,
-    typer.Option("--queue", "-q", help="queue folder [default ./.renderctl]",
-                 envvar="RENDERCTL_QUEUE", show_default=False,
-                 parser=non_empty_path("--queue"), metavar="<path>"),
-]
-
-
 def not_a_folder(path: Path) -> str | None:
     """What ``path`` is when it is something other than a folder and can never become one
     (``a file``, ``a path through a file (x)``); None when it is a folder or is missing (a
@@ -123,35 +115,94 @@ ManifestsArg = Annotated[list[Path], typer.Argument(help="manifest files (TOML o
 
 
 def queue_path(opt: Path | None) -> Path:
-    """The queue folder named by ``--queue`` (or its defaults); ``UserError`` (exit 2) if
-    that names something other than a folder: the user's mistake, not the disk's (74)."""
-    from renderctl.errors import UserError
+    """The queue folder named by ``--queue`` (or its defaults); checked by its callback."""
+    return opt if opt is not None else Path(os.environ.get("RENDERCTL_QUEUE") or ".renderctl")
 
-    path = opt if opt is not None else Path(os.environ.get("RENDERCTL_QUEUE") or ".renderctl")
+
+def is_queue(path: Path) -> bool:
+    """Whether ``path`` is a queue: it has ``pending/``, the first folder a new queue gets
+    (so a creation cut short leaves an empty folder or a queue, nothing in between)."""
+    try:
+        return stat.S_ISDIR((path / "pending").stat().st_mode)
+    except (FileNotFoundError, NotADirectoryError):
+        return False  # anything else (EACCES, EIO) is a real I/O error: exit 74
+
+
+def queue_problem(path: Path, *, creating: bool) -> str | None:
+    """What is wrong with ``path`` as a command's queue (None: nothing). A command that
+    creates queues takes a missing or empty folder; any other folder that is not a queue is
+    the user's (a project folder, the wrong cwd), and laying the queue's folders out among
+    its files would be hard to undo."""
     what = not_a_folder(path)
     if what is not None:
-        raise UserError(f"--queue {path} is {what}, not a queue folder")
-    return path  # missing (created by submit/run, refused by the others) or a folder
+        return f"is {what}, not a queue folder"
+    if is_queue(path):
+        return None
+    if not creating:
+        return "is not a renderctl queue (no pending/ folder)"
+    try:
+        with os.scandir(path) as entries:
+            empty = next(entries, None) is None
+    except FileNotFoundError:
+        return None
+    return None if empty else ("is not a renderctl queue and not empty (a new queue needs a "
+                               "missing or empty folder)")
+
+
+def check_queue(ctx: typer.Context, param: typer.CallbackParam, value: Path | None, *,
+                creating: bool) -> Path | None:
+    """``--queue`` (or its defaults) must name a queue, or for ``creating`` commands a
+    folder that can become one: exit 2 naming the option, variable or key, as ``--out``
+    does, before the command does anything. A folder that is not a queue is the user's
+    mistake (a typo, the wrong cwd), not the store's 74, which scripts must be able to read
+    as "the disk failed"."""
+    path = queue_path(value)
+    try:
+        problem = queue_problem(path, creating=creating)
+    except OSError as exc:
+        out.err(os_error_message(exc))
+        raise typer.Exit(ExitCode.IO_ERROR) from None
+    if problem is not None:
+        label = _source_label(ctx, param) if value is not None else None
+        out.err(f"{label or '--queue (default)'}: {path} {problem}")
+        raise typer.Exit(ExitCode.USAGE)
+    return value
+
+
+# Two callbacks, not one with a keyword: typer passes the value to a callback's last
+# parameter without a click type.
+def checked_queue(ctx: typer.Context, param: typer.CallbackParam,
+                  value: Path | None) -> Path | None:
+    return check_queue(ctx, param, value, creating=False)
+
+
+def checked_new_queue(ctx: typer.Context, param: typer.CallbackParam,
+                      value: Path | None) -> Path | None:
+    return check_queue(ctx, param, value, creating=True)
+
+
+QueueOpt = Annotated[
+    Path | None,
+    typer.Option("--queue", "-q", help="queue folder [default ./.renderctl]",
+                 envvar="RENDERCTL_QUEUE", show_default=False,
+                 parser=non_empty_path("--queue"), metavar="<path>", callback=checked_queue),
+]
+# `submit` and `run`: the queue may be missing or an empty folder (they create it).
+NewQueueOpt = Annotated[
+    Path | None,
+    typer.Option("--queue", "-q", help="queue folder [default ./.renderctl]",
+                 envvar="RENDERCTL_QUEUE", show_default=False,
+                 parser=non_empty_path("--queue"), metavar="<path>",
+                 callback=checked_new_queue),
+]
 
 
 def existing_queue(opt: Path | None) -> Queue:
-    """The queue named by ``--queue`` (or its defaults) for a command that only uses one.
-
-    A folder that is not a queue is the user's mistake (a typo, the wrong cwd): exit 2, not
-    the store's 74, which scripts must be able to read as "the disk failed". Checked here
-    because the store cannot tell which of its callers a missing pending/ means.
-    """
-    from renderctl.errors import UserError
+    """The queue named by ``--queue`` (or its defaults), which ``checked_queue`` found to
+    be one, for a command that only uses queues."""
     from renderctl.store import Queue
 
-    path = queue_path(opt)
-    try:
-        is_queue = stat.S_ISDIR((path / "pending").stat().st_mode)
-    except (FileNotFoundError, NotADirectoryError):
-        is_queue = False  # anything else (EACCES, EIO) is a real I/O error: exit 74
-    if not is_queue:
-        raise UserError(f"{path} is not a renderctl queue (no pending/ folder)")
-    return Queue(path, create=False)
+    return Queue(queue_path(opt), create=False)
 
 
 def out_root(opt: Path | None) -> Path:
@@ -506,7 +557,7 @@ def refused_json(exc: RenderctlError, *, accepted: Any = None) -> dict[str, Any]
 @handle_errors
 def submit(
     manifests: ManifestsArg,
-    queue: QueueOpt = None,
+    queue: NewQueueOpt = None,
     out_dir: OutOpt = None,
     replace: Annotated[bool, typer.Option("--replace", help="replace jobs whose spec changed")
                        ] = False,
@@ -546,7 +597,7 @@ def run(
     ctx: typer.Context,
     manifests: Annotated[list[Path] | None, typer.Argument(help="manifests to submit first")
                          ] = None,
-    queue: QueueOpt = None,
+    queue: NewQueueOpt = None,
     out_dir: OutOpt = None,
     workers: Annotated[int | None, typer.Option("--workers", "-j",
                                                 envvar=_env("workers"), callback=checked,
@@ -1087,6 +1138,16 @@ def metrics(queue: QueueOpt = None) -> None:
     sys.stdout.flush()
 
 
+def not_nan(value: float | None) -> float | None:
+    """`wait --timeout`: NaN passes click's min=0 and compares false with every deadline:
+    it would never give up, which is not what anyone typing a timeout asked for. (A
+    callback, as the queue's check is: the first culprit on the command line is named.)"""
+    if value is not None and value != value:
+        out.err("--timeout: must be a number of seconds, got nan")
+        raise typer.Exit(ExitCode.USAGE)
+    return value
+
+
 WAIT_POLL_S = 0.05  # how often the event log's size is checked
 WAIT_RECHECK_S = 1.0  # folders re-read even if the log did not grow (it is not fsynced)
 
@@ -1097,7 +1158,7 @@ def wait(
     job_ids: Annotated[list[str], typer.Argument(help="job ids")],
     queue: QueueOpt = None,
     timeout: Annotated[float | None, typer.Option(
-        "--timeout", min=0.0, show_default=False,
+        "--timeout", min=0.0, show_default=False, callback=not_nan,
         help="give up after S seconds (exit 75) [default: wait as long as it takes]; not "
         "the jobs' timeout: `timeout` in renderctl.toml and RENDERCTL_TIMEOUT do not set "
         "it")] = None,
@@ -1109,13 +1170,8 @@ def wait(
     """
     import time
 
-    from renderctl.errors import UserError
     from renderctl.lifecycle import TERMINAL, State
 
-    if timeout is not None and timeout != timeout:
-        # NaN passes click's min=0 and compares false with every deadline: it would never
-        # give up, which is not what anyone typing a timeout asked for.
-        raise UserError("--timeout: must be a number of seconds, got nan")
     q = existing_queue(queue)
     unknown = [j for j in job_ids if q.find(j) is None]
     if unknown:

@@ -51,3 +51,83 @@ def test_an_empty_queue_or_output_root_is_a_usage_error(tmp_path: Path, manifest
 def test_an_empty_queue_is_a_usage_error_for_reading_commands_too(tmp_path: Path) -> None:
     res = cli("status", "--queue", "", cwd=tmp_path)
     one_line_usage_error(res, "--queue: must not be empty")
+@pytest.mark.parametrize("command", ["submit", "run"])
+def test_a_folder_that_is_not_a_queue_is_not_made_one(tmp_path: Path, manifest: Path,
+                                                     command: str) -> None:
+    # Given a project folder with files of its own
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "README.txt").write_text("mine\n")
+
+    # When it is named as the queue of a command that creates queues
+    res = cli(command, manifest, "--queue", proj, "--out", tmp_path / "out", cwd=tmp_path)
+
+    # Then it is refused as a usage error, and the folder is left as it was
+    one_line_usage_error(res, f"--queue: {proj} is not a renderctl queue and not empty")
+    assert sorted(p.name for p in proj.iterdir()) == ["README.txt"]
+
+
+def test_run_without_manifests_does_not_make_a_folder_a_queue(tmp_path: Path) -> None:
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "notes").mkdir()
+    res = cli("run", "--queue", proj, cwd=tmp_path)
+    one_line_usage_error(res, f"--queue: {proj} is not a renderctl queue and not empty")
+    assert sorted(p.name for p in proj.iterdir()) == ["notes"]
+
+
+def test_an_empty_folder_or_an_existing_queue_takes_a_submit(tmp_path: Path,
+                                                            manifest: Path) -> None:
+    # Given an empty folder made for the queue
+    q = tmp_path / "q"
+    q.mkdir()
+    # Then a submit makes it a queue, and a second submit adds to that queue
+    first = cli("submit", manifest, "--queue", q, cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    other = write_jobs(tmp_path / "m2", [job("j3", "write")])
+    second = cli("submit", other, "--queue", q, cwd=tmp_path)
+    assert second.returncode == 0, second.stderr
+    assert sorted(p.name for p in (q / "pending").iterdir()) == ["j1.json", "j2.json",
+                                                                  "j3.json"]
+
+
+# -- queue path errors name where the path came from ------------------------------------------
+
+
+@pytest.mark.parametrize("how", ["option", "env", "file", "pyproject"])
+@pytest.mark.parametrize("command", ["submit", "status"])
+def test_a_queue_path_error_names_its_source(tmp_path: Path, manifest: Path, how: str,
+                                             command: str) -> None:
+    # Given a queue path naming a regular file, set in each way a user can set it
+    afile = tmp_path / "afile"
+    afile.write_text("mine\n")
+    args: list[object] = [command] + ([manifest] if command == "submit" else [])
+    extra_env = None
+    if how == "option":
+        args += ["--queue", afile]
+    elif how == "env":
+        extra_env = {"RENDERCTL_QUEUE": str(afile)}
+    elif how == "file":
+        (tmp_path / "renderctl.toml").write_text(f'queue = "{afile}"\n')
+    else:
+        (tmp_path / "pyproject.toml").write_text(f'[tool.renderctl]\nqueue = "{afile}"\n')
+
+    # When a command uses it
+    res = cli(*args, cwd=tmp_path, extra_env=extra_env)
+
+    # Then the error names the option, variable or file and key that set it
+    named = {"option": "--queue", "env": "RENDERCTL_QUEUE",
+             "file": f"{tmp_path / 'renderctl.toml'}: key 'queue'",
+             "pyproject": f"{tmp_path / 'pyproject.toml'}: key 'queue'"}[how]
+    one_line_usage_error(res, f"{named}: {afile} is a file, not a queue folder")
+    assert afile.read_text() == "mine\n"
+
+
+def test_a_missing_default_queue_says_it_is_the_default(tmp_path: Path) -> None:
+    res = cli("status", cwd=tmp_path)
+    one_line_usage_error(res, "--queue (default): .renderctl is not a renderctl queue")
+
+
+def test_a_folder_that_is_not_a_queue_names_the_variable(tmp_path: Path) -> None:
+    res = cli("status", cwd=tmp_path, extra_env={"RENDERCTL_QUEUE": str(tmp_path)})
+    one_line_usage_error(res, f"RENDERCTL_QUEUE: {tmp_path} is not a renderctl queue")

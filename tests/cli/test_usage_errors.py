@@ -305,7 +305,7 @@ def test_a_queue_path_that_is_a_file_is_a_usage_error(tmp_path: Path, manifest: 
 
     # Then it is a usage error (exit 2, not 74's "the disk failed") naming the path, and
     # the file is left alone
-    one_line_usage_error(res, f"--queue {not_a_queue} is a file, not a queue folder")
+    one_line_usage_error(res, f"--queue: {not_a_queue} is a file, not a queue folder")
     assert not_a_queue.read_text() == "mine\n"
 
 
@@ -344,7 +344,7 @@ def test_a_queue_path_through_a_file_is_a_usage_error(tmp_path: Path, manifest: 
     res = cli(*args, "--queue", afile / "sub", cwd=tmp_path)
 
     # Then it is a usage error naming the file in the way, not 74's "Not a directory"
-    one_line_usage_error(res, f"--queue {afile / 'sub'} is a path through a file ({afile}), "
+    one_line_usage_error(res, f"--queue: {afile / 'sub'} is a path through a file ({afile}), "
                               "not a queue folder")
     assert afile.read_text() == "mine\n"
 
