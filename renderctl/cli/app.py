@@ -25,6 +25,7 @@ from renderctl.errors import (
     ExitCode,
     Interrupted,
     ManifestError,
+    Problem,
     QueueBusy,
     RenderctlError,
     Saturated,
@@ -111,7 +112,30 @@ OutOpt = Annotated[
                  metavar="<path>"),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output")]
-ManifestsArg = Annotated[list[Path], typer.Argument(help="manifest files (TOML or JSON)")]
+# readable=False: click's own check would print its usage message instead of our problem
+# report, and hide the other manifests' problems (and --json's document) behind it.
+ManifestsArg = Annotated[list[Path], typer.Argument(help="manifest files (TOML or JSON)",
+                                                    readable=False)]
+STDIN = "-"
+
+
+def load_all(manifests: list[Path], **kwargs: Any) -> list[Any]:
+    """``load_manifests``, with ``-`` refused by name: a program would expect it to read
+    standard input, and would be told that a file named ``-`` does not exist. (A file of
+    that name, if there is one, is read as before.)"""
+    from renderctl.manifest import load_manifests
+
+    stdin = [p for p in manifests if str(p) == STDIN and not os.path.lexists(p)]
+    problems = [Problem(STDIN, None, None, "reading a manifest from standard input is not "
+                        "supported; name the file")] if stdin else []
+    jobs: list[Any] = []
+    try:
+        jobs = load_manifests([p for p in manifests if p not in stdin], **kwargs)
+    except ManifestError as exc:
+        problems += exc.problems
+    if problems:
+        raise ManifestError(problems)
+    return jobs
 
 
 def queue_path(opt: Path | None) -> Path:
@@ -449,11 +473,9 @@ def configure(
 @handle_errors
 def validate(manifests: ManifestsArg, out_dir: OutOpt = None, as_json: JsonOpt = False) -> None:
     """Check manifests only; exit 0 if valid, 2 with every problem listed if not."""
-    from renderctl.manifest import load_manifests
-
     try:
         origins: dict[str, str] = {}
-        jobs = load_manifests(manifests, out_root=out_root(out_dir), origins=origins)
+        jobs = load_all(manifests, out_root=out_root(out_dir), origins=origins)
         warn_past_deadlines(jobs, origins)
     except ManifestError as exc:
         if as_json:
@@ -492,11 +514,10 @@ def do_submit(
     from dataclasses import replace as with_file
 
     from renderctl.crashpoints import CrashPoints
-    from renderctl.manifest import load_manifests
     from renderctl.store import Queue
 
     origins: dict[str, str] = {}
-    jobs = load_manifests(manifests, out_root=out_root(out_dir), limits=limits,
+    jobs = load_all(manifests, out_root=out_root(out_dir), limits=limits,
                           origins=origins)
     warn_past_deadlines(jobs, origins)
     crash_hook = CrashPoints.from_env()
@@ -595,7 +616,8 @@ def submit(
 @handle_errors
 def run(
     ctx: typer.Context,
-    manifests: Annotated[list[Path] | None, typer.Argument(help="manifests to submit first")
+    manifests: Annotated[list[Path] | None, typer.Argument(help="manifests to submit first",
+                                                           readable=False)
                          ] = None,
     queue: NewQueueOpt = None,
     out_dir: OutOpt = None,

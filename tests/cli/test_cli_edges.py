@@ -3,11 +3,14 @@ cannot read, duplicate ids, closed pipes, and messages that say exactly what hap
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
-from clihelp import cli, job, write_jobs
+from clihelp import RENDERCTL, cli, env, job, write_jobs
 
 
 def one_line_usage_error(res: subprocess.CompletedProcess[str], *needles: str) -> None:
@@ -131,3 +134,95 @@ def test_a_missing_default_queue_says_it_is_the_default(tmp_path: Path) -> None:
 def test_a_folder_that_is_not_a_queue_names_the_variable(tmp_path: Path) -> None:
     res = cli("status", cwd=tmp_path, extra_env={"RENDERCTL_QUEUE": str(tmp_path)})
     one_line_usage_error(res, f"RENDERCTL_QUEUE: {tmp_path} is not a renderctl queue")
+
+
+# -- a manifest that cannot be read is one more problem, reported with the rest --------------
+
+# Without the capabilities that let root read any file: the tests run as root.
+NO_DAC = ["setpriv", "--inh-caps=-dac_override,-dac_read_search,-fowner",
+          "--bounding-set=-dac_override,-dac_read_search,-fowner", "--"]
+
+
+def cli_without_dac(*args: object, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*NO_DAC, *RENDERCTL, *map(str, args)], capture_output=True,
+                          text=True, cwd=cwd, env=env(), timeout=60)
+
+
+@pytest.fixture
+def unreadable(tmp_path: Path) -> Path:
+    if shutil.which("setpriv") is None:
+        pytest.skip("needs setpriv to drop root's file capabilities")
+    path = write_jobs(tmp_path / "secret", [job("s1", "write")])
+    path.chmod(0)
+    probe = subprocess.run([*NO_DAC, "cat", str(path)], capture_output=True)
+    if probe.returncode == 0:
+        pytest.skip("setpriv could not take away the right to read any file")
+    return path
+
+
+@pytest.fixture
+def invalid(tmp_path: Path) -> Path:
+    path = tmp_path / "bad" / "bad.toml"
+    path.parent.mkdir()
+    path.write_text('[[jobs]]\nid = "b1"\nkind = "python"\ncallable = "m:f"\n')  # no output
+    return path
+
+
+@pytest.mark.parametrize("command", ["validate", "submit", "run"])
+def test_an_unreadable_manifest_is_listed_with_the_other_problems(
+        tmp_path: Path, unreadable: Path, invalid: Path, command: str) -> None:
+    q = tmp_path / "q"
+    args: list[object] = [command, unreadable, invalid]
+    if command != "validate":
+        args += ["--queue", q]
+
+    # When a command is given an unreadable manifest and an invalid one
+    res = cli_without_dac(*args, cwd=tmp_path)
+
+    # Then both are reported as the manifests' problems (not click's usage message), and
+    # nothing was enqueued
+    assert res.returncode == 2, (res.stdout, res.stderr)
+    assert f"{unreadable}: cannot read: Permission denied" in res.stderr, res.stderr
+    assert f"{invalid}: job b1: output: is required" in res.stderr, res.stderr
+    assert "Usage:" not in res.stderr and "Invalid value" not in res.stderr, res.stderr
+    assert not q.exists()
+
+
+@pytest.mark.parametrize("command", ["validate", "submit", "run"])
+def test_an_unreadable_manifest_is_a_problem_in_the_json_too(
+        tmp_path: Path, unreadable: Path, invalid: Path, command: str) -> None:
+    args: list[object] = [command, unreadable, invalid, "--json"]
+    if command != "validate":
+        args += ["--queue", tmp_path / "q"]
+    res = cli_without_dac(*args, cwd=tmp_path)
+    assert res.returncode == 2, (res.stdout, res.stderr)
+    doc = json.loads(res.stdout)
+    assert doc.pop("valid" if command == "validate" else "accepted") in (False, [])
+    assert doc["problems"][0] == {"file": str(unreadable), "job": None, "field": None,
+                                  "message": "cannot read: Permission denied"}
+    assert {"file": str(invalid), "job": "b1", "field": "output",
+            "message": "is required"} in doc["problems"]
+
+
+@pytest.mark.parametrize("command", ["validate", "submit"])
+def test_a_manifest_from_standard_input_is_refused_by_name(tmp_path: Path, invalid: Path,
+                                                          command: str) -> None:
+    # When `-` is given as a manifest (the usual name of standard input)
+    args: list[object] = [command, "-", invalid]
+    if command != "validate":
+        args += ["--queue", tmp_path / "q"]
+    res = subprocess.run([*RENDERCTL, *map(str, args)], capture_output=True, text=True,
+                         cwd=tmp_path, env=env(), timeout=60, input="[[jobs]]\n")
+
+    # Then it says reading standard input is not supported, with the other problems
+    assert res.returncode == 2, (res.stdout, res.stderr)
+    assert "-: reading a manifest from standard input is not supported" in res.stderr
+    assert "No such file" not in res.stderr
+    assert f"{invalid}: job b1: output: is required" in res.stderr, res.stderr
+
+
+def test_a_file_named_dash_is_still_a_manifest(tmp_path: Path) -> None:
+    write_jobs(tmp_path, [job("d1", "write")]).rename(tmp_path / "-")
+    res = cli("validate", "-", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert os.path.exists(tmp_path / "-")
