@@ -925,14 +925,17 @@ def show(job_id: Annotated[str, typer.Argument(help="job id")], queue: QueueOpt 
 
 
 @app.command()
+@handle_errors
 def schema() -> None:
     """Print the manifest's JSON Schema."""
     from renderctl.manifest import json_schema
 
-    print(json.dumps(json_schema(), indent=2))
+    # write_out, not print: `renderctl schema | head` exits 0, as `status | head` does.
+    out.write_out(json.dumps(json_schema(), indent=2) + "\n")
 
 
 @app.command()
+@handle_errors
 def kinds(as_json: JsonOpt = False) -> None:
     """List every renderer (built-in and from plugins) with its params."""
     from renderctl.render.registry import all_specs
@@ -945,11 +948,13 @@ def kinds(as_json: JsonOpt = False) -> None:
                                         "description": p.description} for p in s.params]}
                         for k, s in specs.items()})
         return
+    lines = []
     for kind, spec in specs.items():
-        print(f"{kind}: {spec.description}")
+        lines.append(f"{kind}: {spec.description}")
         for p in spec.params:
             req = "required" if p.required else "optional"
-            print(f"    {p.name} ({p.type}, {req}): {p.description}")
+            lines.append(f"    {p.name} ({p.type}, {req}): {p.description}")
+    out.write_out("".join(line + "\n" for line in lines))
 
 
 @app.command()

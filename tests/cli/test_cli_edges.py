@@ -226,3 +226,21 @@ def test_a_file_named_dash_is_still_a_manifest(tmp_path: Path) -> None:
     res = cli("validate", "-", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     assert os.path.exists(tmp_path / "-")
+
+
+# -- a reader that goes away is not an error ---------------------------------------------------
+
+
+@pytest.mark.parametrize("args", [["schema"], ["kinds"], ["kinds", "--json"]])
+def test_a_closed_pipe_ends_schema_and_kinds_quietly(tmp_path: Path, args: list[str]) -> None:
+    # Given stdout a pipe whose reader has already gone (`renderctl schema | true`)
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        res = subprocess.run([*RENDERCTL, *args], stdout=write_end, stderr=subprocess.PIPE,
+                             text=True, cwd=tmp_path, env=env(), timeout=60)
+    finally:
+        os.close(write_end)
+    # Then it exits 0 without a word, as `status | head` does
+    assert res.returncode == 0, res.stderr
+    assert res.stderr == ""
