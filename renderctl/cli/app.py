@@ -235,6 +235,13 @@ def out_root(opt: Path | None) -> Path:
     return Path(os.environ.get("RENDERCTL_OUT") or "out")
 
 
+def unique(job_ids: list[str]) -> list[str]:
+    """Ids in the order given, each once: a job named twice is still one job, and the
+    second mention would otherwise report what the first just did (`cancel x x`: "already
+    cancelled")."""
+    return list(dict.fromkeys(job_ids))
+
+
 def handle_errors(fn: F) -> F:
     """Turn core errors into one message and the contract's exit code."""
 
@@ -965,6 +972,7 @@ def cancel(job_ids: Annotated[list[str], typer.Argument(help="job ids")],
     from renderctl.control import cancel_jobs
     from renderctl.crashpoints import CrashPoints
 
+    job_ids = unique(job_ids)
     q = existing_queue(queue)
     # All or none, like `dead retry`: exit 2 promises nothing changed, and cancel_jobs acts
     # on each id it finds, so every id is looked up first. A job in any folder counts
@@ -1038,7 +1046,7 @@ def dead_retry(
     if all_:
         ids = q.list_ids(State.DEAD)
     elif job_ids:
-        ids = job_ids
+        ids = unique(job_ids)
     else:
         raise UserError("name job ids or use --all")
     # Exit 2 promises nothing changed, and the store retries each id it finds: so every id
@@ -1199,6 +1207,7 @@ def wait(
 
     from renderctl.lifecycle import TERMINAL, State
 
+    job_ids = unique(job_ids)
     q = existing_queue(queue)
     unknown = [j for j in job_ids if q.find(j) is None]
     if unknown:
@@ -1230,7 +1239,7 @@ def wait(
         if size != last_size or now >= next_check:
             last_size, next_check = size, now + WAIT_RECHECK_S
             settle()
-        if len(final) == len(set(job_ids)):
+        if len(final) == len(job_ids):
             break
         if deadline is not None and now >= deadline:
             left = [j for j in job_ids if j not in final]

@@ -244,3 +244,34 @@ def test_a_closed_pipe_ends_schema_and_kinds_quietly(tmp_path: Path, args: list[
     # Then it exits 0 without a word, as `status | head` does
     assert res.returncode == 0, res.stderr
     assert res.stderr == ""
+
+
+# -- an id named twice is one job ---------------------------------------------------------------
+
+
+def test_cancel_names_a_job_once_however_often_it_is_given(tmp_path: Path,
+                                                           manifest: Path) -> None:
+    q = tmp_path / "q"
+    assert cli("submit", manifest, "--queue", q, cwd=tmp_path).returncode == 0
+    res = cli("cancel", "j1", "j2", "j1", "--json", "--queue", q, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    # Not {"j1": "already cancelled"}: this command cancelled it
+    assert json.loads(res.stdout) == {"j1": "cancelled", "j2": "cancelled"}
+    plain = cli("cancel", "j2", "j2", "--queue", q, cwd=tmp_path)
+    assert plain.stdout == "j2: already cancelled\n"
+
+
+def test_dead_retry_and_wait_name_a_job_once(tmp_path: Path) -> None:
+    # Given a dead job
+    manifest = write_jobs(tmp_path / "m", [job("f1", "fail", max_attempts=1)])
+    q = tmp_path / "q"
+    assert cli("run", manifest, "--queue", q, cwd=tmp_path).returncode == 1
+
+    # When it is named twice to `wait` and to `dead retry`
+    waited = cli("wait", "f1", "f1", "--queue", q, cwd=tmp_path)
+    retried = cli("dead", "retry", "f1", "f1", "--json", "--queue", q, cwd=tmp_path)
+
+    # Then each speaks of it once
+    assert waited.stdout == "f1: dead\n", waited.stdout
+    assert retried.returncode == 0, retried.stderr
+    assert json.loads(retried.stdout) == {"retried": ["f1"], "vanished": []}
