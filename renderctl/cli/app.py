@@ -537,10 +537,36 @@ def do_submit(
     except ManifestError as exc:
         # The queue knows jobs, not files ("<queue>"): the user has to edit a manifest, so
         # name it.
-        raise ManifestError([with_file(p, file=origins[p.job]) if p.job in origins else p
-                             for p in exc.problems]) from None
+        problems = [with_file(p, file=origins[p.job]) if p.job in origins else p
+                    for p in exc.problems]
+        raise ManifestError(name_changed_fields(problems, jobs, q)) from None
     warn_existing_outputs(jobs, {*res.accepted, *res.replaced}, origins)
     return res, q
+
+
+DIFFERENT_SPEC = "with a different spec"  # the queue's words for a changed job
+
+
+def name_changed_fields(problems: list[Problem], jobs: list[Any], q: Queue) -> list[Problem]:
+    """The queue's "already in the queue with a different spec", with the fields that
+    differ (``out_root``, ``memory_mb``): a changed --out or default limit is invisible in
+    the manifest the user is looking at. Read back only for the jobs refused (the queue
+    keeps its reading to itself); a message not in those words is left as it is."""
+    from dataclasses import replace as with_message
+
+    specs = {j.id: j for j in jobs}
+    named = []
+    for p in problems:
+        view = (q.find(p.job) if p.job is not None and p.job in specs
+                and DIFFERENT_SPEC in p.message else None)
+        if view is not None:
+            old, new = view.record.spec.to_json(), specs[p.job].to_json()
+            fields = [k for k in {**old, **new} if old.get(k) != new.get(k)]
+            if fields:
+                p = with_message(p, message=p.message.replace(
+                    DIFFERENT_SPEC, f"{DIFFERENT_SPEC} (differs in {', '.join(fields)})", 1))
+        named.append(p)
+    return named
 
 
 def warn_existing_outputs(jobs: list[Any], accepted: set[str], origins: dict[str, str]) -> None:
@@ -811,7 +837,8 @@ def warn_submit_only(ctx: typer.Context, options: dict[str, str]) -> None:
     given = [flag for name, flag in options.items()
              if getattr(ctx.get_parameter_source(name), "name", "") == "COMMANDLINE"]
     if given:
-        out.err(f"warning: {', '.join(given)} only apply to jobs this command submits (none "
+        verb = "applies" if len(given) == 1 else "apply"
+        out.err(f"warning: {', '.join(given)} only {verb} to jobs this command submits (none "
                 "here); queued jobs keep the output root and limits they were submitted with")
 
 
@@ -1127,7 +1154,8 @@ def prune(
     allowed = sorted(s.value for s in TERMINAL)
     bad = [s for s in names if s not in allowed]
     if bad:
-        raise UserError(f"--state: {', '.join(map(repr, bad))} is not a finished state "
+        what = "is not a finished state" if len(bad) == 1 else "are not finished states"
+        raise UserError(f"--state: {', '.join(map(repr, bad))} {what} "
                         f"(one of {', '.join(allowed)})")
     counts = existing_queue(queue).prune([State(s) for s in names], age, dry_run=dry_run)
     total = sum(counts.values())

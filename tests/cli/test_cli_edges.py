@@ -275,3 +275,53 @@ def test_dead_retry_and_wait_name_a_job_once(tmp_path: Path) -> None:
     assert waited.stdout == "f1: dead\n", waited.stdout
     assert retried.returncode == 0, retried.stderr
     assert json.loads(retried.stdout) == {"retried": ["f1"], "vanished": []}
+
+
+# -- messages say exactly what happened -----------------------------------------------------
+
+
+def test_the_submit_only_warning_agrees_with_its_options(tmp_path: Path,
+                                                         manifest: Path) -> None:
+    q = tmp_path / "q"
+    assert cli("submit", manifest, "--queue", q, cwd=tmp_path).returncode == 0
+    one = cli("run", "--queue", q, "--out", tmp_path / "o2", cwd=tmp_path)
+    assert "warning: --out only applies to jobs this command submits" in one.stderr, one.stderr
+    two = cli("run", "--queue", q, "--out", tmp_path / "o2", "--timeout", "5", cwd=tmp_path)
+    assert "warning: --out, --timeout only apply to jobs this command submits" in two.stderr
+
+
+def test_prune_names_bad_states_in_the_right_number(tmp_path: Path, manifest: Path) -> None:
+    q = tmp_path / "q"
+    assert cli("submit", manifest, "--queue", q, cwd=tmp_path).returncode == 0
+    many = cli("prune", "--older-than", "1d", "--state", "running", "--state", "bogus",
+               "--queue", q, cwd=tmp_path)
+    one_line_usage_error(many, "--state: 'running', 'bogus' are not finished states (one of")
+    one = cli("prune", "--older-than", "1d", "--state", "bogus", "--queue", q, cwd=tmp_path)
+    one_line_usage_error(one, "--state: 'bogus' is not a finished state (one of")
+
+
+def test_saturated_says_where_pending_would_go(tmp_path: Path, manifest: Path) -> None:
+    # Given 2 pending jobs and a limit of 3
+    q = tmp_path / "q"
+    assert cli("submit", manifest, "--queue", q, cwd=tmp_path).returncode == 0
+    more = write_jobs(tmp_path / "more", [job("k1", "write"), job("k2", "write")])
+    # When 2 more are submitted
+    res = cli("submit", more, "--queue", q, "--max-pending", "3", cwd=tmp_path)
+    # Then the refusal says from where to where
+    assert res.returncode == 75, res.stderr
+    assert ("saturated: 2 new job(s) would take pending from 2 to 4, above max_pending=3; "
+            "1 would fit; nothing was enqueued") in res.stderr, res.stderr
+
+
+@pytest.mark.parametrize("command", ["submit", "run"])
+def test_a_changed_spec_says_which_fields_differ(tmp_path: Path, manifest: Path,
+                                                 command: str) -> None:
+    q = tmp_path / "q"
+    assert cli("submit", manifest, "--queue", q, cwd=tmp_path).returncode == 0
+    res = cli(command, manifest, "--queue", q, "--out", tmp_path / "elsewhere",
+              "--memory-mb", "123", "--json", cwd=tmp_path)
+    assert res.returncode == 2, res.stderr
+    assert (f"{manifest}: job j1: already in the queue (pending) with a different spec "
+            "(differs in out_root, memory_mb)") in res.stderr, res.stderr
+    problems = json.loads(res.stdout)["problems"]
+    assert "(differs in out_root, memory_mb)" in problems[0]["message"]
