@@ -95,6 +95,7 @@ def checked_out(ctx: typer.Context, param: typer.CallbackParam,
     """``--out`` (or its defaults) must be a folder or missing (then it is created): a file
     there would pass every manifest check and then dead-letter each job at run time with
     ``invalid_output``. Exit 2 naming the option, variable or key, before anything else."""
+    config_gate(ctx)
     path = value if value is not None else out_root(None)
     what = not_a_folder(path)
     if what is not None:
@@ -180,6 +181,7 @@ def check_queue(ctx: typer.Context, param: typer.CallbackParam, value: Path | No
     does, before the command does anything. A folder that is not a queue is the user's
     mistake (a typo, the wrong cwd), not the store's 74, which scripts must be able to read
     as "the disk failed"."""
+    config_gate(ctx)
     path = queue_path(value)
     try:
         problem = queue_problem(path, creating=creating)
@@ -313,6 +315,7 @@ def checked(ctx: typer.Context, param: typer.CallbackParam, value: Any) -> Any:
     the command does anything."""
     from renderctl.settings import ConfigError, check_setting
 
+    config_gate(ctx)
     label = _source_label(ctx, param)
     if value is None or label is None:
         return value
@@ -371,6 +374,7 @@ def checked_report_file(ctx: typer.Context, param: typer.CallbackParam,
     """``--junit``/``--metrics-textfile``: a path `run` can write, or exit 2 naming the
     option, variable or key. Checked before anything is enqueued: found only at the end, a
     typo would lose the report of a whole run, silently."""
+    config_gate(ctx)
     if value is None:
         return None
     problem = report_file_problem(value)
@@ -437,6 +441,19 @@ def config_default_map(group: Any, config: dict[str, Any]) -> dict[str, Any]:
 
 
 CONFIG_FILE_META = "renderctl.config_file"  # ctx.meta: the file the defaults came from
+CONFIG_ERROR_META = "renderctl.config_error"  # ctx.meta: why that file could not be used
+
+
+def config_gate(ctx: typer.Context) -> None:
+    """Exit 2 with the configuration file's problems, if it has any. Called first by the
+    callback of every option a file can set (each command has one: --queue or --out), so a
+    bad file stops a command before anything, yet `--help` (eager, so handled before any
+    of them) and commands without such options still work."""
+    problems = ctx.meta.get(CONFIG_ERROR_META)
+    if problems:
+        for line in problems.splitlines():  # every problem of the file, one line each
+            out.err(line)
+        raise typer.Exit(ExitCode.USAGE)
 
 
 def _show_version(value: bool) -> None:
@@ -467,9 +484,10 @@ def configure(
     try:
         path, config = load_config_file(Path.cwd())
     except ConfigError as exc:
-        for line in str(exc).splitlines():  # every problem of the file, one line each
-            out.err(line)
-        raise typer.Exit(ExitCode.USAGE) from None
+        # Reported by the first option that could take a default from the file (see
+        # config_gate), not here: `--help`, `schema` and `kinds` read no option from it.
+        ctx.meta[CONFIG_ERROR_META] = str(exc)
+        return
     if config:
         ctx.meta[CONFIG_FILE_META] = str(path)
         # click resolves: command line > envvar > default_map > the option's default.

@@ -325,3 +325,29 @@ def test_a_changed_spec_says_which_fields_differ(tmp_path: Path, manifest: Path,
             "(differs in out_root, memory_mb)") in res.stderr, res.stderr
     problems = json.loads(res.stdout)["problems"]
     assert "(differs in out_root, memory_mb)" in problems[0]["message"]
+
+
+# -- a bad configuration file stops only the commands that read it ---------------------------
+
+
+@pytest.mark.parametrize("args", [["status", "--help"], ["submit", "--help"], ["dead", "--help"],
+                                  ["dead", "list", "--help"], ["run", "--help"], ["schema"],
+                                  ["kinds"], ["kinds", "--json"], ["--help"]])
+def test_help_schema_and_kinds_work_whatever_the_configuration_says(tmp_path: Path,
+                                                                    args: list[str]) -> None:
+    (tmp_path / "renderctl.toml").write_text("bogus = 1\n")
+    res = cli(*args, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert res.stderr == "" and res.stdout
+
+
+@pytest.mark.parametrize("args", [
+    ["status"], ["validate", "M"], ["submit", "M"], ["run", "M"], ["run"], ["show", "x"],
+    ["cancel", "x"], ["dead", "list"], ["dead", "retry", "x"], ["dead", "purge"],
+    ["prune", "--older-than", "1d"], ["top", "--once"], ["metrics"], ["wait", "x"]])
+def test_every_command_that_reads_the_configuration_reports_it_bad(
+        tmp_path: Path, manifest: Path, args: list[str]) -> None:
+    (tmp_path / "renderctl.toml").write_text("bogus = 1\n")
+    res = cli(*[manifest if a == "M" else a for a in args], cwd=tmp_path)
+    one_line_usage_error(res, f"{tmp_path / 'renderctl.toml'}: unknown key 'bogus'")
+    assert not (tmp_path / ".renderctl").exists()
