@@ -1197,11 +1197,9 @@ def top(queue: QueueOpt = None,
     from renderctl.cli.top import run_top
 
     q = existing_queue(queue)
-    if out.is_tty():
-        # A terminal gets the live view; NO_COLOR keeps it, without colour.
-        console = Console(highlight=False, no_color="NO_COLOR" in os.environ)
-    else:
-        console = out.console()
+    # A terminal gets the live view; NO_COLOR keeps it, without colour.
+    console = (Console(highlight=False, no_color=out.no_color()) if out.is_tty()
+               else out.console())
     run_top(q, console, once=once)
 
 

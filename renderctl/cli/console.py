@@ -15,9 +15,15 @@ def is_tty() -> bool:
     return sys.stdout.isatty()
 
 
+def no_color() -> bool:
+    """NO_COLOR set and not empty (https://no-color.org), as rich's own Console reads it:
+    ``NO_COLOR=`` is how a script unsets it for one command."""
+    return os.environ.get("NO_COLOR", "") != ""
+
+
 def plain() -> bool:
-    """Plain text: not a terminal, or NO_COLOR set (https://no-color.org)."""
-    return not is_tty() or "NO_COLOR" in os.environ or os.environ.get("TERM") == "dumb"
+    """Plain text: not a terminal, or NO_COLOR, or a dumb terminal."""
+    return not is_tty() or no_color() or os.environ.get("TERM") == "dumb"
 
 
 def console(*, stderr: bool = False) -> Console:

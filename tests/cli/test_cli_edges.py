@@ -3,10 +3,16 @@ cannot read, duplicate ids, closed pipes, and messages that say exactly what hap
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import pty
+import select
 import shutil
+import struct
 import subprocess
+import termios
+import time
 from pathlib import Path
 
 import pytest
@@ -351,3 +357,62 @@ def test_every_command_that_reads_the_configuration_reports_it_bad(
     res = cli(*[manifest if a == "M" else a for a in args], cwd=tmp_path)
     one_line_usage_error(res, f"{tmp_path / 'renderctl.toml'}: unknown key 'bogus'")
     assert not (tmp_path / ".renderctl").exists()
+
+
+# -- NO_COLOR counts when it is set and not empty (no-color.org), as rich counts it -----------
+
+
+def on_a_terminal(*args: object, cwd: Path, no_color: str | None) -> str:
+    """What ``renderctl ARGS`` writes to a pseudo-terminal, with NO_COLOR as given."""
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 140, 0, 0))
+    e = {**env(), "TERM": "xterm-256color"}
+    e.pop("NO_COLOR")
+    if no_color is not None:
+        e["NO_COLOR"] = no_color
+    proc = subprocess.Popen([*RENDERCTL, *map(str, args)], cwd=cwd, env=e, stdin=slave,
+                            stdout=slave, stderr=subprocess.PIPE, close_fds=True)
+    os.close(slave)
+    chunks = []
+    deadline = time.monotonic() + 30
+    try:
+        while time.monotonic() < deadline:
+            if select.select([master], [], [], 0.05)[0]:
+                try:
+                    chunk = os.read(master, 65536)
+                except OSError:  # EIO: the process closed the terminal
+                    break
+                if not chunk:
+                    break
+                chunks.append(chunk)
+            elif proc.poll() is not None:
+                break
+        assert proc.wait(timeout=10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(master)
+    return b"".join(chunks).decode("utf-8", "replace")
+
+
+@pytest.fixture
+def a_queue(tmp_path: Path, manifest: Path) -> Path:
+    q = tmp_path / "q"
+    assert cli("submit", manifest, "--queue", q, cwd=tmp_path).returncode == 0
+    return q
+
+
+@pytest.mark.parametrize("no_color", [None, ""])
+def test_an_empty_no_color_keeps_the_terminal_view(tmp_path: Path, a_queue: Path,
+                                                   no_color: str | None) -> None:
+    status = on_a_terminal("status", "--queue", a_queue, cwd=tmp_path, no_color=no_color)
+    assert "pending=" not in status and "\u2503" in status, status  # a table, not lines
+    top = on_a_terminal("top", "--once", "--queue", a_queue, cwd=tmp_path, no_color=no_color)
+    assert "\x1b[33m" in top or "\x1b[1;33m" in top, top  # yellow: no runner alive
+
+
+def test_a_set_no_color_means_plain_lines_and_no_colour(tmp_path: Path, a_queue: Path) -> None:
+    status = on_a_terminal("status", "--queue", a_queue, cwd=tmp_path, no_color="1")
+    assert "pending=2" in status, status
+    top = on_a_terminal("top", "--once", "--queue", a_queue, cwd=tmp_path, no_color="1")
+    assert "no runner is alive" in top and "\x1b[33m" not in top, top
