@@ -587,6 +587,36 @@ def name_changed_fields(problems: list[Problem], jobs: list[Any], q: Queue) -> l
     return named
 
 
+ENDED = ("done", "dead", "cancelled", "expired")
+
+
+def ended_earlier(q: Queue, already: tuple[str, ...]) -> dict[str, int]:
+    """How many of the jobs a submit found already accepted have ended, per terminal state
+    (the submit result does not say where they were): a stat per folder, for those jobs
+    only, a finished one's folder first."""
+    from renderctl.lifecycle import State
+
+    counts = dict.fromkeys(ENDED, 0)
+    for jid in already:
+        state = next((s for s in ENDED if q.has_record(State(s), jid)), None)
+        if state is not None:
+            counts[state] += 1
+    return counts
+
+
+def note_ended(counts: dict[str, int]) -> None:
+    """Say that jobs "already accepted" ended earlier: a cron job re-running its manifest
+    after they were dead-lettered exits 0 (nothing it handled failed, as GNU parallel
+    --resume would) and would otherwise never hear that they will not run again."""
+    total = sum(counts.values())
+    if not total:
+        return
+    detail = ", ".join(f"{n} {state}" for state, n in counts.items() if n)
+    hint = (" (renderctl dead list; renderctl dead retry --all to run them again)"
+            if counts["dead"] else "")
+    out.err(f"note: {total} of these jobs ended earlier: {detail}{hint}")
+
+
 def warn_existing_outputs(jobs: list[Any], accepted: set[str], origins: dict[str, str]) -> None:
     """An output path that holds a file already makes its job dead-letter (output_exists:
     renderctl never overwrites), a replaced job's own earlier output included. Valid, the
@@ -641,7 +671,7 @@ def submit(
 ) -> None:
     """Validate manifests, then enqueue all their jobs atomically (all or nothing)."""
     try:
-        res, _ = do_submit(manifests, queue=queue, out_dir=out_dir, replace=replace,
+        res, q = do_submit(manifests, queue=queue, out_dir=out_dir, replace=replace,
                            max_pending=max_pending,
                            limits=_limits(memory_mb, timeout, max_attempts))
     except (ManifestError, Saturated) as exc:
@@ -649,18 +679,22 @@ def submit(
             out.print_json(refused_json(exc))
         raise
     if res.accepted or res.replaced:
-        from renderctl.store import Queue
-
         # Wake a runner in --follow mode now rather than at its next poll.
-        Queue(queue_path(queue), create=False).signal_runner(signal.SIGUSR1)
+        q.signal_runner(signal.SIGUSR1)
+    ended = ended_earlier(q, res.already)
     if as_json:
-        out.print_json({"accepted": list(res.accepted), "already_accepted": list(res.already),
-                        "replaced": list(res.replaced)})
-        return
-    print(f"accepted {len(res.accepted)} job(s)"
-          + (f", replaced {len(res.replaced)}" if res.replaced else "")
-          + (f", {len(res.already)} already accepted" if res.already else "")
-          + f" into {queue_path(queue)}")
+        doc: dict[str, Any] = {"accepted": list(res.accepted),
+                               "already_accepted": list(res.already),
+                               "replaced": list(res.replaced)}
+        if any(ended.values()):  # only then: the usual document keeps its documented shape
+            doc["already_ended"] = ended
+        out.print_json(doc)
+    else:
+        print(f"accepted {len(res.accepted)} job(s)"
+              + (f", replaced {len(res.replaced)}" if res.replaced else "")
+              + (f", {len(res.already)} already accepted" if res.already else "")
+              + f" into {queue_path(queue)}")
+    note_ended(ended)
 
 
 @app.command()
@@ -746,6 +780,7 @@ def run(
     prestart(start_method)
     limits = _limits(memory_mb, timeout, max_attempts)
     res = None
+    ended: dict[str, int] | None = None  # of the manifests' jobs already accepted
     if manifests:
         # One Queue object for the submit and the run: it knows what it put in pending/, so
         # the runner's start need not read those records back.
@@ -765,6 +800,8 @@ def run(
         if not as_json and not quiet:
             print(f"accepted {len(res.accepted)} job(s)"
                   + (f", {len(res.already)} already accepted" if res.already else ""))
+        ended = ended_earlier(q, res.already)
+        note_ended(ended)
     else:
         q = Queue(queue_path(queue))
         warn_submit_only(ctx, {"out_dir": "--out", "memory_mb": "--memory-mb",
@@ -826,7 +863,10 @@ def run(
     if as_json:
         # Through the reporter that wrote the events, so the last line is shaped like them
         # (its `ts` and all), as README promises of every line.
-        main.event(summary_json(summary))
+        doc = summary_json(summary)
+        if ended is not None and any(ended.values()):  # as `submit --json` has it
+            doc["already_ended"] = ended
+        main.event(doc)
     else:
         out.write_out(summary_line(summary) + "\n")
     if runner.output_io_error is not None:

@@ -416,3 +416,48 @@ def test_a_set_no_color_means_plain_lines_and_no_colour(tmp_path: Path, a_queue:
     assert "pending=2" in status, status
     top = on_a_terminal("top", "--once", "--queue", a_queue, cwd=tmp_path, no_color="1")
     assert "no runner is alive" in top and "\x1b[33m" not in top, top
+
+
+# -- jobs that ended earlier are not silently "already accepted" ---------------------------------
+
+
+def test_run_of_a_manifest_whose_jobs_ended_earlier_says_so(tmp_path: Path) -> None:
+    # Given a manifest whose jobs all ended in an earlier run: two dead, one done
+    manifest = write_jobs(tmp_path / "m", [job("f1", "fail", max_attempts=1),
+                                           job("f2", "fail", max_attempts=1),
+                                           job("ok", "write")])
+    q = tmp_path / "q"
+    assert cli("run", manifest, "--queue", q, cwd=tmp_path).returncode == 1
+
+    # When the same manifest is run again (cron)
+    again = cli("run", manifest, "--queue", q, cwd=tmp_path)
+
+    # Then it still exits 0 (nothing this command handled failed), and says on stderr that
+    # the jobs ended earlier, and how to run the dead ones again
+    assert again.returncode == 0, again.stderr
+    assert "accepted 0 job(s), 3 already accepted" in again.stdout
+    assert ("note: 3 of these jobs ended earlier: 1 done, 2 dead (renderctl dead list; "
+            "renderctl dead retry --all to run them again)") in again.stderr, again.stderr
+
+    # And --json says it in the summary, where a script looks
+    as_json = cli("run", manifest, "--queue", q, "--json", cwd=tmp_path)
+    assert as_json.returncode == 0, as_json.stderr
+    summary = json.loads(as_json.stdout.splitlines()[-1])
+    assert summary["event"] == "summary"
+    assert summary["already_ended"] == {"done": 1, "dead": 2, "cancelled": 0, "expired": 0}
+
+    # And `submit` says the same
+    sub = cli("submit", manifest, "--queue", q, "--json", cwd=tmp_path)
+    assert "note: 3 of these jobs ended earlier: 1 done, 2 dead" in sub.stderr, sub.stderr
+    assert json.loads(sub.stdout)["already_ended"] == {"done": 1, "dead": 2, "cancelled": 0,
+                                                      "expired": 0}
+
+
+def test_jobs_still_waiting_get_no_note(tmp_path: Path, manifest: Path) -> None:
+    q = tmp_path / "q"
+    assert cli("submit", manifest, "--queue", q, cwd=tmp_path).returncode == 0
+    again = cli("submit", manifest, "--queue", q, cwd=tmp_path)
+    assert again.returncode == 0 and again.stderr == "", again.stderr
+    assert "2 already accepted" in again.stdout
+    as_json = cli("submit", manifest, "--queue", q, "--json", cwd=tmp_path)
+    assert "already_ended" not in json.loads(as_json.stdout)
