@@ -461,3 +461,57 @@ def test_jobs_still_waiting_get_no_note(tmp_path: Path, manifest: Path) -> None:
     assert "2 already accepted" in again.stdout
     as_json = cli("submit", manifest, "--queue", q, "--json", cwd=tmp_path)
     assert "already_ended" not in json.loads(as_json.stdout)
+
+
+# -- JSON stays valid whatever bytes a file name holds ---------------------------------------
+
+
+def strict_json(text: str) -> object:
+    """``text`` parsed as JSON that a strict decoder (jq, Go, Rust) accepts: Python's own
+    json accepts a lone surrogate escape, which is not a character."""
+    doc = json.loads(text)
+    json.dumps(doc, ensure_ascii=False).encode("utf-8")  # raises on a lone surrogate
+    return doc
+
+
+@pytest.mark.parametrize("command", ["validate", "submit", "run"])
+def test_a_file_name_that_is_not_utf8_is_shown_escaped_in_json(tmp_path: Path,
+                                                               command: str) -> None:
+    # Given an invalid manifest whose name is not UTF-8
+    folder = tmp_path / "bad"
+    folder.mkdir()
+    name = folder / os.fsdecode(b"n\xffutf.toml")
+    name.write_text('[[jobs]]\nid = "b1"\nkind = "python"\ncallable = "m:f"\n')
+    args: list[object] = [command, name, "--json"]
+    if command != "validate":
+        args += ["--queue", tmp_path / "q"]
+
+    # When a --json command reports it
+    res = cli(*args, cwd=tmp_path)
+
+    # Then stdout is strict JSON, the undecodable byte shown as \xff, as stderr shows it
+    assert res.returncode == 2, res.stderr
+    doc = strict_json(res.stdout)
+    assert isinstance(doc, dict)
+    assert doc["problems"][0]["file"] == f"{folder}/n\\xffutf.toml"
+    plain = cli(*[a for a in args if a != "--json"], cwd=tmp_path)
+    assert f"{folder}/n\\xffutf.toml: job b1: output: is required" in plain.stderr, plain.stderr
+
+
+def test_json_of_a_job_whose_output_root_is_not_utf8_is_strict(tmp_path: Path) -> None:
+    # Given a job submitted with an output root whose name is not UTF-8 (a manifest, being
+    # TOML, cannot hold such a name; an option can)
+    manifest = write_jobs(tmp_path / "m", [job("j", "write")])
+    q, out = tmp_path / "q", tmp_path / os.fsdecode(b"o\xfe")
+    sub = cli("submit", manifest, "--queue", q, "--out", out, "--json", cwd=tmp_path)
+    assert sub.returncode == 0, sub.stderr
+    # Then what `run --json` and `show --json` print of it is strict JSON
+    ran = cli("run", "--queue", q, "--json", cwd=tmp_path)
+    assert ran.returncode == 0, ran.stderr
+    [done] = [strict_json(line) for line in ran.stdout.splitlines()
+              if '"completed"' in line]
+    assert isinstance(done, dict) and done["output"] == f"{tmp_path}/o\\xfe/j.bin"
+    res = cli("show", "j", "--queue", q, "--json", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    shown = strict_json(res.stdout)
+    assert isinstance(shown, dict) and shown["spec"]["out_root"] == f"{tmp_path}/o\\xfe"
