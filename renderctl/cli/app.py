@@ -52,7 +52,6 @@ app.add_typer(dead_app, name="dead")
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-
 def non_empty_path(option: str) -> Callable[[str], Path]:
     """A parser for a folder option that refuses ``""``: ``Path("")`` is ``.``, so an unset
     shell variable (``--queue "$Q"``) would make the current folder the queue or output
@@ -542,8 +541,7 @@ def do_submit(
     from renderctl.store import Queue
 
     origins: dict[str, str] = {}
-    jobs = load_all(manifests, out_root=out_root(out_dir), limits=limits,
-                          origins=origins)
+    jobs = load_all(manifests, out_root=out_root(out_dir), limits=limits, origins=origins)
     warn_past_deadlines(jobs, origins)
     crash_hook = CrashPoints.from_env()
     crash_hook("submit:parsed")

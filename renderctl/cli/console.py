@@ -73,11 +73,14 @@ def dumps(data: Any, **kwargs: Any) -> str:
     undecodable byte of a file name is a lone surrogate in Python, which ``json.dumps``
     writes as ``\\udcff``; jq, Go and Rust reject that, so such text is shown escaped
     (``displayable``). Checked on the output: the walk is paid only when it is needed."""
-    text = json.dumps(data, default=lambda o: displayable(str(o)), **kwargs)
+    text = json.dumps(data, default=_as_text, **kwargs)
     if "\\ud" in text:  # a surrogate escape, lone or in a pair: look closer
-        text = json.dumps(_displayable_data(data), default=lambda o: displayable(str(o)),
-                          **kwargs)
+        text = json.dumps(_displayable_data(data), default=_as_text, **kwargs)
     return text
+
+
+def _as_text(obj: object) -> str:
+    return displayable(str(obj))
 
 
 def displayable(text: str) -> str:
