@@ -206,20 +206,15 @@ def checked_new_queue(ctx: typer.Context, param: typer.CallbackParam,
     return check_queue(ctx, param, value, creating=True)
 
 
-QueueOpt = Annotated[
-    Path | None,
-    typer.Option("--queue", "-q", help="queue folder [default ./.renderctl]",
-                 envvar="RENDERCTL_QUEUE", show_default=False,
-                 parser=non_empty_path("--queue"), metavar="<path>", callback=checked_queue),
-]
+def queue_option(callback: Callable[..., Path | None]) -> Any:
+    return typer.Option("--queue", "-q", help="queue folder [default ./.renderctl]",
+                        envvar="RENDERCTL_QUEUE", show_default=False,
+                        parser=non_empty_path("--queue"), metavar="<path>", callback=callback)
+
+
+QueueOpt = Annotated[Path | None, queue_option(checked_queue)]
 # `submit` and `run`: the queue may be missing or an empty folder (they create it).
-NewQueueOpt = Annotated[
-    Path | None,
-    typer.Option("--queue", "-q", help="queue folder [default ./.renderctl]",
-                 envvar="RENDERCTL_QUEUE", show_default=False,
-                 parser=non_empty_path("--queue"), metavar="<path>",
-                 callback=checked_new_queue),
-]
+NewQueueOpt = Annotated[Path | None, queue_option(checked_new_queue)]
 
 
 def existing_queue(opt: Path | None) -> Queue:

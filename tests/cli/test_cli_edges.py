@@ -16,16 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from clihelp import RENDERCTL, cli, env, job, write_jobs
-
-
-def one_line_usage_error(res: subprocess.CompletedProcess[str], *needles: str) -> None:
-    """Exit 2 with a single stderr line holding every needle (never a traceback)."""
-    assert res.returncode == 2, (res.returncode, res.stdout, res.stderr)
-    assert "Traceback" not in res.stderr, res.stderr
-    assert len(res.stderr.strip().splitlines()) == 1, res.stderr
-    for needle in needles:
-        assert needle in res.stderr, (needle, res.stderr)
+from clihelp import RENDERCTL, cli, env, job, one_line_usage_error, write_jobs
 
 
 @pytest.fixture

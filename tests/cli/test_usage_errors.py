@@ -8,21 +8,11 @@ from pathlib import Path
 
 import pytest
 import typer.main
-from clihelp import RENDERCTL, cli, env, job, write_jobs
+from clihelp import RENDERCTL, cli, env, job, one_line_usage_error, write_jobs
 
 from renderctl import guards
 from renderctl.limits import MAX_WORKERS
 from renderctl.settings import ConfigError, check_setting
-
-
-def one_line_usage_error(res: subprocess.CompletedProcess[str], *needles: str) -> None:
-    """Exit 2 with a single stderr line holding every needle (never a traceback)."""
-    stderr = res.stderr
-    assert res.returncode == 2, (res.returncode, stderr)
-    assert "Traceback" not in stderr, stderr
-    assert len(stderr.strip().splitlines()) == 1, stderr
-    for needle in needles:
-        assert needle in stderr, (needle, stderr)
 
 
 def nothing_enqueued(queue: Path) -> bool:
