@@ -122,8 +122,9 @@ class Saturated(QueueError):
         self.max_pending = max_pending
         self.would_fit = max(0, max_pending - pending)
         super().__init__(
-            f"saturated: {requested} new job(s) would take pending from {pending} above "
-            f"max_pending={max_pending}; {self.would_fit} would fit; nothing was enqueued"
+            f"saturated: {requested} new job(s) would take pending from {pending} to "
+            f"{pending + requested}, above max_pending={max_pending}; {self.would_fit} would "
+            "fit; nothing was enqueued"
         )
 
 

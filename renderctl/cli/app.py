@@ -25,6 +25,7 @@ from renderctl.errors import (
     ExitCode,
     Interrupted,
     ManifestError,
+    Problem,
     QueueBusy,
     RenderctlError,
     Saturated,
@@ -50,11 +51,20 @@ app.add_typer(dead_app, name="dead")
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-QueueOpt = Annotated[
-    Path | None,
-    typer.Option("--queue", "-q", help="queue folder [default ./.renderctl]",
-                 envvar="RENDERCTL_QUEUE", show_default=False),
-]
+
+def non_empty_path(option: str) -> Callable[[str], Path]:
+    """A parser for a folder option that refuses ``""``: ``Path("")`` is ``.``, so an unset
+    shell variable (``--queue "$Q"``) would make the current folder the queue or output
+    root. Only the command line can give ``""`` (click reads an empty variable as unset, a
+    configuration file refuses it), so the option is the culprit to name."""
+
+    def parse(text: str) -> Path:
+        if text == "":
+            out.err(f"{option}: must not be empty (use . for the current folder)")
+            raise typer.Exit(ExitCode.USAGE)
+        return Path(text)
+
+    return parse
 
 
 def not_a_folder(path: Path) -> str | None:
@@ -84,6 +94,7 @@ def checked_out(ctx: typer.Context, param: typer.CallbackParam,
     """``--out`` (or its defaults) must be a folder or missing (then it is created): a file
     there would pass every manifest check and then dead-letter each job at run time with
     ``invalid_output``. Exit 2 naming the option, variable or key, before anything else."""
+    config_gate(ctx)
     path = value if value is not None else out_root(None)
     what = not_a_folder(path)
     if what is not None:
@@ -97,48 +108,134 @@ def checked_out(ctx: typer.Context, param: typer.CallbackParam,
 OutOpt = Annotated[
     Path | None,
     typer.Option("--out", "-o", help="output root [default ./out]", envvar="RENDERCTL_OUT",
-                 show_default=False, callback=checked_out),
+                 show_default=False, callback=checked_out, parser=non_empty_path("--out"),
+                 metavar="<path>"),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output")]
-ManifestsArg = Annotated[list[Path], typer.Argument(help="manifest files (TOML or JSON)")]
+# readable=False: click's own check would print its usage message instead of our problem
+# report, and hide the other manifests' problems (and --json's document) behind it.
+ManifestsArg = Annotated[list[Path], typer.Argument(help="manifest files (TOML or JSON)",
+                                                    readable=False)]
+STDIN = "-"
+
+
+def load_all(manifests: list[Path], **kwargs: Any) -> list[Any]:
+    """``load_manifests``, with ``-`` refused by name: a program would expect it to read
+    standard input, and would be told that a file named ``-`` does not exist. (A file of
+    that name, if there is one, is read as before.)"""
+    from renderctl.manifest import load_manifests
+
+    stdin = [p for p in manifests if str(p) == STDIN and not os.path.lexists(p)]
+    problems = [Problem(STDIN, None, None, "reading a manifest from standard input is not "
+                        "supported; name the file")] if stdin else []
+    jobs: list[Any] = []
+    try:
+        jobs = load_manifests([p for p in manifests if p not in stdin], **kwargs)
+    except ManifestError as exc:
+        problems += exc.problems
+    if problems:
+        raise ManifestError(problems)
+    return jobs
 
 
 def queue_path(opt: Path | None) -> Path:
-    """The queue folder named by ``--queue`` (or its defaults); ``UserError`` (exit 2) if
-    that names something other than a folder: the user's mistake, not the disk's (74)."""
-    from renderctl.errors import UserError
+    """The queue folder named by ``--queue`` (or its defaults); checked by its callback."""
+    return opt if opt is not None else Path(os.environ.get("RENDERCTL_QUEUE") or ".renderctl")
 
-    path = opt if opt is not None else Path(os.environ.get("RENDERCTL_QUEUE") or ".renderctl")
+
+def is_queue(path: Path) -> bool:
+    """Whether ``path`` is a queue: it has ``pending/``, the first folder a new queue gets
+    (so a creation cut short leaves an empty folder or a queue, nothing in between)."""
+    try:
+        return stat.S_ISDIR((path / "pending").stat().st_mode)
+    except (FileNotFoundError, NotADirectoryError):
+        return False  # anything else (EACCES, EIO) is a real I/O error: exit 74
+
+
+def queue_problem(path: Path, *, creating: bool) -> str | None:
+    """What is wrong with ``path`` as a command's queue (None: nothing). A command that
+    creates queues takes a missing or empty folder; any other folder that is not a queue is
+    the user's (a project folder, the wrong cwd), and laying the queue's folders out among
+    its files would be hard to undo."""
     what = not_a_folder(path)
     if what is not None:
-        raise UserError(f"--queue {path} is {what}, not a queue folder")
-    return path  # missing (created by submit/run, refused by the others) or a folder
+        return f"is {what}, not a queue folder"
+    if is_queue(path):
+        return None
+    if not creating:
+        return "is not a renderctl queue (no pending/ folder)"
+    try:
+        with os.scandir(path) as entries:
+            empty = next(entries, None) is None
+    except FileNotFoundError:
+        return None
+    return None if empty else ("is not a renderctl queue and not empty (a new queue needs a "
+                               "missing or empty folder)")
+
+
+def check_queue(ctx: typer.Context, param: typer.CallbackParam, value: Path | None, *,
+                creating: bool) -> Path | None:
+    """``--queue`` (or its defaults) must name a queue, or for ``creating`` commands a
+    folder that can become one: exit 2 naming the option, variable or key, as ``--out``
+    does, before the command does anything. A folder that is not a queue is the user's
+    mistake (a typo, the wrong cwd), not the store's 74, which scripts must be able to read
+    as "the disk failed"."""
+    config_gate(ctx)
+    path = queue_path(value)
+    try:
+        problem = queue_problem(path, creating=creating)
+    except OSError as exc:
+        out.err(os_error_message(exc))
+        raise typer.Exit(ExitCode.IO_ERROR) from None
+    if problem is not None:
+        label = _source_label(ctx, param) if value is not None else None
+        out.err(f"{label or '--queue (default)'}: {path} {problem}")
+        raise typer.Exit(ExitCode.USAGE)
+    return value
+
+
+# Two callbacks, not one with a keyword: typer passes the value to a callback's last
+# parameter without a click type.
+def checked_queue(ctx: typer.Context, param: typer.CallbackParam,
+                  value: Path | None) -> Path | None:
+    return check_queue(ctx, param, value, creating=False)
+
+
+def checked_new_queue(ctx: typer.Context, param: typer.CallbackParam,
+                      value: Path | None) -> Path | None:
+    return check_queue(ctx, param, value, creating=True)
+
+
+def queue_option(callback: Callable[..., Path | None]) -> Any:
+    return typer.Option("--queue", "-q", help="queue folder [default ./.renderctl]",
+                        envvar="RENDERCTL_QUEUE", show_default=False,
+                        parser=non_empty_path("--queue"), metavar="<path>", callback=callback)
+
+
+QueueOpt = Annotated[Path | None, queue_option(checked_queue)]
+# `submit` and `run`: the queue may be missing or an empty folder (they create it).
+NewQueueOpt = Annotated[Path | None, queue_option(checked_new_queue)]
 
 
 def existing_queue(opt: Path | None) -> Queue:
-    """The queue named by ``--queue`` (or its defaults) for a command that only uses one.
-
-    A folder that is not a queue is the user's mistake (a typo, the wrong cwd): exit 2, not
-    the store's 74, which scripts must be able to read as "the disk failed". Checked here
-    because the store cannot tell which of its callers a missing pending/ means.
-    """
-    from renderctl.errors import UserError
+    """The queue named by ``--queue`` (or its defaults), which ``checked_queue`` found to
+    be one, for a command that only uses queues."""
     from renderctl.store import Queue
 
-    path = queue_path(opt)
-    try:
-        is_queue = stat.S_ISDIR((path / "pending").stat().st_mode)
-    except (FileNotFoundError, NotADirectoryError):
-        is_queue = False  # anything else (EACCES, EIO) is a real I/O error: exit 74
-    if not is_queue:
-        raise UserError(f"{path} is not a renderctl queue (no pending/ folder)")
-    return Queue(path, create=False)
+    return Queue(queue_path(opt), create=False)
 
 
 def out_root(opt: Path | None) -> Path:
     if opt is not None:
         return opt
     return Path(os.environ.get("RENDERCTL_OUT") or "out")
+
+
+def unique(job_ids: list[str]) -> list[str]:
+    """Ids in the order given, each once: a job named twice is still one job, and the
+    second mention would otherwise report what the first just did (`cancel x x`: "already
+    cancelled")."""
+    return list(dict.fromkeys(job_ids))
 
 
 def handle_errors(fn: F) -> F:
@@ -212,6 +309,7 @@ def checked(ctx: typer.Context, param: typer.CallbackParam, value: Any) -> Any:
     the command does anything."""
     from renderctl.settings import ConfigError, check_setting
 
+    config_gate(ctx)
     label = _source_label(ctx, param)
     if value is None or label is None:
         return value
@@ -270,6 +368,7 @@ def checked_report_file(ctx: typer.Context, param: typer.CallbackParam,
     """``--junit``/``--metrics-textfile``: a path `run` can write, or exit 2 naming the
     option, variable or key. Checked before anything is enqueued: found only at the end, a
     typo would lose the report of a whole run, silently."""
+    config_gate(ctx)
     if value is None:
         return None
     problem = report_file_problem(value)
@@ -336,6 +435,19 @@ def config_default_map(group: Any, config: dict[str, Any]) -> dict[str, Any]:
 
 
 CONFIG_FILE_META = "renderctl.config_file"  # ctx.meta: the file the defaults came from
+CONFIG_ERROR_META = "renderctl.config_error"  # ctx.meta: why that file could not be used
+
+
+def config_gate(ctx: typer.Context) -> None:
+    """Exit 2 with the configuration file's problems, if it has any. Called first by the
+    callback of every option a file can set (each command has one: --queue or --out), so a
+    bad file stops a command before anything, yet `--help` (eager, so handled before any
+    of them) and commands without such options still work."""
+    problems = ctx.meta.get(CONFIG_ERROR_META)
+    if problems:
+        for line in problems.splitlines():  # every problem of the file, one line each
+            out.err(line)
+        raise typer.Exit(ExitCode.USAGE)
 
 
 def _show_version(value: bool) -> None:
@@ -366,9 +478,10 @@ def configure(
     try:
         path, config = load_config_file(Path.cwd())
     except ConfigError as exc:
-        for line in str(exc).splitlines():  # every problem of the file, one line each
-            out.err(line)
-        raise typer.Exit(ExitCode.USAGE) from None
+        # Reported by the first option that could take a default from the file (see
+        # config_gate), not here: `--help`, `schema` and `kinds` read no option from it.
+        ctx.meta[CONFIG_ERROR_META] = str(exc)
+        return
     if config:
         ctx.meta[CONFIG_FILE_META] = str(path)
         # click resolves: command line > envvar > default_map > the option's default.
@@ -379,11 +492,9 @@ def configure(
 @handle_errors
 def validate(manifests: ManifestsArg, out_dir: OutOpt = None, as_json: JsonOpt = False) -> None:
     """Check manifests only; exit 0 if valid, 2 with every problem listed if not."""
-    from renderctl.manifest import load_manifests
-
     try:
         origins: dict[str, str] = {}
-        jobs = load_manifests(manifests, out_root=out_root(out_dir), origins=origins)
+        jobs = load_all(manifests, out_root=out_root(out_dir), origins=origins)
         warn_past_deadlines(jobs, origins)
     except ManifestError as exc:
         if as_json:
@@ -422,12 +533,10 @@ def do_submit(
     from dataclasses import replace as with_file
 
     from renderctl.crashpoints import CrashPoints
-    from renderctl.manifest import load_manifests
     from renderctl.store import Queue
 
     origins: dict[str, str] = {}
-    jobs = load_manifests(manifests, out_root=out_root(out_dir), limits=limits,
-                          origins=origins)
+    jobs = load_all(manifests, out_root=out_root(out_dir), limits=limits, origins=origins)
     warn_past_deadlines(jobs, origins)
     crash_hook = CrashPoints.from_env()
     crash_hook("submit:parsed")
@@ -439,10 +548,66 @@ def do_submit(
     except ManifestError as exc:
         # The queue knows jobs, not files ("<queue>"): the user has to edit a manifest, so
         # name it.
-        raise ManifestError([with_file(p, file=origins[p.job]) if p.job in origins else p
-                             for p in exc.problems]) from None
+        problems = [with_file(p, file=origins[p.job]) if p.job in origins else p
+                    for p in exc.problems]
+        raise ManifestError(name_changed_fields(problems, jobs, q)) from None
     warn_existing_outputs(jobs, {*res.accepted, *res.replaced}, origins)
     return res, q
+
+
+DIFFERENT_SPEC = "with a different spec"  # the queue's words for a changed job
+
+
+def name_changed_fields(problems: list[Problem], jobs: list[Any], q: Queue) -> list[Problem]:
+    """The queue's "already in the queue with a different spec", with the fields that
+    differ (``out_root``, ``memory_mb``): a changed --out or default limit is invisible in
+    the manifest the user is looking at. Read back only for the jobs refused (the queue
+    keeps its reading to itself); a message not in those words is left as it is."""
+    from dataclasses import replace as with_message
+
+    specs = {j.id: j for j in jobs}
+    named = []
+    for p in problems:
+        view = (q.find(p.job) if p.job is not None and p.job in specs
+                and DIFFERENT_SPEC in p.message else None)
+        if view is not None:
+            old, new = view.record.spec.to_json(), specs[p.job].to_json()
+            fields = [k for k in {**old, **new} if old.get(k) != new.get(k)]
+            if fields:
+                p = with_message(p, message=p.message.replace(
+                    DIFFERENT_SPEC, f"{DIFFERENT_SPEC} (differs in {', '.join(fields)})", 1))
+        named.append(p)
+    return named
+
+
+ENDED = ("done", "dead", "cancelled", "expired")
+
+
+def ended_earlier(q: Queue, already: tuple[str, ...]) -> dict[str, int]:
+    """How many of the jobs a submit found already accepted have ended, per terminal state
+    (the submit result does not say where they were): a stat per folder, for those jobs
+    only, a finished one's folder first."""
+    from renderctl.lifecycle import State
+
+    counts = dict.fromkeys(ENDED, 0)
+    for jid in already:
+        state = next((s for s in ENDED if q.has_record(State(s), jid)), None)
+        if state is not None:
+            counts[state] += 1
+    return counts
+
+
+def note_ended(counts: dict[str, int]) -> None:
+    """Say that jobs "already accepted" ended earlier: a cron job re-running its manifest
+    after they were dead-lettered exits 0 (nothing it handled failed, as GNU parallel
+    --resume would) and would otherwise never hear that they will not run again."""
+    total = sum(counts.values())
+    if not total:
+        return
+    detail = ", ".join(f"{n} {state}" for state, n in counts.items() if n)
+    hint = (" (renderctl dead list; renderctl dead retry --all to run them again)"
+            if counts["dead"] else "")
+    out.err(f"note: {total} of these jobs ended earlier: {detail}{hint}")
 
 
 def warn_existing_outputs(jobs: list[Any], accepted: set[str], origins: dict[str, str]) -> None:
@@ -487,7 +652,7 @@ def refused_json(exc: RenderctlError, *, accepted: Any = None) -> dict[str, Any]
 @handle_errors
 def submit(
     manifests: ManifestsArg,
-    queue: QueueOpt = None,
+    queue: NewQueueOpt = None,
     out_dir: OutOpt = None,
     replace: Annotated[bool, typer.Option("--replace", help="replace jobs whose spec changed")
                        ] = False,
@@ -499,7 +664,7 @@ def submit(
 ) -> None:
     """Validate manifests, then enqueue all their jobs atomically (all or nothing)."""
     try:
-        res, _ = do_submit(manifests, queue=queue, out_dir=out_dir, replace=replace,
+        res, q = do_submit(manifests, queue=queue, out_dir=out_dir, replace=replace,
                            max_pending=max_pending,
                            limits=_limits(memory_mb, timeout, max_attempts))
     except (ManifestError, Saturated) as exc:
@@ -507,27 +672,32 @@ def submit(
             out.print_json(refused_json(exc))
         raise
     if res.accepted or res.replaced:
-        from renderctl.store import Queue
-
         # Wake a runner in --follow mode now rather than at its next poll.
-        Queue(queue_path(queue), create=False).signal_runner(signal.SIGUSR1)
+        q.signal_runner(signal.SIGUSR1)
+    ended = ended_earlier(q, res.already)
     if as_json:
-        out.print_json({"accepted": list(res.accepted), "already_accepted": list(res.already),
-                        "replaced": list(res.replaced)})
-        return
-    print(f"accepted {len(res.accepted)} job(s)"
-          + (f", replaced {len(res.replaced)}" if res.replaced else "")
-          + (f", {len(res.already)} already accepted" if res.already else "")
-          + f" into {queue_path(queue)}")
+        doc: dict[str, Any] = {"accepted": list(res.accepted),
+                               "already_accepted": list(res.already),
+                               "replaced": list(res.replaced)}
+        if any(ended.values()):  # only then: the usual document keeps its documented shape
+            doc["already_ended"] = ended
+        out.print_json(doc)
+    else:
+        print(f"accepted {len(res.accepted)} job(s)"
+              + (f", replaced {len(res.replaced)}" if res.replaced else "")
+              + (f", {len(res.already)} already accepted" if res.already else "")
+              + f" into {queue_path(queue)}")
+    note_ended(ended)
 
 
 @app.command()
 @handle_errors
 def run(
     ctx: typer.Context,
-    manifests: Annotated[list[Path] | None, typer.Argument(help="manifests to submit first")
+    manifests: Annotated[list[Path] | None, typer.Argument(help="manifests to submit first",
+                                                           readable=False)
                          ] = None,
-    queue: QueueOpt = None,
+    queue: NewQueueOpt = None,
     out_dir: OutOpt = None,
     workers: Annotated[int | None, typer.Option("--workers", "-j",
                                                 envvar=_env("workers"), callback=checked,
@@ -603,6 +773,7 @@ def run(
     prestart(start_method)
     limits = _limits(memory_mb, timeout, max_attempts)
     res = None
+    ended: dict[str, int] | None = None  # of the manifests' jobs already accepted
     if manifests:
         # One Queue object for the submit and the run: it knows what it put in pending/, so
         # the runner's start need not read those records back.
@@ -622,6 +793,8 @@ def run(
         if not as_json and not quiet:
             print(f"accepted {len(res.accepted)} job(s)"
                   + (f", {len(res.already)} already accepted" if res.already else ""))
+        ended = ended_earlier(q, res.already)
+        note_ended(ended)
     else:
         q = Queue(queue_path(queue))
         warn_submit_only(ctx, {"out_dir": "--out", "memory_mb": "--memory-mb",
@@ -683,7 +856,10 @@ def run(
     if as_json:
         # Through the reporter that wrote the events, so the last line is shaped like them
         # (its `ts` and all), as README promises of every line.
-        main.event(summary_json(summary))
+        doc = summary_json(summary)
+        if ended is not None and any(ended.values()):  # as `submit --json` has it
+            doc["already_ended"] = ended
+        main.event(doc)
     else:
         out.write_out(summary_line(summary) + "\n")
     if runner.output_io_error is not None:
@@ -712,7 +888,8 @@ def warn_submit_only(ctx: typer.Context, options: dict[str, str]) -> None:
     given = [flag for name, flag in options.items()
              if getattr(ctx.get_parameter_source(name), "name", "") == "COMMANDLINE"]
     if given:
-        out.err(f"warning: {', '.join(given)} only apply to jobs this command submits (none "
+        verb = "applies" if len(given) == 1 else "apply"
+        out.err(f"warning: {', '.join(given)} only {verb} to jobs this command submits (none "
                 "here); queued jobs keep the output root and limits they were submitted with")
 
 
@@ -833,14 +1010,17 @@ def show(job_id: Annotated[str, typer.Argument(help="job id")], queue: QueueOpt 
 
 
 @app.command()
+@handle_errors
 def schema() -> None:
     """Print the manifest's JSON Schema."""
     from renderctl.manifest import json_schema
 
-    print(json.dumps(json_schema(), indent=2))
+    # write_out, not print: `renderctl schema | head` exits 0, as `status | head` does.
+    out.write_out(json.dumps(json_schema(), indent=2) + "\n")
 
 
 @app.command()
+@handle_errors
 def kinds(as_json: JsonOpt = False) -> None:
     """List every renderer (built-in and from plugins) with its params."""
     from renderctl.render.registry import all_specs
@@ -853,11 +1033,13 @@ def kinds(as_json: JsonOpt = False) -> None:
                                         "description": p.description} for p in s.params]}
                         for k, s in specs.items()})
         return
+    lines = []
     for kind, spec in specs.items():
-        print(f"{kind}: {spec.description}")
+        lines.append(f"{kind}: {spec.description}")
         for p in spec.params:
             req = "required" if p.required else "optional"
-            print(f"    {p.name} ({p.type}, {req}): {p.description}")
+            lines.append(f"    {p.name} ({p.type}, {req}): {p.description}")
+    out.write_out("".join(line + "\n" for line in lines))
 
 
 @app.command()
@@ -868,6 +1050,7 @@ def cancel(job_ids: Annotated[list[str], typer.Argument(help="job ids")],
     from renderctl.control import cancel_jobs
     from renderctl.crashpoints import CrashPoints
 
+    job_ids = unique(job_ids)
     q = existing_queue(queue)
     # All or none, like `dead retry`: exit 2 promises nothing changed, and cancel_jobs acts
     # on each id it finds, so every id is looked up first. A job in any folder counts
@@ -941,7 +1124,7 @@ def dead_retry(
     if all_:
         ids = q.list_ids(State.DEAD)
     elif job_ids:
-        ids = job_ids
+        ids = unique(job_ids)
     else:
         raise UserError("name job ids or use --all")
     # Exit 2 promises nothing changed, and the store retries each id it finds: so every id
@@ -1022,7 +1205,8 @@ def prune(
     allowed = sorted(s.value for s in TERMINAL)
     bad = [s for s in names if s not in allowed]
     if bad:
-        raise UserError(f"--state: {', '.join(map(repr, bad))} is not a finished state "
+        what = "is not a finished state" if len(bad) == 1 else "are not finished states"
+        raise UserError(f"--state: {', '.join(map(repr, bad))} {what} "
                         f"(one of {', '.join(allowed)})")
     counts = existing_queue(queue).prune([State(s) for s in names], age, dry_run=dry_run)
     total = sum(counts.values())
@@ -1046,11 +1230,9 @@ def top(queue: QueueOpt = None,
     from renderctl.cli.top import run_top
 
     q = existing_queue(queue)
-    if out.is_tty():
-        # A terminal gets the live view; NO_COLOR keeps it, without colour.
-        console = Console(highlight=False, no_color="NO_COLOR" in os.environ)
-    else:
-        console = out.console()
+    # A terminal gets the live view; NO_COLOR keeps it, without colour.
+    console = (Console(highlight=False, no_color=out.no_color()) if out.is_tty()
+               else out.console())
     run_top(q, console, once=once)
 
 
@@ -1068,6 +1250,16 @@ def metrics(queue: QueueOpt = None) -> None:
     sys.stdout.flush()
 
 
+def not_nan(value: float | None) -> float | None:
+    """`wait --timeout`: NaN passes click's min=0 and compares false with every deadline:
+    it would never give up, which is not what anyone typing a timeout asked for. (A
+    callback, as the queue's check is: the first culprit on the command line is named.)"""
+    if value is not None and value != value:
+        out.err("--timeout: must be a number of seconds, got nan")
+        raise typer.Exit(ExitCode.USAGE)
+    return value
+
+
 WAIT_POLL_S = 0.05  # how often the event log's size is checked
 WAIT_RECHECK_S = 1.0  # folders re-read even if the log did not grow (it is not fsynced)
 
@@ -1078,7 +1270,7 @@ def wait(
     job_ids: Annotated[list[str], typer.Argument(help="job ids")],
     queue: QueueOpt = None,
     timeout: Annotated[float | None, typer.Option(
-        "--timeout", min=0.0, show_default=False,
+        "--timeout", min=0.0, show_default=False, callback=not_nan,
         help="give up after S seconds (exit 75) [default: wait as long as it takes]; not "
         "the jobs' timeout: `timeout` in renderctl.toml and RENDERCTL_TIMEOUT do not set "
         "it")] = None,
@@ -1090,13 +1282,9 @@ def wait(
     """
     import time
 
-    from renderctl.errors import UserError
     from renderctl.lifecycle import TERMINAL, State
 
-    if timeout is not None and timeout != timeout:
-        # NaN passes click's min=0 and compares false with every deadline: it would never
-        # give up, which is not what anyone typing a timeout asked for.
-        raise UserError("--timeout: must be a number of seconds, got nan")
+    job_ids = unique(job_ids)
     q = existing_queue(queue)
     unknown = [j for j in job_ids if q.find(j) is None]
     if unknown:
@@ -1128,7 +1316,7 @@ def wait(
         if size != last_size or now >= next_check:
             last_size, next_check = size, now + WAIT_RECHECK_S
             settle()
-        if len(final) == len(set(job_ids)):
+        if len(final) == len(job_ids):
             break
         if deadline is not None and now >= deadline:
             left = [j for j in job_ids if j not in final]

@@ -15,9 +15,15 @@ def is_tty() -> bool:
     return sys.stdout.isatty()
 
 
+def no_color() -> bool:
+    """NO_COLOR set and not empty (https://no-color.org), as rich's own Console reads it:
+    ``NO_COLOR=`` is how a script unsets it for one command."""
+    return os.environ.get("NO_COLOR", "") != ""
+
+
 def plain() -> bool:
-    """Plain text: not a terminal, or NO_COLOR set (https://no-color.org)."""
-    return not is_tty() or "NO_COLOR" in os.environ or os.environ.get("TERM") == "dumb"
+    """Plain text: not a terminal, or NO_COLOR, or a dumb terminal."""
+    return not is_tty() or no_color() or os.environ.get("TERM") == "dumb"
 
 
 def console(*, stderr: bool = False) -> Console:
@@ -59,13 +65,55 @@ def silence_stdout(stream: Any = None) -> None:
 
 
 def print_json(data: Any) -> None:
-    write_out(json.dumps(data, indent=None, separators=(",", ":"), default=str) + "\n")
+    write_out(dumps(data, separators=(",", ":")) + "\n")
+
+
+def dumps(data: Any, **kwargs: Any) -> str:
+    """``json.dumps`` (ASCII, anything else as ``str``) that strict decoders accept: an
+    undecodable byte of a file name is a lone surrogate in Python, which ``json.dumps``
+    writes as ``\\udcff``; jq, Go and Rust reject that, so such text is shown escaped
+    (``displayable``). Checked on the output: the walk is paid only when it is needed."""
+    text = json.dumps(data, default=_as_text, **kwargs)
+    if "\\ud" in text:  # a surrogate escape, lone or in a pair: look closer
+        text = json.dumps(_displayable_data(data), default=_as_text, **kwargs)
+    return text
+
+
+def _as_text(obj: object) -> str:
+    return displayable(str(obj))
+
+
+def displayable(text: str) -> str:
+    """``text`` with each lone surrogate escaped: an undecodable byte of a file name
+    (kept by Python as U+DC80-U+DCFF) as ``\\xff``, the byte it stands for, as a terminal
+    would be shown it; any other lone surrogate as ``\\udxxx``. UTF-8 has no such
+    characters."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        pass
+    try:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:  # a surrogate no file name decodes to
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _displayable_data(data: Any) -> Any:
+    if isinstance(data, str):
+        return displayable(data)
+    if isinstance(data, dict):
+        return {displayable(k) if isinstance(k, str) else k: _displayable_data(v)
+                for k, v in data.items()}
+    if isinstance(data, list | tuple):
+        return [_displayable_data(v) for v in data]
+    return data
 
 
 def err(message: str) -> None:
     """A user-facing error on stderr, no traceback."""
     try:
-        sys.stderr.write(f"renderctl: {message}\n")
+        sys.stderr.write(f"renderctl: {displayable(message)}\n")
         sys.stderr.flush()
     except OSError as exc:
         if not reader_gone(exc):

@@ -4,7 +4,8 @@
 ``runner.state.json`` read by `top`) into a rich renderable; it does no I/O, so tests feed it
 a fixture dict. Optional keys beyond the runner's own: ``out_root``, ``runner_alive``
 (False: `top` found no runner), ``queue_counts`` (folder counts), ``oldest_pending_age_s``,
-``dead_depth``, ``in_flight`` (claimed jobs not yet finished, prefetched ones included).
+``dead_depth``, ``in_flight`` (claimed jobs not yet finished, prefetched ones included);
+``retries`` may be None (`top` without a runner could not count them: shown as "-").
 
 ``DashboardReporter`` drives a rich ``Live`` with ``auto_refresh=False``: the runner process
 forks, so no thread may exist in it; frames are drawn from the runner's ``tick`` at most
@@ -162,6 +163,12 @@ def _count_parts(snap: Mapping[str, Any]) -> tuple[str, dict[str, Any], Any]:
     return whose, shown, dead
 
 
+def _retries(snap: Mapping[str, Any]) -> str:
+    """The retries count; "-" when ``retries`` is None (`top` could not count them)."""
+    n = snap.get("retries", 0)
+    return "-" if n is None else str(n)
+
+
 def _counts(snap: Mapping[str, Any]) -> Text:
     whose, shown, dead = _count_parts(snap)
     text = Text()
@@ -170,7 +177,7 @@ def _counts(snap: Mapping[str, Any]) -> Text:
         style = "bold red" if state in ("dead", "cancelled", "expired") and n else ""
         text.append(f"{state} {n}", style=style)
         text.append("  ")
-    text.append(f"retries {snap.get('retries', 0)}")
+    text.append(f"retries {_retries(snap)}")
     text.append("\n")
     text.append(f"dead-letter depth {dead}",
                 style="bold white on red" if dead else "")
@@ -240,7 +247,7 @@ def dashboard_lines(snapshot: Mapping[str, Any]) -> list[str]:
                      f"{human_duration(j.get('timeout_s'))} memory={memory}")
     whose, shown, dead = _count_parts(snapshot)
     lines.append(f"{whose}: " + "  ".join(f"{state} {n}" for state, n in shown.items())
-                 + f"  retries {snapshot.get('retries', 0)}")
+                 + f"  retries {_retries(snapshot)}")
     lines.append(f"dead-letter depth {dead}   oldest pending "
                  f"{human_duration(snapshot.get('oldest_pending_age_s'))}")
     lines.append(f"accepted -> first attempt {_pct(snapshot.get('wait_s'))}    "

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Mapping
 from typing import Any
 
-from renderctl.cli.console import human_bytes, human_duration, one_line, write_out
+from renderctl.cli.console import dumps, human_bytes, human_duration, one_line, write_out
 from renderctl.runner import Runner, RunSummary
 
 # Events printed in plain mode; the rest (claimed, started) would drown the useful lines.
@@ -75,7 +74,7 @@ class JsonReporter:
     """JSON Lines: one object per state change (schema in the README)."""
 
     def event(self, ev: Mapping[str, Any]) -> None:
-        write_out(json.dumps({"ts": round(time.time(), 6), **ev}, default=str) + "\n")
+        write_out(dumps({"ts": round(time.time(), 6), **ev}) + "\n")
 
     def tick(self, runner: Runner) -> None:
         pass

@@ -3,7 +3,9 @@
 Fed by the runner's ``runner.state.json`` (rewritten each second), ``Queue.status()`` for
 the folder counts and, when no runner is alive, the running records and ``events.jsonl``
 for the last failures. No runner holding the lock (``Queue.runner_info()`` is None) is said
-plainly; the counts are still shown.
+plainly; the counts are still shown, the retries are counted from the log when it was read
+whole ("-" otherwise), and with nothing running the output root is that of the job the log
+spoke of last.
 """
 
 from __future__ import annotations
@@ -34,13 +36,33 @@ class TopFeed:
         # job, so whole it can be hundreds of MB; 1 MB is the last ~3,000 jobs).
         self.offset = queue.events.tail_offset(TAIL_BYTES)
         self.failures: deque[dict[str, Any]] = deque(maxlen=5)
+        # The queue's retries, when no runner counts this run's: known only if the whole
+        # log is read (None: shown as "-", not as a count of its tail).
+        self.retries: int | None = 0 if self.offset == 0 else None
+        self.last_job: str | None = None  # of the log's latest event naming a job
+        self._root: tuple[str, str | None] | None = None  # (job id, its output root)
 
     def _tail_failures(self) -> None:
         events, self.offset = self.q.events.read(offset=self.offset)
         for ev in events:
+            if isinstance(ev.get("job"), str):
+                self.last_job = ev["job"]
+            if ev.get("event") == "retry" and self.retries is not None:
+                self.retries += 1
             if ev.get("event") in FAILURE_EVENTS and (ev.get("error") or ev.get("outcome")
                                                       or ev.get("event") == "expired"):
                 self.failures.append(ev)
+
+    def _last_root(self) -> str | None:
+        """The output root of the job the log spoke of last: with nothing running, the
+        best cheap guess at where this queue's outputs go (one record read per new job)."""
+        jid = self.last_job
+        if jid is None:
+            return None
+        if self._root is None or self._root[0] != jid:
+            view = self.q.find(jid)
+            self._root = (jid, view.record.spec.out_root if view is not None else None)
+        return self._root[1]
 
     def snapshot(self) -> dict[str, Any]:
         st = self.q.status()
@@ -54,7 +76,9 @@ class TopFeed:
         snap["oldest_pending_age_s"] = st.oldest_pending_age_s
         snap["dead_depth"] = st.counts.get("dead", 0)
         roots = {r.spec.out_root for r in st.running}
-        snap["out_root"] = ", ".join(sorted(roots)) if roots else None
+        snap["out_root"] = ", ".join(sorted(roots)) if roots else self._last_root()
+        if state is None:
+            snap["retries"] = self.retries
         if not snap.get("running") and st.running:
             # No runner snapshot (none alive, or not written yet): the leases tell enough,
             # except the worker: a lease names its runner, whose pid is not a worker's.

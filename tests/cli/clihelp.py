@@ -81,3 +81,13 @@ def poll(fn: Callable[[], T | None], *, timeout_s: float = 20, what: str = "") -
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what or fn}")
         time.sleep(0.02)
+
+
+def one_line_usage_error(res: subprocess.CompletedProcess[str], *needles: str) -> None:
+    """Exit 2 with a single stderr line holding every needle (never a traceback)."""
+    stderr = res.stderr
+    assert res.returncode == 2, (res.returncode, res.stdout, stderr)
+    assert "Traceback" not in stderr, stderr
+    assert len(stderr.strip().splitlines()) == 1, stderr
+    for needle in needles:
+        assert needle in stderr, (needle, stderr)

@@ -202,3 +202,44 @@ def test_tail_offset_is_the_first_whole_line_of_the_tail(tmp_path: Path) -> None
         if off > 0:
             start = data.rfind(b"\n", 0, off - 1) + 1
             assert len(data) - start > max_bytes, max_bytes
+
+
+def test_top_without_a_runner_counts_retries_from_the_log_and_names_the_output_root(
+        tmp_path: Path) -> None:
+    # Given a queue whose runner has gone: one job retried once, then dead-lettered
+    manifest = write_jobs(tmp_path / "m", [job("flaky", "fail", max_attempts=2)])
+    q, out = tmp_path / "q", tmp_path / "out"
+    assert cli("run", manifest, "--queue", q, "--out", out, "--backoff-base", "0",
+               cwd=tmp_path).returncode == 1
+
+    # When top looks at it
+    once = cli("top", "--queue", q, "--once", cwd=tmp_path)
+
+    # Then its retries agree with the retry it lists among the failures, and it names the
+    # output root its jobs were submitted with
+    assert once.returncode == 0, once.stderr
+    lines = once.stdout.splitlines()
+    assert any(ln.startswith("failure flaky event=retry ") for ln in lines), lines
+    assert "retries 1" in once.stdout and "retries 0" not in once.stdout, once.stdout
+    assert f"output root {out}" in lines, lines
+
+
+def test_top_without_a_runner_does_not_guess_retries_from_part_of_a_log(
+        tmp_path: Path) -> None:
+    from renderctl.cli.dashboard import dashboard_lines
+    from renderctl.cli.top import TAIL_BYTES, TopFeed
+    from renderctl.store import Queue
+
+    # Given a log longer than what top reads, with a retry in its tail
+    q = Queue(tmp_path / "q")
+    q.events.append({"ts": 1.0, "event": "completed", "job": f"ok-{i}", "outcome": "completed",
+                     "padding": "x" * 200} for i in range(2 * TAIL_BYTES // 250))
+    q.events.append([{"ts": 2.0, "event": "retry", "job": "r", "attempt": 1,
+                      "outcome": "failed", "error": "boom"}])
+
+    # When top builds its snapshot
+    lines = dashboard_lines(TopFeed(q).snapshot())
+
+    # Then it shows no count rather than a wrong one
+    [counts] = [ln for ln in lines if ln.startswith("queue: ")]
+    assert counts.endswith("retries -"), counts

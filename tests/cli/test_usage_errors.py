@@ -8,21 +8,11 @@ from pathlib import Path
 
 import pytest
 import typer.main
-from clihelp import RENDERCTL, cli, env, job, write_jobs
+from clihelp import RENDERCTL, cli, env, job, one_line_usage_error, write_jobs
 
 from renderctl import guards
 from renderctl.limits import MAX_WORKERS
 from renderctl.settings import ConfigError, check_setting
-
-
-def one_line_usage_error(res: subprocess.CompletedProcess[str], *needles: str) -> None:
-    """Exit 2 with a single stderr line holding every needle (never a traceback)."""
-    stderr = res.stderr
-    assert res.returncode == 2, (res.returncode, stderr)
-    assert "Traceback" not in stderr, stderr
-    assert len(stderr.strip().splitlines()) == 1, stderr
-    for needle in needles:
-        assert needle in stderr, (needle, stderr)
 
 
 def nothing_enqueued(queue: Path) -> bool:
@@ -305,7 +295,7 @@ def test_a_queue_path_that_is_a_file_is_a_usage_error(tmp_path: Path, manifest: 
 
     # Then it is a usage error (exit 2, not 74's "the disk failed") naming the path, and
     # the file is left alone
-    one_line_usage_error(res, f"--queue {not_a_queue} is a file, not a queue folder")
+    one_line_usage_error(res, f"--queue: {not_a_queue} is a file, not a queue folder")
     assert not_a_queue.read_text() == "mine\n"
 
 
@@ -344,7 +334,7 @@ def test_a_queue_path_through_a_file_is_a_usage_error(tmp_path: Path, manifest: 
     res = cli(*args, "--queue", afile / "sub", cwd=tmp_path)
 
     # Then it is a usage error naming the file in the way, not 74's "Not a directory"
-    one_line_usage_error(res, f"--queue {afile / 'sub'} is a path through a file ({afile}), "
+    one_line_usage_error(res, f"--queue: {afile / 'sub'} is a path through a file ({afile}), "
                               "not a queue folder")
     assert afile.read_text() == "mine\n"
 

@@ -1,0 +1,508 @@
+"""Edges of the command line: paths that mean nothing or the wrong thing, files the user
+cannot read, duplicate ids, closed pipes, and messages that say exactly what happened."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import pty
+import select
+import shutil
+import struct
+import subprocess
+import termios
+import time
+from pathlib import Path
+
+import pytest
+from clihelp import RENDERCTL, cli, env, job, one_line_usage_error, write_jobs
+
+
+@pytest.fixture
+def manifest(tmp_path: Path) -> Path:
+    return write_jobs(tmp_path / "m", [job("j1", "write"), job("j2", "write")])
+
+
+# -- an empty --queue or --out is not the current folder -------------------------------------
+
+
+@pytest.mark.parametrize("option", ["--queue", "-q", "--out", "-o"])
+@pytest.mark.parametrize("command", ["submit", "run"])
+def test_an_empty_queue_or_output_root_is_a_usage_error(tmp_path: Path, manifest: Path,
+                                                       command: str, option: str) -> None:
+    # Given a working folder holding only a manifest
+    cwd = tmp_path / "work"
+    cwd.mkdir()
+    others = ["--out", tmp_path / "out"] if option in ("--queue", "-q") else \
+        ["--queue", tmp_path / "q"]
+
+    # When a command is given an empty path (a variable that expanded to nothing)
+    res = cli(command, manifest, option, "", *others, cwd=cwd)
+
+    # Then it is a usage error naming the option, and neither the current folder nor any
+    # queue was touched
+    long = {"-q": "--queue", "-o": "--out"}.get(option, option)
+    one_line_usage_error(res, f"{long}: must not be empty")
+    assert list(cwd.iterdir()) == []
+    assert not (tmp_path / "q").exists()
+
+
+def test_an_empty_queue_is_a_usage_error_for_reading_commands_too(tmp_path: Path) -> None:
+    res = cli("status", "--queue", "", cwd=tmp_path)
+    one_line_usage_error(res, "--queue: must not be empty")
+@pytest.mark.parametrize("command", ["submit", "run"])
+def test_a_folder_that_is_not_a_queue_is_not_made_one(tmp_path: Path, manifest: Path,
+                                                     command: str) -> None:
+    # Given a project folder with files of its own
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "README.txt").write_text("mine\n")
+
+    # When it is named as the queue of a command that creates queues
+    res = cli(command, manifest, "--queue", proj, "--out", tmp_path / "out", cwd=tmp_path)
+
+    # Then it is refused as a usage error, and the folder is left as it was
+    one_line_usage_error(res, f"--queue: {proj} is not a renderctl queue and not empty")
+    assert sorted(p.name for p in proj.iterdir()) == ["README.txt"]
+
+
+def test_run_without_manifests_does_not_make_a_folder_a_queue(tmp_path: Path) -> None:
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "notes").mkdir()
+    res = cli("run", "--queue", proj, cwd=tmp_path)
+    one_line_usage_error(res, f"--queue: {proj} is not a renderctl queue and not empty")
+    assert sorted(p.name for p in proj.iterdir()) == ["notes"]
+
+
+def test_an_empty_folder_or_an_existing_queue_takes_a_submit(tmp_path: Path,
+                                                            manifest: Path) -> None:
+    # Given an empty folder made for the queue
+    q = tmp_path / "q"
+    q.mkdir()
+    # Then a submit makes it a queue, and a second submit adds to that queue
+    first = cli("submit", manifest, "--queue", q, cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    other = write_jobs(tmp_path / "m2", [job("j3", "write")])
+    second = cli("submit", other, "--queue", q, cwd=tmp_path)
+    assert second.returncode == 0, second.stderr
+    assert sorted(p.name for p in (q / "pending").iterdir()) == ["j1.json", "j2.json",
+                                                                  "j3.json"]
+
+
+# -- queue path errors name where the path came from ------------------------------------------
+
+
+@pytest.mark.parametrize("how", ["option", "env", "file", "pyproject"])
+@pytest.mark.parametrize("command", ["submit", "status"])
+def test_a_queue_path_error_names_its_source(tmp_path: Path, manifest: Path, how: str,
+                                             command: str) -> None:
+    # Given a queue path naming a regular file, set in each way a user can set it
+    afile = tmp_path / "afile"
+    afile.write_text("mine\n")
+    args: list[object] = [command] + ([manifest] if command == "submit" else [])
+    extra_env = None
+    if how == "option":
+        args += ["--queue", afile]
+    elif how == "env":
+        extra_env = {"RENDERCTL_QUEUE": str(afile)}
+    elif how == "file":
+        (tmp_path / "renderctl.toml").write_text(f'queue = "{afile}"\n')
+    else:
+        (tmp_path / "pyproject.toml").write_text(f'[tool.renderctl]\nqueue = "{afile}"\n')
+
+    # When a command uses it
+    res = cli(*args, cwd=tmp_path, extra_env=extra_env)
+
+    # Then the error names the option, variable or file and key that set it
+    named = {"option": "--queue", "env": "RENDERCTL_QUEUE",
+             "file": f"{tmp_path / 'renderctl.toml'}: key 'queue'",
+             "pyproject": f"{tmp_path / 'pyproject.toml'}: key 'queue'"}[how]
+    one_line_usage_error(res, f"{named}: {afile} is a file, not a queue folder")
+    assert afile.read_text() == "mine\n"
+
+
+def test_a_missing_default_queue_says_it_is_the_default(tmp_path: Path) -> None:
+    res = cli("status", cwd=tmp_path)
+    one_line_usage_error(res, "--queue (default): .renderctl is not a renderctl queue")
+
+
+def test_a_folder_that_is_not_a_queue_names_the_variable(tmp_path: Path) -> None:
+    res = cli("status", cwd=tmp_path, extra_env={"RENDERCTL_QUEUE": str(tmp_path)})
+    one_line_usage_error(res, f"RENDERCTL_QUEUE: {tmp_path} is not a renderctl queue")
+
+
+# -- a manifest that cannot be read is one more problem, reported with the rest --------------
+
+# Without the capabilities that let root read any file: the tests run as root.
+NO_DAC = ["setpriv", "--inh-caps=-dac_override,-dac_read_search,-fowner",
+          "--bounding-set=-dac_override,-dac_read_search,-fowner", "--"]
+
+
+def cli_without_dac(*args: object, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*NO_DAC, *RENDERCTL, *map(str, args)], capture_output=True,
+                          text=True, cwd=cwd, env=env(), timeout=60)
+
+
+@pytest.fixture
+def unreadable(tmp_path: Path) -> Path:
+    if shutil.which("setpriv") is None:
+        pytest.skip("needs setpriv to drop root's file capabilities")
+    path = write_jobs(tmp_path / "secret", [job("s1", "write")])
+    path.chmod(0)
+    probe = subprocess.run([*NO_DAC, "cat", str(path)], capture_output=True)
+    if probe.returncode == 0:
+        pytest.skip("setpriv could not take away the right to read any file")
+    return path
+
+
+@pytest.fixture
+def invalid(tmp_path: Path) -> Path:
+    path = tmp_path / "bad" / "bad.toml"
+    path.parent.mkdir()
+    path.write_text('[[jobs]]\nid = "b1"\nkind = "python"\ncallable = "m:f"\n')  # no output
+    return path
+
+
+@pytest.mark.parametrize("command", ["validate", "submit", "run"])
+def test_an_unreadable_manifest_is_listed_with_the_other_problems(
+        tmp_path: Path, unreadable: Path, invalid: Path, command: str) -> None:
+    q = tmp_path / "q"
+    args: list[object] = [command, unreadable, invalid]
+    if command != "validate":
+        args += ["--queue", q]
+
+    # When a command is given an unreadable manifest and an invalid one
+    res = cli_without_dac(*args, cwd=tmp_path)
+
+    # Then both are reported as the manifests' problems (not click's usage message), and
+    # nothing was enqueued
+    assert res.returncode == 2, (res.stdout, res.stderr)
+    assert f"{unreadable}: cannot read: Permission denied" in res.stderr, res.stderr
+    assert f"{invalid}: job b1: output: is required" in res.stderr, res.stderr
+    assert "Usage:" not in res.stderr and "Invalid value" not in res.stderr, res.stderr
+    assert not q.exists()
+
+
+@pytest.mark.parametrize("command", ["validate", "submit", "run"])
+def test_an_unreadable_manifest_is_a_problem_in_the_json_too(
+        tmp_path: Path, unreadable: Path, invalid: Path, command: str) -> None:
+    args: list[object] = [command, unreadable, invalid, "--json"]
+    if command != "validate":
+        args += ["--queue", tmp_path / "q"]
+    res = cli_without_dac(*args, cwd=tmp_path)
+    assert res.returncode == 2, (res.stdout, res.stderr)
+    doc = json.loads(res.stdout)
+    assert doc.pop("valid" if command == "validate" else "accepted") in (False, [])
+    assert doc["problems"][0] == {"file": str(unreadable), "job": None, "field": None,
+                                  "message": "cannot read: Permission denied"}
+    assert {"file": str(invalid), "job": "b1", "field": "output",
+            "message": "is required"} in doc["problems"]
+
+
+@pytest.mark.parametrize("command", ["validate", "submit"])
+def test_a_manifest_from_standard_input_is_refused_by_name(tmp_path: Path, invalid: Path,
+                                                          command: str) -> None:
+    # When `-` is given as a manifest (the usual name of standard input)
+    args: list[object] = [command, "-", invalid]
+    if command != "validate":
+        args += ["--queue", tmp_path / "q"]
+    res = subprocess.run([*RENDERCTL, *map(str, args)], capture_output=True, text=True,
+                         cwd=tmp_path, env=env(), timeout=60, input="[[jobs]]\n")
+
+    # Then it says reading standard input is not supported, with the other problems
+    assert res.returncode == 2, (res.stdout, res.stderr)
+    assert "-: reading a manifest from standard input is not supported" in res.stderr
+    assert "No such file" not in res.stderr
+    assert f"{invalid}: job b1: output: is required" in res.stderr, res.stderr
+
+
+def test_a_file_named_dash_is_still_a_manifest(tmp_path: Path) -> None:
+    write_jobs(tmp_path, [job("d1", "write")]).rename(tmp_path / "-")
+    res = cli("validate", "-", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert os.path.exists(tmp_path / "-")
+
+
+# -- a reader that goes away is not an error ---------------------------------------------------
+
+
+@pytest.mark.parametrize("args", [["schema"], ["kinds"], ["kinds", "--json"]])
+def test_a_closed_pipe_ends_schema_and_kinds_quietly(tmp_path: Path, args: list[str]) -> None:
+    # Given stdout a pipe whose reader has already gone (`renderctl schema | true`)
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        res = subprocess.run([*RENDERCTL, *args], stdout=write_end, stderr=subprocess.PIPE,
+                             text=True, cwd=tmp_path, env=env(), timeout=60)
+    finally:
+        os.close(write_end)
+    # Then it exits 0 without a word, as `status | head` does
+    assert res.returncode == 0, res.stderr
+    assert res.stderr == ""
+
+
+# -- an id named twice is one job ---------------------------------------------------------------
+
+
+def test_cancel_names_a_job_once_however_often_it_is_given(tmp_path: Path,
+                                                           manifest: Path) -> None:
+    q = tmp_path / "q"
+    assert cli("submit", manifest, "--queue", q, cwd=tmp_path).returncode == 0
+    res = cli("cancel", "j1", "j2", "j1", "--json", "--queue", q, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    # Not {"j1": "already cancelled"}: this command cancelled it
+    assert json.loads(res.stdout) == {"j1": "cancelled", "j2": "cancelled"}
+    plain = cli("cancel", "j2", "j2", "--queue", q, cwd=tmp_path)
+    assert plain.stdout == "j2: already cancelled\n"
+
+
+def test_dead_retry_and_wait_name_a_job_once(tmp_path: Path) -> None:
+    # Given a dead job
+    manifest = write_jobs(tmp_path / "m", [job("f1", "fail", max_attempts=1)])
+    q = tmp_path / "q"
+    assert cli("run", manifest, "--queue", q, cwd=tmp_path).returncode == 1
+
+    # When it is named twice to `wait` and to `dead retry`
+    waited = cli("wait", "f1", "f1", "--queue", q, cwd=tmp_path)
+    retried = cli("dead", "retry", "f1", "f1", "--json", "--queue", q, cwd=tmp_path)
+
+    # Then each speaks of it once
+    assert waited.stdout == "f1: dead\n", waited.stdout
+    assert retried.returncode == 0, retried.stderr
+    assert json.loads(retried.stdout) == {"retried": ["f1"], "vanished": []}
+
+
+# -- messages say exactly what happened -----------------------------------------------------
+
+
+def test_the_submit_only_warning_agrees_with_its_options(tmp_path: Path,
+                                                         manifest: Path) -> None:
+    q = tmp_path / "q"
+    assert cli("submit", manifest, "--queue", q, cwd=tmp_path).returncode == 0
+    one = cli("run", "--queue", q, "--out", tmp_path / "o2", cwd=tmp_path)
+    assert "warning: --out only applies to jobs this command submits" in one.stderr, one.stderr
+    two = cli("run", "--queue", q, "--out", tmp_path / "o2", "--timeout", "5", cwd=tmp_path)
+    assert "warning: --out, --timeout only apply to jobs this command submits" in two.stderr
+
+
+def test_prune_names_bad_states_in_the_right_number(tmp_path: Path, manifest: Path) -> None:
+    q = tmp_path / "q"
+    assert cli("submit", manifest, "--queue", q, cwd=tmp_path).returncode == 0
+    many = cli("prune", "--older-than", "1d", "--state", "running", "--state", "bogus",
+               "--queue", q, cwd=tmp_path)
+    one_line_usage_error(many, "--state: 'running', 'bogus' are not finished states (one of")
+    one = cli("prune", "--older-than", "1d", "--state", "bogus", "--queue", q, cwd=tmp_path)
+    one_line_usage_error(one, "--state: 'bogus' is not a finished state (one of")
+
+
+def test_saturated_says_where_pending_would_go(tmp_path: Path, manifest: Path) -> None:
+    # Given 2 pending jobs and a limit of 3
+    q = tmp_path / "q"
+    assert cli("submit", manifest, "--queue", q, cwd=tmp_path).returncode == 0
+    more = write_jobs(tmp_path / "more", [job("k1", "write"), job("k2", "write")])
+    # When 2 more are submitted
+    res = cli("submit", more, "--queue", q, "--max-pending", "3", cwd=tmp_path)
+    # Then the refusal says from where to where
+    assert res.returncode == 75, res.stderr
+    assert ("saturated: 2 new job(s) would take pending from 2 to 4, above max_pending=3; "
+            "1 would fit; nothing was enqueued") in res.stderr, res.stderr
+
+
+@pytest.mark.parametrize("command", ["submit", "run"])
+def test_a_changed_spec_says_which_fields_differ(tmp_path: Path, manifest: Path,
+                                                 command: str) -> None:
+    q = tmp_path / "q"
+    assert cli("submit", manifest, "--queue", q, cwd=tmp_path).returncode == 0
+    res = cli(command, manifest, "--queue", q, "--out", tmp_path / "elsewhere",
+              "--memory-mb", "123", "--json", cwd=tmp_path)
+    assert res.returncode == 2, res.stderr
+    assert (f"{manifest}: job j1: already in the queue (pending) with a different spec "
+            "(differs in out_root, memory_mb)") in res.stderr, res.stderr
+    problems = json.loads(res.stdout)["problems"]
+    assert "(differs in out_root, memory_mb)" in problems[0]["message"]
+
+
+# -- a bad configuration file stops only the commands that read it ---------------------------
+
+
+@pytest.mark.parametrize("args", [["status", "--help"], ["submit", "--help"], ["dead", "--help"],
+                                  ["dead", "list", "--help"], ["run", "--help"], ["schema"],
+                                  ["kinds"], ["kinds", "--json"], ["--help"]])
+def test_help_schema_and_kinds_work_whatever_the_configuration_says(tmp_path: Path,
+                                                                    args: list[str]) -> None:
+    (tmp_path / "renderctl.toml").write_text("bogus = 1\n")
+    res = cli(*args, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert res.stderr == "" and res.stdout
+
+
+@pytest.mark.parametrize("args", [
+    ["status"], ["validate", "M"], ["submit", "M"], ["run", "M"], ["run"], ["show", "x"],
+    ["cancel", "x"], ["dead", "list"], ["dead", "retry", "x"], ["dead", "purge"],
+    ["prune", "--older-than", "1d"], ["top", "--once"], ["metrics"], ["wait", "x"]])
+def test_every_command_that_reads_the_configuration_reports_it_bad(
+        tmp_path: Path, manifest: Path, args: list[str]) -> None:
+    (tmp_path / "renderctl.toml").write_text("bogus = 1\n")
+    res = cli(*[manifest if a == "M" else a for a in args], cwd=tmp_path)
+    one_line_usage_error(res, f"{tmp_path / 'renderctl.toml'}: unknown key 'bogus'")
+    assert not (tmp_path / ".renderctl").exists()
+
+
+# -- NO_COLOR counts when it is set and not empty (no-color.org), as rich counts it -----------
+
+
+def on_a_terminal(*args: object, cwd: Path, no_color: str | None) -> str:
+    """What ``renderctl ARGS`` writes to a pseudo-terminal, with NO_COLOR as given."""
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 140, 0, 0))
+    e = {**env(), "TERM": "xterm-256color"}
+    e.pop("NO_COLOR")
+    if no_color is not None:
+        e["NO_COLOR"] = no_color
+    proc = subprocess.Popen([*RENDERCTL, *map(str, args)], cwd=cwd, env=e, stdin=slave,
+                            stdout=slave, stderr=subprocess.PIPE, close_fds=True)
+    os.close(slave)
+    chunks = []
+    deadline = time.monotonic() + 30
+    try:
+        while time.monotonic() < deadline:
+            if select.select([master], [], [], 0.05)[0]:
+                try:
+                    chunk = os.read(master, 65536)
+                except OSError:  # EIO: the process closed the terminal
+                    break
+                if not chunk:
+                    break
+                chunks.append(chunk)
+            elif proc.poll() is not None:
+                break
+        assert proc.wait(timeout=10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(master)
+    return b"".join(chunks).decode("utf-8", "replace")
+
+
+@pytest.fixture
+def a_queue(tmp_path: Path, manifest: Path) -> Path:
+    q = tmp_path / "q"
+    assert cli("submit", manifest, "--queue", q, cwd=tmp_path).returncode == 0
+    return q
+
+
+@pytest.mark.parametrize("no_color", [None, ""])
+def test_an_empty_no_color_keeps_the_terminal_view(tmp_path: Path, a_queue: Path,
+                                                   no_color: str | None) -> None:
+    status = on_a_terminal("status", "--queue", a_queue, cwd=tmp_path, no_color=no_color)
+    assert "pending=" not in status and "\u2503" in status, status  # a table, not lines
+    top = on_a_terminal("top", "--once", "--queue", a_queue, cwd=tmp_path, no_color=no_color)
+    assert "\x1b[33m" in top or "\x1b[1;33m" in top, top  # yellow: no runner alive
+
+
+def test_a_set_no_color_means_plain_lines_and_no_colour(tmp_path: Path, a_queue: Path) -> None:
+    status = on_a_terminal("status", "--queue", a_queue, cwd=tmp_path, no_color="1")
+    assert "pending=2" in status, status
+    top = on_a_terminal("top", "--once", "--queue", a_queue, cwd=tmp_path, no_color="1")
+    assert "no runner is alive" in top and "\x1b[33m" not in top, top
+
+
+# -- jobs that ended earlier are not silently "already accepted" ---------------------------------
+
+
+def test_run_of_a_manifest_whose_jobs_ended_earlier_says_so(tmp_path: Path) -> None:
+    # Given a manifest whose jobs all ended in an earlier run: two dead, one done
+    manifest = write_jobs(tmp_path / "m", [job("f1", "fail", max_attempts=1),
+                                           job("f2", "fail", max_attempts=1),
+                                           job("ok", "write")])
+    q = tmp_path / "q"
+    assert cli("run", manifest, "--queue", q, cwd=tmp_path).returncode == 1
+
+    # When the same manifest is run again (cron)
+    again = cli("run", manifest, "--queue", q, cwd=tmp_path)
+
+    # Then it still exits 0 (nothing this command handled failed), and says on stderr that
+    # the jobs ended earlier, and how to run the dead ones again
+    assert again.returncode == 0, again.stderr
+    assert "accepted 0 job(s), 3 already accepted" in again.stdout
+    assert ("note: 3 of these jobs ended earlier: 1 done, 2 dead (renderctl dead list; "
+            "renderctl dead retry --all to run them again)") in again.stderr, again.stderr
+
+    # And --json says it in the summary, where a script looks
+    as_json = cli("run", manifest, "--queue", q, "--json", cwd=tmp_path)
+    assert as_json.returncode == 0, as_json.stderr
+    summary = json.loads(as_json.stdout.splitlines()[-1])
+    assert summary["event"] == "summary"
+    assert summary["already_ended"] == {"done": 1, "dead": 2, "cancelled": 0, "expired": 0}
+
+    # And `submit` says the same
+    sub = cli("submit", manifest, "--queue", q, "--json", cwd=tmp_path)
+    assert "note: 3 of these jobs ended earlier: 1 done, 2 dead" in sub.stderr, sub.stderr
+    assert json.loads(sub.stdout)["already_ended"] == {"done": 1, "dead": 2, "cancelled": 0,
+                                                      "expired": 0}
+
+
+def test_jobs_still_waiting_get_no_note(tmp_path: Path, manifest: Path) -> None:
+    q = tmp_path / "q"
+    assert cli("submit", manifest, "--queue", q, cwd=tmp_path).returncode == 0
+    again = cli("submit", manifest, "--queue", q, cwd=tmp_path)
+    assert again.returncode == 0 and again.stderr == "", again.stderr
+    assert "2 already accepted" in again.stdout
+    as_json = cli("submit", manifest, "--queue", q, "--json", cwd=tmp_path)
+    assert "already_ended" not in json.loads(as_json.stdout)
+
+
+# -- JSON stays valid whatever bytes a file name holds ---------------------------------------
+
+
+def strict_json(text: str) -> object:
+    """``text`` parsed as JSON that a strict decoder (jq, Go, Rust) accepts: Python's own
+    json accepts a lone surrogate escape, which is not a character."""
+    doc = json.loads(text)
+    json.dumps(doc, ensure_ascii=False).encode("utf-8")  # raises on a lone surrogate
+    return doc
+
+
+@pytest.mark.parametrize("command", ["validate", "submit", "run"])
+def test_a_file_name_that_is_not_utf8_is_shown_escaped_in_json(tmp_path: Path,
+                                                               command: str) -> None:
+    # Given an invalid manifest whose name is not UTF-8
+    folder = tmp_path / "bad"
+    folder.mkdir()
+    name = folder / os.fsdecode(b"n\xffutf.toml")
+    name.write_text('[[jobs]]\nid = "b1"\nkind = "python"\ncallable = "m:f"\n')
+    args: list[object] = [command, name, "--json"]
+    if command != "validate":
+        args += ["--queue", tmp_path / "q"]
+
+    # When a --json command reports it
+    res = cli(*args, cwd=tmp_path)
+
+    # Then stdout is strict JSON, the undecodable byte shown as \xff, as stderr shows it
+    assert res.returncode == 2, res.stderr
+    doc = strict_json(res.stdout)
+    assert isinstance(doc, dict)
+    assert doc["problems"][0]["file"] == f"{folder}/n\\xffutf.toml"
+    plain = cli(*[a for a in args if a != "--json"], cwd=tmp_path)
+    assert f"{folder}/n\\xffutf.toml: job b1: output: is required" in plain.stderr, plain.stderr
+
+
+def test_json_of_a_job_whose_output_root_is_not_utf8_is_strict(tmp_path: Path) -> None:
+    # Given a job submitted with an output root whose name is not UTF-8 (a manifest, being
+    # TOML, cannot hold such a name; an option can)
+    manifest = write_jobs(tmp_path / "m", [job("j", "write")])
+    q, out = tmp_path / "q", tmp_path / os.fsdecode(b"o\xfe")
+    sub = cli("submit", manifest, "--queue", q, "--out", out, "--json", cwd=tmp_path)
+    assert sub.returncode == 0, sub.stderr
+    # Then what `run --json` and `show --json` print of it is strict JSON
+    ran = cli("run", "--queue", q, "--json", cwd=tmp_path)
+    assert ran.returncode == 0, ran.stderr
+    [done] = [strict_json(line) for line in ran.stdout.splitlines()
+              if '"completed"' in line]
+    assert isinstance(done, dict) and done["output"] == f"{tmp_path}/o\\xfe/j.bin"
+    res = cli("show", "j", "--queue", q, "--json", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    shown = strict_json(res.stdout)
+    assert isinstance(shown, dict) and shown["spec"]["out_root"] == f"{tmp_path}/o\\xfe"
