@@ -610,7 +610,7 @@ def _output_escapes(ctx: _Ctx, out_root: str, output: str) -> str | None:
         try:
             check_confined(ctx.out_real, Path(out_root, folder, RESERVED_PREFIX))
             ctx.folders[folder] = None
-        except (OutputEscapes, OSError, RuntimeError) as exc:  # RuntimeError: a symlink loop
+        except (OutputEscapes, OSError) as exc:
             ctx.folders[folder] = f"{output}: {exc}"
     return ctx.folders[folder]
 

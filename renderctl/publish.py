@@ -60,7 +60,10 @@ def tmp_outputs(final: Path, job_id: str) -> list[Path]:
 
 
 def check_confined(root: Path, final: Path) -> None:
-    real = final.parent.resolve()
+    try:
+        real = final.parent.resolve()
+    except RuntimeError:  # a symlink loop (Python 3.11 says so with RuntimeError, not ELOOP)
+        raise OutputEscapes(f"{final.parent} is a symlink loop") from None
     if real != root and root not in real.parents:
         raise OutputEscapes(f"{final.parent} resolves to {real}, outside the output root {root}")
     if final.is_symlink():

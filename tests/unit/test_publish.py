@@ -10,6 +10,7 @@ import pytest
 from renderctl.publish import (
     OutputEscapes,
     Published,
+    check_confined,
     is_ours,
     output_folder,
     publish,
@@ -108,3 +109,13 @@ def test_a_symlink_that_stays_inside_the_root_is_followed(tmp_path: Path) -> Non
         assert os.path.samestat(os.stat(fd), os.stat(root / "real"))
     finally:
         os.close(fd)
+
+
+def test_a_symlink_loop_on_the_way_is_an_escape_not_a_crash(tmp_path: Path) -> None:
+    # (Path.resolve raises RuntimeError on a loop in Python 3.11: the runner's claim-time
+    # check catches OutputEscapes and OSError only, and would have stopped the run)
+    root = tmp_path / "out"
+    root.mkdir()
+    (root / "loop").symlink_to(root / "loop")
+    with pytest.raises(OutputEscapes, match="loop"):
+        check_confined(root, root / "loop" / "x.pdf")
