@@ -349,6 +349,17 @@ def parse_token(token: str) -> tuple[str, str, str]:
     return prefix, job_id, attempt
 
 
+def _queue_path(path: str | os.PathLike[str]) -> Path:
+    """The queue's absolute path as shown to people and written into events.
+
+    With a ``..`` in it, the path is resolved: ``w/..`` is where the kernel goes, which is
+    not the folder ``w`` is in when ``w`` is a symlink, so dropping the pair by text
+    (normpath) could name another folder. Without one it is kept as given (absolute), so a
+    queue reached through a symlinked folder keeps the name its user knows it by."""
+    p = Path(path).absolute()
+    return p.resolve() if ".." in p.parts else p
+
+
 def _read_with_inode(path: Path) -> tuple[bytes, tuple[int, int]]:
     """A file's bytes and the (device, inode) they were read from."""
     with open(path, "rb") as fh:
@@ -364,7 +375,7 @@ class Queue:
 
     def __init__(self, path: str | os.PathLike[str], *, clock: Clock = SYSTEM_CLOCK,
                  create: bool = True) -> None:
-        self.path = Path(path).absolute()
+        self.path = _queue_path(path)
         self.clock = clock
         self.events = EventLog(self.path / "events.jsonl")
         self._tmp_counter = 0
@@ -625,12 +636,14 @@ class Queue:
         return None if oldest is None else max(0.0, self.clock.wall() - oldest)
 
     def status(self) -> QueueStatus:
-        counts = {s.value: self.count(s) for s in State}
         running = []
         for jid in self.list_ids(State.RUNNING):
             rec = self._read_or_quarantine(self.record_path(State.RUNNING, jid))
             if rec is not None:
                 running.append(rec)
+        # Counted after the reads above: a record they quarantined is then counted once, as
+        # corrupt, not also as running.
+        counts = {s.value: self.count(s) for s in State}
         return QueueStatus(counts=counts,
                            oldest_pending_age_s=self.oldest_pending_age_s(),
                            running=tuple(running), corrupt=self.count("corrupt"),
