@@ -50,6 +50,7 @@ import functools
 import json
 import math
 import os
+import re
 import secrets
 import socket
 import time
@@ -88,6 +89,11 @@ STATE_DIRS = tuple(s.value for s in State)
 AUX_DIRS = ("corrupt", "tmp", "journal", "control")
 # Where `dead retry` may be cut short in tests (RENDERCTL_CRASH_AT; see crashpoints.py).
 DEAD_RETRY_CRASH_POINTS = ("dead_retry:rewritten", "dead_retry:moved")
+# The names renderctl gives its temporaries in tmp/, each starting with the writer's pid:
+# ``_tmp_name`` (<pid>.<n>.<purpose>), the runner's state snapshot (<pid>.state, runner.py)
+# and ``fsutil.atomic_write`` of a holder file (<pid>.holder.<prefix>.json.<8 hex>).
+# clean_tmp removes nothing else.
+_OWN_TMP = re.compile(r"(\d+)\.(?:\d+\.[a-z]+|state|holder\..+\.json\.[0-9a-f]{8})")
 SMALL_BATCH = 8  # up to this many files, per-file fsync beats one syncfs of everything
 
 
@@ -897,27 +903,25 @@ class Queue:
         self.clean_tmp()
 
     def clean_tmp(self) -> int:
-        """Remove temporaries whose writer (named by the pid prefix) is no longer alive."""
-        names = os.listdir(self.dir("tmp"))
-        if not names:
+        """Remove renderctl's own temporaries whose writer (named by the pid prefix) is no
+        longer alive; returns how many.
+
+        Only files named as renderctl names them (``_OWN_TMP``): any command, `status`
+        included, runs this on open, and whatever else is in tmp/ (a person's notes, a
+        folder) is not ours to delete. The spare record files (``free.*``, see recycle) are
+        kept for the next runner to adopt."""
+        with os.scandir(self.dir("tmp")) as it:
+            # d_type from the listing: no stat per name; symlinks and folders are never ours.
+            doomed = [(e.path, int(m[1])) for e in it
+                      if (m := _OWN_TMP.fullmatch(e.name)) and e.is_file(follow_symlinks=False)]
+        if not doomed:
             return 0  # the usual case: no psutil import on a read-only open (`status`)
         from renderctl.proctree import pid_alive
 
         removed = 0
-        for name in names:
-            if name.startswith(FREE_PREFIX):
-                continue  # the runner's spare inodes (see recycle), not anybody's temporary
-            pid_s = name.split(".", 1)[0]
-            if pid_s.isdigit() and pid_alive(int(pid_s)):
-                continue
-            path = self.dir("tmp") / name
-            if path.is_dir():
-                import shutil
-
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                unlink_quiet(path)
-            removed += 1
+        for path, pid in doomed:
+            if not pid_alive(pid):
+                removed += unlink_quiet(path)
         return removed
 
     # -- the runner's side --
