@@ -33,9 +33,10 @@ folder touched, not N fsyncs (MEASUREMENTS.md: fsyncs per job are the cost that 
 - **Locks**: ``.submit.lock`` (submits and journal replays, one at a time);
   ``.replace.lock``, held by a ``--replace`` while it re-checks and applies, taken shared
   and non-blocking by each claim batch (a claim skips a round rather than let a job be
-  claimed between a replace's check and its rename); ``runner.lock`` (one runner per queue;
-  readers take it shared for a moment, so a starting runner waits for a holder that is not
-  a live runner).
+  claimed between a replace's check and its rename); the queue folder itself (one runner
+  per queue: a flock on the folder's descriptor, which no rename of a file inside it can
+  swap; readers take it shared for a moment, so a starting runner waits for a holder that
+  is not a live runner). ``runner.lock`` is only the holder's record (who, since when).
 - **Readers in other processes** (`show`, `status`) may read a running record's file just
   as the runner recycles it: a record is quarantined only if its path still names the file
   that was read, and a record of another id is never taken for the one looked up.
@@ -391,6 +392,7 @@ class Queue:
         # used, which would then be listed twice and filled for two records.
         self._spare_tag = secrets.token_hex(4)
         self._replace_fd: int | None = None  # REPLACE_LOCK, opened by the first claim
+        self._runner_fd: int | None = None  # the queue folder, flocked while runner_lock
         # DESIGN: corrupt files are "quarantined and reported": what this object moved, and
         # whom to tell at once.
         self.quarantined: list[dict[str, Any]] = []
@@ -1352,53 +1354,105 @@ class Queue:
         return counts
 
     # -- the runner lock --
+    # The lock is the queue folder's own flock, not runner.lock's: a file can be removed or
+    # renamed over while its runner holds it (`rm QUEUE/runner.lock`), and a second runner
+    # would then lock the new file and, believing every other runner dead, kill the first
+    # one's workers in recovery. The folder cannot be swapped under a runner that works in
+    # it: renamed away, it takes its lock along, and a runner started on it there is
+    # refused. runner.lock stays as the holder record that `status`, `cancel` and the
+    # exit-75 message read (and scripts may).
+    def _open_folder(self) -> int:
+        return os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+
     @contextlib.contextmanager
     def runner_lock(self, holder: Holder) -> Iterator[None]:
         """Hold the one-runner-per-queue lock, or raise ``QueueBusy`` naming the holder."""
-        path = self.path / "runner.lock"
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fd = self._open_folder()
         try:
             deadline = time.monotonic() + LOCK_PATIENCE_S
             while True:
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
                 except BlockingIOError:
                     info = self.runner_info() or {}
-                    if _holder_alive(info) is not False or time.monotonic() >= deadline:
-                        pid = info.get("pid")
+                    alive = _holder_alive(info)
+                    if alive is not False or time.monotonic() >= deadline:
+                        # A record judged dead is not who holds it now: ask the kernel.
+                        pid = info.get("pid") if alive is not False else (
+                            _flock_holder_pid(fd) or info.get("pid"))
                         raise QueueBusy(f"another runner (pid {pid}) holds queue {self.path}",
                                         holder_pid=pid) from None
                     # Not a runner: `status` peeking (a shared lock for microseconds) or a
                     # `cancel` fixing an orphan. A cron run must not be refused for that.
                     time.sleep(0.02)
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, json.dumps({**holder.to_json(), "started_at": self.clock.wall()}
-                                     ).encode(), 0)
+                    continue
+                if os.path.samestat(os.fstat(fd), os.stat(self.path)):
+                    break
+                # The folder was renamed away between our open and our lock, and another
+                # put in its place: that one is the queue we were asked to run.
+                os.close(fd)
+                fd = -1
+                fd = self._open_folder()
+            self._runner_fd = fd
+            self.write_runner_info({**holder.to_json(), "started_at": self.clock.wall()})
             yield
         finally:
-            os.close(fd)
+            self._runner_fd = None
+            if fd >= 0:
+                os.close(fd)
+
+    def write_runner_info(self, info: Mapping[str, Any]) -> None:
+        """Replace runner.lock's holder record (the lock holder's to call).
+
+        Renamed into place, so a reader sees the old record or the new one, never a torn
+        one. No fsync: after a power loss nobody holds the lock, and a record naming a
+        runner of an earlier boot is judged dead."""
+        tmp = self._tmp_name("lock")
+        write_file(tmp, json.dumps(dict(info)).encode(), fsync=False)
+        os.replace(tmp, self.path / "runner.lock")
+
+    def runner_lock_intact(self) -> bool:
+        """Whether the queue's path still names the folder this runner locked (False once
+        it was renamed away and another put in its place: a runner started there holds that
+        one, and our paths now lead into it). One stat and one fstat."""
+        fd = self._runner_fd
+        try:
+            return fd is not None and os.path.samestat(os.fstat(fd), os.stat(self.path))
+        except FileNotFoundError:
+            return False
 
     def runner_info(self) -> dict[str, Any] | None:
         """The live runner's holder record, or None if no runner holds the queue."""
-        path = self.path / "runner.lock"
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError:
+            fd = self._open_folder()
+        except (FileNotFoundError, NotADirectoryError):
             return None
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
             except BlockingIOError:
-                raw = os.pread(fd, 4096, 0)
-                try:
-                    info = json.loads(raw)
-                except ValueError:
-                    info = {}
-                return info if isinstance(info, dict) else {}
+                info = self._holder_record()
+                if not info.get("pid"):
+                    # runner.lock removed or overwritten by hand while its runner holds the
+                    # queue: the kernel still knows who holds the lock.
+                    info = _flock_holder(fd) or info
+                return info
             return None  # we could lock it: nobody holds it
         finally:
             os.close(fd)
+
+    def _holder_record(self) -> dict[str, Any]:
+        """runner.lock's record, or {} if it is missing or not one (a person's file there:
+        O_NONBLOCK so that a FIFO cannot hang us, and 4 KiB is more than a record needs)."""
+        try:
+            fd = os.open(self.path / "runner.lock", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            try:
+                info = json.loads(os.read(fd, 4096))
+            finally:
+                os.close(fd)
+        except (OSError, ValueError):
+            return {}
+        return info if isinstance(info, dict) else {}
 
     def busy_runner(self) -> dict[str, Any] | None:
         """The holder record of a runner that holds the queue, judged as ``runner_lock``
@@ -1424,7 +1478,7 @@ class Queue:
     @contextlib.contextmanager
     def try_runner_lock(self) -> Iterator[bool]:
         """Hold the runner lock if free (True), else yield False; for offline fixes."""
-        fd = os.open(self.path / "runner.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fd = self._open_folder()
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -1434,6 +1488,36 @@ class Queue:
             yield True
         finally:
             os.close(fd)
+
+
+def _flock_holder_pid(fd: int) -> int | None:
+    """The pid holding an exclusive flock on ``fd``'s file, from /proc/locks (shown in our
+    pid namespace; 0 there, so None here, for a holder outside it)."""
+    st = os.fstat(fd)
+    key = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    try:
+        with open("/proc/locks") as fh:
+            for line in fh:
+                # "1: FLOCK  ADVISORY  WRITE 8377 fe:00:2228581 0 EOF"; a waiter's line has
+                # "->" after the number and is not a holder.
+                f = line.split()
+                if len(f) >= 6 and f[1] == "FLOCK" and f[3] == "WRITE" and f[5] == key:
+                    return int(f[4]) or None
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def _flock_holder(fd: int) -> dict[str, Any] | None:
+    """A holder record for the process holding ``fd``'s file locked (see _flock_holder_pid),
+    judged as a runner's would be; None if none is known."""
+    pid = _flock_holder_pid(fd)
+    if pid is None:
+        return None
+    from renderctl import proctree
+
+    return Holder(socket.gethostname(), proctree.boot_id(), pid,
+                  proctree.process_start_time(pid)).to_json()
 
 
 def transition_event(t: Transition) -> dict[str, Any]:
