@@ -96,6 +96,9 @@ DEAD_RETRY_CRASH_POINTS = ("dead_retry:rewritten", "dead_retry:moved")
 # clean_tmp removes nothing else.
 _OWN_TMP = re.compile(r"(\d+)\.(?:\d+\.[a-z]+|state|holder\..+\.json\.[0-9a-f]{8})")
 SMALL_BATCH = 8  # up to this many files, per-file fsync beats one syncfs of everything
+RETRIED_REASON = "retried from dead"  # a `dead retry` record's reason (see _settle_copies)
+# Terminal folders in the order find() prefers them.
+_FINISHED = (State.DONE, State.DEAD, State.CANCELLED, State.EXPIRED)
 
 
 # -- records ------------------------------------------------------------------------------
@@ -529,23 +532,28 @@ class Queue:
 
     def _read_or_quarantine(self, path: Path) -> JobRecord | None:
         """Read a record; an unparseable one is moved to corrupt/ and reported, not lost."""
+        return self._read_or_quarantine_inode(path)[0]
+
+    def _read_or_quarantine_inode(
+            self, path: Path) -> tuple[JobRecord | None, tuple[int, int] | None]:
+        """_read_or_quarantine, with the (device, inode) the record was read from."""
         try:
             raw, inode = _read_with_inode(path)
         except FileNotFoundError:
-            return None
+            return None, None
         try:
             rec = JobRecord.loads(raw)
         except _CORRUPT as exc:
             self.quarantine(path, f"unparseable: {exc}", inode=inode)
-            return None
+            return None, inode
         if rec.spec.id != path.stem:
             # Either a recycled record file read as the runner refilled it (the path names
             # another file by now: leave it), or a record filed under the wrong name (moved
             # by hand): that one would never run, so it is reported like a corrupt one.
             self.quarantine(path, f"the record of job {rec.spec.id!r} filed as {path.name}",
                             inode=inode)
-            return None
-        return self._with_lease(path, rec)
+            return None, inode
+        return self._with_lease(path, rec), inode
 
     def quarantine(self, path: Path, reason: str,
                    inode: tuple[int, int] | None = None) -> Path:
@@ -937,20 +945,104 @@ class Queue:
         bells = self.take_doorbells()  # listed first: anything they name is in the scan
         now = self.clock.wall()
         submitted, self._submitted = self._submitted, {}
-        for name in os.listdir(self.dir(State.PENDING)):
-            if not name.endswith(".json"):
-                continue
-            entry = submitted.get(name[:-5])
-            if entry is not None:
-                index.add(entry, now=now)
-                continue
-            rec = self._read_or_quarantine(self.dir(State.PENDING) / name)
-            if rec is None:
-                continue
-            index.add(rec.entry(), now=now)  # the index orders by seq, not by this listing
+        doubled: list[str] = []
+        with self._finished_probe() as finished_too:
+            for name in os.listdir(self.dir(State.PENDING)):
+                if not name.endswith(".json"):
+                    continue
+                entry = submitted.get(name[:-5])
+                if entry is not None:
+                    # Ours: submit looked in every folder first, so it has no finished twin.
+                    index.add(entry, now=now)
+                    continue
+                if finished_too(name):
+                    doubled.append(name[:-5])
+                    continue
+                rec = self._read_or_quarantine(self.dir(State.PENDING) / name)
+                if rec is None:
+                    continue
+                index.add(rec.entry(), now=now)  # the index orders by seq, not this listing
+        for rec in self._settle_copies(doubled):
+            index.add(rec.entry(), now=now)
         for b in bells:
             unlink_quiet(b)
         return len(index)
+
+    @contextlib.contextmanager
+    def _finished_probe(self) -> Iterator[Callable[[str], bool]]:
+        """A test of whether a terminal folder also holds record file ``name``: four
+        access(2) probes, relative to the folders' descriptors (opened at the first test).
+
+        Paid at runner start and on rescans, for pending records read then anyway (~8 us
+        each beside ~30 us to read one); never per claim. Probing by name, rather than
+        listing the terminal folders, keeps the cost to the pending jobs: done/ grows with
+        every job until it is pruned."""
+        fds: list[int] = []
+
+        def finished_too(name: str) -> bool:
+            if not fds:
+                fds.extend(os.open(self.dir(s), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+                           for s in _FINISHED)
+            return any(os.access(name, os.F_OK, dir_fd=fd) for fd in fds)
+
+        try:
+            yield finished_too
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    def _settle_copies(self, job_ids: Sequence[str]) -> list[JobRecord]:
+        """Leave each job of ``job_ids`` (found in pending/ and in a terminal folder) in one
+        folder; returns the pending records that stay, to be indexed.
+
+        No renderctl operation leaves a job pending and finished at once, but for a `dead
+        retry` cut by a power loss between its two directory syncs (the rename kept on both
+        sides, see dead_retry): the retry was asked for, so the pending copy stays and the
+        dead one goes (it holds nothing the pending one lacks). Any other pair is a copy
+        made by hand (`cp done/x.json pending/`): running it again would publish twice or
+        file the job in two folders, so the finished record stays and the pending copy is
+        quarantined into corrupt/ and reported, never deleted."""
+        won: list[JobRecord] = []
+        if not job_ids:
+            return won
+        # Submit's lock: a replace places its pending copy before it drops the finished one
+        # it replaces, and a dead retry moves dead -> pending; neither is a pair to settle,
+        # and neither runs while we hold it.
+        with self._lock(".submit.lock"):
+            for jid in job_ids:
+                path = self.record_path(State.PENDING, jid)
+                rec, inode = self._read_or_quarantine_inode(path)
+                if rec is None:
+                    continue  # gone since listed (cancelled), or quarantined as unreadable
+                finished = [v for state in _FINISHED
+                            if (v := self._view(state, jid)) is not None]
+                if not finished:
+                    won.append(rec)  # its twin was pruned (or unreadable, now quarantined)
+                    continue
+                first = finished[0]
+                if len(finished) == 1 and first.state is State.DEAD \
+                        and first.record.reason == RETRIED_REASON \
+                        and (first.record.seq, first.record.attempt_base) \
+                        == (rec.seq, rec.attempt_base):
+                    unlink_quiet(first.path)
+                    # Protects against: power loss bringing the dead copy back after the
+                    # retried job has moved on (done, say): then it would be in two folders.
+                    fsync_dir(self.dir(State.DEAD))
+                    self.events.append([{"ts": self.clock.wall(), "event": "revived",
+                                         "job": jid, "recovered": True}])
+                    won.append(rec)
+                    continue
+                kept = first.state.value
+                hint = f"; `renderctl dead retry {jid}` runs it again" if kept == "dead" else ""
+                self.quarantine(path, f"a second copy of job {jid!r}, which is {kept} "
+                                f"({kept}/{jid}.json is kept; not run again){hint}",
+                                inode=inode)
+        return won
+
+    def _view(self, state: State, job_id: str) -> JobView | None:
+        p = self.record_path(state, job_id)
+        rec = self._read_or_quarantine(p)
+        return None if rec is None else JobView(state, rec, p)
 
     def pending_mtime_ns(self) -> int:
         """When a name last came into or left pending/ (for a cheap "anything new?")."""
@@ -961,13 +1053,21 @@ class Queue:
         rung); returns how many. Reads only their records: the others cost a name each."""
         now = self.clock.wall()
         added = 0
-        for name in os.listdir(self.dir(State.PENDING)):
-            if not name.endswith(".json") or name[:-5] in index:
-                continue
-            rec = self._read_or_quarantine(self.dir(State.PENDING) / name)
-            if rec is not None:
-                index.add(rec.entry(), now=now)
-                added += 1
+        doubled: list[str] = []
+        with self._finished_probe() as finished_too:
+            for name in os.listdir(self.dir(State.PENDING)):
+                if not name.endswith(".json") or name[:-5] in index:
+                    continue
+                if finished_too(name):
+                    doubled.append(name[:-5])  # copied in by hand while we run: see above
+                    continue
+                rec = self._read_or_quarantine(self.dir(State.PENDING) / name)
+                if rec is not None:
+                    index.add(rec.entry(), now=now)
+                    added += 1
+        for rec in self._settle_copies(doubled):
+            index.add(rec.entry(), now=now)
+            added += 1
         return added
 
     def poll_new(self, index: ClaimIndex) -> int:
@@ -1273,7 +1373,7 @@ class Queue:
                 if rec is None:
                     continue
                 rec = replace(rec, attempt_base=len(rec.attempts), not_before=0.0, lease=None,
-                              reason="retried from dead", changed_at=now)
+                              reason=RETRIED_REASON, changed_at=now)
                 tmp = self._tmp_name("revive")
                 # Protects against: power loss after the renames below exposing an empty
                 # record (the data must reach the disk before a name points at it).
