@@ -33,9 +33,10 @@ folder touched, not N fsyncs (MEASUREMENTS.md: fsyncs per job are the cost that 
 - **Locks**: ``.submit.lock`` (submits and journal replays, one at a time);
   ``.replace.lock``, held by a ``--replace`` while it re-checks and applies, taken shared
   and non-blocking by each claim batch (a claim skips a round rather than let a job be
-  claimed between a replace's check and its rename); ``runner.lock`` (one runner per queue;
-  readers take it shared for a moment, so a starting runner waits for a holder that is not
-  a live runner).
+  claimed between a replace's check and its rename); the queue folder itself (one runner
+  per queue: a flock on the folder's descriptor, which no rename of a file inside it can
+  swap; readers take it shared for a moment, so a starting runner waits for a holder that
+  is not a live runner). ``runner.lock`` is only the holder's record (who, since when).
 - **Readers in other processes** (`show`, `status`) may read a running record's file just
   as the runner recycles it: a record is quarantined only if its path still names the file
   that was read, and a record of another id is never taken for the one looked up.
@@ -50,6 +51,7 @@ import functools
 import json
 import math
 import os
+import re
 import secrets
 import socket
 import time
@@ -88,7 +90,15 @@ STATE_DIRS = tuple(s.value for s in State)
 AUX_DIRS = ("corrupt", "tmp", "journal", "control")
 # Where `dead retry` may be cut short in tests (RENDERCTL_CRASH_AT; see crashpoints.py).
 DEAD_RETRY_CRASH_POINTS = ("dead_retry:rewritten", "dead_retry:moved")
+# The names renderctl gives its temporaries in tmp/, each starting with the writer's pid:
+# ``_tmp_name`` (<pid>.<n>.<purpose>), the runner's state snapshot (<pid>.state, runner.py)
+# and ``fsutil.atomic_write`` of a holder file (<pid>.holder.<prefix>.json.<8 hex>).
+# clean_tmp removes nothing else.
+_OWN_TMP = re.compile(r"(\d+)\.(?:\d+\.[a-z]+|state|holder\..+\.json\.[0-9a-f]{8})")
 SMALL_BATCH = 8  # up to this many files, per-file fsync beats one syncfs of everything
+RETRIED_REASON = "retried from dead"  # a `dead retry` record's reason (see _settle_copies)
+# Terminal folders in the order find() prefers them.
+_FINISHED = (State.DONE, State.DEAD, State.CANCELLED, State.EXPIRED)
 
 
 # -- records ------------------------------------------------------------------------------
@@ -349,6 +359,17 @@ def parse_token(token: str) -> tuple[str, str, str]:
     return prefix, job_id, attempt
 
 
+def _queue_path(path: str | os.PathLike[str]) -> Path:
+    """The queue's absolute path as shown to people and written into events.
+
+    With a ``..`` in it, the path is resolved: ``w/..`` is where the kernel goes, which is
+    not the folder ``w`` is in when ``w`` is a symlink, so dropping the pair by text
+    (normpath) could name another folder. Without one it is kept as given (absolute), so a
+    queue reached through a symlinked folder keeps the name its user knows it by."""
+    p = Path(path).absolute()
+    return p.resolve() if ".." in p.parts else p
+
+
 def _read_with_inode(path: Path) -> tuple[bytes, tuple[int, int]]:
     """A file's bytes and the (device, inode) they were read from."""
     with open(path, "rb") as fh:
@@ -364,7 +385,7 @@ class Queue:
 
     def __init__(self, path: str | os.PathLike[str], *, clock: Clock = SYSTEM_CLOCK,
                  create: bool = True) -> None:
-        self.path = Path(path).absolute()
+        self.path = _queue_path(path)
         self.clock = clock
         self.events = EventLog(self.path / "events.jsonl")
         self._tmp_counter = 0
@@ -374,6 +395,7 @@ class Queue:
         # used, which would then be listed twice and filled for two records.
         self._spare_tag = secrets.token_hex(4)
         self._replace_fd: int | None = None  # REPLACE_LOCK, opened by the first claim
+        self._runner_fd: int | None = None  # the queue folder, flocked while runner_lock
         # DESIGN: corrupt files are "quarantined and reported": what this object moved, and
         # whom to tell at once.
         self.quarantined: list[dict[str, Any]] = []
@@ -510,23 +532,28 @@ class Queue:
 
     def _read_or_quarantine(self, path: Path) -> JobRecord | None:
         """Read a record; an unparseable one is moved to corrupt/ and reported, not lost."""
+        return self._read_or_quarantine_inode(path)[0]
+
+    def _read_or_quarantine_inode(
+            self, path: Path) -> tuple[JobRecord | None, tuple[int, int] | None]:
+        """_read_or_quarantine, with the (device, inode) the record was read from."""
         try:
             raw, inode = _read_with_inode(path)
         except FileNotFoundError:
-            return None
+            return None, None
         try:
             rec = JobRecord.loads(raw)
         except _CORRUPT as exc:
             self.quarantine(path, f"unparseable: {exc}", inode=inode)
-            return None
+            return None, inode
         if rec.spec.id != path.stem:
             # Either a recycled record file read as the runner refilled it (the path names
             # another file by now: leave it), or a record filed under the wrong name (moved
             # by hand): that one would never run, so it is reported like a corrupt one.
             self.quarantine(path, f"the record of job {rec.spec.id!r} filed as {path.name}",
                             inode=inode)
-            return None
-        return self._with_lease(path, rec)
+            return None, inode
+        return self._with_lease(path, rec), inode
 
     def quarantine(self, path: Path, reason: str,
                    inode: tuple[int, int] | None = None) -> Path:
@@ -625,12 +652,14 @@ class Queue:
         return None if oldest is None else max(0.0, self.clock.wall() - oldest)
 
     def status(self) -> QueueStatus:
-        counts = {s.value: self.count(s) for s in State}
         running = []
         for jid in self.list_ids(State.RUNNING):
             rec = self._read_or_quarantine(self.record_path(State.RUNNING, jid))
             if rec is not None:
                 running.append(rec)
+        # Counted after the reads above: a record they quarantined is then counted once, as
+        # corrupt, not also as running.
+        counts = {s.value: self.count(s) for s in State}
         return QueueStatus(counts=counts,
                            oldest_pending_age_s=self.oldest_pending_age_s(),
                            running=tuple(running), corrupt=self.count("corrupt"),
@@ -884,27 +913,25 @@ class Queue:
         self.clean_tmp()
 
     def clean_tmp(self) -> int:
-        """Remove temporaries whose writer (named by the pid prefix) is no longer alive."""
-        names = os.listdir(self.dir("tmp"))
-        if not names:
+        """Remove renderctl's own temporaries whose writer (named by the pid prefix) is no
+        longer alive; returns how many.
+
+        Only files named as renderctl names them (``_OWN_TMP``): any command, `status`
+        included, runs this on open, and whatever else is in tmp/ (a person's notes, a
+        folder) is not ours to delete. The spare record files (``free.*``, see recycle) are
+        kept for the next runner to adopt."""
+        with os.scandir(self.dir("tmp")) as it:
+            # d_type from the listing: no stat per name; symlinks and folders are never ours.
+            doomed = [(e.path, int(m[1])) for e in it
+                      if (m := _OWN_TMP.fullmatch(e.name)) and e.is_file(follow_symlinks=False)]
+        if not doomed:
             return 0  # the usual case: no psutil import on a read-only open (`status`)
         from renderctl.proctree import pid_alive
 
         removed = 0
-        for name in names:
-            if name.startswith(FREE_PREFIX):
-                continue  # the runner's spare inodes (see recycle), not anybody's temporary
-            pid_s = name.split(".", 1)[0]
-            if pid_s.isdigit() and pid_alive(int(pid_s)):
-                continue
-            path = self.dir("tmp") / name
-            if path.is_dir():
-                import shutil
-
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                unlink_quiet(path)
-            removed += 1
+        for path, pid in doomed:
+            if not pid_alive(pid):
+                removed += unlink_quiet(path)
         return removed
 
     # -- the runner's side --
@@ -918,20 +945,104 @@ class Queue:
         bells = self.take_doorbells()  # listed first: anything they name is in the scan
         now = self.clock.wall()
         submitted, self._submitted = self._submitted, {}
-        for name in os.listdir(self.dir(State.PENDING)):
-            if not name.endswith(".json"):
-                continue
-            entry = submitted.get(name[:-5])
-            if entry is not None:
-                index.add(entry, now=now)
-                continue
-            rec = self._read_or_quarantine(self.dir(State.PENDING) / name)
-            if rec is None:
-                continue
-            index.add(rec.entry(), now=now)  # the index orders by seq, not by this listing
+        doubled: list[str] = []
+        with self._finished_probe() as finished_too:
+            for name in os.listdir(self.dir(State.PENDING)):
+                if not name.endswith(".json"):
+                    continue
+                entry = submitted.get(name[:-5])
+                if entry is not None:
+                    # Ours: submit looked in every folder first, so it has no finished twin.
+                    index.add(entry, now=now)
+                    continue
+                if finished_too(name):
+                    doubled.append(name[:-5])
+                    continue
+                rec = self._read_or_quarantine(self.dir(State.PENDING) / name)
+                if rec is None:
+                    continue
+                index.add(rec.entry(), now=now)  # the index orders by seq, not this listing
+        for rec in self._settle_copies(doubled):
+            index.add(rec.entry(), now=now)
         for b in bells:
             unlink_quiet(b)
         return len(index)
+
+    @contextlib.contextmanager
+    def _finished_probe(self) -> Iterator[Callable[[str], bool]]:
+        """A test of whether a terminal folder also holds record file ``name``: four
+        access(2) probes, relative to the folders' descriptors (opened at the first test).
+
+        Paid at runner start and on rescans, for pending records read then anyway (~8 us
+        each beside ~30 us to read one); never per claim. Probing by name, rather than
+        listing the terminal folders, keeps the cost to the pending jobs: done/ grows with
+        every job until it is pruned."""
+        fds: list[int] = []
+
+        def finished_too(name: str) -> bool:
+            if not fds:
+                fds.extend(os.open(self.dir(s), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+                           for s in _FINISHED)
+            return any(os.access(name, os.F_OK, dir_fd=fd) for fd in fds)
+
+        try:
+            yield finished_too
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    def _settle_copies(self, job_ids: Sequence[str]) -> list[JobRecord]:
+        """Leave each job of ``job_ids`` (found in pending/ and in a terminal folder) in one
+        folder; returns the pending records that stay, to be indexed.
+
+        No renderctl operation leaves a job pending and finished at once, but for a `dead
+        retry` cut by a power loss between its two directory syncs (the rename kept on both
+        sides, see dead_retry): the retry was asked for, so the pending copy stays and the
+        dead one goes (it holds nothing the pending one lacks). Any other pair is a copy
+        made by hand (`cp done/x.json pending/`): running it again would publish twice or
+        file the job in two folders, so the finished record stays and the pending copy is
+        quarantined into corrupt/ and reported, never deleted."""
+        won: list[JobRecord] = []
+        if not job_ids:
+            return won
+        # Submit's lock: a replace places its pending copy before it drops the finished one
+        # it replaces, and a dead retry moves dead -> pending; neither is a pair to settle,
+        # and neither runs while we hold it.
+        with self._lock(".submit.lock"):
+            for jid in job_ids:
+                path = self.record_path(State.PENDING, jid)
+                rec, inode = self._read_or_quarantine_inode(path)
+                if rec is None:
+                    continue  # gone since listed (cancelled), or quarantined as unreadable
+                finished = [v for state in _FINISHED
+                            if (v := self._view(state, jid)) is not None]
+                if not finished:
+                    won.append(rec)  # its twin was pruned (or unreadable, now quarantined)
+                    continue
+                first = finished[0]
+                if len(finished) == 1 and first.state is State.DEAD \
+                        and first.record.reason == RETRIED_REASON \
+                        and (first.record.seq, first.record.attempt_base) \
+                        == (rec.seq, rec.attempt_base):
+                    unlink_quiet(first.path)
+                    # Protects against: power loss bringing the dead copy back after the
+                    # retried job has moved on (done, say): then it would be in two folders.
+                    fsync_dir(self.dir(State.DEAD))
+                    self.events.append([{"ts": self.clock.wall(), "event": "revived",
+                                         "job": jid, "recovered": True}])
+                    won.append(rec)
+                    continue
+                kept = first.state.value
+                hint = f"; `renderctl dead retry {jid}` runs it again" if kept == "dead" else ""
+                self.quarantine(path, f"a second copy of job {jid!r}, which is {kept} "
+                                f"({kept}/{jid}.json is kept; not run again){hint}",
+                                inode=inode)
+        return won
+
+    def _view(self, state: State, job_id: str) -> JobView | None:
+        p = self.record_path(state, job_id)
+        rec = self._read_or_quarantine(p)
+        return None if rec is None else JobView(state, rec, p)
 
     def pending_mtime_ns(self) -> int:
         """When a name last came into or left pending/ (for a cheap "anything new?")."""
@@ -942,13 +1053,21 @@ class Queue:
         rung); returns how many. Reads only their records: the others cost a name each."""
         now = self.clock.wall()
         added = 0
-        for name in os.listdir(self.dir(State.PENDING)):
-            if not name.endswith(".json") or name[:-5] in index:
-                continue
-            rec = self._read_or_quarantine(self.dir(State.PENDING) / name)
-            if rec is not None:
-                index.add(rec.entry(), now=now)
-                added += 1
+        doubled: list[str] = []
+        with self._finished_probe() as finished_too:
+            for name in os.listdir(self.dir(State.PENDING)):
+                if not name.endswith(".json") or name[:-5] in index:
+                    continue
+                if finished_too(name):
+                    doubled.append(name[:-5])  # copied in by hand while we run: see above
+                    continue
+                rec = self._read_or_quarantine(self.dir(State.PENDING) / name)
+                if rec is not None:
+                    index.add(rec.entry(), now=now)
+                    added += 1
+        for rec in self._settle_copies(doubled):
+            index.add(rec.entry(), now=now)
+            added += 1
         return added
 
     def poll_new(self, index: ClaimIndex) -> int:
@@ -1254,7 +1373,7 @@ class Queue:
                 if rec is None:
                     continue
                 rec = replace(rec, attempt_base=len(rec.attempts), not_before=0.0, lease=None,
-                              reason="retried from dead", changed_at=now)
+                              reason=RETRIED_REASON, changed_at=now)
                 tmp = self._tmp_name("revive")
                 # Protects against: power loss after the renames below exposing an empty
                 # record (the data must reach the disk before a name points at it).
@@ -1335,53 +1454,105 @@ class Queue:
         return counts
 
     # -- the runner lock --
+    # The lock is the queue folder's own flock, not runner.lock's: a file can be removed or
+    # renamed over while its runner holds it (`rm QUEUE/runner.lock`), and a second runner
+    # would then lock the new file and, believing every other runner dead, kill the first
+    # one's workers in recovery. The folder cannot be swapped under a runner that works in
+    # it: renamed away, it takes its lock along, and a runner started on it there is
+    # refused. runner.lock stays as the holder record that `status`, `cancel` and the
+    # exit-75 message read (and scripts may).
+    def _open_folder(self) -> int:
+        return os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+
     @contextlib.contextmanager
     def runner_lock(self, holder: Holder) -> Iterator[None]:
         """Hold the one-runner-per-queue lock, or raise ``QueueBusy`` naming the holder."""
-        path = self.path / "runner.lock"
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fd = self._open_folder()
         try:
             deadline = time.monotonic() + LOCK_PATIENCE_S
             while True:
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
                 except BlockingIOError:
                     info = self.runner_info() or {}
-                    if _holder_alive(info) is not False or time.monotonic() >= deadline:
-                        pid = info.get("pid")
+                    alive = _holder_alive(info)
+                    if alive is not False or time.monotonic() >= deadline:
+                        # A record judged dead is not who holds it now: ask the kernel.
+                        pid = info.get("pid") if alive is not False else (
+                            _flock_holder_pid(fd) or info.get("pid"))
                         raise QueueBusy(f"another runner (pid {pid}) holds queue {self.path}",
                                         holder_pid=pid) from None
                     # Not a runner: `status` peeking (a shared lock for microseconds) or a
                     # `cancel` fixing an orphan. A cron run must not be refused for that.
                     time.sleep(0.02)
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, json.dumps({**holder.to_json(), "started_at": self.clock.wall()}
-                                     ).encode(), 0)
+                    continue
+                if os.path.samestat(os.fstat(fd), os.stat(self.path)):
+                    break
+                # The folder was renamed away between our open and our lock, and another
+                # put in its place: that one is the queue we were asked to run.
+                os.close(fd)
+                fd = -1
+                fd = self._open_folder()
+            self._runner_fd = fd
+            self.write_runner_info({**holder.to_json(), "started_at": self.clock.wall()})
             yield
         finally:
-            os.close(fd)
+            self._runner_fd = None
+            if fd >= 0:
+                os.close(fd)
+
+    def write_runner_info(self, info: Mapping[str, Any]) -> None:
+        """Replace runner.lock's holder record (the lock holder's to call).
+
+        Renamed into place, so a reader sees the old record or the new one, never a torn
+        one. No fsync: after a power loss nobody holds the lock, and a record naming a
+        runner of an earlier boot is judged dead."""
+        tmp = self._tmp_name("lock")
+        write_file(tmp, json.dumps(dict(info)).encode(), fsync=False)
+        os.replace(tmp, self.path / "runner.lock")
+
+    def runner_lock_intact(self) -> bool:
+        """Whether the queue's path still names the folder this runner locked (False once
+        it was renamed away and another put in its place: a runner started there holds that
+        one, and our paths now lead into it). One stat and one fstat."""
+        fd = self._runner_fd
+        try:
+            return fd is not None and os.path.samestat(os.fstat(fd), os.stat(self.path))
+        except FileNotFoundError:
+            return False
 
     def runner_info(self) -> dict[str, Any] | None:
         """The live runner's holder record, or None if no runner holds the queue."""
-        path = self.path / "runner.lock"
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError:
+            fd = self._open_folder()
+        except (FileNotFoundError, NotADirectoryError):
             return None
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
             except BlockingIOError:
-                raw = os.pread(fd, 4096, 0)
-                try:
-                    info = json.loads(raw)
-                except ValueError:
-                    info = {}
-                return info if isinstance(info, dict) else {}
+                info = self._holder_record()
+                if not info.get("pid"):
+                    # runner.lock removed or overwritten by hand while its runner holds the
+                    # queue: the kernel still knows who holds the lock.
+                    info = _flock_holder(fd) or info
+                return info
             return None  # we could lock it: nobody holds it
         finally:
             os.close(fd)
+
+    def _holder_record(self) -> dict[str, Any]:
+        """runner.lock's record, or {} if it is missing or not one (a person's file there:
+        O_NONBLOCK so that a FIFO cannot hang us, and 4 KiB is more than a record needs)."""
+        try:
+            fd = os.open(self.path / "runner.lock", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            try:
+                info = json.loads(os.read(fd, 4096))
+            finally:
+                os.close(fd)
+        except (OSError, ValueError):
+            return {}
+        return info if isinstance(info, dict) else {}
 
     def busy_runner(self) -> dict[str, Any] | None:
         """The holder record of a runner that holds the queue, judged as ``runner_lock``
@@ -1407,7 +1578,7 @@ class Queue:
     @contextlib.contextmanager
     def try_runner_lock(self) -> Iterator[bool]:
         """Hold the runner lock if free (True), else yield False; for offline fixes."""
-        fd = os.open(self.path / "runner.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fd = self._open_folder()
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -1417,6 +1588,36 @@ class Queue:
             yield True
         finally:
             os.close(fd)
+
+
+def _flock_holder_pid(fd: int) -> int | None:
+    """The pid holding an exclusive flock on ``fd``'s file, from /proc/locks (shown in our
+    pid namespace; 0 there, so None here, for a holder outside it)."""
+    st = os.fstat(fd)
+    key = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    try:
+        with open("/proc/locks") as fh:
+            for line in fh:
+                # "1: FLOCK  ADVISORY  WRITE 8377 fe:00:2228581 0 EOF"; a waiter's line has
+                # "->" after the number and is not a holder.
+                f = line.split()
+                if len(f) >= 6 and f[1] == "FLOCK" and f[3] == "WRITE" and f[5] == key:
+                    return int(f[4]) or None
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def _flock_holder(fd: int) -> dict[str, Any] | None:
+    """A holder record for the process holding ``fd``'s file locked (see _flock_holder_pid),
+    judged as a runner's would be; None if none is known."""
+    pid = _flock_holder_pid(fd)
+    if pid is None:
+        return None
+    from renderctl import proctree
+
+    return Holder(socket.gethostname(), proctree.boot_id(), pid,
+                  proctree.process_start_time(pid)).to_json()
 
 
 def transition_event(t: Transition) -> dict[str, Any]:

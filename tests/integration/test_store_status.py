@@ -1,0 +1,58 @@
+"""`renderctl status` of a queue as a person or script reads it: each file counted once,
+the queue's path as it really is. Real files, real `renderctl status` processes."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from jobfns import run_cli
+
+from renderctl.store import Queue
+
+
+def test_a_corrupt_running_record_is_counted_as_corrupt_only(tmp_path: Path) -> None:
+    # Given a queue with an unreadable record in running/
+    queue = tmp_path / "q"
+    Queue(queue).close()
+    (queue / "running" / "bad.json").write_text("{not json")
+
+    # When `status` reads it (and quarantines it)
+    plain = run_cli("status", "--queue", str(queue))
+
+    # Then the file is counted once, as corrupt, not also as running
+    assert plain.returncode == 0, plain.stdout + plain.stderr
+    assert "running=0" in plain.stdout and "corrupt=1" in plain.stdout, plain.stdout
+    assert os.listdir(queue / "running") == []
+    st = json.loads(run_cli("status", "--json", "--queue", str(queue)).stdout)
+    assert (st["running"], st["corrupt"]) == (0, 1)
+
+
+def test_status_shows_the_queue_path_without_dot_dot(tmp_path: Path) -> None:
+    # Given a queue named through a path with `..` in it, one of whose folders is a symlink
+    # (so that `w/..` is not the folder `w` is in)
+    (tmp_path / "real" / "inner").mkdir(parents=True)
+    (tmp_path / "x").mkdir()
+    (tmp_path / "x" / "w").symlink_to(tmp_path / "real" / "inner")
+    Queue(tmp_path / "real" / "qD").close()
+    given = tmp_path / "x" / "w" / ".." / "qD"
+
+    # When `status` shows it
+    st = json.loads(run_cli("status", "--json", "--queue", str(given)).stdout)
+    plain = run_cli("status", "--queue", str(given)).stdout
+
+    # Then the path shown has no `..` and names the folder the kernel found
+    assert st["queue"] == str(tmp_path / "real" / "qD"), st["queue"]
+    assert plain.startswith(f"queue {tmp_path / 'real' / 'qD'}: "), plain
+
+
+def test_status_keeps_a_plain_path_as_given(tmp_path: Path) -> None:
+    # Given a queue reached through a symlinked folder, with no `..` in the path
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    Queue(tmp_path / "real" / "q").close()
+
+    # When `status` shows it, then it is the path the user gave (absolute), not resolved
+    st = json.loads(run_cli("status", "--json", "--queue", str(tmp_path / "link" / "q")).stdout)
+    assert st["queue"] == str(tmp_path / "link" / "q")
