@@ -431,12 +431,7 @@ class Runner:
         info = {**self.holder.to_json(), "started_at": self.clock.wall(),
                 "guard": self.guard.name, "workers": self.n_workers,
                 "budget_mb": self.budget_mb}
-        fd = os.open(self.q.path / "runner.lock", os.O_WRONLY | os.O_CLOEXEC)
-        try:
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, json.dumps(info).encode(), 0)
-        finally:
-            os.close(fd)
+        self.q.write_runner_info(info)
 
     def _shutdown(self) -> None:
         for w in list(self.workers.values()):
@@ -542,6 +537,14 @@ class Runner:
             "recent_failures": list(self.recent_failures),
             "stopping": self.stop_signal is not None,
         }
+
+    def _check_folder(self) -> None:
+        """Stop if the folder we locked was moved away and another put at its path: our
+        paths would lead into a queue we do not hold (another runner may). A stat and an
+        fstat per poll."""
+        if not self.q.runner_lock_intact():
+            raise QueueIOError(f"{self.q.path} is no longer the queue folder this runner "
+                               "locked (it was moved or replaced); stopping")
 
     def _write_state(self) -> None:
         # Not fsynced: a display aid, rewritten every second; rename keeps readers whole.
@@ -766,6 +769,7 @@ class Runner:
                     return
             else:
                 if now >= self._next_poll:
+                    self._check_folder()
                     self.q.poll_new(self.index)
                     self._rescan(now)
                     self._next_poll = now + self.s.poll_interval_s

@@ -475,31 +475,6 @@ def test_a_cancels_wake_up_while_the_runner_starts_or_stops_does_not_kill_it(
     assert QueueView(queue).states_of(["a"]) == {"a": ["done"]}
 
 
-def test_a_status_peeking_at_the_lock_does_not_turn_a_starting_runner_away(
-        tmp_path: Path, write_manifest: Any) -> None:
-    import fcntl
-    import threading
-
-    # Given a reader holding runner.lock shared (as `status` does for a moment to ask
-    # whether a runner is there), for half a second
-    stage(tmp_path)
-    queue, out = tmp_path / "q", tmp_path / "out"
-    manifest = write_manifest([py_job("a", "write_pdf")])
-    assert run_cli("submit", manifest, *cli_args(queue, out)).returncode == 0
-    fd = os.open(queue / "runner.lock", os.O_RDWR | os.O_CREAT, 0o600)
-    fcntl.flock(fd, fcntl.LOCK_SH)
-    release = threading.Timer(0.5, os.close, (fd,))
-    release.start()
-
-    # When a runner starts meanwhile (a cron run)
-    res = run_cli("run", *cli_args(queue, out, "--workers", "1"))
-    release.join()
-
-    # Then it waits for the reader instead of exiting 75 "another runner holds the queue"
-    assert res.returncode == 0, res.stdout + res.stderr
-    assert QueueView(queue).states_of(["a"]) == {"a": ["done"]}
-
-
 # How `late` comes to wait, claimed, after `first` started: queued behind it in its one
 # worker, or held back by the runner for want of memory (two workers, budget for one job).
 WAITS = {

@@ -108,3 +108,28 @@ def test_the_lock_moves_with_the_queue_folder(tmp_path: Path) -> None:
         assert not q.runner_lock_intact()
         fresh.close()
     q.close()
+
+
+def test_a_runner_whose_queue_folder_is_moved_away_and_replaced_stops_with_74(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given a runner in the middle of a job
+    stage(tmp_path)
+    queue, out = tmp_path / "q", tmp_path / "out"
+    pidfile = tmp_path / "job.pid"
+    manifest = write_manifest([py_job("slow", "sleep_then_write", s=30, pidfile=str(pidfile))])
+    first = Runner(manifest, *cli_args(queue, out, "--workers", "1"))
+    try:
+        wait_for_pid(pidfile)
+
+        # When its queue folder is moved away and a new one made at its path (where a
+        # second runner could start, and where the first one's paths now lead)
+        queue.rename(tmp_path / "q.moved")
+        queue.mkdir()
+
+        # Then it stops with 74 within a second or two, saying why; the job stays in the
+        # folder it was moved with, for that folder's next runner
+        assert first.wait(10) == ExitCode.IO_ERROR, (first.lines, first.stderr())
+        assert "no longer the queue folder this runner locked" in first.stderr()
+    finally:
+        first.close()
+    assert QueueView(tmp_path / "q.moved").states_of(["slow"]) == {"slow": ["running"]}
