@@ -273,19 +273,25 @@ def ceiling_lifted(slot_path: str, limit_bytes: int) -> bool:
     return any(_read_int(f) != limit_bytes for f in _limit_files(slot_path))
 
 
-def in_slot(slot_path: str) -> bool:
-    """Worker side, after a job: whether this process is still in its slot's cgroup.
+def _memory_cgroup(proc_cgroup: str) -> str:
+    """The memory controller's path in a /proc/PID/cgroup text (v1 line, else v2's)."""
+    for line in proc_cgroup.splitlines():
+        _, controllers, cg_path = line.split(":", 2)
+        if "memory" in controllers.split(",") or controllers == "":
+            return cg_path
+    return "\0"  # never a suffix of a real path
+
+
+def own_memory_cgroup() -> str:
+    """Worker side: this process's memory cgroup as /proc shows it, to compare with what it
+    showed once the runner adopted it into its slot (not with the slot's path: inside a
+    container the two differ by the mount's root).
 
     A job running as root can move its worker into another cgroup (write our pid to that
     cgroup's ``cgroup.procs``): its ceiling and its peak would no longer apply, to it or to
     any later job of this worker. One pread on a kept descriptor (~5-13 us); named by pid,
     not /proc/self, because kept descriptors are inherited by a fork."""
-    text = _read_text(f"/proc/{os.getpid()}/cgroup")
-    for line in text.splitlines():
-        _, controllers, path = line.split(":", 2)
-        if "memory" in controllers.split(",") or controllers == "":
-            return slot_path.endswith(path)
-    return False
+    return _memory_cgroup(_read_text(f"/proc/{os.getpid()}/cgroup"))
 
 
 def peak_is_per_job(slot_path: str) -> bool:
@@ -383,11 +389,7 @@ def _signal_members(procs_file: Path, sig: int) -> list[int]:
 
 
 def _cgroup_of(pid: int) -> str:
-    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
-        _, controllers, cg_path = line.split(":", 2)
-        if "memory" in controllers.split(",") or controllers == "":
-            return cg_path
-    return "\0"  # never a suffix of a real path
+    return _memory_cgroup(Path(f"/proc/{pid}/cgroup").read_text())
 
 
 def _wait_pids_gone(pids: list[int], deadline: float) -> None:

@@ -48,8 +48,8 @@ from renderctl.gate import StartGate
 from renderctl.guards import (
     LimitBelowUsage,
     ceiling_lifted,
-    in_slot,
     kept_fds,
+    own_memory_cgroup,
     peak_is_per_job,
     reset_job_peak,
     set_job_limit,
@@ -214,6 +214,7 @@ class Worker:
         self.retire_reason = ""  # set when this worker must not run another job
         self.retire_kind = DropKind.RETIRE
         self.held_base: int | None = None  # what the slot held before the first job
+        self.slot_cgroup = ""  # our memory cgroup once in the slot (see own_memory_cgroup)
         # What earlier jobs left held here (below the allowance): added to the next job's
         # ceiling, so that a job's fate does not depend on what ran before it.
         self.carried = 0
@@ -322,6 +323,8 @@ class Worker:
         worker too big for it retires instead."""
         if self.held_base is None:
             self.held_base = self._held()
+            if self.config.slot_path:  # adopted into the slot by now: how /proc shows it
+                self.slot_cgroup = own_memory_cgroup()
         if not self.config.slot_path:
             return True
         limit = job.memory_limit_bytes + self.carried
@@ -411,7 +414,7 @@ class Worker:
         peak = max(0, peak - carried)
         fields["peak_memory_bytes"] = peak
         limit = job.memory_limit_bytes
-        if job.spec["kind"] == "python" and not in_slot(slot):
+        if job.spec["kind"] == "python" and own_memory_cgroup() != self.slot_cgroup:
             # Its code ran in this process, as root, and moved it out of the slot: nothing
             # it or a later job here uses is charged or limited any more.
             self.retire_reason = "a job moved its worker out of its memory slot; retiring"

@@ -436,6 +436,32 @@ def test_a_job_that_moves_its_worker_out_of_its_slot_is_caught_and_the_next_job_
     assert env.record("done", "next")["result"]["peak_memory_bytes"] >= 150 * MB
 
 
+@pytest.mark.skipif(not cgroup_v1_writable() or shutil.which("unshare") is None,
+                    reason="needs a writable cgroup v1 memory controller and unshare")
+def test_python_jobs_run_where_the_cgroup_mount_does_not_start_at_the_root(env: Env) -> None:
+    # Given a cgroup v1 memory mount whose root is our own cgroup, not the hierarchy's (as
+    # in a container without a cgroup namespace: /proc/self/cgroup then shows paths the
+    # mount does not), in a private mount namespace that nothing else sees
+    m = env.manifest([job("py1", "write_pdf"), job("py2", "write_pdf")],
+                     defaults={"max_attempts": 1})
+    own = next(line.split(":", 2)[2] for line in Path("/proc/self/cgroup").read_text().split()
+               if line.split(":", 2)[1] == "memory")
+    mnt = env.root / "mnt"
+    mnt.mkdir()
+    script = (f"mount --bind /sys/fs/cgroup/memory{own} {mnt} && "
+              f"umount -l /sys/fs/cgroup/memory && mount --move {mnt} /sys/fs/cgroup/memory && "
+              'exec "$@"')
+    res = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script, "sh",
+                          *RENDERCTL, "run", str(m), *env.qargs(), "--workers", "1",
+                          "--memory-guard", "cgroup-v1"],
+                         capture_output=True, text=True, timeout=120)
+
+    # When they run there, then they complete (a worker is not taken for one that left
+    # its slot because the two views of its cgroup differ)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert env.ids_in("done") == {"py1", "py2"}
+
+
 # -- 3. cancel ---------------------------------------------------------------------------------
 
 
