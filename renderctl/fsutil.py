@@ -163,46 +163,6 @@ def rename_noreplace(src: str | os.PathLike[str], dst: str | os.PathLike[str], *
         raise OSError(err, os.strerror(err), str(src))
 
 
-class _OpenHow(ctypes.Structure):
-    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64),
-                ("resolve", ctypes.c_uint64)]
-
-
-_SYS_OPENAT2 = 437  # the same number on every architecture Linux added it to in 5.6
-_RESOLVE_BENEATH = 0x08
-_openat2_missing = False
-
-
-def open_beneath(root: str | os.PathLike[str], rel: str) -> int | None:
-    """A descriptor (O_PATH) of folder ``root/rel``, resolved by the kernel without leaving
-    ``root``: a symlink that points out of it (or ``..`` above it) fails with EXDEV, so
-    what is done through the descriptor stays inside ``root`` even if a folder on the way
-    is swapped for such a symlink after any earlier check. None where the kernel has no
-    openat2 (before 5.6, or a seccomp filter refusing it): the caller falls back to a
-    path check."""
-    global _openat2_missing  # one probe per process: the kernel does not change under us
-    if _openat2_missing:
-        return None
-    rfd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        if rel in ("", "."):
-            return os.dup(rfd)
-        how = _OpenHow(os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, 0, _RESOLVE_BENEATH)
-        libc = _get_libc()
-        fd = libc.syscall(ctypes.c_long(_SYS_OPENAT2), ctypes.c_int(rfd),
-                          ctypes.c_char_p(os.fsencode(rel)), ctypes.byref(how),
-                          ctypes.c_size_t(ctypes.sizeof(how)))
-        if fd < 0:
-            err = ctypes.get_errno()
-            if err in (errno.ENOSYS, errno.EPERM):
-                _openat2_missing = True
-                return None
-            raise OSError(err, os.strerror(err), os.path.join(os.fspath(root), rel))
-        return int(fd)
-    finally:
-        os.close(rfd)
-
-
 def unlink_quiet(path: str | os.PathLike[str]) -> bool:
     """Remove a file; a missing file is fine (another actor got there first), and so is a
     path through a file (``out/sub/x`` where ``sub`` is a file: nothing can be there)."""

@@ -19,7 +19,7 @@ import os
 from enum import StrEnum
 from pathlib import Path
 
-from renderctl.fsutil import open_beneath, rename_noreplace, unlink_quiet
+from renderctl.fsutil import rename_noreplace, unlink_quiet
 from renderctl.manifest import RESERVED_PREFIX
 
 DIR_MARKER = ".rctl-job"
@@ -70,20 +70,28 @@ def check_confined(root: Path, final: Path) -> None:
         raise OutputEscapes(f"{final} is a symlink")
 
 
-def output_folder(root: Path, final: Path) -> int | None:
-    """A descriptor of ``final``'s folder, opened so that it cannot be outside ``root``
-    (``fsutil.open_beneath``); OutputEscapes if it would be. Without openat2, None after
-    the path check ``check_confined`` (then a symlink swapped in between the check and the
-    publish is not caught: kernels before 5.6 only)."""
+def output_folder(root_real: str, final: Path) -> int:
+    """A descriptor (O_PATH) of ``final``'s folder, where that folder really is: inside the
+    output root, whose real path is ``root_real``, or OutputEscapes.
+
+    The folder is opened first (following any symlink, as a path check would) and judged
+    by where the kernel says the descriptor points, so what is done through it afterwards
+    happens there, whatever is swapped on the way after the check. A symlink that stays
+    inside the root is fine, as everywhere else; only one leading out is refused."""
+    fd = os.open(final.parent, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        fd = open_beneath(root, os.path.relpath(final.parent, root))
-    except OSError as exc:
-        if exc.errno in (errno.EXDEV, errno.ELOOP):
-            raise OutputEscapes(f"{final.parent} resolves outside the output root {root}") \
-                from None
-        raise
-    if fd is None:
-        check_confined(root.resolve(), final)
+        real = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        os.close(fd)
+        check_confined(Path(root_real), final)  # no /proc: the path check, with its window
+        return os.open(final.parent, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    if real.endswith(" (deleted)"):
+        os.close(fd)
+        raise FileNotFoundError(errno.ENOENT, "folder removed", str(final.parent))
+    if root_real != "/" and real != root_real and not real.startswith(root_real + os.sep):
+        os.close(fd)
+        raise OutputEscapes(f"{final.parent} resolves to {real}, outside the output root "
+                            f"{root_real}")
     return fd
 
 

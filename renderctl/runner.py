@@ -327,6 +327,7 @@ class Runner:
         self._specs = all_specs()
         self._dev_cache: dict[str, int] = {}
         self._confined: set[tuple[str, str]] = set()
+        self._roots_real: dict[str, str] = {}  # output root -> its real path, for publishing
         self._unsynced_claims = False
         self._oldest_completion = 0.0
         self._start_failures = 0
@@ -1625,10 +1626,10 @@ class Runner:
             self.crash_point("publish:before_link")
         linked: list[Assignment] = []
         restaged = False
-        # Each output folder opened once per commit, from its root, by the kernel's own
-        # confined lookup: the claim's check of the path is long past, and a folder swapped
-        # for a symlink out of the root since must not carry the output there.
-        folders: dict[tuple[str, str], int | None] = {}
+        # Each output folder opened once per commit and judged by where its descriptor
+        # points (publish.output_folder): the claim's check of the path is long past, and a
+        # folder swapped for a symlink out of the root since must not carry the output there.
+        folders: dict[tuple[str, str], int] = {}
         try:
             for a, i, fin in to_link:
                 token = a.claim.lease.token if fin.owner_tagged else None
@@ -1637,7 +1638,10 @@ class Runner:
                 try:
                     key = (root, str(a.final.parent))
                     if key not in folders:
-                        folders[key] = output_folder(Path(root), a.final)
+                        real = self._roots_real.get(root)
+                        if real is None:
+                            real = self._roots_real[root] = os.path.realpath(root)
+                        folders[key] = output_folder(real, a.final)
                     status = publish(a.tmp, a.final, is_dir=a.output_kind == "dir",
                                      token=token, dir_fd=folders[key])
                 except OutputEscapes as exc:
@@ -1663,8 +1667,7 @@ class Runner:
                 restaged = True
         finally:
             for fd in folders.values():
-                if fd is not None:
-                    os.close(fd)
+                os.close(fd)
         if linked:
             self.crash_point("publish:after_link")
         if restaged:

@@ -60,7 +60,7 @@ def test_someone_elses_file_is_never_replaced(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("token", [None, "t:a:1"])
-def test_an_output_folder_opened_from_the_root_publishes_there_even_if_swapped_after(
+def test_an_output_folder_opened_for_publishing_stays_the_one_checked_if_swapped_after(
         tmp_path: Path, token: str | None) -> None:
     # Given a folder in the output root, opened for publishing, then swapped for a symlink
     # out of the root before the publish itself
@@ -71,8 +71,7 @@ def test_an_output_folder_opened_from_the_root_publishes_there_even_if_swapped_a
     tmp = staged(final, "a", 1, b"ours")
     if token:
         assert tag_output(tmp, token)
-    fd = output_folder(root, final)
-    assert fd is not None, "this kernel has openat2 (5.6+)"
+    fd = output_folder(str(root), final)
     try:
         (root / "sub").rename(root / "sub.old")
         (root / "sub").symlink_to(elsewhere)
@@ -96,19 +95,30 @@ def test_an_output_folder_reached_through_a_symlink_out_of_the_root_escapes(
     elsewhere.mkdir()
     (root / "sub").symlink_to(elsewhere if link == "absolute" else Path("..") / "elsewhere")
     with pytest.raises(OutputEscapes, match="outside the output root"):
-        output_folder(root, root / "sub" / "a.pdf")
+        output_folder(str(root), root / "sub" / "a.pdf")
 
 
-def test_a_symlink_that_stays_inside_the_root_is_followed(tmp_path: Path) -> None:
+@pytest.mark.parametrize("link", ["relative", "absolute", "up-and-back"])
+def test_a_symlink_that_stays_inside_the_root_is_followed(tmp_path: Path, link: str) -> None:
     root = tmp_path / "out"
     (root / "real").mkdir(parents=True)
-    (root / "alias").symlink_to("real")
-    fd = output_folder(root, root / "alias" / "deeper.pdf")
-    assert fd is not None
+    (root / "deep").mkdir()
+    target = {"relative": Path("..") / "real", "absolute": root / "real",
+              "up-and-back": Path("..") / ".." / "out" / "real"}[link]
+    (root / "deep" / "alias").symlink_to(target)
+    fd = output_folder(str(root), root / "deep" / "alias" / "a.pdf")
     try:
         assert os.path.samestat(os.stat(fd), os.stat(root / "real"))
     finally:
         os.close(fd)
+
+
+def test_a_folder_removed_before_the_publish_is_gone_not_an_escape(tmp_path: Path) -> None:
+    root = tmp_path / "out"
+    (root / "sub").mkdir(parents=True)
+    (root / "sub").rmdir()
+    with pytest.raises(FileNotFoundError):
+        output_folder(str(root), root / "sub" / "a.pdf")
 
 
 def test_a_symlink_loop_on_the_way_is_an_escape_not_a_crash(tmp_path: Path) -> None:
