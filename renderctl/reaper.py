@@ -53,6 +53,8 @@ class Reaper:
             proc = subprocess.Popen(
                 [sys.executable, "-I", "-S", os.path.abspath(__file__), str(r)],
                 pass_fds=(r,), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                # Not the runner's stderr: a reader of it would wait for the reaper too.
+                stderr=subprocess.DEVNULL,
                 # Not holding the runner's working folder (an unmount must not find it busy).
                 cwd="/",
                 # Its own session: a Ctrl-C or hang-up meant for the runner's terminal must
@@ -63,6 +65,9 @@ class Reaper:
             raise
         finally:
             os.close(r)
+        # A reaper that stops reading (stopped, traced) must not hang the runner once the
+        # pipe is full: a write that would block fails, and watch() shrugs it off.
+        os.set_blocking(w, False)
         return cls(proc, w)
 
     def watch(self, pid: int) -> None:
@@ -145,9 +150,9 @@ def _live_descendants(pid: int) -> dict[int, int]:
     return found
 
 
-def _kill(pid: int, parent: int) -> None:
-    """SIGKILL ``pid`` if it is still ``parent``'s child (a pidfd pins the process first:
-    between our read of the tree and the signal, the pid may have been reused)."""
+def _signal(pid: int, parent: int, sig: int) -> None:
+    """Send ``sig`` to ``pid`` if it is still ``parent``'s child (a pidfd pins the process
+    first: between our read of the tree and the signal, the pid may have been reused)."""
     try:
         pfd = os.pidfd_open(pid)
     except OSError:
@@ -155,7 +160,7 @@ def _kill(pid: int, parent: int) -> None:
     try:
         fields = _stat(pid)
         if fields is not None and int(fields[1]) == parent:
-            signal.pidfd_send_signal(pfd, signal.SIGKILL)
+            signal.pidfd_send_signal(pfd, sig)
     except OSError:
         pass
     finally:
@@ -163,17 +168,23 @@ def _kill(pid: int, parent: int) -> None:
 
 
 def _kill_tree(pid: int, pidfd: int) -> None:
+    """Freeze the worker and its descendants (SIGSTOP cannot be blocked, and a stopped
+    process cannot fork), then SIGKILL them all: a tree that forks faster than it can be
+    killed one by one is caught whole."""
+    with contextlib.suppress(OSError):
+        signal.pidfd_send_signal(pidfd, signal.SIGSTOP)
+    stopped: dict[int, int] = {}
     deadline = time.monotonic() + TREE_KILL_BOUND_S
     while time.monotonic() < deadline:
-        if select.select([pidfd], [], [], 0)[0]:
-            return  # the worker is gone (its own handler was in time), and its tree with it
         kids = _live_descendants(pid)
-        if not kids:
-            break
-        for kid, parent in kids.items():
-            _kill(kid, parent)
-        # Their own children are the worker's once they die (it is a subreaper): look again.
-        time.sleep(0.002)
+        new = {k: p for k, p in kids.items() if k not in stopped}
+        if not new:
+            break  # nothing appeared since the last round: the tree is frozen whole
+        for kid, parent in new.items():
+            _signal(kid, parent, signal.SIGSTOP)
+        stopped.update(new)
+    for kid, parent in stopped.items():
+        _signal(kid, parent, signal.SIGKILL)
     with contextlib.suppress(OSError):
         signal.pidfd_send_signal(pidfd, signal.SIGKILL)
 
