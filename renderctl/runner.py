@@ -337,6 +337,7 @@ class Runner:
         self._urgent = select.poll()
         self._outgoing: dict[WorkerHandle, list[object]] = {}  # batched by _dispatch
         self._spare_slots: list[Slot] = []  # slots of retired workers, for their successors
+        self._parked: list[Slot] = []  # dead workers' slots whose processes are still dying
         self._next_index = 0  # the highest worker index used so far
         self._successors_due = 0  # retired this dispatch round; spawned at its end
 
@@ -452,10 +453,11 @@ class Runner:
         if self.reaper is not None:
             self.reaper.close()  # our workers are gone: it has nothing left to kill
             self.reaper = None
-        for slot in self._spare_slots:
+        for slot in [*self._spare_slots, *self._parked]:
             with contextlib.suppress(Exception):
                 slot.close()
         self._spare_slots.clear()
+        self._parked.clear()
         if self.guard is not None:
             with contextlib.suppress(Exception):
                 self.guard.close()
@@ -771,6 +773,8 @@ class Runner:
             else:
                 if now >= self._next_poll:
                     self._check_folder()
+                    if self._parked:
+                        self._settle_parked()
                     self.q.poll_new(self.index)
                     self._rescan(now)
                     self._next_poll = now + self.s.poll_interval_s
@@ -1342,38 +1346,52 @@ class Runner:
         unlink_quiet(w.gate.path)
         respawn = not w.replaced and self.stop_signal is None \
             and (not self._finished() or self.s.follow)
-        if (w.replaced or respawn) and not w.stale_slot and not self._slot_reusable(w.slot):
-            w.stale_slot = True
-        if w.replaced and not w.stale_slot:
+        dying = False
+        if (w.replaced or respawn) and not w.stale_slot:
+            verdict = self._slot_verdict(w.slot)
+            dying = verdict is None
+            w.stale_slot = verdict is False
+        if dying:
+            # What it held cannot be told while its processes die (a big one takes tens of
+            # ms to go): its successor gets another slot, and this one is judged later
+            # (_settle_parked) rather than waited for on the loop's thread.
+            self._parked.append(w.slot)
+        elif w.replaced and not w.stale_slot:
             self._spare_slots.append(w.slot)  # emptied above; its successor already runs
-        elif w.replaced:
+        elif not respawn or w.stale_slot:
             with contextlib.suppress(Exception):
                 w.slot.close()
-        elif respawn:
-            slot: Slot | None = w.slot
-            if w.stale_slot:
-                with contextlib.suppress(Exception):
-                    w.slot.close()
-                slot = None
-            self._spawn(w.index, slot)
-        else:
-            with contextlib.suppress(Exception):
-                w.slot.close()
+        if respawn:
+            self._spawn(w.index, None if dying or w.stale_slot else w.slot)
 
     @staticmethod
-    def _slot_reusable(slot: Slot) -> bool:
-        """Whether a dead worker's slot may serve its successor: nothing of its tree is still
-        there, and it holds no more than a worker's leftover allowance. A worker checks what
-        a job left only when the job ends in it; a job killed for its timeout or its memory
-        can leave a file in /dev/shm charged to the slot, which would count against every
-        later job's ceiling there (an innocent one killed for memory it never used)."""
+    def _slot_verdict(slot: Slot) -> bool | None:
+        """Whether a dead worker's slot may serve another worker: True if nothing of its
+        tree is left there and it holds no more than a worker's leftover allowance, False if
+        it holds more, None while its processes are still dying. A worker checks what a job
+        left only when the job ends in it; a job killed for its timeout or its memory can
+        leave a file in /dev/shm charged to the slot, which would count against every later
+        job's ceiling there (an innocent one killed for memory it never used)."""
         try:
             if slot.pids():
-                return False  # still dying: what it holds cannot be told yet
+                return None
             held = slot.held_bytes()
         except (OSError, ValueError):
             return False
         return held is None or held <= LEFTOVER_ALLOWANCE_BYTES
+
+    def _settle_parked(self) -> None:
+        """Judge the slots parked while their processes died: spare, or removed."""
+        for slot in list(self._parked):
+            verdict = self._slot_verdict(slot)
+            if verdict is None:
+                continue
+            self._parked.remove(slot)
+            if verdict:
+                self._spare_slots.append(slot)
+            else:
+                with contextlib.suppress(Exception):
+                    slot.close()
 
     def _killed(self, w: WorkerHandle, a: Assignment, code: int | None, *,
                 read_tail: bool = True) -> Finished:
