@@ -152,6 +152,9 @@ def is_queue(path: Path) -> bool:
         return False  # anything else (EACCES, EIO) is a real I/O error: exit 74
 
 
+NOT_CONTENT = frozenset({"lost+found", ".gitkeep", ".keep", ".DS_Store"})
+
+
 def queue_problem(path: Path, *, creating: bool) -> str | None:
     """What is wrong with ``path`` as a command's queue (None: nothing). A command that
     creates queues takes a missing or empty folder; any other folder that is not a queue is
@@ -166,7 +169,9 @@ def queue_problem(path: Path, *, creating: bool) -> str | None:
         return "is not a renderctl queue (no pending/ folder)"
     try:
         with os.scandir(path) as entries:
-            empty = next(entries, None) is None
+            # What a fresh file system (lost+found: a queue on its own disk) or a folder kept
+            # in version control (.gitkeep) holds still counts as empty: no user files.
+            empty = all(e.name in NOT_CONTENT for e in entries)
     except FileNotFoundError:
         return None
     return None if empty else ("is not a renderctl queue and not empty (a new queue needs a "

@@ -76,11 +76,17 @@ def test_run_without_manifests_does_not_make_a_folder_a_queue(tmp_path: Path) ->
     assert sorted(p.name for p in proj.iterdir()) == ["notes"]
 
 
-def test_an_empty_folder_or_an_existing_queue_takes_a_submit(tmp_path: Path,
-                                                            manifest: Path) -> None:
-    # Given an empty folder made for the queue
+@pytest.mark.parametrize("holding", [None, "lost+found", ".gitkeep"])
+def test_an_empty_folder_or_an_existing_queue_takes_a_submit(tmp_path: Path, manifest: Path,
+                                                            holding: str | None) -> None:
+    # Given an empty folder made for the queue (or a file system's root, with its
+    # lost+found, or a folder kept in git)
     q = tmp_path / "q"
     q.mkdir()
+    if holding == "lost+found":
+        (q / holding).mkdir()
+    elif holding:
+        (q / holding).touch()
     # Then a submit makes it a queue, and a second submit adds to that queue
     first = cli("submit", manifest, "--queue", q, cwd=tmp_path)
     assert first.returncode == 0, first.stderr
