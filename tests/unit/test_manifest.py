@@ -782,6 +782,131 @@ def test_a_symlink_loop_on_the_way_to_an_output_is_a_problem(
     assert_reported(problems([path], out_root), field="output", message="loop/x.pdf: ")
 
 
+def _confinement_tree(tmp_path: Path, out_root: Path) -> Path:
+    """An output root with symlinks of every kind on the way to outputs; returns the folder
+    outside it that some of them lead to."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "a-file").write_text("")
+    (out_root / "real" / "sub").mkdir(parents=True)
+    (out_root / "real" / "file").write_text("")
+    links = {
+        # inside the root
+        "abs-in": out_root / "real",  # absolute
+        "rel-in": Path("..") / out_root.name / "real",  # climbs out with .. and comes back
+        "rel-sib": Path("real") / "sub",
+        "real/up": Path(".."),  # the root itself, from a folder in it
+        "self": Path("."),
+        "dangling-in": out_root / "not-yet",
+        "to-file-in": out_root / "real" / "file",
+        # out of it
+        "abs-out": elsewhere,
+        "rel-out": Path("..") / "elsewhere",
+        "up-out": Path(".."),
+        "dangling-out": tmp_path / "nothing",
+        "to-file-out": tmp_path / "a-file",
+        "loop": out_root / "loop",
+        "ping": Path("pong"),
+        "pong": Path("ping"),
+    }
+    for name, target in links.items():
+        (out_root / name).symlink_to(target)
+    # out of the root and back in
+    (elsewhere / "back").symlink_to(out_root / "real")
+    return elsewhere
+
+
+@pytest.mark.parametrize("output", [
+    "abs-in/x.pdf", "abs-in/new/x.pdf", "rel-in/x.pdf", "rel-sib/x.pdf", "real/up/real/x.pdf",
+    "self/self/real/x.pdf", "dangling-in/x.pdf", "dangling-in/new/x.pdf",
+    # a file where a folder should be is the runner's error when the job runs (the file may
+    # be gone by then), not this check's: it never was
+    "real/file/x.pdf", "real/file/new/x.pdf", "to-file-in/x.pdf",
+])
+def test_an_output_reached_through_symlinks_that_stay_inside_the_root_is_accepted(
+        tmp_path: Path, folder: Path, out_root: Path, write_manifest: Any, output: str) -> None:
+    _confinement_tree(tmp_path, out_root)
+    path = write_manifest([job(output=output)], folder=folder)
+    [spec] = load_manifests([path], out_root=out_root)
+    assert spec.output == output
+
+
+@pytest.mark.parametrize(("output", "link", "to"), [
+    ("abs-out/x.pdf", "abs-out", "elsewhere"),
+    ("rel-out/new/deeper/x.pdf", "rel-out", "elsewhere"),
+    ("up-out/x.pdf", "up-out", ""),
+    ("real/up/abs-out/x.pdf", "real/up/abs-out", "elsewhere"),
+    ("dangling-out/x.pdf", "dangling-out", "nothing"),
+    ("to-file-out/x.pdf", "to-file-out", "a-file"),
+    # back inside in the end, but the runner publishes by a lookup that may not leave the
+    # root at all (openat2 RESOLVE_BENEATH), which refuses it
+    ("abs-out/back/x.pdf", "abs-out", "elsewhere"),
+])
+def test_an_output_reached_through_a_symlink_out_of_the_root_names_that_symlink(
+        tmp_path: Path, folder: Path, out_root: Path, write_manifest: Any,
+        output: str, link: str, to: str) -> None:
+    _confinement_tree(tmp_path, out_root)
+    path = write_manifest([job(output=output)], folder=folder)
+    [found] = problems([path], out_root)
+    target = tmp_path / to if to else tmp_path
+    assert (found.job, found.field, found.message) == (
+        "j1", "output",
+        f"{output}: {out_root / link} resolves to {target}, outside the output root {out_root}")
+
+
+@pytest.mark.parametrize(("output", "link"), [
+    ("loop/x.pdf", "loop"), ("loop/new/x.pdf", "loop"), ("ping/x.pdf", "ping"),
+    ("real/up/pong/x.pdf", "real/up/pong"),
+])
+def test_a_symlink_loop_is_named_where_it_is(
+        tmp_path: Path, folder: Path, out_root: Path, write_manifest: Any,
+        output: str, link: str) -> None:
+    _confinement_tree(tmp_path, out_root)
+    path = write_manifest([job(output=output)], folder=folder)
+    [found] = problems([path], out_root)
+    assert (found.field, found.message) == ("output",
+                                            f"{output}: {out_root / link} is a symlink loop")
+
+
+def test_each_output_through_a_symlink_out_is_reported_under_its_own_name(
+        tmp_path: Path, folder: Path, out_root: Path, write_manifest: Any,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given many outputs under one symlink out of the root, and many in folders not there yet
+    elsewhere = _confinement_tree(tmp_path, out_root)
+    outputs = [f"abs-out/{d}/{n}.pdf" for d in ("a", "b") for n in ("x", "y")]
+    fresh = [f"new{i}/x/y.pdf" for i in range(50)]
+    path = write_manifest([job(id=f"j{i}", output=o) for i, o in enumerate(outputs + fresh)],
+                          folder=folder)
+    resolved: list[str] = []
+    realpath = os.path.realpath
+
+    def counting(p: Any, **kw: Any) -> Any:
+        resolved.append(os.fspath(p))
+        return realpath(p, **kw)
+
+    monkeypatch.setattr(os.path, "realpath", counting)
+    # When loaded
+    found = problems([path], out_root)
+    # Then each names its own output (one verdict per folder, not the first output's words)
+    assert [(p.job, p.message) for p in found] == [
+        (f"j{i}", f"{o}: {out_root / 'abs-out'} resolves to {elsewhere}, outside the output "
+                  f"root {out_root}") for i, o in enumerate(outputs)]
+    # And the symlink was resolved once for all of them, and no folder not there at all
+    assert [p for p in resolved if p.startswith(f"{out_root}/")] == [str(out_root / "abs-out")]
+
+
+def test_an_output_path_too_long_to_look_up_is_a_problem(
+        folder: Path, out_root: Path, write_manifest: Any) -> None:
+    # Given an output valid by itself (4085 bytes) that is too long for the kernel (4096
+    # bytes with its NUL) once under the output root: nothing could ever be made there
+    out_root.mkdir()
+    output = "/".join(["m" * 254] * 16) + "/x.pdf"
+    path = write_manifest([job(output=output)], folder=folder)
+    # When loaded, Then it is a problem, as it was when check_confined made the check
+    [found] = problems([path], out_root)
+    assert found.field == "output" and "File name too long" in found.message
+
+
 def test_an_output_inside_another_jobs_output_is_a_problem(
         folder: Path, out_root: Path, write_manifest: Any) -> None:
     # Given outputs one of which is the folder of another (in either order), a split job's
@@ -828,11 +953,23 @@ else:
 DROP_READ_CAPS = "-dac_override,-dac_read_search,-fowner"
 
 
+def unprivileged_problems(path: Path, out_root: Path) -> Any:
+    """``load_manifests``' problems as [job, field, message], found by a process that
+    cannot read or search what its mode forbids, even as root (the runner's workers)."""
+    if os.geteuid() == 0 and shutil.which("setpriv") is None:
+        pytest.skip("root reads any file, and setpriv (to drop that) is missing")
+    prefix = ["setpriv", f"--inh-caps={DROP_READ_CAPS}", f"--bounding-set={DROP_READ_CAPS}",
+              "--"] if os.geteuid() == 0 else []
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    proc = subprocess.run([*prefix, sys.executable, "-c", LOAD_PROBLEMS, str(path),
+                           str(out_root)], capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
 def test_an_input_that_cannot_be_read_is_a_problem(folder: Path, out_root: Path,
                                                    write_manifest: Any) -> None:
     # Given an input file nobody may read (mode 000), and one in a folder nobody may search
-    if os.geteuid() == 0 and shutil.which("setpriv") is None:
-        pytest.skip("root reads any file, and setpriv (to drop that) is missing")
     (folder / "in" / "secret.json").write_text("{}")
     (folder / "in" / "secret.json").chmod(0)
     (folder / "shut").mkdir()
@@ -844,18 +981,35 @@ def test_an_input_that_cannot_be_read_is_a_problem(folder: Path, out_root: Path,
         {"id": "fine", "kind": "invoice", "input": "in/a.json", "output": "f.pdf"}],
         folder=folder)
     # When it is validated by a process that cannot read them either (the runner's workers)
-    prefix = ["setpriv", f"--inh-caps={DROP_READ_CAPS}", f"--bounding-set={DROP_READ_CAPS}",
-              "--"] if os.geteuid() == 0 else []
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     try:
-        proc = subprocess.run([*prefix, sys.executable, "-c", LOAD_PROBLEMS, str(path),
-                               str(out_root)], capture_output=True, text=True, env=env,
-                              timeout=60)
+        found = unprivileged_problems(path, out_root)
     finally:
         (folder / "shut").chmod(0o755)
-    assert proc.returncode == 0, proc.stderr
     # Then both are reported, and nothing else
-    assert json.loads(proc.stdout) == [
+    assert found == [
         ["unreadable", "input", "in/secret.json: cannot be read: Permission denied"],
         ["unsearchable", "input", "shut/a.json: cannot be read: Permission denied"],
+    ]
+
+
+def test_an_output_folder_that_cannot_be_searched_is_a_problem(
+        folder: Path, out_root: Path, write_manifest: Any) -> None:
+    # Given an output root holding a folder nobody may search
+    (out_root / "shut").mkdir(parents=True)
+    (out_root / "shut").chmod(0)
+    path = write_manifest([job(id="in", output="shut/a.pdf"),
+                           job(id="beneath", output="shut/new/b.pdf"),
+                           job(id="fine", output="open/c.pdf")], folder=folder)
+    # When it is validated by a process that cannot search it either
+    try:
+        found = unprivileged_problems(path, out_root)
+    finally:
+        (out_root / "shut").chmod(0o755)
+    # Then an output in it or beneath it is a problem (whether a symlink on the way leads out
+    # cannot be told), as it was when check_confined made the check; the other is not
+    assert found == [
+        ["in", "output", "shut/a.pdf: [Errno 13] Permission denied: "
+                         f"'{out_root / 'shut' / '.rctl-'}'"],
+        ["beneath", "output", "shut/new/b.pdf: [Errno 13] Permission denied: "
+                              f"'{out_root / 'shut' / 'new' / '.rctl-'}'"],
     ]
