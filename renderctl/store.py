@@ -33,10 +33,12 @@ folder touched, not N fsyncs (MEASUREMENTS.md: fsyncs per job are the cost that 
 - **Locks**: ``.submit.lock`` (submits and journal replays, one at a time);
   ``.replace.lock``, held by a ``--replace`` while it re-checks and applies, taken shared
   and non-blocking by each claim batch (a claim skips a round rather than let a job be
-  claimed between a replace's check and its rename); the queue folder itself (one runner
-  per queue: a flock on the folder's descriptor, which no rename of a file inside it can
-  swap; readers take it shared for a moment, so a starting runner waits for a holder that
-  is not a live runner). ``runner.lock`` is only the holder's record (who, since when).
+  claimed between a replace's check and its rename); one runner per queue: a flock on
+  ``runner.lock`` (a regular file, never renamed over: the lock NFS shares between hosts,
+  and the one older versions took) and then on the queue folder's descriptor (which no
+  rename of a file inside it can swap); readers take both shared for a moment, so a
+  starting runner waits for a holder that is not a live runner. ``runner.json`` is the
+  holder's record (who, since when).
 - **Readers in other processes** (`show`, `status`) may read a running record's file just
   as the runner recycles it: a record is quarantined only if its path still names the file
   that was read, and a record of another id is never taken for the one looked up.
@@ -80,9 +82,12 @@ FORMAT_VERSION = 1
 LEASE_XATTR = "user.renderctl.lease"
 FREE_PREFIX = "free."  # tmp/free.*: retired record files kept for reuse
 HOLDER_FILE = "holder.{}.json"  # control/: who a token prefix is (see _write_lease)
-# How long a starting runner waits for runner.lock held by something that is not a live
+# How long a starting runner waits for the runner lock held by something that is not a live
 # runner (a `status` peeking, a `cancel` fixing an orphaned job: both take it briefly).
 LOCK_PATIENCE_S = 5.0
+RUNNER_LOCK = "runner.lock"  # flocked by the runner (and the queue folder: see runner_lock)
+RUNNER_RECORD = "runner.json"  # the holder's record: pid, host, boot id, start, guard
+LOCK_WAITER = "renderctl-lock-wait"  # the thread in which a starting runner waits (tests)
 REPLACE_LOCK = ".replace.lock"  # a replace holds it exclusively; a claim batch, shared
 # What reading a damaged record can raise; each means "quarantine it", never "crash".
 _CORRUPT = (ValueError, KeyError, TypeError, RecursionError, AttributeError)
@@ -329,7 +334,7 @@ class QueueBackend(Protocol):
 
 
 def _holder_alive(info: Mapping[str, Any]) -> bool | None:
-    """Whether runner.lock's recorded holder (a runner's Holder) runs: None if it is on
+    """Whether the holder record's runner (a runner's Holder) runs: None if it is on
     another host or its record is damaged (nothing here can tell), False if nobody wrote
     one (a reader holds the lock, not a runner)."""
     if not info.get("pid"):
@@ -1454,62 +1459,109 @@ class Queue:
         return counts
 
     # -- the runner lock --
-    # The lock is the queue folder's own flock, not runner.lock's: a file can be removed or
-    # renamed over while its runner holds it (`rm QUEUE/runner.lock`), and a second runner
-    # would then lock the new file and, believing every other runner dead, kill the first
-    # one's workers in recovery. The folder cannot be swapped under a runner that works in
-    # it: renamed away, it takes its lock along, and a runner started on it there is
-    # refused. runner.lock stays as the holder record that `status`, `cancel` and the
-    # exit-75 message read (and scripts may).
+    # Two flocks, taken in this order and held together while a runner runs:
+    #
+    # - runner.lock, a regular file that renderctl never renames over, opened read-write. On
+    #   NFS it is the one that works across hosts: a flock on a regular file goes to the
+    #   server (nfs_flock), while one on a folder stays local to one client (NFS has no flock
+    #   for folders), and the design has leases held by runners elsewhere. It is also the
+    #   file that versions before the folder lock flocked, so an older runner and this one
+    #   exclude each other, whichever starts first.
+    # - the queue folder itself: a file can be removed or renamed over while its runner holds
+    #   it (`rm QUEUE/runner.lock`), and a second runner would then lock the new file and,
+    #   believing every other runner dead, kill the first one's workers in recovery. The
+    #   folder cannot be swapped under a runner that works in it: renamed away, it takes its
+    #   lock along, and a runner started on it there is refused.
+    #
+    # Removing runner.lock under a runner on one host still lets a runner on another host in
+    # (the folder lock cannot reach it, and nothing at start-up can tell). The holder's
+    # record is runner.json, replaced by rename (never seen torn, and never renamed over the
+    # locked file); `status`, `cancel` and the exit-75 message read it, and scripts may.
     def _open_folder(self) -> int:
         return os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+
+    def _open_lock_file(self, folder: int) -> int:
+        """runner.lock in the folder open as ``folder`` (not wherever the path leads by
+        now), read-write: NFS grants an exclusive flock only on a file open for writing."""
+        try:
+            return os.open(RUNNER_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600,
+                           dir_fd=folder)
+        except OSError as exc:
+            raise QueueIOError(f"cannot open the runner lock {self.path / RUNNER_LOCK}: "
+                               f"{exc.strerror}") from exc
 
     @contextlib.contextmanager
     def runner_lock(self, holder: Holder) -> Iterator[None]:
         """Hold the one-runner-per-queue lock, or raise ``QueueBusy`` naming the holder."""
-        fd = self._open_folder()
+        deadline = time.monotonic() + LOCK_PATIENCE_S
+        folder = lock = -1
         try:
-            deadline = time.monotonic() + LOCK_PATIENCE_S
             while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    info = self.runner_info() or {}
-                    alive = _holder_alive(info)
-                    if alive is not False or time.monotonic() >= deadline:
-                        # A record judged dead is not who holds it now: ask the kernel.
-                        pid = info.get("pid") if alive is not False else (
-                            _flock_holder_pid(fd) or info.get("pid"))
-                        raise QueueBusy(f"another runner (pid {pid}) holds queue {self.path}",
-                                        holder_pid=pid) from None
-                    # Not a runner: `status` peeking (a shared lock for microseconds) or a
-                    # `cancel` fixing an orphan. A cron run must not be refused for that.
-                    time.sleep(0.02)
-                    continue
-                if os.path.samestat(os.fstat(fd), os.stat(self.path)):
+                folder = self._open_folder()
+                lock = self._open_lock_file(folder)
+                self._take(lock, deadline)
+                self._take(folder, deadline)
+                if os.path.samestat(os.fstat(folder), os.stat(self.path)):
                     break
                 # The folder was renamed away between our open and our lock, and another
                 # put in its place: that one is the queue we were asked to run.
-                os.close(fd)
-                fd = -1
-                fd = self._open_folder()
-            self._runner_fd = fd
+                for fd in (folder, lock):
+                    os.close(fd)
+                folder = lock = -1
+            if os.fstat(lock).st_size:
+                # An older version's record, kept inside its lock file: readers take a
+                # record found there for the holder's, and ours is runner.json.
+                try:
+                    os.ftruncate(lock, 0)
+                except OSError as exc:
+                    raise QueueIOError(f"cannot empty {self.path / RUNNER_LOCK}: "
+                                       f"{exc.strerror}") from exc
+            self._runner_fd = folder
             self.write_runner_info({**holder.to_json(), "started_at": self.clock.wall()})
             yield
         finally:
             self._runner_fd = None
-            if fd >= 0:
-                os.close(fd)
+            for fd in (folder, lock):
+                if fd >= 0:
+                    os.close(fd)
+
+    def _take(self, fd: int, deadline: float) -> None:
+        """flock ``fd`` exclusively, waiting until ``deadline`` if its holder is not a live
+        runner (`status` peeking, a `cancel` settling a dead runner's orphan: a cron run
+        must not be refused for those); else raise ``QueueBusy`` naming the holder."""
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            pass
+        info = self._holder_of(fd)
+        alive = _holder_alive(info)
+        if alive is False:
+            if _flock_within(fd, deadline - time.monotonic()):
+                return
+            info = self._holder_of(fd)  # who holds it now
+            alive = _holder_alive(info)
+        else:
+            # The holder may have let go since we tried: a runner's record names it until
+            # it exits, after it released the lock.
+            with contextlib.suppress(BlockingIOError):
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+        # A record judged dead is not who holds it now: ask the kernel.
+        pid = info.get("pid") if alive is not False else (
+            _flock_holder_pid(fd) or info.get("pid"))
+        raise QueueBusy(f"another runner (pid {pid}) holds queue {self.path}",
+                        holder_pid=pid)
 
     def write_runner_info(self, info: Mapping[str, Any]) -> None:
-        """Replace runner.lock's holder record (the lock holder's to call).
+        """Replace runner.json, the holder record (the lock holder's to call).
 
         Renamed into place, so a reader sees the old record or the new one, never a torn
         one. No fsync: after a power loss nobody holds the lock, and a record naming a
         runner of an earlier boot is judged dead."""
         tmp = self._tmp_name("lock")
         write_file(tmp, json.dumps(dict(info)).encode(), fsync=False)
-        os.replace(tmp, self.path / "runner.lock")
+        os.replace(tmp, self.path / RUNNER_RECORD)
 
     def runner_lock_intact(self) -> bool:
         """Whether the queue's path still names the folder this runner locked (False once
@@ -1522,37 +1574,48 @@ class Queue:
             return False
 
     def runner_info(self) -> dict[str, Any] | None:
-        """The live runner's holder record, or None if no runner holds the queue."""
+        """The live runner's holder record, or None if no runner holds the queue.
+
+        Peeks in the runner's order, runner.lock then the folder, each locked shared for a
+        moment (a starting runner waits for that)."""
         try:
-            fd = self._open_folder()
+            folder = self._open_folder()
         except (FileNotFoundError, NotADirectoryError):
             return None
+        lock = -1
         try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-            except BlockingIOError:
-                info = self._holder_record()
-                if not info.get("pid"):
-                    # runner.lock removed or overwritten by hand while its runner holds the
-                    # queue: the kernel still knows who holds the lock.
-                    info = _flock_holder(fd) or info
-                return info
-            return None  # we could lock it: nobody holds it
+            with contextlib.suppress(OSError):  # none yet: only the folder can tell
+                # O_NONBLOCK: a FIFO put there by hand must not hang `status`.
+                lock = os.open(RUNNER_LOCK, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC,
+                               dir_fd=folder)
+            for fd in (lock, folder):
+                if fd < 0:
+                    continue
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    return self._holder_of(fd)
+            return None  # we could lock both: nobody holds them
         finally:
-            os.close(fd)
+            for fd in (folder, lock):
+                if fd >= 0:
+                    os.close(fd)
+
+    def _holder_of(self, fd: int) -> dict[str, Any]:
+        """Who holds ``fd``'s file locked, as far as we can tell: the holder record or, if
+        none names a pid (runner.json removed by hand; a reader holds it, not a runner), the
+        process /proc/locks shows holding it exclusively; {} if neither does."""
+        info = self._holder_record()
+        if not info.get("pid"):
+            info = _flock_holder(fd) or info
+        return info
 
     def _holder_record(self) -> dict[str, Any]:
-        """runner.lock's record, or {} if it is missing or not one (a person's file there:
-        O_NONBLOCK so that a FIFO cannot hang us, and 4 KiB is more than a record needs)."""
-        try:
-            fd = os.open(self.path / "runner.lock", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-            try:
-                info = json.loads(os.read(fd, 4096))
-            finally:
-                os.close(fd)
-        except (OSError, ValueError):
-            return {}
-        return info if isinstance(info, dict) else {}
+        """The holder record: runner.lock's content if it is one (versions before runner.json
+        kept their record inside their lock file, which this one empties once it holds it),
+        else runner.json's; {} if neither is."""
+        old = _read_record(self.path / RUNNER_LOCK)
+        return old if old.get("pid") else _read_record(self.path / RUNNER_RECORD)
 
     def busy_runner(self) -> dict[str, Any] | None:
         """The holder record of a runner that holds the queue, judged as ``runner_lock``
@@ -1566,7 +1629,7 @@ class Queue:
     def signal_runner(self, sig: int) -> bool:
         info = self.runner_info()
         # Only a live runner: while a `cancel` holds the lock to fix a dead runner's orphan,
-        # the file still names the dead runner, whose pid may belong to someone else now.
+        # the record still names the dead runner, whose pid may belong to someone else now.
         if not info or _holder_alive(info) is not True:
             return False
         try:
@@ -1578,16 +1641,76 @@ class Queue:
     @contextlib.contextmanager
     def try_runner_lock(self) -> Iterator[bool]:
         """Hold the runner lock if free (True), else yield False; for offline fixes."""
-        fd = self._open_folder()
+        folder = self._open_folder()
+        lock = -1
         try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                yield False
-                return
+            lock = self._open_lock_file(folder)
+            for fd in (lock, folder):  # the runner's order
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    yield False
+                    return
             yield True
         finally:
+            for fd in (folder, lock):
+                if fd >= 0:
+                    os.close(fd)
+
+
+def _read_record(path: Path) -> dict[str, Any]:
+    """A holder record file's JSON object, or {} if it is missing or not one (a person's
+    file there: O_NONBLOCK so that a FIFO cannot hang us, and 4 KiB is more than a record
+    needs)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            info = json.loads(os.read(fd, 4096))
+        finally:
             os.close(fd)
+    except (OSError, ValueError):
+        return {}
+    return info if isinstance(info, dict) else {}
+
+
+def _flock_within(fd: int, timeout_s: float) -> bool:
+    """Lock ``fd`` exclusively, blocking at most ``timeout_s``; whether it is now held.
+
+    flock has no timeout, and an alarm signal to cut it short would need the main thread
+    and take SIGALRM from the program: a helper thread blocks in it instead, on a dup of
+    ``fd`` (a flock belongs to the open file, so once taken it is ``fd``'s). Blocking, not
+    polling: the lock is ours the moment its holder lets go, and /proc/locks shows the wait
+    (a "->" line). Given up on, the thread lets go of the lock as soon as it gets it."""
+    if timeout_s <= 0:
+        return False
+    import threading  # lazily: only a runner that finds its lock held needs it
+
+    dup = os.dup(fd)
+    cond = threading.Condition()
+    state = {"ended": False, "held": False, "abandoned": False}
+
+    def wait() -> None:
+        try:
+            fcntl.flock(dup, fcntl.LOCK_EX)
+            held = True
+        except OSError:
+            held = False
+        with cond:
+            if held and state["abandoned"]:
+                fcntl.flock(dup, fcntl.LOCK_UN)
+                held = False
+            state.update(ended=True, held=held)
+            cond.notify()
+        os.close(dup)
+
+    thread = threading.Thread(target=wait, name=LOCK_WAITER, daemon=True)
+    thread.start()
+    with cond:
+        if not cond.wait_for(lambda: state["ended"], timeout=timeout_s):
+            state["abandoned"] = True
+            return False
+    thread.join()  # gone before the runner forks its workers
+    return state["held"]
 
 
 def _flock_holder_pid(fd: int) -> int | None:

@@ -1,17 +1,25 @@
-"""One runner per queue, even when QUEUE/runner.lock is removed or replaced while it runs.
+"""One runner per queue, even when its lock files are removed or replaced while it runs,
+and even against a runner that only the lock file can show (another host, an older version).
 
-runner.lock is a file a person can `rm` or `mv` over; the exclusion must not depend on it.
-Real `renderctl run` processes, real files; nothing is mocked."""
+Two locks (renderctl/store.py, "the runner lock"): a flock on the queue folder, which no
+`rm` or `mv` inside it can swap, and one on the regular file runner.lock, the one a runner
+on another host sharing the queue over NFS can see (a flock on an NFS folder is local to
+one host) and the one versions before the folder lock took. The holder's record is
+runner.json. Real `renderctl run` processes, real files; nothing is mocked."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import subprocess
+import sys
+import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
-from jobfns import QueueView, Runner, cli_args, py_job, run_cli, stage, wait_for_pid
+from jobfns import QueueView, Runner, cli_args, py_job, run_cli, stage, wait_for_pid, wait_until
 
 from renderctl.errors import ExitCode
 
@@ -20,6 +28,9 @@ def _tamper(queue: Path, how: str) -> None:
     lock = queue / "runner.lock"
     if how == "removed":
         os.unlink(lock)  # `rm QUEUE/runner.lock`
+    elif how == "record removed":
+        # `rm QUEUE/runner.json`: the holder's pid then comes from the kernel (/proc/locks)
+        os.unlink(queue / "runner.json")
     else:
         # `mv newfile QUEUE/runner.lock`: a new inode under the old name
         new = queue / "newfile"
@@ -27,7 +38,7 @@ def _tamper(queue: Path, how: str) -> None:
         os.replace(new, lock)
 
 
-@pytest.mark.parametrize("how", ["removed", "replaced"])
+@pytest.mark.parametrize("how", ["removed", "replaced", "record removed"])
 def test_a_second_runner_is_refused_after_runner_lock_is_tampered_with(
         tmp_path: Path, write_manifest: Any, how: str) -> None:
     # Given a runner in the middle of a job
@@ -57,28 +68,62 @@ def test_a_second_runner_is_refused_after_runner_lock_is_tampered_with(
     assert QueueView(queue).states_of(["slow"]) == {"slow": ["done"]}
 
 
-def test_a_reader_peeking_at_the_lock_does_not_turn_a_starting_runner_away(
-        tmp_path: Path, write_manifest: Any) -> None:
-    import fcntl
-    import threading
-
-    # Given a reader holding the queue's lock shared (as `status` does for a moment to ask
-    # whether a runner is there), for half a second
+def _queue_with_a_job(tmp_path: Path, write_manifest: Any) -> tuple[Path, Path]:
+    """A queue (and output root) with one quick job "a" submitted, no runner yet."""
     stage(tmp_path)
     queue, out = tmp_path / "q", tmp_path / "out"
     manifest = write_manifest([py_job("a", "write_pdf")])
     assert run_cli("submit", manifest, *cli_args(queue, out)).returncode == 0
-    fd = os.open(queue, os.O_RDONLY | os.O_DIRECTORY)
-    fcntl.flock(fd, fcntl.LOCK_SH)
-    release = threading.Timer(0.5, os.close, (fd,))
-    release.start()
+    return queue, out
+
+
+def _blocked_waiter(path: Path, pid: int) -> bool:
+    """Whether process ``pid`` is blocked waiting for an exclusive flock on ``path``: a
+    "->" line of /proc/locks (a lock tried and given up on at once leaves no trace)."""
+    st = os.stat(path)
+    key = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    with open("/proc/locks") as fh:
+        for line in fh:
+            # "2: -> FLOCK  ADVISORY  WRITE 26728 fe:00:2241294 0 EOF"
+            f = line.split()
+            if f[1:3] == ["->", "FLOCK"] and f[4] == "WRITE" and f[5:7] == [str(pid), key]:
+                return True
+    return False
+
+
+# What a reader such as `status` holds shared for a moment to ask whether a runner is there:
+# runner.lock and then the folder; only the folder while no runner has made runner.lock yet.
+# A starting runner takes runner.lock and then the folder, so it waits at the first of them.
+PEEKS = {"runner.lock and folder": ["runner.lock", "."], "folder (no runner.lock yet)": ["."]}
+
+
+@pytest.mark.parametrize("peek", PEEKS)
+def test_a_reader_peeking_at_the_lock_does_not_turn_a_starting_runner_away(
+        tmp_path: Path, write_manifest: Any, peek: str) -> None:
+    # Given a reader holding the queue's locks shared
+    queue, out = _queue_with_a_job(tmp_path, write_manifest)
+    held = PEEKS[peek]
+    if "runner.lock" in held:
+        (queue / "runner.lock").touch()  # as any earlier runner leaves it
+    fds = [os.open(queue / name, os.O_RDONLY) for name in held]
+    for fd in fds:
+        fcntl.flock(fd, fcntl.LOCK_SH)
 
     # When a runner starts meanwhile (a cron run)
-    res = run_cli("run", *cli_args(queue, out, "--workers", "1"))
-    release.join()
+    runner = Runner(*cli_args(queue, out, "--workers", "1"))
+    try:
+        # Then it is seen blocked, waiting for the lock the reader holds (not gone with 75)
+        wait_until(lambda: _blocked_waiter(queue / held[0], runner.pid)
+                   or runner.proc.poll() is not None,
+                   what="the runner to wait for the reader's lock")
+        assert runner.proc.poll() is None, (runner.wait(), runner.lines, runner.stderr())
 
-    # Then it waited for the reader instead of exiting 75
-    assert res.returncode == ExitCode.OK, res.stdout + res.stderr
+        # And once the reader lets go, it runs the queue
+        for fd in fds:
+            os.close(fd)
+        assert runner.wait(60) == ExitCode.OK, (runner.lines, runner.stderr())
+    finally:
+        runner.close()
     assert QueueView(queue).states_of(["a"]) == {"a": ["done"]}
 
 
@@ -133,3 +178,111 @@ def test_a_runner_whose_queue_folder_is_moved_away_and_replaced_stops_with_74(
     finally:
         first.close()
     assert QueueView(tmp_path / "q.moved").states_of(["slow"]) == {"slow": ["running"]}
+
+
+# A runner holding runner.lock and not the queue folder, as this queue sees it: one of a
+# version before the folder lock (it flocked runner.lock and kept its record inside), or one
+# on another host sharing the queue over NFS (its folder lock is local to its host; its lock
+# on runner.lock reaches the server), whose record is runner.json. It prints its record.
+HOLDER = r"""
+import fcntl, json, os, sys, time
+from renderctl.store import Holder
+lock, record, host = sys.argv[1:4]
+fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+fcntl.flock(fd, fcntl.LOCK_EX)
+info = {**Holder.current().to_json(), "started_at": time.time()}
+info["host"] = host or info["host"]
+data = json.dumps(info).encode()
+if record == lock:
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, data, 0)
+else:
+    with open(record + ".tmp", "wb") as fh:
+        fh.write(data)
+    os.replace(record + ".tmp", record)
+print(json.dumps(info), flush=True)
+sys.stdin.read()
+"""
+
+
+@pytest.mark.parametrize("holder", ["older version", "another host"])
+def test_a_runner_holding_only_the_lock_file_turns_a_new_runner_away(
+        tmp_path: Path, write_manifest: Any, holder: str) -> None:
+    # Given a queue with a job, and a runner that holds runner.lock but not the folder
+    queue, out = _queue_with_a_job(tmp_path, write_manifest)
+    lock = queue / "runner.lock"
+    record, host = ((lock, "") if holder == "older version"
+                    else (queue / "runner.json", "build-2.example"))
+    other = subprocess.Popen([sys.executable, "-c", HOLDER, str(lock), str(record), host],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert other.stdout is not None
+        info = json.loads(other.stdout.readline())
+
+        # When a new runner starts
+        res = run_cli("run", *cli_args(queue, out, "--workers", "1"), timeout=30)
+
+        # Then it is turned away with 75, naming the holder's pid
+        assert res.returncode == ExitCode.TEMPFAIL, res.stdout + res.stderr
+        assert f"pid {other.pid}" in res.stdout + res.stderr
+        # And `status` shows that runner, from its own record
+        st = json.loads(run_cli("status", "--json", "--queue", str(queue)).stdout)
+        assert st["runner"] is not None, st
+        assert (st["runner"]["pid"], st["runner"]["host"], st["runner"]["started_at"]) == (
+            other.pid, info["host"], info["started_at"]), st
+    finally:
+        assert other.stdin is not None
+        other.stdin.close()
+        other.wait(10)
+        assert other.stdout is not None
+        other.stdout.close()
+    # And the job was left for that runner
+    assert QueueView(queue).states_of(["a"]) == {"a": ["pending"]}
+
+
+def test_an_older_version_starting_beside_a_runner_is_refused(tmp_path: Path) -> None:
+    from renderctl.store import Holder, Queue
+
+    # Given a runner's lock held on a queue
+    q = Queue(tmp_path / "q")
+    with q.runner_lock(Holder.current()):
+        # When a runner of a version before the folder lock starts: it flocks runner.lock
+        fd = os.open(q.path / "runner.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            # Then it finds it held
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        finally:
+            os.close(fd)
+    q.close()
+
+
+def test_a_runner_that_gave_up_waiting_leaves_the_lock_free(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from renderctl import store
+    from renderctl.errors import QueueBusy
+    from renderctl.store import Holder, Queue
+
+    # Given a reader that holds the queue folder shared for longer than a runner waits
+    monkeypatch.setattr(store, "LOCK_PATIENCE_S", 0.2)
+    q = Queue(tmp_path / "q")
+    reader = os.open(q.path, os.O_RDONLY)
+    fcntl.flock(reader, fcntl.LOCK_SH)
+
+    # When a runner gives up waiting for it
+    with pytest.raises(QueueBusy), q.runner_lock(Holder.current()):
+        pass
+    waiting = [t for t in threading.enumerate() if t.name == store.LOCK_WAITER]
+    assert len(waiting) == 1, waiting  # blocked in flock still: the reader holds on
+
+    # Then, once the reader lets go, the wait it gave up on ends (its thread, blocked in
+    # flock, takes the lock and lets go of it at once), and leaves the queue free
+    os.close(reader)
+    for thread in waiting:
+        thread.join(20)
+        assert not thread.is_alive()
+    with q.try_runner_lock() as free:
+        assert free
+    with q.runner_lock(Holder.current()):
+        assert q.runner_info() is not None
+    q.close()
