@@ -150,41 +150,50 @@ def _live_descendants(pid: int) -> dict[int, int]:
     return found
 
 
-def _signal(pid: int, parent: int, sig: int) -> None:
-    """Send ``sig`` to ``pid`` if it is still ``parent``'s child (a pidfd pins the process
-    first: between our read of the tree and the signal, the pid may have been reused)."""
+def _stop(pid: int, parent: int) -> int | None:
+    """SIGSTOP ``pid`` if it is still ``parent``'s child; its pidfd (kept: the process is
+    then killed through it, whoever its parent is by then), or None."""
     try:
         pfd = os.pidfd_open(pid)
     except OSError:
-        return
+        return None
     try:
+        # With the pidfd held the pid cannot be recycled: check it is the one we saw.
         fields = _stat(pid)
         if fields is not None and int(fields[1]) == parent:
-            signal.pidfd_send_signal(pfd, sig)
+            signal.pidfd_send_signal(pfd, signal.SIGSTOP)
+            return pfd
     except OSError:
         pass
-    finally:
-        os.close(pfd)
+    os.close(pfd)
+    return None
 
 
 def _kill_tree(pid: int, pidfd: int) -> None:
     """Freeze the worker and its descendants (SIGSTOP cannot be blocked, and a stopped
     process cannot fork), then SIGKILL them all: a tree that forks faster than it can be
-    killed one by one is caught whole."""
+    killed one by one is caught whole. Each is killed through the pidfd taken when it was
+    stopped: once a parent dies its children are the worker's (a subreaper), so who their
+    parent is cannot be checked again."""
     with contextlib.suppress(OSError):
         signal.pidfd_send_signal(pidfd, signal.SIGSTOP)
-    stopped: dict[int, int] = {}
+    stopped: dict[int, int] = {}  # pid -> pidfd
     deadline = time.monotonic() + TREE_KILL_BOUND_S
-    while time.monotonic() < deadline:
-        kids = _live_descendants(pid)
-        new = {k: p for k, p in kids.items() if k not in stopped}
-        if not new:
-            break  # nothing appeared since the last round: the tree is frozen whole
-        for kid, parent in new.items():
-            _signal(kid, parent, signal.SIGSTOP)
-        stopped.update(new)
-    for kid, parent in stopped.items():
-        _signal(kid, parent, signal.SIGKILL)
+    try:
+        while time.monotonic() < deadline:
+            new = {k: p for k, p in _live_descendants(pid).items() if k not in stopped}
+            if not new:
+                break  # nothing appeared since the last round: the tree is frozen whole
+            for kid, parent in new.items():
+                pfd = _stop(kid, parent)
+                if pfd is not None:
+                    stopped[kid] = pfd
+        for pfd in stopped.values():
+            with contextlib.suppress(OSError):
+                signal.pidfd_send_signal(pfd, signal.SIGKILL)
+    finally:
+        for pfd in stopped.values():
+            os.close(pfd)
     with contextlib.suppress(OSError):
         signal.pidfd_send_signal(pidfd, signal.SIGKILL)
 

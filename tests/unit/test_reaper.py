@@ -9,8 +9,6 @@ import subprocess
 import sys
 import time
 
-import psutil
-
 from renderctl.proctree import pid_alive, set_child_subreaper
 from renderctl.reaper import Reaper
 
@@ -18,7 +16,11 @@ DEAF_WORKER = """
 import os, signal, subprocess, sys, time
 signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
 daemon = subprocess.Popen(["sleep", "60"], start_new_session=True)
-print(daemon.pid, flush=True)
+# A child with a child of its own: killed first, it would hand the grandchild to us (a
+# subreaper), so the reaper cannot go by who the grandchild's parent is when it kills it.
+shell = subprocess.Popen(["sh", "-c", "sleep 60 & echo $!; wait"], stdout=subprocess.PIPE,
+                         text=True)
+print(daemon.pid, shell.pid, int(shell.stdout.readline()), flush=True)
 time.sleep(60)
 """
 
@@ -41,14 +43,15 @@ def test_the_reaper_kills_a_watched_workers_tree_when_the_pipe_closes() -> None:
                               text=True, preexec_fn=set_child_subreaper)
     try:
         assert worker.stdout is not None
-        daemon = int(worker.stdout.readline())
+        tree = [int(pid) for pid in worker.stdout.readline().split()]
         reaper.watch(worker.pid)
 
         # When the runner's end closes (as the kernel does when the runner dies)
         reaper.close()
 
-        # Then the worker and its child are gone, and the reaper has exited
-        assert wait_gone([daemon]) == []
+        # Then the worker and all of its tree are gone (not left stopped), and the reaper
+        # has exited
+        assert wait_gone(tree) == []
         assert worker.wait(timeout=2) == -signal.SIGKILL
         assert reaper.proc.returncode == 0
     finally:
@@ -56,9 +59,9 @@ def test_the_reaper_kills_a_watched_workers_tree_when_the_pipe_closes() -> None:
             if pid_alive(pid):
                 os.kill(pid, signal.SIGKILL)
         worker.wait()
-        for p in psutil.process_iter(["cmdline"]):
-            if p.info["cmdline"] == ["sleep", "60"] and p.ppid() in (1, worker.pid):
-                p.kill()
+        for pid in locals().get("tree", []):
+            if pid_alive(pid):
+                os.kill(pid, signal.SIGKILL)
 
 
 def test_a_reaper_whose_workers_all_exited_leaves_when_the_runner_closes_it() -> None:
