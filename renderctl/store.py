@@ -47,6 +47,7 @@ folder touched, not N fsyncs (MEASUREMENTS.md: fsyncs per job are the cost that 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import fcntl
 import functools
@@ -58,7 +59,7 @@ import secrets
 import socket
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -244,6 +245,8 @@ class SubmitResult:
     accepted: tuple[str, ...]
     already: tuple[str, ...]
     replaced: tuple[str, ...] = ()
+    # Of ``already``, how many had ended, per terminal state (those will not run again).
+    already_ended: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -723,6 +726,7 @@ class Queue:
         located = self._locate_many([s.id for s in specs])
         new: list[JobSpec] = []
         already: list[str] = []
+        ended: dict[str, int] = {}
         replaced: list[str] = []
         problems: list[Problem] = []
         for spec in specs:
@@ -736,6 +740,8 @@ class Queue:
                 continue
             if view.record.spec.to_json() == spec.to_json():
                 already.append(spec.id)
+                if view.state.terminal:
+                    ended[view.state.value] = ended.get(view.state.value, 0) + 1
             elif not replace:
                 problems.append(Problem("<queue>", spec.id, None,
                                         f"already in the queue ({view.state.value}) with a "
@@ -753,7 +759,8 @@ class Queue:
         # What pending/ grows by: a replaced job that is pending now only changes its spec.
         adds = sum(1 for spec in new if located.get(spec.id) is not State.PENDING)
         if not replaced:
-            return self._apply_submit(new, already, replaced, max_pending, crash_hook, adds)
+            res = self._apply_submit(new, already, replaced, max_pending, crash_hook, adds)
+            return dataclasses.replace(res, already_ended=ended)
         # A replace must not race a claim: checked "not running" above, the old copy could be
         # claimed before ours lands in pending/, and the job would then be in pending/ and
         # running/ at once, run twice. Claims skip a round while we hold this lock.
@@ -765,7 +772,8 @@ class Queue:
                                             "is running; cancel it before replacing it"))
             if problems:
                 raise ManifestError(problems)
-            return self._apply_submit(new, already, replaced, max_pending, crash_hook, adds)
+            res = self._apply_submit(new, already, replaced, max_pending, crash_hook, adds)
+            return dataclasses.replace(res, already_ended=ended)
 
     def _apply_submit(self, new: list[JobSpec], already: list[str], replaced: list[str],
                       max_pending: int | None, crash_hook: Callable[[str], None] | None,

@@ -35,7 +35,7 @@ from renderctl.limits import MAX_ATTEMPTS, MAX_MEMORY_MB, MAX_TIMEOUT_S, MAX_WOR
 from renderctl.settings import RunnerSettings  # stdlib only: defaults without the runner
 
 if TYPE_CHECKING:
-    from renderctl.store import Queue
+    from renderctl.store import Queue, SubmitResult
 
 app = typer.Typer(
     name="renderctl",
@@ -588,18 +588,10 @@ def name_changed_fields(problems: list[Problem], jobs: list[Any], q: Queue) -> l
 ENDED = ("done", "dead", "cancelled", "expired")
 
 
-def ended_earlier(q: Queue, already: tuple[str, ...]) -> dict[str, int]:
+def ended_earlier(res: SubmitResult) -> dict[str, int]:
     """How many of the jobs a submit found already accepted have ended, per terminal state
-    (the submit result does not say where they were): a stat per folder, for those jobs
-    only, a finished one's folder first."""
-    from renderctl.lifecycle import State
-
-    counts = dict.fromkeys(ENDED, 0)
-    for jid in already:
-        state = next((s for s in ENDED if q.has_record(State(s), jid)), None)
-        if state is not None:
-            counts[state] += 1
-    return counts
+    (the submit saw where each was)."""
+    return {state: res.already_ended.get(state, 0) for state in ENDED}
 
 
 def note_ended(counts: dict[str, int]) -> None:
@@ -679,7 +671,7 @@ def submit(
     if res.accepted or res.replaced:
         # Wake a runner in --follow mode now rather than at its next poll.
         q.signal_runner(signal.SIGUSR1)
-    ended = ended_earlier(q, res.already)
+    ended = ended_earlier(res)
     if as_json:
         doc: dict[str, Any] = {"accepted": list(res.accepted),
                                "already_accepted": list(res.already),
@@ -798,7 +790,7 @@ def run(
         if not as_json and not quiet:
             print(f"accepted {len(res.accepted)} job(s)"
                   + (f", {len(res.already)} already accepted" if res.already else ""))
-        ended = ended_earlier(q, res.already)
+        ended = ended_earlier(res)
         note_ended(ended)
     else:
         q = Queue(queue_path(queue))
