@@ -683,8 +683,10 @@ def _look(ctx: _Ctx, root: str, prefix: str) -> _Step | str:
         if exc.errno == errno.ELOOP:
             return f"{path} is a symlink loop"
     real = os.path.realpath(path)
-    # Out is out, even where a symlink further on would lead back in: the runner publishes
-    # through openat2(RESOLVE_BENEATH), which never lets a lookup leave the root at all.
+    # Out is out, even where a symlink further on would lead back in: whoever controls the
+    # place outside controls where the output lands (the runner, judging the folder's real
+    # path at publish, would accept it while that place still leads back; refusing it
+    # here is the stricter, steadier verdict).
     if real != root and not real.startswith(root.rstrip("/") + "/"):
         return f"{path} resolves to {real}, outside the output root {root}"
     return _Step.GO_ON

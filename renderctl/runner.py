@@ -1736,7 +1736,8 @@ class Runner:
 
     def _check_confined(self, out_root: str, final: Path) -> None:
         # Resolving every component costs ~0.1 ms; a folder checked once this run stays
-        # checked (a symlink swapped in later is caught by link(), which never follows one).
+        # checked here: a symlink swapped in later is caught at publish, which judges the
+        # folder by where its descriptor points (publish.output_folder).
         key = (out_root, str(final.parent))
         if key in self._confined:
             return
