@@ -38,17 +38,29 @@ def _tamper(queue: Path, how: str) -> None:
         os.replace(new, lock)
 
 
+def runner_mid_job(tmp_path: Path, write_manifest: Any,
+                   job_s: float) -> tuple[Path, Path, Runner, int]:
+    """A runner (one worker) running job `slow`, which sleeps ``job_s``: queue, output root,
+    the runner, and the job's pid once it has started."""
+    stage(tmp_path)
+    queue, out = tmp_path / "q", tmp_path / "out"
+    pidfile = tmp_path / "job.pid"
+    manifest = write_manifest([py_job("slow", "sleep_then_write", s=job_s,
+                                      pidfile=str(pidfile))])
+    runner = Runner(manifest, *cli_args(queue, out, "--workers", "1"))
+    try:
+        return queue, out, runner, wait_for_pid(pidfile)
+    except BaseException:
+        runner.close()
+        raise
+
+
 @pytest.mark.parametrize("how", ["removed", "replaced", "record removed"])
 def test_a_second_runner_is_refused_after_runner_lock_is_tampered_with(
         tmp_path: Path, write_manifest: Any, how: str) -> None:
     # Given a runner in the middle of a job
-    stage(tmp_path)
-    queue, out = tmp_path / "q", tmp_path / "out"
-    pidfile = tmp_path / "job.pid"
-    manifest = write_manifest([py_job("slow", "sleep_then_write", s=6, pidfile=str(pidfile))])
-    first = Runner(manifest, *cli_args(queue, out, "--workers", "1"))
+    queue, out, first, job_pid = runner_mid_job(tmp_path, write_manifest, job_s=6)
     try:
-        job_pid = wait_for_pid(pidfile)
 
         # When runner.lock is removed or replaced by hand, and a second runner starts
         _tamper(queue, how)
@@ -158,13 +170,8 @@ def test_the_lock_moves_with_the_queue_folder(tmp_path: Path) -> None:
 def test_a_runner_whose_queue_folder_is_moved_away_and_replaced_stops_with_74(
         tmp_path: Path, write_manifest: Any) -> None:
     # Given a runner in the middle of a job
-    stage(tmp_path)
-    queue, out = tmp_path / "q", tmp_path / "out"
-    pidfile = tmp_path / "job.pid"
-    manifest = write_manifest([py_job("slow", "sleep_then_write", s=30, pidfile=str(pidfile))])
-    first = Runner(manifest, *cli_args(queue, out, "--workers", "1"))
+    queue, out, first, _ = runner_mid_job(tmp_path, write_manifest, job_s=30)
     try:
-        wait_for_pid(pidfile)
 
         # When its queue folder is moved away and a new one made at its path (where a
         # second runner could start, and where the first one's paths now lead)
