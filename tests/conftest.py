@@ -6,6 +6,7 @@ Helpers that many test modules need live here as fixtures (so no test imports co
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -14,6 +15,14 @@ from typing import Any
 import pytest
 
 ManifestWriter = Callable[..., Path]
+
+# Tests, and the renderctl processes they start, run this checkout's code rather than
+# whichever renderctl is installed: a second worktree (or a clone beside an editable install
+# of another one) would otherwise test its own tests against someone else's code.
+CHECKOUT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(CHECKOUT))
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    p for p in (str(CHECKOUT), os.environ.get("PYTHONPATH", "")) if p)
 
 
 def to_toml(value: Any) -> str:
