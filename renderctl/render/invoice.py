@@ -30,6 +30,7 @@ from reportlab.platypus import (
 )
 
 from renderctl.errors import InvalidInput
+from renderctl.render import rules
 from renderctl.render.layout import (
     BAND,
     INK,
@@ -41,7 +42,15 @@ from renderctl.render.layout import (
     numbered_canvas,
     styles,
 )
-from renderctl.render.text import PLAIN_NUMBER, para, para_lines, plain, quoted, shortened
+from renderctl.render.text import (
+    PLAIN_NUMBER,
+    para,
+    para_lines,
+    plain,
+    quoted,
+    shortened,
+    undrawable,
+)
 
 CENT = Decimal("0.01")
 # Money is computed in this context, never the thread's: Decimal's default 28 digits round a
@@ -350,6 +359,9 @@ def _string(value: Any, where: str, *, max_len: int = MAX_TEXT, empty: bool = Fa
         raise InvalidInput(f"{where}: must not be empty")
     if len(value) > max_len:
         raise InvalidInput(f"{where}: {len(value)} characters is more than {max_len}")
+    problem = undrawable(value)
+    if problem is not None:
+        raise InvalidInput(f"{where}: {problem}")
     return value
 
 
@@ -464,6 +476,7 @@ def render(inputs: list[Path], output: Path, params: Mapping[str, Any]) -> None:
     title = params.get("title") or "Invoice"
     if not isinstance(title, str):
         raise InvalidInput("params.title: expected a string")
+    rules.require("title", title, rules.drawable_text)
     try:
         totals = compute_totals(doc)
     except InvalidInput as exc:

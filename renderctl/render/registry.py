@@ -25,7 +25,8 @@ BUILTIN: tuple[RendererSpec, ...] = (
         description="An invoice from a JSON document (Decimal money, tax per rate, Page N of M).",
         min_inputs=1,
         max_inputs=1,
-        params=(ParamSpec("title", "str", description="heading; default 'Invoice'"),),
+        params=(ParamSpec("title", "str", description="heading; default 'Invoice'",
+                          check=rules.drawable_text),),
     ),
     RendererSpec(
         kind="report",
@@ -35,7 +36,7 @@ BUILTIN: tuple[RendererSpec, ...] = (
         max_inputs=1,
         params=(
             ParamSpec("title", "str", required=True, description="report title",
-                      check=rules.non_blank),
+                      check=rules.heading),
             ParamSpec("columns", "list[str]", description="columns to show, in order",
                       check=rules.column_names),
             ParamSpec("sort_by", "str", description="column to sort rows by"),

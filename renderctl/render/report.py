@@ -44,7 +44,16 @@ from renderctl.render.layout import (
     numbered_canvas,
     styles,
 )
-from renderctl.render.text import PLAIN_NUMBER, para, plain, quoted, shortened
+from renderctl.render.text import (
+    PLAIN_NUMBER,
+    drawable,
+    para,
+    plain,
+    quoted,
+    shortened,
+    undrawable,
+    undrawable_raw,
+)
 
 CHART_ROWS = 30
 MAX_INPUT_BYTES = 50_000_000
@@ -192,16 +201,18 @@ def render(inputs: list[Path], output: Path, params: Mapping[str, Any]) -> None:
     """Render the CSV in ``inputs[0]`` as a report PDF at ``output``."""
     if len(inputs) != 1:
         raise InvalidInput(f"report takes exactly one input, got {len(inputs)}")
-    rules.require("title", params.get("title"), rules.non_blank)
+    rules.require("title", params.get("title"), rules.heading)
     title: str = params["title"]
     data = load_csv(inputs[0])
     all_columns = {c.name: c for c in columns_of(data)}
     shown = _pick_columns(params.get("columns"), all_columns)
     rows = _sorted_rows(data, params, all_columns)
     chart_column = _chart_column(params.get("chart"), all_columns, data, inputs[0].name)
+    printed = [*shown, *([chart_column] if chart_column and chart_column not in shown else [])]
+    _check_drawable(data, printed, inputs[0].name)
     build_pdf(
         title=title,
-        source=inputs[0].name,
+        source=drawable(inputs[0].name),
         data=Dataset(header=data.header, rows=rows),
         shown=shown,
         chart=chart_column,
@@ -268,6 +279,25 @@ def _chart_column(
             f"params.chart: column {quoted(value)} is not numeric{_why(data, column, source)}"
         )
     return column
+
+
+def _check_drawable(data: Dataset, columns: Sequence[Column], source: str) -> None:
+    """InvalidInput naming the first header or cell printed that the fonts cannot draw."""
+    for column in columns:
+        problem = undrawable(column.name)
+        if problem is not None:
+            raise InvalidInput(f"{source}: header column {quoted(column.name)}: {problem}")
+    for row, line in zip(data.rows, data.lines, strict=True):
+        # One search of the whole row first: nearly every row passes it, and only a row that
+        # fails is looked at cell by cell (where composing accents may still save it).
+        if undrawable_raw("\t".join(row[c.index] for c in columns)) is None:
+            continue
+        for column in columns:
+            problem = undrawable(row[column.index])
+            if problem is not None:
+                raise InvalidInput(
+                    f"{source} line {line}, column {quoted(column.name)}: {problem}"
+                )
 
 
 def _why(data: Dataset, column: Column, source: str) -> str:

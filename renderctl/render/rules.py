@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from renderctl.errors import InvalidInput
-from renderctl.render.text import plain
+from renderctl.render.text import plain, undrawable
 
 MAX_STAMP_TEXT = 200
 
@@ -24,14 +24,19 @@ def stamp_text(value: Any) -> str | None:
     length = len(plain(value))
     if length > MAX_STAMP_TEXT:
         return f"{length} characters is more than {MAX_STAMP_TEXT}"
-    return None
+    return undrawable(value)
 
 
-def non_blank(value: Any) -> str | None:
-    """A heading: a string with something besides whitespace in it."""
+def heading(value: Any) -> str | None:
+    """A heading: a string with something besides whitespace in it, that the fonts can draw."""
     if not isinstance(value, str) or not value.strip():
         return "a non-empty string is required"
-    return None
+    return undrawable(value)
+
+
+def drawable_text(value: Any) -> str | None:
+    """Text the renderer prints: nothing in it the fonts would print as a black box."""
+    return undrawable(value) if isinstance(value, str) else None
 
 
 def column_names(value: Any) -> str | None:

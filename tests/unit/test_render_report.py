@@ -165,8 +165,10 @@ def test_what_only_python_reads_as_a_number_is_text(tmp_path: Path, cell: str) -
     # Decimal() takes digit grouping ("2024_01" -> 202401), other scripts' digits and
     # NaN/Infinity; in a CSV they are labels, so the column is text and has no total
     source = write_csv(tmp_path / "t.csv", ["name", "period"], [["A", cell], ["B", "7"]])
-    pages = render_pages(source, tmp_path / "r.pdf")
-    assert "Total" not in pages[0], pages[0]
+    assert [c.numeric for c in report.columns_of(report.load_csv(source))] == [False, False]
+    if cell.isascii():  # the fonts have no Arabic-Indic digits: that report is refused
+        pages = render_pages(source, tmp_path / "r.pdf")
+        assert "Total" not in pages[0], pages[0]
 
 
 def test_thousands_separators_still_make_numbers(tmp_path: Path) -> None:
