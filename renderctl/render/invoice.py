@@ -31,6 +31,7 @@ from reportlab.platypus import (
 
 from renderctl.errors import InvalidInput
 from renderctl.render import rules
+from renderctl.render.inputs import read_input
 from renderctl.render.layout import (
     BAND,
     INK,
@@ -212,13 +213,7 @@ def format_quantity(quantity: Decimal) -> str:
 
 def load_invoice(path: Path) -> Invoice:
     """Read and validate an invoice JSON file; InvalidInput names the offending field."""
-    try:
-        size = path.stat().st_size
-        if size > MAX_INPUT_BYTES:
-            raise InvalidInput(f"{path.name}: {size} bytes is more than {MAX_INPUT_BYTES}")
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise InvalidInput(f"{path.name}: cannot read: {exc.strerror or exc}") from exc
+    raw = read_input(path, path.name, max_bytes=MAX_INPUT_BYTES)
     try:
         # Decode ourselves: json.loads(bytes) would guess UTF-16/32 from the first bytes.
         text = raw.decode("utf-8-sig")

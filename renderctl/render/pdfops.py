@@ -21,6 +21,7 @@ from reportlab.pdfgen.canvas import Canvas
 
 from renderctl.errors import InvalidInput
 from renderctl.render import rules
+from renderctl.render.inputs import open_input
 from renderctl.render.registry import MAX_PAGES_PER_PART
 from renderctl.render.text import plain, quoted
 
@@ -29,7 +30,7 @@ HEADER_WINDOW = 1024
 # Writers put %%EOF at the very end; a little trailing junk is common and harmless.
 EOF_WINDOW = 2048
 # Some transfers pad a file (NULs to a block size, a mail trailer) by more than EOF_WINDOW;
-# pypdf reads those. Looking further back is bounded so a huge file costs one bounded read.
+# pypdf reads those. Looking further back is bounded so a huge file costs one bounded search.
 EOF_SEARCH = 1 << 20
 # A cut-off file can still hold an earlier %%EOF (an incremental update's base, or a
 # linearized file's first-page section): then what follows it is PDF structure, never padding.
@@ -72,26 +73,24 @@ def open_pdf(path: Path, label: str | None = None) -> PdfReader:
 
     Messages start with ``label`` (default: the file's name)."""
     label = path.name if label is None else label
-    try:
-        with path.open("rb") as fh:
-            head = fh.read(HEADER_WINDOW)
-            size = fh.seek(0, io.SEEK_END)
-            fh.seek(max(0, size - EOF_WINDOW))
-            tail = fh.read()
-            if b"%%EOF" not in tail and size > EOF_WINDOW:
-                fh.seek(max(0, size - EOF_SEARCH))
-                tail = fh.read()
-    except OSError as exc:
-        raise InvalidInput(f"{label}: cannot read: {exc.strerror or exc}") from exc
-    if size == 0:
-        raise InvalidInput(f"{label}: empty file, not a PDF")
-    if b"%PDF-" not in head:
-        raise InvalidInput(f"{label}: not a PDF (no %PDF- header)")
+    with open_input(path, label) as (fh, _size):
+        head = fh.read(HEADER_WINDOW)
+        if not head:
+            raise InvalidInput(f"{label}: empty file, not a PDF")
+        if b"%PDF-" not in head:
+            raise InvalidInput(f"{label}: not a PDF (no %PDF- header)")
+        # pypdf reads a file it is given by path whole into memory too; reading it here, from
+        # the descriptor checked above, means pypdf parses what was checked.
+        fh.seek(0)
+        data = fh.read()
+    tail = data[-EOF_WINDOW:]
+    if b"%%EOF" not in tail:
+        tail = data[-EOF_SEARCH:]
     marker = tail.rfind(b"%%EOF")
     if marker < 0 or _PDF_STRUCTURE.search(tail, marker + 5):
         raise InvalidInput(f"{label}: truncated PDF (no %%EOF marker at the end)")
     with pdf_errors(label):
-        reader = PdfReader(path, strict=False)
+        reader = PdfReader(io.BytesIO(data), strict=False)
         if reader.is_encrypted:
             # Even an empty user password means someone meant to restrict it: not ours to open.
             raise InvalidInput(f"{label}: encrypted PDF")

@@ -33,6 +33,7 @@ from reportlab.platypus import (
 
 from renderctl.errors import InvalidInput
 from renderctl.render import rules
+from renderctl.render.inputs import read_input
 from renderctl.render.layout import (
     BAND,
     INK,
@@ -101,17 +102,14 @@ class Dataset:
 
 def load_csv(path: Path) -> Dataset:
     """Read a CSV with a header row; InvalidInput says which line is wrong and why."""
+    raw = read_input(path, path.name, max_bytes=MAX_INPUT_BYTES)
     try:
-        size = path.stat().st_size
-        if size > MAX_INPUT_BYTES:
-            raise InvalidInput(f"{path.name}: {size} bytes is more than {MAX_INPUT_BYTES}")
-        text = path.read_text(encoding="utf-8-sig")
+        # Universal newlines, as a text-mode read gives them: a lone \r ends a line too.
+        text = raw.decode("utf-8-sig").replace("\r\n", "\n").replace("\r", "\n")
     except UnicodeDecodeError as exc:
         raise InvalidInput(
             f"{path.name}: not UTF-8 text ({exc.reason} at byte {exc.start})"
         ) from exc
-    except OSError as exc:
-        raise InvalidInput(f"{path.name}: cannot read: {exc.strerror or exc}") from exc
     # newline="": quoted fields may hold line breaks; csv must see them, not str.splitlines.
     reader = csv.reader(io.StringIO(text, newline=""), strict=True)
     try:

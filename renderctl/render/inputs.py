@@ -1,0 +1,52 @@
+"""Opening a job's input file, refusing whatever is no longer a regular file.
+
+Validation checked that each input was a regular file this user can read, but the job runs
+later. Opened plainly, a FIFO put at the path since would block the renderer until its
+timeout (and again on every retry), and a device such as ``/dev/zero`` would be read until
+the memory ceiling killed the job. So the file is opened without blocking and judged by what
+the open descriptor is, not by the path looked at before.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import BinaryIO
+
+from renderctl.errors import InvalidInput
+
+
+@contextmanager
+def open_input(path: Path, label: str) -> Iterator[tuple[BinaryIO, int]]:
+    """The input at ``path`` opened for reading, and its size; InvalidInput starting with
+    ``label`` if it cannot be opened or is not a regular file (read errors inside the block
+    are turned into InvalidInput too)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise InvalidInput(f"{label}: cannot read: {exc.strerror or exc}") from exc
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise InvalidInput(f"{label}: not a regular file")
+        with open(fd, "rb", closefd=False) as fh:
+            yield fh, st.st_size
+    except OSError as exc:
+        raise InvalidInput(f"{label}: cannot read: {exc.strerror or exc}") from exc
+    finally:
+        os.close(fd)
+
+
+def read_input(path: Path, label: str, *, max_bytes: int) -> bytes:
+    """The whole input at ``path``, refused (InvalidInput) beyond ``max_bytes``."""
+    with open_input(path, label) as (fh, size):
+        if size > max_bytes:
+            raise InvalidInput(f"{label}: {size} bytes is more than {max_bytes}")
+        # One byte past the limit tells a file that grew since fstat from one that fits.
+        data = fh.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise InvalidInput(f"{label}: more than {max_bytes} bytes")
+    return data
