@@ -19,6 +19,7 @@ from typing import Any
 
 from reportlab.lib import colors
 from reportlab.lib.units import mm
+from reportlab.pdfbase.pdfmetrics import stringWidth
 from reportlab.platypus import (
     KeepTogether,
     LayoutError,
@@ -418,6 +419,8 @@ _COL_WIDTHS = (8 * mm, None, 18 * mm, 28 * mm, 16 * mm, 30 * mm)
 _DESC_WIDTH = _CONTENT_WIDTH - sum(w for w in _COL_WIDTHS if w is not None)
 _ITEM_COLUMNS = [w if w is not None else _DESC_WIDTH for w in _COL_WIDTHS]
 _ITEM_HEADER = ["#", "Description", "Qty", "Unit price", "Tax", "Amount"]
+_CELL_PADDING = 6  # reportlab's default left and right padding in a table cell
+_META_VALUE_WIDTH = 45 * mm
 
 _ITEM_STYLE = TableStyle(
     [
@@ -528,11 +531,16 @@ def _header(doc: Invoice, title: str) -> Table:
     if doc.seller.vat_id:
         seller_lines.append(f"VAT ID: {para(doc.seller.vat_id)}")
     seller = Paragraph("<br/>".join(line for line in seller_lines if line), st.body)
-    meta_rows = [["Invoice no.", plain(doc.number)], ["Date", doc.date.isoformat()]]
+    number: str | Paragraph = plain(doc.number)
+    if stringWidth(number, "Helvetica", 9.5) > _META_VALUE_WIDTH - 6:  # left padding 6
+        number = Paragraph(para(doc.number), st.right)  # wraps where a string would overflow
+    meta_rows = [["Invoice no.", number], ["Date", doc.date.isoformat()]]
     if doc.due_date:
         meta_rows.append(["Due date", doc.due_date.isoformat()])
     meta_rows.append(["Currency", doc.currency])
-    meta = Table(meta_rows, colWidths=[25 * mm, 45 * mm], style=_META_STYLE, hAlign="RIGHT")
+    meta = Table(
+        meta_rows, colWidths=[25 * mm, _META_VALUE_WIDTH], style=_META_STYLE, hAlign="RIGHT"
+    )
     right = [Paragraph(para(title), st.title), Spacer(1, 3 * mm), meta]
     half = _CONTENT_WIDTH / 2
     return Table([[seller, right]], colWidths=[half, half], style=_HEADER_STYLE)
@@ -569,10 +577,24 @@ def _items_table(doc: Invoice, totals: Totals) -> Table:
                 format_amount(line_net),
             ]
         )
-    table = Table(rows, colWidths=_ITEM_COLUMNS, repeatRows=1, style=_ITEM_STYLE)
+    table = Table(rows, colWidths=_item_widths(rows), repeatRows=1, style=_ITEM_STYLE)
     if len(rows) > 2:
         table.setStyle(TableStyle([("ROWBACKGROUNDS", (0, 1), (-1, -1), [colors.white, ZEBRA])]))
     return table
+
+
+def _item_widths(rows: list[list[Any]]) -> list[float]:
+    """The columns' widths: a number column wider than usual when a value needs it (amounts
+    reach 25 digits), the description taking what is left, as it always does."""
+    widths = list(_ITEM_COLUMNS)
+    for col in range(2, len(widths)):
+        need = max(
+            stringWidth(rows[0][col], "Helvetica-Bold", 8.5),
+            *(stringWidth(row[col], "Helvetica", 9) for row in rows[1:]),
+        )
+        widths[col] = max(widths[col], need + 2 * _CELL_PADDING)
+    widths[1] = _CONTENT_WIDTH - sum(widths) + widths[1]
+    return widths
 
 
 def _totals_table(doc: Invoice, totals: Totals) -> Table:
@@ -585,4 +607,12 @@ def _totals_table(doc: Invoice, totals: Totals) -> Table:
             ]
         )
     rows.append(["Total due", format_money(doc.currency, totals.total)])
-    return Table(rows, colWidths=[70 * mm, 40 * mm], style=_TOTALS_STYLE, hAlign="RIGHT")
+    # The amounts' column grows to fit the widest (the total due is bold and larger); the
+    # labels are right-aligned, so one wider than its column runs into the empty left side.
+    need = max(
+        stringWidth(rows[-1][1], "Helvetica-Bold", 11),
+        *(stringWidth(row[1], "Helvetica", 9.5) for row in rows[:-1]),
+    )
+    amounts = max(40 * mm, need + 2 * _CELL_PADDING)
+    labels = min(70 * mm, _CONTENT_WIDTH - amounts)
+    return Table(rows, colWidths=[labels, amounts], style=_TOTALS_STYLE, hAlign="RIGHT")

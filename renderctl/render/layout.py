@@ -12,6 +12,7 @@ from reportlab.lib.enums import TA_RIGHT
 from reportlab.lib.pagesizes import A4
 from reportlab.lib.styles import ParagraphStyle
 from reportlab.lib.units import mm
+from reportlab.pdfbase.pdfmetrics import stringWidth
 from reportlab.pdfgen.canvas import Canvas
 
 PAGE_SIZE = A4
@@ -101,9 +102,20 @@ def numbered_canvas(footer_left: str) -> Callable[..., Canvas]:
             self.line(MARGIN, FOOTER_Y + 10, width - MARGIN, FOOTER_Y + 10)
             self.setFont("Helvetica", 8)
             self.setFillColor(MUTED)
+            page = f"Page {self._pageNumber} of {total}"
+            room = width - 2 * MARGIN - stringWidth(page, "Helvetica", 8) - 4 * mm
             # drawString never parses markup, so user text in the footer stays literal.
-            self.drawString(MARGIN, FOOTER_Y, footer_left)
-            self.drawRightString(width - MARGIN, FOOTER_Y, f"Page {self._pageNumber} of {total}")
+            self.drawString(MARGIN, FOOTER_Y, clipped(footer_left, "Helvetica", 8, room))
+            self.drawRightString(width - MARGIN, FOOTER_Y, page)
             self.restoreState()
 
     return NumberedCanvas
+
+
+def clipped(text: str, font: str, size: float, room: float) -> str:
+    """``text``, cut and ended with an ellipsis if it is wider than ``room`` points."""
+    if stringWidth(text, font, size) <= room:
+        return text
+    while text and stringWidth(text + "…", font, size) > room:
+        text = text[: max(0, min(len(text) - 1, int(len(text) * 0.9)))]
+    return text + "…"
