@@ -169,8 +169,11 @@ def stamp(inputs: list[Path], output: Path, params: Mapping[str, Any]) -> None:
             # What a viewer shows: the crop box (the media box when there is none), turned
             # clockwise by /Rotate. The stamp is drawn upright in that view, then mapped
             # back into the page's own coordinates.
-            box = page.cropbox
-            width, height = float(box.width), float(box.height)
+            # The box may be written from any corner to the opposite one: normalise it, or a
+            # negative width turns into a mirrored stamp of negative size.
+            x0, y0, x1, y1 = (float(v) for v in page.cropbox)
+            left, bottom = min(x0, x1), min(y0, y1)
+            width, height = abs(x1 - x0), abs(y1 - y0)
             turn = _page_turn(page)
             shown = (width, height) if turn in (0, 180) else (height, width)
             size = (round(shown[0], 2), round(shown[1], 2))
@@ -193,7 +196,7 @@ def stamp(inputs: list[Path], output: Path, params: Mapping[str, Any]) -> None:
                 overlay,
                 Transformation()
                 .rotate(turn)
-                .translate(float(box.left) + corner[0], float(box.bottom) + corner[1]),
+                .translate(left + corner[0], bottom + corner[1]),
             )
         with output.open("wb") as fh:
             writer.write(fh)

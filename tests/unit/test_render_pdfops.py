@@ -182,6 +182,35 @@ def test_stamp_lands_upright_where_asked_on_turned_and_cropped_pages(tmp_path: P
         assert w / 2 < x < w and h / 2 < y < h, (number, x, y, w, h)
 
 
+def test_stamp_lands_upright_on_a_page_whose_box_is_written_corner_to_corner_reversed(
+    tmp_path: Path, a_pdf: Path
+) -> None:
+    # Given a media box written from its top-right corner to its bottom-left one, which the
+    # PDF standard allows (any two opposite corners) and viewers show as the same page
+    writer = PdfWriter(clone_from=a_pdf)
+    writer.pages[0].mediabox = RectangleObject((595, 842, 0, 0))
+    writer.write(tmp_path / "reversed.pdf")
+
+    # When it is stamped at the top left
+    out = tmp_path / "stamped.pdf"
+    pdfops.stamp([tmp_path / "reversed.pdf"], out, {"text": "OK", "position": "top-left"})
+
+    # Then the stamp reads left to right, at its size, in the top-left quarter of the page
+    # (it was drawn mirrored and upside down at the bottom: a negative width and font size)
+    found: list[tuple[float, float, float, float]] = []
+
+    def visit(text: str, cm: list[float], tm: list[float], *_: object) -> None:
+        if "OK" in text:
+            x = tm[4] * cm[0] + tm[5] * cm[2] + cm[4]
+            y = tm[4] * cm[1] + tm[5] * cm[3] + cm[5]
+            found.append((x, y, tm[0] * cm[0] + tm[1] * cm[2], tm[0] * cm[1] + tm[1] * cm[3]))
+
+    PdfReader(out).pages[0].extract_text(visitor_text=visit)
+    x, y, dx, dy = found[0]
+    assert dx > 0 and abs(dy) < 1e-6 * dx
+    assert 0 < x < 595 / 2 and 842 / 2 < y < 842
+
+
 @pytest.mark.parametrize(
     ("params", "field"),
     [
