@@ -479,7 +479,12 @@ def render(inputs: list[Path], output: Path, params: Mapping[str, Any]) -> None:
         totals = compute_totals(doc)
     except InvalidInput as exc:
         raise InvalidInput(f"{inputs[0].name}: {exc}") from None
-    build_pdf(doc, output, title=title, totals=totals)
+    try:
+        build_pdf(doc, output, title=title, totals=totals)
+    except InvalidInput as exc:  # a block too tall: the input's fields, unless it is the title
+        if str(exc).startswith("params."):
+            raise
+        raise InvalidInput(f"{inputs[0].name}: {exc}") from None
 
 
 def build_pdf(
@@ -522,15 +527,52 @@ def build_pdf(
         pdf.build(story, canvasmaker=numbered_canvas(footer))
     except LayoutError as exc:
         # Deterministic: a retry would fail the same way.
-        raise InvalidInput(f"content does not fit on a page: {str(exc)[:200]}") from exc
+        raise InvalidInput(
+            _too_tall(doc, title) or f"content does not fit on a page: {str(exc)[:200]}"
+        ) from exc
+
+
+# The frame's height: the page less its margins and the frame's own padding (6 pt each side).
+_ROOM = PAGE_SIZE[1] - MARGIN - (MARGIN + 6 * mm) - 12
+
+
+def _too_tall(doc: Invoice, title: str) -> str | None:
+    """Which block that cannot break across pages is taller than one, named by its field
+    (reportlab's LayoutError names a Table at a memory address)."""
+    half = _CONTENT_WIDTH / 2
+    blocks: list[tuple[str, str, list[Any]]] = [
+        ("seller", "name, address and VAT ID", [_party_paragraph(doc.seller)]),
+        ("params.title", "the title and the invoice number", _title_block(doc, title)),
+        ("customer", "name, address and VAT ID", _customer_cell(doc)),
+    ]
+    for field, what, flowables in blocks:
+        height = sum(f.wrap(half, _ROOM)[1] for f in flowables)
+        if height > _ROOM:
+            return (
+                f"{field}: {what} together are taller than a page ({height:,.0f} pt; a page"
+                f" holds {_ROOM:,.0f})"
+            )
+    return None
+
+
+def _party_paragraph(party: Party) -> Paragraph:
+    lines = [f"<b>{para(party.name)}</b>", para_lines(list(party.address))]
+    if party.vat_id:
+        lines.append(f"VAT ID: {para(party.vat_id)}")
+    return Paragraph("<br/>".join(line for line in lines if line), styles().body)
 
 
 def _header(doc: Invoice, title: str) -> Table:
+    half = _CONTENT_WIDTH / 2
+    return Table(
+        [[_party_paragraph(doc.seller), _title_block(doc, title)]],
+        colWidths=[half, half],
+        style=_HEADER_STYLE,
+    )
+
+
+def _title_block(doc: Invoice, title: str) -> list[Any]:
     st = styles()
-    seller_lines = [f"<b>{para(doc.seller.name)}</b>", para_lines(list(doc.seller.address))]
-    if doc.seller.vat_id:
-        seller_lines.append(f"VAT ID: {para(doc.seller.vat_id)}")
-    seller = Paragraph("<br/>".join(line for line in seller_lines if line), st.body)
     number: str | Paragraph = plain(doc.number)
     if stringWidth(number, "Helvetica", 9.5) > _META_VALUE_WIDTH - 6:  # left padding 6
         number = Paragraph(para(doc.number), st.right)  # wraps where a string would overflow
@@ -541,22 +583,16 @@ def _header(doc: Invoice, title: str) -> Table:
     meta = Table(
         meta_rows, colWidths=[25 * mm, _META_VALUE_WIDTH], style=_META_STYLE, hAlign="RIGHT"
     )
-    right = [Paragraph(para(title), st.title), Spacer(1, 3 * mm), meta]
-    half = _CONTENT_WIDTH / 2
-    return Table([[seller, right]], colWidths=[half, half], style=_HEADER_STYLE)
+    return [Paragraph(para(title), st.title), Spacer(1, 3 * mm), meta]
+
+
+def _customer_cell(doc: Invoice) -> list[Any]:
+    return [Paragraph("BILL TO", styles().label), _party_paragraph(doc.customer)]
 
 
 def _customer_block(doc: Invoice) -> Table:
-    st = styles()
-    lines = [f"<b>{para(doc.customer.name)}</b>", para_lines(list(doc.customer.address))]
-    if doc.customer.vat_id:
-        lines.append(f"VAT ID: {para(doc.customer.vat_id)}")
-    block = [
-        Paragraph("BILL TO", st.label),
-        Paragraph("<br/>".join(x for x in lines if x), st.body),
-    ]
     return Table(
-        [[block]],
+        [[_customer_cell(doc)]],
         colWidths=[_CONTENT_WIDTH / 2],
         hAlign="LEFT",
         style=TableStyle([("LEFTPADDING", (0, 0), (-1, -1), 0)]),

@@ -12,6 +12,7 @@ import pytest
 from pypdf import PdfReader
 from reportlab.pdfbase.pdfmetrics import stringWidth
 
+from renderctl.errors import InvalidInput
 from renderctl.render import invoice, report, safety
 
 
@@ -125,3 +126,27 @@ def test_a_long_report_title_does_not_run_over_the_page_number(tmp_path: Path) -
     report.render([source], output, {"title": "Quarterly figures " * 20})
     assert legibility_problems(output) == []
     assert "Page 1 of 1" in PdfReader(output).pages[0].extract_text()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "params", "start"),
+    [
+        ({"customer": {"name": "W" * 200, "address": ["W" * 200] * 10}}, {},
+         "invoice.json: customer: "),
+        ({"seller": {"name": "W" * 200, "address": ["W" * 200] * 10, "vat_id": "V" * 64}}, {},
+         "invoice.json: seller: "),
+        ({}, {"title": "Invoice " * 400}, "params.title: "),
+    ],
+    ids=["customer", "seller", "title"],
+)
+def test_a_block_taller_than_a_page_is_named(
+    tmp_path: Path, overrides: dict[str, Any], params: dict[str, Any], start: str
+) -> None:
+    # The header and the customer block cannot break across pages; reportlab's own message
+    # named a Table at some memory address, not what to shorten
+    with pytest.raises(InvalidInput) as caught:
+        render_invoice(tmp_path, make_doc(**overrides), **params)
+    message = str(caught.value)
+    assert message.startswith(start) and "taller than a page" in message, message
+    assert "0x" not in message
+
