@@ -333,7 +333,7 @@ class QueueBackend(Protocol):
 
     def list_ids(self, state: State) -> list[str]: ...
 
-    def status(self) -> QueueStatus: ...
+    def status(self, *, oldest_pending: bool = True) -> QueueStatus: ...
 
 
 def _holder_alive(info: Mapping[str, Any]) -> bool | None:
@@ -659,7 +659,10 @@ class Queue:
             return None
         return None if oldest is None else max(0.0, self.clock.wall() - oldest)
 
-    def status(self) -> QueueStatus:
+    def status(self, *, oldest_pending: bool = True) -> QueueStatus:
+        """Counts, running records, runner; ``oldest_pending=False`` skips the age of the
+        oldest pending job (None then): a stat of every pending record, which a caller
+        that has the runner's figure need not pay for."""
         running = []
         for jid in self.list_ids(State.RUNNING):
             rec = self._read_or_quarantine(self.record_path(State.RUNNING, jid))
@@ -680,7 +683,8 @@ class Queue:
         live = in_running - stale
         running = [r for r in running if f"{r.spec.id}.json" in live]
         return QueueStatus(counts=counts,
-                           oldest_pending_age_s=self.oldest_pending_age_s(),
+                           oldest_pending_age_s=(self.oldest_pending_age_s() if oldest_pending
+                                                 else None),
                            running=tuple(running), corrupt=self.count("corrupt"),
                            runner=self.runner_info())
 

@@ -14,6 +14,7 @@ import termios
 import time
 from pathlib import Path
 
+import pytest
 from clihelp import RENDERCTL, cli, env, job, poll, write_jobs
 
 
@@ -243,3 +244,27 @@ def test_top_without_a_runner_does_not_guess_retries_from_part_of_a_log(
     # Then it shows no count rather than a wrong one
     [counts] = [ln for ln in lines if ln.startswith("queue: ")]
     assert counts.endswith("retries -"), counts
+
+
+def test_top_with_a_runner_takes_the_oldest_pending_age_from_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from renderctl.cli import top
+    from renderctl.store import Queue
+
+    # Given a queue a runner holds, whose snapshot says how long its oldest job has waited
+    q = Queue(tmp_path / "q")
+    monkeypatch.setattr(top, "read_runner_state",
+                        lambda queue: {"pid": 1, "oldest_pending_age_s": 42.0})
+
+    # When top builds its frames, then it shows that age, and does not stat every pending
+    # record for it (at 100,000 pending, ~0.3 s of each half-second frame)
+    def no_scan(self: Queue) -> float:
+        raise AssertionError("pending/ scanned for its oldest file")
+
+    monkeypatch.setattr(Queue, "oldest_pending_age_s", no_scan)
+    feed = top.TopFeed(q)
+    assert feed.snapshot()["oldest_pending_age_s"] == 42.0
+    # (without a runner, the folder is all there is)
+    monkeypatch.setattr(top, "read_runner_state", lambda queue: None)
+    with pytest.raises(AssertionError, match="scanned"):
+        feed.snapshot()
