@@ -77,10 +77,15 @@ def _header_rows(snap: Mapping[str, Any]) -> list[tuple[str, str, str]]:
                                "folders)", "bold yellow"))
         return rows
     alive, desired = snap.get("workers_alive", 0), snap.get("workers_desired", 0)
+    # "stopped": the run's loop has ended (its last frame, which stays on the screen): its
+    # workers are gone because it let them go, nothing to flag.
+    ended = bool(snap.get("stopped"))
     rows += [
         ("runner", f"pid {snap.get('pid', '-')}, up {human_duration(snap.get('uptime_s'))}"
-                   + (" - STOPPING" if snap.get("stopping") else ""), ""),
-        ("workers", f"{alive}/{desired} alive", "yellow" if alive < desired else ""),
+                   + (" - ended" if ended else " - STOPPING" if snap.get("stopping")
+                      else ""), ""),
+        ("workers", f"{alive}/{desired} alive",
+         "yellow" if alive < desired and not ended else ""),
         ("memory guard", f"{snap.get('guard') or '-'}; budget {snap.get('budget_mb', '-')} MB",
          ""),
     ]

@@ -179,3 +179,17 @@ def test_top_progress_is_of_one_instant_the_runners(snapshot: dict[str, Any]) ->
     # (the counts line is the folders', as it says)
     assert "queue: pending 50  running 10  done 40  dead 2  cancelled 0  expired 0  " \
            "retries 5" in dashboard_lines(snap)
+
+
+def test_the_last_frame_of_a_run_says_it_finished_and_raises_no_alarm(
+        snapshot: dict[str, Any]) -> None:
+    # Given the runner's last snapshot: its loop has ended and its workers are gone
+    snap = {**snapshot, "stopped": True, "workers_alive": 0, "running": []}
+    # When it is drawn (it stays on the screen after the run)
+    c = record(snap)
+    # Then it says the run ended, and the workers are not flagged as missing
+    assert "pid 4242, up 20.0s - ended" in c.export_text(clear=False)
+    assert not any("yellow" in s for s in style_of(c, "0/4 alive"))
+    assert "runner pid 4242, up 20.0s - ended" in dashboard_lines(snap)
+    # (while it runs, fewer workers than wanted are)
+    assert any("yellow" in s for s in style_of(record(snapshot), "3/4 alive"))
