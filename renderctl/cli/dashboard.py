@@ -367,6 +367,8 @@ class DashboardReporter:
     def event(self, ev: Mapping[str, Any]) -> None:
         if ev.get("event") in ("dead", "stopping", "runner_started"):
             self._due = 0.0  # show these at the next tick, not a frame later
+        if ev.get("event") == "dead":
+            self._slow_due = 0.0  # and the dead-letter depth with it, not 2 s later
 
     def tick(self, runner: Any) -> None:
         now = time.monotonic()

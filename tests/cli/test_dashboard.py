@@ -193,3 +193,34 @@ def test_the_last_frame_of_a_run_says_it_finished_and_raises_no_alarm(
     assert "runner pid 4242, up 20.0s - ended" in dashboard_lines(snap)
     # (while it runs, fewer workers than wanted are)
     assert any("yellow" in s for s in style_of(record(snapshot), "3/4 alive"))
+
+
+def test_a_dead_letter_shows_in_the_depth_at_the_next_frame(snapshot: dict[str, Any]) -> None:
+    # Given the run's dashboard, drawn once with nothing in dead/
+    class Folders:
+        dead = 0
+
+        def count(self, state: str) -> int:
+            return self.dead if state == "dead" else 0
+
+    class FakeRunner:
+        q = Folders()
+        holder = object()
+
+        def snapshot(self) -> dict[str, Any]:
+            return {k: v for k, v in snapshot.items() if k != "dead_depth"}
+
+    console = Console(record=True, width=120, force_terminal=True)
+    rep = DashboardReporter(console, out_root="/srv/out", fps=4)
+    runner = FakeRunner()
+    rep.tick(runner)
+    assert "dead-letter depth 0" in console.export_text()
+
+    # When a job is dead-lettered (and reported) within the folder scan's 2-second period
+    runner.q.dead = 1
+    rep.event({"event": "dead", "job": "x"})
+    rep.tick(runner)
+
+    # Then the next frame counts it, as the run's own count of dead jobs does
+    assert "dead-letter depth 1" in console.export_text()
+    rep.close(runner)
