@@ -102,8 +102,9 @@ class TopFeed:
 def run_top(queue: Queue, console: Console, *, once: bool, interval_s: float = 0.5) -> None:
     """Redraw until Ctrl-C (or once); returns normally either way."""
     feed = TopFeed(queue)
-    if not console.is_terminal:
+    if not console.is_terminal or console.is_dumb_terminal:
         # Plain lines, as `status` prints on a pipe: a frame would be boxes cut to 80 columns.
+        # (A dumb terminal cannot redraw: a live view would show nothing until it stopped.)
         write_out("\n".join(dashboard_lines(feed.snapshot())) + "\n")
         return
     if once:

@@ -268,3 +268,30 @@ def test_top_with_a_runner_takes_the_oldest_pending_age_from_it(
     monkeypatch.setattr(top, "read_runner_state", lambda queue: None)
     with pytest.raises(AssertionError, match="scanned"):
         feed.snapshot()
+
+
+def test_top_on_a_dumb_terminal_prints_plain_lines_at_once(tmp_path: Path) -> None:
+    from renderctl.store import Queue
+
+    # Given a queue, and a terminal that cannot move its cursor (TERM=dumb: an editor's
+    # shell buffer), where a live view draws nothing until it stops
+    q = tmp_path / "q"
+    Queue(q).close()
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 100, 0, 0))
+    dumb = {**env(), "TERM": "dumb"}
+    dumb.pop("NO_COLOR")
+
+    # When `top` runs there
+    top = subprocess.Popen([*RENDERCTL, "top", "--queue", str(q)], cwd=tmp_path, env=dumb,
+                           stdin=slave, stdout=slave, stderr=subprocess.PIPE, close_fds=True)
+    os.close(slave)
+    try:
+        # Then it prints the frame's lines, as on a pipe, and exits by itself
+        screen = read_pty_until(master, b"no runner is alive")
+        assert wait_reading_pty(top, master) == 0
+    finally:
+        if top.poll() is None:
+            top.kill()
+        os.close(master)
+    assert b"\x1b[" not in screen and f"queue {q}".encode() in screen, screen
