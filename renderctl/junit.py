@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import socket
 import time
 import xml.etree.ElementTree as ET
@@ -24,6 +25,10 @@ from renderctl.store import Queue
 TERMINAL_EVENTS = {"completed": "done", "dead": "dead", "cancelled": "cancelled",
                    "expired": "expired"}
 STDERR_TAIL_LINES = 20
+# What XML 1.0 has no character for: the C0 controls but tab, newline and carriage return,
+# a lone surrogate, U+FFFE and U+FFFF. A job's exception or stderr may hold them (an ANSI
+# colour code, a NUL); written as they are, no XML parser would read the report.
+_NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
 
 
 @dataclass(frozen=True)
@@ -42,6 +47,13 @@ class Case:
         return self.state in ("dead", "cancelled", "expired")
 
 
+def xml_text(text: str) -> str:
+    """``text`` with each character XML cannot hold shown as an escape (``\\x1b``,
+    ``\\udcff``), as a `dead list` row shows a control character; the rest as it was."""
+    return _NOT_XML.sub(lambda m: (f"\\x{ord(m[0]):02x}" if ord(m[0]) < 0x100
+                                   else f"\\u{ord(m[0]):04x}"), text)
+
+
 def junit_xml(cases: Sequence[Case], *, suite: str = "renderctl", wall_s: float = 0.0) -> bytes:
     """The document: one ``<testsuite>`` inside ``<testsuites>``."""
     failures = sum(1 for c in cases if c.failed)
@@ -53,13 +65,16 @@ def junit_xml(cases: Sequence[Case], *, suite: str = "renderctl", wall_s: float 
         **attrs, "hostname": socket.gethostname(),
         "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())})
     for c in cases:
-        tc = ET.SubElement(ts, "testcase", {"name": c.name, "classname": c.classname,
+        tc = ET.SubElement(ts, "testcase", {"name": xml_text(c.name),
+                                            "classname": xml_text(c.classname),
                                             "time": f"{c.time_s:.3f}"})
         if c.failed:
-            f = ET.SubElement(tc, "failure", {"message": c.message or c.state, "type": c.state})
-            f.text = c.detail or c.message
+            f = ET.SubElement(tc, "failure", {"message": xml_text(c.message or c.state),
+                                              "type": c.state})
+            f.text = xml_text(c.detail or c.message)
         elif c.state == "unfinished":
-            ET.SubElement(tc, "skipped", {"message": c.message or "not finished in this run"})
+            ET.SubElement(tc, "skipped",
+                          {"message": xml_text(c.message or "not finished in this run")})
     ET.indent(root)
     return ET.tostring(root, encoding="utf-8", xml_declaration=True) + b"\n"
 

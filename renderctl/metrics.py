@@ -217,6 +217,12 @@ def _num(v: float) -> str:
     return repr(float(v))
 
 
+def _label(value: str) -> str:
+    """A label value as the text format writes it: backslash, quote and newline escaped
+    (an outcome comes from events.jsonl, which any version, or hand, may have written)."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
 def _family(lines: list[str], name: str, kind: str, help_: str) -> None:
     lines.append(f"# HELP {name} {help_}")
     lines.append(f"# TYPE {name} {kind}")
@@ -237,7 +243,7 @@ def exposition(m: Metrics) -> str:
     lines: list[str] = []
     _family(lines, "renderctl_jobs", "gauge", "Jobs in the queue, by state (folder).")
     for state, n in m.jobs.items():
-        lines.append(f'renderctl_jobs{{state="{state}"}} {n}')
+        lines.append(f'renderctl_jobs{{state="{_label(state)}"}} {n}')
     _family(lines, "renderctl_dead_letter_depth", "gauge", "Jobs in the dead-letter folder.")
     lines.append(f"renderctl_dead_letter_depth {m.jobs.get('dead', 0)}")
     _family(lines, "renderctl_corrupt_files", "gauge", "Quarantined unparseable queue files.")
@@ -249,7 +255,7 @@ def exposition(m: Metrics) -> str:
     _family(lines, "renderctl_attempts_total", "counter",
             "Attempts that ended, by outcome (from events.jsonl).")
     for outcome, n in sorted(t.attempts.items()):
-        lines.append(f'renderctl_attempts_total{{outcome="{outcome}"}} {n}')
+        lines.append(f'renderctl_attempts_total{{outcome="{_label(outcome)}"}} {n}')
     _family(lines, "renderctl_redeliveries_total", "counter",
             "Attempts beyond a job's first (retries and crash recoveries).")
     lines.append(f"renderctl_redeliveries_total {t.redeliveries}")

@@ -333,7 +333,7 @@ class QueueBackend(Protocol):
 
     def list_ids(self, state: State) -> list[str]: ...
 
-    def status(self) -> QueueStatus: ...
+    def status(self, *, oldest_pending: bool = True) -> QueueStatus: ...
 
 
 def _holder_alive(info: Mapping[str, Any]) -> bool | None:
@@ -659,17 +659,32 @@ class Queue:
             return None
         return None if oldest is None else max(0.0, self.clock.wall() - oldest)
 
-    def status(self) -> QueueStatus:
+    def status(self, *, oldest_pending: bool = True) -> QueueStatus:
+        """Counts, running records, runner; ``oldest_pending=False`` skips the age of the
+        oldest pending job (None then): a stat of every pending record, which a caller
+        that has the runner's figure need not pay for."""
         running = []
         for jid in self.list_ids(State.RUNNING):
             rec = self._read_or_quarantine(self.record_path(State.RUNNING, jid))
             if rec is not None:
                 running.append(rec)
         # Counted after the reads above: a record they quarantined is then counted once, as
-        # corrupt, not also as running.
-        counts = {s.value: self.count(s) for s in State}
+        # corrupt, not also as running. And each job once, where `find` finds it: a runner
+        # renames a job's new record into done/ (pending/, for a retry) before it retires the
+        # running copy, and a claim between the listings of pending/ and running/ (listed in
+        # that order) shows the job in both. A running copy with a record elsewhere is stale.
+        listed = {s: [n for n in os.listdir(self.dir(s)) if n.endswith(".json")]
+                  for s in State}
+        in_running = set(listed[State.RUNNING])
+        stale = {n for s, names in listed.items() if s is not State.RUNNING
+                 for n in names if n in in_running} if in_running else set()
+        counts = {s.value: len(names) for s, names in listed.items()}
+        counts[State.RUNNING.value] -= len(stale)
+        live = in_running - stale
+        running = [r for r in running if f"{r.spec.id}.json" in live]
         return QueueStatus(counts=counts,
-                           oldest_pending_age_s=self.oldest_pending_age_s(),
+                           oldest_pending_age_s=(self.oldest_pending_age_s() if oldest_pending
+                                                 else None),
                            running=tuple(running), corrupt=self.count("corrupt"),
                            runner=self.runner_info())
 

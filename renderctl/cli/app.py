@@ -1099,7 +1099,8 @@ def dead_list(queue: QueueOpt = None, as_json: JsonOpt = False) -> None:
         print(f"{r['id']}\t{r['outcome'] or '-'}\tattempts={r['attempts']}\t"
               f"{out.one_line(r['error'] or r['reason'] or '-')}")
     if not rows:
-        print("no dead-lettered jobs")
+        # On stderr: stdout holds rows only, so `dead list | cut -f1` reads no ids here.
+        out.err("no dead-lettered jobs")
 
 
 @dead_app.command("retry")

@@ -8,6 +8,7 @@ import os
 import sys
 from typing import Any
 
+from rich.cells import cell_len
 from rich.console import Console
 
 
@@ -31,6 +32,14 @@ def console(*, stderr: bool = False) -> Console:
         return Console(stderr=stderr, no_color=True, color_system=None, highlight=False,
                        force_terminal=False, soft_wrap=True, emoji=False)
     return Console(stderr=stderr, highlight=False)
+
+
+def table_width(columns: Any) -> int:
+    """The width a rich ``Table`` (its default box and padding) needs to show every cell
+    whole: ``columns`` holds each column's header and cells as printed. Wider than the
+    terminal, rich would cut ids and numbers to "inv-…" or drop whole columns; the caller
+    prints lines instead."""
+    return sum(max(map(cell_len, col)) + 3 for col in columns) + 1
 
 
 def write_out(text: str) -> None:

@@ -30,11 +30,13 @@ from renderctl.cli.console import (
     one_line,
     reader_gone,
     silence_stdout,
+    table_width,
 )
 
 MEMORY_WARN = 0.85  # share of the ceiling at which a job's memory bar turns red
 TERMINAL = ("done", "dead", "cancelled", "expired")
 DEFAULT_FPS = 4.0
+MEMORY_BAR = 12  # the width of a running job's memory bar (a space follows it)
 SLOW_INTERVAL_S = 2.0  # folder scans (dead-letter depth, oldest pending) at most this often
 
 
@@ -47,17 +49,22 @@ def _pct(p: Mapping[str, Any] | None) -> str:
 def _progress(snap: Mapping[str, Any]) -> tuple[int, int, int]:
     """(finished, remaining, total) of the batch this runner works on."""
     qc = snap.get("queue_counts")
-    # With no runner there is no "this run": the whole queue is the batch.
+    # With no runner there is no "this run": the whole queue is the batch. With one, the
+    # runner's own figures, all of one instant: its finished count and the folders' later
+    # pending count would add up to a batch that shrinks as its jobs finish.
+    whole_queue = snap.get("runner_alive") is False or "pending_known" not in snap
     counts = (qc if qc and snap.get("runner_alive") is False else snap.get("counts")) or {}
     finished = sum(int(counts.get(s, 0)) for s in TERMINAL)
-    if qc:
+    if qc and whole_queue:
         remaining = int(qc.get("pending", 0)) + int(qc.get("running", 0))
     else:
+        # in_flight: every job claimed and not finished, those waiting for a worker
+        # (claimed_waiting) among them.
         in_flight = snap.get("in_flight")
         if in_flight is None:
-            in_flight = len(snap.get("running") or ())
-        remaining = (int(snap.get("pending_known") or 0) + int(snap.get("claimed_waiting") or 0)
-                     + int(in_flight))
+            in_flight = (int(snap.get("claimed_waiting") or 0)
+                         + len(snap.get("running") or ()))
+        remaining = int(snap.get("pending_known") or 0) + int(in_flight)
     return finished, remaining, finished + remaining
 
 
@@ -70,10 +77,15 @@ def _header_rows(snap: Mapping[str, Any]) -> list[tuple[str, str, str]]:
                                "folders)", "bold yellow"))
         return rows
     alive, desired = snap.get("workers_alive", 0), snap.get("workers_desired", 0)
+    # "stopped": the run's loop has ended (its last frame, which stays on the screen): its
+    # workers are gone because it let them go, nothing to flag.
+    ended = bool(snap.get("stopped"))
     rows += [
         ("runner", f"pid {snap.get('pid', '-')}, up {human_duration(snap.get('uptime_s'))}"
-                   + (" - STOPPING" if snap.get("stopping") else ""), ""),
-        ("workers", f"{alive}/{desired} alive", "yellow" if alive < desired else ""),
+                   + (" - ended" if ended else " - STOPPING" if snap.get("stopping")
+                      else ""), ""),
+        ("workers", f"{alive}/{desired} alive",
+         "yellow" if alive < desired and not ended else ""),
         ("memory guard", f"{snap.get('guard') or '-'}; budget {snap.get('budget_mb', '-')} MB",
          ""),
     ]
@@ -118,30 +130,71 @@ def _memory_cell(job: Mapping[str, Any]) -> RenderableType:
     hot = share >= MEMORY_WARN
     style = "red" if hot else "green"
     grid = Table.grid(padding=(0, 1))
-    grid.add_column(width=12)
+    grid.add_column(width=MEMORY_BAR)
     grid.add_column()
     grid.add_row(ProgressBar(total=float(limit), completed=float(min(used or 0, limit)),
-                             width=12, complete_style=style, finished_style=style),
+                             width=MEMORY_BAR, complete_style=style, finished_style=style),
                  Text(f"{human_bytes(used)}/{human_bytes(limit)}",
                       style="bold red" if hot else ""))
     return grid
 
 
-def _running(jobs: Sequence[Mapping[str, Any]], *, limit: int = 20) -> Table:
-    t = Table(title=f"running ({len(jobs)})", title_justify="left", expand=False)
-    for col in ("id", "kind", "worker pid", "attempt", "elapsed / timeout",
-                "memory / ceiling"):
+RUNNING_COLUMNS = ("id", "kind", "worker pid", "attempt", "elapsed / timeout",
+                   "memory / ceiling")
+
+
+def _late(job: Mapping[str, Any]) -> bool:
+    elapsed, timeout = job.get("elapsed_s"), job.get("timeout_s")
+    return bool(timeout) and (elapsed or 0) >= MEMORY_WARN * float(timeout or 0)
+
+
+def _hot(job: Mapping[str, Any]) -> bool:
+    limit = job.get("memory_limit_bytes") or 0
+    return limit > 0 and (job.get("memory_bytes") or 0) / limit >= MEMORY_WARN
+
+
+def _running_line(j: Mapping[str, Any]) -> str:
+    """One running job on one line, as `top` prints it on a pipe."""
+    memory = human_bytes(j.get("memory_bytes"))
+    if j.get("memory_limit_bytes"):
+        memory += f"/{human_bytes(j.get('memory_limit_bytes'))}"
+    return (f"running {j.get('id')} kind={j.get('kind') or '-'} "
+            f"worker_pid={j.get('pid') or '-'} attempt={j.get('attempt') or '-'} "
+            f"elapsed={human_duration(j.get('elapsed_s'))}/"
+            f"{human_duration(j.get('timeout_s'))} memory={memory}")
+
+
+def _running(jobs: Sequence[Mapping[str, Any]], *, width: int = 120,
+             limit: int = 20) -> RenderableType:
+    shown = list(jobs)[:limit]
+    rows = [(str(j.get("id")), str(j.get("kind") or "-"), str(j.get("pid") or "-"),
+             str(j.get("attempt") or "-"),
+             f"{human_duration(j.get('elapsed_s'))} / {human_duration(j.get('timeout_s'))}",
+             f"{human_bytes(j.get('memory_bytes'))}/{human_bytes(j.get('memory_limit_bytes'))}"
+             if j.get("memory_limit_bytes") else human_bytes(j.get("memory_bytes")))
+            for j in shown]
+    # The memory cell's bar is not text: counted as as many spaces.
+    measured = [(*row[:5], " " * (MEMORY_BAR + 1) * bool(j.get("memory_limit_bytes"))
+                 + row[5]) for row, j in zip(rows, shown, strict=True)]
+    more = f"... {len(jobs) - limit} more" if len(jobs) > limit else None
+    title = f"running ({len(jobs)})"
+    if table_width(zip(RUNNING_COLUMNS, *measured, strict=True)) > width:
+        # Too narrow for the table (rich would cut every cell, or drop columns): a line
+        # per job, which wraps whole, red when the job nears its timeout or ceiling.
+        lines = [Text(title, style="italic")]
+        lines += [Text(_running_line(j), style="red" if _late(j) or _hot(j) else "")
+                  for j in shown]
+        if more:
+            lines.append(Text(more))
+        return Group(*lines)
+    t = Table(title=title, title_justify="left", expand=False)
+    for col in RUNNING_COLUMNS:
         t.add_column(col, no_wrap=True)
-    for j in list(jobs)[:limit]:
-        elapsed, timeout = j.get("elapsed_s"), j.get("timeout_s")
-        late = bool(timeout) and (elapsed or 0) >= MEMORY_WARN * float(timeout or 0)
-        t.add_row(str(j.get("id")), str(j.get("kind") or "-"), str(j.get("pid") or "-"),
-                  str(j.get("attempt") or "-"),
-                  Text(f"{human_duration(elapsed)} / {human_duration(timeout)}",
-                       style="red" if late else ""),
+    for row, j in zip(rows, shown, strict=True):
+        t.add_row(*map(Text, row[:4]), Text(row[4], style="red" if _late(j) else ""),
                   _memory_cell(j))
-    if len(jobs) > limit:
-        t.add_row(f"... {len(jobs) - limit} more", "", "", "", "", "")
+    if more:
+        t.add_row(more, "", "", "", "", "")
     return t
 
 
@@ -195,19 +248,46 @@ def _latency(snap: Mapping[str, Any]) -> Text:
     return text
 
 
-def _failures(fails: Sequence[Mapping[str, Any]], *, width: int) -> Table:
+FAILURE_COLUMNS = ("id", "event", "attempt", "outcome", "cause")
+MIN_CAUSE = 20
+
+
+def _failure_parts(f: Mapping[str, Any]) -> tuple[str, str, str, str, str]:
+    # One line per failure (a multi-line exception escaped).
+    return (str(f.get("job")), str(f.get("event") or "-"), str(f.get("attempt") or "-"),
+            str(f.get("outcome") or "-"), one_line(f.get("error") or f.get("reason") or "-"))
+
+
+def _failure_line(f: Mapping[str, Any]) -> str:
+    """One failure on one line, as `top` prints it on a pipe."""
+    job, event, attempt, outcome, cause = _failure_parts(f)
+    return f"failure {job} event={event} attempt={attempt} outcome={outcome} cause={cause}"
+
+
+def _cut(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def _failures(fails: Sequence[Mapping[str, Any]], *, width: int) -> RenderableType:
+    rows = [_failure_parts(f) for f in list(fails)[-5:]]
+    fixed = table_width(zip(FAILURE_COLUMNS[:4], *(r[:4] for r in rows), strict=True))
+    if fixed + MIN_CAUSE + 3 > width:
+        # Too narrow for the table: a line per failure, cut to three rows of the terminal
+        # (to no less of its cause than the table shows).
+        lines = [Text("last failures", style="italic")]
+        for f, row in zip(list(fails)[-5:], rows, strict=True):
+            line = _failure_line(f)
+            lines.append(Text(_cut(line, max(len(line) - len(row[4]) + MIN_CAUSE,
+                                             3 * width - 1))))
+        return Group(*lines)
     t = Table(title="last failures", title_justify="left", expand=False)
-    for col in ("id", "event", "attempt", "outcome", "cause"):
+    for col in FAILURE_COLUMNS:
         t.add_column(col, no_wrap=col != "cause", overflow="fold")
-    cause_w = max(20, width - 60)
-    for f in list(fails)[-5:]:
-        # One row per failure (a multi-line exception escaped), and Text, not a str: rich
-        # would read "[...]" in a job's message as markup.
-        cause = one_line(f.get("error") or f.get("reason") or "-")
-        if len(cause) > cause_w:
-            cause = cause[: cause_w - 3] + "..."
-        t.add_row(str(f.get("job")), str(f.get("event") or "-"), str(f.get("attempt") or "-"),
-                  Text(str(f.get("outcome") or "-"), style="red"), Text(cause))
+    cause_w = max(MIN_CAUSE, width - fixed - 3)
+    for job, event, attempt, outcome, cause in rows:
+        # Text, not a str: rich would read "[...]" in a job's message as markup.
+        t.add_row(Text(job), Text(event), Text(attempt), Text(outcome, style="red"),
+                  Text(_cut(cause, cause_w)))
     return t
 
 
@@ -216,7 +296,7 @@ def render_dashboard(snapshot: Mapping[str, Any], *, width: int = 120) -> Render
     parts: list[RenderableType] = [_header(snapshot), _progress_row(snapshot, width)]
     running = snapshot.get("running") or ()
     if running:
-        parts.append(_running(running))
+        parts.append(_running(running, width=width))
     else:
         parts.append(Text("running: none", style="dim"))
     parts.append(_counts(snapshot))
@@ -237,14 +317,7 @@ def dashboard_lines(snapshot: Mapping[str, Any]) -> list[str]:
     running = snapshot.get("running") or ()
     if not running:
         lines.append("running: none")
-    for j in running:
-        memory = human_bytes(j.get("memory_bytes"))
-        if j.get("memory_limit_bytes"):
-            memory += f"/{human_bytes(j.get('memory_limit_bytes'))}"
-        lines.append(f"running {j.get('id')} kind={j.get('kind') or '-'} "
-                     f"worker_pid={j.get('pid') or '-'} attempt={j.get('attempt') or '-'} "
-                     f"elapsed={human_duration(j.get('elapsed_s'))}/"
-                     f"{human_duration(j.get('timeout_s'))} memory={memory}")
+    lines += [_running_line(j) for j in running]
     whose, shown, dead = _count_parts(snapshot)
     lines.append(f"{whose}: " + "  ".join(f"{state} {n}" for state, n in shown.items())
                  + f"  retries {_retries(snapshot)}")
@@ -252,10 +325,7 @@ def dashboard_lines(snapshot: Mapping[str, Any]) -> list[str]:
                  f"{human_duration(snapshot.get('oldest_pending_age_s'))}")
     lines.append(f"accepted -> first attempt {_pct(snapshot.get('wait_s'))}    "
                  f"execution {_pct(snapshot.get('exec_s'))}")
-    for f in list(snapshot.get("recent_failures") or ())[-5:]:
-        lines.append(f"failure {f.get('job')} event={f.get('event') or '-'} "
-                     f"attempt={f.get('attempt') or '-'} outcome={f.get('outcome') or '-'} "
-                     f"cause={one_line(f.get('error') or f.get('reason') or '-')}")
+    lines += [_failure_line(f) for f in list(snapshot.get("recent_failures") or ())[-5:]]
     return lines
 
 
@@ -297,6 +367,8 @@ class DashboardReporter:
     def event(self, ev: Mapping[str, Any]) -> None:
         if ev.get("event") in ("dead", "stopping", "runner_started"):
             self._due = 0.0  # show these at the next tick, not a frame later
+        if ev.get("event") == "dead":
+            self._slow_due = 0.0  # and the dead-letter depth with it, not 2 s later
 
     def tick(self, runner: Any) -> None:
         now = time.monotonic()

@@ -7,8 +7,9 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
-from renderctl.cli.console import human_bytes, human_duration, one_line, plain
+from renderctl.cli.console import human_bytes, human_duration, one_line, plain, table_width
 from renderctl.lifecycle import State
 from renderctl.store import JobView, Queue, QueueStatus
 
@@ -55,31 +56,47 @@ def render_status(c: Console, q: Queue, st: QueueStatus) -> None:
     runner_line = (f"runner pid {runner.get('pid')} on {runner.get('host')}, memory guard "
                    f"{data['memory_guard']}" if runner
                    else f"no runner (memory guard here: {data['memory_guard']})")
+    states = [s.value for s in State]
+    counts = [(s, str(data[s])) for s in states] + [("corrupt", str(st.corrupt))]
+    # holder_pid, as --json names it: the runner holding the lease, not the worker (`top`
+    # shows the worker's pid; a bare "pid" read as either).
+    running_lines = [f"running {j['id']} kind={j['kind']} attempt={j['attempt']} "
+                     f"elapsed={human_duration(j['elapsed_s'])} holder_pid={j['holder_pid']}"
+                     for j in data["running_jobs"]]
     if plain():
-        counts = " ".join(f"{s.value}={data[s.value]}" for s in State)
-        print(f"queue {q.path}: {counts} corrupt={st.corrupt}")
+        print(f"queue {q.path}: " + " ".join(f"{k}={v}" for k, v in counts))
         print(f"oldest pending: {human_duration(st.oldest_pending_age_s)}; {runner_line}")
-        for j in data["running_jobs"]:
-            # holder_pid, as --json names it: the runner holding the lease, not the worker
-            # (`top` shows the worker's pid; a bare "pid" read as either).
-            print(f"running {j['id']} kind={j['kind']} attempt={j['attempt']} "
-                  f"elapsed={human_duration(j['elapsed_s'])} holder_pid={j['holder_pid']}")
+        for line in running_lines:
+            print(line)
         return
-    t = Table(title=f"queue {q.path}", show_header=True)
-    for s in State:
-        t.add_column(s.value, justify="right")
-    t.add_column("corrupt", justify="right")
-    t.add_row(*[str(data[s.value]) for s in State], str(st.corrupt))
-    c.print(t)
-    c.print(f"oldest pending: {human_duration(st.oldest_pending_age_s)}; {runner_line}")
-    if data["running_jobs"]:
-        rt = Table(title="running")
-        for col in ("id", "kind", "attempt", "elapsed", "timeout", "ceiling"):
-            rt.add_column(col)
-        for j in data["running_jobs"]:
-            rt.add_row(j["id"], j["kind"], str(j["attempt"]), human_duration(j["elapsed_s"]),
-                       human_duration(j["timeout_s"]), f"{j['memory_mb']} MB")
-        c.print(rt)
+    # Text, not str: rich would read "[...]" in a folder's name as markup. A table wider
+    # than the terminal would be cut ("pe…"): its lines instead, which wrap.
+    if table_width(counts) <= c.width:
+        c.print(Text(f"queue {q.path}"))
+        t = Table(show_header=True)
+        for name, _ in counts:
+            t.add_column(name, justify="right")
+        t.add_row(*[n for _, n in counts])
+        c.print(t)
+    else:
+        c.print(Text(f"queue {q.path}: " + " ".join(f"{k}={v}" for k, v in counts)))
+    c.print(Text(f"oldest pending: {human_duration(st.oldest_pending_age_s)}; {runner_line}"))
+    if not data["running_jobs"]:
+        return
+    columns = ("id", "kind", "attempt", "elapsed", "timeout", "ceiling")
+    rows = [(str(j["id"]), str(j["kind"]), str(j["attempt"]), human_duration(j["elapsed_s"]),
+             human_duration(j["timeout_s"]), f"{j['memory_mb']} MB")
+            for j in data["running_jobs"]]
+    if table_width(zip(columns, *rows, strict=True)) > c.width:
+        for line in running_lines:
+            c.print(Text(line))
+        return
+    rt = Table(title="running")
+    for col in columns:
+        rt.add_column(col)
+    for row in rows:
+        rt.add_row(*map(Text, row))
+    c.print(rt)
 
 
 def show_json(view: JobView) -> dict[str, Any]:

@@ -424,3 +424,20 @@ def test_a_duplicate_id_across_manifests_names_the_file_to_edit(tmp_path: Path) 
     [problem] = json.loads(res.stdout)["problems"]
     assert (problem["file"], problem["job"], problem["field"]) == (str(second), "a", "id")
     assert problem["message"] == f"duplicate job id (also in {first})"
+
+
+def test_an_empty_dead_list_prints_no_row(tmp_path: Path) -> None:
+    # Given a queue with nothing dead-lettered
+    manifest = write_jobs(tmp_path / "m", [job("fine", "write")])
+    q = tmp_path / "q"
+    assert cli("submit", manifest, "--queue", q, "--out", tmp_path / "out",
+               cwd=tmp_path).returncode == 0
+
+    # When the dead folder is listed for a script (`dead list | cut -f1 | xargs ...`)
+    dead = cli("dead", "list", "--queue", q, cwd=tmp_path)
+
+    # Then stdout holds no row (a sentence there would be read as ids); a person still
+    # reads that there is none, on stderr
+    assert dead.returncode == 0, dead.stderr
+    assert dead.stdout == "", dead.stdout
+    assert "no dead-lettered jobs" in dead.stderr

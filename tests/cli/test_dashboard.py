@@ -54,8 +54,9 @@ def test_header_progress_and_counts(snapshot: dict[str, Any]) -> None:
     # Header: queue, output root, workers alive/desired, memory guard, budget.
     assert "/srv/q" in text and "/srv/out" in text
     assert "3/4 alive" in text and "cgroup-v2" in text and "1600 MB" in text
-    # Progress: 32 finished of 32 + (60 pending + 2 claimed + 8 in flight); 1.6 jobs/s.
-    assert "32/102 jobs" in text and "1.6 jobs/s" in text and "ETA 43.8s" in text
+    # Progress: 32 finished of 32 + (60 pending + 8 in flight, the 2 claimed and waiting
+    # for a worker among them); 1.6 jobs/s.
+    assert "32/100 jobs" in text and "1.6 jobs/s" in text and "ETA 42.5s" in text
     assert "━" in text  # the bar itself
     assert "done 30" in text and "dead 2" in text and "retries 5" in text
     assert "dead-letter depth 7" in text and "oldest pending 95.0s" in text
@@ -115,7 +116,7 @@ def test_plain_lines_carry_what_the_frame_shows(snapshot: dict[str, Any]) -> Non
     # Then each part of the frame is there, one line each, nothing cut or boxed
     for expected in ("queue /srv/q", "output root /srv/out", "runner pid 4242, up 20.0s",
                      "workers 3/4 alive", "memory guard cgroup-v2; budget 1600 MB",
-                     "progress 32/102 jobs  1.6 jobs/s  ETA 43.8s",
+                     "progress 32/100 jobs  1.6 jobs/s  ETA 42.5s",
                      "running inv-cool kind=invoice worker_pid=101 attempt=1 elapsed=1.5s/2.0m "
                      "memory=40.0MiB/400.0MiB",
                      "this run: pending 60  running 2  done 30  dead 2  cancelled 0  "
@@ -164,3 +165,62 @@ def test_reporter_is_rate_limited_and_cheap_when_not_due(snapshot: dict[str, Any
     assert runner.calls == 1  # 2000 ticks within a frame period: one frame
     rep.close(runner)
     assert "report-hot" in console.export_text()
+
+
+def test_top_progress_is_of_one_instant_the_runners(snapshot: dict[str, Any]) -> None:
+    # Given `top`'s snapshot: the runner's (written each second) and the folder counts read
+    # now, after 10 more jobs finished
+    snap = {**snapshot, "runner_alive": True,
+            "queue_counts": {"pending": 50, "running": 10, "done": 40, "dead": 2,
+                             "cancelled": 0, "expired": 0}}
+    # When it is drawn, then the batch's size is the runner's 32 + 68, not 32 finished of
+    # the runner's second plus the 60 left now (a total that shrinks while jobs finish)
+    assert "progress 32/100 jobs  1.6 jobs/s  ETA 42.5s" in dashboard_lines(snap)
+    # (the counts line is the folders', as it says)
+    assert "queue: pending 50  running 10  done 40  dead 2  cancelled 0  expired 0  " \
+           "retries 5" in dashboard_lines(snap)
+
+
+def test_the_last_frame_of_a_run_says_it_finished_and_raises_no_alarm(
+        snapshot: dict[str, Any]) -> None:
+    # Given the runner's last snapshot: its loop has ended and its workers are gone
+    snap = {**snapshot, "stopped": True, "workers_alive": 0, "running": []}
+    # When it is drawn (it stays on the screen after the run)
+    c = record(snap)
+    # Then it says the run ended, and the workers are not flagged as missing
+    assert "pid 4242, up 20.0s - ended" in c.export_text(clear=False)
+    assert not any("yellow" in s for s in style_of(c, "0/4 alive"))
+    assert "runner pid 4242, up 20.0s - ended" in dashboard_lines(snap)
+    # (while it runs, fewer workers than wanted are)
+    assert any("yellow" in s for s in style_of(record(snapshot), "3/4 alive"))
+
+
+def test_a_dead_letter_shows_in_the_depth_at_the_next_frame(snapshot: dict[str, Any]) -> None:
+    # Given the run's dashboard, drawn once with nothing in dead/
+    class Folders:
+        dead = 0
+
+        def count(self, state: str) -> int:
+            return self.dead if state == "dead" else 0
+
+    class FakeRunner:
+        q = Folders()
+        holder = object()
+
+        def snapshot(self) -> dict[str, Any]:
+            return {k: v for k, v in snapshot.items() if k != "dead_depth"}
+
+    console = Console(record=True, width=120, force_terminal=True)
+    rep = DashboardReporter(console, out_root="/srv/out", fps=4)
+    runner = FakeRunner()
+    rep.tick(runner)
+    assert "dead-letter depth 0" in console.export_text()
+
+    # When a job is dead-lettered (and reported) within the folder scan's 2-second period
+    runner.q.dead = 1
+    rep.event({"event": "dead", "job": "x"})
+    rep.tick(runner)
+
+    # Then the next frame counts it, as the run's own count of dead jobs does
+    assert "dead-letter depth 1" in console.export_text()
+    rep.close(runner)

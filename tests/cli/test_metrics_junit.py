@@ -10,31 +10,65 @@ from pathlib import Path
 import pytest
 from clihelp import cli, job, write_jobs
 
-SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{([^}]*)\})? (\S+)$')
+NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
+LABEL_VALUE = r'"(?:[^"\\\n]|\\[\\"n])*"'  # only \\, \" and \n may be escaped
+PAIR = rf"[a-zA-Z_][a-zA-Z0-9_]*={LABEL_VALUE}"
+LABELS = rf"\{{(?:{PAIR}(?:,{PAIR})*,?)?\}}"
+VALUE = r"[-+]?(?:[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?|Inf|NaN)"
+SAMPLE = re.compile(rf"^({NAME})({LABELS})? ({VALUE})( -?[0-9]+)?$")
+HELP = re.compile(rf"^# HELP ({NAME}) ((?:[^\\\n]|\\[\\n])*)$")
+TYPE = re.compile(rf"^# TYPE ({NAME}) (counter|gauge|histogram|summary|untyped)$")
 LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+UNESCAPE = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
 
 
 def parse_prometheus(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """A small parser of the text format 0.0.4; fails on any line it does not understand."""
+    """A strict parser of the text format 0.0.4: it fails on any line a Prometheus server
+    would reject (a bad name, an unescaped label value, a sample of no declared family, a
+    family split in two, a histogram whose buckets do not add up)."""
     assert text.endswith("\n")
     samples: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
     types: dict[str, str] = {}
+    helped: set[str] = set()
+    done_families: set[str] = set()
+    current: str | None = None
     for line in text.splitlines():
-        if line.startswith("# HELP "):
-            continue
-        if line.startswith("# TYPE "):
-            _, _, name, kind = line.split(" ")
-            assert kind in ("counter", "gauge", "histogram", "summary", "untyped")
-            types[name] = kind
+        if line.startswith("#"):
+            m = HELP.match(line) or TYPE.match(line)
+            assert m, f"not a HELP or TYPE line: {line!r}"
+            name = m.group(1)
+            assert name not in done_families, f"{name} declared again: {line!r}"
+            if line.startswith("# HELP "):
+                assert name not in helped, f"two HELP lines for {name}"
+                helped.add(name)
+            else:
+                assert name not in types, f"two TYPE lines for {name}"
+                types[name] = m.group(2)
+            if current not in (None, name):
+                done_families.add(current)
+            current = name
             continue
         m = SAMPLE.match(line)
         assert m, f"not a sample line: {line!r}"
-        name, _, labels, value = m.groups()
-        family = re.sub(r"_(bucket|sum|count)$", "", name)
-        assert name in types or family in types, f"{name} has no TYPE"
-        key = (name, tuple(LABEL.findall(labels or "")))
+        name, labels, value = m.group(1), m.group(2), m.group(3)
+        family = name
+        if types.get(current or "") == "histogram":
+            family = re.sub(r"_(bucket|sum|count)$", "", name)
+        assert family == current and family in types, f"{name} is not in its family's block"
+        pairs = tuple((k, re.sub(r'\\[\\"n]', lambda e: UNESCAPE[e[0]], v))
+                      for k, v in LABEL.findall(labels or ""))
+        key = (name, pairs)
         assert key not in samples, f"duplicate sample {key}"
         samples[key] = float(value)
+    for name, kind in types.items():  # histograms: cumulative buckets, +Inf last = count
+        if kind != "histogram":
+            continue
+        buckets = [(k[1], v) for k, v in samples.items() if k[0] == f"{name}_bucket"]
+        bounds = [float(dict(labels)["le"]) for labels, _ in buckets]
+        counts = [v for _, v in buckets]
+        assert bounds == sorted(bounds) and bounds[-1] == float("inf"), name
+        assert counts == sorted(counts), f"{name}: buckets not cumulative"
+        assert counts[-1] == samples[(f"{name}_count", ())], name
     return samples
 
 
@@ -224,3 +258,72 @@ def test_a_report_that_cannot_be_written_at_the_end_is_a_warning(tmp_path: Path)
     assert f"warning: metrics textfile {prom} not written: " in res.stderr, res.stderr
     assert "No such file or directory" in res.stderr
     assert "summary: done 1" in res.stdout
+
+
+# XML 1.0 allows tab, newline and carriage return of the C0 controls, nothing else there.
+CONTROLS = r"nul\u0000 bell\u0007 esc\u001b[31m vt\u000b ff\u000c us\u001f nonchar\uFFFE <&>]]>"
+
+
+def test_junit_report_of_a_job_whose_error_holds_control_characters_parses(
+        tmp_path: Path) -> None:
+    # Given a job that fails with control characters (an ANSI colour, a NUL, a bell) in its
+    # exception message and in the stderr it wrote first
+    manifest = write_jobs(tmp_path / "m", [job("noisy", "fail", max_attempts=1,
+                                               params={"why": CONTROLS})])
+    junit = tmp_path / "junit.xml"
+
+    # When the run writes its JUnit report
+    res = cli("run", manifest, "--queue", tmp_path / "q", "--out", tmp_path / "out",
+              "--junit", junit, cwd=tmp_path)
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "warning" not in res.stderr, res.stderr
+
+    # Then the report is well-formed XML (an XML parser accepts it), and the failure still
+    # says what happened, each control character shown as a visible escape
+    suite = ET.parse(junit).getroot().find("testsuite")
+    assert suite is not None
+    failure = suite.find("testcase/failure")
+    assert failure is not None
+    message, text = failure.get("message") or "", failure.text or ""
+    for shown in (message, text):
+        assert "nul\\x00 bell\\x07 esc\\x1b[31m" in shown, shown
+        assert "<&>]]>" in shown, shown
+    assert "about to fail: nul\\x00" in text, text
+
+
+def test_junit_xml_shows_what_xml_cannot_hold_as_escapes() -> None:
+    from renderctl.junit import Case, junit_xml
+
+    # Given cases whose texts hold what XML 1.0 has no character for: C0 controls, the
+    # non-characters U+FFFE/U+FFFF, and a lone surrogate (an undecodable byte of a path)
+    odd = "a\x00b\x08c\x1bd\ufffee\uffff f\udcff g\t\n\r h é ☃"
+    cases = [Case(name="j", classname="python", time_s=0.1, state="dead", message=odd,
+                  detail=odd)]
+
+    # When the report is made, then it parses, and what XML can hold is kept as it was
+    root = ET.fromstring(junit_xml(cases))
+    failure = root.find("testsuite/testcase/failure")
+    assert failure is not None
+    assert failure.get("message") == "a\\x00b\\x08c\\x1bd\\ufffee\\uffff f\\udcff g\t\n\r h é ☃"
+    assert (failure.text or "").startswith("a\\x00b\\x08c\\x1bd\\ufffee\\uffff f\\udcff g\t\n")
+
+
+def test_metrics_parse_whatever_outcome_the_event_log_holds(tmp_path: Path) -> None:
+    from renderctl.store import Queue
+
+    # Given an event log that names an outcome this version does not know, holding what a
+    # label value must escape (a quote, a backslash, a newline): a hand-edited log, or one
+    # written by another version
+    q = Queue(tmp_path / "q")
+    odd = 'from "v9" \\ next\nline'
+    q.events.append([{"ts": 1.0, "event": "dead", "job": "x", "outcome": odd,
+                      "attempt": 1, "elapsed_s": 0.5}])
+    q.close()
+
+    # When `renderctl metrics` prints them
+    res = cli("metrics", "--queue", tmp_path / "q", cwd=tmp_path)
+
+    # Then the exposition is valid, and counts that outcome under its own name
+    assert res.returncode == 0, res.stderr
+    s = parse_prometheus(res.stdout)
+    assert s[("renderctl_attempts_total", (("outcome", odd),))] == 1

@@ -14,6 +14,7 @@ import termios
 import time
 from pathlib import Path
 
+import pytest
 from clihelp import RENDERCTL, cli, env, job, poll, write_jobs
 
 
@@ -243,3 +244,54 @@ def test_top_without_a_runner_does_not_guess_retries_from_part_of_a_log(
     # Then it shows no count rather than a wrong one
     [counts] = [ln for ln in lines if ln.startswith("queue: ")]
     assert counts.endswith("retries -"), counts
+
+
+def test_top_with_a_runner_takes_the_oldest_pending_age_from_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from renderctl.cli import top
+    from renderctl.store import Queue
+
+    # Given a queue a runner holds, whose snapshot says how long its oldest job has waited
+    q = Queue(tmp_path / "q")
+    monkeypatch.setattr(top, "read_runner_state",
+                        lambda queue: {"pid": 1, "oldest_pending_age_s": 42.0})
+
+    # When top builds its frames, then it shows that age, and does not stat every pending
+    # record for it (at 100,000 pending, ~0.3 s of each half-second frame)
+    def no_scan(self: Queue) -> float:
+        raise AssertionError("pending/ scanned for its oldest file")
+
+    monkeypatch.setattr(Queue, "oldest_pending_age_s", no_scan)
+    feed = top.TopFeed(q)
+    assert feed.snapshot()["oldest_pending_age_s"] == 42.0
+    # (without a runner, the folder is all there is)
+    monkeypatch.setattr(top, "read_runner_state", lambda queue: None)
+    with pytest.raises(AssertionError, match="scanned"):
+        feed.snapshot()
+
+
+def test_top_on_a_dumb_terminal_prints_plain_lines_at_once(tmp_path: Path) -> None:
+    from renderctl.store import Queue
+
+    # Given a queue, and a terminal that cannot move its cursor (TERM=dumb: an editor's
+    # shell buffer), where a live view draws nothing until it stops
+    q = tmp_path / "q"
+    Queue(q).close()
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 100, 0, 0))
+    dumb = {**env(), "TERM": "dumb"}
+    dumb.pop("NO_COLOR")
+
+    # When `top` runs there
+    top = subprocess.Popen([*RENDERCTL, "top", "--queue", str(q)], cwd=tmp_path, env=dumb,
+                           stdin=slave, stdout=slave, stderr=subprocess.PIPE, close_fds=True)
+    os.close(slave)
+    try:
+        # Then it prints the frame's lines, as on a pipe, and exits by itself
+        screen = read_pty_until(master, b"no runner is alive")
+        assert wait_reading_pty(top, master) == 0
+    finally:
+        if top.poll() is None:
+            top.kill()
+        os.close(master)
+    assert b"\x1b[" not in screen and f"queue {q}".encode() in screen, screen

@@ -56,3 +56,33 @@ def test_status_keeps_a_plain_path_as_given(tmp_path: Path) -> None:
     # When `status` shows it, then it is the path the user gave (absolute), not resolved
     st = json.loads(run_cli("status", "--json", "--queue", str(tmp_path / "link" / "q")).stdout)
     assert st["queue"] == str(tmp_path / "link" / "q")
+
+
+def test_a_job_caught_between_two_folders_is_counted_once_where_show_finds_it(
+        tmp_path: Path) -> None:
+    # Given two jobs as a runner's group commit leaves them for a moment (the new record is
+    # renamed into place before the running copy is retired): `a` finished (done/ and still
+    # running/), `b` going back for a retry (pending/ and still running/)
+    queue = tmp_path / "q"
+    q = Queue(queue)
+    q.submit([{"id": j, "kind": "python", "callable": "m:f", "output": f"{j}.bin"}
+              for j in ("a", "b")], base=tmp_path, out_root=tmp_path / "out")
+    q.close()
+    (queue / "running" / "a.json").write_bytes((queue / "pending" / "a.json").read_bytes())
+    os.rename(queue / "pending" / "a.json", queue / "done" / "a.json")
+    (queue / "running" / "b.json").write_bytes((queue / "pending" / "b.json").read_bytes())
+
+    # When `status` and `metrics` count the queue
+    st = json.loads(run_cli("status", "--json", "--queue", str(queue)).stdout)
+    plain = run_cli("status", "--queue", str(queue)).stdout
+    metrics = run_cli("metrics", "--queue", str(queue)).stdout
+
+    # Then each job is counted once, in the state `show` gives it: two jobs, none running
+    assert {s: st[s] for s in ("pending", "running", "done")} == {
+        "pending": 1, "running": 0, "done": 1}, st
+    assert st["running_jobs"] == [], st["running_jobs"]
+    assert "pending=1 running=0 done=1 " in plain, plain
+    assert "running " not in plain.split("\n", 2)[2], plain  # no `running ID` line
+    assert 'renderctl_jobs{state="running"} 0\n' in metrics, metrics
+    assert json.loads(run_cli("show", "a", "--json", "--queue", str(queue)).stdout)[
+        "state"] == "done"
