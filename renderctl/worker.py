@@ -76,6 +76,7 @@ from renderctl.render.registry import BUILTIN
 TAIL_LINES = 20
 COMMAND_LOG = ".command-output"  # a command job's stdout and stderr, in its working folder
 TAIL_BYTES = 4096
+ERROR_CHARS = 4096  # an exception's message as recorded: its start and end beyond this
 MB = 1024 * 1024
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 # How long a job's leftover processes may take to die after SIGKILL (one holding 1 GiB is
@@ -843,12 +844,29 @@ def execute(job: RunJob, workdir: Path) -> dict[str, Any]:
 
 
 def _message(exc: BaseException) -> str:
-    text = str(exc)
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    try:
+        text = str(exc)
+    except BaseException:  # a job's exception whose __str__ raises is still its failure
+        text = "<str() of the exception failed>"
+    return _cut(f"{type(exc).__name__}: {text}" if text else type(exc).__name__, ERROR_CHARS)
 
 
 def _traceback_tail() -> str:
-    return "".join(traceback.format_exc().splitlines(keepends=True)[-TAIL_LINES:])
+    lines = traceback.format_exc().splitlines()[-TAIL_LINES:]
+    return "\n".join(_cut(line, ERROR_CHARS // 4) for line in lines) + "\n"
+
+
+def _cut(text: str, limit: int) -> str:
+    """``text`` kept to about ``limit`` characters: its start and its end, saying what went.
+
+    A message is copied into every attempt of the record, the event log, the run's line and
+    the JUnit report: one exception of megabytes made each of them that big.
+    """
+    if len(text) <= limit:
+        return text
+    head = limit * 3 // 4
+    tail = limit - head
+    return f"{text[:head]} [... {len(text) - head - tail} characters cut ...] {text[-tail:]}"
 
 
 def load_callable(target: str, pythonpath: str | None) -> Callable[..., Any]:

@@ -70,6 +70,20 @@ def fail(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> Non
     raise RuntimeError(params.get("message", "this job always fails"))
 
 
+def fail_at_length(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
+    """Raise with a message of ``params["chars"]`` characters, every line of it long too."""
+    raise RuntimeError("start-of-message " + "x" * int(params["chars"]) + " end-of-message")
+
+
+class _Unprintable(Exception):
+    def __str__(self) -> str:
+        raise ValueError("this exception cannot be shown")
+
+
+def fail_unprintably(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
+    raise _Unprintable()
+
+
 def fail_until_marker(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
     """Fail while ``params["marker"]`` is missing (a cause not yet fixed), then write a PDF."""
     if not Path(params["marker"]).exists():

@@ -219,6 +219,36 @@ def test_a_job_that_closes_its_workers_descriptors_fails_alone(
     assert not (tmp_path / "out" / "closer.pdf").exists()
 
 
+def test_a_job_failing_with_a_huge_or_unprintable_message_is_recorded_in_bounded_form(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given a job whose exception message is 5 million characters long, one whose
+    # exception cannot even be turned into a string, each allowed two attempts, and a job
+    stage(tmp_path)
+    manifest = write_manifest([{**py_job("loud", "fail_at_length", chars=5_000_000),
+                                "max_attempts": 2},
+                               {**py_job("mute", "fail_unprintably"), "max_attempts": 2},
+                               py_job("next", "write_pdf")])
+
+    # When one worker runs them, with the run's events as JSON Lines
+    result, view = run_in_one_worker(tmp_path, manifest, "--backoff-base", "0", "--json")
+
+    # Then each is dead after two failed attempts whose error says what was raised, cut to
+    # a size a record, an event line and a terminal can carry, saying that it was cut
+    assert result.returncode == 1, result.stderr[-2000:]
+    loud = view.record("dead", "loud")["attempts"]
+    assert [a["outcome"] for a in loud] == ["failed", "failed"]
+    for a in loud:
+        assert a["error"].startswith("RuntimeError: start-of-message xxx"), a["error"][:100]
+        assert "cut" in a["error"] and "end-of-message" in a["error"]
+        assert len(a["error"]) <= 8192 and len(a["traceback_tail"]) <= 8192
+    mute = view.record("dead", "mute")["attempts"]
+    assert [a["outcome"] for a in mute] == ["failed", "failed"], mute
+    assert all(a["error"].startswith("_Unprintable") for a in mute), mute
+    assert max(map(len, result.stdout.splitlines())) <= 64 * 1024
+    assert (tmp_path / "q" / "dead" / "loud.json").stat().st_size <= 64 * 1024
+    assert view.ids("done") == {"next"}
+
+
 # -- a job that lifts its own memory ceiling -----------------------------------------------
 
 
