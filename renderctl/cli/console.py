@@ -146,11 +146,11 @@ def one_line(text: object) -> str:
 def human_duration(seconds: float | None) -> str:
     if seconds is None:
         return "-"
-    if seconds < 1:
+    if seconds < 0.9995:  # 0.9996 s would round to "1000ms"
         return f"{seconds * 1000:.0f}ms"
-    if seconds < 120:
+    if seconds < 119.95:
         return f"{seconds:.1f}s"
-    if seconds < 7200:
+    if seconds < 7197:
         return f"{seconds / 60:.1f}m"
     return f"{seconds / 3600:.1f}h"
 

@@ -60,8 +60,8 @@ def render_status(c: Console, q: Queue, st: QueueStatus) -> None:
     counts = [(s, str(data[s])) for s in states] + [("corrupt", str(st.corrupt))]
     # holder_pid, as --json names it: the runner holding the lease, not the worker (`top`
     # shows the worker's pid; a bare "pid" read as either).
-    running_lines = [f"running {j['id']} kind={j['kind']} attempt={j['attempt']} "
-                     f"elapsed={human_duration(j['elapsed_s'])} holder_pid={j['holder_pid']}"
+    running_lines = [f"running {j['id']} kind={j['kind']} attempt={j['attempt'] or '-'} "
+                     f"elapsed={human_duration(j['elapsed_s'])} holder_pid={j['holder_pid'] or '-'}"
                      for j in data["running_jobs"]]
     if plain():
         print(f"queue {q.path}: " + " ".join(f"{k}={v}" for k, v in counts))
@@ -84,7 +84,7 @@ def render_status(c: Console, q: Queue, st: QueueStatus) -> None:
     if not data["running_jobs"]:
         return
     columns = ("id", "kind", "attempt", "elapsed", "timeout", "ceiling")
-    rows = [(str(j["id"]), str(j["kind"]), str(j["attempt"]), human_duration(j["elapsed_s"]),
+    rows = [(str(j["id"]), str(j["kind"]), str(j["attempt"] or "-"), human_duration(j["elapsed_s"]),
              human_duration(j["timeout_s"]), f"{j['memory_mb']} MB")
             for j in data["running_jobs"]]
     if table_width(zip(columns, *rows, strict=True)) > c.width:

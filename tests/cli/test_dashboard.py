@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
+from renderctl.cli.console import human_duration
 from renderctl.cli.dashboard import DashboardReporter, dashboard_lines, render_dashboard
 
 MB = 1024 * 1024
@@ -224,3 +225,13 @@ def test_a_dead_letter_shows_in_the_depth_at_the_next_frame(snapshot: dict[str, 
     # Then the next frame counts it, as the run's own count of dead jobs does
     assert "dead-letter depth 1" in console.export_text()
     rep.close(runner)
+
+
+@pytest.mark.parametrize(("seconds", "shown"), [
+    (None, "-"), (0.0004, "0ms"), (0.9994, "999ms"), (0.9996, "1.0s"), (119.94, "119.9s"),
+    (119.96, "2.0m"), (7196.9, "119.9m"), (7197.1, "2.0h"),
+])
+def test_a_duration_reads_in_the_unit_its_rounded_value_belongs_to(
+        seconds: float | None, shown: str) -> None:
+    # 0.9996 s once read "1000ms" and 119.96 s "120.0s": rounding crossed into the next unit
+    assert human_duration(seconds) == shown
