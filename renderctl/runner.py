@@ -324,6 +324,7 @@ class Runner:
         self._ctx: Any = None
         self._wake_r = -1
         self._wake_w = -1
+        self._prior_handlers: dict[int, Any] = {}  # of STOP_SIGNALS, restored at the end
         self._specs = all_specs()
         self._dev_cache: dict[str, int] = {}
         self._confined: set[tuple[str, str]] = set()
@@ -409,8 +410,8 @@ class Runner:
         # SIGHUP too (the terminal of an interactive run closed, or a session logged out):
         # dying of it would orphan the running jobs, each charged a crashed attempt at the
         # next start; draining returns them uncharged.
-        for sig in STOP_SIGNALS:
-            signal.signal(sig, self._on_stop_signal)
+        self._prior_handlers = {sig: signal.signal(sig, self._on_stop_signal)
+                                for sig in STOP_SIGNALS}
         signal.signal(signal.SIGUSR1, self._on_wake_signal)
 
     def stop(self, signum: int) -> None:
@@ -483,8 +484,11 @@ class Runner:
             # workers were still dying when we started) can go.
             self.q.clean_tmp()
         signal.set_wakeup_fd(-1)
-        for sig in STOP_SIGNALS:
-            signal.signal(sig, signal.SIG_DFL)
+        # Back to what was there before (the CLI's: it still prints the summary and writes
+        # the reports), not to SIG_DFL: a repeated Ctrl-C landing now killed the process
+        # before it said how the run ended, with the jobs drained all the same.
+        for sig, prior in self._prior_handlers.items():
+            signal.signal(sig, signal.SIG_DFL if prior is None else prior)
         # Still holding the lock: a cancel's wake-up may land until it is released (run()).
         signal.signal(signal.SIGUSR1, signal.SIG_IGN)
         self.crash_point("shutdown")

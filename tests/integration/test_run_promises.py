@@ -475,6 +475,42 @@ def test_a_cancels_wake_up_while_the_runner_starts_or_stops_does_not_kill_it(
     assert QueueView(queue).states_of(["a"]) == {"a": ["done"]}
 
 
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM],
+                         ids=lambda s: signal.Signals(s).name)
+def test_a_stop_signal_repeated_while_the_runner_stops_still_ends_it_in_order(
+        tmp_path: Path, write_manifest: Any, sig: int) -> None:
+    from jobfns import wait_until
+
+    # Given a --follow runner that has completed a job, was told to stop, has drained and
+    # is frozen in its shutdown (the moment an impatient third Ctrl-C lands)
+    stage(tmp_path)
+    manifest = write_manifest([py_job("a", "write_pdf")])
+    queue, out, junit = tmp_path / "q", tmp_path / "out", tmp_path / "junit.xml"
+    runner = Runner(manifest, *cli_args(queue, out, "--workers", "1", "--follow",
+                                        "--junit", str(junit)),
+                    env={"RENDERCTL_STOP_AT": "shutdown"})
+    try:
+        completed_line = runner.until(lambda ln: ln.startswith("completed"))
+        assert " a " in completed_line
+        os.kill(runner.pid, sig)
+        wait_until(lambda: _stopped(runner.pid), what="the runner to freeze in its shutdown")
+
+        # When the same signal comes again then
+        os.kill(runner.pid, sig)
+        os.kill(runner.pid, signal.SIGCONT)
+
+        # Then it still ends as a stopped run does: its summary, its report, exit 128 + n
+        # (not killed by the signal halfway through saying what it did)
+        code = runner.wait(60)
+        stderr = runner.stderr()
+    finally:
+        runner.close()
+    assert code == 128 + sig, (runner.lines, stderr)
+    assert runner.lines[-1].startswith("summary: done 1,"), runner.lines
+    assert 'name="a"' in junit.read_text()
+    assert QueueView(queue).states_of(["a"]) == {"a": ["done"]}
+
+
 # How `late` comes to wait, claimed, after `first` started: queued behind it in its one
 # worker, or held back by the runner for want of memory (two workers, budget for one job).
 WAITS = {
