@@ -148,6 +148,7 @@ WORK_ROOT_PREFIX = "renderctl-work-"  # of each runner's folder of job working d
 # control/ files of one runner, by token prefix (holder files: store.HOLDER_FILE)
 MP_DIR_PREFIX = "pymp-"  # multiprocessing.util.get_temp_dir()'s folders
 WORK_NOTE = "work.{}"  # where its WORK_ROOT_PREFIX folder is, for the next runner to remove
+CONFINED_CACHE_MAX = 4096  # output folders remembered as checked (see _check_confined)
 BUDGET_SHARE = 0.8  # of MemAvailable at start: leave room for the page cache and the rest
 
 
@@ -326,9 +327,7 @@ class Runner:
         self._wake_w = -1
         self._prior_handlers: dict[int, Any] = {}  # of STOP_SIGNALS, restored at the end
         self._specs = all_specs()
-        self._dev_cache: dict[str, int] = {}
-        self._confined: set[tuple[str, str]] = set()
-        self._roots_real: dict[str, str] = {}  # output root -> its real path, for publishing
+        self._confined: set[tuple[str, str]] = set()  # output folders checked and made
         self._unsynced_claims = False
         self._oldest_completion = 0.0
         self._start_failures = 0
@@ -1030,11 +1029,14 @@ class Runner:
             return
         key = (spec.out_root, str(final.parent))
         try:
-            if key not in self._confined:
+            if key not in self._confined or not os.path.isdir(key[1]):
                 # Confined before anything is made, and before the worker writes there: a
                 # folder that exists may be a symlink out of the root (isdir() follows it),
                 # which must neither get folders made at its target nor have their errors
-                # blamed on the output folder.
+                # blamed on the output folder. One checked earlier is checked and made
+                # again once it is gone (removed, or the root re-pointed elsewhere during a
+                # long --follow run): a stat per claim, not a failed attempt.
+                self._confined.discard(key)
                 self._check_confined(spec.out_root, final)
                 os.makedirs(final.parent, mode=0o755, exist_ok=True)
         except (OutputEscapes, OSError) as exc:
@@ -1652,6 +1654,9 @@ class Runner:
         # points (publish.output_folder): the claim's check of the path is long past, and a
         # folder swapped for a symlink out of the root since must not carry the output there.
         folders: dict[tuple[str, str], int] = {}
+        # Each root resolved afresh per commit (~10 us): a --follow runner lives for days,
+        # and a root that is a symlink may be re-pointed meanwhile.
+        roots_real: dict[str, str] = {}
         try:
             for a, i, fin in to_link:
                 token = a.claim.lease.token if fin.owner_tagged else None
@@ -1660,9 +1665,9 @@ class Runner:
                 try:
                     key = (root, str(a.final.parent))
                     if key not in folders:
-                        real = self._roots_real.get(root)
+                        real = roots_real.get(root)
                         if real is None:
-                            real = self._roots_real[root] = os.path.realpath(root)
+                            real = roots_real[root] = os.path.realpath(root)
                         folders[key] = output_folder(real, a.final)
                     status = publish(a.tmp, a.final, is_dir=a.output_kind == "dir",
                                      token=token, dir_fd=folders[key])
@@ -1729,12 +1734,12 @@ class Runner:
 
     def _sync(self, out_roots: Any) -> None:
         """One syncfs per file system involved (usually one: queue and outputs together)."""
-        devs: dict[int, str] = {}
-        for path in (str(self.q.path), *out_roots):
-            dev = self._dev_cache.get(path)
-            if dev is None:
-                dev = self._dev_cache[path] = os.stat(path).st_dev
-            devs.setdefault(dev, path)
+        devs = {os.stat(self.q.path).st_dev: str(self.q.path)}
+        # Looked up per sync (a stat per root), never remembered: a root re-pointed at
+        # another file system during a long run must have its outputs synced there.
+        for root in set(out_roots):
+            with contextlib.suppress(OSError):  # gone: its publish fails, nothing to sync
+                devs.setdefault(os.stat(root).st_dev, root)
         for path in devs.values():
             syncfs(path)
 
@@ -1746,6 +1751,10 @@ class Runner:
         if key in self._confined:
             return
         check_confined(Path(out_root).resolve(), final)
+        if len(self._confined) >= CONFINED_CACHE_MAX:
+            # A cache, not a record: one folder per job (out/<customer>/<id>/) would grow
+            # it by ~350 bytes a job for as long as a --follow runner lives.
+            self._confined.clear()
         self._confined.add(key)
 
     def _finish_hook(self, transitions: list[Transition]) -> Callable[[str], None]:

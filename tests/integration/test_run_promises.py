@@ -91,6 +91,40 @@ def test_follow_finds_a_job_whose_submit_was_killed_before_its_doorbell(
     assert_pdf(out / "stranded.pdf", "stranded")
 
 
+def test_an_output_root_repointed_while_following_receives_the_next_outputs(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given an output root that is a symlink to a volume, and a runner following the queue
+    # that has published a job into the root's folder x
+    vol_a, vol_b = tmp_path / "vol_a", tmp_path / "vol_b"
+    vol_a.mkdir()
+    vol_b.mkdir()
+    (tmp_path / "out").symlink_to(vol_a, target_is_directory=True)
+    with following_runner(tmp_path) as (runner, queue, out):
+        first = write_manifest([py_job("a1", "write_pdf", "x/a1.pdf")], name="a.toml")
+        assert run_cli("submit", first, *cli_args(queue, out)).returncode == 0
+        completed(runner, "a1")
+
+        # When the root is re-pointed at another volume (a release switch, a migration),
+        # atomically, and the next job for folder x is submitted
+        (tmp_path / "out.new").symlink_to(vol_b, target_is_directory=True)
+        os.replace(tmp_path / "out.new", out)
+        second = write_manifest([py_job("b1", "write_pdf", "x/b1.pdf")], name="b.toml")
+        assert run_cli("submit", second, *cli_args(queue, out)).returncode == 0
+
+        # Then that job is published where the root now leads, on its first attempt (not
+        # failed for a folder the runner remembered making there, nor refused as outside
+        # the root the runner resolved when it started)
+        ended = runner.until(lambda ln: '"b1"' in ln and any(
+            f'"event": "{e}"' in ln for e in ("completed", "dead")))
+        runner.proc.send_signal(signal.SIGTERM)
+        assert runner.wait() == ExitCode.SIGTERM
+    assert json.loads(ended)["event"] == "completed", runner.lines
+    rec = QueueView(queue).record("done", "b1")
+    assert [a["outcome"] for a in rec["attempts"]] == ["completed"]
+    assert_pdf(vol_b / "x" / "b1.pdf", "b1")
+    assert_pdf(vol_a / "x" / "a1.pdf", "a1")
+
+
 @pytest.mark.parametrize("immutable", [False, True], ids=["outside writable", "outside +i"])
 @pytest.mark.parametrize("output", ["evil/x.pdf", "evil/sub/x.pdf"])
 def test_an_output_folder_symlinked_out_of_the_root_is_refused(
