@@ -91,6 +91,35 @@ def test_follow_finds_a_job_whose_submit_was_killed_before_its_doorbell(
     assert_pdf(out / "stranded.pdf", "stranded")
 
 
+def test_an_event_log_rotated_by_rename_while_following_gets_the_next_events(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given a runner following the queue that has logged a completed job
+    with following_runner(tmp_path) as (runner, queue, out):
+        first = write_manifest([py_job("r1", "write_pdf")], name="r1.toml")
+        assert run_cli("submit", first, *cli_args(queue, out)).returncode == 0
+        completed(runner, "r1")
+
+        # When the log is rotated as logrotate does by default: renamed away, and the
+        # next writer creates events.jsonl anew (a runner under systemd lives for days)
+        os.rename(queue / "events.jsonl", queue / "events.jsonl.1")
+        second = write_manifest([py_job("r2", "write_pdf")], name="r2.toml")
+        assert run_cli("submit", second, *cli_args(queue, out)).returncode == 0
+        completed(runner, "r2")
+        runner.proc.send_signal(signal.SIGTERM)
+        assert runner.wait() == ExitCode.SIGTERM
+
+    # Then the running runner's events after the rotation are in the new log, where
+    # `metrics`, `top` and `wait` read them, and none went on into the rotated one
+    def events(name: str) -> list[tuple[str, str]]:
+        return [(e["event"], e["job"]) for e in map(json.loads, (queue / name).open())]
+
+    assert events("events.jsonl") == [("accepted", "r2"), ("claimed", "r2"),
+                                      ("completed", "r2")]
+    assert all(job == "r1" for _, job in events("events.jsonl.1"))
+    metrics = run_cli("metrics", "--queue", queue)
+    assert 'renderctl_attempts_total{outcome="completed"} 1' in metrics.stdout
+
+
 def test_an_output_root_repointed_while_following_receives_the_next_outputs(
         tmp_path: Path, write_manifest: Any) -> None:
     # Given an output root that is a symlink to a volume, and a runner following the queue
