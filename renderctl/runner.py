@@ -216,6 +216,7 @@ class WorkerHandle:
     conn: mpc.Connection
     slot: Slot
     gate: StartGate  # decides, with the worker, whether its queued jobs start
+    started_log: str  # where it logs each attempt's start before starting it (recovery)
     pid: int | None = None
     pgid: int | None = None
     queued: deque[Assignment] = field(default_factory=deque)
@@ -298,7 +299,9 @@ class Runner:
         self.n_workers = settings.workers or default_workers(self.budget_mb)
         self.holder: Holder | None = None
         self.token_prefix = ""
-        self.started_log = ""
+        # Started logs of dead workers, each with the attempts in flight at its death: it
+        # goes once none of them is left unrecorded (see _drop_moot_logs).
+        self._moot_logs: list[tuple[str, set[str]]] = []
         self.reaper: Reaper | None = None
         self.work_root = ""
         self.exec_times: deque[float] = deque(maxlen=512)
@@ -369,7 +372,6 @@ class Runner:
             # /tmp, crash by crash (multiprocessing removes its folder only at a clean exit).
             (self.q.dir("control") / WORK_NOTE.format(self.token_prefix)).write_text(
                 f"{self.work_root}\n{multiprocessing.util.get_temp_dir()}\n")
-            self.started_log = str(self.q.dir("control") / STARTED_LOG.format(self.token_prefix))
             try:
                 # Before any worker: it kills them if we die while one cannot act on its
                 # parent-death signal (renderctl.reaper). Started now, its ~10 ms of start-up
@@ -468,11 +470,12 @@ class Runner:
             ours_left = bool(self.token_prefix) and self.token_prefix in self.q.lease_prefixes()
         except OSError:
             ours_left = True  # cannot tell: keep the evidence
-        if self.started_log and not ours_left:
+        if not ours_left:
             # While a lease of ours is left in running/ (an exit 74, an exception), the next
-            # runner's recovery reads this log to tell an attempt that ran, and is charged,
-            # from one that never started: without it, work done would be run again free.
-            unlink_quiet(self.started_log)
+            # runner's recovery reads these logs to tell an attempt that ran, and is charged,
+            # from one that never started: without them, work done would be run again free.
+            for log in self.q.dir("control").glob(STARTED_LOG.format(f"{self.token_prefix}.*")):
+                unlink_quiet(log)
         unlink_quiet(self._workers_file())
         unlink_quiet(self.q.path / STATE_FILE)
         with contextlib.suppress(OSError):
@@ -605,7 +608,9 @@ class Runner:
         started log is the evidence of which attempt began if we die before taking over."""
         held = self.q.lease_prefixes()
         for log in self.q.dir("control").glob(STARTED_LOG.format("*")):
-            if str(log) != self.started_log and name_prefix(log.name, STARTED_LOG) not in held:
+            # started.<prefix>.log, or started.<prefix>.<n>.log: one per worker we start
+            owner = (name_prefix(log.name, STARTED_LOG) or "").partition(".")[0]
+            if owner != self.token_prefix and owner not in held:
                 unlink_quiet(log)
         self.q.forget_holders(keep=held)
 
@@ -712,7 +717,11 @@ class Runner:
                 slot.release_limit()
         self._gates += 1
         gate = StartGate(os.path.join(self.work_root, f"gate.{self._gates}"), create=True)
-        cfg = WorkerConfig(slot_path=slot.path, started_log=self.started_log,
+        # A log per worker, not one per runner: it goes soon after its worker (see
+        # _drop_moot_logs), where one log grew a line per job for the runner's whole life.
+        log = str(self.q.dir("control")
+                  / STARTED_LOG.format(f"{self.token_prefix}.{self._gates}"))
+        cfg = WorkerConfig(slot_path=slot.path, started_log=log,
                            work_root=self.work_root, gate_path=gate.path,
                            control_dir=str(self.q.dir("control")),
                            reaper=self.reaper.identity if self.reaper else None)
@@ -725,7 +734,7 @@ class Runner:
             slot.adopt(proc.pid)
         if self.reaper is not None:
             self.reaper.watch(proc.pid)
-        w = self.workers[index] = WorkerHandle(index, proc, parent, slot, gate)
+        w = self.workers[index] = WorkerHandle(index, proc, parent, slot, gate, log)
         self._watch(w)
 
     def _watch(self, w: WorkerHandle) -> None:
@@ -1350,6 +1359,8 @@ class Runner:
             w.conn.close()
         w.gate.close()
         unlink_quiet(w.gate.path)
+        self._moot_logs.append((w.started_log, self._in_flight_tokens()))
+        self._drop_moot_logs()
         respawn = not w.replaced and self.stop_signal is None \
             and (not self._finished() or self.s.follow)
         dying = False
@@ -1369,6 +1380,30 @@ class Runner:
                 w.slot.close()
         if respawn:
             self._spawn(w.index, None if dying or w.stale_slot else w.slot)
+
+    def _in_flight_tokens(self) -> set[str]:
+        """The tokens of every attempt claimed and not yet recorded."""
+        live = [*self.ready, *(a for a, _ in self.completions)]
+        for w in self.workers.values():
+            live.extend(w.queued)
+            if w.current is not None:
+                live.append(w.current)
+        return {a.claim.lease.token for a in live}
+
+    def _drop_moot_logs(self) -> None:
+        """Remove dead workers' started logs that no longer prove anything: every attempt
+        in flight when the worker died (its own, and any it may have started unseen) has
+        its record on disk since, so recovery would never look a token of it up."""
+        if not self._moot_logs:
+            return
+        live = self._in_flight_tokens()
+        kept = []
+        for log, tokens in self._moot_logs:
+            if tokens & live:
+                kept.append((log, tokens))
+            else:
+                unlink_quiet(log)
+        self._moot_logs = kept
 
     @staticmethod
     def _slot_verdict(slot: Slot) -> bool | None:
@@ -1715,6 +1750,7 @@ class Runner:
         for t in transitions:
             self._count(t)
             self._report(t)
+        self._drop_moot_logs()
 
     def _transition(self, a: Assignment, fin: Finished, outcome: str, now: float) -> Transition:
         rec = a.claim.record

@@ -91,6 +91,40 @@ def test_follow_finds_a_job_whose_submit_was_killed_before_its_doorbell(
     assert_pdf(out / "stranded.pdf", "stranded")
 
 
+def test_a_following_runners_evidence_of_started_attempts_stays_bounded(
+        tmp_path: Path, write_manifest: Any) -> None:
+    from jobfns import wait_until
+
+    # Given a runner following the queue whose workers are recycled every 2 jobs
+    stage(tmp_path)
+    queue, out = tmp_path / "q", tmp_path / "out"
+    runner = Runner(*cli_args(queue, out, "--workers", "1", "--follow", "--json",
+                              "--max-jobs-per-worker", "2"))
+    try:
+        runner.until(lambda ln: '"runner_started"' in ln)
+
+        # When it has run 20 jobs (each attempt's start is logged in control/ by its worker,
+        # for recovery to tell an attempt that ran from one that never started)
+        manifest = write_manifest([py_job(f"j{n}", "write_one_byte", f"j{n}.bin")
+                                   for n in range(20)])
+        assert run_cli("submit", manifest, *cli_args(queue, out)).returncode == 0
+        wait_until(lambda: len(QueueView(queue).ids("done")) == 20, timeout_s=60,
+                   what=lambda: f"20 jobs done: {runner.lines[-3:]}")
+
+        # Then what is kept of those starts is what no recorded attempt has made moot: the
+        # logs of its live worker and the one retiring, not one line per job it ever ran
+        def lines_kept() -> int:
+            return sum(len(p.read_text().splitlines())
+                       for p in (queue / "control").glob("started.*.log"))
+
+        wait_until(lambda: lines_kept() <= 4, what=lambda: f"{lines_kept()} lines kept")
+        runner.proc.send_signal(signal.SIGTERM)
+        assert runner.wait() == ExitCode.SIGTERM
+    finally:
+        runner.close()
+    assert sorted((queue / "control").glob("started.*.log")) == []
+
+
 def test_an_event_log_rotated_by_rename_while_following_gets_the_next_events(
         tmp_path: Path, write_manifest: Any) -> None:
     # Given a runner following the queue that has logged a completed job
