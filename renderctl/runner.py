@@ -1344,6 +1344,7 @@ class Runner:
         a = w.current
         if a is not None:
             self.completions.append((a, self._killed(w, a, code)))
+        self._remove_work_files(w)  # (its job's last words are read above)
         for q in reversed(w.queued):
             if self.stop_signal is not None:
                 self._release_unrun(q)
@@ -1380,6 +1381,22 @@ class Runner:
                 w.slot.close()
         if respawn:
             self._spawn(w.index, None if dying or w.stale_slot else w.slot)
+
+    def _remove_work_files(self, dead: WorkerHandle) -> None:
+        """Remove a dead worker's working folder and capture file from work_root: a job
+        killed for its timeout or memory leaves its scratch files there, and one worker
+        retired per --max-jobs-per-worker jobs leaves two entries; kept until the runner
+        exits, they piled up for as long as a --follow runner lives."""
+        pid = dead.proc.pid
+        if pid is None or any(w.proc.pid == pid for w in self.workers.values() if w is not dead):
+            return  # (its pid reused by a worker started since: those are that one's)
+        with contextlib.suppress(OSError), os.scandir(self.work_root) as it:
+            for e in it:
+                if e.name.startswith(f"w{pid}."):  # worker.py: w<pid>.<n> and w<pid>.out
+                    if e.is_dir(follow_symlinks=False):
+                        shutil.rmtree(e.path, ignore_errors=True)
+                    else:
+                        unlink_quiet(e.path)
 
     def _in_flight_tokens(self) -> set[str]:
         """The tokens of every attempt claimed and not yet recorded."""

@@ -125,6 +125,45 @@ def test_a_following_runners_evidence_of_started_attempts_stays_bounded(
     assert sorted((queue / "control").glob("started.*.log")) == []
 
 
+def test_a_following_runner_keeps_no_dead_workers_scratch(
+        tmp_path: Path, write_manifest: Any) -> None:
+    from jobfns import wait_until
+
+    # Given a runner following the queue whose workers are recycled every 2 jobs
+    stage(tmp_path)
+    queue, out = tmp_path / "q", tmp_path / "out"
+    runner = Runner(*cli_args(queue, out, "--workers", "1", "--follow", "--json",
+                              "--max-jobs-per-worker", "2"))
+    try:
+        runner.until(lambda ln: '"runner_started"' in ln)
+        [note] = (queue / "control").glob("work.*")
+        work_root = Path(note.read_text().split()[0])  # the jobs' working folders
+
+        # When a job that filled its working folder (its TMPDIR) is killed at its timeout,
+        # and ten short jobs run after it
+        hog = {**py_job("hog", "scratch_then_hang", "hog.bin", mb=8),
+               "timeout_s": 1, "max_attempts": 1}
+        manifest = write_manifest([hog, *(py_job(f"j{n}", "write_one_byte", f"j{n}.bin")
+                                          for n in range(10))])
+        assert run_cli("submit", manifest, *cli_args(queue, out)).returncode == 0
+        wait_until(lambda: len(QueueView(queue).all_ids() - QueueView(queue).ids("pending")
+                               - QueueView(queue).ids("running")) == 11, timeout_s=60,
+                   what=lambda: f"11 jobs ended: {runner.lines[-3:]}")
+
+        # Then what the dead workers had there is gone with them, not kept until the
+        # runner exits: no scratch file, and the folders of live workers only
+        def kept() -> list[str]:
+            return sorted(p.name for p in work_root.iterdir() if p.name.startswith("w"))
+
+        assert not list(work_root.rglob("scratch.bin"))
+        wait_until(lambda: len(kept()) <= 4, what=lambda: f"live workers' files only: {kept()}")
+        runner.proc.send_signal(signal.SIGTERM)
+        assert runner.wait() == ExitCode.SIGTERM
+    finally:
+        runner.close()
+    assert QueueView(queue).record("dead", "hog")["attempts"][-1]["outcome"] == "timeout"
+
+
 def test_an_event_log_rotated_by_rename_while_following_gets_the_next_events(
         tmp_path: Path, write_manifest: Any) -> None:
     # Given a runner following the queue that has logged a completed job
