@@ -638,6 +638,7 @@ class Runner:
         if transitions:
             self._apply_recovered(transitions, published_tmps)
             self._forget_dead_runners()
+            self._handle_cancel_requests()  # asked meanwhile: before anything claims them
 
     def _apply_recovered(self, transitions: list[Transition], published_tmps: list[Path]) -> None:
         """Make recovery's verdicts durable, then drop the temporary names of outputs it found
@@ -1580,6 +1581,10 @@ class Runner:
                     self._finish_unrun(queued, State.CANCELLED, "cancelled before it started")
                     handled = True
             if not handled:
+                if jid in self._foreign:
+                    # Running under a lease we wait to see expire: kept, and applied once
+                    # the job is ours (_take_over_expired), not dropped unapplied.
+                    continue
                 self.q.cancel_pending(jid)
             self.q.clear_cancel_request(jid)
         self._dispatch()

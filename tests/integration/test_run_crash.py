@@ -333,6 +333,52 @@ def test_a_lease_whose_holder_is_unknown_is_taken_over_when_it_expires_not_befor
 # -- a `dead retry` killed half-way ---------------------------------------------------------
 
 
+def test_a_cancel_of_a_job_whose_lease_waits_to_expire_is_applied_after_the_takeover(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given a runner SIGKILLed while its job ran, its holder named on another host (so the
+    # next runner can only wait for the lease to run out: 3 s from now) ...
+    stage(tmp_path)
+    pidfile = tmp_path / "worker.pid"
+    manifest = write_manifest([py_job("held", "sleep_then_write", s=60, sleep_attempts=1,
+                                      pidfile=str(pidfile))])
+    queue, out = tmp_path / "q", tmp_path / "out"
+    first = Runner(manifest, *cli_args(queue, out, *FAST))
+    try:
+        worker = wait_for_pid(pidfile)
+        first.kill()
+    finally:
+        first.close()
+    wait_until(lambda: not psutil.pid_exists(worker), what="the worker to die with it")
+    for holder_file in (queue / "control").glob("holder.*.json"):
+        holder_file.write_text(json.dumps({**json.loads(holder_file.read_text()),
+                                           "host": "elsewhere"}))
+    running = queue / "running" / "held.json"
+    prefix, attempt, claimed_at, _ = os.getxattr(running, LEASE_XATTR).decode().split()
+    expires_at = time.time() + 3
+    os.setxattr(running, LEASE_XATTR, f"{prefix} {attempt} {claimed_at} {expires_at}".encode())
+    # ... and a runner following the queue, waiting for that lease
+    second = Runner(*cli_args(queue, out, *FAST, "--follow", "--json"))
+    try:
+        second.until(lambda ln: '"runner_started"' in ln)
+
+        # When the job is cancelled before the lease runs out
+        cancel = run_cli("cancel", "held", "--queue", queue)
+        assert cancel.returncode == 0 and "cancel requested" in cancel.stdout, cancel
+
+        # Then the takeover does not run it again: it ends cancelled, its output unpublished
+        second.until(lambda ln: '"recovered"' in ln and '"held"' in ln)
+        wait_until(lambda: QueueView(queue).states_of(["held"])["held"] != ["pending"],
+                   what="the job to leave pending/")
+        second.proc.send_signal(signal.SIGTERM)
+        second.wait()
+    finally:
+        second.close()
+    assert QueueView(queue).states_of(["held"]) == {"held": ["cancelled"]}, second.lines
+    assert not any('"started"' in ln for ln in second.lines), second.lines
+    assert not (out / "held.pdf").exists()
+    assert sorted((queue / "control").glob("cancel*")) == []
+
+
 @pytest.mark.parametrize("point", DEAD_RETRY_CRASH_POINTS)
 def test_dead_retry_killed_at_each_crash_point_leaves_the_job_in_one_folder(
         tmp_path: Path, write_manifest: Any, point: str) -> None:
