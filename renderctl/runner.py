@@ -1473,6 +1473,12 @@ class Runner:
         exit_code = code if code is not None and code >= 0 else None
         if reason is not None:
             outcome, error = reason.value, _kill_message(reason, a, peak)
+        elif sig is not None and sig == self.stop_signal:
+            # The signal that stops us reached the worker too: sent to every process of the
+            # service (systemd's default KillMode=control-group). The job was stopped with
+            # the runner, which returns jobs to pending uncharged, not crashed on its own.
+            outcome, error = Outcome.RELEASED.value, \
+                f"its worker got the runner's stop signal ({_signame(sig)}) too; not charged"
         elif sig is not None:
             outcome, error = Outcome.CRASHED.value, \
                 f"worker killed by {_signame(sig)} (not sent by renderctl)"

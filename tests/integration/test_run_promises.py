@@ -530,6 +530,44 @@ def test_a_signal_to_the_runners_whole_process_group_drains_like_one_to_the_runn
     assert [a["outcome"] for a in view.record("pending", "long")["attempts"]] == ["released"]
 
 
+def test_a_stop_signal_to_every_process_of_the_service_charges_no_attempt(
+        tmp_path: Path, write_manifest: Any) -> None:
+    import psutil
+
+    # Given a runner following the queue, a python job and a command job running
+    stage(tmp_path)
+    queue, out = tmp_path / "q", tmp_path / "out"
+    pidfile = tmp_path / "py.pid"
+    manifest = write_manifest([
+        {**py_job("py", "sleep_then_write", s=600, pidfile=str(pidfile)), "max_attempts": 1},
+        {"id": "cmd", "kind": "command", "argv": ["sh", "-c", 'sleep 600; : > "$0"', "{output}"],
+         "output": "cmd.bin", "max_attempts": 1},
+    ])
+    runner = Runner(*cli_args(queue, out, "--workers", "2", "--follow", "--json"),
+                    new_session=True)
+    try:
+        runner.until(lambda ln: '"runner_started"' in ln)
+        assert run_cli("submit", manifest, *cli_args(queue, out)).returncode == 0
+        wait_for_pid(pidfile)
+        runner.until(lambda ln: '"started"' in ln and '"cmd"' in ln)
+
+        # When SIGTERM reaches every process of the service at once, the runner's workers
+        # and their jobs too (systemd's default stop, KillMode=control-group)
+        for proc in [psutil.Process(runner.pid), *psutil.Process(runner.pid).children(True)]:
+            with contextlib.suppress(psutil.Error):
+                proc.send_signal(signal.SIGTERM)
+
+        # Then the run stops as on SIGTERM, and the jobs go back to pending uncharged, as
+        # stopping the runner promises: not dead-lettered as crashes nobody sent
+        assert runner.wait(30) == ExitCode.SIGTERM, runner.lines
+    finally:
+        runner.close()
+    view = QueueView(queue)
+    assert view.states_of(["py", "cmd"]) == {"py": ["pending"], "cmd": ["pending"]}
+    for job in ("py", "cmd"):
+        assert [a["outcome"] for a in view.record("pending", job)["attempts"]] == ["released"]
+
+
 def test_a_job_whose_output_folder_is_a_file_dead_letters_alone(
         tmp_path: Path, write_manifest: Any) -> None:
     # Given a file where one job's output folder must be, and a job with a good path
