@@ -1,8 +1,10 @@
 """DESIGN.md promises under races and odd states that no other file covers: `--follow`
-(including a job whose submit died before telling the runner), outputs confined to the
-output root, a kill racing its job's completion, replace racing a claim, a repeated attempt
-token, signals aimed at the runner's group or landing while it starts or stops, and an
-output folder that is a file. Races are arranged with RENDERCTL_STOP_AT (a process frozen
+(including a job whose submit died before telling the runner, and what a runner that lives
+for days keeps: started logs, dead workers' scratch, a rotated event log, a re-pointed
+output root), outputs confined to the output root, a kill racing its job's completion,
+replace racing a claim, a repeated attempt token, signals aimed at the runner's group (or
+at every process of the service) or landing while it starts or stops, and an output
+folder that is a file. Races are arranged with RENDERCTL_STOP_AT (a process frozen
 at a named point), not hoped for."""
 
 from __future__ import annotations
@@ -32,11 +34,12 @@ from renderctl.runner import RESCAN_FULL_S
 
 
 @contextlib.contextmanager
-def following_runner(tmp_path: Path) -> Iterator[tuple[Runner, Path, Path]]:
-    """(runner, queue, out): a started `run --follow --json` on an empty queue."""
+def following_runner(tmp_path: Path, *extra: str) -> Iterator[tuple[Runner, Path, Path]]:
+    """(runner, queue, out): a started `run --follow --json` (options ``extra`` too) on an
+    empty queue."""
     stage(tmp_path)
     queue, out = tmp_path / "q", tmp_path / "out"
-    runner = Runner(*cli_args(queue, out, "--workers", "1", "--follow", "--json"))
+    runner = Runner(*cli_args(queue, out, "--workers", "1", "--follow", "--json", *extra))
     try:
         runner.until(lambda ln: '"runner_started"' in ln)
         yield runner, queue, out
@@ -96,13 +99,7 @@ def test_a_following_runners_evidence_of_started_attempts_stays_bounded(
     from jobfns import wait_until
 
     # Given a runner following the queue whose workers are recycled every 2 jobs
-    stage(tmp_path)
-    queue, out = tmp_path / "q", tmp_path / "out"
-    runner = Runner(*cli_args(queue, out, "--workers", "1", "--follow", "--json",
-                              "--max-jobs-per-worker", "2"))
-    try:
-        runner.until(lambda ln: '"runner_started"' in ln)
-
+    with following_runner(tmp_path, "--max-jobs-per-worker", "2") as (runner, queue, out):
         # When it has run 20 jobs (each attempt's start is logged in control/ by its worker,
         # for recovery to tell an attempt that ran from one that never started)
         manifest = write_manifest([py_job(f"j{n}", "write_one_byte", f"j{n}.bin")
@@ -120,22 +117,15 @@ def test_a_following_runners_evidence_of_started_attempts_stays_bounded(
         wait_until(lambda: lines_kept() <= 4, what=lambda: f"{lines_kept()} lines kept")
         runner.proc.send_signal(signal.SIGTERM)
         assert runner.wait() == ExitCode.SIGTERM
-    finally:
-        runner.close()
     assert sorted((queue / "control").glob("started.*.log")) == []
 
 
 def test_a_following_runner_keeps_no_dead_workers_scratch(
         tmp_path: Path, write_manifest: Any) -> None:
-    from jobfns import wait_until
+    from jobfns import TERMINAL, wait_until
 
     # Given a runner following the queue whose workers are recycled every 2 jobs
-    stage(tmp_path)
-    queue, out = tmp_path / "q", tmp_path / "out"
-    runner = Runner(*cli_args(queue, out, "--workers", "1", "--follow", "--json",
-                              "--max-jobs-per-worker", "2"))
-    try:
-        runner.until(lambda ln: '"runner_started"' in ln)
+    with following_runner(tmp_path, "--max-jobs-per-worker", "2") as (runner, queue, out):
         [note] = (queue / "control").glob("work.*")
         work_root = Path(note.read_text().split()[0])  # the jobs' working folders
 
@@ -146,8 +136,8 @@ def test_a_following_runner_keeps_no_dead_workers_scratch(
         manifest = write_manifest([hog, *(py_job(f"j{n}", "write_one_byte", f"j{n}.bin")
                                           for n in range(10))])
         assert run_cli("submit", manifest, *cli_args(queue, out)).returncode == 0
-        wait_until(lambda: len(QueueView(queue).all_ids() - QueueView(queue).ids("pending")
-                               - QueueView(queue).ids("running")) == 11, timeout_s=60,
+        view = QueueView(queue)
+        wait_until(lambda: sum(len(view.ids(s)) for s in TERMINAL) == 11, timeout_s=60,
                    what=lambda: f"11 jobs ended: {runner.lines[-3:]}")
 
         # Then what the dead workers had there is gone with them, not kept until the
@@ -159,8 +149,6 @@ def test_a_following_runner_keeps_no_dead_workers_scratch(
         wait_until(lambda: len(kept()) <= 4, what=lambda: f"live workers' files only: {kept()}")
         runner.proc.send_signal(signal.SIGTERM)
         assert runner.wait() == ExitCode.SIGTERM
-    finally:
-        runner.close()
     assert QueueView(queue).record("dead", "hog")["attempts"][-1]["outcome"] == "timeout"
 
 
