@@ -28,6 +28,7 @@ class EventLog:
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         self._fd = -1
+        self._ident = (0, 0)  # (device, inode) of the file open as _fd
 
     def append(self, events: Iterable[Mapping[str, Any]]) -> None:
         data = "".join(json.dumps(e, separators=(",", ":"), default=str) + "\n" for e in events)
@@ -35,16 +36,26 @@ class EventLog:
             return
         # Kept open (the runner appends after every claim batch and commit; an open per
         # call was a visible share of its per-job time). O_APPEND keeps lines from several
-        # processes whole. A log removed under us is reopened; one renamed away (rotation)
-        # keeps receiving until this process exits, as with most daemons' logs.
-        if self._fd < 0 or os.fstat(self._fd).st_nlink == 0:
+        # processes whole. One stat per append: a log removed, or renamed away by a
+        # rotation, is reopened at its path (a --follow runner lives for days; kept on the
+        # renamed file, its events never reached the log `metrics`, `top` and `wait` read).
+        if self._fd < 0 or not self._still_the_log():
             self.close()
             self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC,
                                0o600)
+            st = os.fstat(self._fd)
+            self._ident = (st.st_dev, st.st_ino)
         try:
             os.write(self._fd, data.encode())
         except OSError as exc:
             raise with_name(exc, self.path) from None
+
+    def _still_the_log(self) -> bool:
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return False
+        return (st.st_dev, st.st_ino) == self._ident
 
     def close(self) -> None:
         if self._fd >= 0:

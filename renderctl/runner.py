@@ -148,6 +148,7 @@ WORK_ROOT_PREFIX = "renderctl-work-"  # of each runner's folder of job working d
 # control/ files of one runner, by token prefix (holder files: store.HOLDER_FILE)
 MP_DIR_PREFIX = "pymp-"  # multiprocessing.util.get_temp_dir()'s folders
 WORK_NOTE = "work.{}"  # where its WORK_ROOT_PREFIX folder is, for the next runner to remove
+CONFINED_CACHE_MAX = 4096  # output folders remembered as checked (see _check_confined)
 BUDGET_SHARE = 0.8  # of MemAvailable at start: leave room for the page cache and the rest
 
 
@@ -215,6 +216,7 @@ class WorkerHandle:
     conn: mpc.Connection
     slot: Slot
     gate: StartGate  # decides, with the worker, whether its queued jobs start
+    started_log: str  # where it logs each attempt's start before starting it (recovery)
     pid: int | None = None
     pgid: int | None = None
     queued: deque[Assignment] = field(default_factory=deque)
@@ -297,7 +299,9 @@ class Runner:
         self.n_workers = settings.workers or default_workers(self.budget_mb)
         self.holder: Holder | None = None
         self.token_prefix = ""
-        self.started_log = ""
+        # Started logs of dead workers, each with the attempts in flight at its death: it
+        # goes once none of them is left unrecorded (see _drop_moot_logs).
+        self._moot_logs: list[tuple[str, set[str]]] = []
         self.reaper: Reaper | None = None
         self.work_root = ""
         self.exec_times: deque[float] = deque(maxlen=512)
@@ -324,10 +328,9 @@ class Runner:
         self._ctx: Any = None
         self._wake_r = -1
         self._wake_w = -1
+        self._prior_handlers: dict[int, Any] = {}  # of STOP_SIGNALS, restored at the end
         self._specs = all_specs()
-        self._dev_cache: dict[str, int] = {}
-        self._confined: set[tuple[str, str]] = set()
-        self._roots_real: dict[str, str] = {}  # output root -> its real path, for publishing
+        self._confined: set[tuple[str, str]] = set()  # output folders checked and made
         self._unsynced_claims = False
         self._oldest_completion = 0.0
         self._start_failures = 0
@@ -369,7 +372,6 @@ class Runner:
             # /tmp, crash by crash (multiprocessing removes its folder only at a clean exit).
             (self.q.dir("control") / WORK_NOTE.format(self.token_prefix)).write_text(
                 f"{self.work_root}\n{multiprocessing.util.get_temp_dir()}\n")
-            self.started_log = str(self.q.dir("control") / STARTED_LOG.format(self.token_prefix))
             try:
                 # Before any worker: it kills them if we die while one cannot act on its
                 # parent-death signal (renderctl.reaper). Started now, its ~10 ms of start-up
@@ -409,8 +411,8 @@ class Runner:
         # SIGHUP too (the terminal of an interactive run closed, or a session logged out):
         # dying of it would orphan the running jobs, each charged a crashed attempt at the
         # next start; draining returns them uncharged.
-        for sig in STOP_SIGNALS:
-            signal.signal(sig, self._on_stop_signal)
+        self._prior_handlers = {sig: signal.signal(sig, self._on_stop_signal)
+                                for sig in STOP_SIGNALS}
         signal.signal(signal.SIGUSR1, self._on_wake_signal)
 
     def stop(self, signum: int) -> None:
@@ -468,11 +470,12 @@ class Runner:
             ours_left = bool(self.token_prefix) and self.token_prefix in self.q.lease_prefixes()
         except OSError:
             ours_left = True  # cannot tell: keep the evidence
-        if self.started_log and not ours_left:
+        if not ours_left:
             # While a lease of ours is left in running/ (an exit 74, an exception), the next
-            # runner's recovery reads this log to tell an attempt that ran, and is charged,
-            # from one that never started: without it, work done would be run again free.
-            unlink_quiet(self.started_log)
+            # runner's recovery reads these logs to tell an attempt that ran, and is charged,
+            # from one that never started: without them, work done would be run again free.
+            for log in self.q.dir("control").glob(STARTED_LOG.format(f"{self.token_prefix}.*")):
+                unlink_quiet(log)
         unlink_quiet(self._workers_file())
         unlink_quiet(self.q.path / STATE_FILE)
         with contextlib.suppress(OSError):
@@ -483,8 +486,11 @@ class Runner:
             # workers were still dying when we started) can go.
             self.q.clean_tmp()
         signal.set_wakeup_fd(-1)
-        for sig in STOP_SIGNALS:
-            signal.signal(sig, signal.SIG_DFL)
+        # Back to what was there before (the CLI's: it still prints the summary and writes
+        # the reports), not to SIG_DFL: a repeated Ctrl-C landing now killed the process
+        # before it said how the run ended, with the jobs drained all the same.
+        for sig, prior in self._prior_handlers.items():
+            signal.signal(sig, signal.SIG_DFL if prior is None else prior)
         # Still holding the lock: a cancel's wake-up may land until it is released (run()).
         signal.signal(signal.SIGUSR1, signal.SIG_IGN)
         self.crash_point("shutdown")
@@ -602,7 +608,9 @@ class Runner:
         started log is the evidence of which attempt began if we die before taking over."""
         held = self.q.lease_prefixes()
         for log in self.q.dir("control").glob(STARTED_LOG.format("*")):
-            if str(log) != self.started_log and name_prefix(log.name, STARTED_LOG) not in held:
+            # started.<prefix>.log, or started.<prefix>.<n>.log: one per worker we start
+            owner = (name_prefix(log.name, STARTED_LOG) or "").partition(".")[0]
+            if owner != self.token_prefix and owner not in held:
                 unlink_quiet(log)
         self.q.forget_holders(keep=held)
 
@@ -630,6 +638,7 @@ class Runner:
         if transitions:
             self._apply_recovered(transitions, published_tmps)
             self._forget_dead_runners()
+            self._handle_cancel_requests()  # asked meanwhile: before anything claims them
 
     def _apply_recovered(self, transitions: list[Transition], published_tmps: list[Path]) -> None:
         """Make recovery's verdicts durable, then drop the temporary names of outputs it found
@@ -709,7 +718,11 @@ class Runner:
                 slot.release_limit()
         self._gates += 1
         gate = StartGate(os.path.join(self.work_root, f"gate.{self._gates}"), create=True)
-        cfg = WorkerConfig(slot_path=slot.path, started_log=self.started_log,
+        # A log per worker, not one per runner: it goes soon after its worker (see
+        # _drop_moot_logs), where one log grew a line per job for the runner's whole life.
+        log = str(self.q.dir("control")
+                  / STARTED_LOG.format(f"{self.token_prefix}.{self._gates}"))
+        cfg = WorkerConfig(slot_path=slot.path, started_log=log,
                            work_root=self.work_root, gate_path=gate.path,
                            control_dir=str(self.q.dir("control")),
                            reaper=self.reaper.identity if self.reaper else None)
@@ -722,7 +735,7 @@ class Runner:
             slot.adopt(proc.pid)
         if self.reaper is not None:
             self.reaper.watch(proc.pid)
-        w = self.workers[index] = WorkerHandle(index, proc, parent, slot, gate)
+        w = self.workers[index] = WorkerHandle(index, proc, parent, slot, gate, log)
         self._watch(w)
 
     def _watch(self, w: WorkerHandle) -> None:
@@ -1026,11 +1039,14 @@ class Runner:
             return
         key = (spec.out_root, str(final.parent))
         try:
-            if key not in self._confined:
+            if key not in self._confined or not os.path.isdir(key[1]):
                 # Confined before anything is made, and before the worker writes there: a
                 # folder that exists may be a symlink out of the root (isdir() follows it),
                 # which must neither get folders made at its target nor have their errors
-                # blamed on the output folder.
+                # blamed on the output folder. One checked earlier is checked and made
+                # again once it is gone (removed, or the root re-pointed elsewhere during a
+                # long --follow run): a stat per claim, not a failed attempt.
+                self._confined.discard(key)
                 self._check_confined(spec.out_root, final)
                 os.makedirs(final.parent, mode=0o755, exist_ok=True)
         except (OutputEscapes, OSError) as exc:
@@ -1329,6 +1345,7 @@ class Runner:
         a = w.current
         if a is not None:
             self.completions.append((a, self._killed(w, a, code)))
+        self._remove_work_files(w)  # (its job's last words are read above)
         for q in reversed(w.queued):
             if self.stop_signal is not None:
                 self._release_unrun(q)
@@ -1344,6 +1361,8 @@ class Runner:
             w.conn.close()
         w.gate.close()
         unlink_quiet(w.gate.path)
+        self._moot_logs.append((w.started_log, self._in_flight_tokens()))
+        self._drop_moot_logs()
         respawn = not w.replaced and self.stop_signal is None \
             and (not self._finished() or self.s.follow)
         dying = False
@@ -1363,6 +1382,46 @@ class Runner:
                 w.slot.close()
         if respawn:
             self._spawn(w.index, None if dying or w.stale_slot else w.slot)
+
+    def _remove_work_files(self, dead: WorkerHandle) -> None:
+        """Remove a dead worker's working folder and capture file from work_root: a job
+        killed for its timeout or memory leaves its scratch files there, and one worker
+        retired per --max-jobs-per-worker jobs leaves two entries; kept until the runner
+        exits, they piled up for as long as a --follow runner lives."""
+        pid = dead.proc.pid
+        if pid is None or any(w.proc.pid == pid for w in self.workers.values() if w is not dead):
+            return  # (its pid reused by a worker started since: those are that one's)
+        with contextlib.suppress(OSError), os.scandir(self.work_root) as it:
+            for e in it:
+                if e.name.startswith(f"w{pid}."):  # worker.py: w<pid>.<n> and w<pid>.out
+                    if e.is_dir(follow_symlinks=False):
+                        shutil.rmtree(e.path, ignore_errors=True)
+                    else:
+                        unlink_quiet(e.path)
+
+    def _in_flight_tokens(self) -> set[str]:
+        """The tokens of every attempt claimed and not yet recorded."""
+        live = [*self.ready, *(a for a, _ in self.completions)]
+        for w in self.workers.values():
+            live.extend(w.queued)
+            if w.current is not None:
+                live.append(w.current)
+        return {a.claim.lease.token for a in live}
+
+    def _drop_moot_logs(self) -> None:
+        """Remove dead workers' started logs that no longer prove anything: every attempt
+        in flight when the worker died (its own, and any it may have started unseen) has
+        its record on disk since, so recovery would never look a token of it up."""
+        if not self._moot_logs:
+            return
+        live = self._in_flight_tokens()
+        kept = []
+        for log, tokens in self._moot_logs:
+            if tokens & live:
+                kept.append((log, tokens))
+            else:
+                unlink_quiet(log)
+        self._moot_logs = kept
 
     @staticmethod
     def _slot_verdict(slot: Slot) -> bool | None:
@@ -1414,6 +1473,12 @@ class Runner:
         exit_code = code if code is not None and code >= 0 else None
         if reason is not None:
             outcome, error = reason.value, _kill_message(reason, a, peak)
+        elif sig is not None and sig == self.stop_signal:
+            # The signal that stops us reached the worker too: sent to every process of the
+            # service (systemd's default KillMode=control-group). The job was stopped with
+            # the runner, which returns jobs to pending uncharged, not crashed on its own.
+            outcome, error = Outcome.RELEASED.value, \
+                f"its worker got the runner's stop signal ({_signame(sig)}) too; not charged"
         elif sig is not None:
             outcome, error = Outcome.CRASHED.value, \
                 f"worker killed by {_signame(sig)} (not sent by renderctl)"
@@ -1522,6 +1587,10 @@ class Runner:
                     self._finish_unrun(queued, State.CANCELLED, "cancelled before it started")
                     handled = True
             if not handled:
+                if jid in self._foreign:
+                    # Running under a lease we wait to see expire: kept, and applied once
+                    # the job is ours (_take_over_expired), not dropped unapplied.
+                    continue
                 self.q.cancel_pending(jid)
             self.q.clear_cancel_request(jid)
         self._dispatch()
@@ -1648,6 +1717,9 @@ class Runner:
         # points (publish.output_folder): the claim's check of the path is long past, and a
         # folder swapped for a symlink out of the root since must not carry the output there.
         folders: dict[tuple[str, str], int] = {}
+        # Each root resolved afresh per commit (~10 us): a --follow runner lives for days,
+        # and a root that is a symlink may be re-pointed meanwhile.
+        roots_real: dict[str, str] = {}
         try:
             for a, i, fin in to_link:
                 token = a.claim.lease.token if fin.owner_tagged else None
@@ -1656,9 +1728,9 @@ class Runner:
                 try:
                     key = (root, str(a.final.parent))
                     if key not in folders:
-                        real = self._roots_real.get(root)
+                        real = roots_real.get(root)
                         if real is None:
-                            real = self._roots_real[root] = os.path.realpath(root)
+                            real = roots_real[root] = os.path.realpath(root)
                         folders[key] = output_folder(real, a.final)
                     status = publish(a.tmp, a.final, is_dir=a.output_kind == "dir",
                                      token=token, dir_fd=folders[key])
@@ -1706,6 +1778,7 @@ class Runner:
         for t in transitions:
             self._count(t)
             self._report(t)
+        self._drop_moot_logs()
 
     def _transition(self, a: Assignment, fin: Finished, outcome: str, now: float) -> Transition:
         rec = a.claim.record
@@ -1725,12 +1798,12 @@ class Runner:
 
     def _sync(self, out_roots: Any) -> None:
         """One syncfs per file system involved (usually one: queue and outputs together)."""
-        devs: dict[int, str] = {}
-        for path in (str(self.q.path), *out_roots):
-            dev = self._dev_cache.get(path)
-            if dev is None:
-                dev = self._dev_cache[path] = os.stat(path).st_dev
-            devs.setdefault(dev, path)
+        devs = {os.stat(self.q.path).st_dev: str(self.q.path)}
+        # Looked up per sync (a stat per root), never remembered: a root re-pointed at
+        # another file system during a long run must have its outputs synced there.
+        for root in set(out_roots):
+            with contextlib.suppress(OSError):  # gone: its publish fails, nothing to sync
+                devs.setdefault(os.stat(root).st_dev, root)
         for path in devs.values():
             syncfs(path)
 
@@ -1742,6 +1815,10 @@ class Runner:
         if key in self._confined:
             return
         check_confined(Path(out_root).resolve(), final)
+        if len(self._confined) >= CONFINED_CACHE_MAX:
+            # A cache, not a record: one folder per job (out/<customer>/<id>/) would grow
+            # it by ~350 bytes a job for as long as a --follow runner lives.
+            self._confined.clear()
         self._confined.add(key)
 
     def _finish_hook(self, transitions: list[Transition]) -> Callable[[str], None]:

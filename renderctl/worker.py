@@ -390,7 +390,7 @@ class Worker:
                                         f"w{os.getpid()}.{self.jobs_run}")
             try:
                 if not emptied:
-                    raise FileExistsError  # left behind; the runner removes work_root at exit
+                    raise FileExistsError  # left behind: the runner removes it when we die
                 os.rename(workdir, self.workdir)
             except OSError:
                 os.makedirs(self.workdir, mode=0o700, exist_ok=True)

@@ -111,6 +111,13 @@ def sleep_then_write(inputs: Sequence[Path], output: Path, params: Mapping[str, 
     write_pdf(inputs, output, params)
 
 
+def scratch_then_hang(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
+    """Fill the job's working folder (its TMPDIR) with ``params["mb"]`` MB, then hang."""
+    with open("scratch.bin", "wb") as fh:
+        fh.write(b"\0" * (int(params["mb"]) << 20))
+    time.sleep(600)
+
+
 def deaf_then_write(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
     """Start a ``setsid`` daemon, write our pid, then be deaf to signal handlers for a minute:
     inside one C call (``params["how"] == "c_call"``: no bytecode runs, so no Python handler

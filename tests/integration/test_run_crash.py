@@ -266,10 +266,12 @@ def test_runner_killed_at_random_moments_loses_nothing_and_publishes_once(
     assert inodes(list(first_seen)) == first_seen, "an output was published a second time"
 
 
-@pytest.mark.parametrize("holder", ["unknown", "on another host"])
-def test_a_lease_whose_holder_is_unknown_is_taken_over_when_it_expires_not_before(
-        tmp_path: Path, write_manifest: Any, holder: str) -> None:
-    # Given a runner SIGKILLed while its job ran (its worker dies with it) ...
+def left_by_a_runner_nobody_can_judge(tmp_path: Path, write_manifest: Any, *, holder: str,
+                                      expires_in_s: float) -> tuple[Path, Path, float]:
+    """Job "held" left in running/ by a runner SIGKILLed while it ran (its worker dies with
+    it), whose holder file is gone (``holder="unknown"``: removed by hand) or names another
+    host, so nobody can tell whether it lives; its lease, as the dead runner last renewed
+    it, runs out in ``expires_in_s``. Returns (queue, out, the lease's expiry)."""
     stage(tmp_path)
     pidfile = tmp_path / "worker.pid"
     manifest = write_manifest([py_job("held", "sleep_then_write", s=60, sleep_attempts=1,
@@ -282,23 +284,30 @@ def test_a_lease_whose_holder_is_unknown_is_taken_over_when_it_expires_not_befor
     finally:
         first.close()
     wait_until(lambda: not psutil.pid_exists(worker), what="the worker to die with it")
-    # ... whose holder file is gone (removed by hand) or names another host, so nobody can
-    # tell whether it lives, and whose lease, as the dead runner last renewed it, runs out
-    # in 2 s
-    running = queue / "running" / "held.json"
     for holder_file in (queue / "control").glob("holder.*.json"):
         if holder == "unknown":
             holder_file.unlink()
         else:
             holder_file.write_text(json.dumps({**json.loads(holder_file.read_text()),
                                                "host": "elsewhere"}))
+    running = queue / "running" / "held.json"
+    prefix, attempt, claimed_at, _ = os.getxattr(running, LEASE_XATTR).decode().split()
+    expires_at = time.time() + expires_in_s
+    os.setxattr(running, LEASE_XATTR, f"{prefix} {attempt} {claimed_at} {expires_at}".encode())
+    return queue, out, expires_at
+
+
+@pytest.mark.parametrize("holder", ["unknown", "on another host"])
+def test_a_lease_whose_holder_is_unknown_is_taken_over_when_it_expires_not_before(
+        tmp_path: Path, write_manifest: Any, holder: str) -> None:
+    # Given a job left running by a dead runner whose holder nobody can judge, its lease
+    # running out in 2 s
+    queue, out, expires_at = left_by_a_runner_nobody_can_judge(
+        tmp_path, write_manifest, holder=holder, expires_in_s=2)
     [work_note] = (queue / "control").glob("work.*")
     dead_work_root, dead_mp_dir = map(Path, work_note.read_text().split())
     assert dead_work_root.is_dir()  # the dead runner's job folders, capture files and all
     assert dead_mp_dir.name.startswith("pymp-") and dead_mp_dir.is_dir()  # its fork server's
-    prefix, attempt, claimed_at, _ = os.getxattr(running, LEASE_XATTR).decode().split()
-    expires_at = time.time() + 2
-    os.setxattr(running, LEASE_XATTR, f"{prefix} {attempt} {claimed_at} {expires_at}".encode())
 
     # When another runner starts on the queue
     second = Runner(*cli_args(queue, out, *FAST, "--json"))
@@ -328,6 +337,35 @@ def test_a_lease_whose_holder_is_unknown_is_taken_over_when_it_expires_not_befor
     assert not dead_work_root.exists()
     assert not dead_mp_dir.exists()
     assert sorted((queue / "control").glob("work.*")) == []
+
+
+def test_a_cancel_of_a_job_whose_lease_waits_to_expire_is_applied_after_the_takeover(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given a job left running by a dead runner on another host (as far as anyone can
+    # tell), its lease running out in 3 s ...
+    queue, out, _ = left_by_a_runner_nobody_can_judge(
+        tmp_path, write_manifest, holder="on another host", expires_in_s=3)
+    # ... and a runner following the queue, waiting for that lease
+    second = Runner(*cli_args(queue, out, *FAST, "--follow", "--json"))
+    try:
+        second.until(lambda ln: '"runner_started"' in ln)
+
+        # When the job is cancelled before the lease runs out
+        cancel = run_cli("cancel", "held", "--queue", queue)
+        assert cancel.returncode == 0 and "cancel requested" in cancel.stdout, cancel
+
+        # Then the takeover does not run it again: it ends cancelled, its output unpublished
+        second.until(lambda ln: '"recovered"' in ln and '"held"' in ln)
+        wait_until(lambda: QueueView(queue).states_of(["held"])["held"] != ["pending"],
+                   what="the job to leave pending/")
+        second.proc.send_signal(signal.SIGTERM)
+        second.wait()
+    finally:
+        second.close()
+    assert QueueView(queue).states_of(["held"]) == {"held": ["cancelled"]}, second.lines
+    assert not any('"started"' in ln for ln in second.lines), second.lines
+    assert not (out / "held.pdf").exists()
+    assert sorted((queue / "control").glob("cancel*")) == []
 
 
 # -- a `dead retry` killed half-way ---------------------------------------------------------

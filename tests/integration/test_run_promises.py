@@ -1,8 +1,10 @@
 """DESIGN.md promises under races and odd states that no other file covers: `--follow`
-(including a job whose submit died before telling the runner), outputs confined to the
-output root, a kill racing its job's completion, replace racing a claim, a repeated attempt
-token, signals aimed at the runner's group or landing while it starts or stops, and an
-output folder that is a file. Races are arranged with RENDERCTL_STOP_AT (a process frozen
+(including a job whose submit died before telling the runner, and what a runner that lives
+for days keeps: started logs, dead workers' scratch, a rotated event log, a re-pointed
+output root), outputs confined to the output root, a kill racing its job's completion,
+replace racing a claim, a repeated attempt token, signals aimed at the runner's group (or
+at every process of the service) or landing while it starts or stops, and an output
+folder that is a file. Races are arranged with RENDERCTL_STOP_AT (a process frozen
 at a named point), not hoped for."""
 
 from __future__ import annotations
@@ -32,11 +34,12 @@ from renderctl.runner import RESCAN_FULL_S
 
 
 @contextlib.contextmanager
-def following_runner(tmp_path: Path) -> Iterator[tuple[Runner, Path, Path]]:
-    """(runner, queue, out): a started `run --follow --json` on an empty queue."""
+def following_runner(tmp_path: Path, *extra: str) -> Iterator[tuple[Runner, Path, Path]]:
+    """(runner, queue, out): a started `run --follow --json` (options ``extra`` too) on an
+    empty queue."""
     stage(tmp_path)
     queue, out = tmp_path / "q", tmp_path / "out"
-    runner = Runner(*cli_args(queue, out, "--workers", "1", "--follow", "--json"))
+    runner = Runner(*cli_args(queue, out, "--workers", "1", "--follow", "--json", *extra))
     try:
         runner.until(lambda ln: '"runner_started"' in ln)
         yield runner, queue, out
@@ -89,6 +92,127 @@ def test_follow_finds_a_job_whose_submit_was_killed_before_its_doorbell(
         assert runner.wait() == ExitCode.SIGTERM
     assert QueueView(queue).ids("done") == {"stranded"}
     assert_pdf(out / "stranded.pdf", "stranded")
+
+
+def test_a_following_runners_evidence_of_started_attempts_stays_bounded(
+        tmp_path: Path, write_manifest: Any) -> None:
+    from jobfns import wait_until
+
+    # Given a runner following the queue whose workers are recycled every 2 jobs
+    with following_runner(tmp_path, "--max-jobs-per-worker", "2") as (runner, queue, out):
+        # When it has run 20 jobs (each attempt's start is logged in control/ by its worker,
+        # for recovery to tell an attempt that ran from one that never started)
+        manifest = write_manifest([py_job(f"j{n}", "write_one_byte", f"j{n}.bin")
+                                   for n in range(20)])
+        assert run_cli("submit", manifest, *cli_args(queue, out)).returncode == 0
+        wait_until(lambda: len(QueueView(queue).ids("done")) == 20, timeout_s=60,
+                   what=lambda: f"20 jobs done: {runner.lines[-3:]}")
+
+        # Then what is kept of those starts is what no recorded attempt has made moot: the
+        # logs of its live worker and the one retiring, not one line per job it ever ran
+        def lines_kept() -> int:
+            return sum(len(p.read_text().splitlines())
+                       for p in (queue / "control").glob("started.*.log"))
+
+        wait_until(lambda: lines_kept() <= 4, what=lambda: f"{lines_kept()} lines kept")
+        runner.proc.send_signal(signal.SIGTERM)
+        assert runner.wait() == ExitCode.SIGTERM
+    assert sorted((queue / "control").glob("started.*.log")) == []
+
+
+def test_a_following_runner_keeps_no_dead_workers_scratch(
+        tmp_path: Path, write_manifest: Any) -> None:
+    from jobfns import TERMINAL, wait_until
+
+    # Given a runner following the queue whose workers are recycled every 2 jobs
+    with following_runner(tmp_path, "--max-jobs-per-worker", "2") as (runner, queue, out):
+        [note] = (queue / "control").glob("work.*")
+        work_root = Path(note.read_text().split()[0])  # the jobs' working folders
+
+        # When a job that filled its working folder (its TMPDIR) is killed at its timeout,
+        # and ten short jobs run after it
+        hog = {**py_job("hog", "scratch_then_hang", "hog.bin", mb=8),
+               "timeout_s": 1, "max_attempts": 1}
+        manifest = write_manifest([hog, *(py_job(f"j{n}", "write_one_byte", f"j{n}.bin")
+                                          for n in range(10))])
+        assert run_cli("submit", manifest, *cli_args(queue, out)).returncode == 0
+        view = QueueView(queue)
+        wait_until(lambda: sum(len(view.ids(s)) for s in TERMINAL) == 11, timeout_s=60,
+                   what=lambda: f"11 jobs ended: {runner.lines[-3:]}")
+
+        # Then what the dead workers had there is gone with them, not kept until the
+        # runner exits: no scratch file, and the folders of live workers only
+        def kept() -> list[str]:
+            return sorted(p.name for p in work_root.iterdir() if p.name.startswith("w"))
+
+        assert not list(work_root.rglob("scratch.bin"))
+        wait_until(lambda: len(kept()) <= 4, what=lambda: f"live workers' files only: {kept()}")
+        runner.proc.send_signal(signal.SIGTERM)
+        assert runner.wait() == ExitCode.SIGTERM
+    assert QueueView(queue).record("dead", "hog")["attempts"][-1]["outcome"] == "timeout"
+
+
+def test_an_event_log_rotated_by_rename_while_following_gets_the_next_events(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given a runner following the queue that has logged a completed job
+    with following_runner(tmp_path) as (runner, queue, out):
+        first = write_manifest([py_job("r1", "write_pdf")], name="r1.toml")
+        assert run_cli("submit", first, *cli_args(queue, out)).returncode == 0
+        completed(runner, "r1")
+
+        # When the log is rotated as logrotate does by default: renamed away, and the
+        # next writer creates events.jsonl anew (a runner under systemd lives for days)
+        os.rename(queue / "events.jsonl", queue / "events.jsonl.1")
+        second = write_manifest([py_job("r2", "write_pdf")], name="r2.toml")
+        assert run_cli("submit", second, *cli_args(queue, out)).returncode == 0
+        completed(runner, "r2")
+        runner.proc.send_signal(signal.SIGTERM)
+        assert runner.wait() == ExitCode.SIGTERM
+
+    # Then the running runner's events after the rotation are in the new log, where
+    # `metrics`, `top` and `wait` read them, and none went on into the rotated one
+    def events(name: str) -> list[tuple[str, str]]:
+        return [(e["event"], e["job"]) for e in map(json.loads, (queue / name).open())]
+
+    assert events("events.jsonl") == [("accepted", "r2"), ("claimed", "r2"),
+                                      ("completed", "r2")]
+    assert all(job == "r1" for _, job in events("events.jsonl.1"))
+    metrics = run_cli("metrics", "--queue", queue)
+    assert 'renderctl_attempts_total{outcome="completed"} 1' in metrics.stdout
+
+
+def test_an_output_root_repointed_while_following_receives_the_next_outputs(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given an output root that is a symlink to a volume, and a runner following the queue
+    # that has published a job into the root's folder x
+    vol_a, vol_b = tmp_path / "vol_a", tmp_path / "vol_b"
+    vol_a.mkdir()
+    vol_b.mkdir()
+    (tmp_path / "out").symlink_to(vol_a, target_is_directory=True)
+    with following_runner(tmp_path) as (runner, queue, out):
+        first = write_manifest([py_job("a1", "write_pdf", "x/a1.pdf")], name="a.toml")
+        assert run_cli("submit", first, *cli_args(queue, out)).returncode == 0
+        completed(runner, "a1")
+
+        # When the root is re-pointed at another volume (a release switch, a migration),
+        # atomically, and the next job for folder x is submitted
+        (tmp_path / "out.new").symlink_to(vol_b, target_is_directory=True)
+        os.replace(tmp_path / "out.new", out)
+        second = write_manifest([py_job("b1", "write_pdf", "x/b1.pdf")], name="b.toml")
+        assert run_cli("submit", second, *cli_args(queue, out)).returncode == 0
+
+        # Then that job is published where the root now leads, on its first attempt (not
+        # failed for a folder the runner remembered making there, nor refused as outside
+        # the root the runner resolved when it started)
+        ended = runner.until(lambda ln: '"b1"' in ln and any(
+            f'"event": "{e}"' in ln for e in ("completed", "dead")))
+        runner.proc.send_signal(signal.SIGTERM)
+        assert runner.wait() == ExitCode.SIGTERM
+    assert json.loads(ended)["event"] == "completed", runner.lines
+    rec = QueueView(queue).record("done", "b1")
+    assert [a["outcome"] for a in rec["attempts"]] == ["completed"]
+    assert_pdf(vol_b / "x" / "b1.pdf", "b1")
+    assert_pdf(vol_a / "x" / "a1.pdf", "a1")
 
 
 @pytest.mark.parametrize("immutable", [False, True], ids=["outside writable", "outside +i"])
@@ -394,6 +518,44 @@ def test_a_signal_to_the_runners_whole_process_group_drains_like_one_to_the_runn
     assert [a["outcome"] for a in view.record("pending", "long")["attempts"]] == ["released"]
 
 
+def test_a_stop_signal_to_every_process_of_the_service_charges_no_attempt(
+        tmp_path: Path, write_manifest: Any) -> None:
+    import psutil
+
+    # Given a runner following the queue, a python job and a command job running
+    stage(tmp_path)
+    queue, out = tmp_path / "q", tmp_path / "out"
+    pidfile = tmp_path / "py.pid"
+    manifest = write_manifest([
+        {**py_job("py", "sleep_then_write", s=600, pidfile=str(pidfile)), "max_attempts": 1},
+        {"id": "cmd", "kind": "command", "argv": ["sh", "-c", 'sleep 600; : > "$0"', "{output}"],
+         "output": "cmd.bin", "max_attempts": 1},
+    ])
+    runner = Runner(*cli_args(queue, out, "--workers", "2", "--follow", "--json"),
+                    new_session=True)
+    try:
+        runner.until(lambda ln: '"runner_started"' in ln)
+        assert run_cli("submit", manifest, *cli_args(queue, out)).returncode == 0
+        wait_for_pid(pidfile)
+        runner.until(lambda ln: '"started"' in ln and '"cmd"' in ln)
+
+        # When SIGTERM reaches every process of the service at once, the runner's workers
+        # and their jobs too (systemd's default stop, KillMode=control-group)
+        for proc in [psutil.Process(runner.pid), *psutil.Process(runner.pid).children(True)]:
+            with contextlib.suppress(psutil.Error):
+                proc.send_signal(signal.SIGTERM)
+
+        # Then the run stops as on SIGTERM, and the jobs go back to pending uncharged, as
+        # stopping the runner promises: not dead-lettered as crashes nobody sent
+        assert runner.wait(30) == ExitCode.SIGTERM, runner.lines
+    finally:
+        runner.close()
+    view = QueueView(queue)
+    assert view.states_of(["py", "cmd"]) == {"py": ["pending"], "cmd": ["pending"]}
+    for job in ("py", "cmd"):
+        assert [a["outcome"] for a in view.record("pending", job)["attempts"]] == ["released"]
+
+
 def test_a_job_whose_output_folder_is_a_file_dead_letters_alone(
         tmp_path: Path, write_manifest: Any) -> None:
     # Given a file where one job's output folder must be, and a job with a good path
@@ -472,6 +634,42 @@ def test_a_cancels_wake_up_while_the_runner_starts_or_stops_does_not_kill_it(
         assert runner.wait(60) == ExitCode.OK, (runner.lines, runner.stderr())
     finally:
         runner.close()
+    assert QueueView(queue).states_of(["a"]) == {"a": ["done"]}
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM],
+                         ids=lambda s: signal.Signals(s).name)
+def test_a_stop_signal_repeated_while_the_runner_stops_still_ends_it_in_order(
+        tmp_path: Path, write_manifest: Any, sig: int) -> None:
+    from jobfns import wait_until
+
+    # Given a --follow runner that has completed a job, was told to stop, has drained and
+    # is frozen in its shutdown (the moment an impatient third Ctrl-C lands)
+    stage(tmp_path)
+    manifest = write_manifest([py_job("a", "write_pdf")])
+    queue, out, junit = tmp_path / "q", tmp_path / "out", tmp_path / "junit.xml"
+    runner = Runner(manifest, *cli_args(queue, out, "--workers", "1", "--follow",
+                                        "--junit", str(junit)),
+                    env={"RENDERCTL_STOP_AT": "shutdown"})
+    try:
+        completed_line = runner.until(lambda ln: ln.startswith("completed"))
+        assert " a " in completed_line
+        os.kill(runner.pid, sig)
+        wait_until(lambda: _stopped(runner.pid), what="the runner to freeze in its shutdown")
+
+        # When the same signal comes again then
+        os.kill(runner.pid, sig)
+        os.kill(runner.pid, signal.SIGCONT)
+
+        # Then it still ends as a stopped run does: its summary, its report, exit 128 + n
+        # (not killed by the signal halfway through saying what it did)
+        code = runner.wait(60)
+        stderr = runner.stderr()
+    finally:
+        runner.close()
+    assert code == 128 + sig, (runner.lines, stderr)
+    assert runner.lines[-1].startswith("summary: done 1,"), runner.lines
+    assert 'name="a"' in junit.read_text()
     assert QueueView(queue).states_of(["a"]) == {"a": ["done"]}
 
 
