@@ -73,6 +73,7 @@ KEYS: dict[str, Key] = {
                         "auto, cgroup-v1, cgroup-v2 or sampling"),
     "max_failures": Key(int, _positive, "an integer >= 1"),
     "prefetch": Key(int, _positive, "an integer >= 1"),
+    "poll_interval": Key(float, _positive, "a number > 0"),
     "follow": Key(bool),
     "quiet": Key(bool),
     "metrics_textfile": Key(str),

@@ -668,9 +668,6 @@ def submit(
         if as_json:  # a script reads stdout: say what happened there too
             out.print_json(refused_json(exc))
         raise
-    if res.accepted or res.replaced:
-        # Wake a runner in --follow mode now rather than at its next poll.
-        q.signal_runner(signal.SIGUSR1)
     ended = ended_earlier(res)
     if as_json:
         doc: dict[str, Any] = {"accepted": list(res.accepted),
@@ -740,6 +737,10 @@ def run(
         "--prefetch", envvar=_env("prefetch"), callback=checked,
         help="jobs a worker may hold, the running one included [default: adaptive, 1 for "
         "long jobs]")] = None,
+    poll_interval: Annotated[float, typer.Option(
+        "--poll-interval", envvar=_env("poll-interval"), callback=checked,
+        help="rescan the queue this often (s) for work no wake-up announced (a submit, "
+        "cancel or dead retry wakes the runner at once)")] = RunnerSettings.poll_interval_s,
     quiet: Annotated[bool, typer.Option(
         "--quiet", envvar=_env("quiet"), help="print only failures and the summary")] = False,
     metrics_textfile: Annotated[Path | None, typer.Option(
@@ -801,6 +802,7 @@ def run(
         backoff_base_s=backoff_base, backoff_max_s=backoff_max, kill_grace_s=kill_grace,
         grace_s=grace, memory_budget_mb=memory_budget, follow=follow,
         max_failures=max_failures, memory_guard=memory_guard, prefetch=prefetch,
+        poll_interval_s=poll_interval,
     )
     dashboard = None
     main: Any

@@ -31,6 +31,7 @@ from jobfns import (
 
 from renderctl.errors import ExitCode
 from renderctl.runner import RESCAN_FULL_S
+from renderctl.store import Queue
 
 
 @contextlib.contextmanager
@@ -51,6 +52,34 @@ def completed(runner: Runner, job_id: str, *, timeout_s: float = 30) -> None:
     line = runner.until(lambda ln: '"completed"' in ln and f'"{job_id}"' in ln,
                         timeout_s=timeout_s)
     assert json.loads(line)["job"] == job_id
+
+
+def test_a_job_enqueued_by_the_python_api_or_a_dead_retry_wakes_a_following_runner(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given a runner following an empty queue that it rescans only every ten minutes, and a
+    # job that fails (once allowed) until a marker exists
+    marker = tmp_path / "fixed"
+    with following_runner(tmp_path, "--poll-interval", "600") as (runner, queue, out):
+        # When a program enqueues a job through the Python API (as a web tier does)
+        res = Queue(queue).submit([py_job("api", "write_pdf")], base=tmp_path, out_root=out)
+        assert list(res.accepted) == ["api"]
+
+        # Then the runner starts it now, not at its next rescan
+        completed(runner, "api", timeout_s=20)
+        assert_pdf(out / "api.pdf", "api")
+
+        # And when a job dead-lettered meanwhile is fixed and retried from the command line
+        flaky = write_manifest([{**py_job("flaky", "fail_until_marker", marker=str(marker)),
+                                 "max_attempts": 1}])
+        assert run_cli("submit", flaky, *cli_args(queue, out)).returncode == 0
+        runner.until(lambda ln: '"dead"' in ln and '"flaky"' in ln, timeout_s=20)
+        marker.touch()
+        assert run_cli("dead", "retry", "flaky", "--queue", queue).returncode == 0
+
+        # Then it runs again at once too
+        completed(runner, "flaky", timeout_s=20)
+        runner.proc.send_signal(signal.SIGTERM)
+        assert runner.wait() == ExitCode.SIGTERM
 
 
 def test_follow_serves_jobs_submitted_later_until_sigterm(
