@@ -1473,12 +1473,20 @@ class Runner:
         exit_code = code if code is not None and code >= 0 else None
         if reason is not None:
             outcome, error = reason.value, _kill_message(reason, a, peak)
-        elif sig is not None and sig == self.stop_signal:
+        elif sig is not None and sig == self.stop_signal \
+                and not _stopped_with_runner_before(a.claim.record):
             # The signal that stops us reached the worker too: sent to every process of the
             # service (systemd's default KillMode=control-group). The job was stopped with
             # the runner, which returns jobs to pending uncharged, not crashed on its own.
+            # Once per job: one that stops its own service (`systemctl restart` from a job;
+            # a stop signal cannot say who sent it) would run uncharged after each restart
+            # for ever; the next time it is charged as the crash it may be.
             outcome, error = Outcome.RELEASED.value, \
                 f"its worker got the runner's stop signal ({_signame(sig)}) too; not charged"
+        elif sig is not None and sig == self.stop_signal:
+            outcome, error = Outcome.CRASHED.value, \
+                f"worker killed by the runner's stop signal ({_signame(sig)}) again, as on an " \
+                "earlier attempt; charged this time (does the job stop its own service?)"
         elif sig is not None:
             outcome, error = Outcome.CRASHED.value, \
                 f"worker killed by {_signame(sig)} (not sent by renderctl)"
@@ -1986,6 +1994,14 @@ def _path_problem(exc: Exception, final: Path) -> str:
             if folder.exists() and not folder.is_dir():
                 return f"{folder} is a file, where the output's folder must be"
     return str(exc)
+
+
+def _stopped_with_runner_before(rec: JobRecord) -> bool:
+    """Whether an attempt of this job (since its last `dead retry`) was released because its
+    worker died of the stop signal of a stopping runner (see Runner._killed): the only
+    released attempts that carry a stop signal (a drain's kill is a SIGKILL)."""
+    return any(att.get("outcome") == Outcome.RELEASED.value and att.get("signal") in STOP_SIGNALS
+               for att in rec.attempts[rec.attempt_base:])
 
 
 def _signame(sig: int) -> str:

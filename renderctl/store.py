@@ -1675,7 +1675,10 @@ class Queue:
             return False
         try:
             os.kill(int(info["pid"]), sig)
-        except ProcessLookupError:
+        except (ProcessLookupError, PermissionError):
+            # Gone, or run by a user we may not signal (a service account; the web tier that
+            # submits may only write the queue): it finds the work at its next poll. Never a
+            # failure of what we did before (a submit's jobs are accepted by now).
             return False
         return True
 

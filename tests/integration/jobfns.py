@@ -111,6 +111,19 @@ def sleep_then_write(inputs: Sequence[Path], output: Path, params: Mapping[str, 
     write_pdf(inputs, output, params)
 
 
+def stop_the_service(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
+    """SIGTERM every process of the runner named by ``params["queue"]``'s runner.json, our
+    own worker included (what a job running `systemctl restart` on its own service does
+    under KillMode=control-group), then wait to die of it."""
+    import psutil
+
+    runner = psutil.Process(json.loads((Path(params["queue"]) / "runner.json").read_text())["pid"])
+    for proc in [runner, *runner.children(recursive=True)]:
+        with contextlib.suppress(psutil.Error):
+            proc.send_signal(signal.SIGTERM)
+    time.sleep(60)
+
+
 def scratch_then_hang(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
     """Fill the job's working folder (its TMPDIR) with ``params["mb"]`` MB, then hang."""
     with open("scratch.bin", "wb") as fh:

@@ -585,6 +585,36 @@ def test_a_stop_signal_to_every_process_of_the_service_charges_no_attempt(
         assert [a["outcome"] for a in view.record("pending", job)["attempts"]] == ["released"]
 
 
+def test_a_job_that_stops_its_own_service_every_time_is_charged_not_released_forever(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given a job that stops the whole service it runs in (every process, its worker too,
+    # as `systemctl restart` from a job does) each time it runs, allowed 2 attempts
+    stage(tmp_path)
+    queue, out = tmp_path / "q", tmp_path / "out"
+    manifest = write_manifest([{**py_job("restarter", "stop_the_service", "r.bin",
+                                         queue=str(queue)), "max_attempts": 2}])
+    assert run_cli("submit", manifest, *cli_args(queue, out)).returncode == 0
+
+    # When a supervisor restarts the runner after each stop (Restart=always), six times
+    outcomes: list[str] = []
+    for _ in range(6):
+        runner = Runner(*cli_args(queue, out, "--workers", "1", "--backoff-base", "0.01"))
+        try:
+            assert runner.wait(60) == ExitCode.SIGTERM, runner.lines
+        finally:
+            runner.close()
+        [state] = QueueView(queue).states_of(["restarter"])["restarter"]
+        outcomes = [a["outcome"] for a in QueueView(queue).record(state, "restarter")["attempts"]]
+        if state == "dead":
+            break
+
+    # Then the first stop is not charged (the service may have been stopped from outside),
+    # but the job is not run uncharged forever either: it ends dead-lettered after its 2
+    # charged attempts, every one recorded
+    assert state == "dead", outcomes
+    assert outcomes == ["released", "crashed", "crashed"], outcomes
+
+
 def test_a_job_whose_output_folder_is_a_file_dead_letters_alone(
         tmp_path: Path, write_manifest: Any) -> None:
     # Given a file where one job's output folder must be, and a job with a good path

@@ -293,3 +293,50 @@ def test_a_runner_that_gave_up_waiting_leaves_the_lock_free(
     with q.runner_lock(Holder.current()):
         assert q.runner_info() is not None
     q.close()
+
+
+
+def test_a_submit_that_may_not_signal_the_runner_still_reports_its_jobs_accepted(
+        tmp_path: Path, write_manifest: Any) -> None:
+    import shutil
+
+    from jobfns import RENDERCTL
+
+    from renderctl import proctree
+    from renderctl.store import Holder, Queue
+
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv: a runner of another user, a submitter without "
+                    "CAP_KILL")
+    # Given a queue whose live runner is a process of another user (a service account; the
+    # web tier that submits may write the queue, but not signal that process)
+    queue, out = tmp_path / "q", tmp_path / "out"
+    Queue(queue)
+    other = subprocess.Popen(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                              "sleep", "60"])
+    try:
+        wait_until(lambda: os.stat(f"/proc/{other.pid}").st_uid == 65534,
+                   what="the other user's process")
+        (queue / "runner.json").write_text(json.dumps({
+            **Holder.current().to_json(), "pid": other.pid,
+            "start_time": proctree.process_start_time(other.pid)}))
+        fd = os.open(queue / "runner.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # held for it: the record above names it
+
+            # When a submitter without the right to signal it enqueues a job
+            manifest = write_manifest([py_job("w1", "write_pdf")])
+            res = subprocess.run(["setpriv", "--bounding-set=-kill", "--", *RENDERCTL,
+                                  "submit", str(manifest), *cli_args(queue, out)],
+                                 capture_output=True, text=True, timeout=60)
+        finally:
+            os.close(fd)
+    finally:
+        other.kill()
+        other.wait()
+
+    # Then it reports the job accepted (it is: the runner finds it at its next poll), not
+    # an I/O error that would have a script submit it again
+    assert res.returncode == 0, res
+    assert "accepted 1 job" in res.stdout, res
+    assert QueueView(queue).states_of(["w1"]) == {"w1": ["pending"]}
