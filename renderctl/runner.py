@@ -1085,6 +1085,11 @@ class Runner:
         if self.halted:
             return  # (what is ready goes back to pending: _halt)
         now = time.monotonic()
+        # Workers holding jobs, a retiring one working off its queue included: --workers is
+        # the cap on jobs at once. A successor started early (see _send) waits for its
+        # predecessor's last job before it gets one; before, it took one at once, and with
+        # --max-jobs-per-worker 1 eight jobs ran at a time under --workers 2.
+        busy = sum(1 for w in self.workers.values() if w.load())
         while self.ready:
             a = self.ready[0]
             if a.cancel_requested:
@@ -1096,6 +1101,8 @@ class Runner:
             for w in self.workers.values():
                 if w.pid is None or w.retiring or w.load() >= depth:
                     continue
+                if not w.load() and busy >= self.n_workers:
+                    continue
                 if w.current is not None and self._overdue(w.current, now):
                     continue  # nothing waits behind a job already overdue (see _rebalance)
                 after = total - w.reserved_mb() + max(w.reserved_mb(), a.memory_mb)
@@ -1106,6 +1113,7 @@ class Runner:
             if best is None:
                 return
             self.ready.popleft()
+            busy += not best.load()
             self._send(best, a)
 
     def _steal_after(self) -> float:

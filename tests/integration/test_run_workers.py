@@ -9,6 +9,7 @@ import os
 import shutil
 import signal
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -439,3 +440,35 @@ def test_a_job_its_stuck_worker_starts_as_it_is_taken_back_runs_once(
     finally:
         runner.close()
     _done_once(queue, ["long", *SHORTS], out, runner.lines)
+
+
+@pytest.mark.parametrize("per_worker", ["1", "2"])
+def test_workers_caps_the_jobs_running_at_once_while_workers_are_recycled(
+        tmp_path: Path, write_manifest: Any, per_worker: str) -> None:
+    # Given two quick jobs, then six that each say when they start and then hold until told
+    # to go, and a runner with two workers, each recycled after one or two jobs (its
+    # successor is started early, while it still works)
+    stage(tmp_path)
+    started, go = tmp_path / "started", tmp_path / "go"
+    started.mkdir()
+    manifest = write_manifest([py_job(f"q{i}", "write_pdf") for i in range(2)]
+                              + [py_job(f"j{i}", "wait_for_go", pidfile=str(started / f"j{i}"),
+                                        go=str(go)) for i in range(6)])
+    runner = Runner(manifest, *cli_args(tmp_path / "q", tmp_path / "out", "--workers", "2",
+                                        "--max-jobs-per-worker", per_worker, "--json"))
+    try:
+        # When two have started
+        wait_until(lambda: len(list(started.iterdir())) >= 2)
+
+        # Then no third starts while they hold (before: the early successors took jobs at
+        # once, 8 running within 46 ms under --workers 2); the window is the only wait here
+        time.sleep(1.0)
+        assert len(list(started.iterdir())) == 2, sorted(p.name for p in started.iterdir())
+
+        # And once they may go, every job completes, never more than two at a time
+        go.touch()
+        assert runner.wait() == 0, runner.lines
+    finally:
+        go.touch()
+        runner.close()
+    assert QueueView(tmp_path / "q").ids("done") == {f"j{i}" for i in range(6)} | {"q0", "q1"}
