@@ -73,6 +73,7 @@ class Entry:
     group: str = "default"
     accepted_at: float = 0.0
     not_before: float = 0.0
+    deadline: float | None = None  # not started by then: expired (only before a 1st attempt)
 
 
 @dataclass
@@ -98,6 +99,7 @@ class ClaimIndex:
         self._delayed: list[tuple[float, Entry]] = []
         self._live: dict[str, Entry] = {}  # every pending job the index knows
         self._ready: dict[str, Entry] = {}  # those claimable now (in a bucket)
+        self._deadlines: list[tuple[float, str, str]] = []  # heap of (deadline, seq, job_id)
 
     def __len__(self) -> int:
         return len(self._live)
@@ -110,6 +112,8 @@ class ClaimIndex:
         if entry.job_id in self._live:
             self.discard(entry.job_id)
         self._live[entry.job_id] = entry
+        if entry.deadline is not None:
+            heapq.heappush(self._deadlines, (entry.deadline, entry.seq, entry.job_id))
         if entry.not_before > now:
             heapq.heappush(self._delayed, (entry.not_before, entry))
         else:
@@ -146,6 +150,25 @@ class ClaimIndex:
                 break
             heapq.heappop(self._delayed)
         return self._delayed[0][0] if self._delayed else None
+
+    def next_deadline(self) -> float | None:
+        """The earliest deadline of a pending job (None if none has one)."""
+        while self._deadlines:
+            when, seq, job_id = self._deadlines[0]
+            entry = self._live.get(job_id)
+            if entry is not None and entry.seq == seq and entry.deadline == when:
+                return when
+            heapq.heappop(self._deadlines)  # claimed, cancelled, replaced or retried since
+        return None
+
+    def pop_past_deadline(self, *, now: float) -> list[Entry]:
+        """Remove and return the pending jobs whose deadline has passed (``deadline < now``)."""
+        past: list[Entry] = []
+        while (when := self.next_deadline()) is not None and when < now:
+            _, _, job_id = heapq.heappop(self._deadlines)
+            past.append(self._live[job_id])
+            self.discard(job_id)
+        return past
 
     def _bucket_oldest(self, bucket: _Bucket) -> Entry | None:
         while bucket.oldest:

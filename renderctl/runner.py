@@ -799,6 +799,9 @@ class Runner:
                     self._take_over_expired(self.clock.wall())
                 if self.halted:
                     self._halt()
+                due = self.index.next_deadline()
+                if due is not None and due < self.clock.wall():
+                    self._expire_past_deadline()
                 self._claim()
             self._dispatch()
             self._rebalance(now)
@@ -975,6 +978,9 @@ class Runner:
             deadlines.append(self.stop_deadline)
         if self.completions and self._oldest_completion:
             deadlines.append(self._oldest_completion + self._commit_window())
+        deadline = self.index.next_deadline()
+        if deadline is not None:  # (1 ms past it: a deadline is passed when "< now")
+            deadlines.append(now + max(0.0, deadline + 0.001 - self.clock.wall()))
         due = self.index.next_due()
         if self._foreign:
             expiry = min(self._foreign.values())
@@ -1001,6 +1007,13 @@ class Runner:
         recent = list(self.exec_times)[-32:]
         avg = self._avg_exec = sum(recent) / len(recent)
         return max(1, min(self.s.prefetch_max, int(PREFETCH_WORK_S / max(avg, 1e-4))))
+
+    def _expire_past_deadline(self) -> None:
+        """Expire the pending jobs whose deadline passed while they waited (for a worker, or
+        behind others), at their deadline rather than when a claim would reach them."""
+        for rec in self.q.expire_past_deadline(self.index, crash_hook=self.crash_point):
+            self.counts["expired"] += 1
+            self.reporter.event({"event": "expired", "job": rec.spec.id})
 
     def _claim(self) -> None:
         if self.halted:

@@ -200,7 +200,8 @@ class JobRecord:
     def entry(self) -> Entry:
         s = self.spec
         return Entry(seq=self.seq, job_id=s.id, priority=s.priority, group=s.group,
-                     accepted_at=self.accepted_at, not_before=self.not_before)
+                     accepted_at=self.accepted_at, not_before=self.not_before,
+                     deadline=None if self.attempts else s.deadline)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -1142,17 +1143,27 @@ class Queue:
         """Claim up to ``limit`` jobs in policy order; returns (claims, expired records).
 
         Claims nothing while a replace is being applied (see _submit_locked): the runner's
-        loop comes back within its poll interval, and a replace takes milliseconds."""
+        loop comes back when the submit wakes it, and a replace takes milliseconds."""
+        with self._no_replace() as free:
+            if not free:
+                return [], []
+            return self._claim_unlocked(index, holder=holder, lease_s=lease_s, limit=limit,
+                                        token_prefix=token_prefix, crash_hook=crash_hook)
+
+    @contextlib.contextmanager
+    def _no_replace(self) -> Iterator[bool]:
+        """Hold off replaces while pending/ records are taken (True), or yield False if a
+        replace is being applied now."""
         if self._replace_fd is None:
             self._replace_fd = os.open(self.path / REPLACE_LOCK,
                                        os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
             fcntl.flock(self._replace_fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
-            return [], []
+            yield False
+            return
         try:
-            return self._claim_unlocked(index, holder=holder, lease_s=lease_s, limit=limit,
-                                        token_prefix=token_prefix, crash_hook=crash_hook)
+            yield True
         finally:
             fcntl.flock(self._replace_fd, fcntl.LOCK_UN)
 
@@ -1167,35 +1178,11 @@ class Queue:
             entry = index.pop(now=now)
             if entry is None:
                 break
-            src = self._rpath(State.PENDING, entry.job_id)
             dst = self._rpath(State.RUNNING, entry.job_id)
-            try:
-                raw = read_file(src)
-            except FileNotFoundError:
-                continue  # cancelled (or claimed by a previous life) since it was indexed
-            try:
-                rec = JobRecord.loads(raw)
-            except _CORRUPT as exc:
-                self.quarantine(Path(src), f"unparseable: {exc}")
+            rec = self._take_pending(entry, index, now)
+            if rec is None:
                 continue
-            if rec.seq != entry.seq or rec.not_before > now:
-                index.add(rec.entry(), now=now)  # replaced or re-delayed: reindex as it is
-                continue
-            try:
-                # The atomic step: whoever renames pending/x first (we, or a cancel) wins.
-                # An expiring job takes it too: writing expired/x over a pending/x that a
-                # cancel may be renaming away at the same moment would leave it in two
-                # folders. (If we die before finishing it, recovery finds it in running/
-                # with no lease, returns it to pending, and the next claim expires it.)
-                os.rename(src, dst)
-            except FileNotFoundError:
-                continue
-            if rec.spec.deadline is not None and rec.spec.deadline < now and not rec.attempts:
-                expired.append(Transition(
-                    replace(rec, reason=EXPIRED_REASON, changed_at=now),
-                    State.EXPIRED, State.RUNNING, unrun=True))
-                if crash_hook is not None:
-                    crash_hook("claim:expiring")
+            if self._expiring(rec, now, expired, crash_hook):
                 continue
             if crash_hook is not None:
                 crash_hook("claim")
@@ -1216,6 +1203,70 @@ class Queue:
         if expired:
             self.finish(expired)
         return claims, [t.record for t in expired]
+
+    def expire_past_deadline(self, index: ClaimIndex, *,
+                             crash_hook: Callable[[str], None] | None = None,
+                             ) -> list[JobRecord]:
+        """Expire the pending jobs whose deadline has passed, without waiting for a claim.
+
+        A job behind a long queue, or waiting while every worker is busy, was expired only
+        when a claim reached it: `status` and `wait` showed it pending for as long."""
+        now = self.clock.wall()
+        expired: list[Transition] = []
+        with self._no_replace() as free:
+            if not free:
+                return []  # the submit applying it wakes the runner when done
+            for entry in index.pop_past_deadline(now=now):
+                rec = self._take_pending(entry, index, now)
+                if rec is not None and not self._expiring(rec, now, expired, crash_hook):
+                    # It has had an attempt after all (the index was older than its record):
+                    # back where it was, as a claim that is not taken would leave it.
+                    os.rename(self._rpath(State.RUNNING, entry.job_id),
+                              self._rpath(State.PENDING, entry.job_id))
+                    index.add(rec.entry(), now=now)
+            if expired:
+                self.finish(expired)
+        return [t.record for t in expired]
+
+    def _take_pending(self, entry: Entry, index: ClaimIndex, now: float) -> JobRecord | None:
+        """Move an indexed pending job to running/ (the claim's atomic step); its record, or
+        None if it is not there to take as indexed (then it is reindexed if it should be)."""
+        src = self._rpath(State.PENDING, entry.job_id)
+        try:
+            raw = read_file(src)
+        except FileNotFoundError:
+            return None  # cancelled (or claimed by a previous life) since it was indexed
+        try:
+            rec = JobRecord.loads(raw)
+        except _CORRUPT as exc:
+            self.quarantine(Path(src), f"unparseable: {exc}")
+            return None
+        if rec.seq != entry.seq or rec.not_before > now:
+            index.add(rec.entry(), now=now)  # replaced or re-delayed: reindex as it is
+            return None
+        try:
+            # The atomic step: whoever renames pending/x first (we, or a cancel) wins.
+            # An expiring job takes it too: writing expired/x over a pending/x that a
+            # cancel may be renaming away at the same moment would leave it in two
+            # folders. (If we die before finishing it, recovery finds it in running/
+            # with no lease, returns it to pending, and the next claim expires it.)
+            os.rename(src, self._rpath(State.RUNNING, entry.job_id))
+        except FileNotFoundError:
+            return None
+        return rec
+
+    @staticmethod
+    def _expiring(rec: JobRecord, now: float, expired: list[Transition],
+                  crash_hook: Callable[[str], None] | None) -> bool:
+        """Whether a job just taken into running/ is past its deadline (then it joins
+        ``expired``, to be finished as expired, never run)."""
+        if rec.spec.deadline is None or rec.spec.deadline >= now or rec.attempts:
+            return False
+        expired.append(Transition(replace(rec, reason=EXPIRED_REASON, changed_at=now),
+                                  State.EXPIRED, State.RUNNING, unrun=True))
+        if crash_hook is not None:
+            crash_hook("claim:expiring")
+        return True
 
     def _write_lease(self, path: str | Path, rec: JobRecord) -> None:
         """Set a running record's lease: an xattr, compact when its holder is on file.

@@ -783,6 +783,49 @@ def test_a_job_whose_deadline_passes_while_it_waits_to_start_expires_unrun(
     assert not (out / "late.pdf").exists()
 
 
+def test_a_pending_job_expires_at_its_deadline_while_every_worker_is_busy(
+        tmp_path: Path, write_manifest: Any) -> None:
+    import datetime as dt
+    import time
+
+    from jobfns import wait_for_pid
+
+    # Given the one worker busy with `first` until the test says go, and `late` pending
+    # behind it (not claimed: a worker holds one job of unmeasured length) with a deadline
+    # 3 s away
+    stage(tmp_path)
+    queue, out = tmp_path / "q", tmp_path / "out"
+    pidfile, go = tmp_path / "first.pid", tmp_path / "go"
+    deadline = time.time() + 3
+    manifest = write_manifest([
+        {**py_job("first", "wait_for_go", pidfile=str(pidfile), go=str(go)), "priority": 10},
+        {**py_job("late", "write_pdf"),
+         "deadline": dt.datetime.fromtimestamp(deadline, dt.UTC).isoformat()},
+    ])
+    runner = Runner(manifest, *cli_args(queue, out, "--workers", "1", "--json"))
+    try:
+        wait_for_pid(pidfile, what="first to start")
+        assert QueueView(queue).states_of(["late"]) == {"late": ["pending"]}
+
+        # When its deadline passes while `first` still runs
+        line = runner.until(lambda ln: '"expired"' in ln and '"late"' in ln, timeout_s=15)
+
+        # Then it is expired then, not when a worker would have come free for it (before:
+        # it stayed pending, in `status` and to `wait`, until `first` ended)
+        assert time.time() >= deadline and not go.exists()
+        assert json.loads(line)["job"] == "late"
+        assert QueueView(queue).states_of(["late"]) == {"late": ["expired"]}
+        go.touch()
+        assert runner.wait() == ExitCode.JOBS_FAILED, runner.lines
+    finally:
+        go.touch()
+        runner.close()
+    view = QueueView(queue)
+    assert view.states_of(["first", "late"]) == {"first": ["done"], "late": ["expired"]}
+    assert view.record("expired", "late")["reason"] == "deadline passed before it started"
+    assert not (out / "late.pdf").exists()
+
+
 def test_a_run_on_a_terminal_that_closes_drains_and_exits_129(
         tmp_path: Path, write_manifest: Any) -> None:
     import pty

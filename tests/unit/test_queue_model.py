@@ -310,6 +310,21 @@ class QueueMachine(RuleBasedStateMachine):
             job.state, job.changed_at, job.reason = State.EXPIRED, now, EXPIRED_REASON
             self.expect_event(jid, "expired")
 
+    @rule()
+    def expire_past_deadline(self) -> None:
+        # What a runner does between claims: every pending job past its deadline, and no
+        # other, expires (never run), whether or not a claim would reach it now.
+        self.clock.advance(0.001)
+        now = self.now()
+        index = self.runner_index()
+        expiring = {j for j in self.ids_in(State.PENDING) if self.jobs[j].expires_at_claim(now)}
+        gone = {r.spec.id for r in self.q.expire_past_deadline(index)}
+        assert gone == expiring, (gone, expiring)
+        for jid in gone:
+            job = self.jobs[jid]
+            job.state, job.changed_at, job.reason = State.EXPIRED, now, EXPIRED_REASON
+            self.expect_event(jid, "expired")
+
     @rule(lease_s=st.sampled_from([30.0, 60.0]), data=st.data())
     def renew(self, lease_s: float, data: st.DataObject) -> None:
         now = self.now()
