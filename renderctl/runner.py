@@ -963,7 +963,9 @@ class Runner:
         return min(NAP_MAX_S, queued * self._avg_exec / 2)
 
     def _next_deadline(self, now: float) -> float | None:
-        deadlines = [self._next_renew, now + self.s.poll_interval_s]
+        # The state file too: `top` and metrics read it, and a long --poll-interval would
+        # otherwise leave it as old as the last lease renewal (or older, idle).
+        deadlines = [self._next_renew, now + self.s.poll_interval_s, self._next_state]
         if any(w.current for w in self.workers.values()):
             deadlines.append(self._next_sample)
         idle = self._idle()

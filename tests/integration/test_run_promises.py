@@ -27,6 +27,7 @@ from jobfns import (
     run_cli,
     stage,
     wait_for_pid,
+    wait_until,
 )
 
 from renderctl.errors import ExitCode
@@ -78,6 +79,22 @@ def test_a_job_enqueued_by_the_python_api_or_a_dead_retry_wakes_a_following_runn
 
         # Then it runs again at once too
         completed(runner, "flaky", timeout_s=20)
+        runner.proc.send_signal(signal.SIGTERM)
+        assert runner.wait() == ExitCode.SIGTERM
+
+
+def test_an_idle_runner_with_a_long_poll_interval_keeps_its_state_file_fresh(
+        tmp_path: Path) -> None:
+    # Given a runner following an empty queue that it rescans only every ten minutes
+    with following_runner(tmp_path, "--poll-interval", "600") as (runner, queue, out):
+        state = queue / "runner.state.json"
+        wait_until(state.exists, what="the first state file")
+        first = state.stat().st_mtime_ns
+
+        # Then the state file `top` and metrics read is still rewritten about every second
+        # (before: only at a poll or a lease renewal, 20 s and more apart)
+        wait_until(lambda: state.stat().st_mtime_ns != first, timeout_s=5,
+                   what="the state file to be rewritten")
         runner.proc.send_signal(signal.SIGTERM)
         assert runner.wait() == ExitCode.SIGTERM
 
