@@ -13,9 +13,9 @@ import reportlab.pdfbase.rl_codecs  # noqa: F401 (registers reportlab's font enc
 from pypdf import PdfReader
 from reportlab.pdfbase import pdfmetrics
 from reportlab.pdfgen.canvas import Canvas
+from test_render_params import validate
 
-from renderctl.errors import InvalidInput, ManifestError
-from renderctl.manifest import load_manifests
+from renderctl.errors import InvalidInput
 from renderctl.render import invoice, pdfops, report, safety
 from renderctl.render.text import plain, undrawable
 
@@ -53,18 +53,6 @@ def make_pdf(path: Path) -> Path:
     canvas.showPage()
     canvas.save()
     return path
-
-
-def validate(tmp_path: Path, kind: str, source: Path, params: dict[str, Any]) -> list[str]:
-    """`renderctl validate`'s check of one job: its problems as 'field: message'."""
-    manifest = tmp_path / "jobs.json"
-    job = {"id": "j1", "kind": kind, "input": source.name, "output": "o.pdf", "params": params}
-    manifest.write_text(json.dumps({"jobs": [job]}), encoding="utf-8")
-    try:
-        load_manifests([manifest], out_root=tmp_path / "out")
-    except ManifestError as exc:
-        return [f"{p.field}: {p.message}" for p in exc.problems]
-    return []
 
 
 def _reportlab_draws(text: str) -> bool:
