@@ -133,6 +133,9 @@ def err(message: str) -> None:
 _ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 _CONTROL = {c: _ESCAPES.get(chr(c), f"\\x{c:02x}") for c in [*range(32), *range(127, 160)]}
 _CONTROL.update({0x2028: "\\u2028", 0x2029: "\\u2029"})  # line breaks to str.splitlines
+# Bidirectional overrides and isolates: a job's message holding U+202E would show the rest
+# of its line (and what the runner printed after it) reversed on a terminal.
+_CONTROL.update({c: f"\\u{c:04x}" for c in [*range(0x202A, 0x202F), *range(0x2066, 0x206A)]})
 
 
 def one_line(text: object) -> str:

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from renderctl.cli.console import human_duration
+from renderctl.cli.console import human_duration, one_line
 from renderctl.cli.dashboard import DashboardReporter, dashboard_lines, render_dashboard
 
 MB = 1024 * 1024
@@ -235,3 +235,11 @@ def test_a_duration_reads_in_the_unit_its_rounded_value_belongs_to(
         seconds: float | None, shown: str) -> None:
     # 0.9996 s once read "1000ms" and 119.96 s "120.0s": rounding crossed into the next unit
     assert human_duration(seconds) == shown
+
+
+def test_a_plain_line_shows_bidirectional_controls_rather_than_obeying_them() -> None:
+    # A job's message with a right-to-left override (U+202E) reversed the rest of its line
+    # as a terminal showed it; isolates (U+2066-U+2069) too. Shown as escapes instead.
+    line = one_line("error: \u202edesab\u2066x\u2069 done")
+    assert line == "error: \\u202edesab\\u2066x\\u2069 done"
+    assert one_line("ordinary text, accents é and 株") == "ordinary text, accents é and 株"
