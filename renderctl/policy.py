@@ -100,6 +100,7 @@ class ClaimIndex:
         self._live: dict[str, Entry] = {}  # every pending job the index knows
         self._ready: dict[str, Entry] = {}  # those claimable now (in a bucket)
         self._deadlines: list[tuple[float, str, str]] = []  # heap of (deadline, seq, job_id)
+        self._with_deadline = 0  # live entries that have one (the heap also holds stale items)
 
     def __len__(self) -> int:
         return len(self._live)
@@ -113,7 +114,15 @@ class ClaimIndex:
             self.discard(entry.job_id)
         self._live[entry.job_id] = entry
         if entry.deadline is not None:
+            self._with_deadline += 1
             heapq.heappush(self._deadlines, (entry.deadline, entry.seq, entry.job_id))
+            if len(self._deadlines) > 2 * self._with_deadline + 64:
+                # Claimed jobs leave their items behind until their deadline comes round,
+                # which may be months for a --follow runner: rebuilt from the live entries
+                # when stale ones are the majority (amortised O(1) per add).
+                self._deadlines = [(e.deadline, e.seq, e.job_id) for e in self._live.values()
+                                   if e.deadline is not None]
+                heapq.heapify(self._deadlines)
         if entry.not_before > now:
             heapq.heappush(self._delayed, (entry.not_before, entry))
         else:
@@ -121,7 +130,9 @@ class ClaimIndex:
 
     def discard(self, job_id: str) -> None:
         """Forget a job (claimed or cancelled elsewhere); stale heap items are skipped lazily."""
-        self._live.pop(job_id, None)
+        gone = self._live.pop(job_id, None)
+        if gone is not None and gone.deadline is not None:
+            self._with_deadline -= 1
         self._ready.pop(job_id, None)
 
     def _enqueue(self, entry: Entry) -> None:
@@ -220,6 +231,8 @@ class ClaimIndex:
                 del bucket.groups[group]
             del self._live[entry.job_id]
             del self._ready[entry.job_id]
+            if entry.deadline is not None:
+                self._with_deadline -= 1
             return entry
         del self._buckets[best_prio]
         return self.pop(now=now)

@@ -133,6 +133,35 @@ def test_re_adding_a_job_replaces_it() -> None:
     assert index.pop(now=NOW + 10.0).job_id == "z"
 
 
+def test_jobs_past_their_deadline_are_popped_in_deadline_order_and_no_others() -> None:
+    index = ClaimIndex()
+    index.add(replace(entry(0, job_id="late"), deadline=NOW + 5), now=NOW)
+    index.add(replace(entry(1, job_id="later"), deadline=NOW + 9), now=NOW)
+    index.add(replace(entry(2, job_id="claimed"), deadline=NOW + 1), now=NOW)
+    index.add(replace(entry(3, job_id="replaced"), deadline=NOW + 2), now=NOW)
+    index.add(entry(4, job_id="none"), now=NOW)
+    index.discard("claimed")
+    index.add(entry(5, job_id="replaced"), now=NOW)  # a new version without a deadline
+    assert index.next_deadline() == NOW + 5
+    assert index.pop_past_deadline(now=NOW + 5) == []  # passed means "< now"
+    assert [e.job_id for e in index.pop_past_deadline(now=NOW + 10)] == ["late", "later"]
+    assert index.next_deadline() is None
+    assert sorted(drain(index)) == ["none", "replaced"]
+
+
+def test_deadlines_of_jobs_claimed_long_before_them_are_not_kept_for_ever() -> None:
+    # A --follow runner claims jobs whose deadlines are far off: the heap's stale items
+    # must not pile up until those deadlines come (10,000 jobs a year ahead each).
+    # One low-priority job with the earliest deadline waits throughout.
+    index = ClaimIndex()
+    index.add(replace(entry(0, priority=-1, job_id="waits"), deadline=NOW + 3600), now=NOW)
+    for n in range(1, 10_001):
+        index.add(replace(entry(n), deadline=NOW + 365 * 86400 + n), now=NOW)
+        assert index.pop(now=NOW).job_id == f"j{n}"
+        assert index.next_deadline() == NOW + 3600  # as the runner's loop asks each round
+    assert len(index._deadlines) <= 200  # private, but it is what grows
+
+
 def _pop_cost(size: int, pops: int) -> float:
     groups = [f"tenant-{i}" for i in range(10)]
     index = ClaimIndex()
