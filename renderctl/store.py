@@ -412,8 +412,10 @@ class Queue:
         # whom to tell at once.
         self.quarantined: list[dict[str, Any]] = []
         self.on_quarantine: Callable[[dict[str, Any]], None] | None = None
-        # What this object itself put in pending/: load_index need not read those back (a
-        # later replace or cancel is caught at claim, which re-reads the file anyway).
+        # What this object's last submit put in pending/: load_index need not read those
+        # back (a later replace or cancel is caught at claim, which re-reads the file
+        # anyway). The last submit's only: a web tier's Queue lives for days and never
+        # loads an index, so accumulating them grew its memory by every job it accepted.
         self._submitted: dict[str, Entry] = {}
         # Retired record files kept for reuse (see recycle()): the runner's, under its lock.
         self._free: list[str] = []
@@ -828,7 +830,7 @@ class Queue:
             self._commit_txn(stamp, payload, records, set(replaced), raws, crash_hook)
         self.events.append({"ts": now, "event": "accepted", "job": r.spec.id}
                            for r in records)
-        self._submitted.update((r.spec.id, r.entry()) for r in records)
+        self._submitted = {r.spec.id: r.entry() for r in records}
         return SubmitResult(tuple(r.spec.id for r in records if r.spec.id not in replaced),
                             tuple(already), tuple(replaced))
 

@@ -1,0 +1,41 @@
+"""The Python API as a long-lived, multi-threaded web tier uses it: one Queue object kept
+for the life of the process, submitting one job per request."""
+
+from __future__ import annotations
+
+import gc
+import tracemalloc
+from pathlib import Path
+from typing import Any
+
+import renderctl
+from renderctl.store import Queue
+
+PACKAGE = str(Path(renderctl.__file__).parent)
+
+
+def pyjob(jid: str) -> dict[str, Any]:
+    return {"id": jid, "kind": "python", "callable": "m:f", "output": f"o/{jid}.pdf"}
+
+
+def test_a_long_lived_queue_keeps_nothing_per_submitted_job(queue_dir: Path,
+                                                            tmp_path: Path) -> None:
+    # Given a web tier's Queue object, warmed up
+    q = Queue(queue_dir)
+    for i in range(20):
+        q.submit([pyjob(f"warm-{i}")], base=tmp_path, out_root=tmp_path / "out")
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.take_snapshot()
+        # When it submits 500 more one-job requests
+        for i in range(500):
+            q.submit([pyjob(f"req-{i}")], base=tmp_path, out_root=tmp_path / "out")
+        gc.collect()
+        after = tracemalloc.take_snapshot()
+    finally:
+        tracemalloc.stop()
+    # Then renderctl holds on to (almost) nothing more than before: no per-job memory
+    grown = sum(d.size_diff for d in after.compare_to(before, "filename")
+                if d.traceback[0].filename.startswith(PACKAGE))
+    assert grown < 16 * 1024, f"{grown} bytes kept after 500 submits"
