@@ -65,7 +65,15 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from renderctl.clock import SYSTEM_CLOCK, Clock
-from renderctl.errors import JobNotFound, ManifestError, Problem, QueueBusy, QueueIOError, Saturated
+from renderctl.errors import (
+    JobNotFound,
+    ManifestError,
+    Problem,
+    QueueBusy,
+    QueueIOError,
+    Saturated,
+    os_error_message,
+)
 from renderctl.events import EventLog
 from renderctl.fsutil import (
     atomic_write,
@@ -717,9 +725,14 @@ class Queue:
                                     limits=limits)
         else:
             specs = list(jobs)  # type: ignore[arg-type]
-        with self._lock(".submit.lock"):
-            res = self._submit_locked(specs, replace=replace, max_pending=max_pending,
-                                      crash_hook=crash_hook)
+        try:
+            with self._lock(".submit.lock"):
+                res = self._submit_locked(specs, replace=replace, max_pending=max_pending,
+                                          crash_hook=crash_hook)
+        except OSError as exc:
+            # The API's callers (a web tier) catch RenderctlError, not whatever the file
+            # system raised deep inside: the queue folder removed, read-only or full.
+            raise QueueIOError(os_error_message(exc)) from exc
         if res.accepted or res.replaced:
             self.wake_runner()
         return res

@@ -4,11 +4,15 @@ for the life of the process, submitting one job per request."""
 from __future__ import annotations
 
 import gc
+import shutil
 import tracemalloc
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 import renderctl
+from renderctl.errors import QueueIOError, RenderctlError
 from renderctl.store import Queue
 
 PACKAGE = str(Path(renderctl.__file__).parent)
@@ -39,3 +43,20 @@ def test_a_long_lived_queue_keeps_nothing_per_submitted_job(queue_dir: Path,
     grown = sum(d.size_diff for d in after.compare_to(before, "filename")
                 if d.traceback[0].filename.startswith(PACKAGE))
     assert grown < 16 * 1024, f"{grown} bytes kept after 500 submits"
+
+
+@pytest.mark.parametrize("jobs", [1, 3], ids=["one job", "a batch"])
+def test_a_submit_into_a_removed_queue_folder_is_a_queue_error_naming_it(
+        queue_dir: Path, tmp_path: Path, jobs: int) -> None:
+    # Given a live Queue object whose folder someone removed
+    q = Queue(queue_dir)
+    shutil.rmtree(queue_dir)
+    # When the web tier submits through it
+    with pytest.raises(RenderctlError) as caught:
+        q.submit([pyjob(f"j{i}") for i in range(jobs)], base=tmp_path,
+                 out_root=tmp_path / "out")
+    # Then it is renderctl's I/O error (exit 74 on the command line), naming the queue
+    assert isinstance(caught.value, QueueIOError)
+    assert str(queue_dir) in str(caught.value) and "\n" not in str(caught.value)
+    # And nothing was enqueued (nor the folder made again behind the operator's back)
+    assert not queue_dir.exists()
