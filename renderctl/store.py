@@ -720,7 +720,9 @@ class Queue:
         ``crash_hook`` is for tests (see crashpoints.py).
         """
         if any(not isinstance(j, JobSpec) for j in jobs):
-            specs = jobs_from_dicts([j if isinstance(j, Mapping) else j.to_json()
+            # Anything else (a str, None) goes to validation, which names it: "job #1: a
+            # job must be a table", not an AttributeError from here.
+            specs = jobs_from_dicts([j.to_json() if isinstance(j, JobSpec) else j
                                      for j in jobs], base=base, out_root=out_root,
                                     limits=limits)
         else:

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 import renderctl
-from renderctl.errors import QueueIOError, RenderctlError
+from renderctl.errors import ManifestError, QueueIOError, RenderctlError
+from renderctl.limits import type_name
 from renderctl.store import Queue
 
 PACKAGE = str(Path(renderctl.__file__).parent)
@@ -60,3 +61,18 @@ def test_a_submit_into_a_removed_queue_folder_is_a_queue_error_naming_it(
     assert str(queue_dir) in str(caught.value) and "\n" not in str(caught.value)
     # And nothing was enqueued (nor the folder made again behind the operator's back)
     assert not queue_dir.exists()
+
+
+@pytest.mark.parametrize("job", ["inv-1", 7, None, ["id", "x"]], ids=repr)
+def test_a_job_that_is_not_a_dict_is_a_manifest_error_naming_it(
+        queue_dir: Path, tmp_path: Path, job: Any) -> None:
+    # Given a web tier that passes something other than a dict (or a JobSpec) as a job
+    q = Queue(queue_dir)
+    # When it submits it beside a good job
+    with pytest.raises(ManifestError) as caught:
+        q.submit([pyjob("good"), job], base=tmp_path, out_root=tmp_path / "out")
+    # Then the problem names the job by its place and says what a job must be
+    assert [str(p) for p in caught.value.problems] == [
+        f"<api>: job #1: a job must be a table, got {type_name(job)}"]
+    # And nothing was enqueued
+    assert q.find("good") is None
