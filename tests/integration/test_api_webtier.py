@@ -3,8 +3,13 @@ for the life of the process, submitting one job per request."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import json
+import os
 import shutil
+import sys
+import threading
 import tracemalloc
 from pathlib import Path
 from typing import Any
@@ -76,3 +81,69 @@ def test_a_job_that_is_not_a_dict_is_a_manifest_error_naming_it(
         f"<api>: job #1: a job must be a table, got {type_name(job)}"]
     # And nothing was enqueued
     assert q.find("good") is None
+
+
+def test_threads_sharing_a_queue_log_events_through_a_rotation_without_touching_other_files(
+        queue_dir: Path) -> None:
+    # Given one Queue object whose event log threads append to (a submit, a cancel, a
+    # quarantine), a thread rotating the log as logrotate does, and threads that open,
+    # write and read back files of their own, as a submit's record writes do
+    q = Queue(queue_dir)
+    writers, rounds = 4, 3000
+    start = threading.Barrier(writers + 3)
+    done = threading.Event()
+    errors: list[str] = []
+    own = queue_dir / "tmp"
+
+    def append(t: int) -> None:
+        start.wait()
+        for i in range(rounds):
+            try:
+                q.events.append([{"event": "test", "t": t, "i": i}])
+            except OSError as exc:
+                errors.append(f"append: {exc!r}")
+
+    def rotate() -> None:
+        start.wait()
+        k = 0
+        while not done.is_set():
+            with contextlib.suppress(FileNotFoundError):
+                os.rename(q.events.path, queue_dir / f"events.{k}")
+            k += 1
+
+    def bystander(n: int) -> None:
+        start.wait()
+        path = own / f"bystander.{n}"
+        while not done.is_set():
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                os.write(fd, b"mine")
+                os.close(fd)
+                if path.read_bytes() != b"mine":
+                    errors.append(f"{path} holds {path.read_bytes()!r}")
+            except OSError as exc:
+                errors.append(f"bystander: {exc!r}")
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # thread switches as often as a loaded server's
+    try:
+        others = [threading.Thread(target=rotate),
+                  *(threading.Thread(target=bystander, args=(n,)) for n in range(2))]
+        appenders = [threading.Thread(target=append, args=(t,)) for t in range(writers)]
+        for th in [*others, *appenders]:
+            th.start()
+        for th in appenders:
+            th.join()
+        done.set()
+        for th in others:
+            th.join()
+    finally:
+        sys.setswitchinterval(old)
+    q.events.close()
+    # Then nobody saw an error, no other file was written or closed under its owner
+    assert errors == [], errors[:5]
+    # And every event is in one of the logs, once
+    lines = [json.loads(line) for p in queue_dir.glob("events*")
+             for line in p.read_text().splitlines()]
+    assert sorted((e["t"], e["i"]) for e in lines) == [
+        (t, i) for t in range(writers) for i in range(rounds)]
