@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import threading
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -29,18 +30,26 @@ class EventLog:
         self.path = Path(path)
         self._fd = -1
         self._ident = (0, 0)  # (device, inode) of the file open as _fd
+        # A web tier's threads share one Queue and so one log: unlocked, a thread that found
+        # the log rotated closed _fd while another was writing to it, and that number, by
+        # then another thread's new file, got the other's close or its event line.
+        self._mutex = threading.Lock()
 
     def append(self, events: Iterable[Mapping[str, Any]]) -> None:
         data = "".join(json.dumps(e, separators=(",", ":"), default=str) + "\n" for e in events)
         if not data:
             return
+        with self._mutex:
+            self._append(data)
+
+    def _append(self, data: str) -> None:
         # Kept open (the runner appends after every claim batch and commit; an open per
         # call was a visible share of its per-job time). O_APPEND keeps lines from several
         # processes whole. One stat per append: a log removed, or renamed away by a
         # rotation, is reopened at its path (a --follow runner lives for days; kept on the
         # renamed file, its events never reached the log `metrics`, `top` and `wait` read).
         if self._fd < 0 or not self._still_the_log():
-            self.close()
+            self._close()
             self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC,
                                0o600)
             st = os.fstat(self._fd)
@@ -58,6 +67,10 @@ class EventLog:
         return (st.st_dev, st.st_ino) == self._ident
 
     def close(self) -> None:
+        with self._mutex:
+            self._close()
+
+    def _close(self) -> None:
         if self._fd >= 0:
             with contextlib.suppress(OSError):
                 os.close(self._fd)

@@ -1053,7 +1053,7 @@ def jobs_from_dicts(
 ) -> list[JobSpec]:
     """The Python API's entry: plain dicts validated exactly like a manifest's jobs."""
     problems: list[Problem] = []
-    doc: dict[str, Any] = {"jobs": [dict(i) for i in items]}
+    doc: dict[str, Any] = {"jobs": [dict(i) if isinstance(i, Mapping) else i for i in items]}
     if defaults:
         doc["defaults"] = dict(defaults)
     ids: list[str] = []

@@ -65,7 +65,15 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from renderctl.clock import SYSTEM_CLOCK, Clock
-from renderctl.errors import JobNotFound, ManifestError, Problem, QueueBusy, QueueIOError, Saturated
+from renderctl.errors import (
+    JobNotFound,
+    ManifestError,
+    Problem,
+    QueueBusy,
+    QueueIOError,
+    Saturated,
+    os_error_message,
+)
 from renderctl.events import EventLog
 from renderctl.fsutil import (
     atomic_write,
@@ -412,8 +420,10 @@ class Queue:
         # whom to tell at once.
         self.quarantined: list[dict[str, Any]] = []
         self.on_quarantine: Callable[[dict[str, Any]], None] | None = None
-        # What this object itself put in pending/: load_index need not read those back (a
-        # later replace or cancel is caught at claim, which re-reads the file anyway).
+        # What this object's last submit put in pending/: load_index need not read those
+        # back (a later replace or cancel is caught at claim, which re-reads the file
+        # anyway). The last submit's only: a web tier's Queue lives for days and never
+        # loads an index, so accumulating them grew its memory by every job it accepted.
         self._submitted: dict[str, Entry] = {}
         # Retired record files kept for reuse (see recycle()): the runner's, under its lock.
         self._free: list[str] = []
@@ -710,14 +720,21 @@ class Queue:
         ``crash_hook`` is for tests (see crashpoints.py).
         """
         if any(not isinstance(j, JobSpec) for j in jobs):
-            specs = jobs_from_dicts([j if isinstance(j, Mapping) else j.to_json()
+            # Anything else (a str, None) goes to validation, which names it: "job #1: a
+            # job must be a table", not an AttributeError from here.
+            specs = jobs_from_dicts([j.to_json() if isinstance(j, JobSpec) else j
                                      for j in jobs], base=base, out_root=out_root,
                                     limits=limits)
         else:
             specs = list(jobs)  # type: ignore[arg-type]
-        with self._lock(".submit.lock"):
-            res = self._submit_locked(specs, replace=replace, max_pending=max_pending,
-                                      crash_hook=crash_hook)
+        try:
+            with self._lock(".submit.lock"):
+                res = self._submit_locked(specs, replace=replace, max_pending=max_pending,
+                                          crash_hook=crash_hook)
+        except OSError as exc:
+            # The API's callers (a web tier) catch RenderctlError, not whatever the file
+            # system raised deep inside: the queue folder removed, read-only or full.
+            raise QueueIOError(os_error_message(exc)) from exc
         if res.accepted or res.replaced:
             self.wake_runner()
         return res
@@ -828,7 +845,7 @@ class Queue:
             self._commit_txn(stamp, payload, records, set(replaced), raws, crash_hook)
         self.events.append({"ts": now, "event": "accepted", "job": r.spec.id}
                            for r in records)
-        self._submitted.update((r.spec.id, r.entry()) for r in records)
+        self._submitted = {r.spec.id: r.entry() for r in records}
         return SubmitResult(tuple(r.spec.id for r in records if r.spec.id not in replaced),
                             tuple(already), tuple(replaced))
 
