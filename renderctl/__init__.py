@@ -7,10 +7,18 @@ The public Python API for programs that enqueue::
                                  "output": "inv-1.pdf"}])
 """
 
-from renderctl.errors import InvalidInput, InvalidOutput, ManifestError, RenderctlError
+from renderctl.errors import (
+    InvalidInput,
+    InvalidOutput,
+    ManifestError,
+    QueueError,
+    QueueIOError,
+    RenderctlError,
+    Saturated,
+)
 from renderctl.manifest import JobSpec
 from renderctl.store import Queue
 
-__all__ = ["InvalidInput", "InvalidOutput", "JobSpec", "ManifestError", "Queue",
-           "RenderctlError"]
+__all__ = ["InvalidInput", "InvalidOutput", "JobSpec", "ManifestError", "Queue", "QueueError",
+           "QueueIOError", "RenderctlError", "Saturated"]
 __version__ = "0.1.0"

@@ -17,9 +17,8 @@ from typing import Any
 import pytest
 
 import renderctl
-from renderctl.errors import ManifestError, QueueIOError, RenderctlError
+from renderctl import ManifestError, Queue, QueueIOError, RenderctlError  # as a web tier does
 from renderctl.limits import type_name
-from renderctl.store import Queue
 
 PACKAGE = str(Path(renderctl.__file__).parent)
 
