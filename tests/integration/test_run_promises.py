@@ -339,6 +339,15 @@ def _stopped(pid: int) -> bool:
     return psutil.Process(pid).status() == psutil.STATUS_STOPPED
 
 
+def _signal_frozen(runner: Runner, sig: int) -> tuple[int, str]:
+    """Send ``sig`` to a runner frozen (SIGSTOP) at a point, let it go on, and return its exit
+    code and stderr once it has ended: the signal is pending when it wakes."""
+    os.kill(runner.pid, sig)
+    os.kill(runner.pid, signal.SIGCONT)
+    code = runner.wait(60)
+    return code, runner.stderr()
+
+
 def _frozen_runner(tmp_path: Path, write_manifest: Any, j2: dict[str, Any]) -> tuple[Runner, Path]:
     """One worker running j1 (held until ``tmp_path/go`` exists), ``j2`` queued behind it,
     and the runner frozen (SIGSTOP) in its first group commit, j0's: it reads nothing until
@@ -703,11 +712,10 @@ def test_a_cancels_wake_up_while_the_runner_starts_or_stops_does_not_kill_it(
         wait_until(lambda: _stopped(runner.pid), what=f"the runner to freeze at {point}")
 
         # When the wake-up `cancel` sends arrives then
-        os.kill(runner.pid, signal.SIGUSR1)
-        os.kill(runner.pid, signal.SIGCONT)
+        code, stderr = _signal_frozen(runner, signal.SIGUSR1)
 
         # Then the run carries on and ends as it would have
-        assert runner.wait(60) == ExitCode.OK, (runner.lines, runner.stderr())
+        assert code == ExitCode.OK, (runner.lines, stderr)
     finally:
         runner.close()
     assert QueueView(queue).states_of(["a"]) == {"a": ["done"]}
@@ -734,13 +742,10 @@ def test_a_stop_signal_repeated_while_the_runner_stops_still_ends_it_in_order(
         wait_until(lambda: _stopped(runner.pid), what="the runner to freeze in its shutdown")
 
         # When the same signal comes again then
-        os.kill(runner.pid, sig)
-        os.kill(runner.pid, signal.SIGCONT)
+        code, stderr = _signal_frozen(runner, sig)
 
         # Then it still ends as a stopped run does: its summary, its report, exit 128 + n
         # (not killed by the signal halfway through saying what it did)
-        code = runner.wait(60)
-        stderr = runner.stderr()
     finally:
         runner.close()
     assert code == 128 + sig, (runner.lines, stderr)
@@ -910,13 +915,10 @@ def test_a_stop_signal_while_run_submits_ends_it_in_order(
         wait_until(lambda: _stopped(runner.pid), what=f"the run to freeze at {point}")
 
         # When a stop signal arrives then (before the runner's own handlers exist)
-        os.kill(runner.pid, sig)
-        os.kill(runner.pid, signal.SIGCONT)
+        code, stderr = _signal_frozen(runner, sig)
 
         # Then it exits as a stopped run does, saying what became of the jobs, having run
         # none of them: nothing enqueued before the commit point, all pending after it
-        code = runner.wait(60)
-        stderr = runner.stderr()
     finally:
         runner.close()
     assert code == 128 + sig, (runner.lines, stderr)
