@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from pypdf import PdfReader
 from reportlab.pdfbase.pdfmetrics import stringWidth
+from test_render_invoice import make_doc
 
 from renderctl.errors import InvalidInput
 from renderctl.render import invoice, report, safety
@@ -54,23 +55,6 @@ def legibility_problems(path: Path) -> list[str]:
             if abs(a[2] - b[2]) < 1 and b[0] < a[1] - 0.5:
                 problems.append(f"page {number}: {a[3]!r} and {b[3]!r} overlap")
     return problems
-
-
-def make_doc(**overrides: Any) -> dict[str, Any]:
-    doc: dict[str, Any] = {
-        "number": "INV-2025-0042",
-        "date": "2025-03-01",
-        "due_date": "2025-03-31",
-        "currency": "EUR",
-        "seller": {"name": "Acme Tools GmbH", "address": ["Hauptstr. 1", "10115 Berlin"]},
-        "customer": {"name": "Globex Ltd", "address": ["1 Main St", "London"]},
-        "items": [
-            {"description": "Widget", "quantity": 3, "unit_price": "411.52", "tax_rate": "0.19"},
-            {"description": "Service", "quantity": 1.5, "unit_price": 80, "tax_rate": "0.055"},
-        ],
-    }
-    doc.update(overrides)
-    return doc
 
 
 def render_invoice(tmp_path: Path, doc: dict[str, Any], **params: Any) -> Path:
