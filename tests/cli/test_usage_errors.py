@@ -128,7 +128,8 @@ def test_limits_in_range_still_reach_the_jobs(tmp_path: Path, manifest: Path) ->
 
 
 @pytest.mark.parametrize("option, value", [("--workers", "0"), ("--backoff-base", "nan"),
-                                           ("--grace", "-1"), ("--prefetch", "0")])
+                                           ("--grace", "-1"), ("--prefetch", "0"),
+                                           ("--poll-interval", "0"), ("--poll-interval", "nan")])
 def test_runner_options_get_their_configuration_checks(tmp_path: Path, option: str,
                                                        value: str) -> None:
     res = cli("run", "--queue", tmp_path / "q", "--out", tmp_path / "out", option, value,
