@@ -1344,10 +1344,17 @@ def main() -> None:
     except KeyboardInterrupt:
         sys.exit(ExitCode.SIGINT)
     except BrokenPipeError:
-        # A closed pipe outside handle_errors (typer's own help output, say). (Not
-        # SIGPIPE=SIG_DFL: the runner writes to worker pipes that may close under it.)
+        # A closed pipe outside handle_errors. (Not SIGPIPE=SIG_DFL: the runner writes to
+        # worker pipes that may close under it.)
         out.silence_stdout()
         sys.exit(0)
+    except SystemExit as exc:
+        # Click's own EPIPE handling (its `--help` output, say) exits 1 after wrapping
+        # stdout: a `set -o pipefail` script's `renderctl --help | grep -q x` would fail.
+        # (By name: typer vendors its own copy of click.)
+        if exc.code == 1 and type(sys.stdout).__name__ == "PacifyFlushWrapper":
+            sys.exit(0)
+        raise
 
 
 if __name__ == "__main__":

@@ -234,9 +234,12 @@ def test_a_file_named_dash_is_still_a_manifest(tmp_path: Path) -> None:
 # -- a reader that goes away is not an error ---------------------------------------------------
 
 
-@pytest.mark.parametrize("args", [["schema"], ["kinds"], ["kinds", "--json"]])
-def test_a_closed_pipe_ends_schema_and_kinds_quietly(tmp_path: Path, args: list[str]) -> None:
-    # Given stdout a pipe whose reader has already gone (`renderctl schema | true`)
+@pytest.mark.parametrize("args", [["schema"], ["kinds"], ["kinds", "--json"], ["--help"],
+                                  ["run", "--help"]])
+def test_a_closed_pipe_ends_schema_kinds_and_help_quietly(tmp_path: Path,
+                                                           args: list[str]) -> None:
+    # Given stdout a pipe whose reader has already gone (`renderctl schema | true`; a
+    # `set -o pipefail` script's `renderctl --help | grep -q -- --follow`)
     read_end, write_end = os.pipe()
     os.close(read_end)
     try:
