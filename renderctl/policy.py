@@ -93,8 +93,13 @@ class ClaimIndex:
     Jobs with a future ``not_before`` wait in a timer heap and join when due.
     """
 
-    def __init__(self, *, aging_s: float = AGING_INTERVAL_S) -> None:
+    def __init__(self, *, aging_s: float = AGING_INTERVAL_S,
+                 max_delay_s: float | None = None) -> None:
         self.aging_s = aging_s
+        # Records carry wall-clock due times: a retry written while the clock ran ahead (an
+        # NTP step back, a restored VM) would wait out the jump too. No delay the runner
+        # gives is longer than its backoff cap, so none is honoured beyond it.
+        self.max_delay_s = max_delay_s
         self._buckets: dict[int, _Bucket] = {}
         self._delayed: list[tuple[float, Entry]] = []
         self._live: dict[str, Entry] = {}  # every pending job the index knows
@@ -123,8 +128,11 @@ class ClaimIndex:
                 self._deadlines = [(e.deadline, e.seq, e.job_id) for e in self._live.values()
                                    if e.deadline is not None]
                 heapq.heapify(self._deadlines)
-        if entry.not_before > now:
-            heapq.heappush(self._delayed, (entry.not_before, entry))
+        due = entry.not_before
+        if self.max_delay_s is not None:
+            due = min(due, now + self.max_delay_s)
+        if due > now:
+            heapq.heappush(self._delayed, (due, entry))
         else:
             self._enqueue(entry)
 

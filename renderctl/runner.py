@@ -278,7 +278,7 @@ class Runner:
         self.reporter: Reporter = reporter or NullReporter()
         queue.on_quarantine = self.reporter.event  # a corrupt record: said as it is found
         self.clock = clock
-        self.index = ClaimIndex()
+        self.index = ClaimIndex(max_delay_s=settings.backoff_max_s)
         self.workers: dict[int, WorkerHandle] = {}
         self.ready: deque[Assignment] = deque()
         self.completions: list[tuple[Assignment, Finished]] = []

@@ -1258,8 +1258,10 @@ class Queue:
         except _CORRUPT as exc:
             self.quarantine(Path(src), f"unparseable: {exc}")
             return None
-        if rec.seq != entry.seq or rec.not_before > now:
-            index.add(rec.entry(), now=now)  # replaced or re-delayed: reindex as it is
+        if rec.seq != entry.seq or (rec.not_before > now and rec.not_before != entry.not_before):
+            # Replaced or re-delayed: reindex as it is. (A due time the index capped is
+            # the record as indexed, taken on the index's word.)
+            index.add(rec.entry(), now=now)
             return None
         try:
             # The atomic step: whoever renames pending/x first (we, or a cancel) wins.

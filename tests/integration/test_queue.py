@@ -356,6 +356,27 @@ def test_claim_finish_round_trip(queue_dir: Path, tmp_path: Path) -> None:
     assert os.stat(q.record_path(State.DONE, "mid")).st_ino in spare_inodes
 
 
+def test_a_retry_delayed_by_a_backwards_clock_jump_is_claimed_after_the_longest_delay(
+        queue_dir: Path, tmp_path: Path) -> None:
+    # Given a retry written while the clock was an hour ahead, then the clock stepped back
+    clock = FakeClock()
+    q = Queue(queue_dir, clock=clock)
+    submit(q, [pyjob("skewed")], tmp_path)
+    claims, _ = claim_all(q)
+    q.finish([Transition(replace(claims[0].record, lease=None, not_before=clock.wall() + 3630,
+                                 attempts=({"n": 1, "outcome": "failed"},)), State.PENDING)])
+    # When a runner whose longest retry delay is 60 s indexes it
+    index = ClaimIndex(max_delay_s=60.0)
+    q.load_index(index)
+    take = dict(holder=HOLDER, lease_s=60, limit=5, token_prefix="t")
+    clock.advance(59)
+    assert q.claim(index, **take)[0] == []
+    # Then it is claimed 60 s on, not an hour on
+    clock.advance(1)
+    claims, _ = q.claim(index, **take)
+    assert [(c.job_id, c.lease.attempt) for c in claims] == [("skewed", 2)]
+
+
 def test_illegal_transition_is_refused(q: Queue, tmp_path: Path) -> None:
     submit(q, [pyjob("a")], tmp_path)
     rec = q.get("a").record

@@ -107,6 +107,21 @@ def test_not_before_is_respected() -> None:
     assert index.next_due() is None and len(index) == 0
 
 
+def test_a_retry_delay_written_before_a_backwards_clock_jump_is_capped() -> None:
+    # Given a retry whose not_before was written while the clock ran an hour ahead (an NTP
+    # step, a restored VM): without a cap it would wait an hour plus its backoff
+    index = ClaimIndex(max_delay_s=60.0)
+    index.add(entry(0, not_before=NOW + 3630.0, job_id="skewed"), now=NOW)
+    index.add(entry(1, not_before=NOW + 10.0, job_id="fair"), now=NOW)
+    # Then it waits no longer than the longest delay the runner would give it now
+    assert index.next_due() == NOW + 10.0
+    assert index.pop(now=NOW + 59.0).job_id == "fair"
+    assert index.pop(now=NOW + 59.0) is None
+    popped = index.pop(now=NOW + 60.0)
+    # And the entry keeps its record's not_before (the store compares them at the claim)
+    assert popped is not None and (popped.job_id, popped.not_before) == ("skewed", NOW + 3630.0)
+
+
 def test_discard() -> None:
     index = ClaimIndex()
     for n in range(4):
