@@ -547,6 +547,16 @@ def close_worker_fds(inputs: Sequence[Path], output: Path, params: Mapping[str, 
     write_pdf(inputs, output, params)
 
 
+def exhaust_fds(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
+    """Write a good PDF, then open /dev/null until the process has no descriptor left, and
+    leave them all open (a library leaking a file per call, called once too often)."""
+    write_pdf(inputs, output, params)
+    leaked = []
+    with contextlib.suppress(OSError):
+        while True:
+            leaked.append(os.open("/dev/null", os.O_RDONLY))
+
+
 def wait_for_go(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
     """Write our pid to ``params["pidfile"]``, wait until ``params["go"]`` exists, write a PDF
     (the test decides when this job ends)."""

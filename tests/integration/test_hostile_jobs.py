@@ -219,6 +219,25 @@ def test_a_job_that_closes_its_workers_descriptors_fails_alone(
     assert not (tmp_path / "out" / "closer.pdf").exists()
 
 
+def test_a_job_that_leaves_its_worker_without_descriptors_costs_only_its_worker(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given a job that writes its PDF and then leaves every descriptor of its worker in
+    # use, and a job after it
+    stage(tmp_path)
+    manifest = write_manifest([{**py_job("hoarder", "exhaust_fds"), "priority": 2},
+                               {**py_job("next", "write_pdf"), "priority": 1}])
+
+    # When one worker at a time runs them
+    result, view = run_in_one_worker(tmp_path, manifest, "--prefetch", "2")
+
+    # Then the run goes on (not an I/O error of the queue, exit 74): the hoarder's output is
+    # its own and completes, its worker is replaced, and the next job completes
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert view.ids("done") == {"hoarder", "next"}
+    assert_pdf(tmp_path / "out" / "next.pdf", "next")
+    assert_pdf(tmp_path / "out" / "hoarder.pdf", "hoarder")
+
+
 def test_a_job_failing_with_a_huge_or_unprintable_message_is_recorded_in_bounded_form(
         tmp_path: Path, write_manifest: Any) -> None:
     # Given a job whose exception message is 5 million characters long, one whose
