@@ -124,6 +124,17 @@ def stop_the_service(inputs: Sequence[Path], output: Path, params: Mapping[str, 
     time.sleep(60)
 
 
+def exit_on_sigterm(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
+    """Handle SIGTERM by exiting with status 3 (a job that cleans up and stops when told
+    to), write our pid to ``params["pidfile"]``, then sleep until told."""
+    def stop(signum: int, frame: object) -> None:
+        sys.exit(3)
+
+    signal.signal(signal.SIGTERM, stop)
+    _write_pid(params["pidfile"], os.getpid())
+    time.sleep(600)
+
+
 def scratch_then_hang(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
     """Fill the job's working folder (its TMPDIR) with ``params["mb"]`` MB, then hang."""
     with open("scratch.bin", "wb") as fh:
