@@ -108,9 +108,12 @@ from renderctl.store import (
     parse_token,
 )
 from renderctl.worker import (
+    CAPTURE_CHECK_S,
     LEFTOVER_ALLOWANCE_BYTES,
     PRELOAD,
     WorkerConfig,
+    bound_capture,
+    capture_path,
     last_words,
     worker_main,
 )
@@ -326,6 +329,7 @@ class Runner:
         self._next_rescan = 0.0  # monotonic; set at start (see _rescan)
         self._pending_seen_ns = -1  # pending/'s mtime at the last rescan, if settled
         self._next_sample = 0.0
+        self._next_capture_check = 0.0
         self._next_state = 0.0
         self._ctx: Any = None
         self._wake_r = -1
@@ -1559,9 +1563,30 @@ class Runner:
                 # cgroup v1 OOM-kills one task (the largest); if that was a child, the rest
                 # of the job's tree would run on. Kill it all now.
                 self._kill(w, Outcome.MEMORY)
+        if now >= self._next_capture_check:
+            self._next_capture_check = now + CAPTURE_CHECK_S
+            self._bound_captures()
         if now >= self._next_renew:
             self._renew()
             self._next_renew = now + self.s.lease_s / 3
+
+    def _bound_captures(self) -> None:
+        """Keep what running python jobs write to stdout and stderr (their worker's capture
+        file) within bounds on disk; a command's worker bounds its command's log itself."""
+        for w in self.workers.values():
+            if w.current is None or w.pid is None \
+                    or w.current.claim.record.spec.kind == "command":
+                continue
+            try:
+                fd = os.open(capture_path(self.work_root, w.pid), os.O_WRONLY | os.O_CLOEXEC)
+            except OSError:
+                continue
+            try:
+                bound_capture(fd)
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
 
     def _kill(self, w: WorkerHandle, reason: Outcome, *, graceful: bool = False) -> None:
         if w.pgid is None:

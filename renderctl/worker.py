@@ -19,6 +19,7 @@ process-wide state a job can change is put back by ``cleanslate.Baseline``.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import hashlib
 import importlib.abc
 import importlib.machinery
@@ -95,6 +96,13 @@ LEFTOVER_ALLOWANCE_BYTES = 64 << 20
 # process's limit its own bookkeeping after the job (its working folder, the leftover check,
 # the output check) failed with EMFILE, reported as an I/O error that stopped the run.
 FD_ALLOWANCE = 256
+# What a job's captured stdout and stderr may take on disk: checked every CAPTURE_CHECK_S
+# while it runs, and past the bound all but the last CAPTURE_KEEP_BYTES are punched out of
+# the file (its size and the job's write offset stay). A chatty job stuck in a loop wrote
+# ~1 GB/s there until its timeout, filling the disk its neighbours and the queue write to.
+CAPTURE_BOUND_BYTES = 64 << 20
+CAPTURE_KEEP_BYTES = 1 << 20
+CAPTURE_CHECK_S = 0.5
 PRELOAD = (
     "renderctl.forkserver_init",  # first: the server ignores a group-wide SIGTERM
     "renderctl.worker",
@@ -790,6 +798,27 @@ class _Capture:
         return _tail_lines(os.pread(self.fd, size - start, start))
 
 
+def bound_capture(fd: int) -> None:
+    """Keep a capture file (open for writing as ``fd``) within CAPTURE_BOUND_BYTES on disk:
+    punch out all but its last CAPTURE_KEEP_BYTES (the tail a record keeps is in those)."""
+    st = os.fstat(fd)
+    if st.st_blocks * 512 <= CAPTURE_BOUND_BYTES:
+        return
+    end = (st.st_size - CAPTURE_KEEP_BYTES) // PAGE_SIZE * PAGE_SIZE
+    if end <= 0:
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.fallocate.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64)
+    if libc.fallocate(fd, _FALLOC_PUNCH_HOLE | _FALLOC_KEEP_SIZE, 0, end) != 0:
+        # A file system without holes: drop it all; the writer's next write leaves a sparse
+        # file behind it, and only the tail written since is kept.
+        os.ftruncate(fd, 0)
+
+
+_FALLOC_KEEP_SIZE = 1
+_FALLOC_PUNCH_HOLE = 2
+
+
 def capture_path(work_root: str, pid: int) -> str:
     """Where worker ``pid`` captures a python job's stdout and stderr."""
     return os.path.join(work_root, f"w{pid}.out")
@@ -967,6 +996,12 @@ def run_command(argv: list[str], inputs: list[Path], output: Path,
         terminated: list[int] = []
         signal.signal(signal.SIGTERM, lambda signum, frame: terminated.append(signum))
         try:
+            pidfd = os.pidfd_open(proc.pid)
+            try:
+                while not select.select([pidfd], [], [], CAPTURE_CHECK_S)[0]:
+                    bound_capture(fh.fileno())
+            finally:
+                os.close(pidfd)
             code = proc.wait()
         finally:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)

@@ -568,6 +568,17 @@ def exhaust_fds(inputs: Sequence[Path], output: Path, params: Mapping[str, Any])
             leaked.append(os.open("/dev/null", os.O_RDONLY))
 
 
+def shout_then_wait(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
+    """Write ``params["mb"]`` MB to stdout (a chatty library stuck in a loop) and a last line
+    to stderr, write our pid to ``params["pidfile"]``, wait for ``params["go"]``, write a PDF."""
+    block = b"x" * 1023 + b"\n"
+    block *= 1024
+    for _ in range(int(params["mb"])):
+        os.write(1, block)
+    os.write(2, b"the last words\n")
+    wait_for_go(inputs, output, params)
+
+
 def wait_for_go(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
     """Write our pid to ``params["pidfile"]``, wait until ``params["go"]`` exists, write a PDF
     (the test decides when this job ends)."""
