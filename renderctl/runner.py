@@ -108,9 +108,12 @@ from renderctl.store import (
     parse_token,
 )
 from renderctl.worker import (
+    CAPTURE_CHECK_S,
     LEFTOVER_ALLOWANCE_BYTES,
     PRELOAD,
     WorkerConfig,
+    bound_capture,
+    capture_path,
     last_words,
     worker_main,
 )
@@ -137,6 +140,7 @@ MTIME_SETTLED_NS = 1_000_000_000  # an mtime this recent may hide a later change
 PREFETCH_WORK_S = 0.04  # of short jobs queued per worker (see _prefetch_depth)
 NAP_MAX_S = 0.02  # the longest the loop leaves workers' messages unread (see _nap)
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # drain, then exit 128 + n
+STOPPED_TOO = "it ended after the runner's stop signal"  # (see Runner._failed_of_stop)
 # Jobs queued behind one that has run this long (at least; or STEAL_FACTOR x the recent
 # job time) are taken back for an idle worker (see _rebalance).
 STEAL_AFTER_S = 0.5
@@ -286,6 +290,7 @@ class Runner:
         self.retries = 0
         self.stop_signal: int | None = None
         self.stop_deadline: float | None = None
+        self.stopped_at: float | None = None  # (monotonic) when the first stop signal came
         self._stop_reported = False
         self.stopped = False  # the loop has ended (the last snapshot says "finished")
         self.wake_cancel = True
@@ -324,6 +329,7 @@ class Runner:
         self._next_rescan = 0.0  # monotonic; set at start (see _rescan)
         self._pending_seen_ns = -1  # pending/'s mtime at the last rescan, if settled
         self._next_sample = 0.0
+        self._next_capture_check = 0.0
         self._next_state = 0.0
         self._ctx: Any = None
         self._wake_r = -1
@@ -422,7 +428,8 @@ class Runner:
     def _on_stop_signal(self, signum: int, frame: object) -> None:
         if self.stop_signal is None:
             self.stop_signal = signum
-            self.stop_deadline = time.monotonic() + self.s.grace_s
+            self.stopped_at = time.monotonic()
+            self.stop_deadline = self.stopped_at + self.s.grace_s
         else:
             self.stop_deadline = time.monotonic()  # a second signal skips the grace
 
@@ -1556,9 +1563,30 @@ class Runner:
                 # cgroup v1 OOM-kills one task (the largest); if that was a child, the rest
                 # of the job's tree would run on. Kill it all now.
                 self._kill(w, Outcome.MEMORY)
+        if now >= self._next_capture_check:
+            self._next_capture_check = now + CAPTURE_CHECK_S
+            self._bound_captures()
         if now >= self._next_renew:
             self._renew()
             self._next_renew = now + self.s.lease_s / 3
+
+    def _bound_captures(self) -> None:
+        """Keep what running python jobs write to stdout and stderr (their worker's capture
+        file) within bounds on disk; a command's worker bounds its command's log itself."""
+        for w in self.workers.values():
+            if w.current is None or w.pid is None \
+                    or w.current.claim.record.spec.kind == "command":
+                continue
+            try:
+                fd = os.open(capture_path(self.work_root, w.pid), os.O_WRONLY | os.O_CLOEXEC)
+            except OSError:
+                continue
+            try:
+                bound_capture(fd)
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
 
     def _kill(self, w: WorkerHandle, reason: Outcome, *, graceful: bool = False) -> None:
         if w.pgid is None:
@@ -1722,6 +1750,10 @@ class Runner:
                 self._output_io(problem)
                 outcome = Outcome.RELEASED.value
                 fin = replace(fin, error=f"{problem} ({fin.error})" if fin.error else problem)
+            elif outcome == Outcome.FAILED.value and self._failed_of_stop(a, fin):
+                outcome = Outcome.RELEASED.value
+                fin = replace(fin, error=f"{STOPPED_TOO} ({_signame(self.stop_signal or 0)}) "
+                                         f"and failed; not charged ({fin.error})")
             elif outcome == Outcome.COMPLETED.value and not self.q.holds(a.claim):
                 # Fenced: our lease was taken over; the new holder decides. Never publish.
                 discard(a.tmp)
@@ -1810,6 +1842,17 @@ class Runner:
             self._count(t)
             self._report(t)
         self._drop_moot_logs()
+
+    def _failed_of_stop(self, a: Assignment, fin: Finished) -> bool:
+        """Whether ``a``'s failure may be its answer to our stop signal: a job that handles
+        SIGTERM itself (cleans up, exits non-zero) when it reaches every process of the
+        service (systemd's KillMode=control-group) fails rather than dies of it, and is
+        stopped with the runner all the same. Which it was cannot be told, so, as for a
+        worker killed by the stop signal, once per job: a failure of its own during the
+        grace costs one more attempt, never a charged one too many."""
+        return self.stopped_at is not None and a.started_mono is not None \
+            and a.started_mono < self.stopped_at <= a.started_mono + fin.elapsed_s \
+            and not _stopped_with_runner_before(a.claim.record)
 
     def _transition(self, a: Assignment, fin: Finished, outcome: str, now: float) -> Transition:
         rec = a.claim.record
@@ -2022,8 +2065,11 @@ def _path_problem(exc: Exception, final: Path) -> str:
 def _stopped_with_runner_before(rec: JobRecord) -> bool:
     """Whether an attempt of this job (since its last `dead retry`) was released because its
     worker died of the stop signal of a stopping runner (see Runner._killed): the only
-    released attempts that carry a stop signal (a drain's kill is a SIGKILL)."""
-    return any(att.get("outcome") == Outcome.RELEASED.value and att.get("signal") in STOP_SIGNALS
+    released attempts that carry a stop signal (a drain's kill is a SIGKILL); or because it
+    failed once the stop signal came (Runner._failed_of_stop)."""
+    return any(att.get("outcome") == Outcome.RELEASED.value
+               and (att.get("signal") in STOP_SIGNALS
+                    or str(att.get("error", "")).startswith(STOPPED_TOO))
                for att in rec.attempts[rec.attempt_base:])
 
 

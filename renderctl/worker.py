@@ -19,11 +19,13 @@ process-wide state a job can change is put back by ``cleanslate.Baseline``.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import hashlib
 import importlib.abc
 import importlib.machinery
 import io
 import os
+import resource
 import select
 import shutil
 import signal
@@ -89,6 +91,18 @@ LEFTOVER_BOUND_S = 2.0
 # ceiling there, and kill an innocent one. Importing reportlab and pypdf, which stay loaded,
 # costs ~35 MB; the rest is headroom for the allocator's own retention.
 LEFTOVER_ALLOWANCE_BYTES = 64 << 20
+# Descriptors a python job may leave open in its worker beyond those the worker started with
+# (a library's cached file). Past that the job's are closed and the worker retires: at the
+# process's limit its own bookkeeping after the job (its working folder, the leftover check,
+# the output check) failed with EMFILE, reported as an I/O error that stopped the run.
+FD_ALLOWANCE = 256
+# What a job's captured stdout and stderr may take on disk: checked every CAPTURE_CHECK_S
+# while it runs, and past the bound all but the last CAPTURE_KEEP_BYTES are punched out of
+# the file (its size and the job's write offset stay). A chatty job stuck in a loop wrote
+# ~1 GB/s there until its timeout, filling the disk its neighbours and the queue write to.
+CAPTURE_BOUND_BYTES = 64 << 20
+CAPTURE_KEEP_BYTES = 1 << 20
+CAPTURE_CHECK_S = 0.5
 PRELOAD = (
     "renderctl.forkserver_init",  # first: the server ignores a group-wide SIGTERM
     "renderctl.worker",
@@ -219,6 +233,8 @@ class Worker:
         # What earlier jobs left held here (below the allowance): added to the next job's
         # ceiling, so that a job's fate does not depend on what ran before it.
         self.carried = 0
+        # Every descriptor open now is the worker's (or inherited with it): see _reclaim_fds.
+        self.base_fds = frozenset(map(int, os.listdir(f"/proc/{pid}/fd")))
 
     def serve(self) -> None:
         self.conn.send(Ready(os.getpid(), os.getpgid(0)))
@@ -357,7 +373,7 @@ class Worker:
         damage = ""
         try:
             with self._clean_context(job, workdir) as captured:
-                fields = execute(job, Path(workdir))
+                fields = execute(job, Path(workdir), after_call=self._reclaim_fds)
                 user_code = runs_user_code_here(job)
                 damage = self.own_fds.damage() if user_code else ""
                 # Before the peak is read and the next job starts: what a job left running
@@ -459,6 +475,24 @@ class Worker:
             self.retire_reason = f"a job left {grown / MB:.0f} MB held in {where}; retiring"
             return
         self.carried = max(0, grown)
+
+    def _reclaim_fds(self) -> None:
+        """After a job's code ran here: if it left more than FD_ALLOWANCE descriptors open,
+        close every descriptor that is not the worker's and retire (what a library of the
+        job's had open is closed with them). One stat (~3 us): /proc's count of open fds."""
+        try:
+            n_open = os.stat(f"/proc/{os.getpid()}/fd").st_size or len(os.listdir("/proc/self/fd"))
+        except OSError:  # not one descriptor left to list them with
+            n_open = 1 << 30
+        if n_open <= len(self.base_fds) + FD_ALLOWANCE:
+            return
+        keep = sorted(self.base_fds | self.own_fds.known.keys())
+        top = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+        for low, high in zip([-1, *keep], [*keep, top], strict=True):
+            if high - low > 1:
+                os.closerange(low + 1, high)
+        self.retire_reason = (f"the job left {n_open - len(self.base_fds)} file descriptors "
+                              "open in its worker; retiring")
 
     def _children(self) -> list[int]:
         if os.fstat(self.tasks_fd).st_nlink > 3:
@@ -764,6 +798,27 @@ class _Capture:
         return _tail_lines(os.pread(self.fd, size - start, start))
 
 
+def bound_capture(fd: int) -> None:
+    """Keep a capture file (open for writing as ``fd``) within CAPTURE_BOUND_BYTES on disk:
+    punch out all but its last CAPTURE_KEEP_BYTES (the tail a record keeps is in those)."""
+    st = os.fstat(fd)
+    if st.st_blocks * 512 <= CAPTURE_BOUND_BYTES:
+        return
+    end = (st.st_size - CAPTURE_KEEP_BYTES) // PAGE_SIZE * PAGE_SIZE
+    if end <= 0:
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.fallocate.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64)
+    if libc.fallocate(fd, _FALLOC_PUNCH_HOLE | _FALLOC_KEEP_SIZE, 0, end) != 0:
+        # A file system without holes: drop it all; the writer's next write leaves a sparse
+        # file behind it, and only the tail written since is kept.
+        os.ftruncate(fd, 0)
+
+
+_FALLOC_KEEP_SIZE = 1
+_FALLOC_PUNCH_HOLE = 2
+
+
 def capture_path(work_root: str, pid: int) -> str:
     """Where worker ``pid`` captures a python job's stdout and stderr."""
     return os.path.join(work_root, f"w{pid}.out")
@@ -806,8 +861,12 @@ def _tail_lines(data: bytes) -> str | None:
 # -- executing one attempt -----------------------------------------------------------------
 
 
-def execute(job: RunJob, workdir: Path) -> dict[str, Any]:
-    """Run the job's renderer and check its output; returns ``Finished`` fields."""
+def execute(job: RunJob, workdir: Path,
+            after_call: Callable[[], None] | None = None) -> dict[str, Any]:
+    """Run the job's renderer and check its output; returns ``Finished`` fields.
+
+    ``after_call`` runs once a python callable or plugin renderer has returned or raised,
+    before its output is checked."""
     spec = job.spec
     inputs = [Path(p) for p in spec.get("inputs", ())]
     output = Path(job.tmp_output)
@@ -820,13 +879,18 @@ def execute(job: RunJob, workdir: Path) -> dict[str, Any]:
             fields = run_command(spec["argv"], inputs, output, workdir)
             if fields is not None:
                 return fields
-        elif kind == "python":
-            fn = load_callable(spec["callable"], spec.get("pythonpath"))
-            fn(inputs, output, dict(params))
         else:
-            from renderctl.render.registry import all_specs
+            try:
+                if kind == "python":
+                    fn = load_callable(spec["callable"], spec.get("pythonpath"))
+                    fn(inputs, output, dict(params))
+                else:
+                    from renderctl.render.registry import all_specs
 
-            all_specs()[kind].load()(inputs, output, params)
+                    all_specs()[kind].load()(inputs, output, params)
+            finally:
+                if after_call is not None and runs_user_code_here(job):
+                    after_call()
         fields = {"outcome": Outcome.COMPLETED.value, **check_output(output, job)}
         if job.output_kind == "file":
             fields["owner_tagged"] = tag_output(output, job.token)
@@ -932,6 +996,12 @@ def run_command(argv: list[str], inputs: list[Path], output: Path,
         terminated: list[int] = []
         signal.signal(signal.SIGTERM, lambda signum, frame: terminated.append(signum))
         try:
+            pidfd = os.pidfd_open(proc.pid)
+            try:
+                while not select.select([pidfd], [], [], CAPTURE_CHECK_S)[0]:
+                    bound_capture(fh.fileno())
+            finally:
+                os.close(pidfd)
             code = proc.wait()
         finally:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)

@@ -124,6 +124,17 @@ def stop_the_service(inputs: Sequence[Path], output: Path, params: Mapping[str, 
     time.sleep(60)
 
 
+def exit_on_sigterm(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
+    """Handle SIGTERM by exiting with status 3 (a job that cleans up and stops when told
+    to), write our pid to ``params["pidfile"]``, then sleep until told."""
+    def stop(signum: int, frame: object) -> None:
+        sys.exit(3)
+
+    signal.signal(signal.SIGTERM, stop)
+    _write_pid(params["pidfile"], os.getpid())
+    time.sleep(600)
+
+
 def scratch_then_hang(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
     """Fill the job's working folder (its TMPDIR) with ``params["mb"]`` MB, then hang."""
     with open("scratch.bin", "wb") as fh:
@@ -545,6 +556,27 @@ def close_worker_fds(inputs: Sequence[Path], output: Path, params: Mapping[str, 
             if not stat.S_ISSOCK(os.fstat(fd).st_mode):
                 os.close(fd)
     write_pdf(inputs, output, params)
+
+
+def exhaust_fds(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
+    """Write a good PDF, then open /dev/null until the process has no descriptor left, and
+    leave them all open (a library leaking a file per call, called once too often)."""
+    write_pdf(inputs, output, params)
+    leaked = []
+    with contextlib.suppress(OSError):
+        while True:
+            leaked.append(os.open("/dev/null", os.O_RDONLY))
+
+
+def shout_then_wait(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
+    """Write ``params["mb"]`` MB to stdout (a chatty library stuck in a loop) and a last line
+    to stderr, write our pid to ``params["pidfile"]``, wait for ``params["go"]``, write a PDF."""
+    block = b"x" * 1023 + b"\n"
+    block *= 1024
+    for _ in range(int(params["mb"])):
+        os.write(1, block)
+    os.write(2, b"the last words\n")
+    wait_for_go(inputs, output, params)
 
 
 def wait_for_go(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:

@@ -219,6 +219,63 @@ def test_a_job_that_closes_its_workers_descriptors_fails_alone(
     assert not (tmp_path / "out" / "closer.pdf").exists()
 
 
+def test_a_job_that_leaves_its_worker_without_descriptors_costs_only_its_worker(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given a job that writes its PDF and then leaves every descriptor of its worker in
+    # use, and a job after it
+    stage(tmp_path)
+    manifest = write_manifest([{**py_job("hoarder", "exhaust_fds"), "priority": 2},
+                               {**py_job("next", "write_pdf"), "priority": 1}])
+
+    # When one worker at a time runs them
+    result, view = run_in_one_worker(tmp_path, manifest, "--prefetch", "2")
+
+    # Then the run goes on (not an I/O error of the queue, exit 74): the hoarder's output is
+    # its own and completes, its worker is replaced, and the next job completes
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert view.ids("done") == {"hoarder", "next"}
+    assert_pdf(tmp_path / "out" / "next.pdf", "next")
+    assert_pdf(tmp_path / "out" / "hoarder.pdf", "hoarder")
+
+
+def test_what_a_job_writes_to_stdout_takes_bounded_disk_space(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given a python job and a command job that each write 300 MB to stdout, then wait
+    stage(tmp_path)
+    go = tmp_path / "go"
+    pidfile = tmp_path / "py.pid"
+    cmd_pid = tmp_path / "cmd.pid"
+    manifest = write_manifest([
+        py_job("py", "shout_then_wait", mb=300, pidfile=str(pidfile), go=str(go)),
+        {"id": "cmd", "kind": "command", "output": "cmd.bin", "argv": [
+            "sh", "-c", 'head -c 314572800 /dev/zero; echo "the last words" >&2; echo $$ > "$1";'
+            ' while [ ! -e "$2" ]; do sleep 0.01; done; : > "$0"',
+            "{output}", str(cmd_pid), str(go)]}])
+    runner = Runner(*cli_args(tmp_path / "q", tmp_path / "out", "--workers", "2"), manifest)
+    try:
+        # When both have written it and wait
+        py_worker = wait_for_pid(pidfile)
+        cmd_worker = psutil.Process(wait_for_pid(cmd_pid)).ppid()
+        [capture] = Path("/").glob(f"tmp/renderctl-work-*/w{py_worker}.out")
+        [log] = Path("/").glob(f"tmp/renderctl-work-*/w{cmd_worker}.*/.command-output")
+
+        # Then what their output takes on disk is bounded (the tail stays): one job cannot
+        # fill the disk its neighbours and the queue write to
+        for f in (capture, log):
+            wait_until(lambda f=f: os.stat(f).st_blocks * 512 <= 64 * MB,
+                       timeout_s=10, what=f"{f} to shrink")
+            assert os.stat(f).st_size >= 300 * MB
+        go.touch()
+        assert runner.wait(30) == 0, runner.lines
+    finally:
+        go.touch()
+        runner.close()
+    view = QueueView(tmp_path / "q")
+    assert view.ids("done") == {"py", "cmd"}
+    [attempt] = view.record("done", "py")["attempts"]
+    assert attempt["stderr_tail"].endswith("the last words"), attempt
+
+
 def test_a_job_failing_with_a_huge_or_unprintable_message_is_recorded_in_bounded_form(
         tmp_path: Path, write_manifest: Any) -> None:
     # Given a job whose exception message is 5 million characters long, one whose

@@ -611,6 +611,39 @@ def test_a_stop_signal_to_every_process_of_the_service_charges_no_attempt(
         assert [a["outcome"] for a in view.record("pending", job)["attempts"]] == ["released"]
 
 
+def test_a_job_that_handles_the_services_stop_signal_and_exits_is_not_charged(
+        tmp_path: Path, write_manifest: Any) -> None:
+    import psutil
+
+    # Given a runner following the queue, running a python job (one attempt) that handles
+    # SIGTERM itself by exiting with status 3, as a job that cleans up when told to stop does
+    stage(tmp_path)
+    queue, out = tmp_path / "q", tmp_path / "out"
+    pidfile = tmp_path / "py.pid"
+    manifest = write_manifest([{**py_job("py", "exit_on_sigterm", pidfile=str(pidfile)),
+                                "max_attempts": 1}])
+    runner = Runner(*cli_args(queue, out, "--workers", "1", "--follow", "--json"),
+                    new_session=True)
+    try:
+        runner.until(lambda ln: '"runner_started"' in ln)
+        assert run_cli("submit", manifest, *cli_args(queue, out)).returncode == 0
+        wait_for_pid(pidfile)
+
+        # When SIGTERM reaches every process of the service at once (KillMode=control-group)
+        for proc in [psutil.Process(runner.pid), *psutil.Process(runner.pid).children(True)]:
+            with contextlib.suppress(psutil.Error):
+                proc.send_signal(signal.SIGTERM)
+
+        # Then the job, stopped with the runner, goes back to pending uncharged, as it does
+        # when the signal kills it: not dead-lettered for the failure the signal made it report
+        assert runner.wait(30) == ExitCode.SIGTERM, runner.lines
+    finally:
+        runner.close()
+    view = QueueView(queue)
+    assert view.states_of(["py"]) == {"py": ["pending"]}
+    assert [a["outcome"] for a in view.record("pending", "py")["attempts"]] == ["released"]
+
+
 def test_a_job_that_stops_its_own_service_every_time_is_charged_not_released_forever(
         tmp_path: Path, write_manifest: Any) -> None:
     # Given a job that stops the whole service it runs in (every process, its worker too,
