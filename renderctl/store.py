@@ -51,10 +51,12 @@ import dataclasses
 import errno
 import fcntl
 import functools
+import itertools
 import json
 import math
 import os
 import re
+import reprlib
 import secrets
 import signal
 import socket
@@ -408,7 +410,9 @@ class Queue:
         self.path = _queue_path(path)
         self.clock = clock
         self.events = EventLog(self.path / "events.jsonl")
-        self._tmp_counter = 0
+        # next() of an itertools.count is one C call, atomic under the GIL: threads sharing
+        # this object (a web tier's) never get one number twice, as ``+= 1`` then a read did.
+        self._tmp_counter = itertools.count(1)
         # In spare names: another Queue object in a process of the same pid (a restarted
         # container's runner is pid 1 every time; tests reopen queues in one process) would
         # count from 0 again, and rename a record over a spare it had adopted and not yet
@@ -472,8 +476,8 @@ class Queue:
 
     def _tmp_name(self, purpose: str) -> Path:
         # The pid prefix tells the cleaner which temporaries belong to a live process.
-        self._tmp_counter += 1
-        return self.dir("tmp") / f"{os.getpid()}.{self._tmp_counter}.{purpose}"
+        n = next(self._tmp_counter)
+        return self.dir("tmp") / f"{os.getpid()}.{n}.{purpose}"
 
     def recycle(self, path: str) -> None:
         """Retire a record file by keeping its inode for a later record instead of unlinking.
@@ -483,9 +487,8 @@ class Queue:
         jobs' outputs) grew to a quarter of the machine's CPU. Refilling an old inode needs
         no inode allocation at all, so the steady state deletes and creates no record file.
         """
-        self._tmp_counter += 1
         free = f"{self.dir('tmp')}/{FREE_PREFIX}{os.getpid()}.{self._spare_tag}." \
-            f"{self._tmp_counter}"
+            f"{next(self._tmp_counter)}"
         try:
             os.rename(path, free)
         except FileNotFoundError:
@@ -677,6 +680,13 @@ class Queue:
         """Counts, running records, runner; ``oldest_pending=False`` skips the age of the
         oldest pending job (None then): a stat of every pending record, which a caller
         that has the runner's figure need not pay for."""
+        try:
+            return self._status(oldest_pending=oldest_pending)
+        except OSError as exc:
+            # As submit's: the queue folder removed or unreadable is renderctl's I/O error.
+            raise QueueIOError(os_error_message(exc)) from exc
+
+    def _status(self, *, oldest_pending: bool) -> QueueStatus:
         running = []
         for jid in self.list_ids(State.RUNNING):
             rec = self._read_or_quarantine(self.record_path(State.RUNNING, jid))
@@ -719,6 +729,13 @@ class Queue:
         Plain dicts are validated exactly like manifest jobs (inputs relative to ``base``).
         ``crash_hook`` is for tests (see crashpoints.py).
         """
+        if isinstance(jobs, str | bytes | Mapping) or not isinstance(jobs, Iterable):
+            # A str would be validated character by character, a dict key by key.
+            hint = "; put one job in a list" if isinstance(jobs, Mapping) else ""
+            raise ManifestError([Problem(
+                "<api>", None, None, "submit() takes a list of jobs (dicts or JobSpecs), got "
+                f"{type(jobs).__name__} {reprlib.repr(jobs)}{hint}")])
+        jobs = list(jobs)  # once: a generator's first job was taken by the check below
         if any(not isinstance(j, JobSpec) for j in jobs):
             # Anything else (a str, None) goes to validation, which names it: "job #1: a
             # job must be a table", not an AttributeError from here.
