@@ -15,6 +15,9 @@ Durability (each fsync names the crash it protects against where it is made):
   ``pending/``, the folder is fsynced, and the journal entry becomes ``<seq>.new`` (a doorbell
   for the runner's in-memory index). A crash before the commit point leaves only
   temporaries (removed on the next open); after it, the next open rolls the batch forward.
+  An error after the commit point raises ``SubmitIncomplete`` naming the accepted jobs (the
+  next submit of the same object rolls them forward); the doorbell, the runner's wake-up
+  and the event log come after acceptance and never fail a submit (``SubmitResult.warnings``).
 - **claim** renames ``pending/x`` to ``running/x`` (the single atomic step a concurrent
   cancel races against) and sets the lease on it as an extended attribute
   ``user.renderctl.lease`` (holder, token, attempt, expiry): no new file, no data write,
@@ -74,6 +77,7 @@ from renderctl.errors import (
     QueueBusy,
     QueueIOError,
     Saturated,
+    SubmitIncomplete,
     os_error_message,
 )
 from renderctl.events import EventLog
@@ -259,6 +263,10 @@ class SubmitResult:
     replaced: tuple[str, ...] = ()
     # Of ``already``, how many had ended, per terminal state (those will not run again).
     already_ended: Mapping[str, int] = field(default_factory=dict)
+    # Steps after acceptance that failed (the runner's doorbell or wake-up, the event log),
+    # one line each; also logged as warnings to the "renderctl" logger. The jobs are
+    # accepted all the same: a runner finds them at its next rescan of pending/.
+    warnings: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -434,11 +442,17 @@ class Queue:
         self._xattrs = True  # until the file system says otherwise
         self._dirs: dict[str, Path] = {}
         self._dstr: dict[State, str] = {}
+        # A submit of this object left a committed batch not wholly placed (SubmitIncomplete):
+        # the next submit places it first (a web tier's Queue is never opened again).
+        self._replay_due = False
         if create:
             self._create()
         elif not (self.path / "pending").is_dir():
             raise QueueIOError(f"{self.path} is not a renderctl queue (no pending/ folder)")
-        self._roll_forward_journals()
+        try:
+            self._roll_forward_journals()
+        except OSError as exc:
+            raise QueueIOError(os_error_message(exc)) from exc
 
     def close(self) -> None:
         """Close the descriptors this object keeps (the claim lock, the event log)."""
@@ -753,8 +767,24 @@ class Queue:
             # system raised deep inside: the queue folder removed, read-only or full.
             raise QueueIOError(os_error_message(exc)) from exc
         if res.accepted or res.replaced:
-            self.wake_runner()
+            notes = list(res.warnings)
+            self._after_acceptance(notes, "waking the runner", self.wake_runner)
+            res = dataclasses.replace(res, warnings=tuple(notes))
         return res
+
+    @staticmethod
+    def _after_acceptance(notes: list[str], step: str, fn: Callable[[], object]) -> None:
+        """Run a best-effort step that follows acceptance (the jobs are in pending/ by now):
+        its failure is noted and logged, never raised (a retry would say "already")."""
+        try:
+            fn()
+        except (OSError, QueueIOError) as exc:
+            msg = (f"jobs accepted, but {step} failed: "
+                   f"{os_error_message(exc) if isinstance(exc, OSError) else exc}")
+            notes.append(msg)
+            import logging  # lazily: only a failure needs it
+
+            logging.getLogger("renderctl").warning("%s", msg)
 
     def _locate_many(self, ids: Sequence[str]) -> dict[str, State]:
         found: dict[str, State] = {}
@@ -779,6 +809,8 @@ class Queue:
         self, specs: Sequence[JobSpec], *, replace: bool, max_pending: int | None,
         crash_hook: Callable[[str], None] | None = None,
     ) -> SubmitResult:
+        if self._replay_due:
+            self._replay_leftovers([s.id for s in specs])
         located = self._locate_many([s.id for s in specs])
         new: list[JobSpec] = []
         already: list[str] = []
@@ -854,56 +886,133 @@ class Queue:
         payload = (b'{"seq":' + json.dumps(stamp).encode() + b',"replace":'
                    + json.dumps(replaced, separators=(",", ":")).encode()
                    + b',"records":[' + b",".join(raws) + b"]}")
+        bell: Callable[[], object]
         if len(records) == 1 and not replaced:
             # One job is atomic by itself (tmp -> fsync -> rename -> fsync dir): skip the
             # journal and spend two fsyncs instead of four (the web tier's 200 ms budget).
-            self._apply_single(records[0], raws[0], stamp, payload, crash_hook)
+            self._apply_single(records[0], raws[0], crash_hook)
+            bell = functools.partial(self._ring_doorbell, stamp, payload)
         else:
-            self._commit_txn(stamp, payload, records, set(replaced), raws, crash_hook)
-        self.events.append({"ts": now, "event": "accepted", "job": r.spec.id}
-                           for r in records)
+            journal = self._commit_txn(stamp, payload, records, set(replaced), raws,
+                                       crash_hook)
+            bell = functools.partial(self._retire_txn, journal)
+        # Accepted: every job is in pending/. What follows is best effort, never a failure
+        # of this call (a retry would only say "already accepted").
+        notes: list[str] = []
+        self._after_acceptance(notes, "ringing the runner's doorbell", bell)
+        self._after_acceptance(notes, "logging to the event log", lambda: self.events.append(
+            {"ts": now, "event": "accepted", "job": r.spec.id} for r in records))
         self._submitted = {r.spec.id: r.entry() for r in records}
         return SubmitResult(tuple(r.spec.id for r in records if r.spec.id not in replaced),
-                            tuple(already), tuple(replaced))
+                            tuple(already), tuple(replaced), warnings=tuple(notes))
 
-    def _apply_single(self, rec: JobRecord, raw: bytes, stamp: str, payload: bytes,
+    def _incomplete(self, exc: BaseException, ids: Sequence[str],
+                    journal: str) -> SubmitIncomplete:
+        """The error of a submit whose jobs are accepted but not all placed (see
+        SubmitIncomplete): one line naming the jobs not yet in pending/ and the cause."""
+        self._replay_due = True
+        unplaced = tuple(j for j in ids if not self.has_record(State.PENDING, j))
+        shown = ", ".join(unplaced[:5]) + (f" and {len(unplaced) - 5} more"
+                                           if len(unplaced) > 5 else "")
+        why = os_error_message(exc) if isinstance(exc, OSError) else str(exc)
+        return SubmitIncomplete(
+            f"{len(ids)} job(s) accepted ({journal}), but {len(unplaced)} not yet in pending/"
+            f"{': ' + shown if shown else ''}; {why}; the next submit or open of the queue "
+            "places them, and submitting them again is safe", accepted=tuple(ids),
+            unplaced=unplaced)
+
+    def _apply_single(self, rec: JobRecord, raw: bytes,
                       crash_hook: Callable[[str], None] | None = None) -> None:
         tmp = self._tmp_name("job")
         write_file(tmp, raw, fsync=True)
-        os.rename(tmp, self.record_path(State.PENDING, rec.spec.id))
-        # Protects against: power loss losing the rename after we report "accepted".
-        fsync_dir(self.dir(State.PENDING))
+        try:
+            os.rename(tmp, self.record_path(State.PENDING, rec.spec.id))
+        except OSError:
+            unlink_quiet(tmp)
+            raise
+        # The job is accepted from here: a runner may claim it at once.
+        try:
+            # Protects against: power loss losing the rename after we report "accepted".
+            fsync_dir(self.dir(State.PENDING))
+        except QueueIOError as exc:
+            raise self._incomplete(exc, [rec.spec.id], "in pending/, not known durable"
+                                   ) from exc
         if crash_hook is not None:
             crash_hook("submit:before_doorbell")
-        self._ring_doorbell(stamp, payload)
 
     def _ring_doorbell(self, stamp: str, payload: bytes) -> None:
         # No fsync: a lost doorbell (or one never rung: the submit was killed before it)
         # only delays a running runner until its next rescan of pending/ (Runner._rescan).
         tmp = self._tmp_name("bell")
         write_file(tmp, payload, fsync=False)
-        os.replace(tmp, self.dir("journal") / f"{stamp}.new")
+        try:
+            os.replace(tmp, self.dir("journal") / f"{stamp}.new")
+        except OSError:
+            unlink_quiet(tmp)
+            raise
 
     def _commit_txn(self, stamp: str, payload: bytes, records: Sequence[JobRecord],
                     replaced: set[str], raws: Sequence[bytes] | None = None,
-                    crash_hook: Callable[[str], None] | None = None) -> None:
+                    crash_hook: Callable[[str], None] | None = None) -> Path:
+        """Commit a batch (its journal entry) and place it in pending/; returns the entry,
+        for the caller to retire (``_retire_txn``: the runner's doorbell)."""
         journal = self.dir("journal") / f"{stamp}.txn"
         tmp = self._tmp_name("txn")
         write_file(tmp, payload, fsync=True)
-        os.rename(tmp, journal)
-        # Protects against: power loss right after we report "accepted": without this the
-        # journal entry (our commit point) could vanish, and with it the whole batch.
-        fsync_dir(journal.parent)
-        self._apply_txn(journal, records, replaced=replaced, raws=raws, crash_hook=crash_hook)
+        try:
+            os.rename(tmp, journal)
+        except OSError:
+            unlink_quiet(tmp)
+            raise
+        try:
+            # Protects against: power loss right after we report "accepted": without this
+            # the journal entry (our commit point) could vanish, and with it the whole batch.
+            fsync_dir(journal.parent)
+        except QueueIOError:
+            # Not known committed: take it back, so that what we report ("nothing was
+            # enqueued") holds (a replay would otherwise place it later).
+            unlink_quiet(journal)
+            raise
+        # Committed: the jobs are accepted, whatever fails below.
+        try:
+            self._apply_txn(journal, records, replaced=replaced, raws=raws,
+                            crash_hook=crash_hook, retire=False)
+        except (OSError, QueueIOError) as exc:
+            raise self._incomplete(exc, [r.spec.id for r in records],
+                                   f"journal/{journal.name}") from exc
+        return journal
+
+    @staticmethod
+    def _retire_txn(journal: Path) -> None:
+        """A placed batch's journal entry becomes the runner's doorbell: "these ids are new
+        in pending/". No fsync: if the rename is lost, the next open replays the .txn,
+        which is idempotent."""
+        os.replace(journal, journal.with_suffix(".new"))
 
     def _apply_txn(self, journal: Path, records: Sequence[JobRecord], *,
                    replaced: set[str], replay: bool = False,
                    raws: Sequence[bytes] | None = None,
-                   crash_hook: Callable[[str], None] | None = None) -> None:
+                   crash_hook: Callable[[str], None] | None = None,
+                   retire: bool = True) -> None:
         """Roll a committed batch forward into pending/ (idempotent: replays are safe).
 
         The caller holds the replace lock if ``replaced`` (no claim runs meanwhile)."""
         staged: list[tuple[Path, Path]] = []
+        try:
+            self._place_txn(records, staged, replaced=replaced, replay=replay, raws=raws,
+                            crash_hook=crash_hook)
+        except (OSError, QueueIOError):
+            # A full disk: the temporaries not placed would hold its space until this
+            # process exits (a web tier's lives for days). The journal entry keeps them.
+            for tmp, _ in staged:
+                unlink_quiet(tmp)
+            raise
+        if retire:
+            self._retire_txn(journal)
+
+    def _place_txn(self, records: Sequence[JobRecord], staged: list[tuple[Path, Path]], *,
+                   replaced: set[str], replay: bool, raws: Sequence[bytes] | None,
+                   crash_hook: Callable[[str], None] | None) -> None:
         small = len(records) <= SMALL_BATCH
         for i, rec in enumerate(records):
             jid = rec.spec.id
@@ -950,9 +1059,6 @@ class Queue:
                 # A cancel asked of the old job (left by a runner that stopped before acting
                 # on it) is not a cancel of the new one.
                 self.clear_cancel_request(jid)
-        # Doorbell for a running runner: "these ids are new in pending/". No fsync: if the
-        # rename is lost, the next open replays the .txn, which is idempotent.
-        os.replace(journal, journal.with_suffix(".new"))
 
     def _roll_forward_journals(self) -> None:
         try:
@@ -962,7 +1068,35 @@ class Queue:
         if not any(n.endswith(".txn") for n in names):
             self.clean_tmp()
             return
-        with self._lock(".submit.lock"), self._lock(REPLACE_LOCK):
+        with self._lock(".submit.lock"):
+            self._replay_journals()
+        self.clean_tmp()
+
+    def _replay_leftovers(self, ids: Sequence[str]) -> None:
+        """Place what an earlier submit of this object committed and could not place (the
+        submit lock held). If that fails again, so does this submit, saying which of its
+        ``ids`` were accepted before."""
+        try:
+            self._replay_journals()
+        except (OSError, QueueIOError) as exc:
+            pending: set[str] = set()
+            with contextlib.suppress(OSError, ValueError):
+                for name in os.listdir(self.dir("journal")):
+                    if name.endswith(".txn"):
+                        txn = json.loads((self.dir("journal") / name).read_bytes())
+                        pending.update(r["spec"]["id"] for r in txn["records"])
+            ours = [j for j in ids if j in pending]
+            if ours:
+                raise self._incomplete(exc, ours, "by an earlier submit") from exc
+            why = os_error_message(exc) if isinstance(exc, OSError) else str(exc)
+            raise QueueIOError(f"jobs accepted by an earlier submit could not be placed in "
+                               f"pending/: {why}; nothing of this submit was enqueued"
+                               ) from exc
+        self._replay_due = False
+
+    def _replay_journals(self) -> None:
+        """Roll every committed journal entry forward (the submit lock held)."""
+        with self._lock(REPLACE_LOCK):
             for name in sorted(os.listdir(self.dir("journal"))):
                 if not name.endswith(".txn"):
                     continue
@@ -979,7 +1113,6 @@ class Queue:
                                  replay=True)
                 self.events.append({"ts": self.clock.wall(), "event": "accepted",
                                     "job": r.spec.id, "recovered": True} for r in records)
-        self.clean_tmp()
 
     def clean_tmp(self) -> int:
         """Remove renderctl's own temporaries whose writer (named by the pid prefix) is no

@@ -129,6 +129,39 @@ def test_jobs_given_as_a_generator_are_all_submitted(queue_dir: Path, tmp_path: 
     assert q.list_ids(State.PENDING) == ["g0", "g1", "g2"]
 
 
+@pytest.mark.parametrize(("broken", "jobs"), [
+    ("event log", 1), ("event log", 3), ("journal", 1)],
+    ids=["event log, one job", "event log, a batch", "doorbell, one job"])
+def test_a_step_after_acceptance_that_fails_does_not_fail_the_submit(
+        queue_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture, broken: str,
+        jobs: int) -> None:
+    # Given a queue whose event log can take no more (it is /dev/full), or whose journal
+    # folder, where a one-job submit rings the runner's doorbell, was replaced by a file
+    q = Queue(queue_dir)
+    if broken == "event log":
+        (queue_dir / "events.jsonl").symlink_to("/dev/full")
+    else:
+        shutil.rmtree(queue_dir / "journal")
+        (queue_dir / "journal").write_text("not a folder")
+    ids = tuple(f"j{i}" for i in range(jobs))
+
+    # When the web tier submits
+    with caplog.at_level("WARNING", logger="renderctl"):
+        res = q.submit([pyjob(j) for j in ids], base=tmp_path, out_root=tmp_path / "out")
+
+    # Then the jobs are accepted (they are in pending/ by then): the call succeeds, and
+    # what failed afterwards is reported on the result and logged, naming the file
+    assert res.accepted == ids
+    assert q.list_ids(State.PENDING) == list(ids)
+    named = queue_dir / ("events.jsonl" if broken == "event log" else "journal")
+    assert len(res.warnings) == 1 and str(named) in res.warnings[0], res.warnings
+    assert [r.getMessage() for r in caplog.records if r.name == "renderctl"] == \
+        list(res.warnings)
+    # And a retry says "already accepted", as it should
+    again = q.submit([pyjob(j) for j in ids], base=tmp_path, out_root=tmp_path / "out")
+    assert (again.accepted, again.already) == ((), ids)
+
+
 def _paused_at_the_end_of(fn: Any, parties: int) -> Any:
     """A thread trace function that holds each thread on ``fn``'s last line (its return)
     until ``parties`` threads are there: every caller has done what precedes it."""
