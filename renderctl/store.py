@@ -112,11 +112,16 @@ AUX_DIRS = ("corrupt", "tmp", "journal", "control")
 # Where `dead retry` may be cut short in tests (RENDERCTL_CRASH_AT; see crashpoints.py).
 DEAD_RETRY_CRASH_POINTS = ("dead_retry:rewritten", "dead_retry:moved")
 # The names renderctl gives its temporaries in tmp/, each starting with the writer's pid:
-# ``_tmp_name`` (<pid>.<n>.<purpose>), the runner's state snapshot (<pid>.state, runner.py)
-# and ``fsutil.atomic_write`` of a holder file (<pid>.holder.<prefix>.json.<8 hex>).
-# clean_tmp removes nothing else.
-_OWN_TMP = re.compile(r"(\d+)\.(?:\d+\.[a-z]+|state|holder\..+\.json\.[0-9a-f]{8})")
+# ``_tmp_name`` (<pid>-<tag>.<n>.<purpose>, the tag naming the writer's host boot and pid
+# namespace: see _owner_tag; versions before it wrote <pid>.<n>.<purpose>), the runner's
+# state snapshot (<pid>.state, runner.py) and ``fsutil.atomic_write`` of a holder file
+# (<pid>.holder.<prefix>.json.<8 hex>). clean_tmp removes nothing else.
+_OWN_TMP = re.compile(
+    r"(\d+)(?:-([0-9a-f]{8}))?\.(?:\d+\.[a-z]+|state|holder\..+\.json\.[0-9a-f]{8})")
 SMALL_BATCH = 8  # up to this many files, per-file fsync beats one syncfs of everything
+# A temporary whose writer's pid means nothing here (another host, another pid namespace)
+# is swept only once this old: an in-flight one lives for milliseconds to seconds.
+TMP_GRACE_S = 900.0
 RETRIED_REASON = "retried from dead"  # a `dead retry` record's reason (see _settle_copies)
 # Terminal folders in the order find() prefers them.
 _FINISHED = (State.DONE, State.DEAD, State.CANCELLED, State.EXPIRED)
@@ -148,6 +153,23 @@ class Holder:
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Holder:
         return cls(d["host"], d["boot_id"], int(d["pid"]), d.get("start_time"))
+
+
+@functools.cache
+def _owner_tag() -> str:
+    """8 hex digits naming this host's boot and this process's pid namespace: a pid in a
+    temporary's name can be judged alive or dead only by a process with the same tag (a
+    submitter in a container has pids of its own, dead or another process's out here).
+    "" where /proc cannot tell."""
+    import zlib
+
+    try:
+        with open("/proc/sys/kernel/random/boot_id", "rb") as fh:
+            boot = fh.read().strip()
+        ns = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return ""
+    return f"{zlib.crc32(boot + b':' + str(ns).encode()):08x}"
 
 
 def name_prefix(name: str, fmt: str) -> str | None:
@@ -491,7 +513,8 @@ class Queue:
     def _tmp_name(self, purpose: str) -> Path:
         # The pid prefix tells the cleaner which temporaries belong to a live process.
         n = next(self._tmp_counter)
-        return self.dir("tmp") / f"{os.getpid()}.{n}.{purpose}"
+        tag = _owner_tag()
+        return self.dir("tmp") / f"{os.getpid()}{'-' if tag else ''}{tag}.{n}.{purpose}"
 
     def recycle(self, path: str) -> None:
         """Retire a record file by keeping its inode for a later record instead of unlinking.
@@ -1116,7 +1139,10 @@ class Queue:
 
     def clean_tmp(self) -> int:
         """Remove renderctl's own temporaries whose writer (named by the pid prefix) is no
-        longer alive; returns how many.
+        longer alive; returns how many. A name tagged by another host boot or pid namespace
+        (see _owner_tag: a submitter in a container sharing the queue) has a pid that means
+        nothing here: such a temporary is removed once older than TMP_GRACE_S, never while
+        it may be in flight.
 
         Only files named as renderctl names them (``_OWN_TMP``): any command, `status`
         included, runs this on open, and whatever else is in tmp/ (a person's notes, a
@@ -1124,15 +1150,23 @@ class Queue:
         kept for the next runner to adopt."""
         with os.scandir(self.dir("tmp")) as it:
             # d_type from the listing: no stat per name; symlinks and folders are never ours.
-            doomed = [(e.path, int(m[1])) for e in it
+            doomed = [(e.path, int(m[1]), m[2]) for e in it
                       if (m := _OWN_TMP.fullmatch(e.name)) and e.is_file(follow_symlinks=False)]
         if not doomed:
             return 0  # the usual case: no psutil import on a read-only open (`status`)
         from renderctl.proctree import pid_alive
 
         removed = 0
-        for path, pid in doomed:
-            if not pid_alive(pid):
+        ours = _owner_tag()
+        for path, pid, tag in doomed:
+            if tag is not None and tag != ours:
+                try:
+                    old = time.time() - os.stat(path).st_mtime > TMP_GRACE_S
+                except FileNotFoundError:
+                    continue
+                if old:
+                    removed += unlink_quiet(path)
+            elif not pid_alive(pid):
                 removed += unlink_quiet(path)
         return removed
 
