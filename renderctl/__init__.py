@@ -15,10 +15,11 @@ from renderctl.errors import (
     QueueIOError,
     RenderctlError,
     Saturated,
+    SubmitIncomplete,
 )
 from renderctl.manifest import JobSpec
 from renderctl.store import Queue
 
 __all__ = ["InvalidInput", "InvalidOutput", "JobSpec", "ManifestError", "Queue", "QueueError",
-           "QueueIOError", "RenderctlError", "Saturated"]
+           "QueueIOError", "RenderctlError", "Saturated", "SubmitIncomplete"]
 __version__ = "0.1.0"

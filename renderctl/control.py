@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
+from renderctl.errors import QueueIOError, os_error_message
 from renderctl.lifecycle import State
 from renderctl.store import JobRecord, Queue, Transition
 
@@ -24,7 +25,18 @@ class CancelResult:
 
 def cancel_jobs(q: Queue, job_ids: Sequence[str], *,
                 crash_hook: Callable[[str], None] | None = None) -> list[CancelResult]:
-    """Cancel each job: pending at once; running via the runner (or directly if none runs)."""
+    """Cancel each job: pending at once; running via the runner (or directly if none runs).
+
+    A queue that cannot be used (its folder removed, unwritable) raises ``QueueIOError``,
+    as a submit does; the ids before the one that failed are cancelled."""
+    try:
+        return _cancel_jobs(q, job_ids, crash_hook=crash_hook)
+    except OSError as exc:
+        raise QueueIOError(os_error_message(exc)) from exc
+
+
+def _cancel_jobs(q: Queue, job_ids: Sequence[str], *,
+                 crash_hook: Callable[[str], None] | None = None) -> list[CancelResult]:
     results: list[CancelResult] = []
     # The runner acts on requests when woken (or at its next poll). Woken as requests are
     # made, not once after the last id: a long list took 1.3 s, and a job prefetched into a

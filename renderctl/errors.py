@@ -101,6 +101,24 @@ class QueueIOError(QueueError):
     exit_code = ExitCode.IO_ERROR
 
 
+class SubmitIncomplete(QueueIOError):
+    """A submit's jobs were accepted (their batch's journal entry is committed, or the one
+    job's record is in pending/), but the queue failed before every one of them was in
+    pending/ for a runner to see.
+
+    They are not refused: the queue's journal keeps them, and the next submit through the
+    same ``Queue`` object (or the next open of the queue, by any process) places them.
+    Submitting the same jobs again is safe: it reports them as already accepted.
+    ``accepted``: this call's job ids that are accepted; ``unplaced``: those of them not
+    yet in pending/."""
+
+    def __init__(self, message: str, *, accepted: tuple[str, ...],
+                 unplaced: tuple[str, ...]) -> None:
+        self.accepted = accepted
+        self.unplaced = unplaced
+        super().__init__(message)
+
+
 class QueueBusy(QueueError):
     """Another runner holds this queue (cron overlap); try again later."""
 

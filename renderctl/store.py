@@ -15,6 +15,9 @@ Durability (each fsync names the crash it protects against where it is made):
   ``pending/``, the folder is fsynced, and the journal entry becomes ``<seq>.new`` (a doorbell
   for the runner's in-memory index). A crash before the commit point leaves only
   temporaries (removed on the next open); after it, the next open rolls the batch forward.
+  An error after the commit point raises ``SubmitIncomplete`` naming the accepted jobs (the
+  next submit of the same object rolls them forward); the doorbell, the runner's wake-up
+  and the event log come after acceptance and never fail a submit (``SubmitResult.warnings``).
 - **claim** renames ``pending/x`` to ``running/x`` (the single atomic step a concurrent
   cancel races against) and sets the lease on it as an extended attribute
   ``user.renderctl.lease`` (holder, token, attempt, expiry): no new file, no data write,
@@ -51,10 +54,12 @@ import dataclasses
 import errno
 import fcntl
 import functools
+import itertools
 import json
 import math
 import os
 import re
+import reprlib
 import secrets
 import signal
 import socket
@@ -72,6 +77,7 @@ from renderctl.errors import (
     QueueBusy,
     QueueIOError,
     Saturated,
+    SubmitIncomplete,
     os_error_message,
 )
 from renderctl.events import EventLog
@@ -106,11 +112,16 @@ AUX_DIRS = ("corrupt", "tmp", "journal", "control")
 # Where `dead retry` may be cut short in tests (RENDERCTL_CRASH_AT; see crashpoints.py).
 DEAD_RETRY_CRASH_POINTS = ("dead_retry:rewritten", "dead_retry:moved")
 # The names renderctl gives its temporaries in tmp/, each starting with the writer's pid:
-# ``_tmp_name`` (<pid>.<n>.<purpose>), the runner's state snapshot (<pid>.state, runner.py)
-# and ``fsutil.atomic_write`` of a holder file (<pid>.holder.<prefix>.json.<8 hex>).
-# clean_tmp removes nothing else.
-_OWN_TMP = re.compile(r"(\d+)\.(?:\d+\.[a-z]+|state|holder\..+\.json\.[0-9a-f]{8})")
+# ``_tmp_name`` (<pid>-<tag>.<n>.<purpose>, the tag naming the writer's host boot and pid
+# namespace: see _owner_tag; versions before it wrote <pid>.<n>.<purpose>), the runner's
+# state snapshot (<pid>.state, runner.py) and ``fsutil.atomic_write`` of a holder file
+# (<pid>.holder.<prefix>.json.<8 hex>). clean_tmp removes nothing else.
+_OWN_TMP = re.compile(
+    r"(\d+)(?:-([0-9a-f]{8}))?\.(?:\d+\.[a-z]+|state|holder\..+\.json\.[0-9a-f]{8})")
 SMALL_BATCH = 8  # up to this many files, per-file fsync beats one syncfs of everything
+# A temporary whose writer's pid means nothing here (another host, another pid namespace)
+# is swept only once this old: an in-flight one lives for milliseconds to seconds.
+TMP_GRACE_S = 900.0
 RETRIED_REASON = "retried from dead"  # a `dead retry` record's reason (see _settle_copies)
 # Terminal folders in the order find() prefers them.
 _FINISHED = (State.DONE, State.DEAD, State.CANCELLED, State.EXPIRED)
@@ -142,6 +153,23 @@ class Holder:
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Holder:
         return cls(d["host"], d["boot_id"], int(d["pid"]), d.get("start_time"))
+
+
+@functools.cache
+def _owner_tag() -> str:
+    """8 hex digits naming this host's boot and this process's pid namespace: a pid in a
+    temporary's name can be judged alive or dead only by a process with the same tag (a
+    submitter in a container has pids of its own, dead or another process's out here).
+    "" where /proc cannot tell."""
+    import zlib
+
+    try:
+        with open("/proc/sys/kernel/random/boot_id", "rb") as fh:
+            boot = fh.read().strip()
+        ns = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return ""
+    return f"{zlib.crc32(boot + b':' + str(ns).encode()):08x}"
 
 
 def name_prefix(name: str, fmt: str) -> str | None:
@@ -257,6 +285,10 @@ class SubmitResult:
     replaced: tuple[str, ...] = ()
     # Of ``already``, how many had ended, per terminal state (those will not run again).
     already_ended: Mapping[str, int] = field(default_factory=dict)
+    # Steps after acceptance that failed (the runner's doorbell or wake-up, the event log),
+    # one line each; also logged as warnings to the "renderctl" logger. The jobs are
+    # accepted all the same: a runner finds them at its next rescan of pending/.
+    warnings: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -408,7 +440,9 @@ class Queue:
         self.path = _queue_path(path)
         self.clock = clock
         self.events = EventLog(self.path / "events.jsonl")
-        self._tmp_counter = 0
+        # next() of an itertools.count is one C call, atomic under the GIL: threads sharing
+        # this object (a web tier's) never get one number twice, as ``+= 1`` then a read did.
+        self._tmp_counter = itertools.count(1)
         # In spare names: another Queue object in a process of the same pid (a restarted
         # container's runner is pid 1 every time; tests reopen queues in one process) would
         # count from 0 again, and rename a record over a spare it had adopted and not yet
@@ -430,11 +464,17 @@ class Queue:
         self._xattrs = True  # until the file system says otherwise
         self._dirs: dict[str, Path] = {}
         self._dstr: dict[State, str] = {}
+        # A submit of this object left a committed batch not wholly placed (SubmitIncomplete):
+        # the next submit places it first (a web tier's Queue is never opened again).
+        self._replay_due = False
         if create:
             self._create()
         elif not (self.path / "pending").is_dir():
             raise QueueIOError(f"{self.path} is not a renderctl queue (no pending/ folder)")
-        self._roll_forward_journals()
+        try:
+            self._roll_forward_journals()
+        except OSError as exc:
+            raise QueueIOError(os_error_message(exc)) from exc
 
     def close(self) -> None:
         """Close the descriptors this object keeps (the claim lock, the event log)."""
@@ -472,8 +512,9 @@ class Queue:
 
     def _tmp_name(self, purpose: str) -> Path:
         # The pid prefix tells the cleaner which temporaries belong to a live process.
-        self._tmp_counter += 1
-        return self.dir("tmp") / f"{os.getpid()}.{self._tmp_counter}.{purpose}"
+        n = next(self._tmp_counter)
+        tag = _owner_tag()
+        return self.dir("tmp") / f"{os.getpid()}{'-' if tag else ''}{tag}.{n}.{purpose}"
 
     def recycle(self, path: str) -> None:
         """Retire a record file by keeping its inode for a later record instead of unlinking.
@@ -483,9 +524,8 @@ class Queue:
         jobs' outputs) grew to a quarter of the machine's CPU. Refilling an old inode needs
         no inode allocation at all, so the steady state deletes and creates no record file.
         """
-        self._tmp_counter += 1
         free = f"{self.dir('tmp')}/{FREE_PREFIX}{os.getpid()}.{self._spare_tag}." \
-            f"{self._tmp_counter}"
+            f"{next(self._tmp_counter)}"
         try:
             os.rename(path, free)
         except FileNotFoundError:
@@ -677,6 +717,13 @@ class Queue:
         """Counts, running records, runner; ``oldest_pending=False`` skips the age of the
         oldest pending job (None then): a stat of every pending record, which a caller
         that has the runner's figure need not pay for."""
+        try:
+            return self._status(oldest_pending=oldest_pending)
+        except OSError as exc:
+            # As submit's: the queue folder removed or unreadable is renderctl's I/O error.
+            raise QueueIOError(os_error_message(exc)) from exc
+
+    def _status(self, *, oldest_pending: bool) -> QueueStatus:
         running = []
         for jid in self.list_ids(State.RUNNING):
             rec = self._read_or_quarantine(self.record_path(State.RUNNING, jid))
@@ -719,6 +766,13 @@ class Queue:
         Plain dicts are validated exactly like manifest jobs (inputs relative to ``base``).
         ``crash_hook`` is for tests (see crashpoints.py).
         """
+        if isinstance(jobs, str | bytes | Mapping) or not isinstance(jobs, Iterable):
+            # A str would be validated character by character, a dict key by key.
+            hint = "; put one job in a list" if isinstance(jobs, Mapping) else ""
+            raise ManifestError([Problem(
+                "<api>", None, None, "submit() takes a list of jobs (dicts or JobSpecs), got "
+                f"{type(jobs).__name__} {reprlib.repr(jobs)}{hint}")])
+        jobs = list(jobs)  # once: a generator's first job was taken by the check below
         if any(not isinstance(j, JobSpec) for j in jobs):
             # Anything else (a str, None) goes to validation, which names it: "job #1: a
             # job must be a table", not an AttributeError from here.
@@ -736,8 +790,24 @@ class Queue:
             # system raised deep inside: the queue folder removed, read-only or full.
             raise QueueIOError(os_error_message(exc)) from exc
         if res.accepted or res.replaced:
-            self.wake_runner()
+            notes = list(res.warnings)
+            self._after_acceptance(notes, "waking the runner", self.wake_runner)
+            res = dataclasses.replace(res, warnings=tuple(notes))
         return res
+
+    @staticmethod
+    def _after_acceptance(notes: list[str], step: str, fn: Callable[[], object]) -> None:
+        """Run a best-effort step that follows acceptance (the jobs are in pending/ by now):
+        its failure is noted and logged, never raised (a retry would say "already")."""
+        try:
+            fn()
+        except (OSError, QueueIOError) as exc:
+            msg = (f"jobs accepted, but {step} failed: "
+                   f"{os_error_message(exc) if isinstance(exc, OSError) else exc}")
+            notes.append(msg)
+            import logging  # lazily: only a failure needs it
+
+            logging.getLogger("renderctl").warning("%s", msg)
 
     def _locate_many(self, ids: Sequence[str]) -> dict[str, State]:
         found: dict[str, State] = {}
@@ -762,6 +832,8 @@ class Queue:
         self, specs: Sequence[JobSpec], *, replace: bool, max_pending: int | None,
         crash_hook: Callable[[str], None] | None = None,
     ) -> SubmitResult:
+        if self._replay_due:
+            self._replay_leftovers([s.id for s in specs])
         located = self._locate_many([s.id for s in specs])
         new: list[JobSpec] = []
         already: list[str] = []
@@ -837,56 +909,133 @@ class Queue:
         payload = (b'{"seq":' + json.dumps(stamp).encode() + b',"replace":'
                    + json.dumps(replaced, separators=(",", ":")).encode()
                    + b',"records":[' + b",".join(raws) + b"]}")
+        bell: Callable[[], object]
         if len(records) == 1 and not replaced:
             # One job is atomic by itself (tmp -> fsync -> rename -> fsync dir): skip the
             # journal and spend two fsyncs instead of four (the web tier's 200 ms budget).
-            self._apply_single(records[0], raws[0], stamp, payload, crash_hook)
+            self._apply_single(records[0], raws[0], crash_hook)
+            bell = functools.partial(self._ring_doorbell, stamp, payload)
         else:
-            self._commit_txn(stamp, payload, records, set(replaced), raws, crash_hook)
-        self.events.append({"ts": now, "event": "accepted", "job": r.spec.id}
-                           for r in records)
+            journal = self._commit_txn(stamp, payload, records, set(replaced), raws,
+                                       crash_hook)
+            bell = functools.partial(self._retire_txn, journal)
+        # Accepted: every job is in pending/. What follows is best effort, never a failure
+        # of this call (a retry would only say "already accepted").
+        notes: list[str] = []
+        self._after_acceptance(notes, "ringing the runner's doorbell", bell)
+        self._after_acceptance(notes, "logging to the event log", lambda: self.events.append(
+            {"ts": now, "event": "accepted", "job": r.spec.id} for r in records))
         self._submitted = {r.spec.id: r.entry() for r in records}
         return SubmitResult(tuple(r.spec.id for r in records if r.spec.id not in replaced),
-                            tuple(already), tuple(replaced))
+                            tuple(already), tuple(replaced), warnings=tuple(notes))
 
-    def _apply_single(self, rec: JobRecord, raw: bytes, stamp: str, payload: bytes,
+    def _incomplete(self, exc: BaseException, ids: Sequence[str],
+                    journal: str) -> SubmitIncomplete:
+        """The error of a submit whose jobs are accepted but not all placed (see
+        SubmitIncomplete): one line naming the jobs not yet in pending/ and the cause."""
+        self._replay_due = True
+        unplaced = tuple(j for j in ids if not self.has_record(State.PENDING, j))
+        shown = ", ".join(unplaced[:5]) + (f" and {len(unplaced) - 5} more"
+                                           if len(unplaced) > 5 else "")
+        why = os_error_message(exc) if isinstance(exc, OSError) else str(exc)
+        return SubmitIncomplete(
+            f"{len(ids)} job(s) accepted ({journal}), but {len(unplaced)} not yet in pending/"
+            f"{': ' + shown if shown else ''}; {why}; the next submit or open of the queue "
+            "places them, and submitting them again is safe", accepted=tuple(ids),
+            unplaced=unplaced)
+
+    def _apply_single(self, rec: JobRecord, raw: bytes,
                       crash_hook: Callable[[str], None] | None = None) -> None:
         tmp = self._tmp_name("job")
         write_file(tmp, raw, fsync=True)
-        os.rename(tmp, self.record_path(State.PENDING, rec.spec.id))
-        # Protects against: power loss losing the rename after we report "accepted".
-        fsync_dir(self.dir(State.PENDING))
+        try:
+            os.rename(tmp, self.record_path(State.PENDING, rec.spec.id))
+        except OSError:
+            unlink_quiet(tmp)
+            raise
+        # The job is accepted from here: a runner may claim it at once.
+        try:
+            # Protects against: power loss losing the rename after we report "accepted".
+            fsync_dir(self.dir(State.PENDING))
+        except QueueIOError as exc:
+            raise self._incomplete(exc, [rec.spec.id], "in pending/, not known durable"
+                                   ) from exc
         if crash_hook is not None:
             crash_hook("submit:before_doorbell")
-        self._ring_doorbell(stamp, payload)
 
     def _ring_doorbell(self, stamp: str, payload: bytes) -> None:
         # No fsync: a lost doorbell (or one never rung: the submit was killed before it)
         # only delays a running runner until its next rescan of pending/ (Runner._rescan).
         tmp = self._tmp_name("bell")
         write_file(tmp, payload, fsync=False)
-        os.replace(tmp, self.dir("journal") / f"{stamp}.new")
+        try:
+            os.replace(tmp, self.dir("journal") / f"{stamp}.new")
+        except OSError:
+            unlink_quiet(tmp)
+            raise
 
     def _commit_txn(self, stamp: str, payload: bytes, records: Sequence[JobRecord],
                     replaced: set[str], raws: Sequence[bytes] | None = None,
-                    crash_hook: Callable[[str], None] | None = None) -> None:
+                    crash_hook: Callable[[str], None] | None = None) -> Path:
+        """Commit a batch (its journal entry) and place it in pending/; returns the entry,
+        for the caller to retire (``_retire_txn``: the runner's doorbell)."""
         journal = self.dir("journal") / f"{stamp}.txn"
         tmp = self._tmp_name("txn")
         write_file(tmp, payload, fsync=True)
-        os.rename(tmp, journal)
-        # Protects against: power loss right after we report "accepted": without this the
-        # journal entry (our commit point) could vanish, and with it the whole batch.
-        fsync_dir(journal.parent)
-        self._apply_txn(journal, records, replaced=replaced, raws=raws, crash_hook=crash_hook)
+        try:
+            os.rename(tmp, journal)
+        except OSError:
+            unlink_quiet(tmp)
+            raise
+        try:
+            # Protects against: power loss right after we report "accepted": without this
+            # the journal entry (our commit point) could vanish, and with it the whole batch.
+            fsync_dir(journal.parent)
+        except QueueIOError:
+            # Not known committed: take it back, so that what we report ("nothing was
+            # enqueued") holds (a replay would otherwise place it later).
+            unlink_quiet(journal)
+            raise
+        # Committed: the jobs are accepted, whatever fails below.
+        try:
+            self._apply_txn(journal, records, replaced=replaced, raws=raws,
+                            crash_hook=crash_hook, retire=False)
+        except (OSError, QueueIOError) as exc:
+            raise self._incomplete(exc, [r.spec.id for r in records],
+                                   f"journal/{journal.name}") from exc
+        return journal
+
+    @staticmethod
+    def _retire_txn(journal: Path) -> None:
+        """A placed batch's journal entry becomes the runner's doorbell: "these ids are new
+        in pending/". No fsync: if the rename is lost, the next open replays the .txn,
+        which is idempotent."""
+        os.replace(journal, journal.with_suffix(".new"))
 
     def _apply_txn(self, journal: Path, records: Sequence[JobRecord], *,
                    replaced: set[str], replay: bool = False,
                    raws: Sequence[bytes] | None = None,
-                   crash_hook: Callable[[str], None] | None = None) -> None:
+                   crash_hook: Callable[[str], None] | None = None,
+                   retire: bool = True) -> None:
         """Roll a committed batch forward into pending/ (idempotent: replays are safe).
 
         The caller holds the replace lock if ``replaced`` (no claim runs meanwhile)."""
         staged: list[tuple[Path, Path]] = []
+        try:
+            self._place_txn(records, staged, replaced=replaced, replay=replay, raws=raws,
+                            crash_hook=crash_hook)
+        except (OSError, QueueIOError):
+            # A full disk: the temporaries not placed would hold its space until this
+            # process exits (a web tier's lives for days). The journal entry keeps them.
+            for tmp, _ in staged:
+                unlink_quiet(tmp)
+            raise
+        if retire:
+            self._retire_txn(journal)
+
+    def _place_txn(self, records: Sequence[JobRecord], staged: list[tuple[Path, Path]], *,
+                   replaced: set[str], replay: bool, raws: Sequence[bytes] | None,
+                   crash_hook: Callable[[str], None] | None) -> None:
         small = len(records) <= SMALL_BATCH
         for i, rec in enumerate(records):
             jid = rec.spec.id
@@ -933,9 +1082,6 @@ class Queue:
                 # A cancel asked of the old job (left by a runner that stopped before acting
                 # on it) is not a cancel of the new one.
                 self.clear_cancel_request(jid)
-        # Doorbell for a running runner: "these ids are new in pending/". No fsync: if the
-        # rename is lost, the next open replays the .txn, which is idempotent.
-        os.replace(journal, journal.with_suffix(".new"))
 
     def _roll_forward_journals(self) -> None:
         try:
@@ -945,7 +1091,35 @@ class Queue:
         if not any(n.endswith(".txn") for n in names):
             self.clean_tmp()
             return
-        with self._lock(".submit.lock"), self._lock(REPLACE_LOCK):
+        with self._lock(".submit.lock"):
+            self._replay_journals()
+        self.clean_tmp()
+
+    def _replay_leftovers(self, ids: Sequence[str]) -> None:
+        """Place what an earlier submit of this object committed and could not place (the
+        submit lock held). If that fails again, so does this submit, saying which of its
+        ``ids`` were accepted before."""
+        try:
+            self._replay_journals()
+        except (OSError, QueueIOError) as exc:
+            pending: set[str] = set()
+            with contextlib.suppress(OSError, ValueError):
+                for name in os.listdir(self.dir("journal")):
+                    if name.endswith(".txn"):
+                        txn = json.loads((self.dir("journal") / name).read_bytes())
+                        pending.update(r["spec"]["id"] for r in txn["records"])
+            ours = [j for j in ids if j in pending]
+            if ours:
+                raise self._incomplete(exc, ours, "by an earlier submit") from exc
+            why = os_error_message(exc) if isinstance(exc, OSError) else str(exc)
+            raise QueueIOError(f"jobs accepted by an earlier submit could not be placed in "
+                               f"pending/: {why}; nothing of this submit was enqueued"
+                               ) from exc
+        self._replay_due = False
+
+    def _replay_journals(self) -> None:
+        """Roll every committed journal entry forward (the submit lock held)."""
+        with self._lock(REPLACE_LOCK):
             for name in sorted(os.listdir(self.dir("journal"))):
                 if not name.endswith(".txn"):
                     continue
@@ -962,11 +1136,13 @@ class Queue:
                                  replay=True)
                 self.events.append({"ts": self.clock.wall(), "event": "accepted",
                                     "job": r.spec.id, "recovered": True} for r in records)
-        self.clean_tmp()
 
     def clean_tmp(self) -> int:
         """Remove renderctl's own temporaries whose writer (named by the pid prefix) is no
-        longer alive; returns how many.
+        longer alive; returns how many. A name tagged by another host boot or pid namespace
+        (see _owner_tag: a submitter in a container sharing the queue) has a pid that means
+        nothing here: such a temporary is removed once older than TMP_GRACE_S, never while
+        it may be in flight.
 
         Only files named as renderctl names them (``_OWN_TMP``): any command, `status`
         included, runs this on open, and whatever else is in tmp/ (a person's notes, a
@@ -974,15 +1150,23 @@ class Queue:
         kept for the next runner to adopt."""
         with os.scandir(self.dir("tmp")) as it:
             # d_type from the listing: no stat per name; symlinks and folders are never ours.
-            doomed = [(e.path, int(m[1])) for e in it
+            doomed = [(e.path, int(m[1]), m[2]) for e in it
                       if (m := _OWN_TMP.fullmatch(e.name)) and e.is_file(follow_symlinks=False)]
         if not doomed:
             return 0  # the usual case: no psutil import on a read-only open (`status`)
         from renderctl.proctree import pid_alive
 
         removed = 0
-        for path, pid in doomed:
-            if not pid_alive(pid):
+        ours = _owner_tag()
+        for path, pid, tag in doomed:
+            if tag is not None and tag != ours:
+                try:
+                    old = time.time() - os.stat(path).st_mtime > TMP_GRACE_S
+                except FileNotFoundError:
+                    continue
+                if old:
+                    removed += unlink_quiet(path)
+            elif not pid_alive(pid):
                 removed += unlink_quiet(path)
         return removed
 

@@ -18,6 +18,8 @@ import pytest
 
 import renderctl
 from renderctl import ManifestError, Queue, QueueIOError, RenderctlError  # as a web tier does
+from renderctl.control import cancel_jobs
+from renderctl.lifecycle import State
 from renderctl.limits import type_name
 
 PACKAGE = str(Path(renderctl.__file__).parent)
@@ -67,6 +69,25 @@ def test_a_submit_into_a_removed_queue_folder_is_a_queue_error_naming_it(
     assert not queue_dir.exists()
 
 
+@pytest.mark.parametrize("call", ["status", "cancel_jobs"])
+def test_status_and_cancel_on_a_removed_queue_folder_are_a_queue_error_naming_it(
+        queue_dir: Path, tmp_path: Path, call: str) -> None:
+    # Given a live Queue object, holding a pending job, whose folder someone removed
+    q = Queue(queue_dir)
+    q.submit([pyjob("a")], base=tmp_path, out_root=tmp_path / "out")
+    shutil.rmtree(queue_dir)
+    # When the web tier asks for the status, or cancels the job, through it
+    with pytest.raises(RenderctlError) as caught:
+        if call == "status":
+            q.status()
+        else:
+            cancel_jobs(q, ["a"])
+    # Then it is renderctl's I/O error naming the queue, as a submit's is
+    assert isinstance(caught.value, QueueIOError)
+    assert str(queue_dir) in str(caught.value) and "\n" not in str(caught.value)
+    assert not queue_dir.exists()
+
+
 @pytest.mark.parametrize("job", ["inv-1", 7, None, ["id", "x"]], ids=repr)
 def test_a_job_that_is_not_a_dict_is_a_manifest_error_naming_it(
         queue_dir: Path, tmp_path: Path, job: Any) -> None:
@@ -80,6 +101,108 @@ def test_a_job_that_is_not_a_dict_is_a_manifest_error_naming_it(
         f"<api>: job #1: a job must be a table, got {type_name(job)}"]
     # And nothing was enqueued
     assert q.find("good") is None
+
+
+@pytest.mark.parametrize("jobs", ["hello", pyjob("a"), b"a"], ids=["str", "one dict", "bytes"])
+def test_jobs_that_are_not_a_list_of_jobs_are_one_manifest_error_naming_what_was_passed(
+        queue_dir: Path, tmp_path: Path, jobs: Any) -> None:
+    # Given a web tier that passes one job, or a string, where a list of jobs belongs
+    q = Queue(queue_dir)
+    # When it submits it
+    with pytest.raises(ManifestError) as caught:
+        q.submit(jobs, base=tmp_path, out_root=tmp_path / "out")
+    # Then one problem says what a submit takes and what it was given (not a problem per
+    # character, or per key of the dict)
+    [problem] = caught.value.problems
+    assert "a list of jobs" in str(problem) and type(jobs).__name__ in str(problem), problem
+    assert q.list_ids(State.PENDING) == []
+
+
+def test_jobs_given_as_a_generator_are_all_submitted(queue_dir: Path, tmp_path: Path) -> None:
+    # Given jobs made on the fly, as a generator
+    q = Queue(queue_dir)
+    # When they are submitted
+    res = q.submit((pyjob(f"g{i}") for i in range(3)), base=tmp_path,  # type: ignore[arg-type]
+                   out_root=tmp_path / "out")
+    # Then every one of them is accepted, the first included
+    assert res.accepted == ("g0", "g1", "g2")
+    assert q.list_ids(State.PENDING) == ["g0", "g1", "g2"]
+
+
+@pytest.mark.parametrize(("broken", "jobs"), [
+    ("event log", 1), ("event log", 3), ("journal", 1)],
+    ids=["event log, one job", "event log, a batch", "doorbell, one job"])
+def test_a_step_after_acceptance_that_fails_does_not_fail_the_submit(
+        queue_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture, broken: str,
+        jobs: int) -> None:
+    # Given a queue whose event log can take no more (it is /dev/full), or whose journal
+    # folder, where a one-job submit rings the runner's doorbell, was replaced by a file
+    q = Queue(queue_dir)
+    if broken == "event log":
+        (queue_dir / "events.jsonl").symlink_to("/dev/full")
+    else:
+        shutil.rmtree(queue_dir / "journal")
+        (queue_dir / "journal").write_text("not a folder")
+    ids = tuple(f"j{i}" for i in range(jobs))
+
+    # When the web tier submits
+    with caplog.at_level("WARNING", logger="renderctl"):
+        res = q.submit([pyjob(j) for j in ids], base=tmp_path, out_root=tmp_path / "out")
+
+    # Then the jobs are accepted (they are in pending/ by then): the call succeeds, and
+    # what failed afterwards is reported on the result and logged, naming the file
+    assert res.accepted == ids
+    assert q.list_ids(State.PENDING) == list(ids)
+    named = queue_dir / ("events.jsonl" if broken == "event log" else "journal")
+    assert len(res.warnings) == 1 and str(named) in res.warnings[0], res.warnings
+    assert [r.getMessage() for r in caplog.records if r.name == "renderctl"] == \
+        list(res.warnings)
+    # And a retry says "already accepted", as it should
+    again = q.submit([pyjob(j) for j in ids], base=tmp_path, out_root=tmp_path / "out")
+    assert (again.accepted, again.already) == ((), ids)
+
+
+def _paused_at_the_end_of(fn: Any, parties: int) -> Any:
+    """A thread trace function that holds each thread on ``fn``'s last line (its return)
+    until ``parties`` threads are there: every caller has done what precedes it."""
+    code = fn.__code__
+    last = max(line for _, _, line in code.co_lines() if line is not None)
+    barrier = threading.Barrier(parties, timeout=10)
+
+    def trace(frame: Any, event: str, arg: Any) -> Any:
+        if frame.f_code is not code:
+            return None
+        if event == "line" and frame.f_lineno == last:
+            barrier.wait()
+        return trace
+
+    return trace
+
+
+def test_threads_writing_control_files_at_once_never_share_a_temporary(
+        queue_dir: Path) -> None:
+    # Given one Queue object, and two threads each asking the runner to cancel a job at
+    # the same moment: both have taken a temporary's name before either uses it
+    q = Queue(queue_dir)
+    errors: list[str] = []
+    threading.settrace(_paused_at_the_end_of(Queue._tmp_name, 2))
+    try:
+        def ask(jid: str) -> None:
+            try:
+                q.request_cancel(jid)
+            except OSError as exc:
+                errors.append(repr(exc))
+
+        threads = [threading.Thread(target=ask, args=(j,)) for j in ("a", "b")]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+    finally:
+        threading.settrace(None)  # type: ignore[arg-type]
+    # Then each request was written through a temporary of its own: both are in place
+    assert errors == []
+    assert sorted(q.cancel_requests()) == ["a", "b"]
 
 
 def test_threads_sharing_a_queue_log_events_through_a_rotation_without_touching_other_files(

@@ -31,7 +31,7 @@ from jobfns import (
     wait_until,
 )
 
-from renderctl.errors import ExitCode
+from renderctl.errors import ExitCode, QueueIOError, SubmitIncomplete
 from renderctl.lifecycle import State
 from renderctl.messages import Broken, Ready, RunJob, Stop
 from renderctl.recovery import started_tokens
@@ -169,6 +169,61 @@ def test_a_submit_onto_a_full_disk_enqueues_nothing_and_keeps_what_was_accepted(
     view = QueueView(queue)
     assert view.all_ids() == {f"a{i}" for i in range(100)}
     assert view.tmp_entries() == []
+
+
+@pytest.fixture
+def tiny_tmpfs(tmp_path: Path) -> Iterator[Path]:
+    """A 64 KB tmpfs: room for a 40-job batch's journal entry, not for its 40 job files."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to mount a tmpfs")
+    mnt = tmp_path / "tiny"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        if subprocess.run(["umount", str(mnt)]).returncode != 0:
+            subprocess.run(["umount", "-l", str(mnt)])
+
+
+def test_a_batch_cut_by_a_full_disk_after_its_commit_is_reported_accepted_and_placed_by_a_retry(
+        tiny_tmpfs: Path, tmp_path: Path) -> None:
+    # Given a web tier's Queue on a disk with room for a batch's journal entry (the commit
+    # point) but not for its job files
+    q = Queue(tiny_tmpfs / "q")
+    jobs = [{"id": f"j{i}", "kind": "python", "callable": "m:f", "output": f"o/j{i}.pdf"}
+            for i in range(40)]
+    ids = {j["id"] for j in jobs}
+
+    # When it submits the batch
+    with pytest.raises(QueueIOError) as caught:
+        q.submit(jobs, base=tmp_path, out_root=tmp_path / "out")
+
+    # Then the error says, on one line, that the jobs were accepted, and names them and the
+    # disk's error: the caller must not think them refused
+    err = caught.value
+    assert isinstance(err, SubmitIncomplete), repr(err)
+    assert set(err.accepted) == ids and set(err.unplaced) == ids, err
+    assert "accepted" in str(err) and "No space left on device" in str(err), err
+    assert "\n" not in str(err)
+    # and it did not leave its temporaries holding the space
+    assert os.listdir(tiny_tmpfs / "q" / "tmp") == []
+
+    # When space is freed and the web tier retries the same submit with the same object
+    subprocess.run(["mount", "-o", "remount,size=4m", str(tiny_tmpfs)], check=True)
+    res = q.submit(jobs, base=tmp_path, out_root=tmp_path / "out")
+
+    # Then every job is pending once, reported as already accepted (not accepted twice),
+    # and no journal entry is left to be replayed
+    assert (res.accepted, set(res.already)) == ((), ids)
+    assert set(q.list_ids(State.PENDING)) == ids
+    assert [n for n in os.listdir(tiny_tmpfs / "q" / "journal") if n.endswith(".txn")] == []
+    seqs = {q.get(jid).record.seq for jid in ids}
+    assert len({s.split(".")[0] for s in seqs}) == 1, "the jobs come from two submits"
+    q.close()
 
 
 def test_a_worker_that_cannot_write_its_started_log_says_so_once_and_runs_nothing(
