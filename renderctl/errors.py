@@ -107,7 +107,8 @@ class SubmitIncomplete(QueueIOError):
     pending/ for a runner to see.
 
     They are not refused: the queue's journal keeps them, and the next submit through the
-    same ``Queue`` object (or the next open of the queue, by any process) places them.
+    same ``Queue`` object (or the next open of the queue by any process, or a running
+    runner's next poll) places them.
     Submitting the same jobs again is safe: it reports them as already accepted.
     ``accepted``: this call's job ids that are accepted; ``unplaced``: those of them not
     yet in pending/."""

@@ -14,7 +14,8 @@ Durability (each fsync names the crash it protects against where it is made):
   written to ``tmp/``, one ``syncfs`` makes them all durable, they are renamed into
   ``pending/``, the folder is fsynced, and the journal entry becomes ``<seq>.new`` (a doorbell
   for the runner's in-memory index). A crash before the commit point leaves only
-  temporaries (removed on the next open); after it, the next open rolls the batch forward.
+  temporaries (removed on the next open); after it, the next open (or a running runner's
+  next poll) rolls the batch forward.
   An error after the commit point raises ``SubmitIncomplete`` naming the accepted jobs (the
   next submit of the same object rolls them forward); the doorbell, the runner's wake-up
   and the event log come after acceptance and never fail a submit (``SubmitResult.warnings``).
@@ -1117,6 +1118,24 @@ class Queue:
                                ) from exc
         self._replay_due = False
 
+    def _place_orphaned_batches(self) -> None:
+        """Place committed batches that no submit is placing: its writer killed after the
+        commit point, or failed (SubmitIncomplete). Every open does this; a `--follow`
+        runner calls it at each poll, or such jobs (accepted) would wait for some command
+        to open the queue. Never blocks: a submit holding the lock places its own."""
+        try:
+            if not any(n.endswith(".txn") for n in os.listdir(self.dir("journal"))):
+                return
+        except FileNotFoundError:
+            return
+        try:
+            with self._lock(".submit.lock", blocking=False):
+                self._replay_journals()
+        except BlockingIOError:
+            return  # a submit in progress
+        except (OSError, QueueIOError):
+            return  # the disk is still full, say: the entry stays for the next poll
+
     def _replay_journals(self) -> None:
         """Roll every committed journal entry forward (the submit lock held)."""
         with self._lock(REPLACE_LOCK):
@@ -1310,6 +1329,7 @@ class Queue:
         """Add jobs submitted since the last look (doorbells), cheaply: no pending/ scan."""
         added = 0
         now = self.clock.wall()
+        self._place_orphaned_batches()
         for bell in self.take_doorbells():
             try:
                 txn = json.loads(bell.read_bytes())

@@ -83,6 +83,27 @@ def test_a_job_enqueued_by_the_python_api_or_a_dead_retry_wakes_a_following_runn
         assert runner.wait() == ExitCode.SIGTERM
 
 
+def test_a_following_runner_places_a_batch_its_dead_submitter_committed(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given a runner following an empty queue, and a submit of two jobs killed after its
+    # journal commit (the jobs are accepted), before it placed them in pending/
+    with following_runner(tmp_path, "--poll-interval", "0.2") as (runner, queue, out):
+        batch = write_manifest([py_job("a", "write_pdf"), py_job("b", "write_pdf")])
+        cut = run_cli("submit", batch, *cli_args(queue, out),
+                      env={"RENDERCTL_CRASH_AT": "submit:staged"})
+        assert cut.returncode == -signal.SIGKILL, cut.stderr
+        assert [n for n in os.listdir(queue / "journal") if n.endswith(".txn")]
+
+        # Then the runner places and runs them without waiting for some command to open
+        # the queue (before: they waited for the next `status` or submit, for ever if none)
+        completed(runner, "a", timeout_s=15)
+        completed(runner, "b", timeout_s=15)
+        assert_pdf(out / "b.pdf", "b")
+        assert not [n for n in os.listdir(queue / "journal") if n.endswith(".txn")]
+        runner.proc.send_signal(signal.SIGTERM)
+        assert runner.wait() == ExitCode.SIGTERM
+
+
 def test_an_idle_runner_with_a_long_poll_interval_keeps_its_state_file_fresh(
         tmp_path: Path) -> None:
     # Given a runner following an empty queue that it rescans only every ten minutes

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import select
 import signal
 import subprocess
@@ -50,7 +51,8 @@ def wait_or_kill(proc: subprocess.Popen[bytes], delay_s: float) -> bool:
 
 
 def stale_temporaries(q: Queue, pid: int) -> list[str]:
-    return [n for n in os.listdir(q.dir("tmp")) if n.split(".", 1)[0] == str(pid)]
+    # <pid>.<n>.<purpose>, or <pid>-<tag>.<n>.<purpose> (see store._owner_tag)
+    return [n for n in os.listdir(q.dir("tmp")) if re.split(r"[.-]", n, maxsplit=1)[0] == str(pid)]
 
 
 def test_killed_submit_is_all_or_nothing(tmp_path: Path, big_manifest: Path,
