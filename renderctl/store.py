@@ -234,15 +234,24 @@ class JobRecord:
         d = json.loads(raw)
         if not isinstance(d, dict) or d.get("v") != FORMAT_VERSION:
             raise ValueError("not a renderctl job record")
+        # Read here, not when first used: a record that loads must not crash the runner,
+        # `show` or `cancel` later (every step after reading takes these as dicts).
+        attempts = d.get("attempts", ())
+        if not isinstance(attempts, list | tuple) \
+                or not all(isinstance(a, dict) for a in attempts):
+            raise ValueError("attempts: not a list of objects")
+        result = d.get("result")
+        if result is not None and not isinstance(result, dict):
+            raise ValueError("result: not an object")
         return cls(
             spec=JobSpec.from_json(d["spec"]),
             seq=str(d["seq"]),
             accepted_at=float(d["accepted_at"]),
-            attempts=tuple(d.get("attempts", ())),
+            attempts=tuple(attempts),
             attempt_base=int(d.get("attempt_base", 0)),
             not_before=float(d.get("not_before", 0.0)),
             lease=Lease.from_json(d["lease"]) if d.get("lease") else None,
-            result=d.get("result"),
+            result=result,
             reason=str(d.get("reason", "")),
             changed_at=float(d.get("changed_at", 0.0)),
         )
