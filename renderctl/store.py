@@ -58,6 +58,7 @@ import re
 import secrets
 import signal
 import socket
+import stat
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -399,11 +400,27 @@ def _queue_path(path: str | os.PathLike[str]) -> Path:
     return p.resolve() if ".." in p.parts else p
 
 
+class NotARecordFile(ValueError):
+    """A folder, FIFO or device where a record file should be (put there by hand)."""
+
+    def __init__(self, inode: tuple[int, int]) -> None:
+        super().__init__("not a regular file")
+        self.inode = inode
+
+
 def _read_with_inode(path: Path) -> tuple[bytes, tuple[int, int]]:
-    """A file's bytes and the (device, inode) they were read from."""
-    with open(path, "rb") as fh:
-        st = os.fstat(fh.fileno())
-        return fh.read(), (st.st_dev, st.st_ino)
+    """A file's bytes and the (device, inode) they were read from; NotARecordFile if it is
+    not a regular file (O_NONBLOCK: opening a FIFO would wait for a writer, deaf to
+    SIGTERM, and hang `status` and the runner's recovery)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotARecordFile((st.st_dev, st.st_ino))
+        with open(fd, "rb", closefd=False) as fh:
+            return fh.read(), (st.st_dev, st.st_ino)
+    finally:
+        os.close(fd)
 
 
 # -- the queue ----------------------------------------------------------------------------
@@ -571,7 +588,12 @@ class Queue:
         try:
             raw, inode = _read_with_inode(path)
         except FileNotFoundError:
+            if os.path.islink(path):  # never made by renderctl: counted, never run
+                self.quarantine(path, "not a regular file (a symlink to nothing)")
             return None, None
+        except NotARecordFile as exc:
+            self.quarantine(path, str(exc), inode=exc.inode)
+            return None, exc.inode
         try:
             rec = JobRecord.loads(raw)
         except _CORRUPT as exc:
@@ -1260,11 +1282,10 @@ class Queue:
         src = self._rpath(State.PENDING, entry.job_id)
         try:
             raw = read_file(src)
+            rec = JobRecord.loads(raw)
         except FileNotFoundError:
             return None  # cancelled (or claimed by a previous life) since it was indexed
-        try:
-            rec = JobRecord.loads(raw)
-        except _CORRUPT as exc:
+        except (IsADirectoryError, *_CORRUPT) as exc:  # (a FIFO reads as b"": see read_file)
             self.quarantine(Path(src), f"unparseable: {exc}")
             return None
         if rec.seq != entry.seq or rec.not_before > now:
@@ -1546,7 +1567,7 @@ class Queue:
                         rec = JobRecord.loads(read_file(e.path))
                     except FileNotFoundError:
                         continue
-                    except _CORRUPT:
+                    except (IsADirectoryError, *_CORRUPT):
                         continue  # not ours to judge here: status/show quarantine it
                     if rec.changed_at >= cutoff:
                         continue
