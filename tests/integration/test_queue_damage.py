@@ -15,6 +15,7 @@ import pytest
 from jobfns import QueueView, cli_args, py_job, run_cli, stage
 
 from renderctl.errors import ExitCode
+from renderctl.store import Queue
 
 
 def _misplaced(folder: Path, kind: str) -> None:
@@ -60,3 +61,25 @@ def test_a_non_file_named_like_a_record_is_quarantined_and_the_queue_goes_on(
     [ev] = [e for e in events if e["event"] == "corrupt"]
     assert ev["file"] == f"{state}/zz.json" and "not a regular file" in ev["reason"]
     assert "Traceback" not in res.stderr + st.stderr
+
+
+@pytest.mark.parametrize("state", ["running", "dead"])
+def test_a_record_quarantined_by_a_reader_is_named_by_it_and_by_show_afterwards(
+        tmp_path: Path, state: str) -> None:
+    # Given a queue whose record of zz in running/ (or dead/) was cut to nothing
+    queue = tmp_path / "q"
+    Queue(queue).close()
+    (queue / state / "zz.json").write_bytes(b"")
+
+    # When `status` (which reads running/) or `dead list` (dead/) comes across it
+    reader = ["status"] if state == "running" else ["dead", "list"]
+    res = run_cli(*reader, "--queue", str(queue))
+
+    # Then it says which file it moved where (it moved it without a word before)
+    assert res.returncode == ExitCode.OK, res.stdout + res.stderr
+    [kept] = os.listdir(queue / "corrupt")
+    assert f"{state}/zz.json" in res.stderr and f"corrupt/{kept}" in res.stderr, res.stderr
+    # And `show zz` later names it too, rather than "no job 'zz'"
+    shown = run_cli("show", "zz", "--queue", str(queue))
+    assert shown.returncode == ExitCode.USAGE
+    assert kept in shown.stderr and "no job" not in shown.stderr, shown.stderr
