@@ -113,6 +113,7 @@ DEAD_RETRY_CRASH_POINTS = ("dead_retry:rewritten", "dead_retry:moved")
 _OWN_TMP = re.compile(r"(\d+)\.(?:\d+\.[a-z]+|state|holder\..+\.json\.[0-9a-f]{8})")
 SMALL_BATCH = 8  # up to this many files, per-file fsync beats one syncfs of everything
 RETRIED_REASON = "retried from dead"  # a `dead retry` record's reason (see _settle_copies)
+CANCELLED_PENDING_REASON = "cancelled while pending"  # cancel_pending's (see _settle_copies)
 # Terminal folders in the order find() prefers them.
 _FINISHED = (State.DONE, State.DEAD, State.CANCELLED, State.EXPIRED)
 
@@ -1088,10 +1089,11 @@ class Queue:
         No renderctl operation leaves a job pending and finished at once, but for a `dead
         retry` cut by a power loss between its two directory syncs (the rename kept on both
         sides, see dead_retry): the retry was asked for, so the pending copy stays and the
-        dead one goes (it holds nothing the pending one lacks). Any other pair is a copy
-        made by hand (`cp done/x.json pending/`): running it again would publish twice or
-        file the job in two folders, so the finished record stays and the pending copy is
-        quarantined into corrupt/ and reported, never deleted."""
+        dead one goes (it holds nothing the pending one lacks). A cancel of a pending job
+        cut the same way leaves the record it cancelled in pending/: that copy goes. Any
+        other pair is a copy made by hand (`cp done/x.json pending/`): running it again
+        would publish twice or file the job in two folders, so the finished record stays and
+        the pending copy is quarantined into corrupt/ and reported, never deleted."""
         won: list[JobRecord] = []
         if not job_ids:
             return won
@@ -1121,6 +1123,16 @@ class Queue:
                     self.events.append([{"ts": self.clock.wall(), "event": "revived",
                                          "job": jid, "recovered": True}])
                     won.append(rec)
+                    continue
+                if len(finished) == 1 and first.state is State.CANCELLED \
+                        and first.record.reason == CANCELLED_PENDING_REASON \
+                        and (first.record.seq, first.record.attempts) \
+                        == (rec.seq, rec.attempts):
+                    # A cancel of this very record, cut by a power loss between its fsyncs of
+                    # cancelled/ and pending/ (see cancel_pending): the cancel stands, and
+                    # the copy it moved is no damage to report.
+                    unlink_quiet(path)
+                    fsync_dir(self.dir(State.PENDING))
                     continue
                 kept = first.state.value
                 hint = f"; `renderctl dead retry {jid}` runs it again" if kept == "dead" else ""
@@ -1466,7 +1478,7 @@ class Queue:
         now = self.clock.wall()
         rec = self._read_or_quarantine(dst)
         if rec is not None:
-            rec = replace(rec, reason="cancelled while pending", changed_at=now)
+            rec = replace(rec, reason=CANCELLED_PENDING_REASON, changed_at=now)
             tmp = self._tmp_name("cancel")
             write_file(tmp, rec.dumps(), fsync=True)
             os.replace(tmp, dst)

@@ -202,3 +202,28 @@ def test_a_done_record_whose_outputs_publish_a_power_loss_undid_gets_its_output_
     assert_pdf(final, "x")
     assert sha256_of(final) == recorded
     assert stray_temporaries(out) == []
+
+
+def test_a_cancel_cut_by_power_loss_between_its_two_syncs_is_settled_without_a_report(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given a pending job cancelled, and the power lost between the cancel's fsync of
+    # cancelled/ and its fsync of pending/ (store.cancel_pending): the rename is kept on the
+    # cancelled/ side, and pending/ still holds the record as it was before the cancel
+    stage(tmp_path)
+    queue, out = tmp_path / "q", tmp_path / "out"
+    manifest = write_manifest([py_job("c1", "write_pdf")])
+    assert run_cli("submit", manifest, *cli_args(queue, out)).returncode == ExitCode.OK
+    before = (queue / "pending" / "c1.json").read_bytes()
+    assert run_cli("cancel", "c1", "--queue", str(queue)).returncode == ExitCode.OK
+    (queue / "pending" / "c1.json").write_bytes(before)
+
+    # When a runner starts
+    res = run_cli("run", *cli_args(queue, out, "--workers", "1"))
+
+    # Then the cancel stands: not run, in one folder, and nothing reported as damaged (no
+    # person copied anything: it is renderctl's own leftover, not a corrupt file)
+    assert res.returncode == ExitCode.OK, res.stdout + res.stderr
+    assert QueueView(queue).states_of(["c1"]) == {"c1": ["cancelled"]}
+    assert not (out / "c1.pdf").exists()
+    assert os.listdir(queue / "corrupt") == []
+    assert [e for e in _events(queue) if e["event"] == "corrupt"] == []
