@@ -96,8 +96,10 @@ def write_file(path: str | os.PathLike[str], data: bytes, *, fsync: bool) -> Non
 
 
 def read_file(path: str | os.PathLike[str]) -> bytes:
-    """A small file's bytes in three syscalls (pathlib's read_bytes makes five, plus objects)."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    """A small file's bytes in three syscalls (pathlib's read_bytes makes five, plus objects).
+
+    O_NONBLOCK: a FIFO found where a file should be reads as empty instead of hanging."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
         chunks = [os.read(fd, 65536)]
         while len(chunks[-1]) == 65536:

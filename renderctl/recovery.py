@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import signal
 import time
 from collections.abc import Mapping
@@ -26,11 +27,20 @@ from pathlib import Path
 from typing import Any
 
 from renderctl import proctree
-from renderctl.fsutil import unlink_quiet
+from renderctl.fsutil import fsync_dir, unlink_quiet
 from renderctl.lifecycle import Outcome, State
-from renderctl.publish import discard, is_ours, tmp_output_path, tmp_outputs
+from renderctl.publish import (
+    OutputEscapes,
+    Published,
+    discard,
+    is_ours,
+    output_folder,
+    publish,
+    tmp_output_path,
+    tmp_outputs,
+)
 from renderctl.render.base import RendererSpec
-from renderctl.store import JobRecord, Queue, Transition
+from renderctl.store import JobRecord, Queue, Transition, read_lease
 
 STARTED_LOG = "started.{}.log"  # control/: tokens of the attempts a runner's workers began
 WORKERS_FILE = "workers.{}.json"  # control/: a runner's worker pids and process groups
@@ -138,6 +148,43 @@ def judge_orphan(rec: JobRecord, *, started: Mapping[str, float | None], now: fl
                            "started_at": max(started[lease.token] or 0, lease.claimed_at),
                            "ended_at": now, "host": lease.holder.host,
                            "error": f"{why} during the attempt"})
+
+
+def restore_lost_output(q: Queue, rec: JobRecord, running: Path, *, is_dir: bool) -> bool:
+    """Publish again an output whose done record is on disk but whose publish is not.
+
+    The done record and the output's rename reach the disk in the same sync; a power loss
+    during it (no journal: each folder's block is written on its own) can keep the record
+    and lose the rename, leaving the output under its temporary name, which the leftover
+    running copy's lease names. Published only if it is that very output (its sha256 is
+    the record's; a folder's marker names the attempt), and never over anything."""
+    final = rec.spec.output_path
+    lease = read_lease(running)
+    if lease is None:
+        try:
+            lease = q.read_record(running).lease  # inline, on a file system without xattrs
+        except (OSError, ValueError, KeyError, TypeError):
+            return False
+    if lease is None or os.path.lexists(final):
+        return False
+    tmp = tmp_output_path(final, rec.spec.id, lease.token)
+    try:
+        if is_dir:
+            ok = is_ours(tmp, tmp, is_dir=True, job_id=rec.spec.id, token=lease.token)
+        else:
+            ok = (rec.result or {}).get("sha256") == describe_output(tmp, False)["sha256"]
+        if not ok:
+            return False
+        folder = output_folder(os.path.realpath(rec.spec.out_root), final)
+        try:
+            published = publish(tmp, final, is_dir=is_dir, token=lease.token, dir_fd=folder)
+        finally:
+            os.close(folder)
+    except (OSError, OutputEscapes):
+        return False
+    if published is Published.PUBLISHED:
+        fsync_dir(final.parent)  # Protects against: losing it again to the next power loss
+    return published is Published.PUBLISHED
 
 
 def apply_verdicts(q: Queue, transitions: list[Transition], published_tmps: list[Path]) -> None:

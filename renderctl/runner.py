@@ -94,6 +94,7 @@ from renderctl.recovery import (
     apply_verdicts,
     judge_orphan,
     kill_stale_workers,
+    restore_lost_output,
     started_tokens,
 )
 from renderctl.render.registry import all_specs
@@ -588,7 +589,12 @@ class Runner:
                 continue
             if view.state is not State.RUNNING:
                 # A crash after the later record was durable, before the running copy and
-                # the output's temporary link were removed: finish that cleanup.
+                # the output's temporary link were removed: finish that cleanup. (After a
+                # power loss the output's publish may be what was lost: put it back first.)
+                if view.state is State.DONE:
+                    kind = self._specs.get(view.record.spec.kind)
+                    restore_lost_output(self.q, view.record, path,
+                                        is_dir=kind is not None and kind.output == "dir")
                 unlink_quiet(path)
                 for stale in tmp_outputs(view.record.spec.output_path, jid):
                     discard(stale)

@@ -64,6 +64,7 @@ import reprlib
 import secrets
 import signal
 import socket
+import stat
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -124,6 +125,7 @@ SMALL_BATCH = 8  # up to this many files, per-file fsync beats one syncfs of eve
 # is swept only once this old: an in-flight one lives for milliseconds to seconds.
 TMP_GRACE_S = 900.0
 RETRIED_REASON = "retried from dead"  # a `dead retry` record's reason (see _settle_copies)
+CANCELLED_PENDING_REASON = "cancelled while pending"  # cancel_pending's (see _settle_copies)
 # Terminal folders in the order find() prefers them.
 _FINISHED = (State.DONE, State.DEAD, State.CANCELLED, State.EXPIRED)
 
@@ -263,15 +265,24 @@ class JobRecord:
         d = json.loads(raw)
         if not isinstance(d, dict) or d.get("v") != FORMAT_VERSION:
             raise ValueError("not a renderctl job record")
+        # Read here, not when first used: a record that loads must not crash the runner,
+        # `show` or `cancel` later (every step after reading takes these as dicts).
+        attempts = d.get("attempts", ())
+        if not isinstance(attempts, list | tuple) \
+                or not all(isinstance(a, dict) for a in attempts):
+            raise ValueError("attempts: not a list of objects")
+        result = d.get("result")
+        if result is not None and not isinstance(result, dict):
+            raise ValueError("result: not an object")
         return cls(
             spec=JobSpec.from_json(d["spec"]),
             seq=str(d["seq"]),
             accepted_at=float(d["accepted_at"]),
-            attempts=tuple(d.get("attempts", ())),
+            attempts=tuple(attempts),
             attempt_base=int(d.get("attempt_base", 0)),
             not_before=float(d.get("not_before", 0.0)),
             lease=Lease.from_json(d["lease"]) if d.get("lease") else None,
-            result=d.get("result"),
+            result=result,
             reason=str(d.get("reason", "")),
             changed_at=float(d.get("changed_at", 0.0)),
         )
@@ -423,11 +434,27 @@ def _queue_path(path: str | os.PathLike[str]) -> Path:
     return p.resolve() if ".." in p.parts else p
 
 
+class NotARecordFile(ValueError):
+    """A folder, FIFO or device where a record file should be (put there by hand)."""
+
+    def __init__(self, inode: tuple[int, int]) -> None:
+        super().__init__("not a regular file")
+        self.inode = inode
+
+
 def _read_with_inode(path: Path) -> tuple[bytes, tuple[int, int]]:
-    """A file's bytes and the (device, inode) they were read from."""
-    with open(path, "rb") as fh:
-        st = os.fstat(fh.fileno())
-        return fh.read(), (st.st_dev, st.st_ino)
+    """A file's bytes and the (device, inode) they were read from; NotARecordFile if it is
+    not a regular file (O_NONBLOCK: opening a FIFO would wait for a writer, deaf to
+    SIGTERM, and hang `status` and the runner's recovery)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotARecordFile((st.st_dev, st.st_ino))
+        with open(fd, "rb", closefd=False) as fh:
+            return fh.read(), (st.st_dev, st.st_ino)
+    finally:
+        os.close(fd)
 
 
 # -- the queue ----------------------------------------------------------------------------
@@ -603,7 +630,12 @@ class Queue:
         try:
             raw, inode = _read_with_inode(path)
         except FileNotFoundError:
+            if os.path.islink(path):  # never made by renderctl: counted, never run
+                self.quarantine(path, "not a regular file (a symlink to nothing)")
             return None, None
+        except NotARecordFile as exc:
+            self.quarantine(path, str(exc), inode=exc.inode)
+            return None, exc.inode
         try:
             rec = JobRecord.loads(raw)
         except _CORRUPT as exc:
@@ -686,6 +718,13 @@ class Queue:
                     raise JobNotFound(f"job {job_id!r}: its record {ev['file']} could not be "
                                       f"read ({ev['reason']}); moved to "
                                       f"{self.dir('corrupt') / ev['moved_to']}")
+            # Quarantined earlier (by `status`, a runner): say where it is, not "no job".
+            kept = sorted((n for n in os.listdir(self.dir("corrupt"))
+                           if n.split(".", 1)[-1].startswith(f"{job_id}.json.")),
+                          key=lambda n: n.rpartition(".json.")[2])  # by time quarantined
+            if kept:
+                raise JobNotFound(f"job {job_id!r}: its record could not be read and was "
+                                  f"moved to {self.dir('corrupt') / kept[-1]}")
             raise JobNotFound(f"no job {job_id!r} in queue {self.path}")
         return view
 
@@ -1253,10 +1292,11 @@ class Queue:
         No renderctl operation leaves a job pending and finished at once, but for a `dead
         retry` cut by a power loss between its two directory syncs (the rename kept on both
         sides, see dead_retry): the retry was asked for, so the pending copy stays and the
-        dead one goes (it holds nothing the pending one lacks). Any other pair is a copy
-        made by hand (`cp done/x.json pending/`): running it again would publish twice or
-        file the job in two folders, so the finished record stays and the pending copy is
-        quarantined into corrupt/ and reported, never deleted."""
+        dead one goes (it holds nothing the pending one lacks). A cancel of a pending job
+        cut the same way leaves the record it cancelled in pending/: that copy goes. Any
+        other pair is a copy made by hand (`cp done/x.json pending/`): running it again
+        would publish twice or file the job in two folders, so the finished record stays and
+        the pending copy is quarantined into corrupt/ and reported, never deleted."""
         won: list[JobRecord] = []
         if not job_ids:
             return won
@@ -1286,6 +1326,16 @@ class Queue:
                     self.events.append([{"ts": self.clock.wall(), "event": "revived",
                                          "job": jid, "recovered": True}])
                     won.append(rec)
+                    continue
+                if len(finished) == 1 and first.state is State.CANCELLED \
+                        and first.record.reason == CANCELLED_PENDING_REASON \
+                        and (first.record.seq, first.record.attempts) \
+                        == (rec.seq, rec.attempts):
+                    # A cancel of this very record, cut by a power loss between its fsyncs of
+                    # cancelled/ and pending/ (see cancel_pending): the cancel stands, and
+                    # the copy it moved is no damage to report.
+                    unlink_quiet(path)
+                    fsync_dir(self.dir(State.PENDING))
                     continue
                 kept = first.state.value
                 hint = f"; `renderctl dead retry {jid}` runs it again" if kept == "dead" else ""
@@ -1455,11 +1505,10 @@ class Queue:
         src = self._rpath(State.PENDING, entry.job_id)
         try:
             raw = read_file(src)
+            rec = JobRecord.loads(raw)
         except FileNotFoundError:
             return None  # cancelled (or claimed by a previous life) since it was indexed
-        try:
-            rec = JobRecord.loads(raw)
-        except _CORRUPT as exc:
+        except (IsADirectoryError, *_CORRUPT) as exc:  # (a FIFO reads as b"": see read_file)
             self.quarantine(Path(src), f"unparseable: {exc}")
             return None
         if rec.seq != entry.seq or (rec.not_before > now and rec.not_before != entry.not_before):
@@ -1635,7 +1684,7 @@ class Queue:
         now = self.clock.wall()
         rec = self._read_or_quarantine(dst)
         if rec is not None:
-            rec = replace(rec, reason="cancelled while pending", changed_at=now)
+            rec = replace(rec, reason=CANCELLED_PENDING_REASON, changed_at=now)
             tmp = self._tmp_name("cancel")
             write_file(tmp, rec.dumps(), fsync=True)
             os.replace(tmp, dst)
@@ -1743,7 +1792,7 @@ class Queue:
                         rec = JobRecord.loads(read_file(e.path))
                     except FileNotFoundError:
                         continue
-                    except _CORRUPT:
+                    except (IsADirectoryError, *_CORRUPT):
                         continue  # not ours to judge here: status/show quarantine it
                     if rec.changed_at >= cutoff:
                         continue

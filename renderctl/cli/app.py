@@ -222,12 +222,19 @@ QueueOpt = Annotated[Path | None, queue_option(checked_queue)]
 NewQueueOpt = Annotated[Path | None, queue_option(checked_new_queue)]
 
 
-def existing_queue(opt: Path | None) -> Queue:
+def existing_queue(opt: Path | None, *, report_corrupt: bool = True) -> Queue:
     """The queue named by ``--queue`` (or its defaults), which ``checked_queue`` found to
-    be one, for a command that only uses queues."""
+    be one, for a command that only uses queues. A record it moves to corrupt/ while
+    reading is reported on stderr (DESIGN: "quarantined and reported"), unless the command
+    owns the screen (`top`)."""
     from renderctl.store import Queue
 
-    return Queue(queue_path(opt), create=False)
+    q = Queue(queue_path(opt), create=False)
+    if report_corrupt:
+        q.on_quarantine = lambda ev: out.err(
+            f"warning: {ev['file']} could not be read ({ev['reason']}); moved to "
+            f"corrupt/{ev['moved_to']} (kept, not run)")
+    return q
 
 
 def out_root(opt: Path | None) -> Path:
@@ -1229,7 +1236,7 @@ def top(queue: QueueOpt = None,
 
     from renderctl.cli.top import run_top
 
-    q = existing_queue(queue)
+    q = existing_queue(queue, report_corrupt=False)  # its frames count corrupt/
     # A terminal gets the live view; NO_COLOR keeps it, without colour.
     console = (Console(highlight=False, no_color=out.no_color()) if out.is_tty()
                else out.console())

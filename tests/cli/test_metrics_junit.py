@@ -327,3 +327,30 @@ def test_metrics_parse_whatever_outcome_the_event_log_holds(tmp_path: Path) -> N
     assert res.returncode == 0, res.stderr
     s = parse_prometheus(res.stdout)
     assert s[("renderctl_attempts_total", (("outcome", odd),))] == 1
+
+
+def test_metrics_counts_past_what_a_power_loss_or_a_hand_edit_left_in_the_event_log(
+        tmp_path: Path) -> None:
+    from renderctl.store import Queue
+
+    # Given a queue that ran 2 jobs, whose event log then gained lines that are JSON but not
+    # events (a hand edit), and the run of NUL bytes that a power loss leaves where appends
+    # never reached the disk (this ext4 has no journal: the size got there, the data not)
+    q, out = tmp_path / "q", tmp_path / "out"
+    first = write_jobs(tmp_path / "m1", [job(f"a{i}", "write") for i in range(2)])
+    assert cli("run", first, "--queue", q, "--out", out, cwd=tmp_path).returncode == 0
+    with open(q / "events.jsonl", "ab") as log:
+        log.write(b'[1, 2]\n"text"\n7\n' + b"\x00" * 300)
+    # ... and then the next event, appended after the reboot right behind the NULs
+    queue = Queue(q)
+    queue.events.append([{"ts": 1.0, "event": "completed", "job": "b0", "outcome": "completed",
+                          "attempt": 1, "elapsed_s": 0.5}])
+    queue.close()
+
+    # When `renderctl metrics` reads the log
+    res = cli("metrics", "--queue", q, cwd=tmp_path)
+
+    # Then it prints metrics (it died with a traceback on the first non-object line), and
+    # the event after the NULs is counted too
+    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
+    assert completed_total(q, tmp_path) == 3

@@ -17,7 +17,7 @@ import renderctl
 from renderctl.clock import FakeClock
 from renderctl.errors import ExitCode, JobNotFound, ManifestError, Saturated
 from renderctl.lifecycle import State
-from renderctl.manifest import load_manifests
+from renderctl.manifest import jobs_from_dicts, load_manifests
 from renderctl.policy import ClaimIndex
 from renderctl.store import (
     FREE_PREFIX,
@@ -198,6 +198,13 @@ def test_toml_nan_is_rejected_like_json_nan(q: Queue, tmp_path: Path) -> None:
 
 # -- corrupt files are quarantined, never deleted --------------------------------------------
 
+def _record_with(**fields: Any) -> bytes:
+    """A record of job x, well-formed JSON of the right version, with ``fields`` replaced."""
+    [spec] = jobs_from_dicts([pyjob("x")], base=".", out_root="out")
+    rec = JobRecord(spec=spec, seq="1", accepted_at=0.0).to_json()
+    return json.dumps({**rec, **fields}).encode()
+
+
 CORRUPT = {
     "empty": b"",
     "truncated": b'{"v": 1, "spec": {"id": "x"',
@@ -205,6 +212,10 @@ CORRUPT = {
     "wrong-shape": b"[1, 2, 3]",
     "wrong-version": b'{"v": 99}',
     "missing-spec-fields": b'{"v": 1, "spec": {"id": "x"}, "seq": "1", "accepted_at": 0}',
+    # Valid JSON whose fields have the wrong types: read back, each crashed a later step
+    # (`run`, `show`, `cancel`, `dead list`) with a traceback instead of being quarantined.
+    "attempts-not-objects": _record_with(attempts=["x", 3]),
+    "result-not-object": _record_with(result="path"),
 }
 
 

@@ -162,3 +162,68 @@ def test_a_pending_copy_made_while_a_runner_follows_is_quarantined_not_run(
     assert [e["event"] for e in _events(queue) if e.get("job") == "a"] == [
         "accepted", "claimed", "completed"]
     assert [e["file"] for e in _events(queue) if e["event"] == "corrupt"] == ["pending/a.json"]
+
+
+def test_a_done_record_whose_outputs_publish_a_power_loss_undid_gets_its_output_back(
+        tmp_path: Path, write_manifest: Any) -> None:
+    from jobfns import assert_pdf, sha256_of, stray_temporaries
+
+    from renderctl.publish import tmp_output_path
+    from renderctl.store import JobRecord, read_lease
+
+    # Given a runner stopped right after publishing x's output (a rename), before its done
+    # record was renamed into place: x is in running/, its new record staged under tmp/
+    stage(tmp_path)
+    queue, out = tmp_path / "q", tmp_path / "out"
+    manifest = write_manifest([py_job("x", "write_pdf")])
+    cut = run_cli("run", manifest, *cli_args(queue, out, "--workers", "1"),
+                  env={"RENDERCTL_CRASH_AT": "publish:after_link"})
+    assert cut.returncode < 0, cut.stdout + cut.stderr
+    final = out / "x.pdf"
+    lease = read_lease(queue / "running" / "x.json")
+    assert lease is not None and final.exists()
+    # ... and a power loss in the sync that follows, which wrote done/'s new entry to disk
+    # but not out/'s (no journal: each folder's block reaches the disk on its own): the
+    # done record is there, and the output is back under its temporary name
+    os.rename(final, tmp_output_path(final, "x", lease.token))
+    [staged] = [p for p in (queue / "tmp").iterdir()
+                if not p.name.startswith(".") and p.is_file()
+                and JobRecord.loads(p.read_bytes()).spec.id == "x"]
+    os.rename(staged, queue / "done" / "x.json")
+    recorded = QueueView(queue).record("done", "x")["result"]["sha256"]
+
+    # When a runner starts
+    res = run_cli("run", *cli_args(queue, out, "--workers", "1"))
+
+    # Then x is done once, and its output is at its path, the file the record describes
+    # (recovery discarded it as a stale temporary: done, with nothing published)
+    assert res.returncode == ExitCode.OK, res.stdout + res.stderr
+    assert QueueView(queue).states_of(["x"]) == {"x": ["done"]}
+    assert_pdf(final, "x")
+    assert sha256_of(final) == recorded
+    assert stray_temporaries(out) == []
+
+
+def test_a_cancel_cut_by_power_loss_between_its_two_syncs_is_settled_without_a_report(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given a pending job cancelled, and the power lost between the cancel's fsync of
+    # cancelled/ and its fsync of pending/ (store.cancel_pending): the rename is kept on the
+    # cancelled/ side, and pending/ still holds the record as it was before the cancel
+    stage(tmp_path)
+    queue, out = tmp_path / "q", tmp_path / "out"
+    manifest = write_manifest([py_job("c1", "write_pdf")])
+    assert run_cli("submit", manifest, *cli_args(queue, out)).returncode == ExitCode.OK
+    before = (queue / "pending" / "c1.json").read_bytes()
+    assert run_cli("cancel", "c1", "--queue", str(queue)).returncode == ExitCode.OK
+    (queue / "pending" / "c1.json").write_bytes(before)
+
+    # When a runner starts
+    res = run_cli("run", *cli_args(queue, out, "--workers", "1"))
+
+    # Then the cancel stands: not run, in one folder, and nothing reported as damaged (no
+    # person copied anything: it is renderctl's own leftover, not a corrupt file)
+    assert res.returncode == ExitCode.OK, res.stdout + res.stderr
+    assert QueueView(queue).states_of(["c1"]) == {"c1": ["cancelled"]}
+    assert not (out / "c1.pdf").exists()
+    assert os.listdir(queue / "corrupt") == []
+    assert [e for e in _events(queue) if e["event"] == "corrupt"] == []

@@ -1,0 +1,85 @@
+"""What every command does with a damaged queue folder: something that is not a record file
+where a record should be (a folder, a FIFO), put there by hand.
+
+DESIGN: corrupt/ holds "queue files that could not be parsed, quarantined and reported, never
+lost"; the other jobs go on. Real files and real `renderctl` processes."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from jobfns import QueueView, cli_args, py_job, run_cli, stage
+
+from renderctl.errors import ExitCode
+from renderctl.store import Queue
+
+
+def _misplaced(folder: Path, kind: str) -> None:
+    """Put a ``kind`` ("folder", "fifo" or "dangling-symlink") named like a record, zz.json,
+    into ``folder``."""
+    path = folder / "zz.json"
+    if kind == "folder":
+        path.mkdir()
+        (path / "inside").write_text("kept\n")
+    elif kind == "fifo":
+        os.mkfifo(path)
+    else:
+        os.symlink(folder / "nowhere.json", path)
+
+
+@pytest.mark.parametrize("kind", ["folder", "fifo", "dangling-symlink"])
+@pytest.mark.parametrize("state", ["pending", "running"])
+def test_a_non_file_named_like_a_record_is_quarantined_and_the_queue_goes_on(
+        tmp_path: Path, write_manifest: Any, state: str, kind: str) -> None:
+    # Given a queue with a job, and a folder or a FIFO named like a record beside it
+    stage(tmp_path)
+    queue, out = tmp_path / "q", tmp_path / "out"
+    manifest = write_manifest([py_job("good", "write_pdf")])
+    assert run_cli("submit", manifest, *cli_args(queue, out)).returncode == ExitCode.OK
+    _misplaced(queue / state, kind)
+
+    # When `status` looks and a runner runs (a FIFO hung both: open(2) waits for a writer,
+    # deaf to SIGTERM; a folder made them exit 74, every time; a dangling symlink was
+    # counted by `status` as a job forever, and never run)
+    st = run_cli("status", "--json", "--queue", str(queue), timeout=30)
+    res = run_cli("run", *cli_args(queue, out, "--workers", "1"), timeout=30)
+
+    # Then the other job completed, and the intruder is kept in corrupt/, reported by name
+    assert st.returncode == ExitCode.OK, st.stdout + st.stderr
+    assert res.returncode == ExitCode.OK, res.stdout + res.stderr
+    assert QueueView(queue).states_of(["good"]) == {"good": ["done"]}
+    assert not os.path.lexists(queue / state / "zz.json")
+    [kept] = os.listdir(queue / "corrupt")
+    assert kept.startswith(f"{state}.zz.json.")
+    if kind == "folder":
+        assert (queue / "corrupt" / kept / "inside").read_text() == "kept\n"
+    events = [json.loads(ln) for ln in (queue / "events.jsonl").read_text().splitlines()]
+    [ev] = [e for e in events if e["event"] == "corrupt"]
+    assert ev["file"] == f"{state}/zz.json" and "not a regular file" in ev["reason"]
+    assert "Traceback" not in res.stderr + st.stderr
+
+
+@pytest.mark.parametrize("state", ["running", "dead"])
+def test_a_record_quarantined_by_a_reader_is_named_by_it_and_by_show_afterwards(
+        tmp_path: Path, state: str) -> None:
+    # Given a queue whose record of zz in running/ (or dead/) was cut to nothing
+    queue = tmp_path / "q"
+    Queue(queue).close()
+    (queue / state / "zz.json").write_bytes(b"")
+
+    # When `status` (which reads running/) or `dead list` (dead/) comes across it
+    reader = ["status"] if state == "running" else ["dead", "list"]
+    res = run_cli(*reader, "--queue", str(queue))
+
+    # Then it says which file it moved where (it moved it without a word before)
+    assert res.returncode == ExitCode.OK, res.stdout + res.stderr
+    [kept] = os.listdir(queue / "corrupt")
+    assert f"{state}/zz.json" in res.stderr and f"corrupt/{kept}" in res.stderr, res.stderr
+    # And `show zz` later names it too, rather than "no job 'zz'"
+    shown = run_cli("show", "zz", "--queue", str(queue))
+    assert shown.returncode == ExitCode.USAGE
+    assert kept in shown.stderr and "no job" not in shown.stderr, shown.stderr
