@@ -48,6 +48,12 @@ def tmp_output_path(final: Path, job_id: str, token: str) -> Path:
     return final.parent / f"{RESERVED_PREFIX}{tag}-{attempt}.tmp"
 
 
+def staging_name(tmp_name: str) -> str:
+    """The private folder beside the temporary ``tmp_name`` where the worker has the job
+    write its output (worker._Staging); it ends in ``.tmp`` too, so tmp_outputs finds it."""
+    return tmp_name.removesuffix(".tmp") + ".w.tmp"
+
+
 def tmp_outputs(final: Path, job_id: str) -> list[Path]:
     """Every temporary of this job beside ``final`` (any attempt)."""
     tag = hashlib.sha256(job_id.encode()).hexdigest()[:16]
@@ -162,10 +168,12 @@ def discard(tmp: Path) -> None:
     released) is left where it is: never published, and removed by the next runner's sweep
     of stale temporaries beside outputs. Failing here would stop the runner with jobs left
     in running/ and no summary."""
-    if tmp.is_dir() and not tmp.is_symlink():
-        import shutil
+    import shutil
 
+    if tmp.is_dir() and not tmp.is_symlink():
         shutil.rmtree(tmp, ignore_errors=True)
     else:
         with contextlib.suppress(OSError):
             unlink_quiet(tmp)
+    if not tmp.name.endswith(".w.tmp"):  # and what its killed job left in its staging folder
+        shutil.rmtree(tmp.with_name(staging_name(tmp.name)), ignore_errors=True)
