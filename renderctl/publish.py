@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import hashlib
 import os
 from enum import StrEnum
@@ -74,6 +75,47 @@ def check_confined(root: Path, final: Path) -> None:
         raise OutputEscapes(f"{final.parent} resolves to {real}, outside the output root {root}")
     if final.is_symlink():
         raise OutputEscapes(f"{final} is a symlink")
+
+
+def others_can_write(root_real: str, folder: Path) -> bool:
+    """Whether anyone but us (or root) could create, rename or replace names in a folder on
+    the way from the output root (real path ``root_real``) to ``folder``: one writable by
+    others, by a group that is not our own private one, or owned by someone else. Only
+    then can a symlink be planted where a job writes (see worker.execute). True too if the
+    folder cannot be judged (outside the root, gone): the careful path then says why."""
+    try:
+        real = os.path.realpath(folder, strict=True)
+    except OSError:
+        return True
+    if root_real != "/" and real != root_real and not real.startswith(root_real + os.sep):
+        return True
+    me = os.geteuid()
+    path = root_real
+    for part in ["", *(p for p in real[len(root_real):].split(os.sep) if p)]:
+        path = os.path.join(path, part) if part else path
+        try:
+            st = os.stat(path)
+        except OSError:
+            return True
+        if st.st_uid not in (me, 0) or st.st_mode & 0o002 \
+                or (st.st_mode & 0o020 and not _private_group(st.st_gid)):
+            return True
+    return False
+
+
+@functools.cache
+def _private_group(gid: int) -> bool:
+    """Whether group ``gid`` is our user's private group (named after us, nobody else in it:
+    the umask 002 convention, whose folders are 0775 without being shared)."""
+    import grp
+    import pwd
+
+    try:
+        me = pwd.getpwuid(os.geteuid()).pw_name
+        group = grp.getgrgid(gid)
+    except KeyError:
+        return False
+    return group.gr_name == me and set(group.gr_mem) <= {me}
 
 
 def output_folder(root_real: str, final: Path) -> int:

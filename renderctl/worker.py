@@ -73,7 +73,14 @@ from renderctl.messages import (
     Started,
     Stop,
 )
-from renderctl.publish import DIR_MARKER, OutputEscapes, output_folder, staging_name, tag_output
+from renderctl.publish import (
+    DIR_MARKER,
+    OutputEscapes,
+    others_can_write,
+    output_folder,
+    staging_name,
+    tag_output,
+)
 from renderctl.reaper import close_inherited
 from renderctl.render.registry import BUILTIN
 
@@ -870,12 +877,18 @@ def execute(job: RunJob, workdir: Path,
     ``after_call`` runs once a python callable or plugin renderer has returned or raised,
     before its output is checked.
 
-    The job writes into a private folder (``_Staging``), not at its temporary name beside
-    the output: that name is predictable and its folder may be writable by others, who
-    could plant a symlink there that a job run as root would write through (a render
-    opens its output by name, often only when it is done). The output is moved to the
-    temporary name, where the runner publishes it, only once it is checked."""
+    Where someone else can write on the way to the output (publish.others_can_write), the
+    job writes into a private folder (``_Staging``), not at its temporary name beside the
+    output: that name is predictable, and they could plant a symlink there that a job run
+    as root would write through (a render opens its output by name, often only when it is
+    done). The output is moved to the temporary name, where the runner publishes it, only
+    once it is checked. Elsewhere the job is given the temporary name itself: a path that
+    any process it starts can open too (not so ``/proc/self/fd/N/...``, in a child that
+    closed the descriptor, as subprocess does by default)."""
     spec = job.spec
+    tmp = Path(job.tmp_output)
+    if not others_can_write(os.path.realpath(spec.get("out_root") or tmp.parent), tmp.parent):
+        return _execute(job, tmp, workdir, after_call, ())
     try:
         staging = _Staging(Path(job.tmp_output), spec)
     except OutputEscapes as exc:

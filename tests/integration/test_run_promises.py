@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import signal
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -991,6 +992,8 @@ def test_a_symlink_planted_at_the_outputs_temporary_name_is_never_written_throug
         job = {"id": "s0", "kind": "command", "output": "sub/s0.pdf", "input": str(pdf),
                "argv": ["sh", "-c", 'echo $$ > "$2"; while [ ! -e "$3" ]; do sleep 0.01; done;'
                         ' cat "$0" > "$1"', "{input}", "{output}", str(pidfile), str(go)]}
+    (out / "sub").mkdir(parents=True)
+    (out / "sub").chmod(0o777)  # (a shared drop folder; renderctl runs as root here)
     runner = Runner(write_manifest([job]), *cli_args(queue, out, "--workers", "1"))
     try:
         wait_for_pid(pidfile, what="the job to start")
@@ -1010,3 +1013,25 @@ def test_a_symlink_planted_at_the_outputs_temporary_name_is_never_written_throug
         runner.close()
     assert victim.read_text() == "precious"
     assert_pdf(out / "sub" / "s0.pdf", "s0")
+
+
+def test_a_job_whose_child_process_writes_its_output_completes(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given jobs that hand their output path to a child process, which closes inherited
+    # descriptors (subprocess's default): a python job, and a command job running a script
+    stage(tmp_path)
+    queue, out = tmp_path / "q", tmp_path / "out"
+    pdf = tmp_path / "in.pdf"
+    from jobfns import _pdf
+    _pdf(pdf, "copied")
+    copy = ("import subprocess, sys; "
+            "subprocess.run(['cp', sys.argv[1], sys.argv[2]], check=True)")
+    jobs = [{**py_job("py", "copy_via_child"), "inputs": [str(pdf)]},
+            {"id": "cmd", "kind": "command", "inputs": [str(pdf)], "output": "cmd.pdf",
+             "argv": [sys.executable, "-c", copy, "{input}", "{output}"]}]
+    # When they run in an output folder only the runner's user can write
+    res = run_cli("run", write_manifest(jobs), *cli_args(queue, out, "--workers", "1"))
+    # Then both complete (the path they were given is one any process can open)
+    assert res.returncode == ExitCode.OK, res.stdout + res.stderr
+    assert_pdf(out / "py.pdf", "copied")
+    assert_pdf(out / "cmd.pdf", "copied")
