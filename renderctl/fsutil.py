@@ -95,6 +95,31 @@ def write_file(path: str | os.PathLike[str], data: bytes, *, fsync: bool) -> Non
     os.close(fd)
 
 
+def replace_beside(path: str | os.PathLike[str], data: bytes) -> None:
+    """Replace ``path`` atomically with ``data`` (no fsync): a temporary beside it, renamed.
+
+    For reports written into folders renderctl does not own (a node_exporter textfile
+    folder): the temporary's name is not predictable and it is created exclusively, never
+    through a symlink planted there (run as root, a write through one reaches anything).
+    Its mode is the usual 0666 less the umask: a collector running as another user reads
+    the report."""
+    final = Path(path)
+    tmp = final.with_name(f".{final.name}.{os.getpid()}.{os.urandom(6).hex()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 0o666)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+        finally:
+            os.close(fd)
+        os.replace(tmp, final)
+    except BaseException:
+        unlink_quiet(tmp)  # a failed write leaves no litter beside the report
+        raise
+
+
 def read_file(path: str | os.PathLike[str]) -> bytes:
     """A small file's bytes in three syscalls (pathlib's read_bytes makes five, plus objects).
 

@@ -9,7 +9,6 @@ SIGTERM) is ``<skipped>``. ``classname`` is the job's kind.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import socket
@@ -17,9 +16,9 @@ import time
 import xml.etree.ElementTree as ET
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
+from renderctl.fsutil import replace_beside
 from renderctl.store import Queue
 
 TERMINAL_EVENTS = {"completed": "done", "dead": "dead", "cancelled": "cancelled",
@@ -84,15 +83,7 @@ def write_junit(path: str | os.PathLike[str], data: bytes) -> None:
 
     Its folder is not created: `run` checks it exists before the run, as a missing one is
     most likely a typo (and, run as root, would have made /nonexistent/... appear)."""
-    final = Path(path)
-    tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_bytes(data)
-        os.replace(tmp, final)
-    except OSError:
-        with contextlib.suppress(OSError):
-            tmp.unlink()  # a failed report leaves no litter beside it
-        raise
+    replace_beside(path, data)
 
 
 class JUnitCollector:

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from renderctl.fsutil import write_file
+from renderctl.fsutil import replace_beside, write_file
 from renderctl.lifecycle import Outcome, State
 from renderctl.store import Queue
 
@@ -282,16 +282,7 @@ def write_textfile(path: str | os.PathLike[str], text: str) -> None:
 
     The temporary name does not end in ``.prom``, so node_exporter never reads it half-done.
     """
-    final = Path(path)
-    tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, final)
-    except OSError:
-        with contextlib.suppress(OSError):
-            tmp.unlink()  # a failed write leaves no litter for node_exporter's folder
-        raise
+    replace_beside(path, text.encode())
 
 
 class MetricsTextfile:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import hashlib
 import os
 from enum import StrEnum
@@ -48,6 +49,12 @@ def tmp_output_path(final: Path, job_id: str, token: str) -> Path:
     return final.parent / f"{RESERVED_PREFIX}{tag}-{attempt}.tmp"
 
 
+def staging_name(tmp_name: str) -> str:
+    """The private folder beside the temporary ``tmp_name`` where the worker has the job
+    write its output (worker._Staging); it ends in ``.tmp`` too, so tmp_outputs finds it."""
+    return tmp_name.removesuffix(".tmp") + ".w.tmp"
+
+
 def tmp_outputs(final: Path, job_id: str) -> list[Path]:
     """Every temporary of this job beside ``final`` (any attempt)."""
     tag = hashlib.sha256(job_id.encode()).hexdigest()[:16]
@@ -68,6 +75,47 @@ def check_confined(root: Path, final: Path) -> None:
         raise OutputEscapes(f"{final.parent} resolves to {real}, outside the output root {root}")
     if final.is_symlink():
         raise OutputEscapes(f"{final} is a symlink")
+
+
+def others_can_write(root_real: str, folder: Path) -> bool:
+    """Whether anyone but us (or root) could create, rename or replace names in a folder on
+    the way from the output root (real path ``root_real``) to ``folder``: one writable by
+    others, by a group that is not our own private one, or owned by someone else. Only
+    then can a symlink be planted where a job writes (see worker.execute). True too if the
+    folder cannot be judged (outside the root, gone): the careful path then says why."""
+    try:
+        real = os.path.realpath(folder, strict=True)
+    except OSError:
+        return True
+    if root_real != "/" and real != root_real and not real.startswith(root_real + os.sep):
+        return True
+    me = os.geteuid()
+    path = root_real
+    for part in ["", *(p for p in real[len(root_real):].split(os.sep) if p)]:
+        path = os.path.join(path, part) if part else path
+        try:
+            st = os.stat(path)
+        except OSError:
+            return True
+        if st.st_uid not in (me, 0) or st.st_mode & 0o002 \
+                or (st.st_mode & 0o020 and not _private_group(st.st_gid)):
+            return True
+    return False
+
+
+@functools.cache
+def _private_group(gid: int) -> bool:
+    """Whether group ``gid`` is our user's private group (named after us, nobody else in it:
+    the umask 002 convention, whose folders are 0775 without being shared)."""
+    import grp
+    import pwd
+
+    try:
+        me = pwd.getpwuid(os.geteuid()).pw_name
+        group = grp.getgrgid(gid)
+    except KeyError:
+        return False
+    return group.gr_name == me and set(group.gr_mem) <= {me}
 
 
 def output_folder(root_real: str, final: Path) -> int:
@@ -162,10 +210,12 @@ def discard(tmp: Path) -> None:
     released) is left where it is: never published, and removed by the next runner's sweep
     of stale temporaries beside outputs. Failing here would stop the runner with jobs left
     in running/ and no summary."""
-    if tmp.is_dir() and not tmp.is_symlink():
-        import shutil
+    import shutil
 
+    if tmp.is_dir() and not tmp.is_symlink():
         shutil.rmtree(tmp, ignore_errors=True)
     else:
         with contextlib.suppress(OSError):
             unlink_quiet(tmp)
+    if not tmp.name.endswith(".w.tmp"):  # and what its killed job left in its staging folder
+        shutil.rmtree(tmp.with_name(staging_name(tmp.name)), ignore_errors=True)

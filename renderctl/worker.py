@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import hashlib
 import importlib.abc
 import importlib.machinery
@@ -29,6 +30,7 @@ import resource
 import select
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import sysconfig
@@ -39,7 +41,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, NoReturn
 
 from renderctl import mpstate
@@ -71,7 +73,14 @@ from renderctl.messages import (
     Started,
     Stop,
 )
-from renderctl.publish import DIR_MARKER, tag_output
+from renderctl.publish import (
+    DIR_MARKER,
+    OutputEscapes,
+    others_can_write,
+    output_folder,
+    staging_name,
+    tag_output,
+)
 from renderctl.reaper import close_inherited
 from renderctl.render.registry import BUILTIN
 
@@ -486,7 +495,7 @@ class Worker:
             n_open = 1 << 30
         if n_open <= len(self.base_fds) + FD_ALLOWANCE:
             return
-        keep = sorted(self.base_fds | self.own_fds.known.keys())
+        keep = sorted(self.base_fds | self.own_fds.known.keys() | _staging_fds)
         top = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
         for low, high in zip([-1, *keep], [*keep, top], strict=True):
             if high - low > 1:
@@ -866,17 +875,132 @@ def execute(job: RunJob, workdir: Path,
     """Run the job's renderer and check its output; returns ``Finished`` fields.
 
     ``after_call`` runs once a python callable or plugin renderer has returned or raised,
-    before its output is checked."""
+    before its output is checked.
+
+    Where someone else can write on the way to the output (publish.others_can_write), the
+    job writes into a private folder (``_Staging``), not at its temporary name beside the
+    output: that name is predictable, and they could plant a symlink there that a job run
+    as root would write through (a render opens its output by name, often only when it is
+    done). The output is moved to the temporary name, where the runner publishes it, only
+    once it is checked. Elsewhere the job is given the temporary name itself: a path that
+    any process it starts can open too (not so ``/proc/self/fd/N/...``, in a child that
+    closed the descriptor, as subprocess does by default)."""
+    spec = job.spec
+    tmp = Path(job.tmp_output)
+    if not others_can_write(os.path.realpath(spec.get("out_root") or tmp.parent), tmp.parent):
+        return _execute(job, tmp, workdir, after_call, ())
+    try:
+        staging = _Staging(Path(job.tmp_output), spec)
+    except OutputEscapes as exc:
+        return {"outcome": Outcome.INVALID_OUTPUT.value, "error": f"output path: {exc}"}
+    except OSError as exc:
+        return {"outcome": Outcome.FAILED.value, "error": _message(exc)}
+    try:
+        fields = _execute(job, staging.output, workdir, after_call, staging.fds)
+        if fields["outcome"] == Outcome.COMPLETED.value:
+            try:
+                staging.commit()
+            except OSError as exc:
+                return {"outcome": Outcome.FAILED.value, "error": _message(exc)}
+        return fields
+    finally:
+        staging.close()
+
+
+# Descriptors of the job being run's private output folder: a job that leaves too many
+# descriptors open has all but the worker's closed (Worker._reclaim_fds), but not these.
+_staging_fds: set[int] = set()
+
+
+class _Staging:
+    """A private folder (0700, ours) beside the output's temporary name, for one attempt.
+
+    Made and opened through a descriptor of the output folder that is judged to be inside
+    the output root (publish.output_folder); the job is given its output inside it through
+    that descriptor (``/proc/self/fd/N/<output's name>``), so nothing swapped on the way
+    since, a folder for a symlink or the private folder for another, redirects the job's
+    writes. ``commit`` renames the output to the temporary name (a rename replaces a name,
+    it never writes through a symlink)."""
+
+    def __init__(self, tmp: Path, spec: Mapping[str, Any]) -> None:
+        self.tmp = tmp
+        self.name = staging_name(tmp.name)
+        root = os.path.realpath(spec.get("out_root") or tmp.parent)
+        self.folder_fd = output_folder(root, tmp)
+        st = os.fstat(self.folder_fd)
+        self.folder_ident = (st.st_dev, st.st_ino)
+        self.fd = -1
+        try:
+            os.mkdir(self.name, 0o700, dir_fd=self.folder_fd)
+            self.fd = os.open(self.name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW
+                              | os.O_CLOEXEC, dir_fd=self.folder_fd)
+            st = os.fstat(self.fd)
+            if st.st_uid != os.geteuid() or st.st_mode & 0o077:
+                # Renamed away and something else put in its place between the two calls.
+                raise OutputEscapes(f"{tmp.parent / self.name} was replaced")
+            self.ident = (st.st_dev, st.st_ino)
+        except BaseException:
+            self.close()
+            raise
+        _staging_fds.update((self.folder_fd, self.fd))
+        self.fds = (self.fd,)  # for a command: its {output} is reached through it
+        self.output = Path(f"/proc/self/fd/{self.fd}") / PurePosixPath(spec["output"]).name
+
+    def _intact(self) -> bool:
+        """Whether our descriptor is still our folder's: a python job may close it, and its
+        number be reused by whatever it opens next."""
+        st = os.fstat(self.fd)
+        return (st.st_dev, st.st_ino) == self.ident
+
+    def commit(self) -> None:
+        if not self._intact():
+            raise OSError(errno.EBADF, "the job closed the descriptor of its output's folder")
+        os.rename(self.output.name, self.tmp.name, src_dir_fd=self.fd,
+                  dst_dir_fd=self.folder_fd)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            with contextlib.suppress(OSError):
+                if self._intact():  # else left to the runner's sweep (publish.discard)
+                    _empty_fd(self.fd)
+                    there = os.stat(self.name, dir_fd=self.folder_fd, follow_symlinks=False)
+                    if (there.st_dev, there.st_ino) == self.ident:
+                        os.rmdir(self.name, dir_fd=self.folder_fd)
+        # Closed only if still ours: a number the job closed and reused is the job's (or,
+        # reused since, the worker's own), and is left alone.
+        for fd, ident in ((self.fd, getattr(self, "ident", None)),
+                          (self.folder_fd, self.folder_ident)):
+            with contextlib.suppress(OSError):
+                st = os.fstat(fd)
+                if ident is None or (st.st_dev, st.st_ino) == ident:
+                    os.close(fd)
+        _staging_fds.difference_update((self.folder_fd, self.fd))
+
+
+def _empty_fd(fd: int) -> None:
+    """Remove what is in the folder ``fd`` (O_PATH) is open on, without following a link."""
+    d = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd)
+    try:
+        for name in os.listdir(d):
+            if stat.S_ISDIR(os.stat(name, dir_fd=d, follow_symlinks=False).st_mode):
+                shutil.rmtree(name, dir_fd=d, ignore_errors=True)
+            else:
+                os.unlink(name, dir_fd=d)
+    finally:
+        os.close(d)
+
+
+def _execute(job: RunJob, output: Path, workdir: Path,
+             after_call: Callable[[], None] | None, pass_fds: tuple[int, ...]) -> dict[str, Any]:
     spec = job.spec
     inputs = [Path(p) for p in spec.get("inputs", ())]
-    output = Path(job.tmp_output)
     params: Mapping[str, Any] = spec.get("params", {})
     try:
         if job.output_kind == "dir":
             output.mkdir()
         kind = spec["kind"]
         if kind == "command":
-            fields = run_command(spec["argv"], inputs, output, workdir)
+            fields = run_command(spec["argv"], inputs, output, workdir, pass_fds=pass_fds)
             if fields is not None:
                 return fields
         else:
@@ -974,7 +1098,7 @@ def _child_setup() -> None:
 
 
 def run_command(argv: list[str], inputs: list[Path], output: Path,
-                workdir: Path) -> dict[str, Any] | None:
+                workdir: Path, pass_fds: tuple[int, ...] = ()) -> dict[str, Any] | None:
     """Run an argv (never a shell); None means it exited 0 and the output is to be checked."""
     args = expand_argv(argv, inputs, output)
     log = workdir / COMMAND_LOG
@@ -984,7 +1108,8 @@ def run_command(argv: list[str], inputs: list[Path], output: Path,
             # where an earlier job's bare os.putenv() would otherwise survive.
             proc = subprocess.Popen(args, cwd=workdir, stdin=subprocess.DEVNULL, stdout=fh,
                                     stderr=subprocess.STDOUT, preexec_fn=_child_setup,
-                                    close_fds=True, env=dict(os.environ))
+                                    close_fds=True, pass_fds=pass_fds,
+                                    env=dict(os.environ))
         except FileNotFoundError:
             return {"outcome": Outcome.FAILED.value, "error": f"command not found: {args[0]}"}
         except PermissionError:

@@ -354,3 +354,37 @@ def test_metrics_counts_past_what_a_power_loss_or_a_hand_edit_left_in_the_event_
     # the event after the NULs is counted too
     assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
     assert completed_total(q, tmp_path) == 3
+
+
+@pytest.mark.parametrize("report", ["metrics", "junit"])
+def test_a_symlink_planted_at_a_reports_temporary_name_is_not_written_through(
+        tmp_path: Path, report: str) -> None:
+    import os
+
+    from renderctl.junit import write_junit
+    from renderctl.metrics import write_textfile
+
+    # Given a report's folder that others can write to (a shared textfile collector folder),
+    # and a symlink planted there at the name the writer's temporary had (its pid is public)
+    folder = tmp_path / "shared"
+    folder.mkdir(mode=0o777)
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    final = folder / "renderctl.prom"
+    (folder / f".{final.name}.{os.getpid()}.tmp").symlink_to(victim)
+
+    # When the report is written (run as root: through the symlink, anything)
+    old = os.umask(0o022)
+    try:
+        if report == "metrics":
+            write_textfile(final, "renderctl_up 1\n")
+        else:
+            write_junit(final, b"renderctl_up 1\n")
+    finally:
+        os.umask(old)
+
+    # Then the file the symlink points to is untouched, and the report is where it should
+    # be, readable by the collector as before (0644 under umask 022)
+    assert victim.read_text() == "precious"
+    assert final.read_text() == "renderctl_up 1\n" and not final.is_symlink()
+    assert final.stat().st_mode & 0o777 == 0o644

@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import signal
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -990,3 +991,68 @@ def test_a_stop_signal_while_run_submits_ends_it_in_order(
         assert all(view.record("pending", j)["attempts"] == [] for j in ("j0", "j1", "j2"))
     assert not out.exists() or not any(out.iterdir())
     assert list(tmpdir.iterdir()) == []  # multiprocessing's folder went with a clean exit
+
+
+@pytest.mark.parametrize("kind", ["python", "command"])
+def test_a_symlink_planted_at_the_outputs_temporary_name_is_never_written_through(
+        tmp_path: Path, write_manifest: Any, kind: str) -> None:
+    from renderctl.publish import tmp_output_path
+
+    # Given a job running whose output folder someone else can write to, and a file
+    # outside the output root (run as root from cron: /etc/shadow)
+    stage(tmp_path)
+    queue, out, victim = tmp_path / "q", tmp_path / "out", tmp_path / "victim"
+    victim.write_text("precious")
+    pidfile, go = tmp_path / "job.pid", tmp_path / "go"
+    if kind == "python":
+        job = py_job("s0", "wait_for_go", output="sub/s0.pdf", pidfile=str(pidfile), go=str(go))
+    else:
+        pdf = tmp_path / "in.pdf"
+        from jobfns import _pdf
+        _pdf(pdf, "s0")
+        job = {"id": "s0", "kind": "command", "output": "sub/s0.pdf", "input": str(pdf),
+               "argv": ["sh", "-c", 'echo $$ > "$2"; while [ ! -e "$3" ]; do sleep 0.01; done;'
+                        ' cat "$0" > "$1"', "{input}", "{output}", str(pidfile), str(go)]}
+    (out / "sub").mkdir(parents=True)
+    (out / "sub").chmod(0o777)  # (a shared drop folder; renderctl runs as root here)
+    runner = Runner(write_manifest([job]), *cli_args(queue, out, "--workers", "1"))
+    try:
+        wait_for_pid(pidfile, what="the job to start")
+
+        # When that someone plants a symlink out of the root at the name of the job's
+        # temporary output, before the job writes it (the name is predictable: the hash of
+        # the runner's pid and start time, the job id, the attempt and the claim's ms)
+        view = Queue(queue).find("s0")
+        assert view is not None and view.record.lease is not None
+        tmp = tmp_output_path(out / "sub" / "s0.pdf", "s0", view.record.lease.token)
+        tmp.symlink_to(victim)
+        go.touch()
+
+        # Then the file outside the root is untouched, and the job's output is published
+        assert runner.wait(30) in (ExitCode.OK, ExitCode.JOBS_FAILED), runner.lines
+    finally:
+        runner.close()
+    assert victim.read_text() == "precious"
+    assert_pdf(out / "sub" / "s0.pdf", "s0")
+
+
+def test_a_job_whose_child_process_writes_its_output_completes(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given jobs that hand their output path to a child process, which closes inherited
+    # descriptors (subprocess's default): a python job, and a command job running a script
+    stage(tmp_path)
+    queue, out = tmp_path / "q", tmp_path / "out"
+    pdf = tmp_path / "in.pdf"
+    from jobfns import _pdf
+    _pdf(pdf, "copied")
+    copy = ("import subprocess, sys; "
+            "subprocess.run(['cp', sys.argv[1], sys.argv[2]], check=True)")
+    jobs = [{**py_job("py", "copy_via_child"), "inputs": [str(pdf)]},
+            {"id": "cmd", "kind": "command", "inputs": [str(pdf)], "output": "cmd.pdf",
+             "argv": [sys.executable, "-c", copy, "{input}", "{output}"]}]
+    # When they run in an output folder only the runner's user can write
+    res = run_cli("run", write_manifest(jobs), *cli_args(queue, out, "--workers", "1"))
+    # Then both complete (the path they were given is one any process can open)
+    assert res.returncode == ExitCode.OK, res.stdout + res.stderr
+    assert_pdf(out / "py.pdf", "copied")
+    assert_pdf(out / "cmd.pdf", "copied")

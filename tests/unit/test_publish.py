@@ -12,6 +12,7 @@ from renderctl.publish import (
     Published,
     check_confined,
     is_ours,
+    others_can_write,
     output_folder,
     publish,
     tag_output,
@@ -129,3 +130,34 @@ def test_a_symlink_loop_on_the_way_is_an_escape_not_a_crash(tmp_path: Path) -> N
     (root / "loop").symlink_to(root / "loop")
     with pytest.raises(OutputEscapes, match="loop"):
         check_confined(root, root / "loop" / "x.pdf")
+
+
+@pytest.mark.parametrize(("where", "mode", "owner", "shared"), [
+    (None, None, None, False),          # 0755 ours all the way
+    ("root", 0o777, None, True),        # the root itself writable by anyone
+    ("mid", 0o1777, None, True),        # sticky: others still create names (a symlink)
+    ("leaf", 0o770, None, True),        # a group that is not our private one (gid 12345)
+    ("leaf", 0o755, 65534, True),       # owned by someone else (nobody)
+    ("leaf", 0o775, "private", False),  # our own private group (umask 002)
+])
+def test_others_can_write_somewhere_on_the_way_to_an_output(
+        tmp_path: Path, where: str | None, mode: int | None, owner: int | str | None,
+        shared: bool) -> None:
+    root, leaf = tmp_path / "out", tmp_path / "out" / "mid" / "leaf"
+    leaf.mkdir(parents=True)
+    for p in (tmp_path, root, root / "mid", leaf):
+        p.chmod(0o755)
+    if where is not None:
+        target = {"root": root, "mid": root / "mid", "leaf": leaf}[where]
+        if owner == "private":
+            os.chown(target, -1, os.getegid())
+        elif mode == 0o770:
+            os.chown(target, -1, 12345)
+        elif isinstance(owner, int):
+            os.chown(target, owner, -1)
+        assert mode is not None
+        target.chmod(mode)
+    assert others_can_write(os.path.realpath(root), leaf) is shared
+    # and a folder reached through a symlink is judged where it really is
+    (root / "mid" / "via").symlink_to(leaf)
+    assert others_can_write(os.path.realpath(root), root / "mid" / "via") is shared
