@@ -146,9 +146,22 @@ def one_line(text: object) -> str:
     return str(text).strip().translate(_CONTROL)
 
 
-def human_duration(seconds: float | None) -> str:
-    if seconds is None:
+def _number(value: object) -> float | str:
+    """A value read from a record where a number belongs, as a float; or, if it is not
+    one, how to show it (a hand-edited record: shown as it is rather than a traceback)."""
+    if value is None:
         return "-"
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
+        return one_line(repr(value))
+    try:
+        return float(value)
+    except OverflowError:  # an int of 400 digits
+        return one_line(repr(value))
+
+
+def human_duration(seconds: object) -> str:
+    if isinstance(seconds := _number(seconds), str):
+        return seconds
     if seconds < 0.9995:  # 0.9996 s would round to "1000ms"
         return f"{seconds * 1000:.0f}ms"
     if seconds < 119.95:
@@ -158,10 +171,9 @@ def human_duration(seconds: float | None) -> str:
     return f"{seconds / 3600:.1f}h"
 
 
-def human_bytes(n: int | float | None) -> str:
-    if n is None:
-        return "-"
-    value = float(n)
+def human_bytes(n: object) -> str:
+    if isinstance(value := _number(n), str):
+        return value
     for unit in ("B", "KiB", "MiB", "GiB"):
         if value < 1024 or unit == "GiB":
             return f"{value:.0f}{unit}" if unit == "B" else f"{value:.1f}{unit}"

@@ -83,3 +83,32 @@ def test_a_record_quarantined_by_a_reader_is_named_by_it_and_by_show_afterwards(
     shown = run_cli("show", "zz", "--queue", str(queue))
     assert shown.returncode == ExitCode.USAGE
     assert kept in shown.stderr and "no job" not in shown.stderr, shown.stderr
+
+
+def test_a_hand_edited_record_with_odd_values_inside_is_shown_not_a_traceback(
+        tmp_path: Path) -> None:
+    # Given a completed job and a dead one, whose records a person then edited: numbers
+    # turned into text, lists and objects where numbers belong
+    stage(tmp_path)
+    queue, out = tmp_path / "q", tmp_path / "out"
+    manifest = tmp_path / "jobs.json"
+    manifest.write_text(json.dumps({"jobs": [
+        py_job("ok", "write_pdf"), {**py_job("bad", "fail"), "max_attempts": 1}]}))
+    assert run_cli("run", manifest, *cli_args(queue, out), cwd=tmp_path).returncode == 1
+    for state, jid in (("done", "ok"), ("dead", "bad")):
+        path = queue / state / f"{jid}.json"
+        rec = json.loads(path.read_text())
+        rec["attempts"][0].update(elapsed_s="slow", peak_memory_bytes={"a": 1}, n="one",
+                                  exit_code=[1], error=5, started_at="then")
+        if rec.get("result"):
+            rec["result"].update(bytes="x", pages=[1], elapsed_s=None, queued_s="q")
+        path.write_text(json.dumps(rec))
+
+    # When every command that reads them runs
+    for args in (["show", "ok"], ["show", "bad"], ["show", "ok", "--json"], ["dead", "list"],
+                 ["dead", "list", "--json"], ["status"], ["status", "--json"], ["metrics"],
+                 ["wait", "ok", "bad"]):
+        res = run_cli(*args, "--queue", queue, cwd=tmp_path)
+        # Then each shows what is there, and none dies with a traceback
+        assert "Traceback" not in res.stderr, (args, res.stderr)
+        assert res.returncode in (0, 1), (args, res.stdout, res.stderr)
