@@ -24,9 +24,9 @@ STOP_ENV = "RENDERCTL_STOP_AT"
 # written with it would pass without crashing anything.
 KNOWN = frozenset({
     # runner
-    "locked", "claim", "claim:expiring", "lease", "start", "commit", "publish:before_link",
-    "publish:after_link", "publish:after_done", "dead", "rebalance", "released",
-    "shutdown",
+    "locked", "claim", "claim:expiring", "lease", "folders", "start", "commit",
+    "publish:before_link", "publish:after_link", "publish:after_done", "dead", "rebalance",
+    "released", "shutdown",
     # store: submit, finish, dead retry
     "submit:parsed", "submit:checked", "submit:staged", "submit:placed", "submit:before_doorbell",
     "dead_retry:rewritten", "dead_retry:moved",

@@ -143,6 +143,40 @@ def output_folder(root_real: str, final: Path) -> int:
     return fd
 
 
+def make_folders(out_root: str, folder: Path) -> None:
+    """Make ``folder`` and those missing on the way to it from the output root, each one
+    inside its parent's descriptor, judged (like ``output_folder``) to be inside the root.
+
+    Not makedirs by path after the confinement check: a folder swapped for a symlink out of
+    the root in between would have the rest made at its target (run as root, an empty
+    folder named /etc/nologin stops every other login). A symlink that stays inside the
+    root is followed, as everywhere else."""
+    os.makedirs(out_root, mode=0o755, exist_ok=True)  # the root itself: the user's to name
+    root_real = os.path.realpath(out_root)
+    parts = folder.relative_to(out_root).parts
+    fd = os.open(root_real, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    shown = Path(out_root)
+    try:
+        for part in parts:
+            shown /= part
+            try:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(part, 0o755, dir_fd=fd)
+                below = os.open(part, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd)
+            except OSError as exc:
+                # Named in full, as makedirs would: "sub: Permission denied" says too little.
+                raise type(exc)(exc.errno, exc.strerror, str(shown)) from None
+            os.close(fd)
+            fd = below
+            real = os.readlink(f"/proc/self/fd/{fd}")
+            if root_real != "/" and real != root_real \
+                    and not real.startswith(root_real + os.sep):
+                raise OutputEscapes(f"{folder} resolves to {real}, outside the output root "
+                                    f"{root_real}")
+    finally:
+        os.close(fd)
+
+
 def publish(tmp: Path, final: Path, *, is_dir: bool, token: str | None = None,
             dir_fd: int | None = None) -> Published:
     """Make ``tmp`` visible as ``final`` unless something is already there.

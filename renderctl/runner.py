@@ -81,6 +81,7 @@ from renderctl.publish import (
     Published,
     check_confined,
     discard,
+    make_folders,
     output_folder,
     owner_token,
     publish,
@@ -1076,7 +1077,8 @@ class Runner:
                 # long --follow run): a stat per claim, not a failed attempt.
                 self._confined.discard(key)
                 self._check_confined(spec.out_root, final)
-                os.makedirs(final.parent, mode=0o755, exist_ok=True)
+                self.crash_point("folders")
+                make_folders(spec.out_root, final.parent)
         except (OutputEscapes, OSError) as exc:
             self._confined.discard(key)  # not made: the next claim there checks again
             if isinstance(exc, OSError) and exc.errno in FOLDER_IO_ERRNOS:

@@ -1056,3 +1056,32 @@ def test_a_job_whose_child_process_writes_its_output_completes(
     assert res.returncode == ExitCode.OK, res.stdout + res.stderr
     assert_pdf(out / "py.pdf", "copied")
     assert_pdf(out / "cmd.pdf", "copied")
+
+
+def test_a_folder_swapped_for_a_symlink_after_the_check_gets_no_folders_made_outside(
+        tmp_path: Path, write_manifest: Any) -> None:
+    from jobfns import wait_until
+
+    # Given a job whose output goes to a folder not made yet, under a folder of a shared
+    # output root, and a runner frozen between confining that path and making its folders
+    stage(tmp_path)
+    queue, out, outside = tmp_path / "q", tmp_path / "out", tmp_path / "outside"
+    (out / "drop").mkdir(parents=True)
+    outside.mkdir()
+    runner = Runner(write_manifest([py_job("j", "write_pdf", output="drop/new/j.pdf")]),
+                    *cli_args(queue, out, "--workers", "1", "--json"),
+                    env={"RENDERCTL_STOP_AT": "folders"})
+    try:
+        wait_until(lambda: _stopped(runner.pid), what="the runner to freeze")
+        # When someone who can write in the root swaps that folder for a symlink out of it
+        (out / "drop").rename(out / "was-drop")
+        (out / "drop").symlink_to(outside)
+        os.kill(runner.pid, signal.SIGCONT)
+
+        # Then nothing is made out there (run as root: any folder, /etc/nologin say), and
+        # the job fails as an output path out of the root
+        assert runner.wait(60) == ExitCode.JOBS_FAILED, runner.lines
+    finally:
+        runner.close()
+    assert list(outside.iterdir()) == []
+    assert QueueView(queue).states_of(["j"]) == {"j": ["dead"]}

@@ -12,6 +12,7 @@ from renderctl.publish import (
     Published,
     check_confined,
     is_ours,
+    make_folders,
     others_can_write,
     output_folder,
     publish,
@@ -161,3 +162,23 @@ def test_others_can_write_somewhere_on_the_way_to_an_output(
     # and a folder reached through a symlink is judged where it really is
     (root / "mid" / "via").symlink_to(leaf)
     assert others_can_write(os.path.realpath(root), root / "mid" / "via") is shared
+
+
+def test_folders_are_made_inside_the_root_through_symlinks_that_stay_inside(
+        tmp_path: Path) -> None:
+    root = tmp_path / "out"
+    (root / "real").mkdir(parents=True)
+    (root / "alias").symlink_to(root / "real")
+    make_folders(str(root), root / "alias" / "a" / "b")
+    assert (root / "real" / "a" / "b").is_dir()
+    make_folders(str(root), root / "alias" / "a" / "b")  # and again: nothing to do
+
+
+def test_no_folder_is_made_beyond_a_symlink_out_of_the_root(tmp_path: Path) -> None:
+    root, outside = tmp_path / "out", tmp_path / "outside"
+    root.mkdir()
+    outside.mkdir()
+    (root / "drop").symlink_to(outside)
+    with pytest.raises(OutputEscapes, match="outside the output root"):
+        make_folders(str(root), root / "drop" / "new" / "deeper")
+    assert list(outside.iterdir()) == []
