@@ -670,6 +670,10 @@ class Queue:
             os.rename(path, dst)
         except FileNotFoundError:
             return dst
+        # Protects against: power loss keeping the name in corrupt/ but not its removal from
+        # the source folder (each folder's block is written on its own), which would have
+        # the same file quarantined a second time.
+        fsync_dir(path.parent)
         fsync_dir(self.dir("corrupt"))
         ev = {"ts": self.clock.wall(), "event": "corrupt",
               "file": f"{path.parent.name}/{path.name}", "moved_to": dst.name, "reason": reason}
