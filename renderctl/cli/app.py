@@ -29,6 +29,7 @@ from renderctl.errors import (
     QueueBusy,
     RenderctlError,
     Saturated,
+    SubmitIncomplete,
     os_error_message,
 )
 from renderctl.limits import MAX_ATTEMPTS, MAX_MEMORY_MB, MAX_TIMEOUT_S, MAX_WORKERS
@@ -647,6 +648,9 @@ def refused_json(exc: RenderctlError, *, accepted: Any = None) -> dict[str, Any]
         doc.update(error="busy", holder_pid=exc.holder_pid)
     elif isinstance(exc, Interrupted):
         doc["error"] = "interrupted"
+    elif isinstance(exc, SubmitIncomplete):
+        # Accepted after all (committed), some not yet in pending/: never "nothing".
+        doc.update(error="incomplete", accepted=list(exc.accepted), unplaced=list(exc.unplaced))
     else:
         doc["error"] = type(exc).__name__
     return doc
@@ -671,7 +675,7 @@ def submit(
         res, q = do_submit(manifests, queue=queue, out_dir=out_dir, replace=replace,
                            max_pending=max_pending,
                            limits=_limits(memory_mb, timeout, max_attempts))
-    except (ManifestError, Saturated) as exc:
+    except (ManifestError, Saturated, SubmitIncomplete) as exc:
         if as_json:  # a script reads stdout: say what happened there too
             out.print_json(refused_json(exc))
         raise

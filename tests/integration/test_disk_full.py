@@ -226,6 +226,27 @@ def test_a_batch_cut_by_a_full_disk_after_its_commit_is_reported_accepted_and_pl
     q.close()
 
 
+def test_submit_json_names_the_jobs_a_batch_cut_after_its_commit_accepted(
+        tiny_tmpfs: Path, write_manifest) -> None:
+    import json
+
+    # Given a disk with room for a batch's journal entry but not for its 40 job files
+    queue = tiny_tmpfs / "q"
+    manifest = write_manifest([py_job(f"j{i}", "write_one_byte") for i in range(40)])
+
+    # When a script submits it with --json
+    r = run_cli("submit", manifest, *cli_args(queue, tiny_tmpfs / "out"), "--json")
+
+    # Then it exits 74 and stdout says which jobs were accepted after all (a script that
+    # read "nothing" there would submit them again, or give them up)
+    assert r.returncode == ExitCode.IO_ERROR, (r.stdout, r.stderr)
+    doc = json.loads(r.stdout)
+    ids = [f"j{i}" for i in range(40)]
+    assert (doc["error"], sorted(doc["accepted"]), sorted(doc["unplaced"])) == (
+        "incomplete", sorted(ids), sorted(ids)), doc
+    assert "No space left on device" in doc["message"] and "Traceback" not in r.stderr
+
+
 def test_a_worker_that_cannot_write_its_started_log_says_so_once_and_runs_nothing(
         tmp_path: Path) -> None:
     # Given a worker whose started log is /dev/full (every write: ENOSPC)
