@@ -84,8 +84,16 @@ def others_can_write(root_real: str, folder: Path) -> bool:
     then can a symlink be planted where a job writes (see worker.execute). True too if the
     folder cannot be judged (outside the root, gone): the careful path then says why."""
     try:
-        real = os.path.realpath(folder, strict=True)
+        # Where the kernel says the folder is: 2 syscalls, where realpath lstats every
+        # component from / (16 us against 6; this runs once per job).
+        fd = os.open(folder, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            real = os.readlink(f"/proc/self/fd/{fd}")
+        finally:
+            os.close(fd)
     except OSError:
+        return True
+    if real.endswith(" (deleted)"):
         return True
     if root_real != "/" and real != root_real and not real.startswith(root_real + os.sep):
         return True
