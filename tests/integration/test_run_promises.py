@@ -595,10 +595,18 @@ def test_a_signal_to_the_runners_whole_process_group_drains_like_one_to_the_runn
     assert [a["outcome"] for a in view.record("pending", "long")["attempts"]] == ["released"]
 
 
-def test_a_stop_signal_to_every_process_of_the_service_charges_no_attempt(
-        tmp_path: Path, write_manifest: Any) -> None:
+def _term_the_whole_service(runner: Runner) -> None:
+    """SIGTERM to the runner and every process under it at once, as systemd's default stop
+    (KillMode=control-group) sends it."""
     import psutil
 
+    for proc in [psutil.Process(runner.pid), *psutil.Process(runner.pid).children(True)]:
+        with contextlib.suppress(psutil.Error):
+            proc.send_signal(signal.SIGTERM)
+
+
+def test_a_stop_signal_to_every_process_of_the_service_charges_no_attempt(
+        tmp_path: Path, write_manifest: Any) -> None:
     # Given a runner following the queue, a python job and a command job running
     stage(tmp_path)
     queue, out = tmp_path / "q", tmp_path / "out"
@@ -618,9 +626,7 @@ def test_a_stop_signal_to_every_process_of_the_service_charges_no_attempt(
 
         # When SIGTERM reaches every process of the service at once, the runner's workers
         # and their jobs too (systemd's default stop, KillMode=control-group)
-        for proc in [psutil.Process(runner.pid), *psutil.Process(runner.pid).children(True)]:
-            with contextlib.suppress(psutil.Error):
-                proc.send_signal(signal.SIGTERM)
+        _term_the_whole_service(runner)
 
         # Then the run stops as on SIGTERM, and the jobs go back to pending uncharged, as
         # stopping the runner promises: not dead-lettered as crashes nobody sent
@@ -635,8 +641,6 @@ def test_a_stop_signal_to_every_process_of_the_service_charges_no_attempt(
 
 def test_a_job_that_handles_the_services_stop_signal_and_exits_is_not_charged(
         tmp_path: Path, write_manifest: Any) -> None:
-    import psutil
-
     # Given a runner following the queue, running a python job (one attempt) that handles
     # SIGTERM itself by exiting with status 3, as a job that cleans up when told to stop does
     stage(tmp_path)
@@ -652,9 +656,7 @@ def test_a_job_that_handles_the_services_stop_signal_and_exits_is_not_charged(
         wait_for_pid(pidfile)
 
         # When SIGTERM reaches every process of the service at once (KillMode=control-group)
-        for proc in [psutil.Process(runner.pid), *psutil.Process(runner.pid).children(True)]:
-            with contextlib.suppress(psutil.Error):
-                proc.send_signal(signal.SIGTERM)
+        _term_the_whole_service(runner)
 
         # Then the job, stopped with the runner, goes back to pending uncharged, as it does
         # when the signal kills it: not dead-lettered for the failure the signal made it report
