@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
-from jobfns import QueueView, cli_args, py_job, run_cli, stage
+from jobfns import RENDERCTL, QueueView, _env, cli_args, py_job, run_cli, stage
 
 from renderctl.errors import ExitCode
 from renderctl.store import Queue
@@ -112,3 +113,25 @@ def test_a_hand_edited_record_with_odd_values_inside_is_shown_not_a_traceback(
         # Then each shows what is there, and none dies with a traceback
         assert "Traceback" not in res.stderr, (args, res.stderr)
         assert res.returncode in (0, 1), (args, res.stdout, res.stderr)
+
+
+def test_a_damaged_record_whose_name_is_not_utf8_is_reported_in_valid_utf8(
+        tmp_path: Path) -> None:
+    # Given a queue whose pending/ holds a damaged file whose name is not UTF-8 (bytes from
+    # another system's encoding)
+    stage(tmp_path)
+    queue, out = tmp_path / "q", tmp_path / "out"
+    manifest = tmp_path / "jobs.json"
+    manifest.write_text(json.dumps({"jobs": [py_job("ok", "write_pdf")]}))
+    assert run_cli("submit", manifest, *cli_args(queue, out), cwd=tmp_path).returncode == 0
+    with open(os.fsencode(queue / "pending") + b"/bad\xff.json", "wb") as fh:
+        fh.write(b"garbage")
+
+    # When a run reports it (a plain line each), and the job beside it runs
+    res = subprocess.run([*RENDERCTL, "run", *cli_args(queue, out)], capture_output=True,
+                         env=_env(None), cwd=tmp_path, timeout=60)
+
+    # Then what it prints is valid UTF-8 (the byte shown as an escape), not a raw 0xff
+    text = (res.stdout + res.stderr).decode("utf-8")
+    assert res.returncode == 0, text
+    assert "bad\\xff.json" in text, text
