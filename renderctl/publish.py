@@ -77,6 +77,11 @@ def check_confined(root: Path, final: Path) -> None:
         raise OutputEscapes(f"{final} is a symlink")
 
 
+def _inside(root_real: str, real: str) -> bool:
+    """Whether real path ``real`` is the output root (real path ``root_real``) or below it."""
+    return root_real == "/" or real == root_real or real.startswith(root_real + os.sep)
+
+
 def others_can_write(root_real: str, folder: Path) -> bool:
     """Whether anyone but us (or root) could create, rename or replace names in a folder on
     the way from the output root (real path ``root_real``) to ``folder``: one writable by
@@ -95,7 +100,7 @@ def others_can_write(root_real: str, folder: Path) -> bool:
         return True
     if real.endswith(" (deleted)"):
         return True
-    if root_real != "/" and real != root_real and not real.startswith(root_real + os.sep):
+    if not _inside(root_real, real):
         return True
     me = os.geteuid()
     path = root_real
@@ -144,7 +149,7 @@ def output_folder(root_real: str, final: Path) -> int:
     if real.endswith(" (deleted)"):
         os.close(fd)
         raise FileNotFoundError(errno.ENOENT, "folder removed", str(final.parent))
-    if root_real != "/" and real != root_real and not real.startswith(root_real + os.sep):
+    if not _inside(root_real, real):
         os.close(fd)
         raise OutputEscapes(f"{final.parent} resolves to {real}, outside the output root "
                             f"{root_real}")
@@ -177,8 +182,7 @@ def make_folders(out_root: str, folder: Path) -> None:
             os.close(fd)
             fd = below
             real = os.readlink(f"/proc/self/fd/{fd}")
-            if root_real != "/" and real != root_real \
-                    and not real.startswith(root_real + os.sep):
+            if not _inside(root_real, real):
                 raise OutputEscapes(f"{folder} resolves to {real}, outside the output root "
                                     f"{root_real}")
     finally:
