@@ -85,10 +85,12 @@ def kill_stale_workers(q: Queue, *, own: Path | None = None) -> None:
         try:
             entries = json.loads(f.read_text())
         except (OSError, ValueError):
-            entries = []
-        for e in entries:
-            pgid = int(e.get("pgid", 0))
-            if pgid > 1 and proctree.group_alive(pgid):
+            entries = []  # cut by a crash while written: its workers die with their runner
+        for e in entries if isinstance(entries, list) else ():
+            # A process group only from an entry that names one as a number (hand-edited or
+            # another tool's file: kill nothing we cannot name, and go on).
+            pgid = e.get("pgid") if isinstance(e, dict) else None
+            if type(pgid) is int and pgid > 1 and proctree.group_alive(pgid):
                 proctree.kill_group(pgid, signal.SIGKILL)
                 doomed.append(pgid)
         unlink_quiet(f)

@@ -1384,31 +1384,41 @@ class Queue:
         added = 0
         now = self.clock.wall()
         self._place_orphaned_batches()
+        damaged = False
         for bell in self.take_doorbells():
             try:
                 txn = json.loads(bell.read_bytes())
+                recs = [JobRecord.loads(json.dumps(r).encode()) for r in txn["records"]]
             except FileNotFoundError:
                 continue
-            except ValueError:
+            except _CORRUPT:
+                # Torn by a power cut (doorbells are not fsynced), or not ours: the jobs it
+                # names are in pending/ all the same.
+                damaged = True
                 unlink_quiet(bell)
                 continue
-            for r in txn.get("records", ()):
-                rec = JobRecord.loads(json.dumps(r).encode())
+            for rec in recs:
                 index.add(rec.entry(), now=now)
                 added += 1
             unlink_quiet(bell)
         for bell in sorted(self.dir("journal").glob("*.revive")):
             try:
                 ids = json.loads(bell.read_bytes())
-            except (FileNotFoundError, ValueError):
+                views = [self.find(jid) for jid in ids if isinstance(jid, str)]
+            except FileNotFoundError:
+                continue
+            except _CORRUPT:
+                damaged = True
                 unlink_quiet(bell)
                 continue
-            for jid in ids:
-                view = self.find(jid)
+            for view in views:
                 if view is not None and view.state is State.PENDING:
                     index.add(view.record.entry(), now=now)
                     added += 1
             unlink_quiet(bell)
+        if damaged:
+            # Rather than leave what it named to the next full rescan (up to RESCAN_FULL_S).
+            added += self.index_unknown_pending(index)
         return added
 
     def claim(

@@ -8,12 +8,23 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
-from jobfns import RENDERCTL, QueueView, _env, cli_args, py_job, run_cli, stage
+from jobfns import (
+    RENDERCTL,
+    QueueView,
+    Runner,
+    _env,
+    assert_pdf,
+    cli_args,
+    py_job,
+    run_cli,
+    stage,
+)
 
 from renderctl.errors import ExitCode
 from renderctl.store import Queue
@@ -135,3 +146,55 @@ def test_a_damaged_record_whose_name_is_not_utf8_is_reported_in_valid_utf8(
     text = (res.stdout + res.stderr).decode("utf-8")
     assert res.returncode == 0, text
     assert "bad\\xff.json" in text, text
+
+
+@pytest.mark.parametrize(("suffix", "bell"), [
+    ("new", b"[1, 2]"), ("new", b'{"records": [{"spec": 5}]}'), ("new", b'{"records": 7}'),
+    ("revive", b"7")])
+def test_a_hand_made_doorbell_that_is_json_but_not_a_batch_does_not_stop_a_runner(
+        tmp_path: Path, write_manifest: Any, suffix: str, bell: bytes) -> None:
+    # Given a runner following a queue, and in journal/ a doorbell (`<seq>.new`: "these ids
+    # are new"; `.revive`: "these dead ids are pending again") that parses as JSON but is
+    # not what it should be (hand-made, or another tool's)
+    stage(tmp_path)
+    queue, out = tmp_path / "q", tmp_path / "out"
+    runner = Runner(*cli_args(queue, out, "--workers", "1", "--follow", "--json"))
+    try:
+        runner.until(lambda ln: '"runner_started"' in ln)
+        (queue / "journal" / f"{1:020d}.{suffix}").write_bytes(bell)
+
+        # When a job is submitted (its doorbell is read after that one)
+        manifest = write_manifest([py_job("after", "write_pdf")])
+        assert run_cli("submit", manifest, *cli_args(queue, out)).returncode == ExitCode.OK
+
+        # Then the runner goes on and runs it (it died with a traceback, exit 70, before)
+        line = runner.until(lambda ln: '"completed"' in ln or '"runner_stopped"' in ln,
+                            timeout_s=30)
+        assert json.loads(line)["event"] == "completed", runner.stderr()
+        assert_pdf(out / "after.pdf", "after")
+        assert not (queue / "journal" / f"{1:020d}.{suffix}").exists()
+        os.kill(runner.pid, signal.SIGTERM)
+        assert runner.wait(30) == 128 + signal.SIGTERM
+        assert "Traceback" not in runner.stderr()
+    finally:
+        runner.close()
+
+
+@pytest.mark.parametrize("note", [b'{"pgid": 5}', b"[1]", b'[{"pgid": "x"}]', b"7"])
+def test_a_damaged_worker_list_of_a_dead_runner_does_not_stop_the_next(
+        tmp_path: Path, write_manifest: Any, note: bytes) -> None:
+    # Given a queue whose control/ holds a dead runner's worker list that is JSON but not a
+    # list of process groups
+    stage(tmp_path)
+    queue, out = tmp_path / "q", tmp_path / "out"
+    Queue(queue).close()
+    (queue / "control" / "workers.deadbeef.json").write_bytes(note)
+
+    # When a runner starts (it kills what a dead runner's workers left)
+    manifest = write_manifest([py_job("ok", "write_pdf")])
+    res = run_cli("run", manifest, *cli_args(queue, out), cwd=tmp_path, timeout=60)
+
+    # Then it runs the job (it died with a traceback before), and the note is gone
+    assert res.returncode == ExitCode.OK, res.stdout + res.stderr
+    assert_pdf(out / "ok.pdf", "ok")
+    assert not (queue / "control" / "workers.deadbeef.json").exists()
