@@ -2006,17 +2006,29 @@ class Queue:
 
     def signal_runner(self, sig: int) -> bool:
         info = self.runner_info()
-        # Only a live runner: while a `cancel` holds the lock to fix a dead runner's orphan,
-        # the record still names the dead runner, whose pid may belong to someone else now.
-        if not info or _holder_alive(info) is not True:
-            return False
         try:
-            os.kill(int(info["pid"]), sig)
+            # The descriptor names one process for good: judged alive below, it is the
+            # runner the record names, and a pid reused since (the runner gone, a new
+            # process under its number) can no longer receive the signal (kill(2) after
+            # the check had that window).
+            if not info:
+                return False
+            pidfd = os.pidfd_open(int(info["pid"]))
+        except (OSError, TypeError, ValueError, KeyError):
+            return False  # gone, or no pid to speak of
+        try:
+            # Only a live runner: while a `cancel` holds the lock to fix a dead runner's
+            # orphan, the record still names the dead runner, whose pid may be another's now.
+            if _holder_alive(info) is not True:
+                return False
+            signal.pidfd_send_signal(pidfd, sig)
         except (ProcessLookupError, PermissionError):
             # Gone, or run by a user we may not signal (a service account; the web tier that
             # submits may only write the queue): it finds the work at its next poll. Never a
             # failure of what we did before (a submit's jobs are accepted by now).
             return False
+        finally:
+            os.close(pidfd)
         return True
 
     @contextlib.contextmanager

@@ -340,3 +340,41 @@ def test_a_submit_that_may_not_signal_the_runner_still_reports_its_jobs_accepted
     assert res.returncode == 0, res
     assert "accepted 1 job" in res.stdout, res
     assert QueueView(queue).states_of(["w1"]) == {"w1": ["pending"]}
+
+
+@pytest.mark.parametrize("same_process", [True, False])
+def test_only_the_process_the_runner_record_names_is_woken(
+        tmp_path: Path, same_process: bool) -> None:
+    import signal
+
+    from renderctl import proctree
+    from renderctl.store import Holder, Queue
+
+    # Given a queue whose lock is held for a process named in runner.json: by its pid and
+    # start time, or by its pid and an earlier start time (the runner that had that pid is
+    # gone, and the number went to another process)
+    queue = tmp_path / "q"
+    q = Queue(queue)
+    other = subprocess.Popen(["sleep", "60"])
+    try:
+        start = proctree.process_start_time(other.pid)
+        assert start is not None
+        (queue / "runner.json").write_text(json.dumps({
+            **Holder.current().to_json(), "pid": other.pid,
+            "start_time": start if same_process else start - 1}))
+        fd = os.open(queue / "runner.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+
+            # When something wakes the runner (a submit does, with SIGUSR1)
+            sent = q.signal_runner(signal.SIGTERM)
+        finally:
+            os.close(fd)
+
+        # Then the signal reached that process only if it is the one the record names
+        assert sent is same_process
+        assert (other.wait(10) == -signal.SIGTERM) if same_process else other.poll() is None
+    finally:
+        other.kill()
+        other.wait()
+        q.close()
