@@ -128,8 +128,12 @@ def render_job(c: Console, view: JobView) -> None:
         + (f" ({one_line(rec.reason)})" if rec.reason else ""),
         f"  kind {rec.spec.kind}; output {one_line(rec.spec.output_path)}",
         f"  accepted {_ts(rec.accepted_at)}; ceiling {rec.spec.memory_mb} MB; "
-        f"timeout {human_duration(rec.spec.timeout_s)}; max attempts {rec.spec.max_attempts}",
+        f"timeout {human_duration(rec.spec.timeout_s)}; max attempts {rec.spec.max_attempts}"
+        + (f"; deadline {_ts(rec.spec.deadline)}" if rec.spec.deadline else ""),
     ]
+    if view.state is State.PENDING and rec.not_before:
+        # Waiting out a retry's backoff: why a pending job does not start, and until when.
+        lines.append(f"  next attempt not before {_ts(rec.not_before)}")
     if rec.result:
         r = rec.result
         n = r.get("pages")

@@ -6,6 +6,7 @@ with python-kind jobs from ``jobfns.py`` (copied next to the manifest) and ``com
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import subprocess
@@ -101,6 +102,33 @@ def test_show_describes_a_published_file_that_is_not_a_pdf_without_a_page_count(
     assert "pages" not in one
     doc = run_cli("show", "doc", "--queue", queue).stdout
     assert f"published {out / 'doc.pdf'} (" in doc and ", 1 page, sha256 " in doc, doc
+
+
+def test_show_names_a_jobs_deadline_and_when_its_retry_may_start(
+        tmp_path: Path, write_manifest: Any) -> None:
+    import signal
+
+    # Given a job with a deadline that fails once and then waits out a ten-minute backoff,
+    # when its runner is stopped meanwhile
+    stage(tmp_path)
+    manifest = write_manifest([{**py_job("late", "fail"), "deadline": "2099-01-02T03:04:05Z"}])
+    queue, out = tmp_path / "q", tmp_path / "out"
+    runner = Runner(manifest, *cli_args(queue, out, "--backoff-base", "600", "--json"))
+    try:
+        retry = json.loads(runner.until(lambda ln: '"failed"' in ln))
+        runner.proc.send_signal(signal.SIGTERM)
+        assert runner.wait() == 128 + signal.SIGTERM
+    finally:
+        runner.close()
+    record = QueueView(queue).record("pending", "late")
+
+    # Then `show` says when it may run again (it said only "pending"), and its deadline
+    shown = run_cli("show", "late", "--queue", queue).stdout
+    assert "deadline 2099-01-02T03:04:05.000Z" in shown, shown
+    not_before = record["not_before"]
+    assert not_before > retry["ts"] + 60
+    when = datetime.datetime.fromtimestamp(not_before, datetime.UTC)
+    assert f"next attempt not before {when:%Y-%m-%dT%H:%M:%S}" in shown, shown
 
 
 def test_a_reader_that_went_away_neither_stops_a_run_nor_makes_an_error(
