@@ -58,7 +58,13 @@ from typing import Any, Protocol
 from renderctl import mpstate, proctree
 from renderctl.clock import SYSTEM_CLOCK, Clock
 from renderctl.crashpoints import CRASH_ENV, STOP_ENV, CrashPoints
-from renderctl.errors import ExitCode, QueueIOError, RenderctlError, signal_exit_code
+from renderctl.errors import (
+    ExitCode,
+    QueueIOError,
+    RenderctlError,
+    UserError,
+    signal_exit_code,
+)
 from renderctl.fsutil import syncfs, unlink_quiet
 from renderctl.gate import StartGate
 from renderctl.guards import MemoryGuard, OomMark, Slot, TreeSampler, detect_memory_guard
@@ -284,7 +290,7 @@ class Runner:
                  reporter: Reporter | None = None, clock: Clock = SYSTEM_CLOCK) -> None:
         self.q = queue
         if os.environ.get(LEASE_ENV):
-            settings = replace(settings, lease_s=float(os.environ[LEASE_ENV]))
+            settings = replace(settings, lease_s=_test_lease_s(os.environ[LEASE_ENV]))
         self.s = settings
         self.reporter: Reporter = reporter or NullReporter()
         queue.on_quarantine = self.reporter.event  # a corrupt record: said as it is found
@@ -2088,6 +2094,16 @@ def _signame(sig: int) -> str:
         return signal.Signals(sig).name
     except ValueError:
         return f"signal {sig}"
+
+
+def _test_lease_s(raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise UserError(f"{LEASE_ENV}={raw!r}: must be a number of seconds > 0")
+    return value
 
 
 def _expires_at(a: Assignment) -> float | None:
