@@ -6,6 +6,7 @@ Nothing here touches files, processes or the real clock; tests drive it with pla
 from __future__ import annotations
 
 import heapq
+import math
 import random
 from collections import deque
 from dataclasses import dataclass, field
@@ -244,3 +245,60 @@ class ClaimIndex:
             return entry
         del self._buckets[best_prio]
         return self.pop(now=now)
+
+
+@dataclass
+class _Watched:
+    seen: tuple[str, float]  # the lease as last read: its token and expiry
+    due: float  # monotonic: when it may be taken over, unless it changes meanwhile
+
+
+class ForeignLeases:
+    """Running jobs held by runners we cannot judge (another host, an unknown holder), and
+    when each may be taken over.
+
+    A lease's expiry is its holder's wall clock, not ours: a host whose clock is behind
+    writes leases that look expired here while it still renews them, and a jump of our own
+    clock (NTP, a resumed VM) would make every lease look expired at once, or none for hours.
+    So a lease is judged by watching it, on our monotonic clock: taken over once it has not
+    changed for as long as it had left when we read it, never before ``min_watch_s``
+    (longer than a live holder takes to renew it) and never after ``max_watch_s`` (a lease
+    that far ahead of our clock was written by a clock ahead of ours: a live holder renews it
+    sooner). Any change starts the watch again."""
+
+    def __init__(self, *, min_watch_s: float, max_watch_s: float) -> None:
+        self.min_watch_s = min_watch_s
+        self.max_watch_s = max(min_watch_s, max_watch_s)
+        self._jobs: dict[str, _Watched] = {}
+
+    def __len__(self) -> int:
+        return len(self._jobs)
+
+    def __contains__(self, job_id: str) -> bool:
+        return job_id in self._jobs
+
+    def observe(self, job_id: str, token: str, expires_at: float, *, wall: float,
+                mono: float) -> bool:
+        """Note the lease read now; True if it may be taken over (unchanged since it was
+        first read, and watched long enough)."""
+        seen = (token, expires_at)
+        w = self._jobs.get(job_id)
+        if w is not None and w.seen == seen:
+            return mono >= w.due
+        left = expires_at - wall
+        if not math.isfinite(left):  # a damaged expiry (nan, inf): just the least watch
+            left = 0.0
+        watch = min(max(left, self.min_watch_s), self.max_watch_s)
+        self._jobs[job_id] = _Watched(seen, mono + watch)
+        return False
+
+    def forget(self, job_id: str) -> None:
+        self._jobs.pop(job_id, None)
+
+    def due(self, *, mono: float) -> list[str]:
+        """The jobs whose watch has run out (to be read again, and taken over if unchanged)."""
+        return [jid for jid, w in self._jobs.items() if mono >= w.due]
+
+    def next_due(self) -> float | None:
+        """When the earliest watch runs out (monotonic), None if none is watched."""
+        return min((w.due for w in self._jobs.values()), default=None)

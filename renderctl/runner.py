@@ -58,7 +58,13 @@ from typing import Any, Protocol
 from renderctl import mpstate, proctree
 from renderctl.clock import SYSTEM_CLOCK, Clock
 from renderctl.crashpoints import CRASH_ENV, STOP_ENV, CrashPoints
-from renderctl.errors import ExitCode, QueueIOError, RenderctlError, signal_exit_code
+from renderctl.errors import (
+    ExitCode,
+    QueueIOError,
+    RenderctlError,
+    UserError,
+    signal_exit_code,
+)
 from renderctl.fsutil import syncfs, unlink_quiet
 from renderctl.gate import StartGate
 from renderctl.guards import MemoryGuard, OomMark, Slot, TreeSampler, detect_memory_guard
@@ -75,7 +81,7 @@ from renderctl.messages import (
     Started,
     Stop,
 )
-from renderctl.policy import ClaimIndex, after_attempt, compute_backoff
+from renderctl.policy import ClaimIndex, ForeignLeases, after_attempt, compute_backoff
 from renderctl.publish import (
     OutputEscapes,
     Published,
@@ -124,6 +130,9 @@ MB = 1024 * 1024
 RETIRE_BOUND_S = 5.0  # a worker that said it retires and has not exited by then is killed
 CRASH_POINTS = ("claim", "lease", "start", "commit", "publish:before_link",
                 "publish:after_link", "publish:after_done", "dead")
+# For tests: the lease length (s) instead of RunnerSettings.lease_s, so that a test can see a
+# lease judged (renewed, expired, taken over) in seconds rather than minutes.
+LEASE_ENV = "RENDERCTL_TEST_LEASE_S"
 
 
 # How long finished attempts may wait for company in a group commit: 10 ms is below what a
@@ -280,6 +289,8 @@ class Runner:
     def __init__(self, queue: Queue, settings: RunnerSettings = RunnerSettings(), *,
                  reporter: Reporter | None = None, clock: Clock = SYSTEM_CLOCK) -> None:
         self.q = queue
+        if os.environ.get(LEASE_ENV):
+            settings = replace(settings, lease_s=_test_lease_s(os.environ[LEASE_ENV]))
         self.s = settings
         self.reporter: Reporter = reporter or NullReporter()
         queue.on_quarantine = self.reporter.event  # a corrupt record: said as it is found
@@ -315,9 +326,10 @@ class Runner:
         self._depth = 1  # adaptive prefetch depth (see _prefetch_depth)
         self._avg_exec = 0.0  # of recent jobs, seconds; 0 until three have finished
         # Running jobs whose lease a runner we cannot judge still held at our start (another
-        # host, or a holder file removed by hand): job id -> lease expiry (wall s). Taken
-        # over when it expires; until then the run is not finished.
-        self._foreign: dict[str, float] = {}
+        # host, or a holder file removed by hand). Taken over once the lease is seen not
+        # renewed (a live holder renews every lease_s / 3); until then the run is not finished.
+        self._foreign = ForeignLeases(min_watch_s=self.s.lease_s / 2,
+                                      max_watch_s=self.s.lease_s)
         self._started_at_recovery: dict[str, float | None] = {}
         self.wait_times: deque[float] = deque(maxlen=512)
         self.recent_failures: deque[dict[str, Any]] = deque(maxlen=5)
@@ -602,8 +614,9 @@ class Runner:
                 continue
             rec = view.record
             lease = rec.lease
-            if lease is not None and not self._orphaned(lease, now):
-                self._foreign[jid] = lease.expires_at
+            if lease is not None and not self._orphaned(lease):
+                self._foreign.observe(jid, lease.token, lease.expires_at, wall=now,
+                                      mono=time.monotonic())
                 continue
             t, tmp = self._recover_one(rec, started, now)
             transitions.append(t)
@@ -629,22 +642,21 @@ class Runner:
         self.q.forget_holders(keep=held)
 
     def _take_over_expired(self, now: float) -> None:
-        """Recover the foreign leases (see recover) that have expired since; a renewed one
-        (its runner alive after all) just gets its new expiry."""
+        """Recover the foreign leases (see recover) seen unrenewed for long enough; a renewed
+        one (its runner alive after all) is watched again."""
         transitions: list[Transition] = []
         published_tmps: list[Path] = []
-        for jid, expires_at in list(self._foreign.items()):
-            if expires_at >= now:
-                continue
+        mono = time.monotonic()
+        for jid in self._foreign.due(mono=mono):
             view = self.q.find(jid)
             lease = view.record.lease if view is not None else None
             if view is None or view.state is not State.RUNNING or lease is None:
-                del self._foreign[jid]  # finished or returned by someone else
+                self._foreign.forget(jid)  # finished or returned by someone else
                 continue
-            if lease.expires_at >= now:
-                self._foreign[jid] = lease.expires_at
+            if not self._foreign.observe(jid, lease.token, lease.expires_at, wall=now,
+                                         mono=mono):
                 continue
-            del self._foreign[jid]
+            self._foreign.forget(jid)
             t, tmp = self._recover_one(view.record, self._started_at_recovery, now)
             transitions.append(t)
             if tmp is not None:
@@ -663,17 +675,13 @@ class Runner:
             self.reporter.event({"event": "recovered", "job": t.record.spec.id,
                                  "state": t.dst.value})
 
-    def _orphaned(self, lease: Any, now: float) -> bool:
-        alive = proctree.holder_alive(host=lease.holder.host, boot_id=lease.holder.boot_id,
-                                      pid=lease.holder.pid,
-                                      start_time=lease.holder.start_time or 0)
-        if alive is False:
-            return True
-        if alive is True:
-            # We hold the queue's runner lock, so a live holder on this host is not a runner
-            # of this queue any more (e.g. a pid reused); trust the lease's expiry.
-            return lease.expires_at < now
-        return lease.expires_at < now  # another host: only the lease can tell
+    def _orphaned(self, lease: Any) -> bool:
+        """Whether the lease's holder is known dead. Otherwise (another host, an unknown
+        holder, or a live process here that does not hold the queue: we do) only watching the
+        lease can tell, and a lease the wall clock says expired may still be renewed."""
+        return proctree.holder_alive(host=lease.holder.host, boot_id=lease.holder.boot_id,
+                                     pid=lease.holder.pid,
+                                     start_time=lease.holder.start_time or 0) is False
 
     def _recover_one(self, rec: JobRecord, started: Mapping[str, float | None],
                      now: float) -> tuple[Transition, Path | None]:
@@ -998,9 +1006,9 @@ class Runner:
         if deadline is not None:  # (1 ms past it: a deadline is passed when "< now")
             deadlines.append(now + max(0.0, deadline + 0.001 - self.clock.wall()))
         due = self.index.next_due()
-        if self._foreign:
-            expiry = min(self._foreign.values())
-            due = expiry if due is None else min(due, expiry)
+        watch = self._foreign.next_due()
+        if watch is not None:
+            deadlines.append(watch)
         if due is not None:
             deadlines.append(now + max(0.0, due - self.clock.wall()))
         return max(0.0, min(deadlines) - now)
@@ -2086,6 +2094,16 @@ def _signame(sig: int) -> str:
         return signal.Signals(sig).name
     except ValueError:
         return f"signal {sig}"
+
+
+def _test_lease_s(raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise UserError(f"{LEASE_ENV}={raw!r}: must be a number of seconds > 0")
+    return value
 
 
 def _expires_at(a: Assignment) -> float | None:

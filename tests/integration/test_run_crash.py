@@ -22,6 +22,7 @@ import random
 import select
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -43,7 +44,7 @@ from jobfns import (
     wait_until,
 )
 
-from renderctl.runner import CRASH_POINTS
+from renderctl.runner import CRASH_POINTS, LEASE_ENV
 from renderctl.store import DEAD_RETRY_CRASH_POINTS, LEASE_XATTR
 
 SIGKILLED = -signal.SIGKILL
@@ -309,8 +310,9 @@ def test_a_lease_whose_holder_is_unknown_is_taken_over_when_it_expires_not_befor
     assert dead_work_root.is_dir()  # the dead runner's job folders, capture files and all
     assert dead_mp_dir.name.startswith("pymp-") and dead_mp_dir.is_dir()  # its fork server's
 
-    # When another runner starts on the queue
-    second = Runner(*cli_args(queue, out, *FAST, "--json"))
+    # When another runner starts on the queue (leases of 2 s: it watches one for 1 s at
+    # least before it may take it over, less than the 2 s this one has left)
+    second = Runner(*cli_args(queue, out, *FAST, "--json"), env={LEASE_ENV: "2"})
     try:
         code = second.wait()
     finally:
@@ -346,7 +348,7 @@ def test_a_cancel_of_a_job_whose_lease_waits_to_expire_is_applied_after_the_take
     queue, out, _ = left_by_a_runner_nobody_can_judge(
         tmp_path, write_manifest, holder="on another host", expires_in_s=3)
     # ... and a runner following the queue, waiting for that lease
-    second = Runner(*cli_args(queue, out, *FAST, "--follow", "--json"))
+    second = Runner(*cli_args(queue, out, *FAST, "--follow", "--json"), env={LEASE_ENV: "2"})
     try:
         second.until(lambda ln: '"runner_started"' in ln)
 
@@ -366,6 +368,52 @@ def test_a_cancel_of_a_job_whose_lease_waits_to_expire_is_applied_after_the_take
     assert not any('"started"' in ln for ln in second.lines), second.lines
     assert not (out / "held.pdf").exists()
     assert sorted((queue / "control").glob("cancel*")) == []
+
+
+def test_a_lease_renewed_by_a_host_whose_clock_is_behind_is_not_taken_over_until_it_stops(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given a job held by a runner on another host whose clock is 5 minutes behind ours (or
+    # ours jumped ahead: NTP, a resumed VM): each lease it writes has expired by our clock
+    # when we read it, yet it renews it all the time
+    queue, out, _ = left_by_a_runner_nobody_can_judge(
+        tmp_path, write_manifest, holder="on another host", expires_in_s=-240)
+    running = queue / "running" / "held.json"
+    prefix, attempt, claimed_at, _ = os.getxattr(running, LEASE_XATTR).decode().split()
+    stop_renewing = threading.Event()
+
+    def renew_as_the_other_host() -> None:
+        while not stop_renewing.wait(0.1):
+            os.setxattr(running, LEASE_XATTR,
+                        f"{prefix} {attempt} {claimed_at} {time.time() - 240:.3f}".encode())
+
+    renewer = threading.Thread(target=renew_as_the_other_host)
+    renewer.start()
+    # When a runner (leases of 2 s, so that it can judge one in a test's time) follows the
+    # queue for several of its lease lengths while the other host keeps renewing
+    second = Runner(*cli_args(queue, out, *FAST, "--follow", "--json"),
+                    env={LEASE_ENV: "2"})
+    try:
+        try:
+            second.until(lambda ln: '"runner_started"' in ln)
+            watched_until = time.monotonic() + 5
+            while time.monotonic() < watched_until:
+                # Then it never takes the job over (before: at once, at its start): the job
+                # runs on its host, and would run a second time here
+                assert QueueView(queue).states_of(["held"]) == {"held": ["running"]}
+                assert not any('"recovered"' in ln for ln in second.lines), second.lines
+                second._read_some(0.1)
+        finally:
+            stop_renewing.set()
+            renewer.join()
+        # And once the other host stops renewing, the job is taken over and run here
+        second.until(lambda ln: '"completed"' in ln and '"held"' in ln, timeout_s=30)
+        second.proc.send_signal(signal.SIGTERM)
+        second.wait()
+    finally:
+        second.close()
+    lost, done = QueueView(queue).record("done", "held")["attempts"]
+    assert (lost["outcome"], done["outcome"]) == ("crashed", "completed")
+    assert_pdf(out / "held.pdf", "held")
 
 
 # -- a `dead retry` killed half-way ---------------------------------------------------------

@@ -9,7 +9,14 @@ from dataclasses import replace
 import pytest
 
 from renderctl.lifecycle import Outcome, State
-from renderctl.policy import ClaimIndex, Entry, Verdict, after_attempt, compute_backoff
+from renderctl.policy import (
+    ClaimIndex,
+    Entry,
+    ForeignLeases,
+    Verdict,
+    after_attempt,
+    compute_backoff,
+)
 
 NOW = 1_000_000.0
 
@@ -301,3 +308,61 @@ def test_released_is_never_dead_lettered() -> None:
 ])
 def test_outcome_properties(outcome: Outcome, retryable: bool, charged: bool) -> None:
     assert (outcome.retryable, outcome.charged) == (retryable, charged)
+
+
+# -- leases held by runners we cannot judge ----------------------------------------------------
+
+MONO = 500.0
+
+
+def test_a_foreign_lease_is_taken_over_after_the_time_it_had_left_if_never_renewed() -> None:
+    leases = ForeignLeases(min_watch_s=30.0, max_watch_s=60.0)
+    # Given a lease read with 45 s left on it
+    assert not leases.observe("j", "t1", NOW + 45.0, wall=NOW, mono=MONO)
+    assert leases.next_due() == MONO + 45.0
+    assert leases.due(mono=MONO + 44.9) == []
+    # Then, unchanged 45 s later (by the monotonic clock), it may be taken over
+    assert leases.due(mono=MONO + 45.0) == ["j"]
+    assert leases.observe("j", "t1", NOW + 45.0, wall=NOW + 45.0, mono=MONO + 45.0)
+
+
+def test_a_foreign_lease_that_looks_long_expired_is_still_watched_before_a_takeover() -> None:
+    leases = ForeignLeases(min_watch_s=30.0, max_watch_s=60.0)
+    # Given a lease that expired 4 minutes ago by our clock (its host's clock is behind, or
+    # ours jumped ahead) ...
+    assert not leases.observe("j", "t1", NOW - 240.0, wall=NOW, mono=MONO)
+    # ... renewed by its holder 20 s later: it is alive, and watched again from then
+    assert not leases.observe("j", "t1", NOW - 220.0, wall=NOW + 20.0, mono=MONO + 20.0)
+    assert not leases.observe("j", "t1", NOW - 220.0, wall=NOW + 49.0, mono=MONO + 49.0)
+    # Then only once it has not changed for the least watch is it taken over
+    assert leases.observe("j", "t1", NOW - 220.0, wall=NOW + 50.0, mono=MONO + 50.0)
+
+
+@pytest.mark.parametrize("jump_s", [-7200.0, 7200.0])
+def test_a_wall_clock_jump_neither_hastens_nor_delays_a_foreign_takeover(jump_s: float) -> None:
+    leases = ForeignLeases(min_watch_s=30.0, max_watch_s=60.0)
+    assert not leases.observe("j", "t1", NOW + 60.0, wall=NOW, mono=MONO)
+    # When our wall clock jumps by two hours (NTP, a resumed VM) while the lease is watched
+    assert not leases.observe("j", "t1", NOW + 60.0, wall=NOW + 10.0 + jump_s, mono=MONO + 10.0)
+    # Then it is taken over when its 60 s have passed on the monotonic clock, not before
+    assert leases.due(mono=MONO + 59.0) == []
+    assert leases.observe("j", "t1", NOW + 60.0, wall=NOW + 60.0 + jump_s, mono=MONO + 60.0)
+
+
+def test_a_foreign_lease_with_a_damaged_expiry_gets_the_least_watch() -> None:
+    leases = ForeignLeases(min_watch_s=30.0, max_watch_s=60.0)
+    leases.observe("nan", "t", float("nan"), wall=NOW, mono=MONO)
+    leases.observe("inf", "t", float("inf"), wall=NOW, mono=MONO)
+    assert sorted(leases.due(mono=MONO + 30.0)) == ["inf", "nan"]
+    leases.forget("nan")
+    assert "nan" not in leases and len(leases) == 1
+
+
+def test_a_foreign_lease_far_ahead_of_our_clock_is_watched_one_lease_length_at_most() -> None:
+    # Given a lease written by a host whose clock runs an hour ahead of ours, then died
+    leases = ForeignLeases(min_watch_s=30.0, max_watch_s=60.0)
+    assert not leases.observe("j", "t1", NOW + 3660.0, wall=NOW, mono=MONO)
+    # Then it is taken over once unrenewed for a whole lease length (a live holder renews
+    # sooner), not an hour later
+    assert leases.due(mono=MONO + 59.0) == []
+    assert leases.observe("j", "t1", NOW + 3660.0, wall=NOW + 60.0, mono=MONO + 60.0)
