@@ -557,6 +557,57 @@ def test_prune_deletes_only_terminal_records_older_than_the_age(queue_dir: Path,
         q.prune([State.PENDING], 0)
 
 
+def test_prune_lets_a_submit_in_between_batches_of_a_big_folder(
+        queue_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given 400 done records a day old (copies of a real one, as the runner writes them)
+    import fcntl
+    import threading
+
+    from jobfns import wait_until
+
+    from renderctl import store
+    from renderctl.fsutil import write_file
+
+    monkeypatch.setattr(store, "PRUNE_BATCH", 8, raising=False)
+    q = Queue(queue_dir)
+    submit(q, [pyjob("seed")], tmp_path)
+    [c], _ = claim_all(q)
+    q.finish([Transition(c.record, State.DONE)])
+    rec = q.read_record(q.record_path(State.DONE, "seed"))
+    old = q.clock.wall() - 86400
+    for i in range(400):
+        path = q.record_path(State.DONE, f"j{i:04d}")
+        write_file(path, replace(rec, spec=replace(rec.spec, id=f"j{i:04d}"),
+                                 changed_at=old).dumps(), fsync=False)
+        os.utime(path, (old, old))
+    # When `prune` deletes them, and a submit (here: its lock) comes while it is at it
+    pruner = threading.Thread(target=q.prune, args=([State.DONE], 3600))
+    pruner.start()
+    try:
+        fd = os.open(q.path / ".submit.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+
+            def prune_holds_the_lock() -> bool:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    return True
+                fcntl.flock(fd, fcntl.LOCK_UN)
+                return False
+
+            wait_until(prune_holds_the_lock, what="prune to take submit's lock", interval_s=0)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            left = len(os.listdir(q.dir(State.DONE)))
+        finally:
+            os.close(fd)
+    finally:
+        pruner.join()
+    # Then the submit got in while most of the folder was still to be pruned (it waited
+    # for the whole folder: 9 s at 300,000 records), and the prune still finished the job
+    assert left > 200, left
+    assert files(q, State.DONE) == ["seed.json"]
+
+
 def test_submitted_records_are_plain_json(q: Queue, tmp_path: Path) -> None:
     # Scripts may read the queue: every record must be strict JSON.
     submit(q, [pyjob("a", params={"x": [1, 2.5, "s"]})], tmp_path)
