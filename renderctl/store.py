@@ -1728,42 +1728,59 @@ class Queue:
         revived: list[str] = []
         now = self.clock.wall()
         hook = crash_hook or (lambda point: None)
-        with self._lock(".submit.lock"):
-            for jid in job_ids:
-                src = self.record_path(State.DEAD, jid)
-                rec = self._read_or_quarantine(src)
-                if rec is None:
-                    continue
-                rec = replace(rec, attempt_base=len(rec.attempts), not_before=0.0, lease=None,
-                              reason=RETRIED_REASON, changed_at=now)
-                tmp = self._tmp_name("revive")
-                # Protects against: power loss after the renames below exposing an empty
-                # record (the data must reach the disk before a name points at it).
-                write_file(tmp, rec.dumps(), fsync=True)
-                os.replace(tmp, src)
-                hook("dead_retry:rewritten")
-                try:
-                    os.rename(src, self.record_path(State.PENDING, jid))
-                except FileNotFoundError:
-                    continue  # purged since we read it
-                hook("dead_retry:moved")
-                revived.append(jid)
-            if revived:
-                # Protects against: power loss after we report "retried" undoing the moves.
-                # pending/ first: a power loss between the two syncs can then leave a job in
-                # both folders (on a file system that does not keep a rename whole), never
-                # in neither.
-                fsync_dir(self.dir(State.PENDING))
-                fsync_dir(self.dir(State.DEAD))
-                bell = self.dir("journal") / f"{time.time_ns():020d}.revive"
-                tmp = self._tmp_name("bell")
-                # No fsync: a lost doorbell only delays a running runner until its next
-                # rescan of pending/ (Runner._rescan).
-                write_file(tmp, json.dumps(revived).encode(), fsync=False)
-                os.replace(tmp, bell)
-                self.events.append({"ts": now, "event": "revived", "job": j} for j in revived)
+        # In batches, each under one hold of submit's lock and one sync for its records: a
+        # fsync per job and the lock held throughout made `dead retry --all` of 20,000 jobs
+        # take 115 s, every submit waiting behind it.
+        for at in range(0, len(job_ids), PRUNE_BATCH):
+            with self._lock(".submit.lock"):
+                revived += self._dead_retry_batch(job_ids[at:at + PRUNE_BATCH], now, hook)
         if revived:
             self.wake_runner()
+        return revived
+
+    def _dead_retry_batch(self, job_ids: Sequence[str], now: float,
+                          hook: Callable[[str], None]) -> list[str]:
+        revived: list[str] = []
+        staged: list[tuple[str, Path, Path]] = []
+        for jid in job_ids:
+            src = self.record_path(State.DEAD, jid)
+            rec = self._read_or_quarantine(src)
+            if rec is None:
+                continue
+            rec = replace(rec, attempt_base=len(rec.attempts), not_before=0.0, lease=None,
+                          reason=RETRIED_REASON, changed_at=now)
+            tmp = self._tmp_name("revive")
+            write_file(tmp, rec.dumps(), fsync=len(job_ids) <= SMALL_BATCH)
+            staged.append((jid, src, tmp))
+        if not staged:
+            return revived
+        if len(job_ids) > SMALL_BATCH:
+            # Protects against: power loss after the renames below exposing an empty
+            # record (the data must reach the disk before a name points at it).
+            syncfs(self.path)
+        for jid, src, tmp in staged:
+            os.replace(tmp, src)
+            hook("dead_retry:rewritten")
+            try:
+                os.rename(src, self.record_path(State.PENDING, jid))
+            except FileNotFoundError:
+                continue  # purged since we read it
+            hook("dead_retry:moved")
+            revived.append(jid)
+        if revived:
+            # Protects against: power loss after we report "retried" undoing the moves.
+            # pending/ first: a power loss between the two syncs can then leave a job in
+            # both folders (on a file system that does not keep a rename whole), never
+            # in neither.
+            fsync_dir(self.dir(State.PENDING))
+            fsync_dir(self.dir(State.DEAD))
+            bell = self.dir("journal") / f"{time.time_ns():020d}.revive"
+            tmp = self._tmp_name("bell")
+            # No fsync: a lost doorbell only delays a running runner until its next
+            # rescan of pending/ (Runner._rescan).
+            write_file(tmp, json.dumps(revived).encode(), fsync=False)
+            os.replace(tmp, bell)
+            self.events.append({"ts": now, "event": "revived", "job": j} for j in revived)
         return revived
 
     def dead_purge(self) -> int:
