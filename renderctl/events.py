@@ -79,12 +79,21 @@ class EventLog:
     def __del__(self) -> None:
         self.close()
 
-    def read(self, *, offset: int = 0) -> tuple[list[dict[str, Any]], int]:
-        """Complete lines from ``offset``; returns them and the offset to continue from."""
+    def read(self, *, offset: int = 0,
+             max_bytes: int | None = None) -> tuple[list[dict[str, Any]], int]:
+        """Complete lines from ``offset``; returns them and the offset to continue from.
+
+        ``max_bytes`` bounds what one call reads (whole lines only; one line longer than it
+        is read whole): a week's log is hundreds of MB, ~10x that as objects in memory."""
         try:
             with open(self.path, "rb") as fh:
                 fh.seek(offset)
-                data = fh.read()
+                if max_bytes is None:
+                    data = fh.read()
+                else:
+                    data = fh.read(max_bytes)
+                    while b"\n" not in data and (more := fh.read(max_bytes)):
+                        data += more
         except FileNotFoundError:
             return [], offset
         end = data.rfind(b"\n") + 1  # a half-written last line waits for the next read

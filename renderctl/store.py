@@ -120,6 +120,8 @@ DEAD_RETRY_CRASH_POINTS = ("dead_retry:rewritten", "dead_retry:moved")
 # (<pid>.holder.<prefix>.json.<8 hex>). clean_tmp removes nothing else.
 _OWN_TMP = re.compile(
     r"(\d+)(?:-([0-9a-f]{8}))?\.(?:\d+\.[a-z]+|state|holder\..+\.json\.[0-9a-f]{8})")
+PRUNE_BATCH = 256  # records prune (dead retry) judges per hold of submit's lock, at most
+PRUNE_HOLD_S = 0.05  # and prune holds it no longer than this
 SMALL_BATCH = 8  # up to this many files, per-file fsync beats one syncfs of everything
 # A temporary whose writer's pid means nothing here (another host, another pid namespace)
 # is swept only once this old: an in-flight one lives for milliseconds to seconds.
@@ -1737,42 +1739,59 @@ class Queue:
         revived: list[str] = []
         now = self.clock.wall()
         hook = crash_hook or (lambda point: None)
-        with self._lock(".submit.lock"):
-            for jid in job_ids:
-                src = self.record_path(State.DEAD, jid)
-                rec = self._read_or_quarantine(src)
-                if rec is None:
-                    continue
-                rec = replace(rec, attempt_base=len(rec.attempts), not_before=0.0, lease=None,
-                              reason=RETRIED_REASON, changed_at=now)
-                tmp = self._tmp_name("revive")
-                # Protects against: power loss after the renames below exposing an empty
-                # record (the data must reach the disk before a name points at it).
-                write_file(tmp, rec.dumps(), fsync=True)
-                os.replace(tmp, src)
-                hook("dead_retry:rewritten")
-                try:
-                    os.rename(src, self.record_path(State.PENDING, jid))
-                except FileNotFoundError:
-                    continue  # purged since we read it
-                hook("dead_retry:moved")
-                revived.append(jid)
-            if revived:
-                # Protects against: power loss after we report "retried" undoing the moves.
-                # pending/ first: a power loss between the two syncs can then leave a job in
-                # both folders (on a file system that does not keep a rename whole), never
-                # in neither.
-                fsync_dir(self.dir(State.PENDING))
-                fsync_dir(self.dir(State.DEAD))
-                bell = self.dir("journal") / f"{time.time_ns():020d}.revive"
-                tmp = self._tmp_name("bell")
-                # No fsync: a lost doorbell only delays a running runner until its next
-                # rescan of pending/ (Runner._rescan).
-                write_file(tmp, json.dumps(revived).encode(), fsync=False)
-                os.replace(tmp, bell)
-                self.events.append({"ts": now, "event": "revived", "job": j} for j in revived)
+        # In batches, each under one hold of submit's lock and one sync for its records: a
+        # fsync per job and the lock held throughout made `dead retry --all` of 20,000 jobs
+        # take 115 s, every submit waiting behind it.
+        for at in range(0, len(job_ids), PRUNE_BATCH):
+            with self._lock(".submit.lock"):
+                revived += self._dead_retry_batch(job_ids[at:at + PRUNE_BATCH], now, hook)
         if revived:
             self.wake_runner()
+        return revived
+
+    def _dead_retry_batch(self, job_ids: Sequence[str], now: float,
+                          hook: Callable[[str], None]) -> list[str]:
+        revived: list[str] = []
+        staged: list[tuple[str, Path, Path]] = []
+        for jid in job_ids:
+            src = self.record_path(State.DEAD, jid)
+            rec = self._read_or_quarantine(src)
+            if rec is None:
+                continue
+            rec = replace(rec, attempt_base=len(rec.attempts), not_before=0.0, lease=None,
+                          reason=RETRIED_REASON, changed_at=now)
+            tmp = self._tmp_name("revive")
+            write_file(tmp, rec.dumps(), fsync=len(job_ids) <= SMALL_BATCH)
+            staged.append((jid, src, tmp))
+        if not staged:
+            return revived
+        if len(job_ids) > SMALL_BATCH:
+            # Protects against: power loss after the renames below exposing an empty
+            # record (the data must reach the disk before a name points at it).
+            syncfs(self.path)
+        for jid, src, tmp in staged:
+            os.replace(tmp, src)
+            hook("dead_retry:rewritten")
+            try:
+                os.rename(src, self.record_path(State.PENDING, jid))
+            except FileNotFoundError:
+                continue  # purged since we read it
+            hook("dead_retry:moved")
+            revived.append(jid)
+        if revived:
+            # Protects against: power loss after we report "retried" undoing the moves.
+            # pending/ first: a power loss between the two syncs can then leave a job in
+            # both folders (on a file system that does not keep a rename whole), never
+            # in neither.
+            fsync_dir(self.dir(State.PENDING))
+            fsync_dir(self.dir(State.DEAD))
+            bell = self.dir("journal") / f"{time.time_ns():020d}.revive"
+            tmp = self._tmp_name("bell")
+            # No fsync: a lost doorbell only delays a running runner until its next
+            # rescan of pending/ (Runner._rescan).
+            write_file(tmp, json.dumps(revived).encode(), fsync=False)
+            os.replace(tmp, bell)
+            self.events.append({"ts": now, "event": "revived", "job": j} for j in revived)
         return revived
 
     def dead_purge(self) -> int:
@@ -1791,40 +1810,66 @@ class Queue:
             raise ValueError("only terminal records can be pruned")
         cutoff = self.clock.wall() - older_than_s
         counts: dict[str, int] = {}
-        # Submit's lock: a submit (`--replace`, or a repeat of an id it finds here), a
-        # `dead retry` and a journal replay each decide by what they read in these folders.
-        with self._lock(".submit.lock"):
-            for state in states:
-                folder = self.dir(state)
-                n = 0
-                with os.scandir(folder) as it:
-                    entries = [e for e in it if e.name.endswith(".json")]
-                for e in entries:
+        for state in states:
+            folder = self.dir(state)
+            n = 0
+            batch: list[str] = []
+            # Listed as it goes (done/ holds every job until pruned: a list of 300,000
+            # entries took 300 MB), and judged PRUNE_BATCH records at a time under submit's
+            # lock, never the whole folder: a submit waited for all of it (9 s at 300,000).
+            with os.scandir(folder) as it:
+                for e in it:
+                    if not e.name.endswith(".json"):
+                        continue
                     try:
                         if e.stat().st_mtime >= cutoff:
                             continue
-                        rec = JobRecord.loads(read_file(e.path))
                     except FileNotFoundError:
                         continue
-                    except (IsADirectoryError, *_CORRUPT):
-                        continue  # not ours to judge here: status/show quarantine it
-                    if rec.changed_at >= cutoff:
-                        continue
-                    if os.path.exists(self._rpath(State.RUNNING, rec.spec.id)):
-                        # A runner died between recording this state and dropping the running
-                        # copy: recovery finishes that by the later record. Without it, the
-                        # job would look orphaned and run again.
-                        continue
-                    if not dry_run:
-                        # A request left for a job now forgotten would cancel the next job
-                        # submitted under its id.
-                        self.clear_cancel_request(rec.spec.id)
-                    n += 1 if dry_run else unlink_quiet(e.path)
-                if n and not dry_run:
-                    # Protects against: power loss bringing back records reported deleted.
-                    fsync_dir(folder)
-                counts[state.value] = n
+                    batch.append(e.path)
+                    if len(batch) >= PRUNE_BATCH:
+                        n += self._prune_batch(batch, cutoff, dry_run=dry_run)
+            while batch:
+                n += self._prune_batch(batch, cutoff, dry_run=dry_run)
+            if n and not dry_run:
+                # Protects against: power loss bringing back records reported deleted.
+                fsync_dir(folder)
+            counts[state.value] = n
         return counts
+
+    def _prune_batch(self, paths: list[str], cutoff: float, *, dry_run: bool) -> int:
+        """Delete (count, if ``dry_run``) the records of ``paths`` that changed before
+        ``cutoff``, taking them off the list, for up to PRUNE_HOLD_S (an unlink here took
+        2-13 ms after many deletions). Under submit's lock: a submit (`--replace`, or a
+        repeat of an id it finds here), a `dead retry` and a journal replay each decide by
+        what they read in these folders, and each record is judged and deleted within one
+        hold of it."""
+        if not paths:
+            return 0
+        n = 0
+        with self._lock(".submit.lock"):
+            until = time.monotonic() + PRUNE_HOLD_S
+            while paths and time.monotonic() < until:
+                path = paths.pop()
+                try:
+                    rec = JobRecord.loads(read_file(path))
+                except FileNotFoundError:
+                    continue
+                except (IsADirectoryError, *_CORRUPT):
+                    continue  # not ours to judge here: status/show quarantine it
+                if rec.changed_at >= cutoff:
+                    continue
+                if os.path.exists(self._rpath(State.RUNNING, rec.spec.id)):
+                    # A runner died between recording this state and dropping the running
+                    # copy: recovery finishes that by the later record. Without it, the
+                    # job would look orphaned and run again.
+                    continue
+                if not dry_run:
+                    # A request left for a job now forgotten would cancel the next job
+                    # submitted under its id.
+                    self.clear_cancel_request(rec.spec.id)
+                n += 1 if dry_run else unlink_quiet(path)
+        return n
 
     # -- the runner lock --
     # Two flocks, taken in this order and held together while a runner runs:

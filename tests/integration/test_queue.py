@@ -557,6 +557,92 @@ def test_prune_deletes_only_terminal_records_older_than_the_age(queue_dir: Path,
         q.prune([State.PENDING], 0)
 
 
+def old_records(q: Queue, tmp_path: Path, state: State, n: int) -> list[str]:
+    """``n`` records in ``state``'s folder a day old: copies of a real one, as the runner
+    writes them (a seed job, done, stays as it is); returns their ids."""
+    from renderctl.fsutil import write_file
+
+    submit(q, [pyjob("seed")], tmp_path)
+    [c], _ = claim_all(q)
+    q.finish([Transition(c.record, State.DONE)])
+    rec = q.read_record(q.record_path(State.DONE, "seed"))
+    old = q.clock.wall() - 86400
+    ids = [f"j{i:04d}" for i in range(n)]
+    for jid in ids:
+        path = q.record_path(state, jid)
+        write_file(path, replace(rec, spec=replace(rec.spec, id=jid), changed_at=old).dumps(),
+                   fsync=False)
+        os.utime(path, (old, old))
+    return ids
+
+
+def left_when_a_submit_gets_in(q: Queue, work: Any, folder: State) -> int:
+    """Run ``work`` in a thread; once it holds submit's lock, wait for that lock as a submit
+    does, and return how many records ``folder`` held when we got it."""
+    import fcntl
+    import threading
+
+    from jobfns import wait_until
+
+    worker = threading.Thread(target=work)
+    worker.start()
+    try:
+        fd = os.open(q.path / ".submit.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+
+            def work_holds_the_lock() -> bool:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    return True
+                fcntl.flock(fd, fcntl.LOCK_UN)
+                return False
+
+            wait_until(work_holds_the_lock, what="submit's lock taken", interval_s=0)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            return len(os.listdir(q.dir(folder)))
+        finally:
+            os.close(fd)
+    finally:
+        worker.join()
+
+
+def test_prune_lets_a_submit_in_between_batches_of_a_big_folder(
+        queue_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given 400 done records a day old
+    from renderctl import store
+
+    monkeypatch.setattr(store, "PRUNE_BATCH", 8, raising=False)
+    q = Queue(queue_dir)
+    old_records(q, tmp_path, State.DONE, 400)
+    # When `prune` deletes them, and a submit comes while it is at it
+    left = left_when_a_submit_gets_in(q, lambda: q.prune([State.DONE], 3600), State.DONE)
+    # Then the submit got in while most of the folder was still to be pruned (it waited
+    # for the whole folder: 9 s at 300,000 records), and the prune still finished the job
+    assert left > 200, left
+    assert files(q, State.DONE) == ["seed.json"]
+
+
+def test_dead_retry_of_many_lets_a_submit_in_between_batches(
+        queue_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given 400 dead-lettered jobs
+    from renderctl import store
+
+    monkeypatch.setattr(store, "PRUNE_BATCH", 8, raising=False)
+    q = Queue(queue_dir)
+    ids = old_records(q, tmp_path, State.DEAD, 400)
+    # When `dead retry --all` returns them to pending, and a submit comes meanwhile
+    left = left_when_a_submit_gets_in(q, lambda: q.dead_retry(ids), State.DEAD)
+    # Then the submit got in early (it waited for all of them: 115 s for 20,000, at a
+    # fsync each), and every job was retried, once, with a fresh budget
+    assert left > 200, left
+    assert files(q, State.DEAD) == []
+    assert files(q, State.PENDING) == sorted(f"{j}.json" for j in ids)
+    rec = q.read_record(q.record_path(State.PENDING, "j0399"))
+    assert (rec.reason, rec.attempt_base) == ("retried from dead", len(rec.attempts))
+    assert sum(e["event"] == "revived" for e in events(q)) == 400
+
+
 def test_submitted_records_are_plain_json(q: Queue, tmp_path: Path) -> None:
     # Scripts may read the queue: every record must be strict JSON.
     submit(q, [pyjob("a", params={"x": [1, 2.5, "s"]})], tmp_path)
