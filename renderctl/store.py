@@ -1831,9 +1831,6 @@ class Queue:
                         n += self._prune_batch(batch, cutoff, dry_run=dry_run)
             while batch:
                 n += self._prune_batch(batch, cutoff, dry_run=dry_run)
-            if n and not dry_run:
-                # Protects against: power loss bringing back records reported deleted.
-                fsync_dir(folder)
             counts[state.value] = n
         return counts
 
@@ -1846,6 +1843,7 @@ class Queue:
         hold of it."""
         if not paths:
             return 0
+        folder = os.path.dirname(paths[0])  # one folder's records in each batch
         n = 0
         with self._lock(".submit.lock"):
             until = time.monotonic() + PRUNE_HOLD_S
@@ -1869,6 +1867,12 @@ class Queue:
                     # submitted under its id.
                     self.clear_cancel_request(rec.spec.id)
                 n += 1 if dry_run else unlink_quiet(path)
+            if n and not dry_run:
+                # Protects against: power loss bringing back a record whose id a submit,
+                # let in once we release the lock, reads as free and accepts anew: the job
+                # would then be both finished and pending, and its new copy quarantined
+                # (settle_copies), never run. So the deletions are durable before it can.
+                fsync_dir(folder)
         return n
 
     # -- the runner lock --
