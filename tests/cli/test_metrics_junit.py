@@ -291,6 +291,24 @@ def test_junit_report_of_a_job_whose_error_holds_control_characters_parses(
     assert "about to fail: nul\\x00" in text, text
 
 
+def test_junit_timestamp_is_when_the_run_began_not_when_the_report_was_written() -> None:
+    import calendar
+    import time
+
+    from renderctl.junit import junit_xml
+
+    # Given a run that took two hours, when its report is written at its end
+    written = time.time()
+    root = ET.fromstring(junit_xml([], wall_s=7200.0))
+
+    # Then its timestamp is the run's start, as JUnit readers take it (CI shows the suite
+    # as started then); it was the time of writing
+    suite = root.find("testsuite")
+    assert suite is not None
+    began = calendar.timegm(time.strptime(suite.get("timestamp", ""), "%Y-%m-%dT%H:%M:%S"))
+    assert abs(began - (written - 7200)) < 5, suite.get("timestamp")
+
+
 def test_junit_xml_shows_what_xml_cannot_hold_as_escapes() -> None:
     from renderctl.junit import Case, junit_xml
 
