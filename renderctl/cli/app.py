@@ -1341,7 +1341,7 @@ def wait(
             raise typer.Exit(ExitCode.TEMPFAIL)
         time.sleep(WAIT_POLL_S)
     if as_json:
-        out.print_json(final)
+        out.print_json({jid: final[jid] for jid in job_ids})  # as given, as the lines are
     else:
         for jid in job_ids:
             print(f"{jid}: {final[jid]}")
