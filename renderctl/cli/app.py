@@ -509,6 +509,7 @@ def validate(manifests: ManifestsArg, out_dir: OutOpt = None, as_json: JsonOpt =
         origins: dict[str, str] = {}
         jobs = load_all(manifests, out_root=out_root(out_dir), origins=origins)
         warn_past_deadlines(jobs, origins)
+        warn_unfound_programs(jobs, origins)
     except ManifestError as exc:
         if as_json:
             out.print_json({"valid": False, "problems": [p.__dict__ for p in exc.problems]})
@@ -536,6 +537,57 @@ def warn_past_deadlines(jobs: list[Any], origins: dict[str, str]) -> None:
                     "past; the job will expire without running")
 
 
+def warn_unfound_programs(jobs: list[Any], origins: dict[str, str]) -> None:
+    """A command's program not on PATH, or a python job's module not importable, is valid
+    (the runner's PATH and sys.path may differ: another host, a virtualenv it activates),
+    but here it would fail every attempt and be dead-lettered after its retries: say so
+    now, once per program (a module is looked up without running any of its code)."""
+    missing: dict[tuple[str, str, str], list[Any]] = {}
+    found: set[tuple[str, str, str]] = set()
+    for job in jobs:
+        if job.kind == "command" and job.argv:
+            key = ("argv[0]", "", job.argv[0])
+        elif job.kind == "python" and job.callable:
+            # Only the top-level name: finding a submodule would import (run) its package.
+            key = ("callable", job.pythonpath or "", job.callable.partition(":")[0]
+                   .split(".")[0])
+        else:
+            continue
+        if key in found:
+            continue
+        if key not in missing and _program_found(*key):
+            found.add(key)
+            continue
+        missing.setdefault(key, []).append(job)
+    for (fld, _, name), hit in missing.items():
+        what = f"'{name}' not found on PATH" if fld == "argv[0]" else f"module '{name}' not found"
+        more = len(hit) - 1
+        also = f" (and {more} more job{'' if more == 1 else 's'})" if more else ""
+        out.err(f"warning: {origins.get(hit[0].id, '?')}: job {hit[0].id}: {fld}: {what} "
+                f"here{also}; each attempt would fail")
+
+
+def _program_found(field: str, pythonpath: str, name: str) -> bool:
+    if field == "argv[0]":
+        import shutil
+
+        if "/" in name:
+            # A path: a relative one is to the job's own working folder, unknown here.
+            return not os.path.isabs(name) or os.access(name, os.X_OK)
+        return shutil.which(name) is not None
+    import importlib.util
+
+    saved = list(sys.path)
+    try:
+        if pythonpath:  # the worker imports with the manifest's folder first on sys.path
+            sys.path.insert(0, pythonpath)
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+    finally:
+        sys.path[:] = saved
+
+
 def do_submit(
     manifests: list[Path], *, queue: Path | None, out_dir: Path | None, replace: bool,
     max_pending: int | None, limits: Any, before: Callable[[Queue], None] | None = None,
@@ -551,6 +603,7 @@ def do_submit(
     origins: dict[str, str] = {}
     jobs = load_all(manifests, out_root=out_root(out_dir), limits=limits, origins=origins)
     warn_past_deadlines(jobs, origins)
+    warn_unfound_programs(jobs, origins)
     crash_hook = CrashPoints.from_env()
     crash_hook("submit:parsed")
     q = Queue(queue_path(queue))

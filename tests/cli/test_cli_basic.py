@@ -283,7 +283,7 @@ def test_a_job_whose_output_exists_already_is_accepted_with_a_warning(
     out = tmp_path / "out"
     out.mkdir()
     (out / "r.pdf").write_bytes(b"%PDF-1.4 earlier")
-    first = write_manifest([{"id": "fresh", "kind": "python", "callable": "m:f",
+    first = write_manifest([{"id": "fresh", "kind": "python", "callable": "json:dumps",
                              "output": "fresh.pdf"}], name="fresh.toml")
     res = runner.invoke(app, ["submit", str(first), "--queue", str(queue_dir), "--out", str(out)])
     assert res.exit_code == 0 and "warning" not in res.stderr, res.stderr

@@ -11,6 +11,7 @@ import select
 import shutil
 import struct
 import subprocess
+import sys
 import termios
 import time
 from pathlib import Path
@@ -515,3 +516,37 @@ def test_json_of_a_job_whose_output_root_is_not_utf8_is_strict(tmp_path: Path) -
     assert res.returncode == 0, res.stderr
     shown = strict_json(res.stdout)
     assert isinstance(shown, dict) and shown["spec"]["out_root"] == f"{tmp_path}/o\\xfe"
+
+
+def test_a_program_or_module_that_cannot_be_found_is_warned_of_before_it_runs(
+        tmp_path: Path) -> None:
+    # Given jobs whose program or module is nowhere to be found here (a typo, a venv not
+    # activated), beside jobs whose are (the manifest's own module, a library, a program on
+    # PATH, one named by its path)
+    manifest = write_jobs(tmp_path / "m", [
+        job("ok", "write"), job("typo", "write", callable="jobsmdo:write"),
+        job("typo2", "write", callable="jobsmdo:fail"),
+        job("lib", "write", callable="json:dumps"),
+        {"id": "cmd", "kind": "command", "argv": ["true", "{output}"], "output": "c.bin"},
+        {"id": "abs", "kind": "command", "argv": [sys.executable, "-c", "1", "{output}"],
+         "output": "a.bin"},
+        {"id": "nobin", "kind": "command", "argv": ["pdftk-not-installed", "{output}"],
+         "output": "n.bin"},
+    ])
+
+    # When they are validated (and submitted)
+    res = cli("validate", manifest, cwd=tmp_path)
+    sub = cli("submit", manifest, "--queue", tmp_path / "q", "--out", tmp_path / "out",
+              cwd=tmp_path)
+
+    # Then both say which job and field will fail every attempt, once per program, and
+    # accept them all the same (the runner's PATH or sys.path may differ from this one's)
+    assert res.returncode == 0 and sub.returncode == 0, res.stderr + sub.stderr
+    for text in (res.stderr, sub.stderr):
+        warnings = [ln for ln in text.splitlines() if "warning:" in ln]
+        assert len(warnings) == 2, text
+        assert any(f"{manifest}: job typo: callable: module 'jobsmdo' not found" in w
+                   and "(and 1 more job)" in w for w in warnings), text
+        assert any(f"{manifest}: job nobin: argv[0]: 'pdftk-not-installed' not found on "
+                   "PATH" in w for w in warnings), text
+    assert "accepted 7 job(s)" in sub.stdout
