@@ -189,6 +189,23 @@ def restore_lost_output(q: Queue, rec: JobRecord, running: Path, *, is_dir: bool
     return published is Published.PUBLISHED
 
 
+def retired_event(q: Queue, rec: JobRecord, state: State, running: Path) -> dict[str, Any]:
+    """The event of a finish its runner died in after placing the later record, before
+    retiring the running copy (``Queue.retire`` logs each event only after that): the one
+    that runner would have logged, judged from the two copies."""
+    lease = read_lease(running)
+    if lease is None:
+        try:
+            lease = q.read_record(running).lease  # inline, without xattrs
+        except (OSError, ValueError, KeyError, TypeError):
+            lease = None
+    # Unrun (cancelled before it started, expired in its worker): its record's last
+    # attempt is an earlier one, not the one this lease was for.
+    last = rec.attempts[-1].get("n") if rec.attempts else None
+    unrun = lease is not None and last != lease.attempt
+    return Transition(rec, state, unrun=unrun).event
+
+
 def apply_verdicts(q: Queue, transitions: list[Transition], published_tmps: list[Path]) -> None:
     """Make verdicts durable, then drop the temporary names of outputs found published (only
     now: the done records that replace them as proof are on disk)."""

@@ -102,6 +102,7 @@ from renderctl.recovery import (
     judge_orphan,
     kill_stale_workers,
     restore_lost_output,
+    retired_event,
     started_tokens,
 )
 from renderctl.render.registry import all_specs
@@ -595,6 +596,7 @@ class Runner:
         now = self.clock.wall()
         transitions: list[Transition] = []
         published_tmps: list[Path] = []
+        retired: list[dict[str, Any]] = []
         for jid in self.q.list_ids(State.RUNNING):
             path = self.q.record_path(State.RUNNING, jid)
             view = self.q.find(jid)
@@ -608,6 +610,9 @@ class Runner:
                     kind = self._specs.get(view.record.spec.kind)
                     restore_lost_output(self.q, view.record, path,
                                         is_dir=kind is not None and kind.output == "dir")
+                if view.state.terminal:
+                    # Its event is logged as the running copy is retired: not yet.
+                    retired.append(retired_event(self.q, view.record, view.state, path))
                 unlink_quiet(path)
                 for stale in tmp_outputs(view.record.spec.output_path, jid):
                     discard(stale)
@@ -622,6 +627,7 @@ class Runner:
             transitions.append(t)
             if tmp is not None:
                 published_tmps.append(tmp)
+        self.q.events.append({"ts": now, **ev} for ev in retired)
         self._apply_recovered(transitions, published_tmps)
         self._started_at_recovery = started
         self._forget_dead_runners()

@@ -87,6 +87,16 @@ def assert_settled(qv: QueueView, out: Path, outputs: dict[str, Path],
 
 
 
+def ended_in_log(queue: Path) -> dict[str, list[str]]:
+    """The terminal events events.jsonl holds for each job, in order."""
+    ended: dict[str, list[str]] = {}
+    for line in (queue / "events.jsonl").read_text().splitlines():
+        ev = json.loads(line)
+        if ev["event"] in ("completed", "dead", "cancelled", "expired"):
+            ended.setdefault(ev["job"], []).append(ev["event"])
+    return ended
+
+
 @pytest.mark.parametrize("point", CRASH_POINTS)
 def test_runner_killed_at_each_crash_point_recovers_without_loss_or_double_publish(
         tmp_path: Path, write_manifest: object, point: str) -> None:
@@ -123,6 +133,11 @@ def test_runner_killed_at_each_crash_point_recovers_without_loss_or_double_publi
     assert inodes(list(at_crash)) == at_crash, "an output was published a second time"
     if point != "dead":
         assert again.returncode == 0, again.stdout
+
+    # And the event log tells each job's end once, as the folder it ended in says: a crash
+    # after the record was placed, before its event was logged, is logged by recovery
+    assert ended_in_log(queue) == {j: [{"done": "completed"}.get(s[0], s[0])]
+                                   for j, s in qv.states_of(outputs).items()}
 
     # And an attempt is charged (`crashed`) only if it had started when the runner died
     crashed_jobs = {j for j in set(outputs) - dead
