@@ -5,7 +5,7 @@ imports only the CLI module: the renderers (reportlab, pypdf) load inside the co
 that need them, so ``--help`` starts as fast as the script does.
 """
 
-from renderctl.cli.app import main
+from renderctl.cli.launch import main
 
 if __name__ == "__main__":
     main()  # exits with the command's code itself (click's standalone mode, or sys.exit)

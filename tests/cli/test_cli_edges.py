@@ -9,6 +9,7 @@ import os
 import pty
 import select
 import shutil
+import signal
 import struct
 import subprocess
 import sys
@@ -17,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from clihelp import RENDERCTL, cli, env, job, one_line_usage_error, write_jobs
+from clihelp import RENDERCTL, cli, env, job, one_line_usage_error, poll, write_jobs
 
 
 @pytest.fixture
@@ -550,3 +551,42 @@ def test_a_program_or_module_that_cannot_be_found_is_warned_of_before_it_runs(
         assert any(f"{manifest}: job nobin: argv[0]: 'pdftk-not-installed' not found on "
                    "PATH" in w for w in warnings), text
     assert "accepted 7 job(s)" in sub.stdout
+
+
+def _catches(pid: int, sig: int) -> bool:
+    """Whether process ``pid`` has a handler for ``sig`` (its SigCgt mask)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+    mask = next(ln.split()[1] for ln in status.splitlines() if ln.startswith("SigCgt:"))
+    return bool(int(mask, 16) >> (sig - 1) & 1)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_a_stop_signal_while_the_command_line_loads_exits_128_plus_n_quietly(
+        tmp_path: Path, manifest: Path, sig: int) -> None:
+    # Given `renderctl wait` (as the script and `python -m renderctl` start it) for a job
+    # nothing will run, caught while it still imports the command line (~0.2-0.4 s): the
+    # launcher's handlers are in place, the command's are not
+    q = tmp_path / "q"
+    assert cli("submit", manifest, "--queue", q, "--out", tmp_path / "out",
+               cwd=tmp_path).returncode == 0
+    proc = subprocess.Popen([sys.executable, "-m", "renderctl", "wait", "j1", "--queue",
+                             str(q)], cwd=tmp_path, env=env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        poll(lambda: _catches(proc.pid, signal.SIGTERM) or None,
+             what="the launcher's handlers")
+
+        # When a Ctrl-C, `systemctl stop` or a closed terminal's signal arrives
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+        proc.wait()
+
+    # Then it exits 128 + n (DESIGN: 130 / 143), without a traceback; before, a Ctrl-C then
+    # printed a KeyboardInterrupt traceback and SIGTERM/SIGHUP killed it by the signal
+    assert proc.returncode == 128 + sig, (proc.returncode, err)
+    assert "Traceback" not in err, err
