@@ -21,10 +21,14 @@ from rich.live import Live
 from renderctl.cli.console import write_out
 from renderctl.cli.dashboard import dashboard_lines, render_dashboard
 from renderctl.metrics import read_runner_state
-from renderctl.store import Queue
+from renderctl.store import Queue, QueueStatus
 
 FAILURE_EVENTS = ("dead", "retry", "cancelled", "expired")
 TAIL_BYTES = 1 << 20
+# The folders are listed again only after this many times what their last listing took:
+# done/ holds every job until pruned, and listing 300,000 records each half-second frame
+# kept a core busy beside the renders (`top` <= ~10% of one, the counts that much later).
+STATUS_COST_FACTOR = 10
 
 
 class TopFeed:
@@ -41,6 +45,8 @@ class TopFeed:
         self.retries: int | None = 0 if self.offset == 0 else None
         self.last_job: str | None = None  # of the log's latest event naming a job
         self._root: tuple[str, str | None] | None = None  # (job id, its output root)
+        self._status: tuple[bool, QueueStatus] | None = None  # (runner's age?, the figures)
+        self._status_due = 0.0  # monotonic: when the folders may be listed again
 
     def _tail_failures(self) -> None:
         events, self.offset = self.q.events.read(offset=self.offset)
@@ -64,12 +70,22 @@ class TopFeed:
             self._root = (jid, view.record.spec.out_root if view is not None else None)
         return self._root[1]
 
+    def _folders(self, from_runner: bool) -> QueueStatus:
+        """The folders' figures, listed again once STATUS_COST_FACTOR times their last
+        listing has passed (or the runner came or went: whose oldest pending age to show)."""
+        now = self.q.clock.monotonic()
+        if self._status is None or self._status[0] != from_runner or now >= self._status_due:
+            st = self.q.status(oldest_pending=not from_runner)
+            took = self.q.clock.monotonic() - now
+            self._status, self._status_due = (from_runner, st), now + STATUS_COST_FACTOR * took
+        return self._status[1]
+
     def snapshot(self) -> dict[str, Any]:
         state = read_runner_state(self.q)
         # A runner's snapshot has the oldest pending age from its index: the folder's
         # would stat every pending record each frame (~0.3 s at 100,000 pending).
         from_runner = "oldest_pending_age_s" in (state or {})
-        st = self.q.status(oldest_pending=not from_runner)
+        st = self._folders(from_runner)
         self._tail_failures()
         snap: dict[str, Any] = dict(state or {})
         now = self.q.clock.wall()

@@ -270,6 +270,38 @@ def test_top_with_a_runner_takes_the_oldest_pending_age_from_it(
         feed.snapshot()
 
 
+def test_top_lists_a_folder_that_is_slow_to_list_less_often_than_each_frame(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from renderctl.cli import top
+    from renderctl.clock import FakeClock
+    from renderctl.store import Queue, QueueStatus
+
+    # Given a queue whose folders take 0.2 s to list (done/ holds 300,000 records)
+    clock = FakeClock()
+    q = Queue(tmp_path / "q", clock=clock)
+    listed = Queue.status
+
+    def slow_status(self: Queue, **kw: bool) -> QueueStatus:
+        clock.advance(0.2)
+        return listed(self, **kw)
+
+    monkeypatch.setattr(Queue, "status", slow_status)
+    monkeypatch.setattr(top, "read_runner_state", lambda queue: None)
+    feed = top.TopFeed(q)
+    assert feed.snapshot()["queue_counts"]["dead"] == 0
+
+    # When a job is dead-lettered meanwhile, and half-second frames follow
+    (q.dir("dead") / "x.json").write_text("{}")
+    frames = []
+    for _ in range(8):
+        clock.advance(0.5)
+        frames.append(feed.snapshot()["queue_counts"]["dead"])
+
+    # Then the folders are listed again only after ten times what a listing took (2 s:
+    # they were listed at every frame, a core busy at 300,000), and then the count shows
+    assert frames == [0, 0, 0, 1, 1, 1, 1, 1], frames
+
+
 def test_top_on_a_dumb_terminal_prints_plain_lines_at_once(tmp_path: Path) -> None:
     from renderctl.store import Queue
 
