@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 
 from renderctl.errors import QueueIOError, os_error_message
 from renderctl.lifecycle import State
-from renderctl.store import JobRecord, Queue, Transition
+from renderctl.store import CANCEL_BATCH, JobRecord, Queue, TakenPending, Transition
 
 WAKE_EVERY_S = 0.005
 
@@ -38,6 +38,14 @@ def cancel_jobs(q: Queue, job_ids: Sequence[str], *,
 def _cancel_jobs(q: Queue, job_ids: Sequence[str], *,
                  crash_hook: Callable[[str], None] | None = None) -> list[CancelResult]:
     results: list[CancelResult] = []
+    # Pending jobs are taken out of pending/ one by one, in order, and settled (made durable
+    # and logged) CANCEL_BATCH at a time, one sync each: reported only once settled.
+    taken: list[TakenPending] = []
+
+    def settle() -> None:
+        q.settle_cancelled(taken, crash_hook=crash_hook)
+        taken.clear()
+
     # The runner acts on requests when woken (or at its next poll). Woken as requests are
     # made, not once after the last id: a long list took 1.3 s, and a job prefetched into a
     # worker whose request was among the first started and published meanwhile. At most
@@ -56,8 +64,12 @@ def _cancel_jobs(q: Queue, job_ids: Sequence[str], *,
     for jid in job_ids:
         if crash_hook is not None:
             crash_hook("cancel:before")
-        if q.cancel_pending(jid):
+        took = q.take_pending(jid)
+        if took is not None:
+            taken.append(took)
             results.append(CancelResult(jid, "cancelled"))
+            if len(taken) >= CANCEL_BATCH:
+                settle()
             continue
         view = q.find(jid)
         if view is None:
@@ -83,9 +95,11 @@ def _cancel_jobs(q: Queue, job_ids: Sequence[str], *,
                 wake()
         else:
             results.append(CancelResult(jid, f"already {view.state.value}"))
+    settle()
     if unwoken:
         wake(now=True)
     return results
+
 
 
 def _cancel_orphan(q: Queue, rec: JobRecord) -> CancelResult:
