@@ -1736,15 +1736,20 @@ class Queue:
         # our look at cancelled/x and our rewrite of it, which would bring back a cancelled
         # copy of the old job beside the new pending one. A replace waits one batch at most.
         with self._lock(REPLACE_LOCK, shared=True):
-            staged: list[tuple[Path, str]] = []
+            staged: list[tuple[str, str]] = []
             for t in taken:
                 dst = self._rpath(State.CANCELLED, t.job_id)
                 rec, inode = self._read_or_quarantine_inode(Path(dst))
                 if rec is None or inode != t.inode:
                     continue  # pruned or replaced since taken: its cancel happened all the same
                 rec = replace(rec, reason=CANCELLED_PENDING_REASON, changed_at=now)
-                tmp = self._tmp_name("cancel")
-                write_file(tmp, rec.dumps(), fsync=small)
+                if small:
+                    tmp = str(self._tmp_name("cancel"))
+                    write_file(tmp, rec.dumps(), fsync=True)
+                else:
+                    # A record file the batch before replaced, refilled: once fsyncs are
+                    # shared, a create (~250 us) and an unlink each were most of the cost.
+                    tmp = self._record_tmp(rec.dumps())
                 staged.append((tmp, dst))
             if not small:
                 # Protects against: power loss after the renames below exposing an empty
@@ -1754,6 +1759,8 @@ class Queue:
             if crash_hook is not None:
                 crash_hook("cancel:moved")
             for tmp, dst in staged:
+                if not small:
+                    self._keep_inode(dst)
                 os.replace(tmp, dst)
             # Protects against: power loss bringing a cancelled job back to pending after we
             # report it cancelled. cancelled/ first: a power loss between the two syncs can
@@ -1762,6 +1769,22 @@ class Queue:
             fsync_dir(self.dir(State.CANCELLED))
             fsync_dir(self.dir(State.PENDING))
         self.events.append({"ts": now, "event": "cancelled", "job": t.job_id} for t in taken)
+
+    def _keep_inode(self, path: str) -> None:
+        """Keep the file at ``path`` (about to be replaced) as a free record file for a later
+        ``_record_tmp``: a second name now, so the replace frees no inode. Refilled only by
+        a later batch, after this one's folders are synced: no name that survives a power
+        loss can point at it by then."""
+        free = f"{self.dir('tmp')}/{FREE_PREFIX}{os.getpid()}.{self._spare_tag}." \
+            f"{next(self._tmp_counter)}"
+        try:
+            os.link(path, free)
+        except OSError:
+            return  # it goes with the replace, as it would have anyway
+        if self._xattrs:
+            with contextlib.suppress(OSError):
+                os.removexattr(free, LEASE_XATTR)
+        self._free.append(free)
 
     def live_ids(self, group: str | None = None) -> list[str]:
         """The ids in pending/, then those in running/ (each sorted): of ``group`` only, if
