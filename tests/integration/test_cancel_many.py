@@ -147,3 +147,40 @@ def test_cancel_all_killed_mid_batch_leaves_each_job_in_one_folder(
     wait_until(lambda: view.tmp_entries() == [], what="the cut cancel's temporaries to go")
     again = run_cli("cancel", "--all", "--queue", queue)
     assert again.returncode == 0 and again.stdout == "", again.stdout + again.stderr
+
+
+def test_a_replace_of_a_job_taken_but_not_yet_settled_leaves_one_copy(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given x and y pending (x as v1); `cancel x y` frozen before y: x is out of pending/,
+    # its batch not yet settled (record not rewritten, nothing synced or reported)
+    from test_races_cancel import _finish, _frozen
+
+    stage(tmp_path)
+    queue, out = tmp_path / "q", tmp_path / "out"
+    v1 = write_manifest([py_job("x", "write_pdf", output="x1.pdf"), py_job("y", "write_pdf")],
+                        name="v1.toml")
+    v2 = write_manifest([py_job("x", "write_pdf", output="x2.pdf")], name="v2.toml")
+    assert run_cli("submit", v1, *cli_args(queue, out)).returncode == 0
+    cancel = _frozen(["cancel", "x", "y", "--json", "--queue", str(queue)], "cancel:before:n=2")
+    try:
+        view = QueueView(queue)
+        assert view.states_of(["x", "y"]) == {"x": ["cancelled"], "y": ["pending"]}
+
+        # When x is replaced meanwhile (v2), then the cancel goes on
+        rep = run_cli("submit", v2, "--replace", *cli_args(queue, out))
+        assert rep.returncode == 0, rep.stdout + rep.stderr
+        code, stdout, stderr = _finish(cancel)
+    finally:
+        if cancel.poll() is None:
+            cancel.kill()
+
+    # Then the cancel reports what it did (x as it was, v1, and y cancelled), and the
+    # settling brings no cancelled copy of v1 back beside v2: x is pending as v2, once,
+    # nothing quarantined; a run completes it as v2
+    assert code == 0, stdout + stderr
+    assert json.loads(stdout) == {"x": "cancelled", "y": "cancelled"}
+    assert view.states_of(["x", "y"]) == {"x": ["pending"], "y": ["cancelled"]}
+    assert not (queue / "corrupt").exists() or list((queue / "corrupt").iterdir()) == []
+    assert run_cli("run", *cli_args(queue, out)).returncode == 0
+    assert view.states_of(["x"]) == {"x": ["done"]}
+    assert view.record("done", "x")["spec"]["output"].endswith("x2.pdf")
