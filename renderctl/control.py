@@ -29,7 +29,8 @@ def cancel_jobs(q: Queue, job_ids: Sequence[str], *,
     """Cancel each job: pending at once; running via the runner (or directly if none runs).
 
     A queue that cannot be used (its folder removed, unwritable) raises ``QueueIOError``,
-    as a submit does; the ids before the one that failed are cancelled."""
+    as a submit does; the ids before the one that failed are cancelled (those of its
+    batch of pending ones, moved to cancelled/ but perhaps not yet durable, may be either)."""
     try:
         return _cancel_jobs(q, job_ids, crash_hook=crash_hook)
     except OSError as exc:
