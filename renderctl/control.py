@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import signal
 import time
@@ -10,7 +11,7 @@ from dataclasses import dataclass, replace
 
 from renderctl.errors import QueueIOError, os_error_message
 from renderctl.lifecycle import State
-from renderctl.store import JobRecord, Queue, Transition
+from renderctl.store import CANCEL_BATCH, JobRecord, Queue, TakenPending, Transition
 
 WAKE_EVERY_S = 0.005
 
@@ -28,16 +29,29 @@ def cancel_jobs(q: Queue, job_ids: Sequence[str], *,
     """Cancel each job: pending at once; running via the runner (or directly if none runs).
 
     A queue that cannot be used (its folder removed, unwritable) raises ``QueueIOError``,
-    as a submit does; the ids before the one that failed are cancelled."""
+    as a submit does; the ids before the one that failed are cancelled (those of its
+    batch of pending ones, moved to cancelled/ but perhaps not yet durable, may be either)."""
     try:
         return _cancel_jobs(q, job_ids, crash_hook=crash_hook)
     except OSError as exc:
         raise QueueIOError(os_error_message(exc)) from exc
+    finally:
+        # The record files the last batch replaced, kept for reuse by a next batch: none.
+        with contextlib.suppress(OSError):
+            q.trim_free(0)
 
 
 def _cancel_jobs(q: Queue, job_ids: Sequence[str], *,
                  crash_hook: Callable[[str], None] | None = None) -> list[CancelResult]:
     results: list[CancelResult] = []
+    # Pending jobs are taken out of pending/ one by one, in order, and settled (made durable
+    # and logged) CANCEL_BATCH at a time, one sync each: reported only once settled.
+    taken: list[TakenPending] = []
+
+    def settle() -> None:
+        q.settle_cancelled(taken, crash_hook=crash_hook)
+        taken.clear()
+
     # The runner acts on requests when woken (or at its next poll). Woken as requests are
     # made, not once after the last id: a long list took 1.3 s, and a job prefetched into a
     # worker whose request was among the first started and published meanwhile. At most
@@ -56,8 +70,12 @@ def _cancel_jobs(q: Queue, job_ids: Sequence[str], *,
     for jid in job_ids:
         if crash_hook is not None:
             crash_hook("cancel:before")
-        if q.cancel_pending(jid):
+        took = q.take_pending(jid)
+        if took is not None:
+            taken.append(took)
             results.append(CancelResult(jid, "cancelled"))
+            if len(taken) >= CANCEL_BATCH:
+                settle()
             continue
         view = q.find(jid)
         if view is None:
@@ -83,9 +101,11 @@ def _cancel_jobs(q: Queue, job_ids: Sequence[str], *,
                 wake()
         else:
             results.append(CancelResult(jid, f"already {view.state.value}"))
+    settle()
     if unwoken:
         wake(now=True)
     return results
+
 
 
 def _cancel_orphan(q: Queue, rec: JobRecord) -> CancelResult:

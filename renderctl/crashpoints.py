@@ -30,8 +30,8 @@ KNOWN = frozenset({
     # store: submit, finish, dead retry
     "submit:parsed", "submit:checked", "submit:staged", "submit:placed", "submit:before_doorbell",
     "dead_retry:rewritten", "dead_retry:moved",
-    # cancel
-    "cancel:before",
+    # cancel: before each id; a batch of pending ones taken and synced, not yet settled
+    "cancel:before", "cancel:moved",
 })
 
 

@@ -1107,24 +1107,51 @@ def kinds(as_json: JsonOpt = False) -> None:
 
 @app.command()
 @handle_errors
-def cancel(job_ids: Annotated[list[str], typer.Argument(help="job ids")],
-           queue: QueueOpt = None, as_json: JsonOpt = False) -> None:
+def cancel(
+    job_ids: Annotated[list[str] | None, typer.Argument(help="job ids")] = None,
+    all_: Annotated[bool, typer.Option(
+        "--all", help="cancel every job pending or running now")] = False,
+    group: Annotated[str | None, typer.Option(
+        "--group", metavar="NAME", show_default=False,
+        help="cancel every job of this group (the manifest's `group`) pending or running "
+        "now")] = None,
+    queue: QueueOpt = None, as_json: JsonOpt = False,
+) -> None:
     """Cancel jobs: pending ones at once; running ones are killed by the runner."""
     from renderctl.control import cancel_jobs
     from renderctl.crashpoints import CrashPoints
+    from renderctl.errors import UserError
+    from renderctl.manifest import GROUP_RE
 
-    job_ids = unique(job_ids)
+    if sum((bool(job_ids), all_, group is not None)) != 1:
+        raise UserError("name job ids, --all or --group NAME (one of them)")
+    if group is not None and not GROUP_RE.fullmatch(group):
+        raise UserError(f"--group {group!r}: not a group name (it must match "
+                        f"{GROUP_RE.pattern}): no job has it")
     q = existing_queue(queue)
-    # All or none, like `dead retry`: exit 2 promises nothing changed, and cancel_jobs acts
-    # on each id it finds, so every id is looked up first. A job in any folder counts
-    # (cancelling a finished one is a harmless "already <state>"); only an id in none is a
-    # mistake.
-    missing = sorted({j for j in job_ids if q.find(j) is None})
-    if missing:
-        if as_json:
-            out.print_json({j: "not found" for j in missing})
-        out.err("no such job: " + ", ".join(missing) + "; nothing was cancelled")
-        raise typer.Exit(ExitCode.USAGE)
+    if job_ids:
+        job_ids = unique(job_ids)
+        # All or none, like `dead retry`: exit 2 promises nothing changed, and cancel_jobs
+        # acts on each id it finds, so every id is looked up first. A job in any folder
+        # counts (cancelling a finished one is a harmless "already <state>"); only an id in
+        # none is a mistake.
+        missing = sorted({j for j in job_ids if q.find(j) is None})
+        if missing:
+            if as_json:
+                out.print_json({j: "not found" for j in missing})
+            out.err("no such job: " + ", ".join(missing) + "; nothing was cancelled")
+            raise typer.Exit(ExitCode.USAGE)
+    else:
+        # What is pending or running as we look: a job submitted after this is not taken
+        # back, one that ends meanwhile is reported as `cancel ID` reports it.
+        job_ids = q.live_ids(group)
+        if not job_ids:
+            # Nothing to do is not an error (as `dead retry --all` of an empty dead/): exit 0.
+            if as_json:
+                out.print_json({})
+            whose = "no job" if group is None else f"no job of group {group!r}"
+            out.err(f"nothing to cancel: {whose} is pending or running")
+            return
     results = cancel_jobs(q, job_ids, crash_hook=CrashPoints.from_env())
     if as_json:
         out.print_json({r.job_id: r.outcome for r in results})

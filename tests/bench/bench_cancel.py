@@ -1,11 +1,17 @@
 """Cancel latency of a running job: from `cancel` to the record in cancelled/ (p50/p99).
 
-Run: ``python tests/bench/bench_cancel.py [--n 40]``
+Run: ``python tests/bench/bench_cancel.py [--n 40] [--pending 5000]``
 
 A runner serves long jobs (each sleeps 60 s); each time one has started, the bench cancels
 it through the same code path as `renderctl cancel` (in-process, so Python's start-up is
 not counted) and times until `cancelled/ID.json` exists and the job's worker is gone. The
 runner is woken by SIGUSR1; without it, it would notice at its next poll (1 s).
+
+Then many pending jobs (``--pending N``; 0 skips it): two queues of N pending jobs each,
+one cancelled as `renderctl cancel ID...` did before batching (``cancel_pending`` per id: a
+file fsync and two folder fsyncs each), the other with `renderctl cancel --all` (a real
+process, Python's start-up included: pending jobs settled 256 at a time, one sync each);
+prints both times and their ratio.
 """
 
 from __future__ import annotations
@@ -26,7 +32,10 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from renderctl.control import cancel_jobs  # noqa: E402
+from renderctl.lifecycle import State  # noqa: E402
 from renderctl.store import Queue  # noqa: E402
+
+PENDING_DEFAULT = 5000
 
 SLEEPER = '''
 import time
@@ -38,12 +47,52 @@ def sleep(inputs, output, params):
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=40)
+    ap.add_argument("--pending", type=int, default=PENDING_DEFAULT,
+                    help="pending jobs to cancel by ids one by one vs --all (0: skip)")
     args = ap.parse_args()
+    if args.n:
+        running(args.n)
+    if args.pending:
+        many_pending(args.pending)
+
+
+def many_pending(n: int) -> None:
+    base = Path(tempfile.mkdtemp(prefix="bench-cancel-many-", dir=REPO))
+    try:
+        queues = []
+        for name in ("by-id", "all"):
+            q = Queue(base / name)
+            for at in range(0, n, 10000):
+                q.submit([{"id": f"p{i:07d}", "kind": "python", "callable": "m:f",
+                           "output": f"o/{i}.pdf"} for i in range(at, min(n, at + 10000))],
+                         base=base, out_root=base / "out")
+            queues.append(q)
+        by_id, every = queues
+        ids = by_id.list_ids(State.PENDING)
+        t0 = time.perf_counter()
+        for jid in ids:  # what cancel_jobs did for each id before batching
+            assert by_id.cancel_pending(jid)
+        t_ids = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        res = subprocess.run([sys.executable, "-m", "renderctl.cli.app", "cancel", "--all",
+                              "--queue", str(every.path)], stdout=subprocess.DEVNULL,
+                             env={**os.environ, "NO_COLOR": "1"}, check=True)
+        t_all = time.perf_counter() - t0
+        assert res.returncode == 0
+        assert every.count(State.CANCELLED) == by_id.count(State.CANCELLED) == n
+        print(f"cancel of {n} pending jobs: by ids one by one (cancel_pending each) "
+              f"{t_ids:.2f} s ({t_ids / n * 1000:.2f} ms/job); `cancel --all` {t_all:.2f} s "
+              f"({t_all / n * 1000:.3f} ms/job, start-up included); ratio {t_ids / t_all:.1f}x")
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def running(n: int) -> None:
     base = Path(tempfile.mkdtemp(prefix="bench-cancel-", dir=REPO))
     try:
         (base / "sleeper.py").write_text(SLEEPER)
         lines = ['[defaults]', 'kind = "python"', 'callable = "sleeper:sleep"']
-        for i in range(args.n):
+        for i in range(n):
             lines += ["[[jobs]]", f'id = "c{i:03d}"', f'output = "c/{i}.bin"']
         (base / "m.toml").write_text("\n".join(lines) + "\n")
         qdir = base / "q"
@@ -68,7 +117,7 @@ def main() -> None:
         latencies: list[float] = []
         reaped: list[float] = []
         done: set[str] = set()
-        for _ in range(args.n):
+        for _ in range(n):
             with cond:
                 cond.wait_for(lambda: set(started) - done, timeout=30)
                 jid = sorted(set(started) - done)[0]

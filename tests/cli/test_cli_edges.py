@@ -269,6 +269,28 @@ def test_cancel_names_a_job_once_however_often_it_is_given(tmp_path: Path,
     assert plain.stdout == "j2: already cancelled\n"
 
 
+@pytest.mark.parametrize("args", [
+    ["--all", "j1"], ["--group", "g", "j1"], ["--all", "--group", "g"], [],
+])
+def test_cancel_takes_ids_or_all_or_a_group_one_way_only(tmp_path: Path, manifest: Path,
+                                                         args: list[str]) -> None:
+    # Given a queue with two pending jobs
+    q = tmp_path / "q"
+    assert cli("submit", manifest, "--queue", q, cwd=tmp_path).returncode == 0
+    # When cancel is given ids together with --all or --group, both options, or nothing
+    res = cli("cancel", *args, "--queue", q, cwd=tmp_path)
+    # Then it is a one-line usage error, and nothing is cancelled
+    one_line_usage_error(res, "--all", "--group")
+    assert sorted(p.name for p in (q / "pending").iterdir()) == ["j1.json", "j2.json"]
+
+
+def test_cancel_group_refuses_a_name_no_job_can_have(tmp_path: Path, manifest: Path) -> None:
+    q = tmp_path / "q"
+    assert cli("submit", manifest, "--queue", q, cwd=tmp_path).returncode == 0
+    res = cli("cancel", "--group", "no such group", "--queue", q, cwd=tmp_path)
+    one_line_usage_error(res, "--group", "'no such group'")
+
+
 def test_dead_retry_and_wait_name_a_job_once(tmp_path: Path) -> None:
     # Given a dead job
     manifest = write_jobs(tmp_path / "m", [job("f1", "fail", max_attempts=1)])
