@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import math
 import signal
 import time
@@ -35,10 +34,6 @@ def cancel_jobs(q: Queue, job_ids: Sequence[str], *,
         return _cancel_jobs(q, job_ids, crash_hook=crash_hook)
     except OSError as exc:
         raise QueueIOError(os_error_message(exc)) from exc
-    finally:
-        # The record files the last batch replaced, kept for reuse by a next batch: none.
-        with contextlib.suppress(OSError):
-            q.trim_free(0)
 
 
 def _cancel_jobs(q: Queue, job_ids: Sequence[str], *,
@@ -105,7 +100,6 @@ def _cancel_jobs(q: Queue, job_ids: Sequence[str], *,
     if unwoken:
         wake(now=True)
     return results
-
 
 
 def _cancel_orphan(q: Queue, rec: JobRecord) -> CancelResult:

@@ -1743,13 +1743,11 @@ class Queue:
                 if rec is None or inode != t.inode:
                     continue  # pruned or replaced since taken: its cancel happened all the same
                 rec = replace(rec, reason=CANCELLED_PENDING_REASON, changed_at=now)
-                if small:
-                    tmp = str(self._tmp_name("cancel"))
-                    write_file(tmp, rec.dumps(), fsync=True)
-                else:
-                    # A record file the batch before replaced, refilled: once fsyncs are
-                    # shared, a create (~250 us) and an unlink each were most of the cost.
-                    tmp = self._record_tmp(rec.dumps())
+                # A new file, never a spare record file (tmp/free.*, see recycle): those are
+                # a runner's, and a runner starting now adopts every one it finds: two
+                # processes would fill one inode for two records.
+                tmp = str(self._tmp_name("cancel"))
+                write_file(tmp, rec.dumps(), fsync=small)
                 staged.append((tmp, dst))
             if not small:
                 # Protects against: power loss after the renames below exposing an empty
@@ -1759,8 +1757,6 @@ class Queue:
             if crash_hook is not None:
                 crash_hook("cancel:moved")
             for tmp, dst in staged:
-                if not small:
-                    self._keep_inode(dst)
                 os.replace(tmp, dst)
             # Protects against: power loss bringing a cancelled job back to pending after we
             # report it cancelled. cancelled/ first: a power loss between the two syncs can
@@ -1769,22 +1765,6 @@ class Queue:
             fsync_dir(self.dir(State.CANCELLED))
             fsync_dir(self.dir(State.PENDING))
         self.events.append({"ts": now, "event": "cancelled", "job": t.job_id} for t in taken)
-
-    def _keep_inode(self, path: str) -> None:
-        """Keep the file at ``path`` (about to be replaced) as a free record file for a later
-        ``_record_tmp``: a second name now, so the replace frees no inode. Refilled only by
-        a later batch, after this one's folders are synced: no name that survives a power
-        loss can point at it by then."""
-        free = f"{self.dir('tmp')}/{FREE_PREFIX}{os.getpid()}.{self._spare_tag}." \
-            f"{next(self._tmp_counter)}"
-        try:
-            os.link(path, free)
-        except OSError:
-            return  # it goes with the replace, as it would have anyway
-        if self._xattrs:
-            with contextlib.suppress(OSError):
-                os.removexattr(free, LEASE_XATTR)
-        self._free.append(free)
 
     def live_ids(self, group: str | None = None) -> list[str]:
         """The ids in pending/, then those in running/ (each sorted): of ``group`` only, if
