@@ -249,7 +249,7 @@ class ClaimIndex:
 
 @dataclass
 class _Watched:
-    seen: tuple[str, float]  # the lease as last read: its token and expiry
+    seen: tuple[str, float | None]  # the lease as last read: its token and expiry
     due: float  # monotonic: when it may be taken over, unless it changes meanwhile
 
 
@@ -281,7 +281,8 @@ class ForeignLeases:
                 mono: float) -> bool:
         """Note the lease read now; True if it may be taken over (unchanged since it was
         first read, and watched long enough)."""
-        seen = (token, expires_at)
+        # A damaged expiry (nan, inf) compared as such: a new nan at each read is != the last.
+        seen = (token, expires_at if math.isfinite(expires_at) else None)
         w = self._jobs.get(job_id)
         if w is not None and w.seen == seen:
             return mono >= w.due

@@ -354,6 +354,9 @@ def test_a_foreign_lease_with_a_damaged_expiry_gets_the_least_watch() -> None:
     leases.observe("nan", "t", float("nan"), wall=NOW, mono=MONO)
     leases.observe("inf", "t", float("inf"), wall=NOW, mono=MONO)
     assert sorted(leases.due(mono=MONO + 30.0)) == ["inf", "nan"]
+    # ... and read again unchanged (each read parses a new nan, and nan != nan: it looked
+    # renewed at every read, so a job whose lease said "nan" was never taken over)
+    assert leases.observe("nan", "t", float("nan"), wall=NOW, mono=MONO + 30.0)
     leases.forget("nan")
     assert "nan" not in leases and len(leases) == 1
 
