@@ -84,10 +84,27 @@ class EventTotals:
     wait: Histogram = field(default_factory=lambda: Histogram(WAIT_BUCKETS_S))
     exec: Histogram = field(default_factory=lambda: Histogram(EXEC_BUCKETS_S))
     accepted_at: dict[str, float] = field(default_factory=dict)  # not yet claimed
+    # What identified the log where the last update stopped (_log_mark); None before one.
+    mark: list[Any] | None = field(default=None, compare=False, repr=False)
 
     def update(self, queue: Queue, *, budget_bytes: float = math.inf) -> bool:
         """Fold what the log gained, ``READ_CHUNK`` at a time (memory stays flat however
-        long the log), at most about ``budget_bytes`` of it; True once at the log's end."""
+        long the log), at most about ``budget_bytes`` of it; True once at the log's end.
+
+        A log that is no longer the one read so far (rotated by rename, or copied and
+        truncated) is folded from its start, the counters reset, as load_totals does: a
+        --follow runner's textfile kept reading the new log at the old one's offset, its
+        counters frozen until the new log outgrew it (days), then read from mid-line."""
+        if self.mark is not None and _log_mark(queue, self.offset) != self.mark:
+            fresh = EventTotals()
+            self.offset, self.attempts, self.redeliveries = 0, fresh.attempts, 0
+            self.wait, self.exec, self.accepted_at = fresh.wait, fresh.exec, {}
+        try:
+            return self._fold(queue, budget_bytes)
+        finally:
+            self.mark = _log_mark(queue, self.offset)
+
+    def _fold(self, queue: Queue, budget_bytes: float) -> bool:
         spent = 0
         while spent < budget_bytes:
             start = self.offset

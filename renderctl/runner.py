@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
 import json
 import math
 import multiprocessing
@@ -362,6 +363,7 @@ class Runner:
         self._outgoing: dict[WorkerHandle, list[object]] = {}  # batched by _dispatch
         self._spare_slots: list[Slot] = []  # slots of retired workers, for their successors
         self._parked: list[Slot] = []  # dead workers' slots whose processes are still dying
+        self._slot_names = itertools.count()  # w0, w1, ...: each slot made gets the next
         self._next_index = 0  # the highest worker index used so far
         self._successors_due = 0  # retired this dispatch round; spawned at its end
 
@@ -738,7 +740,11 @@ class Runner:
     def _spawn(self, index: int, slot: Slot | None = None) -> None:
         assert self.guard is not None
         if slot is None and not self._spare_slots:
-            slot = self.guard.open_slot(f"w{index}")
+            # Named once for the run, never after the worker: a respawn under a dead
+            # worker's index, its slot parked while its processes die, got that same cgroup
+            # (open_slot reuses a folder), so the successor ran in the slot being judged,
+            # and once emptied it was handed out again beside it: two workers, one ceiling.
+            slot = self.guard.open_slot(f"w{next(self._slot_names)}")
         else:
             slot = slot or self._spare_slots.pop()
             # Its last job's ceiling is still set; the new worker must start without it.

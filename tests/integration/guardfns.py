@@ -136,6 +136,22 @@ def hog_in_child(inputs: list[Path], output: Path, params: Mapping[str, Any]) ->
     write_pdf(inputs, output, params)
 
 
+def big_child_then_hang(inputs: list[Path], output: Path, params: Mapping[str, Any]) -> None:
+    """Start a child that ignores SIGTERM and holds ``mb`` MB (killed, it takes tens of ms
+    to go), record its pid in ``params["pidfile"]`` once it holds them all, then hang."""
+    import sys
+
+    script = ("import signal; signal.signal(signal.SIGTERM, signal.SIG_IGN)\n" + ALLOC_ARGS
+              + ALLOC_LOOP + "print('held', flush=True)\nwhile True: time.sleep(3600)\n")
+    child = subprocess.Popen([sys.executable, "-c", script, str(int(params["mb"])), "0"],
+                             stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    assert child.stdout is not None
+    child.stdout.readline()
+    Path(params["pidfile"]).write_text(f"{child.pid}\n")
+    while True:
+        time.sleep(3600)
+
+
 def say_then_hang(inputs: list[Path], output: Path, params: Mapping[str, Any]) -> None:
     """Say something on stderr (the evidence a killed attempt's record must keep), hang."""
     import sys

@@ -400,6 +400,44 @@ def test_memory_a_killed_job_left_in_its_slot_is_not_charged_to_the_next_job(env
 
 
 @pytest.mark.skipif(not cgroup_v1_writable(), reason="cgroup v1 memory controller not writable")
+def test_a_worker_replaced_while_its_slot_empties_gets_another_slot(env: Env) -> None:
+    # Given a job whose 400 MB child outlives its worker by the tens of ms a kill of that
+    # much memory takes (the worker dies of the timeout's SIGTERM, the child ignores it),
+    # then a job for the worker that replaces it
+    pidfile = env.root / "child.pid"
+    m = env.manifest([job("slow-to-die", "big_child_then_hang", priority=1, timeout_s=1,
+                          params={"mb": 400, "pidfile": str(pidfile)}),
+                      job("next", "sleep_then_write", params={"s": 1.5})],
+                     defaults={"memory_mb": 1000, "max_attempts": 1})
+    r = env.run(str(m), "--workers", "1", "--kill-grace", "0.2", "--memory-guard", "cgroup-v1")
+
+    def cgroup_of(pid: int) -> str:
+        return next(line for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+                    if ":memory:" in line)
+
+    try:
+        first = r.wait_event("started", "slow-to-die", timeout=20)[0]["worker"]
+        wait_until(pidfile.exists, timeout_s=20, what="the child to hold its memory")
+        first_slot = cgroup_of(first)
+        # When the timeout kills the first worker, and its successor starts the next job
+        second = r.wait_event("started", "next", timeout=20)[0]["worker"]
+        second_slot = cgroup_of(second)
+        assert r.wait_exit(timeout=30) == 1, r.diag()
+    finally:
+        if pidfile.exists():
+            kill_leftovers([int(pidfile.read_text())])
+
+    # Then the successor ran in a slot of its own (README: "its successor starts in another
+    # slot and this one is judged later"), not in the one still being emptied: a slot
+    # opened under the dead worker's name was that same cgroup, judged later while the
+    # successor ran in it (and handed out again, to two workers at once, once emptied)
+    assert second != first
+    assert second_slot != first_slot, (first_slot, second_slot)
+    assert env.show("slow-to-die")["attempts"][0]["outcome"] == "timeout"
+    assert env.state_of("next") == ["done"], env.show("next")["attempts"]
+
+
+@pytest.mark.skipif(not cgroup_v1_writable(), reason="cgroup v1 memory controller not writable")
 def test_a_jobs_peak_does_not_count_what_the_previous_job_wrote_to_stderr(env: Env) -> None:
     # Given a job that writes 150 MB to stderr, then a small one in the same worker
     m = env.manifest([job("loud", "shout_then_write", priority=1, params={"mb": 150}),

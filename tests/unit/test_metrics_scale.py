@@ -5,6 +5,7 @@ runner's one thread away from its jobs for the seconds it takes to read it."""
 from __future__ import annotations
 
 import json
+import os
 import tracemalloc
 from pathlib import Path
 from typing import Any
@@ -80,3 +81,37 @@ def test_a_runner_folds_a_long_log_a_bounded_share_per_tick_and_keeps_its_place(
     again = load_totals(q)
     assert (again.offset, again.attempts["completed"]) == (size, 10_000)
     assert collect(q, again).totals.attempts["completed"] == 10_000
+
+
+def test_a_runners_textfile_starts_over_on_a_log_rotated_under_it(tmp_path: Path) -> None:
+    # Given a --follow runner's textfile that has folded a log of 300 jobs
+    q = Queue(tmp_path / "q")
+    write_log(q, 300)
+    prom = tmp_path / "m.prom"
+    textfile = MetricsTextfile(q, prom, interval_s=0)
+    textfile.tick(RunnerView())
+    assert textfile.totals.attempts["completed"] == 300
+
+    def completed() -> str:
+        return next(line for line in prom.read_text().splitlines()
+                    if line.startswith('renderctl_attempts_total{outcome="completed"}'))
+
+    # When the log is rotated by rename (logrotate) and the new one holds 100 jobs
+    os.rename(q.path / "events.jsonl", q.path / "events.jsonl.1")
+    write_log(q, 100)
+    textfile.tick(RunnerView())
+    # Then the counters start over with the new log, as `renderctl metrics` does (README:
+    # a reset, which Prometheus handles), rather than stay frozen until the new log
+    # outgrew the old one's offset (a week of a 10,000 jobs/h service), then be read from
+    # the middle of a line
+    assert completed().endswith(" 100"), completed()
+    # ... and likewise when it is copied and truncated, then written again
+    write_log(q, 40)  # (the same file, truncated: shorter than what was read of it)
+    textfile.tick(RunnerView())
+    assert completed().endswith(" 40"), completed()
+    # ... while a log that only grew is read on from where it was
+    with open(q.path / "events.jsonl", "a") as fh:
+        fh.write(json.dumps({"ts": 2000.0, "event": "completed", "job": "late",
+                             "outcome": "completed", "attempt": 1, "elapsed_s": 0.1}) + "\n")
+    textfile.tick(RunnerView())
+    assert completed().endswith(" 41"), completed()
