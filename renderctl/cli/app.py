@@ -826,9 +826,17 @@ def run(
         summary_json,
         summary_line,
     )
+    from renderctl.errors import UserError
     from renderctl.runner import STOP_SIGNALS, Runner, prestart
     from renderctl.store import Queue
 
+    if follow and junit is not None:
+        params: dict[str | None, Any] = {p.name: p for p in ctx.command.params}
+        raise UserError(
+            f"{_source_label(ctx, params['junit'])} cannot go with "
+            f"{_source_label(ctx, params['follow'])}: a JUnit report is of one run, written "
+            "as it ends, and a --follow runner's run never does (it would keep every job it "
+            "ran in memory, ~640 bytes each, for weeks); use --metrics-textfile")
     early = _EarlyStop(STOP_SIGNALS)
     # The fork server imports the renderers (~0.25 s) in its own process, on the other core,
     # while this one validates and submits the manifests and recovers the queue.

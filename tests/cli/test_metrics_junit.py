@@ -227,6 +227,33 @@ def test_a_report_path_run_cannot_write_is_a_usage_error(tmp_path: Path, option:
     assert not q.exists()
 
 
+@pytest.mark.parametrize("how", ["option", "file"])
+def test_a_junit_report_of_a_follow_runner_is_refused(tmp_path: Path, how: str) -> None:
+    # Given `run --follow` asked for a JUnit report (on its command line, or its
+    # configuration file setting both), a report written when a run ends, of every job it
+    # ran: a --follow runner's run ends after weeks, its report's cases all in memory
+    manifest = write_jobs(tmp_path / "m", [job("a", "write")])
+    q, junit = tmp_path / "q", tmp_path / "junit.xml"
+    args: list[object] = ["run", manifest, "--queue", q, "--out", tmp_path / "out"]
+    if how == "option":
+        args += ["--follow", "--junit", junit]
+    else:
+        (tmp_path / "renderctl.toml").write_text(f'follow = true\njunit = "{junit}"\n')
+
+    # When it starts
+    res = cli(*args, cwd=tmp_path, timeout=30)
+
+    # Then it refuses at once, naming both settings where they came from, and enqueues
+    # nothing (it ran for ever before, the report growing ~640 bytes a job)
+    assert res.returncode == 2, res.stdout + res.stderr
+    conf = tmp_path / "renderctl.toml"
+    named = ("--junit", "--follow") if how == "option" else (
+        f"{conf}: key 'junit'", f"{conf}: key 'follow'")
+    assert f"{named[0]} cannot go with {named[1]}" in res.stderr, res.stderr
+    assert "--metrics-textfile" in res.stderr and len(res.stderr.splitlines()) == 1
+    assert not q.exists()
+
+
 REMOVE_FOLDER = '''
 
 def remove_folder(inputs, output, params):
