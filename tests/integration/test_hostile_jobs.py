@@ -255,9 +255,13 @@ def test_what_a_job_writes_to_stdout_takes_bounded_disk_space(
     try:
         # When both have written it and wait
         py_worker = wait_for_pid(pidfile)
-        cmd_worker = psutil.Process(wait_for_pid(cmd_pid)).ppid()
-        [capture] = Path("/").glob(f"tmp/renderctl-work-*/w{py_worker}.out")
-        [log] = Path("/").glob(f"tmp/renderctl-work-*/w{cmd_worker}.*/.command-output")
+        shell = psutil.Process(wait_for_pid(cmd_pid))
+        # Found from each job's working folder (its cwd), inside this runner's work root: a
+        # glob of every /tmp/renderctl-work-* also matched a killed runner's left by an
+        # earlier test whose worker had the same pid.
+        capture = Path(psutil.Process(py_worker).cwd()).parent / f"w{py_worker}.out"
+        log = Path(shell.cwd()) / ".command-output"
+        assert capture.exists() and log.exists(), (capture, log)
 
         # Then what their output takes on disk is bounded (the tail stays): one job cannot
         # fill the disk its neighbours and the queue write to
