@@ -788,9 +788,9 @@ def test_a_stop_signal_repeated_while_the_runner_stops_still_ends_it_in_order(
     # is frozen in its shutdown (the moment an impatient third Ctrl-C lands)
     stage(tmp_path)
     manifest = write_manifest([py_job("a", "write_pdf")])
-    queue, out, junit = tmp_path / "q", tmp_path / "out", tmp_path / "junit.xml"
+    queue, out, prom = tmp_path / "q", tmp_path / "out", tmp_path / "metrics.prom"
     runner = Runner(manifest, *cli_args(queue, out, "--workers", "1", "--follow",
-                                        "--junit", str(junit)),
+                                        "--metrics-textfile", str(prom)),
                     env={"RENDERCTL_STOP_AT": "shutdown"})
     try:
         completed_line = runner.until(lambda ln: ln.startswith("completed"))
@@ -801,13 +801,13 @@ def test_a_stop_signal_repeated_while_the_runner_stops_still_ends_it_in_order(
         # When the same signal comes again then
         code, stderr = _signal_frozen(runner, sig)
 
-        # Then it still ends as a stopped run does: its summary, its report, exit 128 + n
+        # Then it still ends as a stopped run does: its summary, its metrics, exit 128 + n
         # (not killed by the signal halfway through saying what it did)
     finally:
         runner.close()
     assert code == 128 + sig, (runner.lines, stderr)
     assert runner.lines[-1].startswith("summary: done 1,"), runner.lines
-    assert 'name="a"' in junit.read_text()
+    assert 'renderctl_jobs{state="done"} 1' in prom.read_text()  # its last write
     assert QueueView(queue).states_of(["a"]) == {"a": ["done"]}
 
 
