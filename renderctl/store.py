@@ -1060,6 +1060,26 @@ class Queue:
                                    f"journal/{journal.name}") from exc
         return journal
 
+    def _durable_temporaries(self, purpose: str, blobs: Sequence[bytes]) -> list[Path]:
+        """Each of ``blobs`` in a new temporary under tmp/, on disk before the caller points
+        a name at it: a fsync each for up to SMALL_BATCH of them, else one syncfs for all.
+        Protects against: power loss after the caller's renames exposing empty records (the
+        data must reach the disk before a name does). If a write fails (a full disk), those
+        already written are removed: they would hold its space until this process exits."""
+        small = len(blobs) <= SMALL_BATCH
+        tmps: list[Path] = []
+        try:
+            for data in blobs:
+                tmps.append(self._tmp_name(purpose))
+                write_file(tmps[-1], data, fsync=small)
+            if not small:
+                syncfs(self.path)
+        except BaseException:
+            for tmp in tmps:
+                unlink_quiet(tmp)
+            raise
+        return tmps
+
     @staticmethod
     def _retire_txn(journal: Path) -> None:
         """A placed batch's journal entry becomes the runner's doorbell: "these ids are new
@@ -1091,7 +1111,7 @@ class Queue:
     def _place_txn(self, records: Sequence[JobRecord], staged: list[tuple[Path, Path]], *,
                    replaced: set[str], replay: bool, raws: Sequence[bytes] | None,
                    crash_hook: Callable[[str], None] | None) -> None:
-        small = len(records) <= SMALL_BATCH
+        placing: list[tuple[bytes, Path]] = []
         for i, rec in enumerate(records):
             jid = rec.spec.id
             if replay:
@@ -1104,13 +1124,10 @@ class Queue:
                     continue
                 if any(c.state is not State.PENDING for c in copies) and jid not in replaced:
                     continue  # finished after an earlier roll-forward
-            tmp = self._tmp_name("job")
-            write_file(tmp, raws[i] if raws is not None else rec.dumps(), fsync=small)
-            staged.append((tmp, self.record_path(State.PENDING, jid)))
-        if staged and not small:
-            # Protects against: power loss after the renames below, which would otherwise
-            # expose empty job files in pending/. One syncfs instead of one fsync per job.
-            syncfs(self.path)
+            placing.append((raws[i] if raws is not None else rec.dumps(),
+                            self.record_path(State.PENDING, jid)))
+        tmps = self._durable_temporaries("job", [data for data, _ in placing])
+        staged.extend(zip(tmps, (dst for _, dst in placing), strict=True))
         if crash_hook is not None:
             crash_hook("submit:staged")
         for tmp, dst in staged:
@@ -1729,34 +1746,30 @@ class Queue:
         caller report the jobs cancelled."""
         if not taken:
             return
-        small = len(taken) <= SMALL_BATCH
         now = self.clock.wall()
         # Held throughout (shared: claims go on): a replace of a job we took (it sees x in
         # cancelled/, places its new pending/x and drops cancelled/x) must not come between
         # our look at cancelled/x and our rewrite of it, which would bring back a cancelled
         # copy of the old job beside the new pending one. A replace waits one batch at most.
         with self._lock(REPLACE_LOCK, shared=True):
-            staged: list[tuple[str, str]] = []
+            blobs: list[bytes] = []
+            dsts: list[str] = []
             for t in taken:
                 dst = self._rpath(State.CANCELLED, t.job_id)
                 rec, inode = self._read_or_quarantine_inode(Path(dst))
                 if rec is None or inode != t.inode:
                     continue  # pruned or replaced since taken: its cancel happened all the same
-                rec = replace(rec, reason=CANCELLED_PENDING_REASON, changed_at=now)
-                # A new file, never a spare record file (tmp/free.*, see recycle): those are
-                # a runner's, and a runner starting now adopts every one it finds: two
-                # processes would fill one inode for two records.
-                tmp = str(self._tmp_name("cancel"))
-                write_file(tmp, rec.dumps(), fsync=small)
-                staged.append((tmp, dst))
-            if not small:
-                # Protects against: power loss after the renames below exposing an empty
-                # record (the data must reach the disk before a name points at it). It also
-                # makes every take of the batch durable: pending/x gone, cancelled/x there.
-                syncfs(self.path)
+                blobs.append(replace(rec, reason=CANCELLED_PENDING_REASON,
+                                     changed_at=now).dumps())
+                dsts.append(dst)
+            # New files, never spare record files (tmp/free.*, see recycle): those are a
+            # runner's, and a runner starting now adopts every one it finds: two processes
+            # would fill one inode for two records. (A batch's syncfs also makes its takes
+            # durable: pending/x gone, cancelled/x there.)
+            tmps = self._durable_temporaries("cancel", blobs)
             if crash_hook is not None:
                 crash_hook("cancel:moved")
-            for tmp, dst in staged:
+            for tmp, dst in zip(tmps, dsts, strict=True):
                 os.replace(tmp, dst)
             # Protects against: power loss bringing a cancelled job back to pending after we
             # report it cancelled. cancelled/ first: a power loss between the two syncs can
@@ -1821,24 +1834,18 @@ class Queue:
     def _dead_retry_batch(self, job_ids: Sequence[str], now: float,
                           hook: Callable[[str], None]) -> list[str]:
         revived: list[str] = []
-        staged: list[tuple[str, Path, Path]] = []
+        found: list[tuple[str, Path]] = []
+        blobs: list[bytes] = []
         for jid in job_ids:
             src = self.record_path(State.DEAD, jid)
             rec = self._read_or_quarantine(src)
             if rec is None:
                 continue
-            rec = replace(rec, attempt_base=len(rec.attempts), not_before=0.0, lease=None,
-                          reason=RETRIED_REASON, changed_at=now)
-            tmp = self._tmp_name("revive")
-            write_file(tmp, rec.dumps(), fsync=len(job_ids) <= SMALL_BATCH)
-            staged.append((jid, src, tmp))
-        if not staged:
-            return revived
-        if len(job_ids) > SMALL_BATCH:
-            # Protects against: power loss after the renames below exposing an empty
-            # record (the data must reach the disk before a name points at it).
-            syncfs(self.path)
-        for jid, src, tmp in staged:
+            blobs.append(replace(rec, attempt_base=len(rec.attempts), not_before=0.0,
+                                 lease=None, reason=RETRIED_REASON, changed_at=now).dumps())
+            found.append((jid, src))
+        tmps = self._durable_temporaries("revive", blobs)
+        for (jid, src), tmp in zip(found, tmps, strict=True):
             os.replace(tmp, src)
             hook("dead_retry:rewritten")
             try:
