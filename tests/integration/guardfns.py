@@ -137,8 +137,10 @@ def hog_in_child(inputs: list[Path], output: Path, params: Mapping[str, Any]) ->
 
 
 def big_child_then_hang(inputs: list[Path], output: Path, params: Mapping[str, Any]) -> None:
-    """Start a child that ignores SIGTERM and holds ``mb`` MB (killed, it takes tens of ms
-    to go), record its pid in ``params["pidfile"]`` once it holds them all, then hang."""
+    """Start a child that ignores SIGTERM and holds ``mb`` MB, freeze it in the cgroup v1
+    freezer ``params["freezer"]`` (a frozen task outlives SIGKILL until thawed: its slot
+    stays occupied for as long as the test wants), record its pid in ``params["pidfile"]``
+    once frozen, then hang."""
     import sys
 
     script = ("import signal; signal.signal(signal.SIGTERM, signal.SIG_IGN)\n" + ALLOC_ARGS
@@ -147,6 +149,11 @@ def big_child_then_hang(inputs: list[Path], output: Path, params: Mapping[str, A
                              stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
     assert child.stdout is not None
     child.stdout.readline()
+    freezer = Path(params["freezer"])
+    (freezer / "cgroup.procs").write_text(f"{child.pid}\n")
+    (freezer / "freezer.state").write_text("FROZEN\n")
+    while (freezer / "freezer.state").read_text().strip() != "FROZEN":
+        time.sleep(0.001)  # FREEZING until every task in it has stopped
     Path(params["pidfile"]).write_text(f"{child.pid}\n")
     while True:
         time.sleep(3600)

@@ -399,14 +399,48 @@ def test_memory_a_killed_job_left_in_its_slot_is_not_charged_to_the_next_job(env
     assert pdf_ok(env.out / "next.pdf")
 
 
+def freezer_v1_cell() -> Path | None:
+    """A new cgroup v1 freezer group for one test, or None where there is none to write."""
+    root = Path("/sys/fs/cgroup/freezer")
+    if not (root / "freezer.state").exists() and not (root / "cgroup.procs").exists():
+        return None
+    cell = root / f"renderctl-test-{os.getpid()}-{time.monotonic_ns()}"
+    try:
+        cell.mkdir()
+    except OSError:
+        return None
+    return cell
+
+
+@pytest.fixture
+def frozen_cell() -> Iterator[Path]:
+    """A freezer group whose tasks are thawed, killed and the group removed at teardown."""
+    cell = freezer_v1_cell()
+    if cell is None:
+        pytest.skip("no writable cgroup v1 freezer")
+    yield cell
+    pids = [int(p) for p in (cell / "cgroup.procs").read_text().split()]
+    for p in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(p, signal.SIGKILL)
+    (cell / "freezer.state").write_text("THAWED\n")  # the SIGKILLs land once thawed
+    wait_until(lambda: not (cell / "cgroup.procs").read_text().split(), timeout_s=20,
+               what="the frozen tasks to die once thawed")
+    cell.rmdir()
+
+
 @pytest.mark.skipif(not cgroup_v1_writable(), reason="cgroup v1 memory controller not writable")
-def test_a_worker_replaced_while_its_slot_empties_gets_another_slot(env: Env) -> None:
-    # Given a job whose 400 MB child outlives its worker by the tens of ms a kill of that
-    # much memory takes (the worker dies of the timeout's SIGTERM, the child ignores it),
+def test_a_worker_replaced_while_its_slot_empties_gets_another_slot(env: Env,
+                                                                    frozen_cell: Path) -> None:
+    # Given a job whose 400 MB child outlives its worker (the worker dies of the timeout's
+    # SIGTERM, the child ignores it and is frozen, so the runner's SIGKILL cannot empty the
+    # slot until the test thaws it: a kill of that much memory takes tens of ms here, less
+    # than a millisecond on a machine freeing huge pages, which made the race the test's),
     # then a job for the worker that replaces it
     pidfile = env.root / "child.pid"
-    m = env.manifest([job("slow-to-die", "big_child_then_hang", priority=1, timeout_s=1,
-                          params={"mb": 400, "pidfile": str(pidfile)}),
+    m = env.manifest([job("slow-to-die", "big_child_then_hang", priority=1, timeout_s=2,
+                          params={"mb": 400, "pidfile": str(pidfile),
+                                  "freezer": str(frozen_cell)}),
                       job("next", "sleep_then_write", params={"s": 1.5})],
                      defaults={"memory_mb": 1000, "max_attempts": 1})
     r = env.run(str(m), "--workers", "1", "--kill-grace", "0.2", "--memory-guard", "cgroup-v1")
@@ -415,17 +449,17 @@ def test_a_worker_replaced_while_its_slot_empties_gets_another_slot(env: Env) ->
         return next(line for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines()
                     if ":memory:" in line)
 
-    try:
-        first = r.wait_event("started", "slow-to-die", timeout=20)[0]["worker"]
-        wait_until(pidfile.exists, timeout_s=20, what="the child to hold its memory")
-        first_slot = cgroup_of(first)
-        # When the timeout kills the first worker, and its successor starts the next job
-        second = r.wait_event("started", "next", timeout=20)[0]["worker"]
-        second_slot = cgroup_of(second)
-        assert r.wait_exit(timeout=30) == 1, r.diag()
-    finally:
-        if pidfile.exists():
-            kill_leftovers([int(pidfile.read_text())])
+    first = r.wait_event("started", "slow-to-die", timeout=20)[0]["worker"]
+    wait_until(pidfile.exists, timeout_s=20, what="the child to hold its memory, frozen")
+    child = int(pidfile.read_text())
+    first_slot = cgroup_of(first)
+    # When the timeout kills the first worker, and its successor starts the next job while
+    # the child, SIGKILLed, still sits in the first slot
+    second = r.wait_event("started", "next", timeout=20)[0]["worker"]
+    second_slot = cgroup_of(second)
+    assert cgroup_of(child) == first_slot
+    (frozen_cell / "freezer.state").write_text("THAWED\n")
+    assert r.wait_exit(timeout=30) == 1, r.diag()
 
     # Then the successor ran in a slot of its own (README: "its successor starts in another
     # slot and this one is judged later"), not in the one still being emptied: a slot
@@ -433,6 +467,7 @@ def test_a_worker_replaced_while_its_slot_empties_gets_another_slot(env: Env) ->
     # successor ran in it (and handed out again, to two workers at once, once emptied)
     assert second != first
     assert second_slot != first_slot, (first_slot, second_slot)
+    assert pid_gone(child)  # the runner's SIGKILL landed once thawed
     assert env.show("slow-to-die")["attempts"][0]["outcome"] == "timeout"
     assert env.state_of("next") == ["done"], env.show("next")["attempts"]
 
