@@ -486,3 +486,28 @@ def test_prune_forgets_old_finished_jobs_and_keeps_their_outputs(
         {"ok": [], "bad": ["dead"], "c": [], "p": ["pending"]}
     assert run_cli("show", "ok", "--queue", queue).returncode == 2
     assert_pdf(out / "ok.pdf", "ok")
+
+
+@pytest.mark.parametrize("method", ["forkserver", "spawn"])
+def test_a_long_tmpdir_does_not_stop_the_pool_from_starting(
+        tmp_path: Path, write_manifest: Any, method: str) -> None:
+    # Given a TMPDIR as long as a CI runner's or a nested build's (here 90 characters): the
+    # fork server's socket would be TMPDIR/pymp-XXXXXXXX/listener-XXXXXXXX, past the 107
+    # bytes a unix socket's path may hold
+    stage(tmp_path)
+    manifest = write_manifest([py_job("one", "write_pdf")])
+    tmpdir = tmp_path / "t"
+    tmpdir = tmpdir / ("x" * (90 - len(str(tmpdir)) - 1))
+    tmpdir.mkdir(parents=True)
+    assert len(str(tmpdir)) == 90
+
+    # When a batch runs with each start method
+    res = run_cli("run", manifest, *cli_args(tmp_path / "q", tmp_path / "out",
+                                             "--start-method", method),
+                  env={"TMPDIR": str(tmpdir)})
+
+    # Then it runs (it exited 74, "I/O error: AF_UNIX path too long"), and what it made
+    # in TMPDIR went with its clean exit
+    assert res.returncode == 0, res.stderr
+    assert_pdf(tmp_path / "out" / "one.pdf", "one")
+    assert list(tmpdir.iterdir()) == []
