@@ -104,15 +104,18 @@ def by_attempt(inputs: list[Path], output: Path, params: Mapping[str, Any]) -> N
 
 # A script that allocates argv[1] MB in 10 MB chunks touching every page, at most argv[2]
 # MB/s (0: flat out). ALLOC_LOOP is its body, for scripts that add a handshake around it.
+# Chunks start at least 10/rate s apart and a late one is never caught up on, so in any
+# window of w seconds it allocates at most rate*w + 10 MB, however it was scheduled.
 ALLOC_LOOP = """
-chunks, start = [], time.monotonic()
+chunks = []
 for i in range(total_mb // 10):
+    began = time.monotonic()
     b = bytearray(10 * 1024 * 1024)
     for j in range(0, len(b), 4096):
         b[j] = 1
     chunks.append(b)
     if rate:
-        ahead = start + (i + 1) * 10 / rate - time.monotonic()
+        ahead = began + 10 / rate - time.monotonic()
         if ahead > 0:
             time.sleep(ahead)
 """
