@@ -21,12 +21,14 @@ from typing import Any
 import pytest
 from jobfns import (
     QueueView,
+    Runner,
     assert_pdf,
     cli_args,
     py_job,
     run_cli,
     stage,
     stray_temporaries,
+    wait_until,
 )
 
 from renderctl.errors import ExitCode
@@ -170,6 +172,91 @@ def test_an_output_name_over_name_max_is_refused_before_anything_is_enqueued(
     assert res.returncode == ExitCode.USAGE, res.stdout + res.stderr
     assert f"{manifest}: job long: output: has a segment longer than 255 bytes" in res.stderr
     assert not (tmp_path / "q" / "pending").exists() or not os.listdir(tmp_path / "q" / "pending")
+
+
+def test_an_output_folder_made_read_only_before_its_publish_halts_the_run_charging_nothing(
+        mount: Mounter, tmp_path: Path, write_manifest: Any) -> None:
+    # Given three jobs of one attempt each and a runner frozen just before it publishes
+    # the first output
+    out = mount("tmpfs", "out")
+    stage(tmp_path)
+    ids = ["r1", "r2", "r3"]
+    manifest = write_manifest([py_job(j, "write_pdf") for j in ids],
+                              defaults={"max_attempts": 1})
+    queue = tmp_path / "q"
+    runner = Runner(manifest, *cli_args(queue, out, "--workers", "1"),
+                    env={"RENDERCTL_STOP_AT": "publish:before_link"})
+    try:
+        wait_until(lambda: _stopped(runner.pid), what="the runner to freeze before publishing")
+
+        # When the output file system is remounted read-only meanwhile
+        subprocess.run(["mount", "-o", "remount,ro", str(out)], check=True)
+        os.kill(runner.pid, signal.SIGCONT)
+        code = runner.wait(60)
+        stderr = runner.stderr()
+    finally:
+        runner.close()
+        subprocess.run(["mount", "-o", "remount,rw", str(out)], check=True)
+
+    # Then the run halts (saying so, naming the folder) with 74, a summary and no
+    # traceback, and no job was charged: each is pending with only released attempts
+    assert code == ExitCode.IO_ERROR, (runner.lines, stderr)
+    assert f"cannot write outputs: {out}" in stderr, stderr
+    assert any(ln.startswith("halted ") for ln in runner.lines), runner.lines
+    assert runner.lines[-1].startswith("summary:"), runner.lines
+    assert "Traceback" not in stderr
+    view = QueueView(queue)
+    assert view.states_of(ids) == {j: ["pending"] for j in ids}
+    for jid in ids:
+        outcomes = [a["outcome"] for a in view.record("pending", jid)["attempts"]]
+        assert set(outcomes) <= {"released"}, (jid, outcomes)
+
+    # (What the first run wrote could not be removed from the read-only folder: hidden,
+    # never published, and not yet swept by anyone.)
+    left = set(stray_temporaries(out))
+
+    # When the file system is writable again and the queue run again
+    second = run_cli("run", *cli_args(queue, out, "--workers", "1"))
+
+    # Then each job completes once, with a whole PDF, and leaves nothing behind
+    assert second.returncode == ExitCode.OK, second.stdout + second.stderr
+    for jid in ids:
+        assert_pdf(out / f"{jid}.pdf", jid)
+        assert [a["outcome"] for a in view.record("done", jid)["attempts"]][-1] == "completed"
+    assert set(stray_temporaries(out)) <= left
+
+
+def test_outputs_on_a_file_system_without_hard_links_halt_the_run_and_overwrite_nothing(
+        mount: Mounter, tmp_path: Path, write_manifest: Any) -> None:
+    # Given outputs on exFAT (no hard links, no user xattrs, no RENAME_NOREPLACE; mounted
+    # 0755, so that only we can write there), where job x's output holds someone's file
+    out = mount("exfat", "exfat", umask="022") / "out"
+    out.mkdir()
+    foreign = out / "x.pdf"
+    foreign.write_bytes(b"someone else's file")
+    stage(tmp_path)
+    manifest = write_manifest([py_job("x", "write_pdf"), py_job("y", "write_pdf")],
+                              defaults={"max_attempts": 1})
+    queue = tmp_path / "q"
+
+    # When they run
+    res = run_cli("run", manifest, *cli_args(queue, out, "--workers", "1"))
+
+    # Then the foreign file is untouched and x dead-letters with output_exists; y, which
+    # cannot be published there without risking an overwrite, is not charged: the run
+    # halts with 74 naming the output and why, with a summary and no traceback
+    assert foreign.read_bytes() == b"someone else's file"
+    assert res.returncode == ExitCode.IO_ERROR, res.stdout + res.stderr
+    assert "Traceback" not in res.stdout + res.stderr
+    assert f"cannot write outputs: {out / 'y.pdf'}" in res.stderr, res.stderr
+    assert any(ln.startswith("halted ") for ln in res.stdout.splitlines()), res.stdout
+    assert res.stdout.splitlines()[-1].startswith("summary:"), res.stdout
+    view = QueueView(queue)
+    assert view.states_of(["x", "y"]) == {"x": ["dead"], "y": ["pending"]}
+    assert view.record("dead", "x")["attempts"][-1]["outcome"] == "output_exists"
+    assert {a["outcome"] for a in view.record("pending", "y")["attempts"]} == {"released"}
+    assert not (out / "y.pdf").exists()
+    assert stray_temporaries(out) == []
 
 
 def test_a_folder_whose_file_system_ignores_permissions_fails_each_job_clearly(
