@@ -1835,7 +1835,8 @@ class Runner:
                     verdict = Outcome.FAILED, \
                         f"its output was gone before it could be published: {exc}"
                 except OSError as exc:
-                    verdict = self._publish_refused(a, exc, linking=token is None)
+                    verdict = self._publish_refused(
+                        a, exc, linking=token is None and a.output_kind != "dir")
                 else:
                     if status is Published.EXISTS:
                         # Someone's file is there (this attempt published nothing yet, and
@@ -1892,6 +1893,9 @@ class Runner:
             problem += (" (link(2); on a file system without hard links or user xattrs, "
                         "such as FAT or exFAT, renderctl cannot publish without risking an "
                         "overwrite)")
+        elif not linking and exc.errno == errno.EINVAL:
+            problem += (" (renameat2(RENAME_NOREPLACE) unsupported here, as on NFS and SMB, "
+                        "or a name this file system refuses)")
         if exc.errno in FOLDER_IO_ERRNOS or (linking and exc.errno in NO_LINK_ERRNOS):
             self._output_io(problem)
             return Outcome.RELEASED, problem

@@ -284,3 +284,28 @@ def test_a_folder_whose_file_system_ignores_permissions_fails_each_job_clearly(
         assert str(out) in attempts[0]["error"], attempts[0]["error"]
     assert stray_temporaries(out) == []
     assert os.listdir(out) == []
+
+
+def test_a_folder_output_on_a_file_system_without_rename_noreplace_is_dead_at_once_clearly(
+        mount: Mounter, tmp_path: Path, write_manifest: Any) -> None:
+    # Given a split job (a folder output, published only by renameat2(RENAME_NOREPLACE))
+    # whose output root is on exFAT through FUSE, which refuses that flag (EINVAL)
+    out = mount("exfat", "exfat", umask="022") / "out"
+    pdf = Path(__file__).resolve().parents[2] / "sample-inputs" / "pdf" / "a.pdf"
+    manifest = write_manifest([{"id": "sp", "kind": "split", "input": str(pdf),
+                                "output": "pages"}])
+    queue = tmp_path / "q"
+
+    # When it runs
+    res = run_cli("run", manifest, *cli_args(queue, out, "--workers", "1"))
+
+    # Then the runner goes on (exit 1, a summary, no traceback) and the job is dead at once
+    # with an error naming the output and the likely cause; nothing is left in the folder
+    assert res.returncode == ExitCode.JOBS_FAILED, res.stdout + res.stderr
+    assert "Traceback" not in res.stdout + res.stderr
+    assert res.stdout.splitlines()[-1].startswith("summary:"), res.stdout
+    attempts = QueueView(queue).record("dead", "sp")["attempts"]
+    assert [a["outcome"] for a in attempts] == ["invalid_output"], attempts
+    assert f"cannot publish {out / 'pages'}: Invalid argument" in attempts[0]["error"]
+    assert "RENAME_NOREPLACE" in attempts[0]["error"]
+    assert os.listdir(out) == []
