@@ -1834,6 +1834,9 @@ class Runner:
                 except (FileNotFoundError, NotADirectoryError) as exc:
                     verdict = Outcome.FAILED, \
                         f"its output was gone before it could be published: {exc}"
+                except OSError as exc:
+                    verdict = self._publish_refused(
+                        a, exc, linking=token is None and a.output_kind != "dir")
                 else:
                     if status is Published.EXISTS:
                         # Someone's file is there (this attempt published nothing yet, and
@@ -1845,6 +1848,9 @@ class Runner:
                         a.moved = True  # renamed into place: no temporary name to remove
                     continue
                 t = self._transition(a, replace(fin, error=verdict[1]), verdict[0].value, now)
+                if verdict[0] is Outcome.RELEASED:
+                    t = replace(t, record=replace(
+                        t.record, reason=f"released: cannot write outputs: {verdict[1]}"))
                 transitions[i] = t
                 unlink_quiet(staged[i][0])  # the done record we had staged for it
                 staged[i] = self.q.stage([t])[0]
@@ -1874,6 +1880,26 @@ class Runner:
             self._count(t)
             self._report(t)
         self._drop_moot_logs()
+
+    def _publish_refused(self, a: Assignment, exc: OSError,
+                         *, linking: bool) -> tuple[Outcome, str]:
+        """The verdict on an output whose publish the file system refused. The folder's
+        fault (read-only since the job ran, full, no hard links): released, not charged, and
+        the run halts (exit 74), as for a job that could not write there; every output in
+        it would fail the same way. Anything else (a name this file system refuses): the
+        job's own, dead-lettered at once."""
+        problem = f"{a.final}: {exc.strerror}"
+        if linking and exc.errno in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOSYS):
+            problem += (" (link(2); on a file system without hard links or user xattrs, "
+                        "such as FAT or exFAT, renderctl cannot publish without risking an "
+                        "overwrite)")
+        elif not linking and exc.errno == errno.EINVAL:
+            problem += (" (renameat2(RENAME_NOREPLACE) unsupported here, as on NFS and SMB, "
+                        "or a name this file system refuses)")
+        if exc.errno in FOLDER_IO_ERRNOS or (linking and exc.errno in NO_LINK_ERRNOS):
+            self._output_io(problem)
+            return Outcome.RELEASED, problem
+        return Outcome.INVALID_OUTPUT, f"output path: cannot publish {problem}"
 
     def _failed_of_stop(self, a: Assignment, fin: Finished) -> bool:
         """Whether ``a``'s failure may be its answer to our stop signal: a job that handles
@@ -2079,6 +2105,7 @@ def _exists_message(final: Path, job_id: str) -> str:
 # the path: a retry of the same job there cannot succeed until someone fixes the folder.
 FOLDER_IO_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC,
                               errno.EDQUOT, errno.EIO})
+NO_LINK_ERRNOS = frozenset({errno.EOPNOTSUPP, errno.ENOSYS})  # link(2) not supported at all
 FULL_DISK_BYTES = 1 << 20  # free space below which a failed write is blamed on the disk
 
 

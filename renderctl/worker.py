@@ -935,9 +935,17 @@ class _Staging:
             self.fd = os.open(self.name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW
                               | os.O_CLOEXEC, dir_fd=self.folder_fd)
             st = os.fstat(self.fd)
-            if st.st_uid != os.geteuid() or st.st_mode & 0o077:
+            if st.st_uid != os.geteuid():
                 # Renamed away and something else put in its place between the two calls.
                 raise OutputEscapes(f"{tmp.parent / self.name} was replaced")
+            if st.st_mode & 0o077:
+                # Ours, made 0700, and open to others all the same: the file system keeps
+                # no permissions (FAT, exFAT, a share mounted with fixed modes).
+                raise OutputEscapes(
+                    f"{tmp.parent}: others can write here and its file system does not keep "
+                    f"permissions (a folder made 0700 reads {stat.S_IMODE(st.st_mode):04o}), "
+                    f"so no private folder can be made for the output; mount it so that "
+                    f"only renderctl's user can write there (e.g. umask=077)")
             self.ident = (st.st_dev, st.st_ino)
         except BaseException:
             self.close()
@@ -948,7 +956,10 @@ class _Staging:
 
     def _intact(self) -> bool:
         """Whether our descriptor is still our folder's: a python job may close it, and its
-        number be reused by whatever it opens next."""
+        number be reused by whatever it opens next. Never while it was being judged: one
+        refused in ``__init__`` is left to the runner's sweep (publish.discard)."""
+        if not hasattr(self, "ident"):
+            return False
         st = os.fstat(self.fd)
         return (st.st_dev, st.st_ino) == self.ident
 
