@@ -253,9 +253,10 @@ def discard(tmp: Path) -> None:
     """Remove an attempt's temporary (file or folder), if it can be.
 
     One that cannot (a folder gone read-only or unwritable: the reason its job is being
-    released) is left where it is: never published, and removed by the next runner's sweep
-    of stale temporaries beside outputs. Failing here would stop the runner with jobs left
-    in running/ and no summary."""
+    released) is left where it is: never published, and removed when its job completes
+    (the runner sweeps a job that had a released attempt) or by recovery's sweep of an
+    orphaned job. Failing here would stop the runner with jobs left in running/ and no
+    summary."""
     import shutil
 
     if tmp.is_dir() and not tmp.is_symlink():

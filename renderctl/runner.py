@@ -1875,6 +1875,14 @@ class Runner:
                 # Before the running copies go: while one exists, recovery still finds this job
                 # and removes the link if we die here.
                 unlink_quiet(a.tmp)
+            if any(x.get("outcome") == Outcome.RELEASED.value
+                   for x in a.claim.record.attempts):
+                # A release may have left its temporary where it could not be removed (a
+                # folder gone read-only: publish.discard); no recovery sweeps a job that
+                # went back to pending, so its completion does (a listing, retried jobs
+                # only).
+                for leftover in tmp_outputs(a.final, a.job_id):
+                    discard(leftover)
         self.q.retire(staged)
         for t in transitions:
             self._count(t)
