@@ -24,6 +24,8 @@ from jobfns import (
     py_job,
     run_cli,
     stage,
+    wait_for_pid,
+    wait_until,
 )
 
 from renderctl.errors import ExitCode
@@ -198,3 +200,45 @@ def test_a_damaged_worker_list_of_a_dead_runner_does_not_stop_the_next(
     assert res.returncode == ExitCode.OK, res.stdout + res.stderr
     assert_pdf(out / "ok.pdf", "ok")
     assert not (queue / "control" / "workers.deadbeef.json").exists()
+
+
+def test_a_dead_runners_worker_group_id_reused_since_is_left_alone(
+        tmp_path: Path, write_manifest: Any) -> None:
+    from renderctl import proctree
+
+    # Given a runner killed mid-job, whose worker list stays in control/ once its workers
+    # are gone
+    stage(tmp_path)
+    queue, out, pidfile = tmp_path / "q", tmp_path / "out", tmp_path / "slow.pid"
+    manifest = write_manifest([py_job("slow", "sleep_then_write", s=60, sleep_attempts=1,
+                                      pidfile=str(pidfile))])
+    runner = Runner(manifest, *cli_args(queue, out, "--workers", "1"))
+    try:
+        worker = wait_for_pid(pidfile)
+        runner.proc.kill()
+        runner.wait(30)
+    finally:
+        runner.close()
+    wait_until(lambda: not proctree.pid_alive(worker), what="the worker to die")
+    (stale,) = (queue / "control").glob("workers.*.json")
+
+    # And its worker's group id has since gone to an unrelated process group (pids are
+    # reused: a reboot, a container restart, or time), made here by naming a new one's id
+    other = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    try:
+        entries = json.loads(stale.read_text())
+        assert entries
+        stale.write_text(json.dumps([e | {"pid": other.pid, "pgid": other.pid}
+                                     for e in entries]))
+
+        # When the next runner starts (it kills what a dead runner's workers left)
+        res = run_cli("run", *cli_args(queue, out, "--workers", "1"), cwd=tmp_path,
+                      timeout=60)
+
+        # Then it runs the job again, and leaves that group alone (it SIGKILLed it before)
+        assert res.returncode == ExitCode.OK, res.stdout + res.stderr
+        assert other.poll() is None, "an unrelated process group was SIGKILLed"
+        assert_pdf(out / "slow.pdf", "slow")
+    finally:
+        other.kill()
+        other.wait()
