@@ -91,7 +91,11 @@ def kill_stale_workers(q: Queue, *, own: Path | None = None) -> None:
             # another tool's file: kill nothing we cannot name, and go on).
             pgid = e.get("pgid") if isinstance(e, dict) else None
             if type(pgid) is int and pgid > 1 and proctree.group_alive(pgid):
-                proctree.kill_group(pgid, signal.SIGKILL)
+                try:
+                    proctree.kill_group(pgid, signal.SIGKILL)
+                except PermissionError:
+                    # Another user's group: the id was reused since (ours were our user's).
+                    continue
                 doomed.append(pgid)
         unlink_quiet(f)
     # SIGKILL lands asynchronously: a dying worker may still finish the write(2) it is
