@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 from jobfns import (
     QueueView,
@@ -310,6 +311,74 @@ def test_a_dead_runners_worker_group_now_another_users_is_left_alone(
     finally:
         other.kill()
         other.wait()
+
+
+def test_a_dead_runners_deaf_worker_is_killed_by_the_next_command(
+        nobody: Nobody, manifest: Manifests) -> None:
+    """What kill_stale_workers is for: a worker deaf to its parent-death signal (every
+    signal blocked) that outlived its runner and the reaper (stopped, then killed) is
+    killed by the next command that takes the queue over: here `cancel` of its job."""
+    pidfile = nobody.home / "deaf.pid"
+    m = manifest([py_job("deaf", "deaf_then_write", pidfile=str(pidfile), how="blocked")])
+    q = nobody.home / "q"
+    runner = nobody.runner(m, "--queue", q, "--out", nobody.home / "out")
+    try:
+        worker = wait_for_pid(pidfile)
+        reaper = next(p for p in psutil.Process(runner.pid).children()
+                      if "reaper.py" in " ".join(p.cmdline()))
+        parent = psutil.Process(worker).ppid()
+        reaper.send_signal(signal.SIGSTOP)
+        runner.kill()
+    finally:
+        runner.close()
+    # Once its parent (the fork server) is gone, its parent-death signal is pending
+    wait_until(lambda: not proctree.pid_alive(parent), what="the worker's parent to die")
+    reaper.kill()
+    assert proctree.pid_alive(worker), "precondition: the deaf worker outlived its runner"
+    proc = nobody.run("cancel", "deaf", "--queue", q)
+    assert proc.returncode == 0, (proc.stdout, proc.stderr)
+    assert_quiet(proc.stderr)
+    assert not proctree.pid_alive(worker)
+    assert QueueView(q).ids("cancelled") == {"deaf"}
+
+
+def test_a_dead_runners_worker_group_id_now_the_users_own_other_group_is_left_alone(
+        nobody: Nobody, manifest: Manifests) -> None:
+    """The same user's own process group (a shell, another program) got the id a dead
+    runner's worker had led: it is not renderctl's, and is not killed."""
+    m = manifest([py_job("p1", "write_pdf")])
+    q = nobody.home / "q"
+    pidfile = nobody.home / "slow.pid"
+    m2 = manifest([py_job("slow", "sleep_then_write", s=60, sleep_attempts=1,
+                          pidfile=str(pidfile))],
+                  name="slow.toml")
+    # Given a runner of nobody's killed mid-job: its worker list stays in control/
+    runner = nobody.runner(m2, "--queue", q, "--out", nobody.home / "out")
+    try:
+        worker = wait_for_pid(pidfile)
+        runner.kill()
+    finally:
+        runner.close()
+    wait_until(lambda: not proctree.pid_alive(worker), what="the worker to die")
+    (stale,) = (q / "control").glob("workers.*.json")
+    # And, since, its worker's group id went to another process group of nobody's
+    mine = subprocess.Popen(["sleep", "300"], start_new_session=True, user=nobody.uid,
+                            group=nobody.gid, extra_groups=[])
+    try:
+        entries = json.loads(stale.read_text())
+        assert entries
+        stale.write_text(json.dumps([e | {"pid": mine.pid, "pgid": mine.pid}
+                                     for e in entries]))
+        # When nobody's next runner starts
+        assert nobody.run("submit", m, "--queue", q).returncode == 0
+        proc = nobody.run("run", "--queue", q)
+        # Then it runs the jobs, and leaves that group alone
+        assert proc.returncode == 0, (proc.stdout, proc.stderr)
+        assert mine.poll() is None, "nobody's unrelated process was killed"
+        assert QueueView(q).ids("done") == {"p1", "slow"}
+    finally:
+        mine.kill()
+        mine.wait()
 
 
 # -- permissions ---------------------------------------------------------------------------
