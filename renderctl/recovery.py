@@ -79,6 +79,7 @@ def kill_stale_workers(q: Queue, *, own: Path | None = None) -> None:
 
     Only for a caller holding the runner lock: every other runner of ``q`` is dead then."""
     doomed: list[int] = []
+    boot = proctree.boot_id()
     for f in q.dir("control").glob(WORKERS_FILE.format("*")):
         if f == own:
             continue
@@ -90,8 +91,13 @@ def kill_stale_workers(q: Queue, *, own: Path | None = None) -> None:
             # A process group only from an entry that names one as a number (hand-edited or
             # another tool's file: kill nothing we cannot name, and go on).
             pgid = e.get("pgid") if isinstance(e, dict) else None
-            if type(pgid) is int and pgid > 1 and proctree.group_alive(pgid):
-                proctree.kill_group(pgid, signal.SIGKILL)
+            if type(pgid) is int and pgid > 1 and _still_ours(e, pgid, boot) \
+                    and proctree.group_alive(pgid):
+                try:
+                    proctree.kill_group(pgid, signal.SIGKILL)
+                except PermissionError:
+                    # Another user's group: the id was reused since (ours were our user's).
+                    continue
                 doomed.append(pgid)
         unlink_quiet(f)
     # SIGKILL lands asynchronously: a dying worker may still finish the write(2) it is
@@ -102,6 +108,20 @@ def kill_stale_workers(q: Queue, *, own: Path | None = None) -> None:
         doomed = [g for g in doomed if proctree.group_alive(g)]
         if doomed:
             time.sleep(0.005)
+
+
+def _still_ours(entry: Mapping[str, Any], pgid: int, boot: str) -> bool:
+    """Whether process group ``pgid``, named by a dead runner's ``entry``, can still be
+    the one its worker led. Not after a reboot (pids start again), nor while a process
+    other than that worker holds the id as its pid (started later: the id was free, so
+    the worker's group had ended, and the id went to someone else). While the worker's
+    group lives on without it (a command's child after the worker's death), the kernel
+    gives the id to no one. Entries of earlier versions, without these fields, count."""
+    if entry.get("boot", boot) != boot:
+        return False
+    start = entry.get("pgid_start")
+    now = proctree.process_start_time(pgid)
+    return type(start) is not int or now is None or now == start
 
 
 def judge_orphan(rec: JobRecord, *, started: Mapping[str, float | None], now: float,

@@ -240,6 +240,7 @@ class WorkerHandle:
     started_log: str  # where it logs each attempt's start before starting it (recovery)
     pid: int | None = None
     pgid: int | None = None
+    pgid_start: int | None = None  # its group leader's start time (control/workers.*.json)
     queued: deque[Assignment] = field(default_factory=deque)
     current: Assignment | None = None
     assigned_total: int = 0
@@ -729,7 +730,9 @@ class Runner:
             unlink_quiet(f)
 
     def _record_workers(self) -> None:
-        data = [{"pid": w.pid, "pgid": w.pgid} for w in self.workers.values() if w.pgid]
+        boot = self.holder.boot_id if self.holder is not None else None
+        data = [{"pid": w.pid, "pgid": w.pgid, "pgid_start": w.pgid_start, "boot": boot}
+                for w in self.workers.values() if w.pgid]
         tmp = self._workers_file().with_suffix(".tmp")
         tmp.write_text(json.dumps(data))
         os.replace(tmp, self._workers_file())
@@ -1355,6 +1358,7 @@ class Runner:
                     self.ready.appendleft(a)
         elif isinstance(msg, Ready):
             w.pid, w.pgid = msg.pid, msg.pgid
+            w.pgid_start = proctree.process_start_time(msg.pgid)
             self._start_failures = 0
             # The OOM counter only grows; one mark per worker (renewed after an OOM kill it
             # survived) saves reading it at every job start.
