@@ -869,21 +869,23 @@ def test_a_pending_job_expires_at_its_deadline_while_every_worker_is_busy(
 
     from jobfns import wait_for_pid
 
-    # Given the one worker busy with `first` until the test says go, and `late` pending
-    # behind it (not claimed: a worker holds one job of unmeasured length) with a deadline
-    # 3 s away
+    # Given the one worker busy with `first` until the test says go, and `late` submitted
+    # then, pending behind it (not claimed: a worker holds one job of unmeasured length),
+    # with a deadline 3 s away (counted from there, not from the runner's start, which a
+    # busy machine can make take seconds)
     stage(tmp_path)
     queue, out = tmp_path / "q", tmp_path / "out"
     pidfile, go = tmp_path / "first.pid", tmp_path / "go"
-    deadline = time.time() + 3
-    manifest = write_manifest([
-        {**py_job("first", "wait_for_go", pidfile=str(pidfile), go=str(go)), "priority": 10},
-        {**py_job("late", "write_pdf"),
-         "deadline": dt.datetime.fromtimestamp(deadline, dt.UTC).isoformat()},
-    ])
+    manifest = write_manifest([py_job("first", "wait_for_go", pidfile=str(pidfile), go=str(go))])
     runner = Runner(manifest, *cli_args(queue, out, "--workers", "1", "--json"))
     try:
         wait_for_pid(pidfile, what="first to start")
+        deadline = time.time() + 3
+        late = write_manifest([{**py_job("late", "write_pdf"),
+                                "deadline": dt.datetime.fromtimestamp(deadline, dt.UTC)
+                                .isoformat()}], name="late.toml")
+        sub = run_cli("submit", late, *cli_args(queue, out))
+        assert sub.returncode == 0, sub.stderr
         assert QueueView(queue).states_of(["late"]) == {"late": ["pending"]}
 
         # When its deadline passes while `first` still runs
