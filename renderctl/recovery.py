@@ -117,7 +117,8 @@ def _still_ours(entry: Mapping[str, Any], pgid: int, boot: str) -> bool:
     the worker's group had ended, and the id went to someone else). While the worker's
     group lives on without it (a command's child after the worker's death), the kernel
     gives the id to no one. Entries of earlier versions, without these fields, count."""
-    if entry.get("boot", boot) != boot:
+    recorded_boot = entry.get("boot")
+    if isinstance(recorded_boot, str) and recorded_boot != boot:
         return False
     start = entry.get("pgid_start")
     now = proctree.process_start_time(pgid)

@@ -930,6 +930,7 @@ class _Staging:
         st = os.fstat(self.folder_fd)
         self.folder_ident = (st.st_dev, st.st_ino)
         self.fd = -1
+        self.ident: tuple[int, int] | None = None  # set once the folder is judged ours
         try:
             os.mkdir(self.name, 0o700, dir_fd=self.folder_fd)
             self.fd = os.open(self.name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW
@@ -958,7 +959,7 @@ class _Staging:
         """Whether our descriptor is still our folder's: a python job may close it, and its
         number be reused by whatever it opens next. Never while it was being judged: one
         refused in ``__init__`` is left to the runner's sweep (publish.discard)."""
-        if not hasattr(self, "ident"):
+        if self.ident is None:
             return False
         st = os.fstat(self.fd)
         return (st.st_dev, st.st_ino) == self.ident
