@@ -343,6 +343,13 @@ def wait_until(check: Callable[[], T], *, timeout_s: float = 20,
         time.sleep(interval_s)
 
 
+def stopped(pid: int) -> bool:
+    """Whether ``pid`` is stopped (SIGSTOP, e.g. at a RENDERCTL_STOP_AT point)."""
+    import psutil
+
+    return bool(psutil.Process(pid).status() == psutil.STATUS_STOPPED)
+
+
 def wait_for_pid(pidfile: Path, *, what: str = "the job to start") -> int:
     """The pid a job wrote to ``pidfile`` (see sleep_then_write), once it is there."""
     return int(wait_until(lambda: pidfile.exists() and pidfile.read_text(), what=what))

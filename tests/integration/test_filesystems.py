@@ -27,6 +27,7 @@ from jobfns import (
     py_job,
     run_cli,
     stage,
+    stopped,
     stray_temporaries,
     wait_until,
 )
@@ -106,12 +107,6 @@ def mount(tmp_path: Path) -> Iterator[Mounter]:
             u()
 
 
-def _stopped(pid: int) -> bool:
-    import psutil
-
-    return psutil.Process(pid).status() == psutil.STATUS_STOPPED
-
-
 # Names a user gives: spaces, accents, CJK (4 bytes of UTF-8 a character is not needed:
 # 3 is), and names at NAME_MAX (255 bytes) in a folder at NAME_MAX. The temporary beside
 # each is a fixed `.rctl-<16>-<16>.tmp`, whatever the name's length.
@@ -187,7 +182,7 @@ def test_an_output_folder_made_read_only_before_its_publish_halts_the_run_chargi
     runner = Runner(manifest, *cli_args(queue, out, "--workers", "1"),
                     env={"RENDERCTL_STOP_AT": "publish:before_link"})
     try:
-        wait_until(lambda: _stopped(runner.pid), what="the runner to freeze before publishing")
+        wait_until(lambda: stopped(runner.pid), what="the runner to freeze before publishing")
 
         # When the output file system is remounted read-only meanwhile
         subprocess.run(["mount", "-o", "remount,ro", str(out)], check=True)

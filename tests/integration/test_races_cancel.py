@@ -22,6 +22,7 @@ from jobfns import (
     py_job,
     run_cli,
     stage,
+    stopped,
     wait_for_pid,
     wait_until,
 )
@@ -32,17 +33,11 @@ PAST = "2020-01-01T00:00:00Z"
 FLOCK_SYSCALL = 73  # x86_64
 
 
-def _stopped(pid: int) -> bool:
-    import psutil
-
-    return psutil.Process(pid).status() == psutil.STATUS_STOPPED
-
-
 def _frozen(args: list[str], point: str) -> subprocess.Popen[str]:
     """``renderctl ARGS`` started and frozen (SIGSTOP) at ``point``."""
     proc = subprocess.Popen([*RENDERCTL, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=_env({"RENDERCTL_STOP_AT": point}))
-    wait_until(lambda: proc.poll() is not None or _stopped(proc.pid),
+    wait_until(lambda: proc.poll() is not None or stopped(proc.pid),
                what=f"{args[0]} to freeze at {point}")
     assert proc.poll() is None, proc.communicate()
     return proc
@@ -75,7 +70,7 @@ def test_a_job_expiring_as_it_is_claimed_and_cancelled_ends_in_one_folder(
     runner = Runner(*cli_args(queue, out, "--workers", "1", "--json"),
                     env={"RENDERCTL_STOP_AT": "claim"})
     try:
-        wait_until(lambda: _stopped(runner.pid), what="the runner to freeze in its claim")
+        wait_until(lambda: stopped(runner.pid), what="the runner to freeze in its claim")
 
         # When the user cancels x meanwhile, and the runner goes on
         res = run_cli("cancel", "x", "--json", "--queue", queue)

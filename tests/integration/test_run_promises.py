@@ -27,6 +27,7 @@ from jobfns import (
     py_job,
     run_cli,
     stage,
+    stopped,
     wait_for_pid,
     wait_until,
 )
@@ -355,12 +356,6 @@ def test_a_runner_whose_lease_was_taken_over_does_not_publish(
     assert not list(out.glob(".rctl-*"))  # its temporary output is gone too
 
 
-def _stopped(pid: int) -> bool:
-    import psutil
-
-    return psutil.Process(pid).status() == psutil.STATUS_STOPPED
-
-
 def _signal_frozen(runner: Runner, sig: int) -> tuple[int, str]:
     """Send ``sig`` to a runner frozen (SIGSTOP) at a point, let it go on, and return its exit
     code and stderr once it has ended: the signal is pending when it wakes."""
@@ -388,7 +383,7 @@ def _frozen_runner(tmp_path: Path, write_manifest: Any, j2: dict[str, Any]) -> t
                                         "--prefetch", "3", "--json"),
                     env={"RENDERCTL_STOP_AT": "commit"})
     wait_for_pid(pid1, what="j1 to start")
-    wait_until(lambda: _stopped(runner.pid), what="the runner to freeze in its commit")
+    wait_until(lambda: stopped(runner.pid), what="the runner to freeze in its commit")
     return runner, queue
 
 
@@ -527,7 +522,7 @@ def test_a_replace_that_loses_the_race_to_a_claim_enqueues_nothing(
                               env=_env({"RENDERCTL_STOP_AT": "submit:checked"}))
     runner = None
     try:
-        wait_until(lambda: _stopped(submit.pid), what="the submit to freeze after its check")
+        wait_until(lambda: stopped(submit.pid), what="the submit to freeze after its check")
 
         # When a runner claims and starts u1 meanwhile, and then the submit goes on
         runner = Runner(*cli_args(queue, out, "--workers", "1", "--follow", "--json"))
@@ -766,7 +761,7 @@ def test_a_cancels_wake_up_while_the_runner_starts_or_stops_does_not_kill_it(
     runner = Runner(manifest, *cli_args(queue, out, "--workers", "1"),
                     env={"RENDERCTL_STOP_AT": point})
     try:
-        wait_until(lambda: _stopped(runner.pid), what=f"the runner to freeze at {point}")
+        wait_until(lambda: stopped(runner.pid), what=f"the runner to freeze at {point}")
 
         # When the wake-up `cancel` sends arrives then
         code, stderr = _signal_frozen(runner, signal.SIGUSR1)
@@ -796,7 +791,7 @@ def test_a_stop_signal_repeated_while_the_runner_stops_still_ends_it_in_order(
         completed_line = runner.until(lambda ln: ln.startswith("completed"))
         assert " a " in completed_line
         os.kill(runner.pid, sig)
-        wait_until(lambda: _stopped(runner.pid), what="the runner to freeze in its shutdown")
+        wait_until(lambda: stopped(runner.pid), what="the runner to freeze in its shutdown")
 
         # When the same signal comes again then
         code, stderr = _signal_frozen(runner, sig)
@@ -971,7 +966,7 @@ def test_a_stop_signal_while_run_submits_ends_it_in_order(
     runner = Runner(manifest, *cli_args(queue, out, "--workers", "1"),
                     env={"RENDERCTL_STOP_AT": point, "TMPDIR": str(tmpdir)})
     try:
-        wait_until(lambda: _stopped(runner.pid), what=f"the run to freeze at {point}")
+        wait_until(lambda: stopped(runner.pid), what=f"the run to freeze at {point}")
 
         # When a stop signal arrives then (before the runner's own handlers exist)
         code, stderr = _signal_frozen(runner, sig)
@@ -1076,7 +1071,7 @@ def test_a_folder_swapped_for_a_symlink_after_the_check_gets_no_folders_made_out
                     *cli_args(queue, out, "--workers", "1", "--json"),
                     env={"RENDERCTL_STOP_AT": "folders"})
     try:
-        wait_until(lambda: _stopped(runner.pid), what="the runner to freeze")
+        wait_until(lambda: stopped(runner.pid), what="the runner to freeze")
         # When someone who can write in the root swaps that folder for a symlink out of it
         (out / "drop").rename(out / "was-drop")
         (out / "drop").symlink_to(outside)
