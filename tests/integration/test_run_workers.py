@@ -417,7 +417,7 @@ def test_jobs_queued_behind_a_long_job_move_to_an_idle_worker(
 
 def test_a_job_its_stuck_worker_starts_as_it_is_taken_back_runs_once(
         tmp_path: Path, write_manifest: Any) -> None:
-    from test_run_promises import _stopped
+    from jobfns import stopped
 
     # Given a long job with short ones queued behind it, and the runner frozen just as it
     # takes them back for the idle worker
@@ -425,7 +425,7 @@ def test_a_job_its_stuck_worker_starts_as_it_is_taken_back_runs_once(
     runner = Runner(manifest, *cli_args(queue, out, "--workers", "2", "--prefetch", "4",
                                         "--json"), env={"RENDERCTL_STOP_AT": "rebalance"})
     try:
-        wait_until(lambda: _stopped(runner.pid), timeout_s=30,
+        wait_until(lambda: stopped(runner.pid), timeout_s=30,
                    what="the runner to freeze as it rebalances")
 
         # When the long job ends right then, so that its worker starts the next queued job
