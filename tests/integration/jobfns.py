@@ -238,10 +238,21 @@ class Runner:
                  cwd: Path | None = None, new_session: bool = False) -> None:
         # new_session: the runner leads its own process group (as under `timeout`, systemd
         # or a shell's job control), so a test can signal that whole group.
-        self.proc = subprocess.Popen([*RENDERCTL, "run", *map(str, args)],
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     env=_env(env), cwd=cwd, start_new_session=new_session)
-        self.pid = self.proc.pid
+        self._attach(subprocess.Popen([*RENDERCTL, "run", *map(str, args)],
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      env=_env(env), cwd=cwd, start_new_session=new_session))
+
+    @classmethod
+    def of(cls, proc: subprocess.Popen[bytes]) -> Runner:
+        """A `renderctl run` started some other way (as another user, say), its stdout and
+        stderr pipes (bytes), read as this class reads its own."""
+        runner = cls.__new__(cls)
+        runner._attach(proc)
+        return runner
+
+    def _attach(self, proc: subprocess.Popen[bytes]) -> None:
+        self.proc = proc
+        self.pid = proc.pid
         self.lines: list[str] = []
         self._buf = b""
         self._eof = False
@@ -341,6 +352,21 @@ def wait_until(check: Callable[[], T], *, timeout_s: float = 20,
             text = what() if callable(what) else what
             raise AssertionError(f"timed out after {timeout_s:g}s waiting for {text}")
         time.sleep(interval_s)
+
+
+def kill_mid_job(runner: Runner, pidfile: Path) -> int:
+    """Once the job has written its pid to ``pidfile`` (sleep_then_write), SIGKILL the
+    runner and wait for that worker to die with it (a zombie counts as dead); returns the
+    worker's pid. What it leaves in the queue (running/, control/) is the test's."""
+    try:
+        worker = wait_for_pid(pidfile)
+        runner.kill()
+    finally:
+        runner.close()
+    from renderctl import proctree
+
+    wait_until(lambda: not proctree.pid_alive(worker), what="the worker to die with its runner")
+    return worker
 
 
 def stopped(pid: int) -> bool:

@@ -402,7 +402,7 @@ def test_memory_a_killed_job_left_in_its_slot_is_not_charged_to_the_next_job(env
 def freezer_v1_cell() -> Path | None:
     """A new cgroup v1 freezer group for one test, or None where there is none to write."""
     root = Path("/sys/fs/cgroup/freezer")
-    if not (root / "freezer.state").exists() and not (root / "cgroup.procs").exists():
+    if not (root / "cgroup.procs").exists():  # no v1 freezer hierarchy mounted
         return None
     cell = root / f"renderctl-test-{os.getpid()}-{time.monotonic_ns()}"
     try:

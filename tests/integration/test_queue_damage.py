@@ -21,11 +21,10 @@ from jobfns import (
     _env,
     assert_pdf,
     cli_args,
+    kill_mid_job,
     py_job,
     run_cli,
     stage,
-    wait_for_pid,
-    wait_until,
 )
 
 from renderctl.errors import ExitCode
@@ -204,22 +203,13 @@ def test_a_damaged_worker_list_of_a_dead_runner_does_not_stop_the_next(
 
 def test_a_dead_runners_worker_group_id_reused_since_is_left_alone(
         tmp_path: Path, write_manifest: Any) -> None:
-    from renderctl import proctree
-
     # Given a runner killed mid-job, whose worker list stays in control/ once its workers
     # are gone
     stage(tmp_path)
     queue, out, pidfile = tmp_path / "q", tmp_path / "out", tmp_path / "slow.pid"
     manifest = write_manifest([py_job("slow", "sleep_then_write", s=60, sleep_attempts=1,
                                       pidfile=str(pidfile))])
-    runner = Runner(manifest, *cli_args(queue, out, "--workers", "1"))
-    try:
-        worker = wait_for_pid(pidfile)
-        runner.proc.kill()
-        runner.wait(30)
-    finally:
-        runner.close()
-    wait_until(lambda: not proctree.pid_alive(worker), what="the worker to die")
+    kill_mid_job(Runner(manifest, *cli_args(queue, out, "--workers", "1")), pidfile)
     (stale,) = (queue / "control").glob("workers.*.json")
 
     # And its worker's group id has since gone to an unrelated process group (pids are

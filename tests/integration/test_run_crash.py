@@ -27,7 +27,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 from jobfns import (
     RENDERCTL,
@@ -35,12 +34,12 @@ from jobfns import (
     Runner,
     assert_pdf,
     cli_args,
+    kill_mid_job,
     py_job,
     run_cli,
     sha256_of,
     stage,
     stray_temporaries,
-    wait_for_pid,
     wait_until,
 )
 
@@ -293,13 +292,7 @@ def left_by_a_runner_nobody_can_judge(tmp_path: Path, write_manifest: Any, *, ho
     manifest = write_manifest([py_job("held", "sleep_then_write", s=60, sleep_attempts=1,
                                       pidfile=str(pidfile))])
     queue, out = tmp_path / "q", tmp_path / "out"
-    first = Runner(manifest, *cli_args(queue, out, *FAST))
-    try:
-        worker = wait_for_pid(pidfile)
-        first.kill()
-    finally:
-        first.close()
-    wait_until(lambda: not psutil.pid_exists(worker), what="the worker to die with it")
+    kill_mid_job(Runner(manifest, *cli_args(queue, out, *FAST)), pidfile)
     for holder_file in (queue / "control").glob("holder.*.json"):
         if holder == "unknown":
             holder_file.unlink()

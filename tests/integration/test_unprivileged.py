@@ -35,6 +35,7 @@ from jobfns import (
     Runner,
     assert_pdf,
     json_lines,
+    kill_mid_job,
     py_job,
     run_cli,
     stage,
@@ -77,11 +78,9 @@ class Nobody:
 
     def runner(self, *args: str | os.PathLike[str], umask: int = 0o022) -> Runner:
         """A background ``renderctl run ARGS`` as nobody (jobfns.Runner reads its output)."""
-        r = Runner.__new__(Runner)
-        r.proc = subprocess.Popen(self.argv("run", *args), stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, **self.popen_args(umask, None))
-        r.pid, r.lines, r._buf, r._eof = r.proc.pid, [], b"", False
-        return r
+        return Runner.of(subprocess.Popen(self.argv("run", *args), stdout=subprocess.PIPE,
+                                          stderr=subprocess.PIPE,
+                                          **self.popen_args(umask, None)))
 
     def chown(self, *paths: Path) -> None:
         for p in paths:
@@ -269,11 +268,10 @@ def test_runner_killed_mid_job_then_restarted_as_nobody(
     try:
         for jid in ("w0", "w1", "w2"):  # recorded: a restart must not run them again
             runner.until(lambda line, jid=jid: '"completed"' in line and f'"{jid}"' in line)
-        worker = wait_for_pid(pidfile)
-        runner.kill()
-    finally:
+    except BaseException:
         runner.close()
-    wait_until(lambda: not proctree.pid_alive(worker), what="the dead runner's worker to die")
+        raise
+    kill_mid_job(runner, pidfile)
     # When nobody runs the queue again
     proc = nobody.run("run", "--queue", q, "--json")
     # Then every job completed once, nothing left behind
@@ -353,13 +351,7 @@ def test_a_dead_runners_worker_group_id_now_the_users_own_other_group_is_left_al
                           pidfile=str(pidfile))],
                   name="slow.toml")
     # Given a runner of nobody's killed mid-job: its worker list stays in control/
-    runner = nobody.runner(m2, "--queue", q, "--out", nobody.home / "out")
-    try:
-        worker = wait_for_pid(pidfile)
-        runner.kill()
-    finally:
-        runner.close()
-    wait_until(lambda: not proctree.pid_alive(worker), what="the worker to die")
+    kill_mid_job(nobody.runner(m2, "--queue", q, "--out", nobody.home / "out"), pidfile)
     (stale,) = (q / "control").glob("workers.*.json")
     # And, since, its worker's group id went to another process group of nobody's
     mine = subprocess.Popen(["sleep", "300"], start_new_session=True, user=nobody.uid,
