@@ -157,7 +157,9 @@ def big_child_then_hang(inputs: list[Path], output: Path, params: Mapping[str, A
     (freezer / "freezer.state").write_text("FROZEN\n")
     while (freezer / "freezer.state").read_text().strip() != "FROZEN":
         time.sleep(0.001)  # FREEZING until every task in it has stopped
-    Path(params["pidfile"]).write_text(f"{child.pid}\n")
+    tmp = Path(params["pidfile"] + ".tmp")
+    tmp.write_text(f"{child.pid}\n")
+    os.replace(tmp, params["pidfile"])  # the test polls for the file: never let it see it empty
     while True:
         time.sleep(3600)
 
