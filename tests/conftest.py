@@ -8,7 +8,8 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Callable, Mapping, Sequence
+import tempfile
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +57,26 @@ def manifest_text(jobs: Sequence[Mapping[str, Any]], *, defaults: Mapping[str, A
         lines.append("[[jobs]]")
         lines += [f"{json.dumps(k)} = {to_toml(v)}" for k, v in job.items()]
     return "\n".join(lines) + "\n"
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _scratch_tmpdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """TMPDIR, for this run and every process it starts, is a folder of the run's own.
+
+    Many tests SIGKILL a runner on purpose and never restart it on that queue, so its work
+    folders and fork-server socket folder stay behind (a runner clears them on its next start
+    on the same queue). In /tmp they would pile up run after run; under pytest's basetemp they
+    go when pytest rotates it. A test that needs another TMPDIR passes its own in env."""
+    scratch = tmp_path_factory.mktemp("tmpdir", numbered=False)
+    before = os.environ.get("TMPDIR")
+    os.environ["TMPDIR"] = str(scratch)
+    tempfile.tempdir = None  # gettempdir() caches: make it read TMPDIR again
+    yield
+    if before is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = before
+    tempfile.tempdir = None
 
 
 @pytest.fixture
