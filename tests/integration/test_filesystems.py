@@ -184,8 +184,12 @@ def test_an_output_folder_made_read_only_before_its_publish_halts_the_run_chargi
     try:
         wait_until(lambda: stopped(runner.pid), what="the runner to freeze before publishing")
 
-        # When the output file system is remounted read-only meanwhile
-        subprocess.run(["mount", "-o", "remount,ro", str(out)], check=True)
+        # When the output file system is remounted read-only meanwhile (once the worker,
+        # which goes on with the jobs prefetched to it, has closed what it was writing
+        # there: until then the remount fails, "mount point is busy")
+        wait_until(lambda: subprocess.run(["mount", "-o", "remount,ro", str(out)],
+                                          capture_output=True).returncode == 0,
+                   what=f"{out} to be remounted read-only")
         os.kill(runner.pid, signal.SIGCONT)
         code = runner.wait(60)
         stderr = runner.stderr()

@@ -38,15 +38,14 @@ def _tamper(queue: Path, how: str) -> None:
         os.replace(new, lock)
 
 
-def runner_mid_job(tmp_path: Path, write_manifest: Any,
-                   job_s: float) -> tuple[Path, Path, Runner, int]:
-    """A runner (one worker) running job `slow`, which sleeps ``job_s``: queue, output root,
-    the runner, and the job's pid once it has started."""
+def runner_mid_job(tmp_path: Path, write_manifest: Any) -> tuple[Path, Path, Runner, int]:
+    """A runner (one worker) running job `slow`, which runs until ``tmp_path/go`` exists:
+    queue, output root, the runner, and the job's pid once it has started."""
     stage(tmp_path)
     queue, out = tmp_path / "q", tmp_path / "out"
     pidfile = tmp_path / "job.pid"
-    manifest = write_manifest([py_job("slow", "sleep_then_write", s=job_s,
-                                      pidfile=str(pidfile))])
+    manifest = write_manifest([py_job("slow", "wait_for_go", pidfile=str(pidfile),
+                                      go=str(tmp_path / "go"))])
     runner = Runner(manifest, *cli_args(queue, out, "--workers", "1"))
     try:
         return queue, out, runner, wait_for_pid(pidfile)
@@ -59,7 +58,7 @@ def runner_mid_job(tmp_path: Path, write_manifest: Any,
 def test_a_second_runner_is_refused_after_runner_lock_is_tampered_with(
         tmp_path: Path, write_manifest: Any, how: str) -> None:
     # Given a runner in the middle of a job
-    queue, out, first, job_pid = runner_mid_job(tmp_path, write_manifest, job_s=6)
+    queue, out, first, job_pid = runner_mid_job(tmp_path, write_manifest)
     try:
 
         # When runner.lock is removed or replaced by hand, and a second runner starts
@@ -74,6 +73,7 @@ def test_a_second_runner_is_refused_after_runner_lock_is_tampered_with(
         assert st["runner"] is not None and st["runner"]["pid"] == first.pid, st
         # And the first runner's job was left alone: it finishes, once
         os.kill(job_pid, 0)
+        (tmp_path / "go").touch()
         assert first.wait(60) == ExitCode.OK, (first.lines, first.stderr())
     finally:
         first.close()
@@ -170,7 +170,7 @@ def test_the_lock_moves_with_the_queue_folder(tmp_path: Path) -> None:
 def test_a_runner_whose_queue_folder_is_moved_away_and_replaced_stops_with_74(
         tmp_path: Path, write_manifest: Any) -> None:
     # Given a runner in the middle of a job
-    queue, out, first, _ = runner_mid_job(tmp_path, write_manifest, job_s=30)
+    queue, out, first, _ = runner_mid_job(tmp_path, write_manifest)
     try:
 
         # When its queue folder is moved away and a new one made at its path (where a
