@@ -60,3 +60,10 @@ def dead_fork_server() -> int | None:
     """The pid of this process's fork server if it has died (else None)."""
     pid = getattr(forkserver._forkserver, "_forkserver_pid", None)
     return pid if pid is not None and not pid_alive(pid) else None
+
+
+def helper_pids() -> list[int]:
+    """The pids of this process's fork server and resource tracker, where they run."""
+    pids = (getattr(forkserver._forkserver, "_forkserver_pid", None),
+            getattr(resource_tracker._resource_tracker, "_pid", None))
+    return [p for p in pids if isinstance(p, int)]

@@ -312,6 +312,7 @@ class Runner:
         self.stop_deadline: float | None = None
         self.stopped_at: float | None = None  # (monotonic) when the first stop signal came
         self._stop_reported = False
+        self._suspend_asked = False  # SIGTSTP came: pause the run at the top of the loop
         self.stopped = False  # the loop has ended (the last snapshot says "finished")
         self.wake_cancel = True
         self._halt_reported = False
@@ -355,7 +356,7 @@ class Runner:
         self._ctx: Any = None
         self._wake_r = -1
         self._wake_w = -1
-        self._prior_handlers: dict[int, Any] = {}  # of STOP_SIGNALS, restored at the end
+        self._prior_handlers: dict[int, Any] = {}  # of STOP_SIGNALS and SIGTSTP, restored
         self._specs = all_specs()
         self._confined: set[tuple[str, str]] = set()  # output folders checked and made
         self._unsynced_claims = False
@@ -441,6 +442,8 @@ class Runner:
         # next start; draining returns them uncharged.
         self._prior_handlers = {sig: signal.signal(sig, self._on_stop_signal)
                                 for sig in STOP_SIGNALS}
+        self._prior_handlers[signal.SIGTSTP] = signal.signal(signal.SIGTSTP,
+                                                             self._on_suspend_signal)
         signal.signal(signal.SIGUSR1, self._on_wake_signal)
 
     def stop(self, signum: int) -> None:
@@ -454,6 +457,9 @@ class Runner:
             self.stop_deadline = self.stopped_at + self.s.grace_s
         else:
             self.stop_deadline = time.monotonic()  # a second signal skips the grace
+
+    def _on_suspend_signal(self, signum: int, frame: object) -> None:
+        self._suspend_asked = True  # acted on between steps of the loop, not inside one
 
     def _on_wake_signal(self, signum: int, frame: object) -> None:
         self.wake_cancel = True
@@ -801,6 +807,8 @@ class Runner:
     # -- the loop --
     def _loop(self) -> None:
         while True:
+            if self._suspend_asked:
+                self._suspend()
             now = time.monotonic()
             if self.stop_signal is not None:
                 if not self._stop_reported:
@@ -869,6 +877,55 @@ class Runner:
                 self._write_state()
             self.reporter.tick(self)
             self._wait(self._next_deadline(now))
+
+    def _suspend(self) -> None:
+        """Ctrl-Z (SIGTSTP): pause the whole run, jobs included, then stop as asked.
+
+        The terminal stops only its foreground process group: the runner and its fork
+        server. The jobs run in process groups of their own, out of its reach; left running
+        they would go on unwatched (no sampled memory ceiling, no timeout, no cancel) and,
+        on `fg`, those past their timeout would be killed for a pause the user chose. So
+        every worker's group is stopped first and continued after, and the pause counts
+        against no job's timeout, kill grace or stop grace. (A process that left its job's
+        group, e.g. a daemon that called setsid(), is not paused.)"""
+        self._suspend_asked = False
+        groups = [w.pgid for w in self.workers.values() if w.pgid]
+        for pgid in groups:
+            with contextlib.suppress(OSError):
+                proctree.kill_group(pgid, signal.SIGSTOP)
+        self.reporter.event({"event": "suspended", "pid": os.getpid(),
+                             "running": sum(1 for w in self.workers.values()
+                                            if w.current is not None)})
+        t0 = time.monotonic()
+        # Stopped by SIGTSTP's default action, which a shell reports as Ctrl-Z's. In an
+        # orphaned process group (a service, a detached session: nothing could continue
+        # us) the kernel discards it, and the run goes straight on.
+        prior = signal.signal(signal.SIGTSTP, signal.SIG_DFL)
+        try:
+            os.kill(os.getpid(), signal.SIGTSTP)  # returns once continued
+        finally:
+            signal.signal(signal.SIGTSTP, prior)
+        paused = time.monotonic() - t0
+        # `fg` continues our whole process group; `kill -CONT PID` only us. What else the
+        # terminal stopped with us must go on too: the fork server (left stopped, it would
+        # hang the next worker's start) and a worker still starting, not yet in a group of
+        # its own.
+        starting = [w.proc.pid for w in self.workers.values() if not w.pgid and w.proc.pid]
+        for pid in [*mpstate.helper_pids(), *starting]:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGCONT)
+        for pgid in groups:
+            with contextlib.suppress(OSError):
+                proctree.kill_group(pgid, signal.SIGCONT)
+        for w in self.workers.values():
+            if w.current is not None and w.current.started_mono is not None:
+                w.current.started_mono += paused
+            if w.kill_deadline is not None:
+                w.kill_deadline += paused
+        if self.stop_deadline is not None:
+            self.stop_deadline += paused
+        self._next_renew = 0.0  # our leases aged meanwhile: renew them first
+        self.reporter.event({"event": "resumed", "paused_s": round(paused, 3)})
 
     def _rescan(self, now: float) -> None:
         """Index jobs in pending/ that no doorbell announced: a submit or `dead retry`

@@ -365,7 +365,12 @@ class DashboardReporter:
         self.live.start()
 
     def event(self, ev: Mapping[str, Any]) -> None:
-        if ev.get("event") in ("dead", "stopping", "runner_started"):
+        if ev.get("event") == "suspended" and self.live is not None:
+            # Give the shell its terminal back: the last frame stays, the cursor shows, and
+            # the next tick draws a fresh dashboard below whatever the shell printed.
+            live, self.live = self.live, None
+            self._draw(live.stop)
+        if ev.get("event") in ("dead", "stopping", "runner_started", "resumed"):
             self._due = 0.0  # show these at the next tick, not a frame later
         if ev.get("event") == "dead":
             self._slow_due = 0.0  # and the dead-letter depth with it, not 2 s later

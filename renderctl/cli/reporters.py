@@ -12,7 +12,7 @@ from renderctl.runner import Runner, RunSummary
 # Events printed in plain mode; the rest (claimed, started) would drown the useful lines.
 PLAIN_EVENTS = frozenset({"completed", "retry", "dead", "cancelled", "expired", "released",
                           "recovered", "fenced", "runner_started", "stopping", "corrupt",
-                          "halted"})
+                          "halted", "suspended", "resumed"})
 
 
 class PlainReporter:
@@ -41,6 +41,11 @@ def format_event(ev: Mapping[str, Any]) -> str:
     if name == "corrupt":
         return (f"corrupt   {one_line(ev['file'])}: {one_line(ev['reason'])}; moved to "
                 f"corrupt/{one_line(ev['moved_to'])} (kept, not run)")
+    if name == "suspended":
+        return (f"suspended (SIGTSTP): {ev['running']} running job(s) paused with the run; "
+                f"`fg` or `kill -CONT {ev['pid']}` resumes")
+    if name == "resumed":
+        return f"resumed   after {human_duration(ev['paused_s'])} (not counted against timeouts)"
     if name == "halted":
         return f"halted    {one_line(ev['reason'])}"
     if name == "stopping":

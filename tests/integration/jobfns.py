@@ -235,12 +235,16 @@ class Runner:
     """A background ``renderctl run``: its stdout read line by line, without blocking."""
 
     def __init__(self, *args: str | os.PathLike[str], env: Mapping[str, str] | None = None,
-                 cwd: Path | None = None, new_session: bool = False) -> None:
-        # new_session: the runner leads its own process group (as under `timeout`, systemd
-        # or a shell's job control), so a test can signal that whole group.
+                 cwd: Path | None = None, new_session: bool = False,
+                 own_group: bool = False) -> None:
+        # new_session: the runner leads its own session and process group (as under
+        # `timeout` or systemd), so a test can signal that whole group. own_group: a group
+        # of its own in this session, as a shell's job control gives a command: unlike a
+        # new session's, that group is not orphaned, so SIGTSTP (Ctrl-Z) can stop it.
         self._attach(subprocess.Popen([*RENDERCTL, "run", *map(str, args)],
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                      env=_env(env), cwd=cwd, start_new_session=new_session))
+                                      env=_env(env), cwd=cwd, start_new_session=new_session,
+                                      process_group=0 if own_group else None))
 
     @classmethod
     def of(cls, proc: subprocess.Popen[bytes]) -> Runner:

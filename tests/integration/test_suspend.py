@@ -1,0 +1,171 @@
+"""Ctrl-Z on `renderctl run`: the whole run pauses, jobs included, and the pause costs no job
+its timeout. A terminal stops only its foreground process group (the runner and its fork
+server); each job runs in a group of its own, so the runner stops those itself.
+
+Real processes and signals: SIGTSTP to the runner's process group as a terminal sends it,
+SIGCONT as `fg` or `kill -CONT PID` does; "stopped" is read from /proc."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import pty
+import select
+import signal
+import struct
+import subprocess
+import termios
+import time
+from pathlib import Path
+from typing import Any
+
+from jobfns import (
+    RENDERCTL,
+    QueueView,
+    Runner,
+    _env,
+    assert_pdf,
+    cli_args,
+    py_job,
+    stage,
+    stopped,
+    wait_for_pid,
+    wait_until,
+)
+
+
+def waiting_job(tmp_path: Path, job_id: str, timeout_s: float) -> tuple[dict[str, Any], Path]:
+    """A job that runs until the test creates its go file (its pid in ``<id>.pid``), for a
+    manifest in ``tmp_path``."""
+    stage(tmp_path)
+    go = tmp_path / f"{job_id}.go"
+    job = {**py_job(job_id, "wait_for_go", pidfile=str(tmp_path / f"{job_id}.pid"), go=str(go)),
+           "timeout_s": timeout_s}
+    return job, go
+
+
+def test_ctrl_z_pauses_the_jobs_with_the_runner_and_the_pause_costs_no_timeout(
+        tmp_path: Path, write_manifest: Any) -> None:
+    queue, out = tmp_path / "q", tmp_path / "out"
+    # Given a run, in a process group of its own as a shell starts it, whose one worker is
+    # replaced after each job, running the first of two jobs with a 2 s timeout
+    first, go1 = waiting_job(tmp_path, "first", timeout_s=2)
+    second, go2 = waiting_job(tmp_path, "second", timeout_s=2)
+    go2.touch()
+    manifest = write_manifest([first, second])
+    runner = Runner(*cli_args(queue, out, "--workers", "1", "--max-jobs-per-worker", "1"),
+                    manifest, own_group=True)
+    try:
+        job = wait_for_pid(tmp_path / "first.pid")
+
+        # When the terminal sends SIGTSTP (Ctrl-Z) to the runner's process group
+        os.killpg(runner.pid, signal.SIGTSTP)
+
+        # Then the runner says so and stops, and the job, in a group of its own, stops too
+        runner.until(lambda line: line.startswith("suspended"))
+        wait_until(lambda: stopped(runner.pid) and stopped(job), timeout_s=10,
+                   what="the runner and its job to be stopped")
+        # and stays stopped for a pause longer than its timeout (the pause is the test)
+        time.sleep(2.5)
+        assert stopped(job) and stopped(runner.pid)
+        assert not (out / "first.pdf").exists()
+
+        # When only the runner is continued (`kill -CONT PID`; its fork server, stopped by
+        # the terminal too, is not), and the job is then let finish
+        os.kill(runner.pid, signal.SIGCONT)
+        resumed = runner.until(lambda line: line.startswith("resumed"))
+        go1.touch()
+
+        # Then the run goes on: the job completes in its one attempt (the pause did not count
+        # against its 2 s timeout), and the second job gets a new worker from the fork server
+        assert runner.wait() == 0, (runner.lines, runner.stderr())
+    finally:
+        go1.touch()
+        runner.kill()
+    assert float(resumed.split("after ")[1].split("s ")[0]) >= 2.5, resumed  # the pause, told
+    view = QueueView(queue)
+    assert view.ids("done") == {"first", "second"}, runner.lines
+    attempts = view.record("done", "first")["attempts"]
+    assert [a["outcome"] for a in attempts] == ["completed"], attempts
+    for j in ("first", "second"):
+        assert_pdf(out / f"{j}.pdf", j)
+
+
+def test_sigtstp_to_a_runner_nothing_could_continue_does_not_stop_it(
+        tmp_path: Path, write_manifest: Any) -> None:
+    queue, out = tmp_path / "q", tmp_path / "out"
+    # Given a run in a session of its own (a service, a detached job: an orphaned process
+    # group, which the kernel does not let SIGTSTP stop) running a job
+    job, go = waiting_job(tmp_path, "solo", timeout_s=30)
+    runner = Runner(*cli_args(queue, out, "--workers", "1", "--json"), write_manifest([job]),
+                    new_session=True)
+    try:
+        pid = wait_for_pid(tmp_path / "solo.pid")
+        # When it gets SIGTSTP
+        os.kill(runner.pid, signal.SIGTSTP)
+        # Then it pauses and resumes at once, its job with it: nothing is left stopped
+        line = runner.until(lambda line: '"resumed"' in line)
+        assert json.loads(line)["paused_s"] < 1.0, line
+        assert not stopped(runner.pid) and not stopped(pid)
+        go.touch()
+        assert runner.wait() == 0, (runner.lines, runner.stderr())
+    finally:
+        go.touch()
+        runner.kill()
+    events = [json.loads(line) for line in runner.lines]
+    suspended = next(e for e in events if e["event"] == "suspended")
+    assert suspended["running"] == 1 and suspended["pid"] == runner.pid, suspended
+    assert_pdf(out / "solo.pdf", "solo")
+
+
+def test_ctrl_z_gives_the_terminal_its_cursor_back_and_fg_redraws_the_dashboard(
+        tmp_path: Path, write_manifest: Any) -> None:
+    queue, out = tmp_path / "q", tmp_path / "out"
+    # Given a run drawing its dashboard on a terminal, running a job
+    job, go = waiting_job(tmp_path, "shown", timeout_s=30)
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+    env = {**_env(None), "TERM": "xterm-256color"}
+    env.pop("NO_COLOR")
+    proc = subprocess.Popen([*RENDERCTL, "run", *cli_args(queue, out, "--workers", "1"),
+                             str(write_manifest([job]))], stdin=slave, stdout=slave,
+                            stderr=subprocess.PIPE, env=env, process_group=0)
+    os.close(slave)
+    seen = bytearray()
+
+    def read_for(s: float) -> None:
+        deadline = time.monotonic() + s
+        while (left := deadline - time.monotonic()) > 0:
+            if select.select([master], [], [], left)[0]:
+                try:
+                    seen.extend(os.read(master, 65536))
+                except OSError:
+                    return  # EIO: nothing holds the terminal any more
+
+    try:
+        wait_for_pid(tmp_path / "shown.pid")
+        wait_until(lambda: read_for(0.05) or b"\x1b[?25l" in seen, timeout_s=20,
+                   what="the dashboard to hide the cursor")
+        # When Ctrl-Z stops it
+        os.killpg(proc.pid, signal.SIGTSTP)
+        wait_until(lambda: stopped(proc.pid), timeout_s=10, what="the runner to stop")
+        read_for(0.2)
+        # Then the cursor was shown again before it stopped (the shell's prompt needs it)
+        hidden_at = seen.rindex(b"\x1b[?25l")
+        assert seen.find(b"\x1b[?25h", hidden_at) != -1, bytes(seen[hidden_at:])
+        before = len(seen)
+
+        # And `fg` (SIGCONT to its group) draws the dashboard afresh, cursor hidden again
+        os.killpg(proc.pid, signal.SIGCONT)
+        wait_until(lambda: read_for(0.05) or b"\x1b[?25l" in seen[before:], timeout_s=20,
+                   what="the dashboard to be drawn again")
+        go.touch()
+        assert proc.wait(timeout=60) == 0, proc.stderr.read() if proc.stderr else ""
+    finally:
+        go.touch()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        os.close(master)
+    assert_pdf(out / "shown.pdf", "shown")
