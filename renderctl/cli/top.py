@@ -10,8 +10,8 @@ spoke of last.
 
 from __future__ import annotations
 
+import os
 import signal
-import time
 from collections import deque
 from typing import Any
 
@@ -128,12 +128,31 @@ def run_top(queue: Queue, console: Console, *, once: bool, interval_s: float = 0
         return
     # SIGTERM ends `top` as quietly as Ctrl-C does.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
+    # Ctrl-Z is taken between frames (blocked, and waited for in place of the sleep), so
+    # the live view is left whole, its cursor shown, before the shell gets the terminal. (An
+    # exception raised from a handler could land inside Live.start() and leave it half set.)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTSTP})
     try:
-        with Live(console=console, auto_refresh=False, transient=False,
-                  redirect_stdout=False, redirect_stderr=False) as live:
-            while True:
-                live.update(render_dashboard(feed.snapshot(), width=console.width),
-                            refresh=True)
-                time.sleep(interval_s)  # a display refresh period, not a wait on a condition
+        while True:
+            with Live(console=console, auto_refresh=False, transient=False,
+                      redirect_stdout=False, redirect_stderr=False) as live:
+                while True:
+                    live.update(render_dashboard(feed.snapshot(), width=console.width),
+                                refresh=True)
+                    # A display refresh period, not a wait on a condition
+                    if signal.sigtimedwait({signal.SIGTSTP}, interval_s) is not None:
+                        break
+            _stop_as_asked()  # `fg` draws a fresh live view below the shell's lines
     except KeyboardInterrupt:
         pass
+
+
+def _stop_as_asked() -> None:
+    """Stop as Ctrl-Z asks (SIGTSTP's default action, which a shell reports as such) and
+    return when continued; in an orphaned process group the kernel discards it instead."""
+    signal.signal(signal.SIGTSTP, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTSTP})
+    try:
+        os.kill(os.getpid(), signal.SIGTSTP)
+    finally:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTSTP})

@@ -91,3 +91,11 @@ def one_line_usage_error(res: subprocess.CompletedProcess[str], *needles: str) -
     assert len(stderr.strip().splitlines()) == 1, stderr
     for needle in needles:
         assert needle in stderr, (needle, stderr)
+
+
+def stopped(pid: int) -> bool:
+    """Whether ``pid`` is stopped (SIGSTOP, SIGTSTP), as /proc says."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
+    except FileNotFoundError:
+        return False

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from clihelp import RENDERCTL, cli, env, job, poll, write_jobs
+from clihelp import RENDERCTL, cli, env, job, poll, stopped, write_jobs
 
 
 class BackgroundRunner:
@@ -251,13 +251,6 @@ def test_run_with_a_manifest_on_a_held_queue_enqueues_nothing(
     assert cli("show", "mine", "--queue", busy_queue.queue, cwd=tmp_path).returncode == 2
 
 
-def _stopped(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
-    except FileNotFoundError:
-        return False
-
-
 def test_a_runner_that_starts_during_run_manifest_gets_its_jobs(tmp_path: Path) -> None:
     # Given `run MANIFEST` frozen after its busy check, inside its submit
     q, out = tmp_path / "q", tmp_path / "out"
@@ -268,7 +261,7 @@ def test_a_runner_that_starts_during_run_manifest_gets_its_jobs(tmp_path: Path) 
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     other = None
     try:
-        poll(lambda: _stopped(late.pid), timeout_s=30, what="run to stop at submit:checked")
+        poll(lambda: stopped(late.pid), timeout_s=30, what="run to stop at submit:checked")
         # And another runner taking the queue meanwhile
         other = subprocess.Popen([*RENDERCTL, "run", "--queue", str(q), "--out", str(out),
                                   "--follow", "--workers", "1"], cwd=tmp_path, env=env(),

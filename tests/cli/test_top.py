@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from clihelp import RENDERCTL, cli, env, job, poll, write_jobs
+from clihelp import RENDERCTL, cli, env, job, poll, stopped, write_jobs
 
 
 def read_pty_until(fd: int, needle: bytes, *, timeout_s: float = 20) -> bytes:
@@ -327,3 +327,42 @@ def test_top_on_a_dumb_terminal_prints_plain_lines_at_once(tmp_path: Path) -> No
             top.kill()
         os.close(master)
     assert b"\x1b[" not in screen and f"queue {q}".encode() in screen, screen
+
+
+def test_ctrl_z_on_top_gives_the_terminal_its_cursor_back_and_fg_redraws(
+        tmp_path: Path) -> None:
+    from renderctl.store import Queue
+
+    # Given `top` drawing its live view of a queue on a terminal, in a process group of its
+    # own as a shell's job control starts it
+    q = tmp_path / "q"
+    Queue(q).close()
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 140, 0, 0))
+    top_env = {**env(), "TERM": "xterm-256color"}
+    top_env.pop("NO_COLOR")
+    top = subprocess.Popen([*RENDERCTL, "top", "--queue", str(q)], cwd=tmp_path, env=top_env,
+                           stdin=slave, stdout=slave, stderr=subprocess.PIPE, close_fds=True,
+                           process_group=0)
+    os.close(slave)
+    try:
+        screen = read_pty_until(master, b"\x1b[?25l")  # the live view hides the cursor
+
+        # When Ctrl-Z (SIGTSTP to its group) stops it
+        os.killpg(top.pid, signal.SIGTSTP)
+        screen += read_pty_until(master, b"\x1b[?25h")
+
+        # Then it shows the cursor again, and then it is stopped
+        poll(lambda: stopped(top.pid), what="top to be stopped")
+
+        # And `fg` (SIGCONT to its group) draws a fresh live view, cursor hidden again
+        os.killpg(top.pid, signal.SIGCONT)
+        read_pty_until(master, b"\x1b[?25l")
+        top.send_signal(signal.SIGINT)
+        assert wait_reading_pty(top, master) == 0
+        assert top.stderr is not None and b"Traceback" not in top.stderr.read()
+    finally:
+        if top.poll() is None:
+            top.kill()
+            top.wait()
+        os.close(master)
