@@ -49,6 +49,22 @@ def wait_reading_pty(proc: subprocess.Popen[bytes], fd: int, *, timeout_s: float
     return proc.returncode
 
 
+def top_on_a_pty(q: Path, cwd: Path, *, term: str = "xterm-256color", columns: int = 140,
+                 own_group: bool = False) -> tuple[subprocess.Popen[bytes], int]:
+    """``renderctl top --queue Q`` writing to a pseudo-terminal (colour allowed): the process
+    and the terminal's master end to read. own_group: a process group of its own, as a
+    shell's job control starts a command (so that Ctrl-Z can stop it)."""
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, columns, 0, 0))
+    top_env = {**env(), "TERM": term}
+    top_env.pop("NO_COLOR")
+    top = subprocess.Popen([*RENDERCTL, "top", "--queue", str(q)], cwd=cwd, env=top_env,
+                           stdin=slave, stdout=slave, stderr=subprocess.PIPE, close_fds=True,
+                           process_group=0 if own_group else None)
+    os.close(slave)
+    return top, master
+
+
 def test_top_shows_the_running_job_and_leaves_cleanly_on_ctrl_c(tmp_path: Path) -> None:
     # Given a runner busy with a long job
     manifest = write_jobs(tmp_path / "m", [job("long-sleeper", "sleep", params={"s": "60"})])
@@ -66,14 +82,7 @@ def test_top_shows_the_running_job_and_leaves_cleanly_on_ctrl_c(tmp_path: Path) 
 
         poll(sleeper_in_snapshot, what="the runner's snapshot to show the job running")
         # When `top` runs on a terminal
-        master, slave = pty.openpty()
-        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 140, 0, 0))
-        top_env = {**env(), "TERM": "xterm-256color"}
-        top_env.pop("NO_COLOR")
-        top = subprocess.Popen([*RENDERCTL, "top", "--queue", str(q)], cwd=tmp_path,
-                               env=top_env, stdin=slave, stdout=slave,
-                               stderr=subprocess.PIPE, close_fds=True)
-        os.close(slave)
+        top, master = top_on_a_pty(q, tmp_path)
         try:
             # Then it shows the running job, its runner and workers
             screen = read_pty_until(master, b"long-sleeper")
@@ -309,15 +318,9 @@ def test_top_on_a_dumb_terminal_prints_plain_lines_at_once(tmp_path: Path) -> No
     # shell buffer), where a live view draws nothing until it stops
     q = tmp_path / "q"
     Queue(q).close()
-    master, slave = pty.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 100, 0, 0))
-    dumb = {**env(), "TERM": "dumb"}
-    dumb.pop("NO_COLOR")
 
     # When `top` runs there
-    top = subprocess.Popen([*RENDERCTL, "top", "--queue", str(q)], cwd=tmp_path, env=dumb,
-                           stdin=slave, stdout=slave, stderr=subprocess.PIPE, close_fds=True)
-    os.close(slave)
+    top, master = top_on_a_pty(q, tmp_path, term="dumb", columns=100)
     try:
         # Then it prints the frame's lines, as on a pipe, and exits by itself
         screen = read_pty_until(master, b"no runner is alive")
@@ -337,14 +340,7 @@ def test_ctrl_z_on_top_gives_the_terminal_its_cursor_back_and_fg_redraws(
     # own as a shell's job control starts it
     q = tmp_path / "q"
     Queue(q).close()
-    master, slave = pty.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 140, 0, 0))
-    top_env = {**env(), "TERM": "xterm-256color"}
-    top_env.pop("NO_COLOR")
-    top = subprocess.Popen([*RENDERCTL, "top", "--queue", str(q)], cwd=tmp_path, env=top_env,
-                           stdin=slave, stdout=slave, stderr=subprocess.PIPE, close_fds=True,
-                           process_group=0)
-    os.close(slave)
+    top, master = top_on_a_pty(q, tmp_path, own_group=True)
     try:
         screen = read_pty_until(master, b"\x1b[?25l")  # the live view hides the cursor
 
