@@ -440,10 +440,12 @@ class Runner:
         # SIGHUP too (the terminal of an interactive run closed, or a session logged out):
         # dying of it would orphan the running jobs, each charged a crashed attempt at the
         # next start; draining returns them uncharged.
-        self._prior_handlers = {sig: signal.signal(sig, self._on_stop_signal)
-                                for sig in STOP_SIGNALS}
-        self._prior_handlers[signal.SIGTSTP] = signal.signal(signal.SIGTSTP,
-                                                             self._on_suspend_signal)
+        # One the parent left ignored stays ignored (`nohup`: SIGHUP; a script's `cmd &`:
+        # SIGINT): the run goes on through what it was started to go on through.
+        handlers = {**{sig: self._on_stop_signal for sig in STOP_SIGNALS},
+                    signal.SIGTSTP: self._on_suspend_signal}
+        self._prior_handlers = {sig: signal.signal(sig, handler)
+                                for sig, handler in handlers.items() if not left_ignored(sig)}
         signal.signal(signal.SIGUSR1, self._on_wake_signal)
 
     def stop(self, signum: int) -> None:
@@ -2218,6 +2220,11 @@ def _stopped_with_runner_before(rec: JobRecord) -> bool:
                and (att.get("signal") in STOP_SIGNALS
                     or str(att.get("error", "")).startswith(STOPPED_TOO))
                for att in rec.attempts[rec.attempt_base:])
+
+
+def left_ignored(sig: int) -> bool:
+    """Whether ``sig`` is ignored here (so, in a fresh process, by the parent's wish)."""
+    return signal.getsignal(sig) == signal.SIG_IGN
 
 
 def _signame(sig: int) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -57,6 +58,22 @@ def manifest_text(jobs: Sequence[Mapping[str, Any]], *, defaults: Mapping[str, A
         lines.append("[[jobs]]")
         lines += [f"{json.dumps(k)} = {to_toml(v)}" for k, v in job.items()]
     return "\n".join(lines) + "\n"
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _children_get_default_signals() -> None:
+    """renderctl keeps ignoring a stop signal its parent left ignored (`nohup`: SIGHUP): a
+    test run started so (`nohup pytest`, a CI step in the background) would hand that on to
+    every runner it starts, and the tests of SIGHUP, SIGINT and Ctrl-Z would see nothing
+    happen. A handler of our own (a no-op: the test process ignores them still) is reset to
+    the default in every child at exec; the tests of the ignoring start their own."""
+    for sig in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM, signal.SIGTSTP):
+        if signal.getsignal(sig) == signal.SIG_IGN:
+            signal.signal(sig, _ignore)
+
+
+def _ignore(signum: int, frame: object) -> None:
+    pass
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -976,7 +976,9 @@ class _EarlyStop:
         self.signum: int | None = None
         self.runner: Any = None
         for sig in signals:
-            signal.signal(sig, self._on_signal)
+            # One the parent left ignored stays so, as in the launcher and the runner (`nohup`)
+            if signal.getsignal(sig) != signal.SIG_IGN:
+                signal.signal(sig, self._on_signal)
 
     def _on_signal(self, signum: int, frame: object) -> None:
         if self.runner is not None:

@@ -21,15 +21,20 @@ def _exit_early(signum: int, frame: FrameType | None) -> None:
 
 
 def main() -> None:
-    prior = signal.signal(signal.SIGINT, _exit_early)
-    for sig in _EARLY[1:]:
-        # Kept past the imports: until a command sets its own (`run` soon does, to drain),
-        # a SIGTERM or SIGHUP ends it like this, not by the signal (an exit status of
-        # "killed by SIGTERM" rather than 143 to systemd or a Python caller).
-        signal.signal(sig, _exit_early)
+    prior = signal.getsignal(signal.SIGINT)
+    for sig in _EARLY:
+        # A stop signal the parent left ignored stays ignored, here and in every later
+        # layer (`run`'s early handling, the runner), as coreutils' sort keeps it: `nohup`
+        # ignores SIGHUP so that a logout does not stop the run, a script's `cmd &` SIGINT
+        # so that a Ctrl-C meant for the script does not.
+        if signal.getsignal(sig) != signal.SIG_IGN:
+            # Kept past the imports: until a command sets its own (`run` soon does, to
+            # drain), a SIGTERM or SIGHUP ends it like this, not by the signal (an exit
+            # status of "killed by SIGTERM" rather than 143 to systemd or a Python caller).
+            signal.signal(sig, _exit_early)
     from renderctl.cli.app import main as cli_main
 
-    # Python's own again: a KeyboardInterrupt, which each command turns into 130 its way
-    # (a submit says whether anything was enqueued).
+    # Python's own again (or still ignored): a KeyboardInterrupt, which each command turns
+    # into 130 its way (a submit says whether anything was enqueued).
     signal.signal(signal.SIGINT, prior)
     cli_main()
