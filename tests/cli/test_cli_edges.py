@@ -598,7 +598,9 @@ def test_a_stop_signal_while_the_command_line_loads_exits_128_plus_n_quietly(
                              str(q)], cwd=tmp_path, env=env(), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
-        poll(lambda: _catches(proc.pid, signal.SIGTERM) or None,
+        # (all three: loaded enough to catch one, it may not yet catch the next)
+        poll(lambda: all(_catches(proc.pid, s)
+                         for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)) or None,
              what="the launcher's handlers")
 
         # When a Ctrl-C, `systemctl stop` or a closed terminal's signal arrives

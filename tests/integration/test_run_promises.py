@@ -826,22 +826,24 @@ def test_a_job_whose_deadline_passes_while_it_waits_to_start_expires_unrun(
 
     from jobfns import wait_for_pid, wait_until
 
-    # Given `first` running until the test says go, and `late` waiting to start, claimed
-    # well before its deadline (4 s away)
+    # Given `first` running until the test says go, and `late` submitted then, waiting to
+    # start, claimed well before its deadline (4 s from its submit: not from the runner's
+    # start, which a busy machine can make take seconds)
     args, limits = WAITS[waits]
     stage(tmp_path)
     queue, out = tmp_path / "q", tmp_path / "out"
     pidfile, go = tmp_path / "first.pid", tmp_path / "go"
-    deadline = time.time() + 4
     manifest = write_manifest([
         {**py_job("first", "wait_for_go", pidfile=str(pidfile), go=str(go)), "priority": 10,
-         **limits},
-        {**py_job("late", "write_pdf"), **limits,
-         "deadline": dt.datetime.fromtimestamp(deadline, dt.UTC).isoformat()},
-    ])
+         **limits}])
     runner = Runner(manifest, *cli_args(queue, out, *args, "--json"))
     try:
         wait_for_pid(pidfile, what="first to start")
+        deadline = time.time() + 4
+        late = write_manifest([{**py_job("late", "write_pdf"), **limits, "deadline":
+                                dt.datetime.fromtimestamp(deadline, dt.UTC).isoformat()}],
+                              name="late.toml")
+        assert run_cli("submit", late, *cli_args(queue, out)).returncode == 0
         wait_until(lambda: QueueView(queue).states_of(["late"]) == {"late": ["running"]},
                    what="late to be claimed")
 
