@@ -85,6 +85,20 @@ def _check_pgid(pgid: int) -> None:
         raise ValueError(f"refusing to signal process group {pgid}")
 
 
+def suspend_self() -> None:
+    """Stop this process as Ctrl-Z asks (SIGTSTP's default action, which a shell reports as
+    such) and return once it is continued. In an orphaned process group (nothing could
+    continue it: a service, a detached session) the kernel discards the signal instead, and
+    this returns at once. The caller's handler and signal mask for SIGTSTP are kept."""
+    prior = signal.signal(signal.SIGTSTP, signal.SIG_DFL)
+    mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTSTP})
+    try:
+        os.kill(os.getpid(), signal.SIGTSTP)  # delivered, and stops us, before this returns
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        signal.signal(signal.SIGTSTP, prior)
+
+
 def kill_group(pgid: int, sig: int) -> bool:
     """Send ``sig`` to every process in group ``pgid``; False if the group is already gone."""
     _check_pgid(pgid)

@@ -899,14 +899,7 @@ class Runner:
                              "running": sum(1 for w in self.workers.values()
                                             if w.current is not None)})
         t0 = time.monotonic()
-        # Stopped by SIGTSTP's default action, which a shell reports as Ctrl-Z's. In an
-        # orphaned process group (a service, a detached session: nothing could continue
-        # us) the kernel discards it, and the run goes straight on.
-        prior = signal.signal(signal.SIGTSTP, signal.SIG_DFL)
-        try:
-            os.kill(os.getpid(), signal.SIGTSTP)  # returns once continued
-        finally:
-            signal.signal(signal.SIGTSTP, prior)
+        proctree.suspend_self()  # an orphaned process group (a service) goes straight on
         paused = time.monotonic() - t0
         # `fg` continues our whole process group; `kill -CONT PID` only us. What else the
         # terminal stopped with us must go on too: the fork server (left stopped, it would

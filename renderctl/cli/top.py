@@ -10,7 +10,6 @@ spoke of last.
 
 from __future__ import annotations
 
-import os
 import signal
 from collections import deque
 from typing import Any
@@ -21,6 +20,7 @@ from rich.live import Live
 from renderctl.cli.console import write_out
 from renderctl.cli.dashboard import dashboard_lines, render_dashboard
 from renderctl.metrics import read_runner_state
+from renderctl.proctree import suspend_self
 from renderctl.store import Queue, QueueStatus
 
 FAILURE_EVENTS = ("dead", "retry", "cancelled", "expired")
@@ -142,17 +142,6 @@ def run_top(queue: Queue, console: Console, *, once: bool, interval_s: float = 0
                     # A display refresh period, not a wait on a condition
                     if signal.sigtimedwait({signal.SIGTSTP}, interval_s) is not None:
                         break
-            _stop_as_asked()  # `fg` draws a fresh live view below the shell's lines
+            suspend_self()  # `fg` draws a fresh live view below the shell's lines
     except KeyboardInterrupt:
         pass
-
-
-def _stop_as_asked() -> None:
-    """Stop as Ctrl-Z asks (SIGTSTP's default action, which a shell reports as such) and
-    return when continued; in an orphaned process group the kernel discards it instead."""
-    signal.signal(signal.SIGTSTP, signal.SIG_DFL)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTSTP})
-    try:
-        os.kill(os.getpid(), signal.SIGTSTP)
-    finally:
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTSTP})
