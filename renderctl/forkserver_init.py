@@ -1,5 +1,5 @@
-"""First module the fork server imports (``PRELOAD``): it shields the server from a SIGTERM
-or SIGHUP aimed at the runner's whole process group.
+"""First module the fork server imports (``PRELOAD``): it shields the server from a SIGTERM,
+SIGHUP or SIGTSTP aimed at the runner's whole process group.
 
 The fork server shares the runner's process group, and ``timeout``, systemd's stop,
 Slurm and ``kill -TERM -PGID`` signal the whole group, as a closing terminal does with
@@ -25,3 +25,8 @@ def _in_fork_server() -> bool:
 if _in_fork_server():
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    # And Ctrl-Z: the terminal stops its whole foreground group, and a runner starting a
+    # worker waits on this server; stopped, the server held the runner where it could not
+    # reach its own orderly pause (it stops itself once its jobs are paused), and the run
+    # hung, neither running nor stopped for the shell to continue.
+    signal.signal(signal.SIGTSTP, signal.SIG_IGN)

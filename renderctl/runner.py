@@ -216,8 +216,11 @@ class Assignment:
     tmp: Path
     output_kind: str
     memory_mb: int
+    # (monotonic) when it started, moved later by each pause of the run (Ctrl-Z) while it
+    # ran, which counts against no timeout; paused_s is their sum.
     started_mono: float | None = None
     started_wall: float | None = None
+    paused_s: float = 0.0
     carried_bytes: int = 0  # memory earlier jobs left in its worker (Started.carried_bytes)
     cancel_requested: bool = False
     moved: bool = False  # published by rename (the temporary name is gone)
@@ -902,9 +905,9 @@ class Runner:
         proctree.suspend_self()  # an orphaned process group (a service) goes straight on
         paused = time.monotonic() - t0
         # `fg` continues our whole process group; `kill -CONT PID` only us. What else the
-        # terminal stopped with us must go on too: the fork server (left stopped, it would
-        # hang the next worker's start) and a worker still starting, not yet in a group of
-        # its own.
+        # terminal stopped with us must go on too: multiprocessing's resource tracker, and
+        # a worker still starting, not yet in a group of its own (with fork or spawn; the
+        # fork server and what it forks ignore SIGTSTP: see forkserver_init).
         starting = [w.proc.pid for w in self.workers.values() if not w.pgid and w.proc.pid]
         for pid in [*mpstate.helper_pids(), *starting]:
             with contextlib.suppress(OSError):
@@ -915,6 +918,7 @@ class Runner:
         for w in self.workers.values():
             if w.current is not None and w.current.started_mono is not None:
                 w.current.started_mono += paused
+                w.current.paused_s += paused
             if w.kill_deadline is not None:
                 w.kill_deadline += paused
         if self.stop_deadline is not None:
@@ -1574,7 +1578,8 @@ class Runner:
                 read_tail: bool = True) -> Finished:
         """The result of ``a``, whose worker we killed or saw die (exit ``code``; None: it
         is still dying), with the tail of what the job said, read from its files."""
-        elapsed = time.monotonic() - (a.started_mono or time.monotonic())
+        # Wall time, pauses included, as the worker measures a job that ends by itself
+        elapsed = time.monotonic() - (a.started_mono or time.monotonic()) + a.paused_s
         token = a.claim.lease.token
         if w.kill_reason is not None and a is not w.kill_target:
             # It started after we decided to kill its worker for another job: not its fault.
@@ -1786,6 +1791,8 @@ class Runner:
             "elapsed_s": round(fin.elapsed_s, 6),
             "host": self.holder.host,
         }
+        if a.paused_s:
+            att["paused_s"] = round(a.paused_s, 3)  # of elapsed_s: the run was suspended
         for k in ("exit_code", "signal", "peak_memory_bytes", "stderr_tail", "error",
                   "traceback_tail"):
             v = getattr(fin, k)
@@ -1973,7 +1980,8 @@ class Runner:
         worker killed by the stop signal, once per job: a failure of its own during the
         grace costs one more attempt, never a charged one too many."""
         return self.stopped_at is not None and a.started_mono is not None \
-            and a.started_mono < self.stopped_at <= a.started_mono + fin.elapsed_s \
+            and a.started_mono - a.paused_s < self.stopped_at \
+            <= a.started_mono - a.paused_s + fin.elapsed_s \
             and not _stopped_with_runner_before(a.claim.record)
 
     def _transition(self, a: Assignment, fin: Finished, outcome: str, now: float) -> Transition:

@@ -2273,8 +2273,8 @@ def transition_event(t: Transition) -> dict[str, Any]:
                 State.EXPIRED: "expired"}.get(t.dst, t.dst.value)
     ev: dict[str, Any] = {"event": name, "job": rec.spec.id, "kind": rec.spec.kind,
                           "state": t.dst.value}
-    for k in ("n", "outcome", "elapsed_s", "peak_memory_bytes", "error", "exit_code",
-              "signal"):
+    for k in ("n", "outcome", "elapsed_s", "paused_s", "peak_memory_bytes", "error",
+              "exit_code", "signal"):
         if last.get(k) is not None:
             ev["attempt" if k == "n" else k] = last[k]
     if rec.result:

@@ -58,6 +58,8 @@ def format_event(ev: Mapping[str, Any]) -> str:
         parts.append(f"outcome={ev['outcome']}")
     if ev.get("elapsed_s") is not None:
         parts.append(human_duration(ev["elapsed_s"]))
+    if ev.get("paused_s"):
+        parts.append(f"(paused {human_duration(ev['paused_s'])})")
     if ev.get("peak_memory_bytes"):
         parts.append(f"peak={human_bytes(ev['peak_memory_bytes'])}")
     if ev.get("output"):

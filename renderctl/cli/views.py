@@ -147,6 +147,8 @@ def render_job(c: Console, view: JobView) -> None:
     for a in rec.attempts:
         detail = [f"attempt {a.get('n')}: {a.get('outcome')}",
                   f"elapsed {human_duration(a.get('elapsed_s'))}"]
+        if a.get("paused_s"):
+            detail.append(f"of which paused {human_duration(a['paused_s'])} (Ctrl-Z)")
         if a.get("peak_memory_bytes"):
             detail.append(f"peak {human_bytes(a['peak_memory_bytes'])}")
         if a.get("exit_code") is not None:

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 from jobfns import (
     RENDERCTL,
     QueueView,
@@ -33,6 +34,14 @@ from jobfns import (
     wait_for_pid,
     wait_until,
 )
+
+TSTP_BIT = 1 << (signal.SIGTSTP - 1)
+
+
+def ignored_mask(pid: int) -> int:
+    """The signals ``pid`` ignores (SigIgn in /proc/PID/status)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(ln.split()[1] for ln in status.splitlines() if ln.startswith("SigIgn:")), 16)
 
 
 def waiting_job(tmp_path: Path, job_id: str, timeout_s: float) -> tuple[dict[str, Any], Path]:
@@ -66,6 +75,13 @@ def test_ctrl_z_pauses_the_jobs_with_the_runner_and_the_pause_costs_no_timeout(
         runner.until(lambda line: line.startswith("suspended"))
         wait_until(lambda: stopped(runner.pid) and stopped(job), timeout_s=10,
                    what="the runner and its job to be stopped")
+        # but not the fork server, which ignores it (a runner starting a worker waits on
+        # it: stopped, it held the runner short of its pause, and the run hung), while the
+        # job, forked from it, started with SIGTSTP's default action like every other
+        server = next(p for p in psutil.Process(runner.pid).children()
+                      if "multiprocessing.forkserver" in " ".join(p.cmdline()))
+        assert not stopped(server.pid)
+        assert TSTP_BIT & ignored_mask(server.pid) and not TSTP_BIT & ignored_mask(job)
         # and stays stopped for a pause longer than its timeout (the pause is the test)
         time.sleep(2.5)
         assert stopped(job) and stopped(runner.pid)
@@ -88,6 +104,9 @@ def test_ctrl_z_pauses_the_jobs_with_the_runner_and_the_pause_costs_no_timeout(
     assert view.ids("done") == {"first", "second"}, runner.lines
     attempts = view.record("done", "first")["attempts"]
     assert [a["outcome"] for a in attempts] == ["completed"], attempts
+    # And its attempt says how much of its (wall-clock) elapsed time was the pause
+    assert 2.5 <= attempts[0]["paused_s"] <= attempts[0]["elapsed_s"], attempts
+    assert "paused_s" not in view.record("done", "second")["attempts"][0]
     for j in ("first", "second"):
         assert_pdf(out / f"{j}.pdf", j)
 
