@@ -220,6 +220,16 @@ def py_job(job_id: str, fn: str, output: str | None = None, **params: Any) -> di
     return job
 
 
+def held_job(folder: Path, job_id: str, **fields: Any) -> tuple[dict[str, Any], Path]:
+    """A job (``wait_for_go``) that runs until the test creates its go file, returned with
+    it: ``folder/<id>.go``; its pid in ``folder/<id>.pid``. This module is staged in
+    ``folder`` for a manifest written there; ``fields`` are more job fields (timeout_s...)."""
+    stage(folder)
+    go = folder / f"{job_id}.go"
+    job = py_job(job_id, "wait_for_go", pidfile=str(folder / f"{job_id}.pid"), go=str(go))
+    return {**job, **fields}, go
+
+
 def cli_args(queue: Path, out: Path, *extra: str) -> list[str]:
     return ["--queue", str(queue), "--out", str(out), *extra]
 

@@ -18,22 +18,14 @@ from jobfns import (
     _env,
     assert_pdf,
     cli_args,
-    py_job,
-    stage,
+    held_job,
     wait_for_pid,
 )
 
 
-def held_job(tmp_path: Path) -> tuple[dict[str, Any], Path]:
-    """A job that runs until the test creates ``tmp_path/go`` (its pid in ``job.pid``)."""
-    stage(tmp_path)
-    go = tmp_path / "go"
-    return py_job("held", "wait_for_go", pidfile=str(tmp_path / "job.pid"), go=str(go)), go
-
-
 def test_nohup_run_goes_on_through_the_hangup(tmp_path: Path, write_manifest: Any) -> None:
     queue, out = tmp_path / "q", tmp_path / "out"
-    job, go = held_job(tmp_path)
+    job, go = held_job(tmp_path, "held")
     # Given `nohup renderctl run` (the script's entry point: `python -m renderctl`) in a
     # session of its own, running a job
     runner = Runner.of(subprocess.Popen(
@@ -42,7 +34,7 @@ def test_nohup_run_goes_on_through_the_hangup(tmp_path: Path, write_manifest: An
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
         env=_env(None), start_new_session=True))
     try:
-        wait_for_pid(tmp_path / "job.pid")
+        wait_for_pid(tmp_path / "held.pid")
         # When its session hangs up (SIGHUP to its whole process group, as a terminal's; an
         # ignored signal is dropped as it is sent, so none is left pending after this), and
         # then the job ends
@@ -61,7 +53,7 @@ def test_nohup_run_goes_on_through_the_hangup(tmp_path: Path, write_manifest: An
 def test_a_scripts_background_run_ignores_sigint_and_still_stops_on_sigterm(
         tmp_path: Path, write_manifest: Any) -> None:
     queue, out = tmp_path / "q", tmp_path / "out"
-    job, go = held_job(tmp_path)
+    job, go = held_job(tmp_path, "held")
     # Given `renderctl run ... &` in a shell script (which starts it with SIGINT ignored),
     # running a job
     script = '"$@" & wait $!'
@@ -70,7 +62,7 @@ def test_a_scripts_background_run_ignores_sigint_and_still_stops_on_sigterm(
          str(write_manifest([job]))],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env(None)))
     try:
-        wait_for_pid(tmp_path / "job.pid")
+        wait_for_pid(tmp_path / "held.pid")
         started = runner.until(lambda line: line.startswith("runner started: pid "))
         pid = int(started.split("pid ")[1].split(",")[0])
 

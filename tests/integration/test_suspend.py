@@ -28,8 +28,7 @@ from jobfns import (
     _env,
     assert_pdf,
     cli_args,
-    py_job,
-    stage,
+    held_job,
     stopped,
     wait_for_pid,
     wait_until,
@@ -44,23 +43,13 @@ def ignored_mask(pid: int) -> int:
     return int(next(ln.split()[1] for ln in status.splitlines() if ln.startswith("SigIgn:")), 16)
 
 
-def waiting_job(tmp_path: Path, job_id: str, timeout_s: float) -> tuple[dict[str, Any], Path]:
-    """A job that runs until the test creates its go file (its pid in ``<id>.pid``), for a
-    manifest in ``tmp_path``."""
-    stage(tmp_path)
-    go = tmp_path / f"{job_id}.go"
-    job = {**py_job(job_id, "wait_for_go", pidfile=str(tmp_path / f"{job_id}.pid"), go=str(go)),
-           "timeout_s": timeout_s}
-    return job, go
-
-
 def test_ctrl_z_pauses_the_jobs_with_the_runner_and_the_pause_costs_no_timeout(
         tmp_path: Path, write_manifest: Any) -> None:
     queue, out = tmp_path / "q", tmp_path / "out"
     # Given a run, in a process group of its own as a shell starts it, whose one worker is
     # replaced after each job, running the first of two jobs with a 2 s timeout
-    first, go1 = waiting_job(tmp_path, "first", timeout_s=2)
-    second, go2 = waiting_job(tmp_path, "second", timeout_s=2)
+    first, go1 = held_job(tmp_path, "first", timeout_s=2)
+    second, go2 = held_job(tmp_path, "second", timeout_s=2)
     go2.touch()
     manifest = write_manifest([first, second])
     runner = Runner(*cli_args(queue, out, "--workers", "1", "--max-jobs-per-worker", "1"),
@@ -116,7 +105,7 @@ def test_sigtstp_to_a_runner_nothing_could_continue_does_not_stop_it(
     queue, out = tmp_path / "q", tmp_path / "out"
     # Given a run in a session of its own (a service, a detached job: an orphaned process
     # group, which the kernel does not let SIGTSTP stop) running a job
-    job, go = waiting_job(tmp_path, "solo", timeout_s=30)
+    job, go = held_job(tmp_path, "solo", timeout_s=30)
     runner = Runner(*cli_args(queue, out, "--workers", "1", "--json"), write_manifest([job]),
                     new_session=True)
     try:
@@ -142,7 +131,7 @@ def test_ctrl_z_gives_the_terminal_its_cursor_back_and_fg_redraws_the_dashboard(
         tmp_path: Path, write_manifest: Any) -> None:
     queue, out = tmp_path / "q", tmp_path / "out"
     # Given a run drawing its dashboard on a terminal, running a job
-    job, go = waiting_job(tmp_path, "shown", timeout_s=30)
+    job, go = held_job(tmp_path, "shown", timeout_s=30)
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
     env = {**_env(None), "TERM": "xterm-256color"}
