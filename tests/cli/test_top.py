@@ -49,6 +49,14 @@ def wait_reading_pty(proc: subprocess.Popen[bytes], fd: int, *, timeout_s: float
     return proc.returncode
 
 
+def quits_quietly_on_ctrl_c(top: subprocess.Popen[bytes], master: int) -> None:
+    """Ctrl-C (SIGINT) ends ``top``, drawing on terminal ``master``, with exit 0 and no
+    traceback."""
+    top.send_signal(signal.SIGINT)
+    assert wait_reading_pty(top, master) == 0
+    assert top.stderr is not None and b"Traceback" not in top.stderr.read()
+
+
 def top_on_a_pty(q: Path, cwd: Path, *, term: str = "xterm-256color", columns: int = 140,
                  own_group: bool = False) -> tuple[subprocess.Popen[bytes], int]:
     """``renderctl top --queue Q`` writing to a pseudo-terminal (colour allowed): the process
@@ -89,9 +97,7 @@ def test_top_shows_the_running_job_and_leaves_cleanly_on_ctrl_c(tmp_path: Path) 
             screen += read_pty_until(master, b"alive")
             assert b"\x1b[" in screen  # a live, styled view
             # And Ctrl-C leaves it quietly with exit 0
-            top.send_signal(signal.SIGINT)
-            assert wait_reading_pty(top, master) == 0
-            assert top.stderr is not None and b"Traceback" not in top.stderr.read()
+            quits_quietly_on_ctrl_c(top, master)
         finally:
             if top.poll() is None:
                 top.kill()
@@ -354,9 +360,7 @@ def test_ctrl_z_on_top_gives_the_terminal_its_cursor_back_and_fg_redraws(
         # And `fg` (SIGCONT to its group) draws a fresh live view, cursor hidden again
         os.killpg(top.pid, signal.SIGCONT)
         read_pty_until(master, b"\x1b[?25l")
-        top.send_signal(signal.SIGINT)
-        assert wait_reading_pty(top, master) == 0
-        assert top.stderr is not None and b"Traceback" not in top.stderr.read()
+        quits_quietly_on_ctrl_c(top, master)
     finally:
         if top.poll() is None:
             top.kill()
