@@ -19,7 +19,9 @@ reading it whole took 0.5 s per 20,000 jobs). A log replaced, truncated or rewri
 the offset is read again from the start.
 
 Time to first attempt is ``claimed`` (attempt 1) minus ``accepted``; execution time is the
-``elapsed_s`` of every attempt that ended (``released`` ones excepted: they were cut short).
+``elapsed_s`` of every attempt that ended (``released`` ones excepted: they were cut short)
+less its ``paused_s``: a job stopped with its runner by Ctrl-Z for an hour did not take an
+hour to render, and counting the pause would move a latency alert for a choice the user made.
 """
 
 from __future__ import annotations
@@ -138,11 +140,12 @@ class EventTotals:
             name = ev.get("event")
             job = ev.get("job")
             if name == "accepted" and isinstance(job, str):
-                self.accepted_at[job] = float(ev.get("ts") or 0.0)
+                self.accepted_at[job] = _seconds(ev.get("ts")) or 0.0
             elif name == "claimed":
                 accepted = self.accepted_at.pop(job, None) if isinstance(job, str) else None
-                if accepted is not None and ev.get("attempt") == 1 and ev.get("ts"):
-                    self.wait.observe(max(0.0, float(ev["ts"]) - accepted))
+                ts = _seconds(ev.get("ts"))
+                if accepted is not None and ev.get("attempt") == 1 and ts:
+                    self.wait.observe(max(0.0, ts - accepted))
                 continue
             outcome = ev.get("outcome")
             if not isinstance(outcome, str):
@@ -152,8 +155,18 @@ class EventTotals:
             self.attempts[outcome] = self.attempts.get(outcome, 0) + 1
             if isinstance(ev.get("attempt"), int) and ev["attempt"] > 1:
                 self.redeliveries += 1
-            if outcome != Outcome.RELEASED.value and ev.get("elapsed_s") is not None:
-                self.exec.observe(float(ev["elapsed_s"]))
+            elapsed = _seconds(ev.get("elapsed_s"))
+            if outcome != Outcome.RELEASED.value and elapsed is not None:
+                self.exec.observe(max(0.0, elapsed - (_seconds(ev.get("paused_s")) or 0.0)))
+
+
+def _seconds(value: object) -> float | None:
+    """A finite number from the event log, else None: a hand-edited or foreign line may
+    hold a string there (``float()`` of it ended `metrics` in a traceback) or a NaN (it
+    would make the histogram's sum NaN for good, since the sum is kept between calls)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
 
 
 @dataclass(frozen=True)
@@ -303,7 +316,7 @@ def exposition(m: Metrics) -> str:
     _histogram(lines, "renderctl_time_to_first_attempt_seconds",
                "From acceptance to the first claim of a job.", t.wait)
     _histogram(lines, "renderctl_execution_seconds",
-               "Wall time of one attempt, as the worker measured it.", t.exec)
+               "Wall time of one attempt, less any time its run was paused (Ctrl-Z).", t.exec)
     _family(lines, "renderctl_runner_up", "gauge", "1 if a runner holds the queue.")
     lines.append(f"renderctl_runner_up {int(m.runner_up)}")
     _family(lines, "renderctl_workers_alive", "gauge", "Worker processes running now.")

@@ -363,15 +363,27 @@ def test_metrics_parse_whatever_outcome_the_event_log_holds(tmp_path: Path) -> N
     odd = 'from "v9" \\ next\nline'
     q.events.append([{"ts": 1.0, "event": "dead", "job": "x", "outcome": odd,
                       "attempt": 1, "elapsed_s": 0.5}])
+    # ... and times that are not numbers, or not finite (json reads NaN and Infinity)
+    q.events.append([{"ts": "noon", "event": "accepted", "job": "y"},
+                     {"ts": float("nan"), "event": "claimed", "job": "y", "attempt": 1},
+                     {"ts": 3.0, "event": "completed", "job": "y", "outcome": "completed",
+                      "attempt": 1, "elapsed_s": "abc", "paused_s": "x"},
+                     {"ts": 4.0, "event": "failed", "job": "z", "outcome": "failed",
+                      "attempt": 1, "elapsed_s": float("inf"), "paused_s": True}])
     q.close()
 
     # When `renderctl metrics` prints them
     res = cli("metrics", "--queue", tmp_path / "q", cwd=tmp_path)
 
-    # Then the exposition is valid, and counts that outcome under its own name
-    assert res.returncode == 0, res.stderr
+    # Then the exposition is valid, and counts that outcome under its own name (and the
+    # others' attempts, with no time where the log held none: `elapsed_s: "abc"` was a
+    # traceback)
+    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
     s = parse_prometheus(res.stdout)
     assert s[("renderctl_attempts_total", (("outcome", odd),))] == 1
+    assert s[("renderctl_attempts_total", (("outcome", "completed"),))] == 1
+    assert s[("renderctl_execution_seconds_count", ())] == 1
+    assert s[("renderctl_execution_seconds_sum", ())] == 0.5
 
 
 def test_metrics_counts_past_what_a_power_loss_or_a_hand_edit_left_in_the_event_log(
@@ -433,3 +445,28 @@ def test_a_symlink_planted_at_a_reports_temporary_name_is_not_written_through(
     assert victim.read_text() == "precious"
     assert final.read_text() == "renderctl_up 1\n" and not final.is_symlink()
     assert final.stat().st_mode & 0o777 == 0o644
+
+
+def test_execution_time_of_an_attempt_leaves_out_the_time_its_run_was_paused(
+        tmp_path: Path) -> None:
+    from renderctl.store import Queue
+
+    # Given two attempts of 1.5 s of work each: one ran straight through, the other's run
+    # was suspended (Ctrl-Z) for 100 s in the middle of it
+    q = Queue(tmp_path / "q")
+    q.events.append([
+        {"ts": 1.0, "event": "completed", "job": "a", "outcome": "completed", "attempt": 1,
+         "elapsed_s": 1.5},
+        {"ts": 2.0, "event": "completed", "job": "b", "outcome": "completed", "attempt": 1,
+         "elapsed_s": 101.5, "paused_s": 100.0}])
+    q.close()
+
+    # When `renderctl metrics` prints the execution-time histogram
+    res = cli("metrics", "--queue", tmp_path / "q", cwd=tmp_path)
+
+    # Then both fall in the same bucket (the paused one counted 101.5 s, past the 60 s
+    # bucket, as if the job had taken that long), and the sum is the work: 3 s
+    assert res.returncode == 0, res.stderr
+    s = parse_prometheus(res.stdout)
+    assert s[("renderctl_execution_seconds_bucket", (("le", "2.5"),))] == 2
+    assert s[("renderctl_execution_seconds_sum", ())] == pytest.approx(3.0)
