@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import pytest
 from jobfns import (
     RENDERCTL,
     QueueView,
@@ -43,17 +44,19 @@ def ignored_mask(pid: int) -> int:
     return int(next(ln.split()[1] for ln in status.splitlines() if ln.startswith("SigIgn:")), 16)
 
 
+@pytest.mark.parametrize("start_method", ["forkserver", "fork"])
 def test_ctrl_z_pauses_the_jobs_with_the_runner_and_the_pause_costs_no_timeout(
-        tmp_path: Path, write_manifest: Any) -> None:
+        tmp_path: Path, write_manifest: Any, start_method: str) -> None:
     queue, out = tmp_path / "q", tmp_path / "out"
     # Given a run, in a process group of its own as a shell starts it, whose one worker is
-    # replaced after each job, running the first of two jobs with a 2 s timeout
+    # replaced after each job, running the first of two jobs with a 2 s timeout (workers
+    # from the fork server, or forked from the runner itself)
     first, go1 = held_job(tmp_path, "first", timeout_s=2)
     second, go2 = held_job(tmp_path, "second", timeout_s=2)
     go2.touch()
     manifest = write_manifest([first, second])
-    runner = Runner(*cli_args(queue, out, "--workers", "1", "--max-jobs-per-worker", "1"),
-                    manifest, own_group=True)
+    runner = Runner(*cli_args(queue, out, "--workers", "1", "--max-jobs-per-worker", "1",
+                              "--start-method", start_method), manifest, own_group=True)
     try:
         job = wait_for_pid(tmp_path / "first.pid")
 
@@ -67,23 +70,24 @@ def test_ctrl_z_pauses_the_jobs_with_the_runner_and_the_pause_costs_no_timeout(
         # but not the fork server, which ignores it (a runner starting a worker waits on
         # it: stopped, it held the runner short of its pause, and the run hung), while the
         # job, forked from it, started with SIGTSTP's default action like every other
-        server = next(p for p in psutil.Process(runner.pid).children()
-                      if "multiprocessing.forkserver" in " ".join(p.cmdline()))
-        assert not stopped(server.pid)
-        assert TSTP_BIT & ignored_mask(server.pid) and not TSTP_BIT & ignored_mask(job)
+        assert not TSTP_BIT & ignored_mask(job)
+        if start_method == "forkserver":
+            server = next(p for p in psutil.Process(runner.pid).children()
+                          if "multiprocessing.forkserver" in " ".join(p.cmdline()))
+            assert not stopped(server.pid) and TSTP_BIT & ignored_mask(server.pid)
         # and stays stopped for a pause longer than its timeout (the pause is the test)
         time.sleep(2.5)
         assert stopped(job) and stopped(runner.pid)
         assert not (out / "first.pdf").exists()
 
-        # When only the runner is continued (`kill -CONT PID`; its fork server, stopped by
-        # the terminal too, is not), and the job is then let finish
+        # When only the runner is continued (`kill -CONT PID`), and the job is then let
+        # finish
         os.kill(runner.pid, signal.SIGCONT)
         resumed = runner.until(lambda line: line.startswith("resumed"))
         go1.touch()
 
         # Then the run goes on: the job completes in its one attempt (the pause did not count
-        # against its 2 s timeout), and the second job gets a new worker from the fork server
+        # against its 2 s timeout), and the second job gets a new worker
         assert runner.wait() == 0, (runner.lines, runner.stderr())
     finally:
         go1.touch()
@@ -177,3 +181,66 @@ def test_ctrl_z_gives_the_terminal_its_cursor_back_and_fg_redraws_the_dashboard(
             proc.wait()
         os.close(master)
     assert_pdf(out / "shown.pdf", "shown")
+
+
+HOLD_SPAWNED_WORKER = '''\
+"""Test hook: a worker spawned (`--start-method spawn`) once ARMED exists waits, before
+multiprocessing reads its start data, until RELEASE exists: a worker held in its start, still
+in the runner's process group."""
+import os, sys, time
+hold = os.environ.get("RCTL_TEST_HOLD_SPAWN")
+if hold and "--multiprocessing-fork" in sys.orig_argv and os.path.exists(hold + "/armed"):
+    with open(hold + "/starting.tmp", "w") as f:
+        f.write(str(os.getpid()))
+    os.rename(hold + "/starting.tmp", hold + "/starting.pid")
+    while not os.path.exists(hold + "/release"):
+        time.sleep(0.01)
+'''
+
+
+def test_ctrl_z_while_a_spawned_worker_starts_and_kill_cont_of_the_runner_goes_on(
+        tmp_path: Path, write_manifest: Any) -> None:
+    queue, out, hold = tmp_path / "q", tmp_path / "out", tmp_path / "hold"
+    # Given a run with `--start-method spawn`, whose one worker is replaced after each job,
+    # and a hook that holds a spawned worker in its start once armed (a new interpreter
+    # importing its modules: ~0.1 s or more, in the runner's process group till it has a
+    # group of its own, so a terminal's Ctrl-Z stops it with the runner)
+    hold.mkdir()
+    (hold / "sitecustomize.py").write_text(HOLD_SPAWNED_WORKER)
+    first, go1 = held_job(tmp_path, "first", timeout_s=30)
+    second, go2 = held_job(tmp_path, "second", timeout_s=30)
+    go2.touch()
+    env = {"RCTL_TEST_HOLD_SPAWN": str(hold),
+           "PYTHONPATH": os.pathsep.join(p for p in (str(hold), os.environ.get("PYTHONPATH"))
+                                         if p)}
+    runner = Runner(*cli_args(queue, out, "--workers", "1", "--max-jobs-per-worker", "1",
+                              "--start-method", "spawn"),
+                    write_manifest([first, second]), env=env, own_group=True)
+    try:
+        wait_for_pid(tmp_path / "first.pid")
+        (hold / "armed").touch()
+        go1.touch()
+        starting = wait_for_pid(hold / "starting.pid")  # the next worker, held in its start
+
+        # When the terminal sends SIGTSTP (Ctrl-Z) to the runner's process group
+        os.killpg(runner.pid, signal.SIGTSTP)
+        runner.until(lambda line: line.startswith("suspended"))
+        wait_until(lambda: stopped(runner.pid) and stopped(starting), timeout_s=10,
+                   what="the runner and the starting worker to be stopped")
+        # ... and only the runner is continued (`kill -CONT PID`)
+        os.kill(runner.pid, signal.SIGCONT)
+        runner.until(lambda line: line.startswith("resumed"))
+
+        # Then the runner continues the worker the terminal stopped with it (left stopped,
+        # it never said it was ready, and the run waited for it for good)
+        wait_until(lambda: not stopped(starting), timeout_s=10,
+                   what="the starting worker to be continued")
+        (hold / "release").touch()
+        assert runner.wait() == 0, (runner.lines, runner.stderr())
+    finally:
+        for f in (go1, hold / "release"):
+            f.touch()
+        runner.kill()
+    assert QueueView(queue).ids("done") == {"first", "second"}, runner.lines
+    for j in ("first", "second"):
+        assert_pdf(out / f"{j}.pdf", j)
