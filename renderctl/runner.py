@@ -135,6 +135,8 @@ CRASH_POINTS = ("claim", "lease", "start", "commit", "publish:before_link",
 # For tests: the lease length (s) instead of RunnerSettings.lease_s, so that a test can see a
 # lease judged (renewed, expired, taken over) in seconds rather than minutes.
 LEASE_ENV = "RENDERCTL_TEST_LEASE_S"
+# For tests: RunnerSettings.worker_start_timeout_s, so a test sees a stuck start judged.
+START_TIMEOUT_ENV = "RENDERCTL_TEST_WORKER_START_S"
 
 
 # How long finished attempts may wait for company in a group commit: 10 ms is below what a
@@ -244,6 +246,9 @@ class WorkerHandle:
     pid: int | None = None
     pgid: int | None = None
     pgid_start: int | None = None  # its group leader's start time (control/workers.*.json)
+    # (monotonic) by when it must say Ready (RunnerSettings.worker_start_timeout_s)
+    start_deadline: float | None = None
+    start_timed_out: bool = False
     queued: deque[Assignment] = field(default_factory=deque)
     current: Assignment | None = None
     assigned_total: int = 0
@@ -300,7 +305,10 @@ class Runner:
                  reporter: Reporter | None = None, clock: Clock = SYSTEM_CLOCK) -> None:
         self.q = queue
         if os.environ.get(LEASE_ENV):
-            settings = replace(settings, lease_s=_test_lease_s(os.environ[LEASE_ENV]))
+            settings = replace(settings, lease_s=_test_seconds(LEASE_ENV))
+        if os.environ.get(START_TIMEOUT_ENV):
+            settings = replace(settings,
+                               worker_start_timeout_s=_test_seconds(START_TIMEOUT_ENV))
         self.s = settings
         self.reporter: Reporter = reporter or NullReporter()
         queue.on_quarantine = self.reporter.event  # a corrupt record: said as it is found
@@ -322,6 +330,8 @@ class Runner:
         # Why the output folder cannot be written (DESIGN: exit 74, stop, lose nothing): set
         # by the first job that could not be given, or could not write, its output there.
         self.output_io_error: str | None = None
+        # Workers keep failing to start (WorkerStartError's message): halted like the above.
+        self.worker_start_error: str | None = None
         self._gates = 0  # start gates made (each worker gets a fresh one)
         self.guard: MemoryGuard | None = None
         self.budget_mb = settings.memory_budget_mb or default_budget_mb()
@@ -430,7 +440,7 @@ class Runner:
     def _exit_code(self) -> ExitCode:
         if self.stop_signal is not None:
             return signal_exit_code(self.stop_signal)
-        if self.output_io_error is not None:
+        if self.output_io_error is not None or self.worker_start_error is not None:
             return ExitCode.IO_ERROR
         bad = self.counts["dead"] + self.counts["cancelled"] + self.counts["expired"]
         return ExitCode.JOBS_FAILED if bad else ExitCode.OK
@@ -780,6 +790,12 @@ class Runner:
                            reaper=self.reaper.identity if self.reaper else None)
         try:
             proc, parent = start_worker(self._ctx, cfg, name=f"renderctl-worker-{index}")
+        except WorkerStartError as exc:
+            gate.close()
+            with contextlib.suppress(Exception):
+                slot.close()
+            self._cannot_start_workers(str(exc))
+            return
         except BaseException:
             gate.close()
             raise
@@ -788,6 +804,7 @@ class Runner:
         if self.reaper is not None:
             self.reaper.watch(proc.pid)
         w = self.workers[index] = WorkerHandle(index, proc, parent, slot, gate, log)
+        w.start_deadline = time.monotonic() + self.s.worker_start_timeout_s
         self._watch(w)
 
     def _watch(self, w: WorkerHandle) -> None:
@@ -921,6 +938,8 @@ class Runner:
                 w.current.paused_s += paused
             if w.kill_deadline is not None:
                 w.kill_deadline += paused
+            if w.start_deadline is not None:
+                w.start_deadline += paused
         if self.stop_deadline is not None:
             self.stop_deadline += paused
         self._next_renew = 0.0  # our leases aged meanwhile: renew them first
@@ -950,25 +969,40 @@ class Runner:
 
     @property
     def halted(self) -> bool:
-        """`--max-failures` reached, or the output folder cannot be written: no more claims;
-        finish what runs, then stop."""
-        if self.output_io_error is not None:
+        """`--max-failures` reached, the output folder cannot be written, or workers cannot
+        be started: no more claims; finish what runs, then stop."""
+        if self.output_io_error is not None or self.worker_start_error is not None:
             return True
         return self.s.max_failures is not None and self.counts["dead"] >= self.s.max_failures
+
+    def _cannot_start_workers(self, problem: str) -> None:
+        """Halt, as for an output folder that cannot be written: a job running on a worker
+        that did start finishes (this was an exception, whose way out SIGKILLed those jobs,
+        each charged a crashed attempt at the next start, and left the claimed ones in
+        running/ until then); what is not started goes back to pending, uncharged."""
+        if self.worker_start_error is None:
+            self.worker_start_error = problem
 
     def _output_io(self, problem: str) -> None:
         if self.output_io_error is None:
             self.output_io_error = problem
 
     def _halt(self) -> None:
-        """`--max-failures` reached, or the output folder cannot be written: say so (once,
-        after the job that did it), and return what was claimed but has not started to
+        """`--max-failures` reached, the output folder cannot be written, or workers cannot be
+        started: say so (once, after the job that did it), and return what was claimed but
+        has not started to
         pending, uncharged: jobs waiting to be sent, and jobs queued in workers, which their
         start gates settle exactly (as in _rebalance: a job a worker has started runs on,
         the rest never start there)."""
         if not self._halt_reported:
             self._halt_reported = True
-            if self.output_io_error is not None:
+            if self.worker_start_error is not None:
+                self.reporter.event({
+                    "event": "halted", "dead": self.counts["dead"],
+                    "worker_start": self.worker_start_error,
+                    "reason": f"{self.worker_start_error}; no new jobs are started, running "
+                              "ones finish, the rest stay pending (exit 74)"})
+            elif self.output_io_error is not None:
                 self.reporter.event({
                     "event": "halted", "dead": self.counts["dead"],
                     "io_error": self.output_io_error,
@@ -1071,8 +1105,9 @@ class Runner:
                 deadlines.append(w.current.started_mono + w.current.claim.record.spec.timeout_s)
                 if idle and w.queued:
                     deadlines.append(w.current.started_mono + self._steal_after())
-            if w.kill_deadline is not None:
-                deadlines.append(w.kill_deadline)
+            for d in (w.kill_deadline, w.start_deadline):
+                if d is not None:
+                    deadlines.append(d)
         if self.stop_deadline is not None:
             deadlines.append(self.stop_deadline)
         if self.completions and self._oldest_completion:
@@ -1189,7 +1224,7 @@ class Runner:
             self._outgoing.clear()
         # Successors of workers retired this round, after the jobs went out: a spawn blocks
         # this thread for 15-20 ms, which must not hold back the messages above.
-        while self._successors_due:
+        while self._successors_due and self.worker_start_error is None:
             self._successors_due -= 1
             self._next_index += 1
             self._spawn(self._next_index)
@@ -1414,6 +1449,7 @@ class Runner:
                     self.ready.appendleft(a)
         elif isinstance(msg, Ready):
             w.pid, w.pgid = msg.pid, msg.pgid
+            w.start_deadline = None
             w.pgid_start = proctree.process_start_time(msg.pgid)
             self._start_failures = 0
             # The OOM counter only grows; one mark per worker (renewed after an OOM kill it
@@ -1450,9 +1486,11 @@ class Runner:
             # released on the way out).
             self._start_failures += 1
             if self._start_failures >= MAX_START_FAILURES:
-                raise WorkerStartError(
+                last = (f"the last killed, not ready after {self.s.worker_start_timeout_s:g}s"
+                        if w.start_timed_out else f"last exit status {code}")
+                self._cannot_start_workers(
                     f"{self._start_failures} workers in a row died before they were ready "
-                    f"(last exit status {code}); check the worker's environment "
+                    f"({last}); check the worker's environment "
                     f"(--start-method {self.s.start_method})")
         if w.pgid:
             proctree.kill_group(w.pgid, signal.SIGKILL)  # no survivor of its tree
@@ -1486,7 +1524,7 @@ class Runner:
         self._moot_logs.append((w.started_log, self._in_flight_tokens()))
         self._drop_moot_logs()
         respawn = not w.replaced and self.stop_signal is None \
-            and (not self._finished() or self.s.follow)
+            and self.worker_start_error is None and (not self._finished() or self.s.follow)
         dying = False
         if (w.replaced or respawn) and not w.stale_slot:
             verdict = self._slot_verdict(w.slot)
@@ -1635,6 +1673,8 @@ class Runner:
         if sample:
             self._next_sample = now + self.s.sample_interval_s
         for w in list(self.workers.values()):
+            if w.start_deadline is not None and now >= w.start_deadline:
+                self._kill_unready(w)
             if w.kill_deadline is not None and now >= w.kill_deadline and w.pgid:
                 proctree.kill_group(w.pgid, signal.SIGKILL)
                 _signal_all(w.doomed, signal.SIGKILL)
@@ -1662,6 +1702,20 @@ class Runner:
         if now >= self._next_renew:
             self._renew()
             self._next_renew = now + self.s.lease_s / 3
+
+    def _kill_unready(self, w: WorkerHandle) -> None:
+        """A worker that never said Ready: kill it; its death (``_on_death``) counts a failed
+        start and gives back the jobs queued to it, and the loop starts a successor."""
+        w.start_deadline, w.start_timed_out = None, True
+        pid = w.proc.pid
+        if pid is None:
+            return
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(OSError):  # its group, if it got as far as making one
+            proctree.kill_group(pid, signal.SIGKILL)
+        self.reporter.event({"event": "worker_start_timeout", "worker": pid,
+                             "timeout_s": self.s.worker_start_timeout_s})
 
     def _bound_captures(self) -> None:
         """Keep what running python jobs write to stdout and stderr (their worker's capture
@@ -2235,13 +2289,14 @@ def _signame(sig: int) -> str:
         return f"signal {sig}"
 
 
-def _test_lease_s(raw: str) -> float:
+def _test_seconds(variable: str) -> float:
+    raw = os.environ[variable]
     try:
         value = float(raw)
     except ValueError:
         value = math.nan
     if not (math.isfinite(value) and value > 0):
-        raise UserError(f"{LEASE_ENV}={raw!r}: must be a number of seconds > 0")
+        raise UserError(f"{variable}={raw!r}: must be a number of seconds > 0")
     return value
 
 

@@ -224,6 +224,13 @@ class RunnerSettings:
     start_method: str = "forkserver"
     max_jobs_per_worker: int = 1000
     lease_s: float = 60.0
+    # A worker that has not said it is ready this long after its start is killed and
+    # replaced (a start counted failed: MAX_START_FAILURES in a row end the run). Starts take
+    # 2-200 ms here (MEASUREMENTS.md: fork, forkserver, spawn + imports); a minute leaves a
+    # swapping or overloaded machine room, and bounds what a stuck start (a worker stopped
+    # by hand, an import hung on a dead network file system) holds up: without it, the jobs
+    # prefetched into that worker waited for it for good. (Celery: worker_proc_alive_timeout.)
+    worker_start_timeout_s: float = 60.0
     backoff_base_s: float = 1.0
     backoff_max_s: float = 300.0
     kill_grace_s: float = 5.0

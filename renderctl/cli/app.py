@@ -937,6 +937,9 @@ def run(
         # Like every other exit 74, the reason on stderr (the halted line said it too).
         out.err(f"cannot write outputs: {runner.output_io_error}; stopped, the jobs not "
                 "run stay pending (nothing was charged for this)")
+    elif runner.worker_start_error is not None:
+        out.err(f"{runner.worker_start_error}; stopped, the jobs not run stay pending "
+                "(nothing was charged for this)")
     raise typer.Exit(summary.exit_code)
 
 

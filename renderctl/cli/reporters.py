@@ -12,7 +12,7 @@ from renderctl.runner import Runner, RunSummary
 # Events printed in plain mode; the rest (claimed, started) would drown the useful lines.
 PLAIN_EVENTS = frozenset({"completed", "retry", "dead", "cancelled", "expired", "released",
                           "recovered", "fenced", "runner_started", "stopping", "corrupt",
-                          "halted", "suspended", "resumed"})
+                          "halted", "suspended", "resumed", "worker_start_timeout"})
 
 
 class PlainReporter:
@@ -46,6 +46,9 @@ def format_event(ev: Mapping[str, Any]) -> str:
                 f"`fg` or `kill -CONT {ev['pid']}` resumes")
     if name == "resumed":
         return f"resumed   after {human_duration(ev['paused_s'])} (not counted against timeouts)"
+    if name == "worker_start_timeout":
+        return (f"worker    pid {ev['worker']} not ready {human_duration(ev['timeout_s'])} after "
+                "its start: killed (a failed start; five in a row halt the run)")
     if name == "halted":
         return f"halted    {one_line(ev['reason'])}"
     if name == "stopping":

@@ -230,6 +230,57 @@ def held_job(folder: Path, job_id: str, **fields: Any) -> tuple[dict[str, Any], 
     return {**job, **fields}, go
 
 
+_HOLD_SPAWNED_WORKERS = '''\
+"""Test hook (jobfns.hold_spawned_workers): a worker spawned (`--start-method spawn`) while
+ARMED exists waits, before multiprocessing reads its start data, until RELEASE exists: a
+worker held in its start, still in the runner's process group. With ONCE, only the first;
+with SKIP (a number), not the first SKIP spawned."""
+import os, sys, time
+hold = os.environ.get("RCTL_TEST_HOLD_SPAWN")
+if hold and "--multiprocessing-fork" in sys.orig_argv and os.path.exists(hold + "/armed"):
+    n = 1
+    if os.path.exists(hold + "/skip"):
+        while True:  # this process's number among the spawned: the first free name
+            try:
+                os.close(os.open(f"{hold}/spawned.{n}", os.O_CREAT | os.O_EXCL))
+                break
+            except FileExistsError:
+                n += 1
+    try:
+        if os.path.exists(hold + "/skip") and n <= int(open(hold + "/skip").read()):
+            raise FileNotFoundError
+        if os.path.exists(hold + "/once"):
+            os.rename(hold + "/armed", hold + "/taken")
+        with open(hold + "/starting.tmp", "w") as f:
+            f.write(str(os.getpid()))
+        os.rename(hold + "/starting.tmp", hold + "/starting.pid")
+    except FileNotFoundError:
+        pass  # not held: skipped, or another took the one hold
+    else:
+        while not os.path.exists(hold + "/release"):
+            time.sleep(0.01)
+'''
+
+
+def hold_spawned_workers(folder: Path, *, once: bool = False,
+                         skip: int = 0) -> tuple[dict[str, str], Path]:
+    """An environment for a `renderctl run --start-method spawn` whose spawned workers (all;
+    with ``once`` the first; with ``skip`` all but the first ``skip``) are held in their
+    start once ``hold/armed`` exists, before they say Ready, until ``hold/release`` exists;
+    the latest held one's pid is in ``hold/starting.pid``. A ``sitecustomize`` on
+    PYTHONPATH: it runs in every new interpreter, before multiprocessing's spawn code.
+    Returns (env, hold)."""
+    hold = folder / "hold"
+    hold.mkdir()
+    (hold / "sitecustomize.py").write_text(_HOLD_SPAWNED_WORKERS)
+    if once:
+        (hold / "once").touch()
+    if skip:
+        (hold / "skip").write_text(str(skip))
+    path = os.pathsep.join(p for p in (str(hold), os.environ.get("PYTHONPATH")) if p)
+    return {"RCTL_TEST_HOLD_SPAWN": str(hold), "PYTHONPATH": path}, hold
+
+
 def cli_args(queue: Path, out: Path, *extra: str) -> list[str]:
     return ["--queue", str(queue), "--out", str(out), *extra]
 

@@ -21,6 +21,8 @@ from jobfns import (
     Runner,
     assert_pdf,
     cli_args,
+    held_job,
+    hold_spawned_workers,
     py_job,
     run_cli,
     stage,
@@ -223,6 +225,106 @@ def test_every_start_method_completes_a_small_batch(
     assert QueueView(queue).ids("done") == set(ids)
     for j in ids:
         assert_pdf(out / f"{j}.pdf", j)
+
+
+def held_in_start(hold: Path) -> list[psutil.Process]:
+    """Processes held by ``hold_spawned_workers(...)`` still alive (zombies are not)."""
+    found = []
+    for p in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if p.environ().get("RCTL_TEST_HOLD_SPAWN") == str(hold) \
+                    and "--multiprocessing-fork" in p.cmdline():
+                found.append(p)
+    return alive(found)
+
+
+def test_a_worker_stuck_in_its_start_is_killed_and_its_successor_runs_the_jobs(
+        tmp_path: Path, write_manifest: Any) -> None:
+    stage(tmp_path)
+    queue, out = tmp_path / "q", tmp_path / "out"
+    # Given a run whose first worker never gets as far as saying it is ready (held in its
+    # start: stopped by hand, an import hung on a dead mount), with a 5 s start timeout
+    env, hold = hold_spawned_workers(tmp_path, once=True)
+    (hold / "armed").touch()
+    env["RENDERCTL_TEST_WORKER_START_S"] = "5"
+    ids = ["a", "b", "c"]
+    res = run_cli("run", write_manifest([py_job(j, "write_pdf") for j in ids]),
+                  *cli_args(queue, out, "--workers", "1", "--start-method", "spawn", "--json"),
+                  env=env)
+
+    # Then the run does not wait for it for good: it is killed, says so, and a new worker
+    # runs every job, each in one attempt (nothing was charged for the stuck start)
+    assert res.returncode == 0, res.stdout + res.stderr
+    events = [json.loads(line) for line in res.stdout.splitlines()]
+    stuck = [e for e in events if e["event"] == "worker_start_timeout"]
+    held = int((hold / "starting.pid").read_text())
+    assert [(e["worker"], e["timeout_s"]) for e in stuck] == [(held, 5.0)], stuck
+    assert not held_in_start(hold)
+    view = QueueView(queue)
+    assert view.ids("done") == set(ids)
+    for j in ids:
+        assert [a["outcome"] for a in view.record("done", j)["attempts"]] == ["completed"]
+        assert_pdf(out / f"{j}.pdf", j)
+
+
+def test_workers_that_never_get_ready_end_the_run_with_their_jobs_kept(
+        tmp_path: Path, write_manifest: Any) -> None:
+    stage(tmp_path)
+    queue, out = tmp_path / "q", tmp_path / "out"
+    # Given a run none of whose workers ever gets ready, with a 1 s start timeout
+    env, hold = hold_spawned_workers(tmp_path)
+    (hold / "armed").touch()
+    env["RENDERCTL_TEST_WORKER_START_S"] = "1"
+    res = run_cli("run", write_manifest([py_job(j, "write_pdf") for j in ("a", "b")]),
+                  *cli_args(queue, out, "--workers", "1", "--start-method", "spawn"),
+                  env=env)
+
+    # Then after five stuck starts in a row it gives up (exit 74, EX_IOERR) and says why,
+    # leaving no stuck worker behind and both jobs pending for the next run, uncharged (the
+    # one claimed was left in running/ for the next runner's recovery)
+    assert res.returncode == 74, res.stdout + res.stderr
+    assert res.stdout.count("not ready 1.0s after its start: killed") == 5, res.stdout
+    assert "\nhalted    5 workers in a row died" in res.stdout, res.stdout
+    assert "5 workers in a row died before they were ready (the last killed, not ready " \
+           "after 1s)" in res.stderr, res.stderr
+    assert not held_in_start(hold)
+    view = QueueView(queue)
+    assert view.ids("pending") == {"a", "b"}
+    assert all(not view.record("pending", j).get("attempts") for j in ("a", "b"))
+
+
+def test_workers_that_cannot_start_halt_the_run_and_the_running_job_finishes(
+        tmp_path: Path, write_manifest: Any) -> None:
+    queue, out = tmp_path / "q", tmp_path / "out"
+    # Given a run of two workers, each replaced after one job, whose first job runs until
+    # the test lets it finish, and no worker after the first two ever gets ready
+    first, go = held_job(tmp_path, "first", timeout_s=60)
+    env, hold = hold_spawned_workers(tmp_path, skip=2)
+    (hold / "armed").touch()
+    env["RENDERCTL_TEST_WORKER_START_S"] = "1"
+    manifest = write_manifest([first, py_job("b", "write_pdf"), py_job("c", "write_pdf")])
+    runner = Runner(*cli_args(queue, out, "--workers", "2", "--max-jobs-per-worker", "1",
+                              "--start-method", "spawn", "--json"), manifest, env=env)
+    try:
+        job = wait_for_pid(tmp_path / "first.pid")
+        # When the successors' starts fail five times in a row
+        halted = json.loads(runner.until(lambda line: '"halted"' in line))
+        # Then the run halts, and the job running on a worker that did start runs on (the
+        # runner raised, and its way out SIGKILLed that job: charged `crashed` later)
+        assert "5 workers in a row died before they were ready" in halted["worker_start"]
+        assert psutil.pid_exists(job) and runner.proc.poll() is None
+        go.touch()
+        # ... to completion; the run then exits 74, the job never started back in pending
+        assert runner.wait() == 74, (runner.lines, runner.stderr())
+    finally:
+        go.touch()
+        runner.kill()
+    view = QueueView(queue)
+    assert view.ids("done") == {"first", "b"} and view.ids("pending") == {"c"}, runner.lines
+    assert [a["outcome"] for a in view.record("done", "first")["attempts"]] == ["completed"]
+    assert not view.record("pending", "c").get("attempts")
+    assert not held_in_start(hold)
+    assert_pdf(out / "first.pdf", "first")
 
 
 def test_a_reused_worker_shows_no_job_what_an_earlier_job_changed(

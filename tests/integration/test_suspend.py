@@ -30,6 +30,7 @@ from jobfns import (
     assert_pdf,
     cli_args,
     held_job,
+    hold_spawned_workers,
     stopped,
     wait_for_pid,
     wait_until,
@@ -183,36 +184,17 @@ def test_ctrl_z_gives_the_terminal_its_cursor_back_and_fg_redraws_the_dashboard(
     assert_pdf(out / "shown.pdf", "shown")
 
 
-HOLD_SPAWNED_WORKER = '''\
-"""Test hook: a worker spawned (`--start-method spawn`) once ARMED exists waits, before
-multiprocessing reads its start data, until RELEASE exists: a worker held in its start, still
-in the runner's process group."""
-import os, sys, time
-hold = os.environ.get("RCTL_TEST_HOLD_SPAWN")
-if hold and "--multiprocessing-fork" in sys.orig_argv and os.path.exists(hold + "/armed"):
-    with open(hold + "/starting.tmp", "w") as f:
-        f.write(str(os.getpid()))
-    os.rename(hold + "/starting.tmp", hold + "/starting.pid")
-    while not os.path.exists(hold + "/release"):
-        time.sleep(0.01)
-'''
-
-
 def test_ctrl_z_while_a_spawned_worker_starts_and_kill_cont_of_the_runner_goes_on(
         tmp_path: Path, write_manifest: Any) -> None:
-    queue, out, hold = tmp_path / "q", tmp_path / "out", tmp_path / "hold"
+    queue, out = tmp_path / "q", tmp_path / "out"
     # Given a run with `--start-method spawn`, whose one worker is replaced after each job,
     # and a hook that holds a spawned worker in its start once armed (a new interpreter
     # importing its modules: ~0.1 s or more, in the runner's process group till it has a
     # group of its own, so a terminal's Ctrl-Z stops it with the runner)
-    hold.mkdir()
-    (hold / "sitecustomize.py").write_text(HOLD_SPAWNED_WORKER)
+    env, hold = hold_spawned_workers(tmp_path)
     first, go1 = held_job(tmp_path, "first", timeout_s=30)
     second, go2 = held_job(tmp_path, "second", timeout_s=30)
     go2.touch()
-    env = {"RCTL_TEST_HOLD_SPAWN": str(hold),
-           "PYTHONPATH": os.pathsep.join(p for p in (str(hold), os.environ.get("PYTHONPATH"))
-                                         if p)}
     runner = Runner(*cli_args(queue, out, "--workers", "1", "--max-jobs-per-worker", "1",
                               "--start-method", "spawn"),
                     write_manifest([first, second]), env=env, own_group=True)
