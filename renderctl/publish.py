@@ -164,7 +164,10 @@ def make_folders(out_root: str, folder: Path) -> None:
     the root in between would have the rest made at its target (run as root, an empty
     folder named /etc/nologin stops every other login). A symlink that stays inside the
     root is followed, as everywhere else."""
-    os.makedirs(out_root, mode=0o755, exist_ok=True)  # the root itself: the user's to name
+    # Modes as mkdir -p's: 0o777 less the umask. 0o755 kept a team's umask 002 from
+    # sharing the folders while the files in them (0o666 less the umask) were shared;
+    # folders others can write make the worker take its careful path (others_can_write).
+    os.makedirs(out_root, exist_ok=True)  # the root itself: the user's to name
     root_real = os.path.realpath(out_root)
     parts = folder.relative_to(out_root).parts
     fd = os.open(root_real, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -174,7 +177,7 @@ def make_folders(out_root: str, folder: Path) -> None:
             shown /= part
             try:
                 with contextlib.suppress(FileExistsError):
-                    os.mkdir(part, 0o755, dir_fd=fd)
+                    os.mkdir(part, dir_fd=fd)
                 below = os.open(part, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd)
             except OSError as exc:
                 # Named in full, as makedirs would: "sub: Permission denied" says too little.

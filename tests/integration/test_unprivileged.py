@@ -380,9 +380,10 @@ def test_a_dead_runners_worker_group_id_now_the_users_own_other_group_is_left_al
 def test_published_outputs_follow_the_umask(nobody: Nobody, manifest: Manifests,
                                             umask: int) -> None:
     """A published PDF gets the mode any file the user makes gets (its temporary is made
-    by the job, and renamed into place as it is). The folders renderctl makes for outputs
-    are 0755 less the umask: under 002 not group-writable (a folder that were would be a
-    shared one, where jobs write through a descriptor instead; see README)."""
+    by the job, and renamed into place as it is), and the folders renderctl makes for
+    outputs those mkdir -p makes: 0777 less the umask (they were 0755 less it: a team's
+    umask 002 could not share them). nobody's group (nogroup) is not a private one, so
+    under 002 they are shared folders, where jobs write through a descriptor (README)."""
     jobs = [py_job("p1", "write_pdf", "sub/deeper/p1.pdf"),
             {"id": "inv", "kind": "invoice", "input": str(INVOICE), "output": "inv.pdf"}]
     m = manifest(jobs)
@@ -393,7 +394,7 @@ def test_published_outputs_follow_the_umask(nobody: Nobody, manifest: Manifests,
         assert oct(mode(f)) == oct(0o666 & ~umask), f
         assert f.stat().st_uid == nobody.uid
     for d in (out, out / "sub", out / "sub/deeper"):
-        assert oct(mode(d)) == oct(0o755 & ~umask), d
+        assert oct(mode(d)) == oct(0o777 & ~umask), d
 
 
 def test_a_queue_of_roots_is_refused_cleanly_as_nobody(nobody: Nobody, manifest: Manifests) -> None:
