@@ -200,10 +200,12 @@ def _pop_cost(size: int, pops: int) -> float:
 
 
 def test_pop_cost_does_not_grow_with_depth() -> None:
-    # A smoke check, not a benchmark: O(n) per pop would be ~1000x slower at 100k.
+    # A smoke check of the complexity, not a benchmark: O(n) per pop would be ~1000x slower
+    # at 100k. O(log n) is ~2.5x the comparisons, and the 100k heaps miss the CPU caches:
+    # 5.6x was seen with the full suite running at -n 4 on 2 cores, over the 5x this allowed.
     small = min(_pop_cost(100, 3000) for _ in range(3))
     large = min(_pop_cost(100_000, 3000) for _ in range(2))
-    assert large < 5 * small, f"pop: {small * 1e6:.1f} us at 100, {large * 1e6:.1f} us at 100k"
+    assert large < 30 * small, f"pop: {small * 1e6:.1f} us at 100, {large * 1e6:.1f} us at 100k"
 
 
 # -- backoff -------------------------------------------------------------------------------
