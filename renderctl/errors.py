@@ -22,6 +22,7 @@ class ExitCode(IntEnum):
     TEMPFAIL = 75
     SIGHUP = 129  # not in DESIGN.md's table: 128 + the signal, as for the two below
     SIGINT = 130
+    SIGQUIT = 131  # not in DESIGN.md's table either
     SIGTERM = 143
 
 
@@ -32,11 +33,11 @@ class RenderctlError(Exception):
 
 
 def signal_exit_code(signum: int) -> ExitCode:
-    """What a run stopped by ``signum`` (SIGTERM, SIGINT or SIGHUP) exits with."""
+    """What a run stopped by ``signum`` (SIGTERM, SIGINT, SIGHUP or SIGQUIT) exits with."""
     import signal
 
-    return {signal.SIGINT: ExitCode.SIGINT, signal.SIGHUP: ExitCode.SIGHUP}.get(
-        signal.Signals(signum), ExitCode.SIGTERM)
+    return {signal.SIGINT: ExitCode.SIGINT, signal.SIGHUP: ExitCode.SIGHUP,
+            signal.SIGQUIT: ExitCode.SIGQUIT}.get(signal.Signals(signum), ExitCode.SIGTERM)
 
 
 class Interrupted(RenderctlError):

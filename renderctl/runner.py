@@ -154,7 +154,10 @@ RESCAN_FULL_S = 60.0
 MTIME_SETTLED_NS = 1_000_000_000  # an mtime this recent may hide a later change in its tick
 PREFETCH_WORK_S = 0.04  # of short jobs queued per worker (see _prefetch_depth)
 NAP_MAX_S = 0.02  # the longest the loop leaves workers' messages unread (see _nap)
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # drain, then exit 128 + n
+# Drain, then exit 128 + n. SIGQUIT (Ctrl-\) is the impatient one: no grace (see
+# _on_stop_signal); it used to kill the runner like a crash, charging every running job
+# an attempt at the next start for a quit the user chose.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 STOPPED_TOO = "it ended after the runner's stop signal"  # (see Runner._failed_of_stop)
 # Jobs queued behind one that has run this long (at least; or STEAL_FACTOR x the recent
 # job time) are taken back for an idle worker (see _rebalance).
@@ -466,10 +469,16 @@ class Runner:
         self._on_stop_signal(signum, None)
 
     def _on_stop_signal(self, signum: int, frame: object) -> None:
+        if signum == signal.SIGQUIT:
+            # Quit now: running jobs are killed and released (uncharged) without the grace.
+            # A second Ctrl-\ takes the default action at once (quit, core): it stays the
+            # way out of a run that does not respond.
+            signal.signal(signal.SIGQUIT, signal.SIG_DFL)
         if self.stop_signal is None:
             self.stop_signal = signum
             self.stopped_at = time.monotonic()
-            self.stop_deadline = self.stopped_at + self.s.grace_s
+            grace = 0.0 if signum == signal.SIGQUIT else self.s.grace_s
+            self.stop_deadline = self.stopped_at + grace
         else:
             self.stop_deadline = time.monotonic()  # a second signal skips the grace
 
@@ -835,8 +844,9 @@ class Runner:
             if self.stop_signal is not None:
                 if not self._stop_reported:
                     self._stop_reported = True
+                    grace = 0.0 if self.stop_signal == signal.SIGQUIT else self.s.grace_s
                     self.reporter.event({"event": "stopping", "signal": _signame(self.stop_signal),
-                                         "grace_s": self.s.grace_s,
+                                         "grace_s": grace,
                                          "running": sum(1 for w in self.workers.values()
                                                         if w.current is not None)})
                 self._drain(now)

@@ -171,9 +171,10 @@ def worker_main(conn: Connection, config: WorkerConfig) -> None:
     # The runner shields itself from the OOM killer; a worker must be the one to go.
     proctree.set_oom_score_adj(500)
     # Every job starts with default handlers (Python itself ignores SIGPIPE; the fork server
-    # ignores SIGINT, SIGTERM and SIGTSTP; nohup, SIGHUP), except the parent-death signal's.
+    # ignores SIGINT, SIGTERM, SIGQUIT and SIGTSTP; nohup, SIGHUP), except the parent-death
+    # signal's.
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP,
-                signal.SIGCHLD, signal.SIGALRM, signal.SIGPIPE, signal.SIGTSTP):
+                signal.SIGCHLD, signal.SIGALRM, signal.SIGPIPE, signal.SIGTSTP, signal.SIGQUIT):
         signal.signal(sig, signal.SIG_DFL)
     with contextlib.suppress(ValueError):
         signal.set_wakeup_fd(-1)

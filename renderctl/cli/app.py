@@ -984,6 +984,8 @@ class _EarlyStop:
                 signal.signal(sig, self._on_signal)
 
     def _on_signal(self, signum: int, frame: object) -> None:
+        if signum == signal.SIGQUIT:
+            signal.signal(signum, signal.SIG_DFL)  # a second Ctrl-\ quits at once (runner)
         if self.runner is not None:
             self.runner.stop(signum)
         elif self.signum is None:

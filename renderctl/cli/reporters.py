@@ -51,6 +51,9 @@ def format_event(ev: Mapping[str, Any]) -> str:
                 "its start: killed (a failed start; five in a row halt the run)")
     if name == "halted":
         return f"halted    {one_line(ev['reason'])}"
+    if name == "stopping" and ev["signal"] == "SIGQUIT":
+        return (f"stopping on SIGQUIT: no new jobs; {ev['running']} running job(s) killed now "
+                "and returned to pending uncharged (SIGQUIT again quits at once)")
     if name == "stopping":
         return (f"stopping on {ev['signal']}: no new jobs; {ev['running']} running job(s) get "
                 f"{ev['grace_s']:g}s to finish (signal again to skip)")

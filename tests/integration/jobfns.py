@@ -446,6 +446,12 @@ def stopped(pid: int) -> bool:
     return bool(psutil.Process(pid).status() == psutil.STATUS_STOPPED)
 
 
+def ignored_mask(pid: int) -> int:
+    """The signals ``pid`` ignores (SigIgn in /proc/PID/status): bit ``n - 1`` for signal n."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(ln.split()[1] for ln in status.splitlines() if ln.startswith("SigIgn:")), 16)
+
+
 def wait_for_pid(pidfile: Path, *, what: str = "the job to start") -> int:
     """The pid a job wrote to ``pidfile`` (see sleep_then_write), once it is there."""
     return int(wait_until(lambda: pidfile.exists() and pidfile.read_text(), what=what))

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 from jobfns import (
     QueueView,
@@ -594,11 +595,48 @@ def test_a_signal_to_the_runners_whole_process_group_drains_like_one_to_the_runn
     assert [a["outcome"] for a in view.record("pending", "long")["attempts"]] == ["released"]
 
 
+def test_ctrl_backslash_releases_the_running_jobs_at_once_uncharged(
+        tmp_path: Path, write_manifest: Any) -> None:
+    from jobfns import ignored_mask, wait_for_pid
+
+    # Given a run in a process group of its own, as a shell's job control starts it, with a
+    # 10-minute grace, running a job of one attempt that would run for 10 minutes
+    stage(tmp_path)
+    pid = tmp_path / "long.pid"
+    manifest = write_manifest([
+        {**py_job("long", "sleep_then_write", s=600, pidfile=str(pid)), "max_attempts": 1},
+        py_job("waiting", "write_pdf")])
+    queue, out = tmp_path / "q", tmp_path / "out"
+    runner = Runner(manifest, *cli_args(queue, out, "--workers", "1", "--grace", "600",
+                                        "--json"), own_group=True)
+    try:
+        job = wait_for_pid(pid)
+        # (whose fork server ignores SIGQUIT: dying of it, it took every worker with it;
+        # the job, forked from it, has the default action again)
+        server = next(p for p in psutil.Process(runner.pid).children()
+                      if "multiprocessing.forkserver" in " ".join(p.cmdline()))
+        quit_bit = 1 << (signal.SIGQUIT - 1)
+        assert quit_bit & ignored_mask(server.pid) and not quit_bit & ignored_mask(job)
+        # When the terminal's quit key (Ctrl-backslash) sends SIGQUIT to that group
+        os.killpg(runner.pid, signal.SIGQUIT)
+        # Then the run stops at once, not after the grace (it died of the signal, leaving
+        # the job to be charged `crashed` at the next start: dead-lettered, at one attempt)
+        assert runner.wait(30) == ExitCode.SIGQUIT, (runner.lines, runner.stderr())
+    finally:
+        runner.close()
+    events = [json.loads(line) for line in runner.lines]
+    stopping = next(e for e in events if e["event"] == "stopping")
+    assert (stopping["signal"], stopping["grace_s"], stopping["running"]) == ("SIGQUIT", 0, 1)
+    # And the job was killed, returned to pending uncharged, as was the one not started
+    assert not psutil.pid_exists(job) or psutil.Process(job).status() == psutil.STATUS_ZOMBIE
+    view = QueueView(queue)
+    assert view.states_of(["long", "waiting"]) == {"long": ["pending"], "waiting": ["pending"]}
+    assert [a["outcome"] for a in view.record("pending", "long")["attempts"]] == ["released"]
+
+
 def _term_the_whole_service(runner: Runner) -> None:
     """SIGTERM to the runner and every process under it at once, as systemd's default stop
     (KillMode=control-group) sends it."""
-    import psutil
-
     for proc in [psutil.Process(runner.pid), *psutil.Process(runner.pid).children(True)]:
         with contextlib.suppress(psutil.Error):
             proc.send_signal(signal.SIGTERM)

@@ -31,18 +31,13 @@ from jobfns import (
     cli_args,
     held_job,
     hold_spawned_workers,
+    ignored_mask,
     stopped,
     wait_for_pid,
     wait_until,
 )
 
 TSTP_BIT = 1 << (signal.SIGTSTP - 1)
-
-
-def ignored_mask(pid: int) -> int:
-    """The signals ``pid`` ignores (SigIgn in /proc/PID/status)."""
-    status = Path(f"/proc/{pid}/status").read_text()
-    return int(next(ln.split()[1] for ln in status.splitlines() if ln.startswith("SigIgn:")), 16)
 
 
 @pytest.mark.parametrize("start_method", ["forkserver", "fork"])
