@@ -11,6 +11,7 @@ Keys are the long option names, with ``-`` or ``_`` (``memory_mb`` or ``memory-m
 
 from __future__ import annotations
 
+import math
 import os
 import tomllib
 from collections.abc import Callable, Mapping
@@ -44,12 +45,14 @@ class Key:
     limit: limits.Check | None = None
 
 
+# Finite too: `--grace inf` printed `"grace_s": Infinity` in `run --json` (not JSON: jq
+# refuses the line), and `--backoff-base inf` would schedule a retry for never.
 def _positive(v: Any) -> bool:
-    return v > 0
+    return math.isfinite(v) and v > 0
 
 
 def _non_negative(v: Any) -> bool:
-    return v >= 0
+    return math.isfinite(v) and v >= 0
 
 
 # Every key a configuration file (or RENDERCTL_<NAME>) may set: the long option names.
@@ -64,16 +67,16 @@ KEYS: dict[str, Key] = {
     "start_method": Key(str, lambda v: v in ("forkserver", "fork", "spawn"),
                         "forkserver, fork or spawn"),
     "max_jobs_per_worker": Key(int, _positive, "an integer >= 1"),
-    "backoff_base": Key(float, _non_negative, "a number >= 0"),
-    "backoff_max": Key(float, _non_negative, "a number >= 0"),
-    "kill_grace": Key(float, _non_negative, "a number >= 0"),
-    "grace": Key(float, _non_negative, "a number >= 0"),
+    "backoff_base": Key(float, _non_negative, "a finite number >= 0"),
+    "backoff_max": Key(float, _non_negative, "a finite number >= 0"),
+    "kill_grace": Key(float, _non_negative, "a finite number >= 0"),
+    "grace": Key(float, _non_negative, "a finite number >= 0"),
     "memory_budget": Key(int, _positive, "an integer >= 1"),
     "memory_guard": Key(str, lambda v: v in ("auto", "cgroup-v1", "cgroup-v2", "sampling"),
                         "auto, cgroup-v1, cgroup-v2 or sampling"),
     "max_failures": Key(int, _positive, "an integer >= 1"),
     "prefetch": Key(int, _positive, "an integer >= 1"),
-    "poll_interval": Key(float, _positive, "a number > 0"),
+    "poll_interval": Key(float, _positive, "a finite number > 0"),
     "follow": Key(bool),
     "quiet": Key(bool),
     "metrics_textfile": Key(str),

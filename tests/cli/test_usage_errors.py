@@ -127,9 +127,15 @@ def test_limits_in_range_still_reach_the_jobs(tmp_path: Path, manifest: Path) ->
     assert (spec["timeout_s"], spec["memory_mb"], spec["max_attempts"]) == (7.0, 300, 4)
 
 
+# Infinity too: `--grace inf` printed `"grace_s": Infinity` in `run --json` (no JSON parser
+# takes it), `--kill-grace inf` never SIGKILLed a job deaf to SIGTERM, and `--backoff-base inf`
+# scheduled a retry for never.
 @pytest.mark.parametrize("option, value", [("--workers", "0"), ("--backoff-base", "nan"),
                                            ("--grace", "-1"), ("--prefetch", "0"),
-                                           ("--poll-interval", "0"), ("--poll-interval", "nan")])
+                                           ("--poll-interval", "0"), ("--poll-interval", "nan"),
+                                           ("--grace", "inf"), ("--kill-grace", "inf"),
+                                           ("--backoff-base", "inf"), ("--backoff-max", "inf"),
+                                           ("--poll-interval", "inf")])
 def test_runner_options_get_their_configuration_checks(tmp_path: Path, option: str,
                                                        value: str) -> None:
     res = cli("run", "--queue", tmp_path / "q", "--out", tmp_path / "out", option, value,
