@@ -172,7 +172,11 @@ def human_duration(seconds: object) -> str:
         return f"{seconds:.1f}s"
     if seconds < 7197:
         return f"{seconds / 60:.1f}m"
-    return f"{seconds / 3600:.1f}h"
+    if seconds < 172_620:  # 47.95 h
+        return f"{seconds / 3600:.1f}h"
+    # Days; a retry `--backoff-max 1e300` away read as a 300-digit number of hours
+    days = seconds / 86400
+    return f"{days:.1f}d" if days < 99_999.95 else f"{days:.3g}d"
 
 
 def human_bytes(n: object) -> str:

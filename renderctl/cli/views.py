@@ -118,7 +118,12 @@ def show_json(view: JobView) -> dict[str, Any]:
 def _ts(t: float | None) -> str:
     if not t:
         return "-"
-    return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")[:-4] + "Z"
+    try:
+        return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")[:-4] + "Z"
+    except (OverflowError, ValueError, OSError):
+        # Past the year 9999 (`--backoff-base 1e300` schedules a retry there) or not a
+        # time at all (a hand-edited record): `show` ended in a traceback.
+        return f"{t:g} (epoch seconds)"
 
 
 def render_job(c: Console, view: JobView) -> None:

@@ -229,7 +229,8 @@ def test_a_dead_letter_shows_in_the_depth_at_the_next_frame(snapshot: dict[str, 
 
 @pytest.mark.parametrize(("seconds", "shown"), [
     (None, "-"), (0.0004, "0ms"), (0.9994, "999ms"), (0.9996, "1.0s"), (119.94, "119.9s"),
-    (119.96, "2.0m"), (7196.9, "119.9m"), (7197.1, "2.0h"),
+    (119.96, "2.0m"), (7196.9, "119.9m"), (7197.1, "2.0h"), (172_619.0, "47.9h"),
+    (172_621.0, "2.0d"), (8.6399e9, "99998.8d"), (8.64e9, "1e+05d"), (1e300, "1.16e+295d"),
 ])
 def test_a_duration_reads_in_the_unit_its_rounded_value_belongs_to(
         seconds: float | None, shown: str) -> None:

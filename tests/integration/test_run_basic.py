@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import signal
 import subprocess
 from collections import Counter
 from pathlib import Path
@@ -511,3 +512,26 @@ def test_a_long_tmpdir_does_not_stop_the_pool_from_starting(
     assert res.returncode == 0, res.stderr
     assert_pdf(tmp_path / "out" / "one.pdf", "one")
     assert list(tmpdir.iterdir()) == []
+
+
+def test_a_retry_scheduled_past_the_calendar_reads_in_days_and_epoch_seconds(
+        tmp_path: Path, write_manifest: Any) -> None:
+    stage(tmp_path)
+    queue, out = tmp_path / "q", tmp_path / "out"
+    # Given a job that fails, retried after the longest backoff the options take
+    manifest = write_manifest([py_job("late", "fail")])
+    runner = Runner(manifest, *cli_args(queue, out, "--backoff-base", "1e300",
+                                        "--backoff-max", "1e300"))
+    try:
+        # When its first attempt fails
+        line = runner.until(lambda line: line.startswith("retry"))
+        runner.proc.send_signal(signal.SIGTERM)
+        assert runner.wait() == 143, runner.lines
+    finally:
+        runner.close()
+    # Then the run says when in days, and `show` when in epoch seconds (past the year 9999,
+    # where a date cannot go: it ended in an OverflowError traceback)
+    assert "retry in 1.16e+295d" in line, line
+    res = run_cli("show", "late", "--queue", queue)
+    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
+    assert "next attempt not before 1e+300 (epoch seconds)" in res.stdout, res.stdout
