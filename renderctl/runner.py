@@ -1000,10 +1000,9 @@ class Runner:
     def _halt(self) -> None:
         """`--max-failures` reached, the output folder cannot be written, or workers cannot be
         started: say so (once, after the job that did it), and return what was claimed but
-        has not started to
-        pending, uncharged: jobs waiting to be sent, and jobs queued in workers, which their
-        start gates settle exactly (as in _rebalance: a job a worker has started runs on,
-        the rest never start there)."""
+        has not started to pending, uncharged: jobs waiting to be sent, and jobs queued in
+        workers, which their start gates settle exactly (as in _rebalance: a job a worker
+        has started runs on, the rest never start there)."""
         if not self._halt_reported:
             self._halt_reported = True
             if self.worker_start_error is not None:
@@ -1491,9 +1490,9 @@ class Runner:
         w.proc.join(timeout=1)
         code = w.proc.exitcode
         if w.pid is None:
-            # Died before it could say Ready: the environment, not a job, is broken. Replacing
-            # it forever would spin; stop after a few in a row (nothing is lost: claims are
-            # released on the way out).
+            # Died (or was killed, stuck) before it could say Ready: the environment, not a
+            # job, is broken. Replacing it forever would spin; after a few in a row the run
+            # halts (running jobs finish; the rest go back to pending, uncharged).
             self._start_failures += 1
             if self._start_failures >= MAX_START_FAILURES:
                 last = (f"the last killed, not ready after {self.s.worker_start_timeout_s:g}s"
