@@ -72,6 +72,13 @@ import psutil
 from renderctl.errors import ExitCode, RenderctlError
 
 GuardName = Literal["cgroup-v1", "cgroup-v2", "sampling"]
+# Tasks (processes and threads) one worker slot may hold: the worker, its job and all the
+# job starts. A fork bomb under a large memory ceiling reaches the machine's pid_max first
+# (32768 here: ~150 KB a process under a 4 GB ceiling), and then no process anywhere can
+# fork, the runner's next worker included; under the default 400 MB it was the ceiling that
+# stopped one, at 400 Python forks. Far above a render's needs (a worker is ~3 tasks; a
+# job's tool with a thread per core a few dozen), like systemd's default TasksMax (4915).
+PIDS_MAX_PER_SLOT = 4096
 _SLOT_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 _RUNNER_DIR = re.compile(r"renderctl-(\d+)")
 
@@ -367,8 +374,9 @@ def _set_limit_v2(path: Path, limit_bytes: int) -> None:
 # -- cgroup slots ------------------------------------------------------------------------
 
 
-def _signal_members(procs_file: Path, sig: int) -> list[int]:
-    """Signal every task listed in a cgroup without a pid-reuse race; return the pids."""
+def _signal_members(procs_file: Path, sig: int, controller: str = "memory") -> list[int]:
+    """Signal every task listed in a cgroup (of ``controller``'s v1 hierarchy, or v2's)
+    without a pid-reuse race; return the pids."""
     pids = [int(p) for p in procs_file.read_text().split()]
     cgroup_dir = str(procs_file.parent)
     for pid in pids:
@@ -379,7 +387,7 @@ def _signal_members(procs_file: Path, sig: int) -> list[int]:
         try:
             # With the pidfd held the pid cannot be recycled; re-check membership, then
             # signal through the pidfd so the signal reaches exactly that process.
-            if cgroup_dir.endswith(_cgroup_of(pid)):
+            if cgroup_dir.endswith(_cgroup_of(pid, controller)):
                 signal.pidfd_send_signal(pidfd, sig)
         except (ProcessLookupError, FileNotFoundError):
             pass
@@ -388,8 +396,15 @@ def _signal_members(procs_file: Path, sig: int) -> list[int]:
     return pids
 
 
-def _cgroup_of(pid: int) -> str:
-    return _memory_cgroup(Path(f"/proc/{pid}/cgroup").read_text())
+def _cgroup_of(pid: int, controller: str = "memory") -> str:
+    text = Path(f"/proc/{pid}/cgroup").read_text()
+    if controller == "memory":
+        return _memory_cgroup(text)
+    for line in text.splitlines():
+        _, controllers, cg_path = line.split(":", 2)
+        if controller in controllers.split(","):
+            return cg_path
+    return "\0"
 
 
 def _wait_pids_gone(pids: list[int], deadline: float) -> None:
@@ -407,13 +422,13 @@ def _wait_pids_gone(pids: list[int], deadline: float) -> None:
             os.close(fd)
 
 
-def _remove_cgroup(path: Path, *, timeout_s: float = 5.0) -> None:
+def _remove_cgroup(path: Path, *, timeout_s: float = 5.0, controller: str = "memory") -> None:
     """SIGKILL whatever is left in ``path``, wait for it, and remove the directory."""
     deadline = time.monotonic() + timeout_s
     _forget_kept(f"{path}/")
     while True:
         try:
-            pids = _signal_members(path / "cgroup.procs", signal.SIGKILL)
+            pids = _signal_members(path / "cgroup.procs", signal.SIGKILL, controller)
         except FileNotFoundError:
             return
         if pids:
@@ -431,10 +446,12 @@ def _remove_cgroup(path: Path, *, timeout_s: float = 5.0) -> None:
 
 @dataclass(frozen=True)
 class CgroupSlot:
-    """A slot backed by one memory cgroup (v1 or v2)."""
+    """A slot backed by one memory cgroup (v1 or v2), and on v1 a pids cgroup beside it
+    (``pids_dir``; on v2 ``pids.max`` is in ``dir`` itself, when the controller is there)."""
 
     dir: Path
     v1: bool
+    pids_dir: Path | None = None
 
     @property
     def path(self) -> str:
@@ -443,6 +460,11 @@ class CgroupSlot:
 
     def adopt(self, pid: int) -> None:
         """Move ``pid`` (all its threads) into this slot; raises ProcessLookupError if gone."""
+        if self.pids_dir is not None:
+            # First, so that nothing it forks meanwhile is outside the task limit; a
+            # failure costs only that limit (the memory ceiling is what a slot is for).
+            with contextlib.suppress(OSError):
+                _write(self.pids_dir / "cgroup.procs", str(pid))
         _write(self.dir / "cgroup.procs", str(pid))
 
     def mark(self) -> OomMark:
@@ -499,8 +521,10 @@ class CgroupSlot:
             _write(self.dir / "memory.max", "max")
 
     def close(self) -> None:
-        """Kill whatever is still in the slot and remove its cgroup."""
+        """Kill whatever is still in the slot and remove its cgroup (and pids cgroup)."""
         _remove_cgroup(self.dir)
+        if self.pids_dir is not None:
+            _remove_cgroup(self.pids_dir, controller="pids")
 
 
 @dataclass(frozen=True)
@@ -510,6 +534,9 @@ class CgroupGuard:
     own_dir: Path  # the cgroup this process was started in
     v1: bool
     runner_pid: int = field(default_factory=os.getpid)
+    # v1: this process's cgroup in the pids hierarchy, if writable (None: no task limit)
+    own_pids_dir: Path | None = None
+    pids_max: int = PIDS_MAX_PER_SLOT
 
     @property
     def name(self) -> GuardName:
@@ -521,6 +548,12 @@ class CgroupGuard:
         """This runner's parent cgroup, holding its slots."""
         return self.own_dir / f"renderctl-{self.runner_pid}"
 
+    @property
+    def pids_parent_dir(self) -> Path | None:
+        """v1: this runner's parent cgroup in the pids hierarchy."""
+        return None if self.own_pids_dir is None \
+            else self.own_pids_dir / f"renderctl-{self.runner_pid}"
+
     def open_slot(self, slot_name: str) -> CgroupSlot:
         """Create (or reuse) the slot cgroup ``slot_name`` under this runner's parent."""
         if not _SLOT_NAME.fullmatch(slot_name):
@@ -528,39 +561,59 @@ class CgroupGuard:
         self.parent_dir.mkdir(exist_ok=True)
         if not self.v1:
             _write(self.parent_dir / "cgroup.subtree_control", "+memory")
+            with contextlib.suppress(OSError):  # the task limit, where the controller is
+                for d in (self.own_dir, self.parent_dir):
+                    _write(d / "cgroup.subtree_control", "+pids")
         slot_dir = self.parent_dir / slot_name
         slot_dir.mkdir(exist_ok=True)
+        pids_dir = None
         if not self.v1:
             # v2 can kill the whole slot at once; v1 kills one task (see module docstring).
             _write(slot_dir / "memory.oom.group", "1")
-        return CgroupSlot(slot_dir, self.v1)
+            with contextlib.suppress(OSError):
+                _write(slot_dir / "pids.max", str(self.pids_max))
+        elif (parent := self.pids_parent_dir) is not None:
+            try:
+                parent.mkdir(exist_ok=True)
+                pids_dir = parent / slot_name
+                pids_dir.mkdir(exist_ok=True)
+                _write(pids_dir / "pids.max", str(self.pids_max))
+            except OSError:
+                pids_dir = None  # no task limit; the memory ceiling still holds
+        return CgroupSlot(slot_dir, self.v1, pids_dir)
 
     def close(self) -> None:
         """Kill and remove every slot of this runner, then its parent cgroup."""
         _remove_runner_dir(self.parent_dir)
+        if (pids_parent := self.pids_parent_dir) is not None:
+            with contextlib.suppress(GuardError, OSError):
+                _remove_runner_dir(pids_parent, controller="pids")
 
     def cleanup_stale(self) -> list[str]:
         """Remove ``renderctl-<pid>`` cgroups of runners that no longer exist; return them."""
         removed: list[str] = []
-        for entry in self.own_dir.iterdir():
-            m = _RUNNER_DIR.fullmatch(entry.name)
-            if not m or not entry.is_dir() or int(m.group(1)) == self.runner_pid:
+        for own, controller in ((self.own_dir, "memory"), (self.own_pids_dir, "pids")):
+            if own is None:
                 continue
-            # A live pid may be a recycled one; leaving its dir is the safe mistake.
-            if psutil.pid_exists(int(m.group(1))):
-                continue
-            _remove_runner_dir(entry)
-            removed.append(str(entry))
+            for entry in own.iterdir():
+                m = _RUNNER_DIR.fullmatch(entry.name)
+                if not m or not entry.is_dir() or int(m.group(1)) == self.runner_pid:
+                    continue
+                # A live pid may be a recycled one; leaving its dir is the safe mistake.
+                if psutil.pid_exists(int(m.group(1))):
+                    continue
+                _remove_runner_dir(entry, controller=controller)
+                removed.append(str(entry))
         return removed
 
 
-def _remove_runner_dir(parent: Path) -> None:
+def _remove_runner_dir(parent: Path, *, controller: str = "memory") -> None:
     if not parent.exists():
         return
     for slot in parent.iterdir():
         if slot.is_dir():
-            _remove_cgroup(slot)
-    _remove_cgroup(parent)
+            _remove_cgroup(slot, controller=controller)
+    _remove_cgroup(parent, controller=controller)
 
 
 # -- sampling ----------------------------------------------------------------------------
@@ -746,14 +799,14 @@ def _mount_point(fstype: str, option: str | None) -> tuple[Path, str] | None:
     return None
 
 
-def _own_cgroup_dir(v1: bool) -> Path | None:
-    mount = _mount_point("cgroup", "memory") if v1 else _mount_point("cgroup2", None)
+def _own_cgroup_dir(v1: bool, controller: str = "memory") -> Path | None:
+    mount = _mount_point("cgroup", controller) if v1 else _mount_point("cgroup2", None)
     if mount is None:
         return None
     mount_point, mount_root = mount
     for line in Path("/proc/self/cgroup").read_text().splitlines():
         _, controllers, cg_path = line.split(":", 2)
-        if (v1 and "memory" in controllers.split(",")) or (not v1 and controllers == ""):
+        if (v1 and controller in controllers.split(",")) or (not v1 and controllers == ""):
             rel = os.path.relpath(cg_path, mount_root) if mount_root != "/" else cg_path
             return mount_point / rel.lstrip("/").removeprefix(".")
     return None
@@ -810,10 +863,18 @@ def require_memory_guard(prefer: str) -> None:
         raise _unavailable(prefer)
 
 
+def _own_pids_dir() -> Path | None:
+    """v1: this process's cgroup in the pids hierarchy, if a runner can make groups there."""
+    own = _own_cgroup_dir(True, "pids")
+    return own if own is not None and os.access(own, os.W_OK) else None
+
+
 def detect_memory_guard(
-    *, prefer: str = "auto", runner_pid: int | None = None, sampling_interval_s: float = 0.05
+    *, prefer: str = "auto", runner_pid: int | None = None, sampling_interval_s: float = 0.05,
+    pids_max: int = PIDS_MAX_PER_SLOT,
 ) -> MemoryGuard:
-    """The strongest usable guard: cgroup v2, then cgroup v1, then sampling."""
+    """The strongest usable guard: cgroup v2, then cgroup v1, then sampling. A cgroup guard
+    also caps each slot's tasks at ``pids_max`` where the pids controller is writable."""
     if prefer not in ("auto", "cgroup-v1", "cgroup-v2", "sampling"):
         raise ValueError(f"unknown memory guard {prefer!r}")
     pid = os.getpid() if runner_pid is None else runner_pid
@@ -822,7 +883,7 @@ def detect_memory_guard(
             continue
         own = _usable_cgroup(v1)
         if own is not None:
-            return CgroupGuard(own, v1, pid)
+            return CgroupGuard(own, v1, pid, _own_pids_dir() if v1 else None, pids_max)
         if prefer == name:
             raise _unavailable(name)
     return SamplingGuard(sampling_interval_s)

@@ -68,7 +68,14 @@ from renderctl.errors import (
 )
 from renderctl.fsutil import syncfs, unlink_quiet
 from renderctl.gate import StartGate
-from renderctl.guards import MemoryGuard, OomMark, Slot, TreeSampler, detect_memory_guard
+from renderctl.guards import (
+    PIDS_MAX_PER_SLOT,
+    MemoryGuard,
+    OomMark,
+    Slot,
+    TreeSampler,
+    detect_memory_guard,
+)
 from renderctl.lifecycle import EXPIRED_REASON, Outcome, State
 from renderctl.messages import (
     Broken,
@@ -137,6 +144,9 @@ CRASH_POINTS = ("claim", "lease", "start", "commit", "publish:before_link",
 LEASE_ENV = "RENDERCTL_TEST_LEASE_S"
 # For tests: RunnerSettings.worker_start_timeout_s, so a test sees a stuck start judged.
 START_TIMEOUT_ENV = "RENDERCTL_TEST_WORKER_START_S"
+# For tests: the tasks a worker slot may hold (guards.PIDS_MAX_PER_SLOT), so that a test's
+# fork bomb meets the limit after dozens of processes rather than thousands.
+SLOT_PIDS_ENV = "RENDERCTL_TEST_SLOT_PIDS_MAX"
 
 
 # How long finished attempts may wait for company in a group commit: 10 ms is below what a
@@ -408,8 +418,11 @@ class Runner:
             self.crash_point("locked")
             self._install_signals()
             proctree.set_oom_score_adj(-900)  # the supervisor must outlive what it supervises
+            pids_max = int(_test_seconds(SLOT_PIDS_ENV)) if os.environ.get(SLOT_PIDS_ENV) \
+                else PIDS_MAX_PER_SLOT
             self.guard = detect_memory_guard(prefer=self.s.memory_guard,
-                                             sampling_interval_s=self.s.sample_interval_s)
+                                             sampling_interval_s=self.s.sample_interval_s,
+                                             pids_max=pids_max)
             self._publish_runner_info()
             self.work_root = tempfile.mkdtemp(prefix=WORK_ROOT_PREFIX)
             # Where our jobs' working folders are, and multiprocessing's own folder (the fork

@@ -694,6 +694,25 @@ def shout_then_wait(inputs: Sequence[Path], output: Path, params: Mapping[str, A
     wait_for_go(inputs, output, params)
 
 
+def fork_until_refused(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
+    """A fork bomb with a bound: fork children that wait to be killed, up to
+    ``params["most"]`` or until a fork is refused; the PDF says which came first, and
+    ``params["pids"]`` lists the children."""
+    made, refused, children = 0, "never refused", []
+    try:
+        while made < params["most"]:
+            pid = os.fork()
+            if pid == 0:
+                time.sleep(300)  # the job's end kills it (its worker clears the group)
+                os._exit(0)
+            children.append(pid)
+            made += 1
+    except OSError as exc:
+        refused = f"refused ({exc.strerror})"
+    Path(params["pids"]).write_text(" ".join(map(str, children)))
+    _pdf(output, f"forked {made}, {refused}")
+
+
 def wait_for_go(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
     """Write our pid to ``params["pidfile"]``, wait until ``params["go"]`` exists, write a PDF
     (the test decides when this job ends)."""

@@ -631,3 +631,47 @@ def test_a_job_that_leaves_a_non_daemon_thread_does_not_hold_up_the_run(
     assert res.returncode == 0, res.stdout + res.stderr
     assert time.monotonic() - t0 < 20
     assert QueueView(queue).ids("done") == {"leaker", "next-1", "next-2"}
+
+
+def pids_cgroup_v1_writable() -> bool:
+    """Whether this process's cgroup in a v1 pids hierarchy takes child groups (as root)."""
+    from renderctl import guards
+
+    own = guards._own_pids_dir()
+    return own is not None and cgroup_v1_writable()
+
+
+@pytest.mark.skipif(not pids_cgroup_v1_writable(), reason="no writable cgroup v1 pids hierarchy")
+def test_a_fork_bomb_meets_its_slots_task_limit_and_the_other_jobs_flow_on(
+        tmp_path: Path, write_manifest: Any) -> None:
+    stage(tmp_path)
+    queue, out = tmp_path / "q", tmp_path / "out"
+    # Given a job forking as long as it can (bounded at 2,000 here) under a ceiling too
+    # large to stop it (a process costs ~1 MB of it), beside ordinary jobs; each worker
+    # slot may hold 64 tasks (4,096 outside tests)
+    manifest = write_manifest([
+        {**py_job("bomb", "fork_until_refused", most=2000, pids=str(tmp_path / "pids")),
+         "memory_mb": 8000},
+        *(py_job(f"calm-{i}", "write_pdf") for i in range(4))])
+    runner = Runner(manifest, *cli_args(queue, out, "--workers", "2", "--json"),
+                    env={"RENDERCTL_TEST_SLOT_PIDS_MAX": "64"})
+    try:
+        assert runner.wait(120) == 0, (runner.lines, runner.stderr())
+    finally:
+        runner.close()
+    # Then its forks were refused at the limit (without it: 2,000 processes, and a real
+    # bomb reached the machine's pid_max, where no process anywhere could fork)
+    pages, text = pdf_text(out / "bomb.pdf")
+    made = int(text.split()[1].rstrip(","))
+    assert 32 <= made < 64 and "refused (Resource temporarily unavailable)" in text, text
+    # And its children died with its attempt; the other jobs completed
+    children = [int(p) for p in (tmp_path / "pids").read_text().split()]
+    assert len(children) == made and all(gone(pid) for pid in children)
+    assert QueueView(queue).ids("done") == {"bomb", *(f"calm-{i}" for i in range(4))}
+    for i in range(4):
+        assert_pdf(out / f"calm-{i}.pdf", f"calm-{i}")
+    # And the runner's pids cgroup went with it
+    from renderctl import guards
+
+    own = guards._own_pids_dir()
+    assert own is not None and not (own / f"renderctl-{runner.pid}").exists()
