@@ -489,7 +489,16 @@ def configure(
         raise typer.Exit(ExitCode.USAGE) from None
 
     try:
-        path, config = load_config_file(Path.cwd())
+        cwd = Path.cwd()
+    except OSError as exc:
+        # A cron job or a shell left in a folder that was deleted (a redeploy): every
+        # command ended in a FileNotFoundError traceback from os.getcwd(). Relative paths
+        # (the default queue and output root, manifests) mean nothing there.
+        out.err(f"the current folder is gone ({exc.strerror or exc}): deleted or moved "
+                "away since this process entered it; cd to one that exists")
+        raise typer.Exit(ExitCode.USAGE) from None
+    try:
+        path, config = load_config_file(cwd)
     except ConfigError as exc:
         # Reported by the first option that could take a default from the file (see
         # config_gate), not here: `--help`, `schema` and `kinds` read no option from it.

@@ -382,3 +382,19 @@ def test_an_output_root_through_a_file_is_a_usage_error(tmp_path: Path, manifest
     one_line_usage_error(res, f"--out: {afile / 'sub'} is a path through a file ({afile})")
     assert not (tmp_path / "q").exists()
 
+
+
+@pytest.mark.parametrize("args", [["status"], ["run"], ["submit", "jobs.toml"]], ids=" ".join)
+def test_a_current_folder_deleted_under_the_command_is_a_usage_error(
+        tmp_path: Path, args: list[str]) -> None:
+    # Given a shell (or cron job) left in a folder since deleted (a redeploy)
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    # When a command starts there, even one naming its queue in full
+    res = subprocess.run(["sh", "-c", 'cd "$0" && rmdir "$0" && exec "$@"', str(gone),
+                          *RENDERCTL, *args, "--queue", str(tmp_path / "q")],
+                         capture_output=True, text=True, timeout=60, env=env())
+    # Then it says so in one line, exit 2 (it ended in os.getcwd()'s traceback), and
+    # creates nothing
+    one_line_usage_error(res, "the current folder is gone", "cd to one that exists")
+    assert not (tmp_path / "q").exists()
