@@ -634,6 +634,42 @@ def test_ctrl_backslash_releases_the_running_jobs_at_once_uncharged(
     assert [a["outcome"] for a in view.record("pending", "long")["attempts"]] == ["released"]
 
 
+def test_a_second_ctrl_backslash_quits_at_once(tmp_path: Path, write_manifest: Any) -> None:
+    import resource
+
+    from jobfns import stopped, wait_for_pid, wait_until
+
+    # Given a run (no core files: the default action of SIGQUIT dumps one) running a job,
+    # that will stop itself at its next group commit: the one releasing that job
+    stage(tmp_path)
+    pid = tmp_path / "long.pid"
+    manifest = write_manifest([py_job("long", "sleep_then_write", s=600, pidfile=str(pid))])
+    queue, out = tmp_path / "q", tmp_path / "out"
+    core = resource.getrlimit(resource.RLIMIT_CORE)
+    resource.setrlimit(resource.RLIMIT_CORE, (0, core[1]))
+    try:
+        runner = Runner(manifest, *cli_args(queue, out, "--workers", "1"), own_group=True,
+                        env={"RENDERCTL_STOP_AT": "commit"})
+    finally:
+        resource.setrlimit(resource.RLIMIT_CORE, core)
+    try:
+        wait_for_pid(pid)
+        # When Ctrl-backslash stops the run, which is then held between the two presses
+        os.killpg(runner.pid, signal.SIGQUIT)
+        wait_until(lambda: stopped(runner.pid), what="the runner to stop at its commit")
+        # Then SIGQUIT has its default action back already (no handler: SigCgt lacks it)
+        status = Path(f"/proc/{runner.pid}/status").read_text()
+        caught = int(next(ln.split()[1] for ln in status.splitlines()
+                          if ln.startswith("SigCgt:")), 16)
+        assert not caught & (1 << (signal.SIGQUIT - 1))
+        # And a second one quits at once, by the signal (it drained again, exit 131)
+        os.killpg(runner.pid, signal.SIGQUIT)
+        os.killpg(runner.pid, signal.SIGCONT)
+        assert runner.wait(30) == -signal.SIGQUIT, (runner.lines, runner.stderr())
+    finally:
+        runner.close()
+
+
 def _term_the_whole_service(runner: Runner) -> None:
     """SIGTERM to the runner and every process under it at once, as systemd's default stop
     (KillMode=control-group) sends it."""
