@@ -318,10 +318,10 @@ class Runner:
                  reporter: Reporter | None = None, clock: Clock = SYSTEM_CLOCK) -> None:
         self.q = queue
         if os.environ.get(LEASE_ENV):
-            settings = replace(settings, lease_s=_test_seconds(LEASE_ENV))
+            settings = replace(settings, lease_s=_test_number(LEASE_ENV))
         if os.environ.get(START_TIMEOUT_ENV):
             settings = replace(settings,
-                               worker_start_timeout_s=_test_seconds(START_TIMEOUT_ENV))
+                               worker_start_timeout_s=_test_number(START_TIMEOUT_ENV))
         self.s = settings
         self.reporter: Reporter = reporter or NullReporter()
         queue.on_quarantine = self.reporter.event  # a corrupt record: said as it is found
@@ -335,6 +335,7 @@ class Runner:
         self.stop_signal: int | None = None
         self.stop_deadline: float | None = None
         self.stopped_at: float | None = None  # (monotonic) when the first stop signal came
+        self.stop_grace_s = 0.0  # what running jobs get from it to finish (--grace; SIGQUIT: 0)
         self._stop_reported = False
         self._suspend_asked = False  # SIGTSTP came: pause the run at the top of the loop
         self.stopped = False  # the loop has ended (the last snapshot says "finished")
@@ -418,7 +419,7 @@ class Runner:
             self.crash_point("locked")
             self._install_signals()
             proctree.set_oom_score_adj(-900)  # the supervisor must outlive what it supervises
-            pids_max = int(_test_seconds(SLOT_PIDS_ENV)) if os.environ.get(SLOT_PIDS_ENV) \
+            pids_max = int(_test_number(SLOT_PIDS_ENV)) if os.environ.get(SLOT_PIDS_ENV) \
                 else PIDS_MAX_PER_SLOT
             self.guard = detect_memory_guard(prefer=self.s.memory_guard,
                                              sampling_interval_s=self.s.sample_interval_s,
@@ -490,8 +491,8 @@ class Runner:
         if self.stop_signal is None:
             self.stop_signal = signum
             self.stopped_at = time.monotonic()
-            grace = 0.0 if signum == signal.SIGQUIT else self.s.grace_s
-            self.stop_deadline = self.stopped_at + grace
+            self.stop_grace_s = 0.0 if signum == signal.SIGQUIT else self.s.grace_s
+            self.stop_deadline = self.stopped_at + self.stop_grace_s
         else:
             self.stop_deadline = time.monotonic()  # a second signal skips the grace
 
@@ -857,9 +858,8 @@ class Runner:
             if self.stop_signal is not None:
                 if not self._stop_reported:
                     self._stop_reported = True
-                    grace = 0.0 if self.stop_signal == signal.SIGQUIT else self.s.grace_s
                     self.reporter.event({"event": "stopping", "signal": _signame(self.stop_signal),
-                                         "grace_s": grace,
+                                         "grace_s": self.stop_grace_s,
                                          "running": sum(1 for w in self.workers.values()
                                                         if w.current is not None)})
                 self._drain(now)
@@ -2311,14 +2311,14 @@ def _signame(sig: int) -> str:
         return f"signal {sig}"
 
 
-def _test_seconds(variable: str) -> float:
+def _test_number(variable: str) -> float:
     raw = os.environ[variable]
     try:
         value = float(raw)
     except ValueError:
         value = math.nan
     if not (math.isfinite(value) and value > 0):
-        raise UserError(f"{variable}={raw!r}: must be a number of seconds > 0")
+        raise UserError(f"{variable}={raw!r}: must be a number > 0")
     return value
 
 

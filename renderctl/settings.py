@@ -228,7 +228,7 @@ class RunnerSettings:
     max_jobs_per_worker: int = 1000
     lease_s: float = 60.0
     # A worker that has not said it is ready this long after its start is killed and
-    # replaced (a start counted failed: MAX_START_FAILURES in a row end the run). Starts take
+    # replaced (a start counted failed: MAX_START_FAILURES in a row halt the run). Starts take
     # 2-200 ms here (MEASUREMENTS.md: fork, forkserver, spawn + imports); a minute leaves a
     # swapping or overloaded machine room, and bounds what a stuck start (a worker stopped
     # by hand, an import hung on a dead network file system) holds up: without it, the jobs

@@ -985,11 +985,13 @@ class _EarlyStop:
     after it, the runner starts and drains at once, printing its summary like any stop."""
 
     def __init__(self, signals: tuple[int, ...]) -> None:
+        from renderctl.runner import left_ignored  # (imported by `run` already)
+
         self.signum: int | None = None
         self.runner: Any = None
         for sig in signals:
             # One the parent left ignored stays so, as in the launcher and the runner (`nohup`)
-            if signal.getsignal(sig) != signal.SIG_IGN:
+            if not left_ignored(sig):
                 signal.signal(sig, self._on_signal)
 
     def _on_signal(self, signum: int, frame: object) -> None:
