@@ -446,10 +446,12 @@ def stopped(pid: int) -> bool:
     return bool(psutil.Process(pid).status() == psutil.STATUS_STOPPED)
 
 
-def ignored_mask(pid: int) -> int:
-    """The signals ``pid`` ignores (SigIgn in /proc/PID/status): bit ``n - 1`` for signal n."""
+def signal_mask(pid: int, field: str = "SigIgn") -> int:
+    """A signal set of ``pid`` from /proc/PID/status, bit ``n - 1`` for signal n: those it
+    ignores (``SigIgn``), or catches with a handler (``SigCgt``)."""
     status = Path(f"/proc/{pid}/status").read_text()
-    return int(next(ln.split()[1] for ln in status.splitlines() if ln.startswith("SigIgn:")), 16)
+    return int(next(ln.split()[1] for ln in status.splitlines()
+                    if ln.startswith(f"{field}:")), 16)
 
 
 def wait_for_pid(pidfile: Path, *, what: str = "the job to start") -> int:

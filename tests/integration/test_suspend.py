@@ -31,7 +31,7 @@ from jobfns import (
     cli_args,
     held_job,
     hold_spawned_workers,
-    ignored_mask,
+    signal_mask,
     stopped,
     wait_for_pid,
     wait_until,
@@ -66,11 +66,11 @@ def test_ctrl_z_pauses_the_jobs_with_the_runner_and_the_pause_costs_no_timeout(
         # but not the fork server, which ignores it (a runner starting a worker waits on
         # it: stopped, it held the runner short of its pause, and the run hung), while the
         # job, forked from it, started with SIGTSTP's default action like every other
-        assert not TSTP_BIT & ignored_mask(job)
+        assert not TSTP_BIT & signal_mask(job)
         if start_method == "forkserver":
             server = next(p for p in psutil.Process(runner.pid).children()
                           if "multiprocessing.forkserver" in " ".join(p.cmdline()))
-            assert not stopped(server.pid) and TSTP_BIT & ignored_mask(server.pid)
+            assert not stopped(server.pid) and TSTP_BIT & signal_mask(server.pid)
         # and stays stopped for a pause longer than its timeout (the pause is the test)
         time.sleep(2.5)
         assert stopped(job) and stopped(runner.pid)
