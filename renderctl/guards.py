@@ -280,13 +280,18 @@ def ceiling_lifted(slot_path: str, limit_bytes: int) -> bool:
     return any(_read_int(f) != limit_bytes for f in _limit_files(slot_path))
 
 
-def _memory_cgroup(proc_cgroup: str) -> str:
-    """The memory controller's path in a /proc/PID/cgroup text (v1 line, else v2's)."""
+def _controller_cgroup(proc_cgroup: str, controller: str) -> str:
+    """A controller's path in a /proc/PID/cgroup text (its v1 line, else v2's)."""
     for line in proc_cgroup.splitlines():
         _, controllers, cg_path = line.split(":", 2)
-        if "memory" in controllers.split(",") or controllers == "":
+        if controller in controllers.split(",") or controllers == "":
             return cg_path
     return "\0"  # never a suffix of a real path
+
+
+def _memory_cgroup(proc_cgroup: str) -> str:
+    """The memory controller's path in a /proc/PID/cgroup text (v1 line, else v2's)."""
+    return _controller_cgroup(proc_cgroup, "memory")
 
 
 def own_memory_cgroup() -> str:
@@ -397,14 +402,7 @@ def _signal_members(procs_file: Path, sig: int, controller: str = "memory") -> l
 
 
 def _cgroup_of(pid: int, controller: str = "memory") -> str:
-    text = Path(f"/proc/{pid}/cgroup").read_text()
-    if controller == "memory":
-        return _memory_cgroup(text)
-    for line in text.splitlines():
-        _, controllers, cg_path = line.split(":", 2)
-        if controller in controllers.split(","):
-            return cg_path
-    return "\0"
+    return _controller_cgroup(Path(f"/proc/{pid}/cgroup").read_text(), controller)
 
 
 def _wait_pids_gone(pids: list[int], deadline: float) -> None:
