@@ -162,16 +162,22 @@ def test_cleanup_stale_removes_a_dead_runners_cgroups_and_kills_leftovers(cgroup
     # Given the cgroups of a runner that died, with an orphaned job still inside
     dead_runner = subprocess.Popen([sys.executable, "-c", "pass"])
     dead_runner.wait(timeout=10)
-    stale = guards.CgroupGuard(cgroup_guard.own_dir, cgroup_guard.v1, dead_runner.pid)
+    stale = guards.CgroupGuard(cgroup_guard.own_dir, cgroup_guard.v1, dead_runner.pid,
+                               cgroup_guard.own_pids_dir)
     orphan = start_allocator(10)
     procs.append(orphan)
-    stale.open_slot("w3").adopt(orphan.pid)
+    slot = stale.open_slot("w3")
+    slot.adopt(orphan.pid)
     # When a new runner cleans up
     removed = cgroup_guard.cleanup_stale()
-    # Then the orphan is dead and the directories are gone
+    # Then the orphan is dead and the directories are gone (its pids cgroup too, where the
+    # task limit is: one was left per dead runner)
     assert str(stale.parent_dir) in removed
     assert not stale.parent_dir.exists()
     assert orphan.wait(timeout=10) == -signal.SIGKILL
+    if stale.pids_parent_dir is not None:
+        assert slot.pids_dir is not None and str(stale.pids_parent_dir) in removed
+        assert not stale.pids_parent_dir.exists()
 
 
 def test_sampling_slot_is_a_no_op():
