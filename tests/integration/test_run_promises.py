@@ -680,11 +680,12 @@ def test_a_stop_signal_to_every_process_of_the_service_charges_no_attempt(
     # Given a runner following the queue, a python job and a command job running
     stage(tmp_path)
     queue, out = tmp_path / "q", tmp_path / "out"
-    pidfile = tmp_path / "py.pid"
+    pidfile, cmd_pid = tmp_path / "py.pid", tmp_path / "cmd.pid"
     manifest = write_manifest([
         {**py_job("py", "sleep_then_write", s=600, pidfile=str(pidfile)), "max_attempts": 1},
-        {"id": "cmd", "kind": "command", "argv": ["sh", "-c", 'sleep 600; : > "$0"', "{output}"],
-         "output": "cmd.bin", "max_attempts": 1},
+        {"id": "cmd", "kind": "command", "max_attempts": 1, "output": "cmd.bin",
+         "argv": ["sh", "-c", 'echo $$ > "$1.tmp" && mv "$1.tmp" "$1"; sleep 600; : > "$0"',
+                  "{output}", str(cmd_pid)]},
     ])
     runner = Runner(*cli_args(queue, out, "--workers", "2", "--follow", "--json"),
                     new_session=True)
@@ -692,7 +693,9 @@ def test_a_stop_signal_to_every_process_of_the_service_charges_no_attempt(
         runner.until(lambda ln: '"runner_started"' in ln)
         assert run_cli("submit", manifest, *cli_args(queue, out)).returncode == 0
         wait_for_pid(pidfile)
-        runner.until(lambda ln: '"started"' in ln and '"cmd"' in ln)
+        # (its `started` event comes before its worker starts the command: a SIGTERM sent
+        # then missed the command, which ran on through the 30 s grace)
+        wait_for_pid(cmd_pid)
 
         # When SIGTERM reaches every process of the service at once, the runner's workers
         # and their jobs too (systemd's default stop, KillMode=control-group)
