@@ -234,52 +234,39 @@ _HOLD_SPAWNED_WORKERS = '''\
 """Test hook (jobfns.hold_spawned_workers): a worker spawned (`--start-method spawn`) while
 ARMED exists waits, before multiprocessing reads its start data, until RELEASE exists: a
 worker held in its start, still in the runner's process group. With ONCE, only the first;
-with SKIP (a number), not the first SKIP spawned; with DIE, it exits (status 3) instead."""
+with DIE, it exits (status 3) instead."""
 import os, sys, time
 hold = os.environ.get("RCTL_TEST_HOLD_SPAWN")
 if hold and "--multiprocessing-fork" in sys.orig_argv and os.path.exists(hold + "/armed"):
-    n = 1
-    if os.path.exists(hold + "/skip"):
-        while True:  # this process's number among the spawned: the first free name
-            try:
-                os.close(os.open(f"{hold}/spawned.{n}", os.O_CREAT | os.O_EXCL))
-                break
-            except FileExistsError:
-                n += 1
+    if os.path.exists(hold + "/die"):
+        os._exit(3)
     try:
-        if os.path.exists(hold + "/skip") and n <= int(open(hold + "/skip").read()):
-            raise FileNotFoundError
         if os.path.exists(hold + "/once"):
             os.rename(hold + "/armed", hold + "/taken")
         with open(hold + "/starting.tmp", "w") as f:
             f.write(str(os.getpid()))
         os.rename(hold + "/starting.tmp", hold + "/starting.pid")
-        if os.path.exists(hold + "/die"):
-            os._exit(3)
     except FileNotFoundError:
-        pass  # not held: skipped, or another took the one hold
+        pass  # not held: another took the one hold
     else:
         while not os.path.exists(hold + "/release"):
             time.sleep(0.01)
 '''
 
 
-def hold_spawned_workers(folder: Path, *, once: bool = False, skip: int = 0,
+def hold_spawned_workers(folder: Path, *, once: bool = False,
                          die: bool = False) -> tuple[dict[str, str], Path]:
-    """An environment for a `renderctl run --start-method spawn` whose spawned workers (all;
-    with ``once`` the first; with ``skip`` all but the first ``skip``) are held in their
-    start once ``hold/armed`` exists, before they say Ready, until ``hold/release`` exists
-    (with ``die``, they exit there instead, status 3); the latest held one's pid is in
-    ``hold/starting.pid``. A ``sitecustomize`` on
-    PYTHONPATH: it runs in every new interpreter, before multiprocessing's spawn code.
+    """An environment for a `renderctl run --start-method spawn` whose spawned workers (all,
+    or with ``once`` the first) are held in their start once ``hold/armed`` exists, before
+    they say Ready, until ``hold/release`` exists (with ``die``, they exit there instead,
+    status 3); the latest held one's pid is in ``hold/starting.pid``. A ``sitecustomize``
+    on PYTHONPATH: it runs in every new interpreter, before multiprocessing's spawn code.
     Returns (env, hold)."""
     hold = folder / "hold"
     hold.mkdir()
     (hold / "sitecustomize.py").write_text(_HOLD_SPAWNED_WORKERS)
     if once:
         (hold / "once").touch()
-    if skip:
-        (hold / "skip").write_text(str(skip))
     if die:
         (hold / "die").touch()
     path = os.pathsep.join(p for p in (str(hold), os.environ.get("PYTHONPATH")) if p)

@@ -296,17 +296,23 @@ def test_workers_that_never_get_ready_end_the_run_with_their_jobs_kept(
 def test_workers_that_cannot_start_halt_the_run_and_the_running_job_finishes(
         tmp_path: Path, write_manifest: Any) -> None:
     queue, out = tmp_path / "q", tmp_path / "out"
-    # Given a run of two workers, each replaced after one job, whose first job runs until
-    # the test lets it finish, and every worker after the first two dies in its start
+    # Given a run of two workers, each running a job until the test lets it finish, a third
+    # job waiting, and, from now on, every worker started dying in its start. (Armed once
+    # both run: numbering spawns as they reached the hook raced under load, a successor
+    # overtaking the second worker.)
     first, go = held_job(tmp_path, "first", timeout_s=60)
-    env, hold = hold_spawned_workers(tmp_path, skip=2, die=True)
-    (hold / "armed").touch()
-    manifest = write_manifest([first, py_job("b", "write_pdf"), py_job("c", "write_pdf")])
-    runner = Runner(*cli_args(queue, out, "--workers", "2", "--max-jobs-per-worker", "1",
-                              "--start-method", "spawn", "--json"), manifest, env=env)
+    second, go2 = held_job(tmp_path, "second", timeout_s=60)
+    env, hold = hold_spawned_workers(tmp_path, die=True)
+    manifest = write_manifest([first, second, py_job("c", "write_pdf")])
+    runner = Runner(*cli_args(queue, out, "--workers", "2", "--start-method", "spawn",
+                              "--json"), manifest, env=env)
     try:
         job = wait_for_pid(tmp_path / "first.pid")
-        # When the successors' starts fail five times in a row
+        worker = wait_for_pid(tmp_path / "second.pid")  # (a python job runs in its worker)
+        (hold / "armed").touch()
+        # When the second worker is killed from outside, and its successors' starts fail
+        # five times in a row
+        os.kill(worker, signal.SIGKILL)
         halted = json.loads(runner.until(lambda line: '"halted"' in line))
         # Then the run halts, and the job running on a worker that did start runs on (the
         # runner raised, and its way out SIGKILLed that job: charged `crashed` later)
@@ -318,10 +324,13 @@ def test_workers_that_cannot_start_halt_the_run_and_the_running_job_finishes(
         assert runner.wait() == 74, (runner.lines, runner.stderr())
     finally:
         go.touch()
+        go2.touch()
         runner.kill()
     view = QueueView(queue)
-    assert view.ids("done") == {"first", "b"} and view.ids("pending") == {"c"}, runner.lines
+    assert view.ids("done") == {"first"} and view.ids("pending") == {"second", "c"}, \
+        runner.lines
     assert [a["outcome"] for a in view.record("done", "first")["attempts"]] == ["completed"]
+    assert [a["outcome"] for a in view.record("pending", "second")["attempts"]] == ["crashed"]
     assert not view.record("pending", "c").get("attempts")
     assert_pdf(out / "first.pdf", "first")
 
