@@ -262,6 +262,10 @@ class WorkerHandle:
     # (monotonic) by when it must say Ready (RunnerSettings.worker_start_timeout_s)
     start_deadline: float | None = None
     start_timed_out: bool = False
+    # (monotonic) by when, idle with jobs handed to it, it must start one (see _enforce)
+    answer_deadline: float | None = None
+    answer_limit_s: float = 0.0
+    unresponsive: bool = False  # killed for sitting on its jobs (_judge_answer)
     queued: deque[Assignment] = field(default_factory=deque)
     current: Assignment | None = None
     assigned_total: int = 0
@@ -963,6 +967,8 @@ class Runner:
                 w.kill_deadline += paused
             if w.start_deadline is not None:
                 w.start_deadline += paused
+            if w.answer_deadline is not None:
+                w.answer_deadline += paused
         if self.stop_deadline is not None:
             self.stop_deadline += paused
         self._next_renew = 0.0  # our leases aged meanwhile: renew them first
@@ -1127,7 +1133,7 @@ class Runner:
                 deadlines.append(w.current.started_mono + w.current.claim.record.spec.timeout_s)
                 if idle and w.queued:
                     deadlines.append(w.current.started_mono + self._steal_after())
-            for d in (w.kill_deadline, w.start_deadline):
+            for d in (w.kill_deadline, w.start_deadline, w.answer_deadline):
                 if d is not None:
                     deadlines.append(d)
         if self.stop_deadline is not None:
@@ -1643,9 +1649,10 @@ class Runner:
         token = a.claim.lease.token
         if w.kill_reason is not None and a is not w.kill_target:
             # It started after we decided to kill its worker for another job: not its fault.
+            why = "as unresponsive" if w.unresponsive \
+                else f"({w.kill_reason.value}) for another job"
             return Finished(a.job_id, token, Outcome.RELEASED.value, elapsed,
-                            error=f"its worker was killed ({w.kill_reason.value}) for another "
-                                  "job as it started; not charged")
+                            error=f"its worker was killed {why} as it started; not charged")
         oom = w.mark is not None and w.slot.oom_killed_since(w.mark)
         reason = Outcome.MEMORY if oom else w.kill_reason
         peak = w.slot.peak_bytes()
@@ -1697,6 +1704,7 @@ class Runner:
         for w in list(self.workers.values()):
             if w.start_deadline is not None and now >= w.start_deadline:
                 self._kill_unready(w)
+            self._judge_answer(w, now)
             if w.kill_deadline is not None and now >= w.kill_deadline and w.pgid:
                 proctree.kill_group(w.pgid, signal.SIGKILL)
                 _signal_all(w.doomed, signal.SIGKILL)
@@ -1738,6 +1746,40 @@ class Runner:
             proctree.kill_group(pid, signal.SIGKILL)
         self.reporter.event({"event": "worker_start_timeout", "worker": pid,
                              "timeout_s": self.s.worker_start_timeout_s})
+
+    def _judge_answer(self, w: WorkerHandle, now: float) -> None:
+        """Kill a worker that sits on jobs handed to it without starting one.
+
+        A worker reads its jobs as soon as it is idle, and says Started (with the last
+        Finished) within milliseconds; rebalancing takes jobs back only from behind a
+        running one. So one that is idle in our eyes with jobs queued for a long time is
+        stopped (SIGSTOP by hand, a freezer cgroup) or hung, and without this the jobs in it
+        waited for good: the run never ended, a stop never finished. Its death
+        (``_on_death``) gives them to another worker, uncharged, as for a failed start."""
+        if w.pid is None or w.current is not None or not w.queued or w.kill_reason is not None:
+            w.answer_deadline = None
+            return
+        if w.answer_deadline is None:
+            # (Judged from the first look, at most a loop's wait after the hand-over: the
+            # limit is a minute, and this keeps the bookkeeping out of the hot path.) While
+            # we stop, an idle worker answers the Drain at once: the kill grace is plenty.
+            w.answer_limit_s = self.s.kill_grace_s if w.drain_sent \
+                else self.s.worker_start_timeout_s
+            w.answer_deadline = now + w.answer_limit_s
+            return
+        if now < w.answer_deadline:
+            return
+        w.answer_deadline = None
+        self.reporter.event({"event": "worker_unresponsive", "worker": w.pid,
+                             "jobs": [a.job_id for a in w.queued], "timeout_s": w.answer_limit_s})
+        # No job of its is running: one it starts before the kill lands is released, not
+        # charged (see _killed).
+        w.kill_reason, w.unresponsive = Outcome.RELEASED, True
+        with contextlib.suppress(OSError):
+            os.kill(w.pid, signal.SIGKILL)
+        if w.pgid:
+            with contextlib.suppress(OSError):
+                proctree.kill_group(w.pgid, signal.SIGKILL)
 
     def _bound_captures(self) -> None:
         """Keep what running python jobs write to stdout and stderr (their worker's capture
@@ -1832,6 +1874,7 @@ class Runner:
             if not w.drain_sent and w.pid is not None:
                 self._tell(w, Drain())  # queued jobs come back as Dropped
                 w.drain_sent = True
+                w.answer_deadline = None  # judged again, by the kill grace (_judge_answer)
             if self.stop_deadline is not None and now >= self.stop_deadline \
                     and w.current is not None and w.kill_reason is None:
                 self._kill(w, Outcome.RELEASED)

@@ -233,6 +233,8 @@ class RunnerSettings:
     # swapping or overloaded machine room, and bounds what a stuck start (a worker stopped
     # by hand, an import hung on a dead network file system) holds up: without it, the jobs
     # prefetched into that worker waited for it for good. (Celery: worker_proc_alive_timeout.)
+    # The same limit holds a ready worker that sits on jobs handed to it while idle
+    # (Runner._judge_answer): it reads them at once, so it is stopped or hung.
     worker_start_timeout_s: float = 60.0
     backoff_base_s: float = 1.0
     backoff_max_s: float = 300.0

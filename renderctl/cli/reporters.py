@@ -12,7 +12,8 @@ from renderctl.runner import Runner, RunSummary
 # Events printed in plain mode; the rest (claimed, started) would drown the useful lines.
 PLAIN_EVENTS = frozenset({"completed", "retry", "dead", "cancelled", "expired", "released",
                           "recovered", "fenced", "runner_started", "stopping", "corrupt",
-                          "halted", "suspended", "resumed", "worker_start_timeout"})
+                          "halted", "suspended", "resumed", "worker_start_timeout",
+                          "worker_unresponsive"})
 
 
 class PlainReporter:
@@ -49,6 +50,10 @@ def format_event(ev: Mapping[str, Any]) -> str:
     if name == "worker_start_timeout":
         return (f"worker    pid {ev['worker']} not ready {human_duration(ev['timeout_s'])} after "
                 "its start: killed (a failed start; five in a row halt the run)")
+    if name == "worker_unresponsive":
+        waited = human_duration(ev["timeout_s"])
+        return (f"worker    pid {ev['worker']} held {len(ev['jobs'])} job(s) for {waited} "
+                "without starting one (stopped? hung?): killed; they run elsewhere, uncharged")
     if name == "halted":
         return f"halted    {one_line(ev['reason'])}"
     if name == "stopping" and ev["signal"] == "SIGQUIT":

@@ -582,3 +582,99 @@ def test_workers_caps_the_jobs_running_at_once_while_workers_are_recycled(
         go.touch()
         runner.close()
     assert QueueView(tmp_path / "q").ids("done") == {f"j{i}" for i in range(6)} | {"q0", "q1"}
+
+
+def _stop_idle_workers(queue: Path) -> list[int]:
+    """SIGSTOP both workers of a `--workers 2` runner once they are ready (as `kill -STOP`
+    by hand, or a freezer cgroup, would); their pids."""
+    def listed() -> list[int]:
+        for path in (queue / "control").glob("workers.*.json"):
+            with contextlib.suppress(OSError, ValueError):
+                pids = [w["pid"] for w in json.loads(path.read_text())]
+                if len(pids) == 2:
+                    return pids
+        return []
+
+    from jobfns import stopped
+
+    pids = wait_until(listed, what="two workers to be ready")
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    wait_until(lambda: all(stopped(pid) for pid in pids), what="the workers to stop")
+    return pids
+
+
+def test_idle_workers_stopped_from_outside_are_killed_and_their_job_runs_elsewhere(
+        tmp_path: Path, write_manifest: Any) -> None:
+    from renderctl.errors import ExitCode
+
+    stage(tmp_path)
+    queue, out = tmp_path / "q", tmp_path / "out"
+    # Given a following runner whose two workers, idle, were stopped from outside (a
+    # worker that does not start a job handed to it is judged after 3 s here, a minute by
+    # default)
+    runner = Runner(*cli_args(queue, out, *FAST, "--follow", "--json"),
+                    env={"RENDERCTL_TEST_WORKER_START_S": "3"})
+    try:
+        runner.until(lambda ln: '"runner_started"' in ln)
+        held = _stop_idle_workers(queue)
+
+        # When a job comes in (handed to one of them, which cannot read it)
+        t0 = time.monotonic()
+        assert run_cli("submit", write_manifest([py_job("a", "write_pdf")]),
+                       *cli_args(queue, out)).returncode == 0
+
+        # Then that worker is killed, and the job handed to the other, which is killed too
+        # (the runner cannot tell a stopped worker from an idle one before it answers), and
+        # then a successor runs it, in one attempt
+        runner.until(lambda ln: '"completed"' in ln and '"a"' in ln, timeout_s=30)
+        assert 6 <= time.monotonic() - t0 < 20
+        ev = [json.loads(ln) for ln in runner.lines if '"worker_unresponsive"' in ln]
+        assert sorted(e["worker"] for e in ev) == sorted(held), runner.lines
+        assert all(e["jobs"] == ["a"] and e["timeout_s"] == 3.0 for e in ev), ev
+        runner.proc.send_signal(signal.SIGTERM)
+        assert runner.wait() == ExitCode.SIGTERM, runner.lines
+    finally:
+        runner.close()
+    rec = QueueView(queue).record("done", "a")
+    assert [a["outcome"] for a in rec["attempts"]] == ["completed"], rec
+    assert_pdf(out / "a.pdf", "a")
+
+
+def test_a_stop_does_not_wait_for_good_on_a_stopped_worker_holding_a_job(
+        tmp_path: Path, write_manifest: Any) -> None:
+    from renderctl.errors import ExitCode
+
+    stage(tmp_path)
+    queue, out = tmp_path / "q", tmp_path / "out"
+    # Given a following runner whose two idle workers were stopped from outside, and a job
+    # handed to one of them (the default, minute-long judgement not yet passed)
+    runner = Runner(*cli_args(queue, out, *FAST, "--follow", "--kill-grace", "1"))
+    held: list[int] = []
+    try:
+        runner.until(lambda ln: ln.startswith("runner started"))
+        held = _stop_idle_workers(queue)
+        assert run_cli("submit", write_manifest([py_job("a", "write_pdf")]),
+                       *cli_args(queue, out)).returncode == 0
+        wait_until(lambda: QueueView(queue).ids("running") == {"a"}, what="a to be claimed")
+
+        # When the runner is asked to stop
+        t0 = time.monotonic()
+        runner.proc.send_signal(signal.SIGTERM)
+
+        # Then it does not wait for that worker's answer for good: it is killed after the
+        # kill grace, the job goes back to pending uncharged, and the runner exits
+        assert runner.wait(timeout_s=30) == ExitCode.SIGTERM, runner.lines
+        assert time.monotonic() - t0 < 10
+    finally:
+        for pid in held:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGCONT)
+        runner.close()
+    said = [ln for ln in runner.lines if ln.startswith("worker ")]
+    assert len(said) == 1 and any(said[0].startswith(f"worker    pid {pid} held 1 job(s) for "
+                                                     "1.0s without starting one")
+                                  for pid in held), runner.lines
+    view = QueueView(queue)
+    assert view.ids("pending") == {"a"}
+    assert not view.record("pending", "a").get("attempts")
