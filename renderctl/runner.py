@@ -478,6 +478,10 @@ class Runner:
         # SIGINT): the run goes on through what it was started to go on through.
         handlers = {**{sig: self._on_stop_signal for sig in STOP_SIGNALS},
                     signal.SIGTSTP: self._on_suspend_signal}
+        if self.stop_signal == signal.SIGQUIT:
+            # A Ctrl-\ came before we got here (`run`'s submit): as after one of ours, the
+            # next quits at once (with a handler here, that took a third).
+            del handlers[signal.SIGQUIT]
         self._prior_handlers = {sig: signal.signal(sig, handler)
                                 for sig, handler in handlers.items() if not left_ignored(sig)}
         signal.signal(signal.SIGUSR1, self._on_wake_signal)
@@ -567,6 +571,8 @@ class Runner:
         # the reports), not to SIG_DFL: a repeated Ctrl-C landing now killed the process
         # before it said how the run ended, with the jobs drained all the same.
         for sig, prior in self._prior_handlers.items():
+            if sig == signal.SIGQUIT and signal.getsignal(sig) == signal.SIG_DFL:
+                continue  # a Ctrl-\ came (see _on_stop_signal): the next still quits at once
             signal.signal(sig, signal.SIG_DFL if prior is None else prior)
         # Still holding the lock: a cancel's wake-up may land until it is released (run()).
         signal.signal(signal.SIGUSR1, signal.SIG_IGN)

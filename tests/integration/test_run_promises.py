@@ -634,13 +634,17 @@ def test_ctrl_backslash_releases_the_running_jobs_at_once_uncharged(
     assert [a["outcome"] for a in view.record("pending", "long")["attempts"]] == ["released"]
 
 
-def test_a_second_ctrl_backslash_quits_at_once(tmp_path: Path, write_manifest: Any) -> None:
+@pytest.mark.parametrize("held_at", ["commit", "shutdown"])
+def test_a_second_ctrl_backslash_quits_at_once(tmp_path: Path, write_manifest: Any,
+                                               held_at: str) -> None:
     import resource
 
     from jobfns import signal_mask, stopped, wait_for_pid, wait_until
 
     # Given a run (no core files: the default action of SIGQUIT dumps one) running a job,
-    # that will stop itself at its next group commit: the one releasing that job
+    # that will stop itself at its next group commit (the one releasing that job), or in
+    # its shutdown, where it gives the signals back to the command line (whose own handler
+    # caught the second press before)
     stage(tmp_path)
     pid = tmp_path / "long.pid"
     manifest = write_manifest([py_job("long", "sleep_then_write", s=600, pidfile=str(pid))])
@@ -649,14 +653,14 @@ def test_a_second_ctrl_backslash_quits_at_once(tmp_path: Path, write_manifest: A
     resource.setrlimit(resource.RLIMIT_CORE, (0, core[1]))
     try:
         runner = Runner(manifest, *cli_args(queue, out, "--workers", "1"), own_group=True,
-                        env={"RENDERCTL_STOP_AT": "commit"})
+                        env={"RENDERCTL_STOP_AT": held_at})
     finally:
         resource.setrlimit(resource.RLIMIT_CORE, core)
     try:
         wait_for_pid(pid)
         # When Ctrl-backslash stops the run, which is then held between the two presses
         os.killpg(runner.pid, signal.SIGQUIT)
-        wait_until(lambda: stopped(runner.pid), what="the runner to stop at its commit")
+        wait_until(lambda: stopped(runner.pid), what=f"the runner to stop at {held_at}")
         # Then SIGQUIT has its default action back already (no handler: SigCgt lacks it)
         assert not signal_mask(runner.pid, "SigCgt") & (1 << (signal.SIGQUIT - 1))
         # And a second one quits at once, by the signal (it drained again, exit 131)
@@ -665,6 +669,37 @@ def test_a_second_ctrl_backslash_quits_at_once(tmp_path: Path, write_manifest: A
         assert runner.wait(30) == -signal.SIGQUIT, (runner.lines, runner.stderr())
     finally:
         runner.close()
+
+
+def test_a_ctrl_backslash_before_the_runner_starts_leaves_the_next_to_quit(
+        tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    # Given a runner told to stop by a Ctrl-backslash that came before it installed its
+    # signal handlers (in `run MANIFEST`'s submit, say), in a process of its own
+    script = """
+import signal, sys
+from pathlib import Path
+from renderctl.runner import Runner
+from renderctl.settings import RunnerSettings
+from renderctl.store import Queue
+
+signal.signal(signal.SIGQUIT, signal.SIG_DFL)  # (as `run`'s early handler leaves it)
+runner = Runner(Queue(Path(sys.argv[1])), RunnerSettings(workers=1))
+runner.stop(signal.SIGQUIT)
+runner._install_signals()
+print(signal.getsignal(signal.SIGQUIT) is signal.SIG_DFL, signal.getsignal(signal.SIGINT))
+"""
+    res = subprocess.run([sys.executable, "-c", script, str(tmp_path / "q")],
+                         capture_output=True, text=True, timeout=60)
+
+    # When it installs them, then SIGQUIT keeps its default action: the next press quits
+    # at once (it took a third), while its other stop signals are handled
+    assert res.returncode == 0, res.stderr
+    default, sigint = res.stdout.split(maxsplit=1)
+    assert default == "True", res.stdout
+    assert "_on_stop_signal" in sigint, res.stdout
 
 
 def _term_the_whole_service(runner: Runner) -> None:
