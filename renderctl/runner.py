@@ -941,13 +941,14 @@ class Runner:
         they would go on unwatched (no sampled memory ceiling, no timeout, no cancel) and,
         on `fg`, those past their timeout would be killed for a pause the user chose. So
         every worker's group is stopped first and continued after, and the pause counts
-        against no job's timeout, kill grace or stop grace. (A process that left its job's
-        group, e.g. a daemon that called setsid(), is not paused.)"""
+        against no job's timeout, kill grace or stop grace. A process that left its job's
+        group (a daemon that called setsid()) is found in the worker's slot and paused too."""
         self._suspend_asked = False
         groups = [w.pgid for w in self.workers.values() if w.pgid]
         for pgid in groups:
             with contextlib.suppress(OSError):
                 proctree.kill_group(pgid, signal.SIGSTOP)
+        escaped = self._stop_escapees()
         self.reporter.event({"event": "suspended", "pid": os.getpid(),
                              "running": sum(1 for w in self.workers.values()
                                             if w.current is not None)})
@@ -965,6 +966,7 @@ class Runner:
         for pgid in groups:
             with contextlib.suppress(OSError):
                 proctree.kill_group(pgid, signal.SIGCONT)
+        _signal_all(escaped, signal.SIGCONT)
         for w in self.workers.values():
             if w.current is not None and w.current.started_mono is not None:
                 w.current.started_mono += paused
@@ -979,6 +981,30 @@ class Runner:
             self.stop_deadline += paused
         self._next_renew = 0.0  # our leases aged meanwhile: renew them first
         self.reporter.event({"event": "resumed", "paused_s": round(paused, 3)})
+
+    def _stop_escapees(self) -> list[Any]:
+        """SIGSTOP the jobs' processes outside their worker's group (a setsid() daemon, a
+        child in a group of its own), as the slot's cgroup or the sampler knows them; those
+        stopped (psutil handles, for the SIGCONT). Read again after each round: one may have
+        forked meanwhile."""
+        stopped: dict[int, Any] = {}
+        for _ in range(3):
+            found = []
+            for w in self.workers.values():
+                if not w.pgid:
+                    continue
+                try:
+                    pids = w.slot.pids()
+                except (OSError, ValueError):
+                    pids = []
+                found += _processes([p for p in pids if p not in stopped])
+                if w.sampler is not None:
+                    found += [p for p in w.sampler.known_processes() if p.pid not in stopped]
+            if not found:
+                break
+            _signal_all(found, signal.SIGSTOP)
+            stopped.update((p.pid, p) for p in found)
+        return list(stopped.values())
 
     def _rescan(self, now: float) -> None:
         """Index jobs in pending/ that no doorbell announced: a submit or `dead retry`

@@ -7,6 +7,7 @@ SIGCONT as `fg` or `kill -CONT PID` does; "stopped" is read from /proc."""
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -28,10 +29,13 @@ from jobfns import (
     Runner,
     _env,
     assert_pdf,
+    cgroup_v1_writable,
     cli_args,
     held_job,
     hold_spawned_workers,
+    py_job,
     signal_mask,
+    stage,
     stopped,
     wait_for_pid,
     wait_until,
@@ -221,3 +225,44 @@ def test_ctrl_z_while_a_spawned_worker_starts_and_kill_cont_of_the_runner_goes_o
     assert QueueView(queue).ids("done") == {"first", "second"}, runner.lines
     for j in ("first", "second"):
         assert_pdf(out / f"{j}.pdf", j)
+
+
+@pytest.mark.skipif(not cgroup_v1_writable(), reason="needs the cgroup guard (v1 writable)")
+def test_ctrl_z_pauses_a_process_that_left_its_jobs_group(
+        tmp_path: Path, write_manifest: Any) -> None:
+    queue, out = tmp_path / "q", tmp_path / "out"
+    # Given a run, in a process group of its own as a shell starts it, whose job started a
+    # daemon (setsid(): a session and group of its own, out of the worker's group) and
+    # still runs
+    stage(tmp_path)
+    daemon_pid = tmp_path / "daemon.pid"
+    job = {**py_job("d", "leave_a_daemon", pidfile=str(daemon_pid), hang_s=2),
+           "timeout_s": 60}
+    runner = Runner(*cli_args(queue, out, "--workers", "1"), write_manifest([job]),
+                    own_group=True)
+    daemon = None
+    try:
+        daemon = wait_for_pid(daemon_pid, what="the daemon to start")
+        assert os.getpgid(daemon) == os.getsid(daemon) != os.getsid(runner.pid)  # its own
+
+        # When the terminal sends SIGTSTP (Ctrl-Z) to the runner's process group
+        os.killpg(runner.pid, signal.SIGTSTP)
+
+        # Then the daemon is paused with the run (before, it ran on unwatched)
+        runner.until(lambda line: line.startswith("suspended"))
+        wait_until(lambda: stopped(runner.pid) and stopped(daemon), timeout_s=10,
+                   what="the runner and the daemon to be stopped")
+
+        # And when the runner is continued, it is too, and the run ends as it would have
+        os.kill(runner.pid, signal.SIGCONT)
+        runner.until(lambda line: line.startswith("resumed"))
+        wait_until(lambda: not psutil.pid_exists(daemon) or not stopped(daemon),
+                   timeout_s=10, what="the daemon to be continued")
+        assert runner.wait() == 0, (runner.lines, runner.stderr())
+    finally:
+        runner.kill()
+        if daemon is not None:
+            with contextlib.suppress(OSError):
+                os.kill(daemon, signal.SIGKILL)
+    assert QueueView(queue).ids("done") == {"d"}, runner.lines
+    assert_pdf(out / "d.pdf", "d")
