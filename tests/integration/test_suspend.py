@@ -44,6 +44,21 @@ from jobfns import (
 TSTP_BIT = 1 << (signal.SIGTSTP - 1)
 
 
+def ctrl_z(runner: Runner, pid: int, what: str) -> None:
+    """SIGTSTP to the runner's process group, as a terminal's Ctrl-Z sends it; returns once
+    the runner said `suspended` and it and ``pid`` (``what``) are stopped."""
+    os.killpg(runner.pid, signal.SIGTSTP)
+    runner.until(lambda line: line.startswith("suspended"))
+    wait_until(lambda: stopped(runner.pid) and stopped(pid), timeout_s=10,
+               what=f"the runner and {what} to be stopped")
+
+
+def continue_runner(runner: Runner) -> str:
+    """SIGCONT to the runner alone (`kill -CONT PID`); its `resumed` line."""
+    os.kill(runner.pid, signal.SIGCONT)
+    return runner.until(lambda line: line.startswith("resumed"))
+
+
 @pytest.mark.parametrize("start_method", ["forkserver", "fork"])
 def test_ctrl_z_pauses_the_jobs_with_the_runner_and_the_pause_costs_no_timeout(
         tmp_path: Path, write_manifest: Any, start_method: str) -> None:
@@ -61,12 +76,8 @@ def test_ctrl_z_pauses_the_jobs_with_the_runner_and_the_pause_costs_no_timeout(
         job = wait_for_pid(tmp_path / "first.pid")
 
         # When the terminal sends SIGTSTP (Ctrl-Z) to the runner's process group
-        os.killpg(runner.pid, signal.SIGTSTP)
-
         # Then the runner says so and stops, and the job, in a group of its own, stops too
-        runner.until(lambda line: line.startswith("suspended"))
-        wait_until(lambda: stopped(runner.pid) and stopped(job), timeout_s=10,
-                   what="the runner and its job to be stopped")
+        ctrl_z(runner, job, "its job")
         # but not the fork server, which ignores it (a runner starting a worker waits on
         # it: stopped, it held the runner short of its pause, and the run hung), while the
         # job, forked from it, started with SIGTSTP's default action like every other
@@ -82,8 +93,7 @@ def test_ctrl_z_pauses_the_jobs_with_the_runner_and_the_pause_costs_no_timeout(
 
         # When only the runner is continued (`kill -CONT PID`), and the job is then let
         # finish
-        os.kill(runner.pid, signal.SIGCONT)
-        resumed = runner.until(lambda line: line.startswith("resumed"))
+        resumed = continue_runner(runner)
         go1.touch()
 
         # Then the run goes on: the job completes in its one attempt (the pause did not count
@@ -204,13 +214,9 @@ def test_ctrl_z_while_a_spawned_worker_starts_and_kill_cont_of_the_runner_goes_o
         starting = wait_for_pid(hold / "starting.pid")  # the next worker, held in its start
 
         # When the terminal sends SIGTSTP (Ctrl-Z) to the runner's process group
-        os.killpg(runner.pid, signal.SIGTSTP)
-        runner.until(lambda line: line.startswith("suspended"))
-        wait_until(lambda: stopped(runner.pid) and stopped(starting), timeout_s=10,
-                   what="the runner and the starting worker to be stopped")
+        ctrl_z(runner, starting, "the starting worker")
         # ... and only the runner is continued (`kill -CONT PID`)
-        os.kill(runner.pid, signal.SIGCONT)
-        runner.until(lambda line: line.startswith("resumed"))
+        continue_runner(runner)
 
         # Then the runner continues the worker the terminal stopped with it (left stopped,
         # it never said it was ready, and the run waited for it for good)
@@ -246,16 +252,11 @@ def test_ctrl_z_pauses_a_process_that_left_its_jobs_group(
         assert os.getpgid(daemon) == os.getsid(daemon) != os.getsid(runner.pid)  # its own
 
         # When the terminal sends SIGTSTP (Ctrl-Z) to the runner's process group
-        os.killpg(runner.pid, signal.SIGTSTP)
-
         # Then the daemon is paused with the run (before, it ran on unwatched)
-        runner.until(lambda line: line.startswith("suspended"))
-        wait_until(lambda: stopped(runner.pid) and stopped(daemon), timeout_s=10,
-                   what="the runner and the daemon to be stopped")
+        ctrl_z(runner, daemon, "the daemon")
 
         # And when the runner is continued, it is too, and the run ends as it would have
-        os.kill(runner.pid, signal.SIGCONT)
-        runner.until(lambda line: line.startswith("resumed"))
+        continue_runner(runner)
         wait_until(lambda: not psutil.pid_exists(daemon) or not stopped(daemon),
                    timeout_s=10, what="the daemon to be continued")
         assert runner.wait() == 0, (runner.lines, runner.stderr())
