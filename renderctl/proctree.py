@@ -125,6 +125,12 @@ def pid_alive(pid: int) -> bool:
     return fields is not None and fields[0] not in ("Z", "X")
 
 
+def is_stopped(pid: int) -> bool:
+    """Whether ``pid`` is stopped (SIGSTOP, or Ctrl-Z's SIGTSTP): `ps` state T."""
+    fields = _stat_fields(pid)
+    return fields is not None and fields[0] == "T"
+
+
 def group_members(pgid: int, *, include_zombies: bool = False) -> list[int]:
     """Pids whose process group is ``pgid`` (a /proc scan, about 10 µs per process)."""
     members: list[int] = []

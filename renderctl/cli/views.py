@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+from collections.abc import Mapping
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from renderctl import proctree
 from renderctl.cli.console import human_bytes, human_duration, one_line, plain, table_width
 from renderctl.lifecycle import State
 from renderctl.store import JobView, Queue, QueueStatus
@@ -25,7 +28,7 @@ def status_json(q: Queue, st: QueueStatus) -> dict[str, Any]:
         **{s.value: st.counts[s.value] for s in State},
         "corrupt": st.corrupt,
         "oldest_pending_age_s": st.oldest_pending_age_s,
-        "runner": st.runner,
+        "runner": _runner_json(st.runner),
         "memory_guard": memory_guard(st),
         "running_jobs": [
             {"id": r.spec.id, "kind": r.spec.kind,
@@ -36,6 +39,20 @@ def status_json(q: Queue, st: QueueStatus) -> dict[str, Any]:
             for r in st.running
         ],
     }
+
+
+def _runner_json(runner: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The holder record, with ``stopped``: whether the runner is stopped (Ctrl-Z, SIGSTOP:
+    its jobs are paused with it, or, after a bare SIGSTOP, run on unwatched); null where
+    that cannot be told (another host)."""
+    if not runner:
+        return None if runner is None else {}
+    stopped = None
+    with contextlib.suppress(KeyError, TypeError, ValueError):
+        if proctree.holder_alive(host=runner["host"], boot_id=runner["boot_id"],
+                                 pid=int(runner["pid"]), start_time=int(runner["start_time"])):
+            stopped = proctree.is_stopped(int(runner["pid"]))
+    return {**runner, "stopped": stopped}
 
 
 def memory_guard(st: QueueStatus) -> str:
@@ -52,8 +69,11 @@ def memory_guard(st: QueueStatus) -> str:
 
 def render_status(c: Console, q: Queue, st: QueueStatus) -> None:
     data = status_json(q, st)
-    runner = st.runner
-    runner_line = (f"runner pid {runner.get('pid')} on {runner.get('host')}, memory guard "
+    runner = data["runner"]
+    pid = runner.get("pid") if runner else None
+    stopped = (f" (stopped: `fg` in its shell or `kill -CONT {pid}` resumes it)"
+               if runner and runner["stopped"] else "")
+    runner_line = (f"runner pid {pid} on {runner.get('host')}{stopped}, memory guard "
                    f"{data['memory_guard']}" if runner
                    else f"no runner (memory guard here: {data['memory_guard']})")
     states = [s.value for s in State]

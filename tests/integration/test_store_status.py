@@ -86,3 +86,43 @@ def test_a_job_caught_between_two_folders_is_counted_once_where_show_finds_it(
     assert 'renderctl_jobs{state="running"} 0\n' in metrics, metrics
     assert json.loads(run_cli("show", "a", "--json", "--queue", str(queue)).stdout)[
         "state"] == "done"
+
+
+def test_status_says_when_the_runner_is_stopped(tmp_path: Path) -> None:
+    import signal
+
+    from jobfns import Runner, cli_args, stopped, wait_until
+
+    from renderctl.errors import ExitCode
+
+    # Given a runner following a queue
+    queue = tmp_path / "q"
+    runner = Runner(*cli_args(queue, tmp_path / "out", "--workers", "1", "--follow", "--json"))
+    try:
+        runner.until(lambda ln: '"runner_started"' in ln)
+
+        def status() -> tuple[str, dict[str, object]]:
+            plain = run_cli("status", "--queue", str(queue))
+            st = run_cli("status", "--json", "--queue", str(queue))
+            assert plain.returncode == st.returncode == 0, plain.stderr + st.stderr
+            return plain.stdout, json.loads(st.stdout)["runner"]
+
+        text, info = status()
+        assert info["pid"] == runner.pid and info["stopped"] is False, info
+        assert "stopped" not in text, text
+
+        # When it is stopped (Ctrl-Z, kill -STOP), nothing progresses
+        os.kill(runner.pid, signal.SIGSTOP)
+        wait_until(lambda: stopped(runner.pid), what="the runner to stop")
+
+        # Then `status` says so, and how to resume it (before: a live runner, no more)
+        text, info = status()
+        assert info["stopped"] is True, info
+        assert f"runner pid {runner.pid} on " in text, text
+        assert f"(stopped: `fg` in its shell or `kill -CONT {runner.pid}` resumes it)" in text
+        os.kill(runner.pid, signal.SIGCONT)
+        wait_until(lambda: status()[1]["stopped"] is False, what="status to see it running")
+        runner.proc.send_signal(signal.SIGTERM)
+        assert runner.wait() == ExitCode.SIGTERM
+    finally:
+        runner.close()
