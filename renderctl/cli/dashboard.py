@@ -3,7 +3,8 @@
 ``render_dashboard(snapshot)`` turns the runner's snapshot (``Runner.snapshot()``, or
 ``runner.state.json`` read by `top`) into a rich renderable; it does no I/O, so tests feed it
 a fixture dict. Optional keys beyond the runner's own: ``out_root``, ``runner_alive``
-(False: `top` found no runner), ``queue_counts`` (folder counts), ``oldest_pending_age_s``,
+(False: `top` found no runner), ``runner_suspended`` (True: `top` found it stopped),
+``queue_counts`` (folder counts), ``oldest_pending_age_s``,
 ``dead_depth``, ``in_flight`` (claimed jobs not yet finished, prefetched ones included);
 ``retries`` may be None (`top` without a runner could not count them: shown as "-").
 
@@ -80,10 +81,16 @@ def _header_rows(snap: Mapping[str, Any]) -> list[tuple[str, str, str]]:
     # "stopped": the run's loop has ended (its last frame, which stays on the screen): its
     # workers are gone because it let them go, nothing to flag.
     ended = bool(snap.get("stopped"))
+    pid = snap.get("pid", "-")
+    if snap.get("runner_suspended"):
+        rows.append(("runner", f"pid {pid} is STOPPED (Ctrl-Z, SIGSTOP): `fg` in its shell or "
+                               f"`kill -CONT {pid}` resumes it; figures as it left them",
+                     "bold yellow"))
+    else:
+        rows.append(("runner", f"pid {pid}, up {human_duration(snap.get('uptime_s'))}"
+                     + (" - ended" if ended else " - STOPPING" if snap.get("stopping")
+                        else ""), ""))
     rows += [
-        ("runner", f"pid {snap.get('pid', '-')}, up {human_duration(snap.get('uptime_s'))}"
-                   + (" - ended" if ended else " - STOPPING" if snap.get("stopping")
-                      else ""), ""),
         ("workers", f"{alive}/{desired} alive",
          "yellow" if alive < desired and not ended else ""),
         ("memory guard", f"{snap.get('guard') or '-'}; budget {snap.get('budget_mb', '-')} MB",

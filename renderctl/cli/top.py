@@ -19,6 +19,7 @@ from rich.live import Live
 
 from renderctl.cli.console import write_out
 from renderctl.cli.dashboard import dashboard_lines, render_dashboard
+from renderctl.cli.views import runner_json
 from renderctl.metrics import read_runner_state
 from renderctl.proctree import suspend_self
 from renderctl.store import Queue, QueueStatus
@@ -91,6 +92,10 @@ class TopFeed:
         now = self.q.clock.wall()
         snap["queue"] = str(self.q.path)
         snap["runner_alive"] = state is not None
+        if state is not None:
+            # Stopped (Ctrl-Z, SIGSTOP), it writes no snapshot: the last one stays, frozen.
+            info = runner_json(self.q.runner_info())
+            snap["runner_suspended"] = bool(info and info.get("stopped"))
         snap["queue_counts"] = dict(st.counts)
         if not from_runner:
             snap["oldest_pending_age_s"] = st.oldest_pending_age_s

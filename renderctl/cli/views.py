@@ -28,7 +28,7 @@ def status_json(q: Queue, st: QueueStatus) -> dict[str, Any]:
         **{s.value: st.counts[s.value] for s in State},
         "corrupt": st.corrupt,
         "oldest_pending_age_s": st.oldest_pending_age_s,
-        "runner": _runner_json(st.runner),
+        "runner": runner_json(st.runner),
         "memory_guard": memory_guard(st),
         "running_jobs": [
             {"id": r.spec.id, "kind": r.spec.kind,
@@ -41,7 +41,7 @@ def status_json(q: Queue, st: QueueStatus) -> dict[str, Any]:
     }
 
 
-def _runner_json(runner: Mapping[str, Any] | None) -> dict[str, Any] | None:
+def runner_json(runner: Mapping[str, Any] | None) -> dict[str, Any] | None:
     """The holder record, with ``stopped``: whether the runner is stopped (Ctrl-Z, SIGSTOP:
     its jobs are paused with it, or, after a bare SIGSTOP, run on unwatched); null where
     that cannot be told (another host)."""

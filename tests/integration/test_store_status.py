@@ -88,7 +88,7 @@ def test_a_job_caught_between_two_folders_is_counted_once_where_show_finds_it(
         "state"] == "done"
 
 
-def test_status_says_when_the_runner_is_stopped(tmp_path: Path) -> None:
+def test_status_and_top_say_when_the_runner_is_stopped(tmp_path: Path) -> None:
     import signal
 
     from jobfns import Runner, cli_args, stopped, wait_until
@@ -115,11 +115,15 @@ def test_status_says_when_the_runner_is_stopped(tmp_path: Path) -> None:
         os.kill(runner.pid, signal.SIGSTOP)
         wait_until(lambda: stopped(runner.pid), what="the runner to stop")
 
-        # Then `status` says so, and how to resume it (before: a live runner, no more)
+        # Then `status` says so, and how to resume it (before: a live runner, no more), and
+        # so does `top` (before: its last figures, frozen, as if live)
         text, info = status()
         assert info["stopped"] is True, info
         assert f"runner pid {runner.pid} on " in text, text
         assert f"(stopped: `fg` in its shell or `kill -CONT {runner.pid}` resumes it)" in text
+        top = run_cli("top", "--once", "--queue", str(queue))
+        assert f"pid {runner.pid} is STOPPED (Ctrl-Z, SIGSTOP): `fg` in its shell or " \
+               f"`kill -CONT {runner.pid}` resumes it" in top.stdout, top.stdout + top.stderr
         os.kill(runner.pid, signal.SIGCONT)
         wait_until(lambda: status()[1]["stopped"] is False, what="status to see it running")
         runner.proc.send_signal(signal.SIGTERM)
