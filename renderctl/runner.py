@@ -817,6 +817,14 @@ class Runner:
         # _drop_moot_logs), where one log grew a line per job for the runner's whole life.
         log = str(self.q.dir("control")
                   / STARTED_LOG.format(f"{self.token_prefix}.{self._gates}"))
+        for helper in mpstate.helper_pids():
+            if proctree.is_stopped(helper):
+                # Ours (the fork server, the resource tracker), stopped with the runner's
+                # process group by a SIGSTOP and left so by a `kill -CONT` of the runner
+                # alone: the start below would wait on it for good. (Ctrl-Z's SIGTSTP it
+                # ignores; see _suspend.) ~20 us per start, of 2-20 ms.
+                with contextlib.suppress(OSError):
+                    os.kill(helper, signal.SIGCONT)
         cfg = WorkerConfig(slot_path=slot.path, started_log=log,
                            work_root=self.work_root, gate_path=gate.path,
                            control_dir=str(self.q.dir("control")),

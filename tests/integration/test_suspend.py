@@ -267,3 +267,48 @@ def test_ctrl_z_pauses_a_process_that_left_its_jobs_group(
                 os.kill(daemon, signal.SIGKILL)
     assert QueueView(queue).ids("done") == {"d"}, runner.lines
     assert_pdf(out / "d.pdf", "d")
+
+
+def test_a_runner_continued_alone_after_a_sigstop_of_its_group_still_starts_workers(
+        tmp_path: Path, write_manifest: Any) -> None:
+    from jobfns import run_cli
+
+    from renderctl.errors import ExitCode
+
+    queue, out = tmp_path / "q", tmp_path / "out"
+    # Given a following runner in a process group of its own (with its fork server), whose
+    # one worker is replaced after each job
+    stage(tmp_path)
+    runner = Runner(*cli_args(queue, out, "--workers", "1", "--max-jobs-per-worker", "1",
+                              "--follow", "--json"), own_group=True)
+    try:
+        runner.until(lambda ln: '"runner_started"' in ln)
+        server = next(p.pid for p in psutil.Process(runner.pid).children()
+                      if "multiprocessing.forkserver" in " ".join(p.cmdline()))
+        # (its worker ready, in a group of its own: one still starting is in the server's,
+        # stopped with it, and judged by the start timeout)
+        wait_until(lambda: any(p.pid != server and os.getpgid(p.pid) == p.pid
+                               for p in psutil.Process(server).children()),
+                   what="the worker to be ready")
+
+        # When that whole group is stopped by SIGSTOP (not Ctrl-Z's SIGTSTP, which the fork
+        # server ignores), and only the runner is continued (`kill -CONT PID`)
+        os.killpg(runner.pid, signal.SIGSTOP)
+        wait_until(lambda: stopped(runner.pid) and stopped(server),
+                   what="the runner and its fork server to be stopped")
+        os.kill(runner.pid, signal.SIGCONT)
+        wait_until(lambda: not stopped(runner.pid), what="the runner to go on")
+
+        # Then jobs submitted now still run, each needing a new worker from the fork server
+        # (before: the runner waited on the stopped server for good, at the first start)
+        ids = ["a", "b", "c"]
+        assert run_cli("submit", write_manifest([py_job(j, "write_pdf") for j in ids]),
+                       *cli_args(queue, out)).returncode == 0
+        for j in ids:
+            runner.until(lambda ln, j=j: '"completed"' in ln and f'"{j}"' in ln, timeout_s=30)
+        runner.proc.send_signal(signal.SIGTERM)
+        assert runner.wait() == ExitCode.SIGTERM, runner.lines
+    finally:
+        runner.kill()
+    for j in ids:
+        assert_pdf(out / f"{j}.pdf", j)
