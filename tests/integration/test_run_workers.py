@@ -678,3 +678,45 @@ def test_a_stop_does_not_wait_for_good_on_a_stopped_worker_holding_a_job(
     view = QueueView(queue)
     assert view.ids("pending") == {"a"}
     assert not view.record("pending", "a").get("attempts")
+
+
+def test_a_big_job_queued_behind_a_running_one_does_not_hold_the_runner(
+        tmp_path: Path, write_manifest: Any) -> None:
+    from renderctl.errors import ExitCode
+
+    stage(tmp_path)
+    queue, out = tmp_path / "q", tmp_path / "out"
+    go, pid = tmp_path / "go", tmp_path / "long.pid"
+    # Given a following runner whose one worker runs a job that holds until told, with room
+    # for one more job queued behind it
+    runner = Runner(*cli_args(queue, out, "--workers", "1", "--prefetch", "2", "--follow",
+                              "--json"))
+    try:
+        runner.until(lambda ln: '"runner_started"' in ln)
+        assert run_cli("submit", write_manifest(
+            [py_job("long", "wait_for_go", pidfile=str(pid), go=str(go))], name="long.toml"),
+            *cli_args(queue, out)).returncode == 0
+        wait_for_pid(pid, what="long to start")
+
+        # When a job whose spec is bigger than the worker's socket takes (~320 KB of params:
+        # a merge of a thousand inputs gets there too) is queued behind it
+        big = py_job("big", "write_pdf", **{f"k{i}": "x" * 16000 for i in range(20)})
+        assert run_cli("submit", write_manifest([big], name="big.toml"),
+                       *cli_args(queue, out)).returncode == 0
+        wait_until(lambda: QueueView(queue).ids("running") == {"long", "big"},
+                   what="big to be claimed for the busy worker")
+
+        # Then the runner still hears a cancel of the running job at once (before: it sat
+        # in its send until the worker read its socket, after that job: here, never)
+        assert run_cli("cancel", "long", "--queue", queue).returncode == 0
+        runner.until(lambda ln: '"cancelled"' in ln and '"long"' in ln, timeout_s=10)
+        # And the big job, sent in pieces as the worker reads, runs whole
+        runner.until(lambda ln: '"completed"' in ln and '"big"' in ln, timeout_s=30)
+        runner.proc.send_signal(signal.SIGTERM)
+        assert runner.wait() == ExitCode.SIGTERM, runner.lines
+    finally:
+        go.touch()
+        runner.close()
+    rec = QueueView(queue).record("done", "big")
+    assert rec["spec"]["params"]["k19"] == "x" * 16000
+    assert_pdf(out / "big.pdf", "big")
