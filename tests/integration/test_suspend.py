@@ -3,7 +3,9 @@ its timeout. A terminal stops only its foreground process group (the runner and 
 server); each job runs in a group of its own, so the runner stops those itself.
 
 Real processes and signals: SIGTSTP to the runner's process group as a terminal sends it,
-SIGCONT as `fg` or `kill -CONT PID` does; "stopped" is read from /proc."""
+SIGCONT as `fg` or `kill -CONT PID` does; "stopped" is read from /proc. Also the other ways a
+run gets paused in part (SIGSTOP of its group, a terminal's Ctrl-S), which must not stop it
+supervising."""
 
 from __future__ import annotations
 
@@ -312,3 +314,53 @@ def test_a_runner_continued_alone_after_a_sigstop_of_its_group_still_starts_work
         runner.kill()
     for j in ids:
         assert_pdf(out / f"{j}.pdf", j)
+
+
+def test_ctrl_s_on_the_terminal_does_not_stop_the_run_supervising_its_jobs(
+        tmp_path: Path, write_manifest: Any) -> None:
+    queue, out = tmp_path / "q", tmp_path / "out"
+    # Given a run drawing its dashboard on a terminal, running a job of one attempt that
+    # would take 30 s but has a 2 s timeout
+    stage(tmp_path)
+    pid = tmp_path / "slow.pid"
+    job = {**py_job("slow", "sleep_then_write", s=30, pidfile=str(pid)),
+           "timeout_s": 2, "max_attempts": 1}
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+    env = {**_env(None), "TERM": "xterm-256color"}
+    env.pop("NO_COLOR")
+    proc = subprocess.Popen([*RENDERCTL, "run", *cli_args(queue, out, "--workers", "1"),
+                             str(write_manifest([job]))], stdin=slave, stdout=slave,
+                            stderr=subprocess.PIPE, env=env, process_group=0)
+    os.close(slave)
+
+    def read_some() -> None:  # (what the terminal shows; it is never left unread)
+        if select.select([master], [], [], 0.05)[0]:
+            with contextlib.suppress(OSError):
+                os.read(master, 65536)
+
+    try:
+        wait_until(lambda: read_some() or pid.exists(), what="the job to start")
+
+        # When the user presses Ctrl-S (XOFF): the terminal stops taking output
+        os.write(master, b"\x13")
+
+        # Then the run still supervises its job meanwhile: killed at its timeout and
+        # dead-lettered (before: the dashboard's next frame waited for Ctrl-Q, and the
+        # runner's whole loop with it)
+        wait_until(lambda: read_some() or "slow" in QueueView(queue).ids("dead"),
+                   timeout_s=15, what="the job to be killed at its timeout")
+        # And after Ctrl-Q the run ends as usual
+        os.write(master, b"\x11")
+        wait_until(lambda: read_some() or proc.poll() is not None, timeout_s=30,
+                   what="the run to end")
+        assert proc.returncode == 1, proc.stderr.read() if proc.stderr else ""
+    finally:
+        with contextlib.suppress(OSError):
+            os.write(master, b"\x11")
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        os.close(master)
+    attempts = QueueView(queue).record("dead", "slow")["attempts"]
+    assert [a["outcome"] for a in attempts] == ["timeout"], attempts
