@@ -55,6 +55,21 @@ def ctrl_z(runner: Runner, pid: int, what: str) -> None:
                what=f"the runner and {what} to be stopped")
 
 
+def run_on_a_terminal(queue: Path, out: Path, manifest: Path) -> tuple[subprocess.Popen[bytes],
+                                                                       int]:
+    """`renderctl run --workers 1 MANIFEST` on a new 120x40 terminal (a pty), in a process
+    group of its own as a shell starts it: the process and the terminal's master end."""
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+    env = {**_env(None), "TERM": "xterm-256color"}
+    env.pop("NO_COLOR")
+    proc = subprocess.Popen([*RENDERCTL, "run", *cli_args(queue, out, "--workers", "1"),
+                             str(manifest)], stdin=slave, stdout=slave,
+                            stderr=subprocess.PIPE, env=env, process_group=0)
+    os.close(slave)
+    return proc, master
+
+
 def continue_runner(runner: Runner) -> str:
     """SIGCONT to the runner alone (`kill -CONT PID`); its `resumed` line."""
     os.kill(runner.pid, signal.SIGCONT)
@@ -148,14 +163,7 @@ def test_ctrl_z_gives_the_terminal_its_cursor_back_and_fg_redraws_the_dashboard(
     queue, out = tmp_path / "q", tmp_path / "out"
     # Given a run drawing its dashboard on a terminal, running a job
     job, go = held_job(tmp_path, "shown", timeout_s=30)
-    master, slave = pty.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
-    env = {**_env(None), "TERM": "xterm-256color"}
-    env.pop("NO_COLOR")
-    proc = subprocess.Popen([*RENDERCTL, "run", *cli_args(queue, out, "--workers", "1"),
-                             str(write_manifest([job]))], stdin=slave, stdout=slave,
-                            stderr=subprocess.PIPE, env=env, process_group=0)
-    os.close(slave)
+    proc, master = run_on_a_terminal(queue, out, write_manifest([job]))
     seen = bytearray()
 
     def read_for(s: float) -> None:
@@ -325,14 +333,7 @@ def test_ctrl_s_on_the_terminal_does_not_stop_the_run_supervising_its_jobs(
     pid = tmp_path / "slow.pid"
     job = {**py_job("slow", "sleep_then_write", s=30, pidfile=str(pid)),
            "timeout_s": 2, "max_attempts": 1}
-    master, slave = pty.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
-    env = {**_env(None), "TERM": "xterm-256color"}
-    env.pop("NO_COLOR")
-    proc = subprocess.Popen([*RENDERCTL, "run", *cli_args(queue, out, "--workers", "1"),
-                             str(write_manifest([job]))], stdin=slave, stdout=slave,
-                            stderr=subprocess.PIPE, env=env, process_group=0)
-    os.close(slave)
+    proc, master = run_on_a_terminal(queue, out, write_manifest([job]))
 
     def read_some() -> None:  # (what the terminal shows; it is never left unread)
         if select.select([master], [], [], 0.05)[0]:
