@@ -929,6 +929,8 @@ def run(
     finally:
         if dashboard is not None:
             dashboard.close(runner)
+        else:
+            main.finish()  # lines a stopped terminal held (see reporters.Lines)
         if textfile is not None:
             report_written("metrics textfile", metrics_textfile, textfile.close)
         if collector is not None and junit is not None:
@@ -940,6 +942,7 @@ def run(
         if ended is not None and any(ended.values()):  # as `submit --json` has it
             doc["already_ended"] = ended
         main.event(doc)
+        main.finish()
     else:
         out.write_out(summary_line(summary) + "\n")
     if runner.output_io_error is not None:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import select
+import sys
 import time
+from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
@@ -16,11 +19,40 @@ PLAIN_EVENTS = frozenset({"completed", "retry", "dead", "cancelled", "expired", 
                           "worker_unresponsive"})
 
 
+class Lines:
+    """`run`'s lines on stdout. While stdout takes no more now (a terminal's Ctrl-S, until
+    Ctrl-Q; a full pipe whose reader is slow or paused: `| less` not scrolled), they are
+    held, in order, and written once it takes them again: a write would wait, and the
+    runner's whole loop with it (no timeout, cancel or memory check). One poll(2) a line."""
+
+    HOLD_MAX = 100_000  # lines (~15 MB); past it, wait for the reader after all
+
+    def __init__(self) -> None:
+        self.held: deque[str] = deque()
+        self._room: select.poll | None = None
+        try:
+            fd = sys.stdout.fileno()
+            self._room = select.poll()
+            self._room.register(fd, select.POLLOUT)
+        except (AttributeError, OSError, ValueError):
+            self._room = None  # no real stdout: written through as ever
+
+    def write(self, text: str) -> None:
+        self.held.append(text)
+        self.flush(wait=len(self.held) > self.HOLD_MAX)
+
+    def flush(self, *, wait: bool = False) -> None:
+        """Write what is held, as far as stdout takes it now (all of it: ``wait``)."""
+        while self.held and (wait or self._room is None or self._room.poll(0)):
+            write_out(self.held.popleft())
+
+
 class PlainReporter:
     """One line per state change, no colour; `--quiet` keeps only failures."""
 
     def __init__(self, *, quiet: bool = False) -> None:
         self.quiet = quiet
+        self.lines = Lines()
 
     def event(self, ev: Mapping[str, Any]) -> None:
         name = ev.get("event")
@@ -28,10 +60,14 @@ class PlainReporter:
             return
         if self.quiet and name in ("completed", "runner_started", "recovered", "released"):
             return
-        write_out(format_event(ev) + "\n")
+        self.lines.write(format_event(ev) + "\n")
 
     def tick(self, runner: Runner) -> None:
-        pass
+        self.lines.flush()
+
+    def finish(self) -> None:
+        """Write every line held (the run is over: waiting on the terminal costs nothing)."""
+        self.lines.flush(wait=True)
 
 
 def format_event(ev: Mapping[str, Any]) -> str:
@@ -91,11 +127,18 @@ def format_event(ev: Mapping[str, Any]) -> str:
 class JsonReporter:
     """JSON Lines: one object per state change (schema in the README)."""
 
+    def __init__(self) -> None:
+        self.lines = Lines()
+
     def event(self, ev: Mapping[str, Any]) -> None:
-        write_out(dumps({"ts": round(time.time(), 6), **ev}) + "\n")
+        self.lines.write(dumps({"ts": round(time.time(), 6), **ev}) + "\n")
 
     def tick(self, runner: Runner) -> None:
-        pass
+        self.lines.flush()
+
+    def finish(self) -> None:
+        """Write every line held (the run is over: waiting on the terminal costs nothing)."""
+        self.lines.flush(wait=True)
 
 
 def summary_line(s: RunSummary) -> str:

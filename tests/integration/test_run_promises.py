@@ -1199,3 +1199,41 @@ def test_a_folder_swapped_for_a_symlink_after_the_check_gets_no_folders_made_out
         runner.close()
     assert list(outside.iterdir()) == []
     assert QueueView(queue).states_of(["j"]) == {"j": ["dead"]}
+
+
+def test_a_run_whose_output_pipe_nobody_reads_still_supervises_its_jobs(
+        tmp_path: Path, write_manifest: Any) -> None:
+    import subprocess
+
+    from jobfns import RENDERCTL, _env
+
+    # Given a run of 800 quick jobs and one of one attempt that would take 30 s but has a
+    # 2 s timeout, whose stdout is a pipe nobody reads for now (`| less` not scrolled):
+    # its lines soon fill the pipe
+    stage(tmp_path)
+    queue, out = tmp_path / "q", tmp_path / "out"
+    quick = [py_job(f"q{i:03d}", "write_one_byte", output=f"q/{i}.bin") for i in range(800)]
+    slow = {**py_job("slow", "sleep_then_write", s=30, pidfile=str(tmp_path / "slow.pid")),
+            "timeout_s": 2, "max_attempts": 1}
+    proc = subprocess.Popen([*RENDERCTL, "run", str(write_manifest([slow, *quick])),
+                             *cli_args(queue, out, "--workers", "2")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env(None))
+    try:
+        # Then it still runs every job, and kills the slow one at its timeout (before: its
+        # loop waited in a write for the reader, and with it every job's supervision)
+        view = QueueView(queue)
+        wait_until(lambda: "slow" in view.ids("dead") and len(view.ids("done")) == 800,
+                   timeout_s=60, what="every job to end while nobody reads the output")
+        # And once the reader comes, it gets every line, in order, and the summary
+        stdout, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    lines = stdout.decode().splitlines()
+    assert proc.returncode == 1, lines[-3:]
+    assert sum(ln.startswith("completed q") for ln in lines) == 800
+    assert [ln.split()[1] for ln in lines if ln.startswith("dead ")] == ["slow"]
+    assert lines[-1].startswith("summary: done 800, dead 1"), lines[-3:]
+    attempts = view.record("dead", "slow")["attempts"]
+    assert [a["outcome"] for a in attempts] == ["timeout"], attempts

@@ -55,16 +55,17 @@ def ctrl_z(runner: Runner, pid: int, what: str) -> None:
                what=f"the runner and {what} to be stopped")
 
 
-def run_on_a_terminal(queue: Path, out: Path, manifest: Path) -> tuple[subprocess.Popen[bytes],
-                                                                       int]:
-    """`renderctl run --workers 1 MANIFEST` on a new 120x40 terminal (a pty), in a process
+def run_on_a_terminal(queue: Path, out: Path, manifest: Path, *extra: str, workers: int = 1,
+                      no_color: bool = False) -> tuple[subprocess.Popen[bytes], int]:
+    """`renderctl run --workers N MANIFEST` on a new 120x40 terminal (a pty), in a process
     group of its own as a shell starts it: the process and the terminal's master end."""
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
     env = {**_env(None), "TERM": "xterm-256color"}
-    env.pop("NO_COLOR")
-    proc = subprocess.Popen([*RENDERCTL, "run", *cli_args(queue, out, "--workers", "1"),
-                             str(manifest)], stdin=slave, stdout=slave,
+    if not no_color:
+        env.pop("NO_COLOR")
+    proc = subprocess.Popen([*RENDERCTL, "run", *cli_args(queue, out, "--workers", str(workers)),
+                             *extra, str(manifest)], stdin=slave, stdout=slave,
                             stderr=subprocess.PIPE, env=env, process_group=0)
     os.close(slave)
     return proc, master
@@ -324,38 +325,59 @@ def test_a_runner_continued_alone_after_a_sigstop_of_its_group_still_starts_work
         assert_pdf(out / f"{j}.pdf", j)
 
 
+@pytest.mark.parametrize("shown", ["dashboard", "plain", "json"])
 def test_ctrl_s_on_the_terminal_does_not_stop_the_run_supervising_its_jobs(
-        tmp_path: Path, write_manifest: Any) -> None:
+        tmp_path: Path, write_manifest: Any, shown: str) -> None:
     queue, out = tmp_path / "q", tmp_path / "out"
-    # Given a run drawing its dashboard on a terminal, running a job of one attempt that
-    # would take 30 s but has a 2 s timeout
+    # Given a run on a terminal (its dashboard; plain lines under NO_COLOR; JSON Lines),
+    # running a job that ends when told and one of one attempt that would take 30 s but
+    # has a 2 s timeout
     stage(tmp_path)
     pid = tmp_path / "slow.pid"
+    quick, go = held_job(tmp_path, "quick", timeout_s=60)
     job = {**py_job("slow", "sleep_then_write", s=30, pidfile=str(pid)),
            "timeout_s": 2, "max_attempts": 1}
-    proc, master = run_on_a_terminal(queue, out, write_manifest([job]))
+    proc, master = run_on_a_terminal(queue, out, write_manifest([quick, job]),
+                                     *(["--json"] if shown == "json" else []), workers=2,
+                                     no_color=shown == "plain")
+    seen = bytearray()
 
-    def read_some() -> None:  # (what the terminal shows; it is never left unread)
+    def read_some() -> int:  # (what the terminal shows; it is never left unread)
         if select.select([master], [], [], 0.05)[0]:
             with contextlib.suppress(OSError):
-                os.read(master, 65536)
+                chunk = os.read(master, 65536)
+                seen.extend(chunk)
+                return len(chunk)
+        return 0
 
     try:
-        wait_until(lambda: read_some() or pid.exists(), what="the job to start")
+        wait_until(lambda: read_some() < 0 or (pid.exists() and (tmp_path / "quick.pid")
+                                               .exists()), what="the jobs to start")
 
-        # When the user presses Ctrl-S (XOFF): the terminal stops taking output
+        # When the user presses Ctrl-S (XOFF): the terminal stops taking output, and then
+        # the first job completes (a line, or a frame, to show)
         os.write(master, b"\x13")
+        go.touch()
 
         # Then the run still supervises its job meanwhile: killed at its timeout and
-        # dead-lettered (before: the dashboard's next frame waited for Ctrl-Q, and the
-        # runner's whole loop with it)
-        wait_until(lambda: read_some() or "slow" in QueueView(queue).ids("dead"),
+        # dead-lettered (before: the next frame or line waited for Ctrl-Q, and the runner's
+        # whole loop with it)
+        wait_until(lambda: read_some() < 0 or "slow" in QueueView(queue).ids("dead"),
                    timeout_s=15, what="the job to be killed at its timeout")
-        # And after Ctrl-Q the run ends as usual
+        # And after Ctrl-Q the run ends as usual, its lines all shown, in order
         os.write(master, b"\x11")
-        wait_until(lambda: read_some() or proc.poll() is not None, timeout_s=30,
+        wait_until(lambda: read_some() < 0 or proc.poll() is not None, timeout_s=30,
                    what="the run to end")
         assert proc.returncode == 1, proc.stderr.read() if proc.stderr else ""
+        while read_some():
+            pass
+        text = seen.decode(errors="replace")
+        if shown == "plain":
+            assert text.index("runner started") < text.index("completed quick") \
+                < text.index("dead      slow") < text.index("summary: done 1, dead 1"), text
+        if shown == "json":
+            assert text.index('"runner_started"') < text.index('"completed"') \
+                < text.index('"dead"') < text.index('"summary"'), text
     finally:
         with contextlib.suppress(OSError):
             os.write(master, b"\x11")
