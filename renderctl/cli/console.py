@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import select
 import sys
 from typing import Any
 
@@ -40,6 +41,25 @@ def table_width(columns: Any) -> int:
     terminal, rich would cut ids and numbers to "inv-…" or drop whole columns; the caller
     prints lines instead."""
     return sum(max(map(cell_len, col)) + 3 for col in columns) + 1
+
+
+class Room:
+    """Whether ``file`` takes a write now without waiting: not a terminal whose output is
+    stopped (Ctrl-S, until Ctrl-Q: a pty then has no room), nor a full pipe whose reader is
+    slow or paused. One poll(2); always True for what has no descriptor to poll."""
+
+    def __init__(self, file: Any) -> None:
+        self._poll: select.poll | None = None
+        try:
+            fd = file.fileno()
+            self._poll = select.poll()
+            self._poll.register(fd, select.POLLOUT)
+        except (AttributeError, OSError, ValueError):
+            self._poll = None
+
+    def __call__(self) -> bool:
+        # (A hang-up or a reader gone is reported too: the write then says so.)
+        return self._poll is None or bool(self._poll.poll(0))
 
 
 def write_out(text: str) -> None:

@@ -15,7 +15,6 @@ forks, so no thread may exist in it; frames are drawn from the runner's ``tick``
 
 from __future__ import annotations
 
-import select
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -27,6 +26,7 @@ from rich.table import Table
 from rich.text import Text
 
 from renderctl.cli.console import (
+    Room,
     human_bytes,
     human_duration,
     one_line,
@@ -350,7 +350,7 @@ class DashboardReporter:
         self._slow_due = 0.0
         self._slow: dict[str, Any] = {}
         self.gone = False  # the terminal hung up: draw nothing more
-        self._out: select.poll | None = None  # the terminal, polled for room (see _room)
+        self._room = Room(console.file)  # (see tick)
 
     def _draw(self, draw: Any) -> None:
         """Draw, unless the terminal is gone. A closed terminal window or a dropped SSH
@@ -384,27 +384,15 @@ class DashboardReporter:
         if ev.get("event") == "dead":
             self._slow_due = 0.0  # and the dead-letter depth with it, not 2 s later
 
-    def _room(self) -> bool:
-        """Whether the terminal takes a frame now. Not while its output is stopped (Ctrl-S,
-        XOFF; a pty then has no write room): a write would wait for Ctrl-Q, and with it the
-        runner's whole loop (no timeout, cancel or memory check; seen: a 2 s timeout not
-        enforced for as long as the output stayed stopped). Frames are skipped meanwhile;
-        one poll(2) a frame."""
-        if self._out is None:
-            try:
-                fd = self.console.file.fileno()
-            except (AttributeError, OSError, ValueError):
-                return True  # not a real file: nothing to wait on
-            self._out = select.poll()
-            self._out.register(fd, select.POLLOUT)
-        return bool(self._out.poll(0))  # (a hang-up is reported too: drawn, then `gone`)
-
     def tick(self, runner: Any) -> None:
         now = time.monotonic()
         if now < self._due:
             return
         self._due = now + self.interval_s
         if not self._room():
+            # The terminal's output is stopped (Ctrl-S): a frame would wait for Ctrl-Q, and
+            # the runner's whole loop with it (seen: a 2 s timeout not enforced for as long
+            # as it stayed stopped). Skipped until it takes one again.
             return
         if self.live is None:
             # Started at the first tick, not before: a runner that cannot get the queue

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import select
 import sys
 import time
 from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
-from renderctl.cli.console import dumps, human_bytes, human_duration, one_line, write_out
+from renderctl.cli.console import Room, dumps, human_bytes, human_duration, one_line, write_out
 from renderctl.runner import Runner, RunSummary
 
 # Events printed in plain mode; the rest (claimed, started) would drown the useful lines.
@@ -23,19 +22,13 @@ class Lines:
     """`run`'s lines on stdout. While stdout takes no more now (a terminal's Ctrl-S, until
     Ctrl-Q; a full pipe whose reader is slow or paused: `| less` not scrolled), they are
     held, in order, and written once it takes them again: a write would wait, and the
-    runner's whole loop with it (no timeout, cancel or memory check). One poll(2) a line."""
+    runner's whole loop with it (no timeout, cancel or memory check)."""
 
     HOLD_MAX = 100_000  # lines (~15 MB); past it, wait for the reader after all
 
     def __init__(self) -> None:
         self.held: deque[str] = deque()
-        self._room: select.poll | None = None
-        try:
-            fd = sys.stdout.fileno()
-            self._room = select.poll()
-            self._room.register(fd, select.POLLOUT)
-        except (AttributeError, OSError, ValueError):
-            self._room = None  # no real stdout: written through as ever
+        self._room = Room(sys.stdout)
 
     def write(self, text: str) -> None:
         self.held.append(text)
@@ -43,7 +36,7 @@ class Lines:
 
     def flush(self, *, wait: bool = False) -> None:
         """Write what is held, as far as stdout takes it now (all of it: ``wait``)."""
-        while self.held and (wait or self._room is None or self._room.poll(0)):
+        while self.held and (wait or self._room()):
             write_out(self.held.popleft())
 
 
