@@ -831,6 +831,7 @@ def run(
     """Submit these manifests (if any), then supervise workers until nothing is left."""
     from renderctl.cli.reporters import (
         JsonReporter,
+        Lines,
         PlainReporter,
         summary_json,
         summary_line,
@@ -847,6 +848,7 @@ def run(
             "as it ends, and a --follow runner's run never does (it would keep every job it "
             "ran in memory, ~640 bytes each, for weeks); use --metrics-textfile")
     early = _EarlyStop(STOP_SIGNALS)
+    lines = Lines()  # what `run` says on stdout, plain or JSON (a dashboard draws instead)
     # The fork server imports the renderers (~0.25 s) in its own process, on the other core,
     # while this one validates and submits the manifests and recovers the queue.
     prestart(start_method)
@@ -870,8 +872,9 @@ def run(
                 out.print_json(refused_json(exc))
             raise
         if not as_json and not quiet:
-            print(f"accepted {len(res.accepted)} job(s)"
-                  + (f", {len(res.already)} already accepted" if res.already else ""))
+            lines.write(f"accepted {len(res.accepted)} job(s)"
+                        + (f", {len(res.already)} already accepted" if res.already else "")
+                        + "\n")
         ended = ended_earlier(res)
         note_ended(ended)
     else:
@@ -888,9 +891,9 @@ def run(
     dashboard = None
     main: Any
     if as_json:
-        main = JsonReporter()
+        main = JsonReporter(lines)
     elif quiet or out.plain():
-        main = PlainReporter(quiet=quiet)
+        main = PlainReporter(lines, quiet=quiet)
     else:
         from renderctl.cli.dashboard import DashboardReporter
 
@@ -929,8 +932,7 @@ def run(
     finally:
         if dashboard is not None:
             dashboard.close(runner)
-        else:
-            main.finish()  # lines a stopped terminal held (see reporters.Lines)
+        lines.flush(wait=True)  # what stdout could not take yet (see reporters.Lines)
         if textfile is not None:
             report_written("metrics textfile", metrics_textfile, textfile.close)
         if collector is not None and junit is not None:
@@ -942,7 +944,7 @@ def run(
         if ended is not None and any(ended.values()):  # as `submit --json` has it
             doc["already_ended"] = ended
         main.event(doc)
-        main.finish()
+        lines.flush(wait=True)
     else:
         out.write_out(summary_line(summary) + "\n")
     if runner.output_io_error is not None:
@@ -952,6 +954,12 @@ def run(
     elif runner.worker_start_error is not None:
         out.err(f"{runner.worker_start_error}; stopped, the jobs not run stay pending "
                 "(nothing was charged for this)")
+    if lines.lost is not None:
+        # The jobs ran; what the run said of them did not reach stdout (see Lines).
+        out.err(f"stdout could not be written ({os_error_message(lines.lost)}); the "
+                "run's lines from then on are lost: `renderctl status` and `show` have "
+                "every outcome")
+        raise typer.Exit(ExitCode.IO_ERROR)
     raise typer.Exit(summary.exit_code)
 
 

@@ -8,7 +8,17 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
-from renderctl.cli.console import Room, dumps, human_bytes, human_duration, one_line, write_out
+from renderctl.cli.console import (
+    Room,
+    dumps,
+    err,
+    human_bytes,
+    human_duration,
+    one_line,
+    silence_stdout,
+    write_out,
+)
+from renderctl.errors import os_error_message
 from renderctl.runner import Runner, RunSummary
 
 # Events printed in plain mode; the rest (claimed, started) would drown the useful lines.
@@ -29,6 +39,7 @@ class Lines:
     def __init__(self) -> None:
         self.held: deque[str] = deque()
         self._room = Room(sys.stdout)
+        self.lost: OSError | None = None  # stdout failed (a full disk): later lines are lost
 
     def write(self, text: str) -> None:
         self.held.append(text)
@@ -37,15 +48,26 @@ class Lines:
     def flush(self, *, wait: bool = False) -> None:
         """Write what is held, as far as stdout takes it now (all of it: ``wait``)."""
         while self.held and (wait or self._room()):
-            write_out(self.held.popleft())
+            try:
+                write_out(self.held.popleft())
+            except OSError as exc:
+                # stdout cannot take more (`> log` on a full disk, a quota): the lines are
+                # lost, not the outcomes, which the queue keeps. Raised into the runner's
+                # loop, it ended the run and left the running jobs to be charged `crashed`.
+                self.lost = exc
+                self.held.clear()
+                silence_stdout()
+                err(f"warning: cannot write stdout ({os_error_message(exc)}); the run goes "
+                    "on without its lines (every outcome is in the queue and its "
+                    "events.jsonl) and will exit 74")
 
 
 class PlainReporter:
     """One line per state change, no colour; `--quiet` keeps only failures."""
 
-    def __init__(self, *, quiet: bool = False) -> None:
+    def __init__(self, lines: Lines, *, quiet: bool = False) -> None:
         self.quiet = quiet
-        self.lines = Lines()
+        self.lines = lines
 
     def event(self, ev: Mapping[str, Any]) -> None:
         name = ev.get("event")
@@ -57,10 +79,6 @@ class PlainReporter:
 
     def tick(self, runner: Runner) -> None:
         self.lines.flush()
-
-    def finish(self) -> None:
-        """Write every line held (the run is over: waiting on the terminal costs nothing)."""
-        self.lines.flush(wait=True)
 
 
 def format_event(ev: Mapping[str, Any]) -> str:
@@ -120,18 +138,14 @@ def format_event(ev: Mapping[str, Any]) -> str:
 class JsonReporter:
     """JSON Lines: one object per state change (schema in the README)."""
 
-    def __init__(self) -> None:
-        self.lines = Lines()
+    def __init__(self, lines: Lines) -> None:
+        self.lines = lines
 
     def event(self, ev: Mapping[str, Any]) -> None:
         self.lines.write(dumps({"ts": round(time.time(), 6), **ev}) + "\n")
 
     def tick(self, runner: Runner) -> None:
         self.lines.flush()
-
-    def finish(self) -> None:
-        """Write every line held (the run is over: waiting on the terminal costs nothing)."""
-        self.lines.flush(wait=True)
 
 
 def summary_line(s: RunSummary) -> str:

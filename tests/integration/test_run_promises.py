@@ -1237,3 +1237,36 @@ def test_a_run_whose_output_pipe_nobody_reads_still_supervises_its_jobs(
     assert lines[-1].startswith("summary: done 800, dead 1"), lines[-3:]
     attempts = view.record("dead", "slow")["attempts"]
     assert [a["outcome"] for a in attempts] == ["timeout"], attempts
+
+
+@pytest.mark.parametrize("fmt", ["plain", "json"])
+def test_a_run_whose_stdout_cannot_be_written_still_runs_every_job(
+        tmp_path: Path, write_manifest: Any, fmt: str) -> None:
+    import subprocess
+
+    from jobfns import RENDERCTL, _env
+
+    # Given a run whose stdout is a file on a full disk (/dev/full: every write fails
+    # with ENOSPC), plain lines or JSON Lines
+    stage(tmp_path)
+    queue, out = tmp_path / "q", tmp_path / "out"
+    ids = ["a", "b", "c"]
+    with open("/dev/full", "w") as full:
+        res = subprocess.run([*RENDERCTL, "run", str(write_manifest([py_job(j, "write_pdf")
+                                                                     for j in ids])),
+                              *cli_args(queue, out, "--workers", "2"),
+                              *(["--json"] if fmt == "json" else [])],
+                             stdout=full, stderr=subprocess.PIPE, text=True, env=_env(None),
+                             timeout=120)
+
+    # Then every job still runs, once (before: the first line's error ended the run, the
+    # jobs left pending; mid-run, the running ones were left to be charged `crashed`), and
+    # the run says once that its lines are lost, and exits 74 (an I/O error)
+    assert res.returncode == ExitCode.IO_ERROR, res.stderr
+    assert res.stderr.count("warning: cannot write stdout (") == 1, res.stderr
+    assert "stdout could not be written (" in res.stderr, res.stderr
+    view = QueueView(queue)
+    assert view.ids("done") == set(ids)
+    for j in ids:
+        assert [a["outcome"] for a in view.record("done", j)["attempts"]] == ["completed"]
+        assert_pdf(out / f"{j}.pdf", j)
