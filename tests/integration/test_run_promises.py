@@ -981,8 +981,9 @@ def test_a_pending_job_expires_at_its_deadline_while_every_worker_is_busy(
 
     # Given the one worker busy with `first` until the test says go, and `late` submitted
     # then, pending behind it (not claimed: a worker holds one job of unmeasured length),
-    # with a deadline 3 s away (counted from there, not from the runner's start, which a
-    # busy machine can make take seconds)
+    # with a deadline 8 s away (counted from there, not from the runner's start, which a
+    # busy machine can make take seconds; the submit can take over 3 s there too: at `-n 8`
+    # on 2 cores the job had expired before the submit returned)
     stage(tmp_path)
     queue, out = tmp_path / "q", tmp_path / "out"
     pidfile, go = tmp_path / "first.pid", tmp_path / "go"
@@ -990,7 +991,7 @@ def test_a_pending_job_expires_at_its_deadline_while_every_worker_is_busy(
     runner = Runner(manifest, *cli_args(queue, out, "--workers", "1", "--json"))
     try:
         wait_for_pid(pidfile, what="first to start")
-        deadline = time.time() + 3
+        deadline = time.time() + 8
         late = write_manifest([{**py_job("late", "write_pdf"),
                                 "deadline": dt.datetime.fromtimestamp(deadline, dt.UTC)
                                 .isoformat()}], name="late.toml")
@@ -999,7 +1000,7 @@ def test_a_pending_job_expires_at_its_deadline_while_every_worker_is_busy(
         assert QueueView(queue).states_of(["late"]) == {"late": ["pending"]}
 
         # When its deadline passes while `first` still runs
-        line = runner.until(lambda ln: '"expired"' in ln and '"late"' in ln, timeout_s=15)
+        line = runner.until(lambda ln: '"expired"' in ln and '"late"' in ln, timeout_s=20)
 
         # Then it is expired then, not when a worker would have come free for it (before:
         # it stayed pending, in `status` and to `wait`, until `first` ended)
