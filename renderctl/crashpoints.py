@@ -26,7 +26,7 @@ KNOWN = frozenset({
     # runner
     "locked", "claim", "claim:expiring", "lease", "folders", "start", "commit",
     "publish:before_link", "publish:after_link", "publish:after_done", "dead", "rebalance",
-    "released", "shutdown",
+    "unresponsive", "released", "shutdown",
     # store: submit, finish, dead retry
     "submit:parsed", "submit:checked", "submit:staged", "submit:placed", "submit:before_doorbell",
     "dead_retry:rewritten", "dead_retry:moved",

@@ -1855,6 +1855,7 @@ class Runner:
         if now < w.answer_deadline:
             return
         w.answer_deadline = None
+        self.crash_point("unresponsive")
         self.reporter.event({"event": "worker_unresponsive", "worker": w.pid,
                              "jobs": [a.job_id for a in w.queued], "timeout_s": w.answer_limit_s})
         # No job of its is running: one it starts before the kill lands is released, not

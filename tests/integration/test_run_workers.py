@@ -584,6 +584,14 @@ def test_workers_caps_the_jobs_running_at_once_while_workers_are_recycled(
     assert QueueView(tmp_path / "q").ids("done") == {f"j{i}" for i in range(6)} | {"q0", "q1"}
 
 
+def stop_following(runner: Runner) -> None:
+    """End a `--follow` runner as a service manager does (SIGTERM): it exits 143."""
+    from renderctl.errors import ExitCode
+
+    runner.proc.send_signal(signal.SIGTERM)
+    assert runner.wait() == ExitCode.SIGTERM, runner.lines
+
+
 def _stop_idle_workers(queue: Path) -> list[int]:
     """SIGSTOP both workers of a `--workers 2` runner once they are ready (as `kill -STOP`
     by hand, or a freezer cgroup, would); their pids."""
@@ -606,7 +614,6 @@ def _stop_idle_workers(queue: Path) -> list[int]:
 
 def test_idle_workers_stopped_from_outside_are_killed_and_their_job_runs_elsewhere(
         tmp_path: Path, write_manifest: Any) -> None:
-    from renderctl.errors import ExitCode
 
     stage(tmp_path)
     queue, out = tmp_path / "q", tmp_path / "out"
@@ -632,8 +639,7 @@ def test_idle_workers_stopped_from_outside_are_killed_and_their_job_runs_elsewhe
         ev = [json.loads(ln) for ln in runner.lines if '"worker_unresponsive"' in ln]
         assert sorted(e["worker"] for e in ev) == sorted(held), runner.lines
         assert all(e["jobs"] == ["a"] and e["timeout_s"] == 3.0 for e in ev), ev
-        runner.proc.send_signal(signal.SIGTERM)
-        assert runner.wait() == ExitCode.SIGTERM, runner.lines
+        stop_following(runner)
     finally:
         runner.close()
     rec = QueueView(queue).record("done", "a")
@@ -682,7 +688,6 @@ def test_a_stop_does_not_wait_for_good_on_a_stopped_worker_holding_a_job(
 
 def test_a_big_job_queued_behind_a_running_one_does_not_hold_the_runner(
         tmp_path: Path, write_manifest: Any) -> None:
-    from renderctl.errors import ExitCode
 
     stage(tmp_path)
     queue, out = tmp_path / "q", tmp_path / "out"
@@ -712,11 +717,52 @@ def test_a_big_job_queued_behind_a_running_one_does_not_hold_the_runner(
         runner.until(lambda ln: '"cancelled"' in ln and '"long"' in ln, timeout_s=10)
         # And the big job, sent in pieces as the worker reads, runs whole
         runner.until(lambda ln: '"completed"' in ln and '"big"' in ln, timeout_s=30)
-        runner.proc.send_signal(signal.SIGTERM)
-        assert runner.wait() == ExitCode.SIGTERM, runner.lines
+        stop_following(runner)
     finally:
         go.touch()
         runner.close()
     rec = QueueView(queue).record("done", "big")
     assert rec["spec"]["params"]["k19"] == "x" * 16000
     assert_pdf(out / "big.pdf", "big")
+
+
+def test_a_job_an_unresponsive_worker_starts_as_it_is_killed_is_released_uncharged(
+        tmp_path: Path, write_manifest: Any) -> None:
+    from jobfns import stopped
+
+    stage(tmp_path)
+    queue, out = tmp_path / "q", tmp_path / "out"
+    # Given a following runner whose two idle workers were stopped from outside, a job
+    # (held until told) handed to one of them, and the runner frozen just as it is about to
+    # kill that worker for sitting on it (judged after 3 s here)
+    runner = Runner(*cli_args(queue, out, *FAST, "--follow", "--json"),
+                    env={"RENDERCTL_TEST_WORKER_START_S": "3",
+                         "RENDERCTL_STOP_AT": "unresponsive"})
+    job, go = held_job(tmp_path, "a")
+    held: list[int] = []
+    try:
+        runner.until(lambda ln: '"runner_started"' in ln)
+        held = _stop_idle_workers(queue)
+        assert run_cli("submit", write_manifest([job]), *cli_args(queue, out)).returncode == 0
+        wait_until(lambda: stopped(runner.pid), what="the runner to freeze before the kill")
+
+        # When the workers go on meanwhile, and the one holding the job starts it
+        for pid in held:
+            os.kill(pid, signal.SIGCONT)
+        wait_for_pid(tmp_path / "a.pid", what="the job to start")
+        os.kill(runner.pid, signal.SIGCONT)
+
+        # Then the kill lands on a running job, which is not charged for it: released, and
+        # run again by the other worker, it completes
+        runner.until(lambda ln: '"worker_unresponsive"' in ln)
+        runner.until(lambda ln: '"started"' in ln and '"attempt": 2' in ln, timeout_s=20)
+        go.touch()
+        runner.until(lambda ln: '"completed"' in ln and '"a"' in ln, timeout_s=20)
+        stop_following(runner)
+    finally:
+        go.touch()
+        runner.close()
+    attempts = QueueView(queue).record("done", "a")["attempts"]
+    assert [a["outcome"] for a in attempts] == ["released", "completed"], attempts
+    assert "killed as unresponsive as it started; not charged" in attempts[0]["error"]
+    assert_pdf(out / "a.pdf", "a")
