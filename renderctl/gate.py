@@ -9,7 +9,9 @@ highest number the runner has revoked. The worker checks and records a start in 
 step (four syscalls, ~5 us per job); the runner revokes everything not yet started in one
 locked step, and learns exactly which jobs did start. So a job taken back never executes
 in the first worker, and a started one is never taken back: no attempt runs twice.
-A worker killed while holding the lock releases it with its descriptor."""
+A worker killed while holding the lock releases it with its descriptor. One stopped while
+holding it (a SIGSTOP, a debugger attaching) keeps it: the runner therefore never waits for
+the lock, it tries again later (a blocking revoke froze its whole loop for good)."""
 
 from __future__ import annotations
 
@@ -41,10 +43,15 @@ class StartGate:
         finally:
             fcntl.flock(self.fd, fcntl.LOCK_UN)
 
-    def revoke(self, upto: int) -> int:
+    def revoke(self, upto: int) -> int | None:
         """Runner side: revoke every job numbered up to ``upto`` that has not started;
-        returns the highest number that had (those stay with the worker)."""
-        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        returns the highest number that had (those stay with the worker), or None, having
+        revoked nothing, while the worker holds the lock (it is starting a job: ~5 us, or
+        for good if it was stopped right then)."""
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return None
         try:
             started, revoked = _LAYOUT.unpack(os.pread(self.fd, _LAYOUT.size, 0))
             os.pwrite(self.fd, _LAYOUT.pack(started, max(revoked, upto)), 0)

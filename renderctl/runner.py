@@ -176,6 +176,7 @@ STOPPED_TOO = "it ended after the runner's stop signal"  # (see Runner._failed_o
 # job time) are taken back for an idle worker (see _rebalance).
 STEAL_AFTER_S = 0.5
 STEAL_FACTOR = 4.0
+GATE_RETRY_S = 0.02  # a take-back the worker's start gate refused is tried again this soon
 STATE_INTERVAL_S = 1.0  # how often runner.state.json is rewritten for `top` and metrics
 STATE_FILE = "runner.state.json"
 MAX_START_FAILURES = 5
@@ -273,6 +274,8 @@ class WorkerHandle:
     current: Assignment | None = None
     assigned_total: int = 0
     halt_cut: int = 0  # its assigned_total when --max-failures took its unstarted jobs back
+    # (monotonic) when to try again a take-back its start gate refused (renderctl.gate)
+    gate_retry: float = 0.0
     retiring: bool = False
     replaced: bool = False  # its successor was started when it retired
     kill_reason: Outcome | None = None
@@ -1103,8 +1106,11 @@ class Runner:
             if not w.queued or w.queued[-1].seq <= w.halt_cut:
                 continue
             self._read_messages(w)  # its Started messages so far: fewer to settle below
+            back = self._take_back(w, time.monotonic())
+            if back is None:
+                continue  # the next pass tries again (see _take_back)
             w.halt_cut = w.assigned_total
-            taken.extend(self._take_back(w))
+            taken.extend(back)
         for a in taken:
             if a.cancel_requested:  # its request is consumed: it must end cancelled here
                 self._finish_unrun(a, State.CANCELLED, "cancelled before it started")
@@ -1193,6 +1199,8 @@ class Runner:
             for d in (w.kill_deadline, w.start_deadline, w.answer_deadline):
                 if d is not None:
                     deadlines.append(d)
+            if w.gate_retry > now:  # (one passed was retried, and set again if refused)
+                deadlines.append(w.gate_retry)
         if self.stop_deadline is not None:
             deadlines.append(self.stop_deadline)
         if self.completions and self._oldest_completion:
@@ -1385,7 +1393,7 @@ class Runner:
             if not self._stuck(w, now):
                 continue
             self.crash_point("rebalance")
-            taken = self._take_back(w)
+            taken = self._take_back(w, now)
             if not taken:
                 continue
             self.ready.extendleft(reversed(taken))
@@ -1396,11 +1404,15 @@ class Runner:
             self._dispatch()
 
     @staticmethod
-    def _take_back(w: WorkerHandle) -> list[Assignment]:
+    def _take_back(w: WorkerHandle, now: float) -> list[Assignment] | None:
         """The jobs queued in ``w`` that it has not started, removed from it: what it started
         by now stays with it; the rest it will never start (renderctl.gate). It answers each
-        with Dropped as it comes to it, which is then ignored."""
+        with Dropped as it comes to it, which is then ignored. None while the worker holds
+        its gate (starting a job, or stopped doing so): tried again at ``w.gate_retry``."""
         started = w.gate.revoke(w.assigned_total)
+        if started is None:
+            w.gate_retry = now + GATE_RETRY_S
+            return None
         taken = [a for a in w.queued if a.seq > started]
         w.queued = deque(a for a in w.queued if a.seq <= started)
         return taken

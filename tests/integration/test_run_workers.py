@@ -552,6 +552,55 @@ def test_a_job_its_stuck_worker_starts_as_it_is_taken_back_runs_once(
     _done_once(queue, ["long", *SHORTS], out, runner.lines)
 
 
+def test_a_worker_holding_its_start_gate_never_freezes_the_runner(
+        tmp_path: Path, write_manifest: Any) -> None:
+    import fcntl
+
+    from jobfns import stopped
+
+    # Given a long job with short ones queued behind it, the runner frozen just as it takes
+    # them back for the idle worker, and the long job's start gate held meanwhile, as by its
+    # worker stopped (SIGSTOP, a debugger) inside the few microseconds it holds it to start
+    # a job: a real flock, from this process
+    manifest, queue, out, go = _long_and_shorts(tmp_path, write_manifest)
+    runner = Runner(manifest, *cli_args(queue, out, "--workers", "2", "--prefetch", "4",
+                                        "--json"), env={"RENDERCTL_STOP_AT": "rebalance"})
+    held = None
+    try:
+        wait_until(lambda: stopped(runner.pid), timeout_s=30,
+                   what="the runner to freeze as it rebalances")
+        worker = int((tmp_path / "long.pid").read_text())
+        fd_dir = Path(f"/proc/{worker}/fd")
+        gates = [os.readlink(fd_dir / fd) for fd in os.listdir(fd_dir)
+                 if os.path.basename(os.readlink(fd_dir / fd)).startswith("gate.")]
+        assert len(gates) == 1, gates
+        held = os.open(gates[0], os.O_RDWR)
+        fcntl.flock(held, fcntl.LOCK_EX)
+        os.kill(runner.pid, signal.SIGCONT)
+
+        # When the long job is cancelled while the gate is held
+        res = run_cli("cancel", "long", "--queue", queue)
+        assert res.returncode == 0, res.stdout + res.stderr
+
+        # Then the runner still supervises: it kills the long job (it used to wait on the
+        # gate's lock for good, seeing no cancel, timeout or signal again)
+        wait_until(lambda: QueueView(queue).states_of(["long"]) == {"long": ["cancelled"]},
+                   timeout_s=30, what=lambda: f"the cancel to land: {runner.lines}")
+        # And once the gate is let go, every short job completes, each run once
+        fcntl.flock(held, fcntl.LOCK_UN)
+        assert runner.wait() == 1, runner.lines  # (1: a job was cancelled)
+    finally:
+        if held is not None:
+            os.close(held)
+        runner.close()
+    view = QueueView(queue)
+    assert view.states_of(SHORTS) == {j: ["done"] for j in SHORTS}
+    ran = [line.split()[0] for line in (tmp_path / "exec.log").read_text().splitlines()]
+    assert sorted(ran) == sorted(SHORTS), ran
+    for j in SHORTS:
+        assert_pdf(out / f"{j}.pdf", j)
+
+
 @pytest.mark.parametrize("per_worker", ["1", "2"])
 def test_workers_caps_the_jobs_running_at_once_while_workers_are_recycled(
         tmp_path: Path, write_manifest: Any, per_worker: str) -> None:
