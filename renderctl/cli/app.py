@@ -944,9 +944,9 @@ def run(
         if ended is not None and any(ended.values()):  # as `submit --json` has it
             doc["already_ended"] = ended
         main.event(doc)
-        lines.flush(wait=True)
     else:
-        out.write_out(summary_line(summary) + "\n")
+        lines.write(summary_line(summary) + "\n")
+    lines.flush(wait=True)
     if runner.output_io_error is not None:
         # Like every other exit 74, the reason on stderr (the halted line said it too).
         out.err(f"cannot write outputs: {runner.output_io_error}; stopped, the jobs not "

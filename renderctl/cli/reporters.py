@@ -57,17 +57,27 @@ class Lines:
                 self.lost = exc
                 self.held.clear()
                 silence_stdout()
-                err(f"warning: cannot write stdout ({os_error_message(exc)}); the run goes "
-                    "on without its lines (every outcome is in the queue and its "
-                    "events.jsonl) and will exit 74")
+                err(f"warning: cannot write stdout ({os_error_message(exc)}); the run's "
+                    "lines from here on are lost, not its jobs (every outcome is in the "
+                    "queue and its events.jsonl); it will exit 74")
 
 
-class PlainReporter:
+class _LinesReporter:
+    """A reporter that writes lines (held while stdout takes no more: see Lines)."""
+
+    def __init__(self, lines: Lines) -> None:
+        self.lines = lines
+
+    def tick(self, runner: Runner) -> None:
+        self.lines.flush()
+
+
+class PlainReporter(_LinesReporter):
     """One line per state change, no colour; `--quiet` keeps only failures."""
 
     def __init__(self, lines: Lines, *, quiet: bool = False) -> None:
+        super().__init__(lines)
         self.quiet = quiet
-        self.lines = lines
 
     def event(self, ev: Mapping[str, Any]) -> None:
         name = ev.get("event")
@@ -76,9 +86,6 @@ class PlainReporter:
         if self.quiet and name in ("completed", "runner_started", "recovered", "released"):
             return
         self.lines.write(format_event(ev) + "\n")
-
-    def tick(self, runner: Runner) -> None:
-        self.lines.flush()
 
 
 def format_event(ev: Mapping[str, Any]) -> str:
@@ -135,17 +142,11 @@ def format_event(ev: Mapping[str, Any]) -> str:
     return " ".join(parts)
 
 
-class JsonReporter:
+class JsonReporter(_LinesReporter):
     """JSON Lines: one object per state change (schema in the README)."""
-
-    def __init__(self, lines: Lines) -> None:
-        self.lines = lines
 
     def event(self, ev: Mapping[str, Any]) -> None:
         self.lines.write(dumps({"ts": round(time.time(), 6), **ev}) + "\n")
-
-    def tick(self, runner: Runner) -> None:
-        self.lines.flush()
 
 
 def summary_line(s: RunSummary) -> str:

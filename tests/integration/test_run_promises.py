@@ -1243,7 +1243,7 @@ def test_a_run_whose_output_pipe_nobody_reads_still_supervises_its_jobs(
     assert [a["outcome"] for a in attempts] == ["timeout"], attempts
 
 
-@pytest.mark.parametrize("fmt", ["plain", "json"])
+@pytest.mark.parametrize("fmt", ["plain", "json", "quiet"])
 def test_a_run_whose_stdout_cannot_be_written_still_runs_every_job(
         tmp_path: Path, write_manifest: Any, fmt: str) -> None:
     import subprocess
@@ -1251,7 +1251,7 @@ def test_a_run_whose_stdout_cannot_be_written_still_runs_every_job(
     from jobfns import RENDERCTL, _env
 
     # Given a run whose stdout is a file on a full disk (/dev/full: every write fails
-    # with ENOSPC), plain lines or JSON Lines
+    # with ENOSPC), plain lines or JSON Lines, or --quiet (its summary is the first line)
     stage(tmp_path)
     queue, out = tmp_path / "q", tmp_path / "out"
     ids = ["a", "b", "c"]
@@ -1259,7 +1259,7 @@ def test_a_run_whose_stdout_cannot_be_written_still_runs_every_job(
         res = subprocess.run([*RENDERCTL, "run", str(write_manifest([py_job(j, "write_pdf")
                                                                      for j in ids])),
                               *cli_args(queue, out, "--workers", "2"),
-                              *(["--json"] if fmt == "json" else [])],
+                              *{"json": ["--json"], "quiet": ["--quiet"]}.get(fmt, [])],
                              stdout=full, stderr=subprocess.PIPE, text=True, env=_env(None),
                              timeout=120)
 
