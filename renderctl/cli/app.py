@@ -898,7 +898,8 @@ def run(
         from renderctl.cli.dashboard import DashboardReporter
 
         main = dashboard = DashboardReporter(out.console(),
-                                             out_root=str(out_root(out_dir).absolute()))
+                                             out_root=str(out_root(out_dir).absolute()),
+                                             lines=lines)
     extras: list[Any] = []
     textfile = collector = None
     if metrics_textfile is not None:

@@ -6,7 +6,9 @@ import errno
 import json
 import os
 import select
+import signal
 import sys
+import termios
 from typing import Any
 
 from rich.cells import cell_len
@@ -46,20 +48,42 @@ def table_width(columns: Any) -> int:
 class Room:
     """Whether ``file`` takes a write now without waiting: not a terminal whose output is
     stopped (Ctrl-S, until Ctrl-Q: a pty then has no room), nor a full pipe whose reader is
-    slow or paused. One poll(2); always True for what has no descriptor to poll."""
+    slow or paused, nor our terminal while we run in the background under `stty tostop`.
+    One poll(2) (and one ioctl on a terminal); always True for what has no descriptor."""
 
     def __init__(self, file: Any) -> None:
         self._poll: select.poll | None = None
+        self._tty: int | None = None
         try:
             fd = file.fileno()
             self._poll = select.poll()
             self._poll.register(fd, select.POLLOUT)
+            self._tty = fd if os.isatty(fd) else None
         except (AttributeError, OSError, ValueError):
             self._poll = None
 
     def __call__(self) -> bool:
+        if self._tty is not None and held_back(self._tty):
+            return False
         # (A hang-up or a reader gone is reported too: the write then says so.)
         return self._poll is None or bool(self._poll.poll(0))
+
+
+def held_back(fd: int) -> bool:
+    """Whether a write to terminal ``fd`` would stop us: we run in the background
+    (`renderctl run ... &`) and the terminal has `stty tostop` set, so the kernel stops a
+    background writer with SIGTTOU. Stopped so, the runner would leave its jobs unwatched
+    (no timeout, cancel or sampled ceiling) until `fg`, and a run started so would never
+    begin; its lines wait instead, and are written once it is in the foreground (or at the
+    end, where that stop costs nothing: the queue is let go by then)."""
+    try:
+        if os.tcgetpgrp(fd) == os.getpgrp():
+            return False  # the foreground (or not our controlling terminal: ENOTTY below)
+        if signal.getsignal(signal.SIGTTOU) == signal.SIG_IGN:
+            return False  # the kernel lets a writer that ignores SIGTTOU write
+        return bool(termios.tcgetattr(fd)[3] & termios.TOSTOP)
+    except (OSError, termios.error):
+        return False
 
 
 def write_out(text: str) -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
@@ -34,6 +34,9 @@ from renderctl.cli.console import (
     silence_stdout,
     table_width,
 )
+
+if TYPE_CHECKING:
+    from renderctl.cli.reporters import Lines
 
 MEMORY_WARN = 0.85  # share of the ceiling at which a job's memory bar turns red
 TERMINAL = ("done", "dead", "cancelled", "expired")
@@ -341,8 +344,11 @@ class DashboardReporter:
     """`run`'s live dashboard: a Reporter that redraws from ``tick`` at most ``fps`` a second."""
 
     def __init__(self, console: Console, *, out_root: str | None = None,
-                 fps: float = DEFAULT_FPS) -> None:
+                 fps: float = DEFAULT_FPS, lines: Lines | None = None) -> None:
         self.console = console
+        # What `run` wrote before the dashboard (its "accepted" line), perhaps still held
+        # (see Lines): written before the dashboard draws below it.
+        self.lines = lines
         self.out_root = out_root
         self.interval_s = 1.0 / fps
         self.live: Live | None = None
@@ -395,6 +401,10 @@ class DashboardReporter:
             # as it stayed stopped). Skipped until it takes one again.
             return
         if self.live is None:
+            if self.lines is not None:
+                self.lines.flush()
+                if self.lines.held:
+                    return
             # Started at the first tick, not before: a runner that cannot get the queue
             # (another one holds it) must leave the terminal as it found it.
             self._draw(self.start)
@@ -416,6 +426,8 @@ class DashboardReporter:
 
     def close(self, runner: Any | None = None) -> None:
         """Draw the last frame (it stays on screen) and give the terminal back."""
+        if self.live is None and self.lines is not None:
+            self.lines.flush(wait=True)
         if self.live is None:
             if runner is None or getattr(runner, "holder", None) is None:
                 return  # it never ran (e.g. the queue was busy): draw nothing

@@ -387,3 +387,103 @@ def test_ctrl_s_on_the_terminal_does_not_stop_the_run_supervising_its_jobs(
         os.close(master)
     attempts = QueueView(queue).record("dead", "slow")["attempts"]
     assert [a["outcome"] for a in attempts] == ["timeout"], attempts
+
+
+# A shell's `renderctl run ... &` on a terminal with `stty tostop`: a session whose
+# controlling terminal is the pty, this launcher its foreground group, the run forked into
+# a group of its own (the background). The launcher says the run's pid, then each stop of
+# it ("stopped N", as a shell's "[1]+ Stopped (tty output)"), and exits with its code.
+LAUNCH_IN_THE_BACKGROUND = r"""
+import os, sys, termios
+os.setsid()
+tty = os.open(sys.argv[1], os.O_RDWR)  # a session leader's first terminal: its controlling one
+mode = termios.tcgetattr(tty)
+mode[3] |= termios.TOSTOP
+termios.tcsetattr(tty, termios.TCSANOW, mode)
+pid = os.fork()
+if pid == 0:
+    os.setpgid(0, 0)
+    os.dup2(tty, 0)
+    os.dup2(tty, 1)
+    os.execv(sys.argv[2], sys.argv[2:])
+os.setpgid(pid, pid)
+print(pid, flush=True)
+while True:
+    _, status = os.waitpid(pid, os.WUNTRACED)
+    if os.WIFSTOPPED(status):
+        print("stopped", os.WSTOPSIG(status), flush=True)
+        continue
+    sys.exit(os.waitstatus_to_exitcode(status))
+"""
+
+
+@pytest.mark.parametrize("display", ["dashboard", "plain"])
+def test_a_run_in_the_background_under_tostop_runs_its_jobs_and_stops_only_to_report(
+        tmp_path: Path, write_manifest: Any, display: str) -> None:
+    import sys
+
+    from jobfns import run_cli
+
+    # Given `renderctl run` started in the background (`&`) on a terminal set to stop a
+    # background process that writes to it (`stty tostop`), with the dashboard or plain lines
+    stage(tmp_path)
+    queue, out = tmp_path / "q", tmp_path / "out"
+    ids = ["a", "b", "c"]
+    manifest = write_manifest([py_job(j, "write_pdf") for j in ids])
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+    env = {**_env(None), "TERM": "xterm-256color"}
+    if display == "dashboard":
+        env.pop("NO_COLOR")
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", LAUNCH_IN_THE_BACKGROUND, os.ttyname(slave), *RENDERCTL, "run",
+         *cli_args(queue, out, "--workers", "2"), str(manifest)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    os.close(slave)
+    assert launcher.stdout is not None
+    seen = bytearray()
+    pid = 0
+    try:
+        pid = int(launcher.stdout.readline())
+
+        # When it runs
+        # Then every job completes while it stays in the background: it holds its lines
+        # instead of writing them (the kernel stopped it at its first line, the "accepted"
+        # one, before it ran any job)
+        wait_until(lambda: QueueView(queue).ids("done") == set(ids), timeout_s=60,
+                   what=lambda: f"the jobs to complete; the run is {psutil.Process(pid).status()}")
+        # and it stops only then, to write them, the queue let go by then
+        assert launcher.stdout.readline().split() == ["stopped", str(int(signal.SIGTTOU))]
+        status = run_cli("status", "--queue", queue)
+        assert "no runner" in status.stdout, status.stdout
+
+        # When the user brings it to the foreground (here: tostop cleared, and continued)
+        mode = termios.tcgetattr(master)
+        mode[3] &= ~termios.TOSTOP
+        termios.tcsetattr(master, termios.TCSANOW, mode)
+        os.killpg(pid, signal.SIGCONT)
+
+        # Then it writes what it held, in order, and exits 0
+        deadline = time.monotonic() + 30
+        while launcher.poll() is None and time.monotonic() < deadline:
+            if select.select([master], [], [], 0.1)[0]:
+                with contextlib.suppress(OSError):
+                    seen.extend(os.read(master, 65536))
+        assert launcher.wait(5) == 0, (seen.decode(errors="replace"), launcher.stderr.read())
+        with contextlib.suppress(OSError):
+            while select.select([master], [], [], 0.2)[0]:
+                seen.extend(os.read(master, 65536))
+    finally:
+        if launcher.poll() is None and pid:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+            launcher.kill()
+        launcher.wait()
+        os.close(master)
+    text = seen.decode(errors="replace")
+    # (the dashboard's last frame below the line written before it, as in the foreground)
+    after = "output root" if display == "dashboard" else "summary: done 3"
+    assert 0 <= text.index("accepted 3 job(s)") < text.index(after) \
+        < text.index("summary: done 3") + 1, text
+    for j in ids:
+        assert_pdf(out / f"{j}.pdf", j)
