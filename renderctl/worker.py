@@ -42,7 +42,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path, PurePosixPath
-from typing import Any, NoReturn
+from typing import Any, BinaryIO, NoReturn
 
 from renderctl import mpstate
 from renderctl.cleanslate import Baseline, threads_left
@@ -1167,6 +1167,14 @@ def _last_line(tail: str | None, limit: int = 200) -> str:
     return ""
 
 
+# An output up to this size is read once for both its hash and its PDF check; a bigger one
+# is hashed in chunks and opened by pypdf from the file, which reads only what it needs.
+# The check runs in the job's memory slot: reading a 300 MB output whole counted 300 MB
+# against the ceiling of a job that never held it (a streaming tool's merge, seen killed
+# `memory` at a 200 MB ceiling), and pypdf's own copy doubled it.
+CHECK_IN_MEMORY_MAX = 8 * MB
+
+
 def check_output(output: Path, job: RunJob) -> dict[str, Any]:
     """The output exists and is what it claims (a PDF opens and has a page); hash it."""
     if job.output_kind == "dir":
@@ -1178,25 +1186,38 @@ def check_output(output: Path, job: RunJob) -> dict[str, Any]:
         for p in sorted(output.rglob("*")):
             if not p.is_file() or p.is_symlink():
                 continue
-            data = p.read_bytes()
-            if p.suffix.lower() == ".pdf":
-                pages += pdf_pages(p, data, name=f"{_output_name(job)}/"
-                                                 f"{p.relative_to(output).as_posix()}")
-            digest.update(p.relative_to(output).as_posix().encode() + b"\0")
-            digest.update(hashlib.sha256(data).digest())
-            total += len(data)
+            rel = p.relative_to(output).as_posix()
+            pdf_name = f"{_output_name(job)}/{rel}" if p.suffix.lower() == ".pdf" else None
+            sha, size, n = _check_file(p, pdf_name)
+            pages += n or 0
+            digest.update(rel.encode() + b"\0")
+            digest.update(bytes.fromhex(sha))
+            total += size
         (output / DIR_MARKER).write_text(f"{job.job_id}\n{job.token}\n")
         return {"sha256": digest.hexdigest(), "bytes": total, "pages": pages}
     try:
-        st = os.lstat(output)
+        os.lstat(output)
     except FileNotFoundError:
         raise InvalidOutput("the job did not write its output file") from None
     if not os.path.isfile(output) or os.path.islink(output):
         raise InvalidOutput("the output is not a regular file")
-    with open(output, "rb") as fh:
-        data = fh.read()
-    n_pages = pdf_pages(output, data, name=_output_name(job)) if _is_pdf_target(job) else None
-    return {"sha256": hashlib.sha256(data).hexdigest(), "bytes": st.st_size, "pages": n_pages}
+    sha, size, n_pages = _check_file(output, _output_name(job) if _is_pdf_target(job) else None)
+    return {"sha256": sha, "bytes": size, "pages": n_pages}
+
+
+def _check_file(path: Path, pdf_name: str | None) -> tuple[str, int, int | None]:
+    """(sha256 hex, bytes, pages) of one output file; pages only if ``pdf_name`` (what the
+    messages call it) says it must be a PDF, checked as pdf_pages does."""
+    with open(path, "rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        if size <= CHECK_IN_MEMORY_MAX:
+            data = fh.read()
+            pages = pdf_pages(path, data, name=pdf_name) if pdf_name else None
+            return hashlib.sha256(data).hexdigest(), len(data), pages
+        sha = hashlib.file_digest(fh, "sha256").hexdigest()
+        fh.seek(0)
+        pages = pdf_pages(path, fh, name=pdf_name) if pdf_name else None
+        return sha, size, pages
 
 
 def _is_pdf_target(job: RunJob) -> bool:
@@ -1208,10 +1229,12 @@ def _output_name(job: RunJob) -> str:
     return str(job.spec.get("output", "")) or "the output"
 
 
-def pdf_pages(path: Path, data: bytes | None = None, *, name: str | None = None) -> int:
+def pdf_pages(path: Path, data: bytes | BinaryIO | None = None, *,
+              name: str | None = None) -> int:
     """Open a PDF with pypdf; InvalidOutput unless it parses and has at least one page.
 
-    ``data``: the file's bytes when the caller has read them already (for the hash);
+    ``data``: the file's bytes when the caller has read them already (for the hash), or
+    the file open at its start (pypdf then reads only what it needs: a big file);
     ``name``: what the messages call the file (default: its name)."""
     from pypdf import PdfReader
 
@@ -1220,9 +1243,14 @@ def pdf_pages(path: Path, data: bytes | None = None, *, name: str | None = None)
         if data is None:
             with open(path, "rb") as fh:
                 data = fh.read()
-        if not data[:1024].lstrip().startswith(b"%PDF-"):
+        head = data[:1024] if isinstance(data, bytes) else data.read(1024)
+        if not head.lstrip().startswith(b"%PDF-"):
             raise InvalidOutput(f"{name}: not a PDF (no %PDF- header)")
-        n = len(PdfReader(io.BytesIO(data)).pages)
+        if isinstance(data, bytes):
+            data = io.BytesIO(data)
+        else:
+            data.seek(0)
+        n = len(PdfReader(data).pages)
     except InvalidOutput:
         raise
     except Exception as exc:

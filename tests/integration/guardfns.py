@@ -201,3 +201,31 @@ def escape_then_hog(inputs: list[Path], output: Path, params: Mapping[str, Any])
             runner_cgroup = Path("/sys/fs/cgroup/memory" + path).parent.parent
             (runner_cgroup / "cgroup.procs").write_text(str(os.getpid()))
     hog(inputs, output, params)
+
+
+def write_big(inputs: list[Path], output: Path, params: Mapping[str, Any]) -> None:
+    """``mb`` MB of output written 1 MB at a time (the job itself holds ~1 MB): a one-page
+    PDF whose content stream is that many blanks if ``pdf``, else zeros."""
+    size = int(params["mb"]) * MB
+    chunk = b" " * MB if params.get("pdf") else bytes(MB)
+    with open(output, "wb") as fh:
+        if not params.get("pdf"):
+            for _ in range(size // MB):
+                fh.write(chunk)
+            return
+        offsets = []
+        fh.write(b"%PDF-1.4\n")
+        for obj in (b"<< /Type /Catalog /Pages 2 0 R >>",
+                    b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
+                    b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R >>"):
+            offsets.append(fh.tell())
+            fh.write(b"%d 0 obj\n%s\nendobj\n" % (len(offsets), obj))
+        offsets.append(fh.tell())
+        fh.write(b"4 0 obj\n<< /Length %d >>\nstream\n" % size)
+        for _ in range(size // MB):
+            fh.write(chunk)
+        fh.write(b"\nendstream\nendobj\n")
+        xref = fh.tell()
+        fh.write(b"xref\n0 5\n0000000000 65535 f \n")
+        fh.write(b"".join(b"%010d 00000 n \n" % off for off in offsets))
+        fh.write(b"trailer\n<< /Size 5 /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % xref)

@@ -488,6 +488,37 @@ def test_a_jobs_peak_does_not_count_what_the_previous_job_wrote_to_stderr(env: E
     assert peak < 60 * MB, peak / MB
 
 
+@pytest.mark.parametrize("guard", [
+    pytest.param("cgroup-v1", marks=pytest.mark.skipif(
+        not cgroup_v1_writable(), reason="cgroup v1 memory controller not writable")),
+    "sampling"])
+def test_an_output_bigger_than_the_ceiling_is_checked_within_it(env: Env, guard: str) -> None:
+    import hashlib
+
+    # Given jobs that each write 300 MB of output (a PDF, and a file of another kind) 1 MB
+    # at a time, holding little, under a 150 MB ceiling
+    m = env.manifest([job("bigpdf", "write_big", params={"mb": 300, "pdf": True}),
+                      {**job("bigbin", "write_big", params={"mb": 300}),
+                       "output": "bigbin.bin"}],
+                     defaults={"memory_mb": 150, "max_attempts": 1})
+
+    # When they run
+    r = env.run(str(m), "--workers", "1", "--memory-guard", guard)
+
+    # Then both complete: renderctl's own check of the output (its hash, the PDF's pages)
+    # stays within the job's ceiling (it read the file whole and was killed `memory`)
+    assert r.wait_exit(timeout=120) == 0, r.diag()
+    for jid, name, pages in (("bigpdf", "bigpdf.pdf", 1), ("bigbin", "bigbin.bin", None)):
+        result = env.record("done", jid)["result"]
+        path = env.out / name
+        with open(path, "rb") as fh:
+            assert result["sha256"] == hashlib.file_digest(fh, "sha256").hexdigest()
+        assert result["bytes"] == path.stat().st_size > 300 * MB - 1
+        assert result["pages"] == pages
+        assert result["peak_memory_bytes"] <= 150 * MB
+    assert len(PdfReader(env.out / "bigpdf.pdf").pages) == 1
+
+
 @pytest.mark.skipif(not cgroup_v1_writable(), reason="cgroup v1 memory controller not writable")
 def test_a_job_that_moves_its_worker_out_of_its_slot_is_caught_and_the_next_job_is_held(
         env: Env) -> None:
