@@ -1212,11 +1212,11 @@ def _check_file(path: Path, pdf_name: str | None) -> tuple[str, int, int | None]
         size = os.fstat(fh.fileno()).st_size
         if size <= CHECK_IN_MEMORY_MAX:
             data = fh.read()
-            pages = pdf_pages(path, data, name=pdf_name) if pdf_name else None
+            pages = pdf_pages(data, pdf_name) if pdf_name else None
             return hashlib.sha256(data).hexdigest(), len(data), pages
         sha = hashlib.file_digest(fh, "sha256").hexdigest()
         fh.seek(0)
-        pages = pdf_pages(path, fh, name=pdf_name) if pdf_name else None
+        pages = pdf_pages(fh, pdf_name) if pdf_name else None
         return sha, size, pages
 
 
@@ -1229,28 +1229,19 @@ def _output_name(job: RunJob) -> str:
     return str(job.spec.get("output", "")) or "the output"
 
 
-def pdf_pages(path: Path, data: bytes | BinaryIO | None = None, *,
-              name: str | None = None) -> int:
+def pdf_pages(source: bytes | BinaryIO, name: str) -> int:
     """Open a PDF with pypdf; InvalidOutput unless it parses and has at least one page.
 
-    ``data``: the file's bytes when the caller has read them already (for the hash), or
-    the file open at its start (pypdf then reads only what it needs: a big file);
-    ``name``: what the messages call the file (default: its name)."""
+    ``source``: the file's bytes, read already for the hash, or the file open at its start
+    (pypdf then reads only what it needs: a big file); ``name``: what the messages call it."""
     from pypdf import PdfReader
 
-    name = name or path.name
     try:
-        if data is None:
-            with open(path, "rb") as fh:
-                data = fh.read()
-        head = data[:1024] if isinstance(data, bytes) else data.read(1024)
-        if not head.lstrip().startswith(b"%PDF-"):
+        stream = io.BytesIO(source) if isinstance(source, bytes) else source
+        if not stream.read(1024).lstrip().startswith(b"%PDF-"):
             raise InvalidOutput(f"{name}: not a PDF (no %PDF- header)")
-        if isinstance(data, bytes):
-            data = io.BytesIO(data)
-        else:
-            data.seek(0)
-        n = len(PdfReader(data).pages)
+        stream.seek(0)
+        n = len(PdfReader(stream).pages)
     except InvalidOutput:
         raise
     except Exception as exc:
