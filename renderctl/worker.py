@@ -46,6 +46,7 @@ from typing import Any, BinaryIO, NoReturn
 
 from renderctl import mpstate
 from renderctl.cleanslate import Baseline, threads_left
+from renderctl.crashpoints import CrashPoints
 from renderctl.errors import ExitCode, InvalidInput, InvalidOutput, os_error_message
 from renderctl.fsutil import with_name
 from renderctl.gate import StartGate
@@ -216,6 +217,8 @@ class Worker:
         self.started_fd = os.open(config.started_log,
                                   os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
         self.own_fds = _OwnFds()
+        # Stop points for tests (RENDERCTL_STOP_AT=worker:checked), inherited from the runner
+        self.crash_point = CrashPoints.from_env()
         self.own_fds.add(self.capture.fd, "its capture of stdout and stderr")
         self.own_fds.add(self.capture.saved[0], "its saved stdout")
         self.own_fds.add(self.capture.saved[1], "its saved stderr")
@@ -383,9 +386,11 @@ class Worker:
         damage = ""
         try:
             with self._clean_context(job, workdir) as captured:
-                fields = execute(job, Path(workdir), after_call=self._reclaim_fds)
+                fields = execute(job, Path(workdir), after_call=self._reclaim_fds,
+                                 before_check=lambda: self._end_processes(job))
                 user_code = runs_user_code_here(job)
                 damage = self.own_fds.damage() if user_code else ""
+                self.crash_point("worker:checked")
                 # Before the peak is read and the next job starts: what a job left running
                 # (a daemon, a command's background process) would run into the next job
                 # and be charged to it.
@@ -503,6 +508,16 @@ class Worker:
                 os.closerange(low + 1, high)
         self.retire_reason = (f"the job left {n_open - len(self.base_fds)} file descriptors "
                               "open in its worker; retiring")
+
+    def _end_processes(self, job: RunJob) -> None:
+        """Kill what the job left running (a command's background process, a daemon a
+        callable started) before its output is checked, not after: in between it could
+        still write to the output, and what is published would not be what was checked
+        and hashed (truncated, say, yet recorded as a whole PDF). Code run here may have
+        broken our kept descriptors (see _OwnFds): its children are found by path."""
+        children = self._children if job.spec.get("kind") == "command" else _children_of_threads
+        if not remove_leftovers(children, LEFTOVER_BOUND_S):
+            self.retire_reason = "a job left processes that would not die; retiring"
 
     def _children(self) -> list[int]:
         if os.fstat(self.tasks_fd).st_nlink > 3:
@@ -871,12 +886,13 @@ def _tail_lines(data: bytes) -> str | None:
 # -- executing one attempt -----------------------------------------------------------------
 
 
-def execute(job: RunJob, workdir: Path,
-            after_call: Callable[[], None] | None = None) -> dict[str, Any]:
+def execute(job: RunJob, workdir: Path, after_call: Callable[[], None] | None = None,
+            before_check: Callable[[], None] | None = None) -> dict[str, Any]:
     """Run the job's renderer and check its output; returns ``Finished`` fields.
 
     ``after_call`` runs once a python callable or plugin renderer has returned or raised,
-    before its output is checked.
+    before its output is checked; ``before_check``, once a command or such code succeeded,
+    just before the check (what they left running must not write to the output after it).
 
     Where someone else can write on the way to the output (publish.others_can_write), the
     job writes into a private folder (``_Staging``), not at its temporary name beside the
@@ -889,7 +905,7 @@ def execute(job: RunJob, workdir: Path,
     spec = job.spec
     tmp = Path(job.tmp_output)
     if not others_can_write(os.path.realpath(spec.get("out_root") or tmp.parent), tmp.parent):
-        return _execute(job, tmp, workdir, after_call, ())
+        return _execute(job, tmp, workdir, after_call, before_check, ())
     try:
         staging = _Staging(Path(job.tmp_output), spec)
     except OutputEscapes as exc:
@@ -897,7 +913,7 @@ def execute(job: RunJob, workdir: Path,
     except OSError as exc:
         return {"outcome": Outcome.FAILED.value, "error": _message(exc)}
     try:
-        fields = _execute(job, staging.output, workdir, after_call, staging.fds)
+        fields = _execute(job, staging.output, workdir, after_call, before_check, staging.fds)
         if fields["outcome"] == Outcome.COMPLETED.value:
             try:
                 staging.commit()
@@ -1003,8 +1019,9 @@ def _empty_fd(fd: int) -> None:
         os.close(d)
 
 
-def _execute(job: RunJob, output: Path, workdir: Path,
-             after_call: Callable[[], None] | None, pass_fds: tuple[int, ...]) -> dict[str, Any]:
+def _execute(job: RunJob, output: Path, workdir: Path, after_call: Callable[[], None] | None,
+             before_check: Callable[[], None] | None,
+             pass_fds: tuple[int, ...]) -> dict[str, Any]:
     spec = job.spec
     inputs = [Path(p) for p in spec.get("inputs", ())]
     params: Mapping[str, Any] = spec.get("params", {})
@@ -1028,6 +1045,8 @@ def _execute(job: RunJob, output: Path, workdir: Path,
             finally:
                 if after_call is not None and runs_user_code_here(job):
                     after_call()
+        if before_check is not None and (kind == "command" or runs_user_code_here(job)):
+            before_check()
         fields = {"outcome": Outcome.COMPLETED.value, **check_output(output, job)}
         if job.output_kind == "file":
             fields["owner_tagged"] = tag_output(output, job.token)

@@ -59,6 +59,14 @@ def copy_via_child(inputs: Sequence[Path], output: Path, params: Mapping[str, An
     subprocess.run(["cp", str(inputs[0]), str(output)], check=True)
 
 
+def write_then_leave(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
+    """Write a one-page PDF naming the job, and leave ``params["argv"]`` running with this
+    worker's pid and the output's path appended (its pid in ``params["pidfile"]``)."""
+    write_pdf(inputs, output, params)
+    proc = subprocess.Popen([*params["argv"], str(os.getpid()), str(output)])
+    _write_pid(params["pidfile"], proc.pid)
+
+
 def kill_self(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 

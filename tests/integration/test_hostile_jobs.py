@@ -7,6 +7,7 @@ that job its attempt, never another job's, and never the run."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -153,6 +154,70 @@ def test_a_background_process_of_a_command_dies_before_the_next_job(
     # Then both complete: the background sleep was gone when the next job started
     assert result.returncode == 0, result.stdout + result.stderr
     assert view.ids("done") == {"bg", "next"}
+
+
+# A job's leftover: once the worker is stopped (at worker:checked, its job's output checked),
+# it empties that output, as a tool's background helper finishing late would.
+SPOIL_WHEN_STOPPED = """
+import os, sys, time
+marker, worker, output = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+while True:
+    with open(f"/proc/{worker}/stat") as fh:
+        if fh.read().rsplit(")", 1)[1].split()[0] == "T":
+            break
+    time.sleep(0.005)
+open(output, "wb").close()
+open(marker, "w").close()
+"""
+
+
+@pytest.mark.parametrize("kind", ["command", "python"])
+def test_what_a_job_left_running_cannot_change_its_output_after_the_check(
+        tmp_path: Path, write_manifest: Any, leftover: Path, kind: str) -> None:
+    import sys
+
+    from jobfns import _pdf, sha256_of, stopped
+
+    # Given a job (a command, or a python callable) that writes a good PDF and succeeds,
+    # leaving a process behind that empties the output once the worker has checked it
+    # (frozen at worker:checked)
+    stage(tmp_path)
+    good, spoiler, marker = tmp_path / "good.pdf", tmp_path / "spoil.py", tmp_path / "spoiled"
+    _pdf(good, "bg")
+    spoiler.write_text(SPOIL_WHEN_STOPPED)
+    spoil = [sys.executable, str(spoiler), str(marker)]
+    if kind == "command":
+        # (sh GOOD OUTPUT PIDFILE SPOIL...: its parent, $PPID, is the worker)
+        script = 'cp "$1" "$2"; o=$2 p=$3; shift 3; "$@" $PPID "$o" & echo $! > "$p"; exit 0'
+        job = {"id": "bg", "kind": "command", "output": "bg.pdf",
+               "argv": ["sh", "-c", script, "sh", str(good), "{output}", str(leftover), *spoil]}
+    else:
+        job = py_job("bg", "write_then_leave", argv=spoil, pidfile=str(leftover))
+    manifest = write_manifest([{**job, "max_attempts": 1}])
+    queue, out = tmp_path / "q", tmp_path / "out"
+    runner = Runner(manifest, *cli_args(queue, out, "--workers", "1", "--json"),
+                    env={"RENDERCTL_STOP_AT": "worker:checked"})
+    try:
+        started = runner.until(lambda line: '"started"' in line)
+        worker = int(json.loads(started)["worker"])
+        wait_until(lambda: stopped(worker), timeout_s=30, what="the worker to stop")
+        pid = wait_for_pid(leftover)
+
+        # When the worker goes on from there
+        wait_until(lambda: marker.exists() or gone(pid), timeout_s=30,
+                   what="the leftover to act or be gone")
+        os.kill(worker, signal.SIGCONT)
+
+        # Then the leftover was killed before the check: the output published is the one
+        # checked and recorded, whole (it was emptied after the check and published so,
+        # recorded with the good PDF's hash)
+        assert runner.wait() == 0, runner.lines
+    finally:
+        runner.close()
+    assert not marker.exists()
+    published = out / "bg.pdf"
+    assert QueueView(queue).record("done", "bg")["result"]["sha256"] == sha256_of(published)
+    assert_pdf(published, "bg")
 
 
 def test_a_timeout_kill_takes_the_jobs_escaped_daemon_with_it_under_sampling(
