@@ -49,11 +49,16 @@ class Room:
     """Whether ``file`` takes a write now without waiting: not a terminal whose output is
     stopped (Ctrl-S, until Ctrl-Q: a pty then has no room), nor a full pipe whose reader is
     slow or paused, nor our terminal while we run in the background under `stty tostop`.
-    One poll(2) (and one ioctl on a terminal); always True for what has no descriptor."""
+    One poll(2) (and one ioctl on a terminal); always True for what has no descriptor.
 
-    def __init__(self, file: Any) -> None:
+    ``foreground_only``: nor our terminal while we run in the background at all: a live
+    display redrawn there (`renderctl run ... &`) would fight the shell for the screen,
+    and is held back until `fg`, as pv(1) holds its progress."""
+
+    def __init__(self, file: Any, *, foreground_only: bool = False) -> None:
         self._poll: select.poll | None = None
         self._tty: int | None = None
+        self._foreground_only = foreground_only
         try:
             fd = file.fileno()
             self._poll = select.poll()
@@ -63,26 +68,34 @@ class Room:
             self._poll = None
 
     def __call__(self) -> bool:
-        if self._tty is not None and held_back(self._tty):
+        if self._tty is not None and in_background(self._tty) and (
+                self._foreground_only or tostop_stops_us(self._tty)):
             return False
         # (A hang-up or a reader gone is reported too: the write then says so.)
         return self._poll is None or bool(self._poll.poll(0))
 
 
-def held_back(fd: int) -> bool:
-    """Whether a write to terminal ``fd`` would stop us: we run in the background
-    (`renderctl run ... &`) and the terminal has `stty tostop` set, so the kernel stops a
-    background writer with SIGTTOU. Stopped so, the runner would leave its jobs unwatched
-    (no timeout, cancel or sampled ceiling) until `fg`, and a run started so would never
-    begin; its lines wait instead, and are written once it is in the foreground (or at the
-    end, where that stop costs nothing: the queue is let go by then)."""
+def tostop_stops_us(fd: int) -> bool:
+    """Whether, in the background (`renderctl run ... &`), a write to terminal ``fd`` would
+    stop us: it has `stty tostop` set, so the kernel stops a background writer with SIGTTOU.
+    Stopped so, the runner would leave its jobs unwatched (no timeout, cancel or sampled
+    ceiling) until `fg`, and a run started so would never begin; its lines wait instead,
+    and are written once it is in the foreground (or at the end, where that stop costs
+    nothing: the queue is let go by then)."""
+    if signal.getsignal(signal.SIGTTOU) == signal.SIG_IGN:
+        return False  # the kernel lets a writer that ignores SIGTTOU write
     try:
-        if os.tcgetpgrp(fd) == os.getpgrp():
-            return False  # the foreground (or not our controlling terminal: ENOTTY below)
-        if signal.getsignal(signal.SIGTTOU) == signal.SIG_IGN:
-            return False  # the kernel lets a writer that ignores SIGTTOU write
         return bool(termios.tcgetattr(fd)[3] & termios.TOSTOP)
-    except (OSError, termios.error):
+    except termios.error:
+        return False
+
+
+def in_background(fd: int) -> bool:
+    """Whether terminal ``fd`` is our controlling terminal and we are not in its foreground
+    process group (`cmd &`, or `bg` after Ctrl-Z)."""
+    try:
+        return os.tcgetpgrp(fd) != os.getpgrp()
+    except OSError:  # not our controlling terminal (ENOTTY): nothing to be behind
         return False
 
 

@@ -356,7 +356,7 @@ class DashboardReporter:
         self._slow_due = 0.0
         self._slow: dict[str, Any] = {}
         self.gone = False  # the terminal hung up: draw nothing more
-        self._room = Room(console.file)  # (see tick)
+        self._room = Room(console.file, foreground_only=True)  # (see tick)
 
     def _draw(self, draw: Any) -> None:
         """Draw, unless the terminal is gone. A closed terminal window or a dropped SSH
@@ -398,7 +398,8 @@ class DashboardReporter:
         if not self._room():
             # The terminal's output is stopped (Ctrl-S): a frame would wait for Ctrl-Q, and
             # the runner's whole loop with it (seen: a 2 s timeout not enforced for as long
-            # as it stayed stopped). Skipped until it takes one again.
+            # as it stayed stopped). Skipped until it takes one again; also while we run in
+            # the background, where frames would be drawn over the shell's.
             return
         if self.live is None:
             if self.lines is not None:

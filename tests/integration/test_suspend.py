@@ -389,23 +389,25 @@ def test_ctrl_s_on_the_terminal_does_not_stop_the_run_supervising_its_jobs(
     assert [a["outcome"] for a in attempts] == ["timeout"], attempts
 
 
-# A shell's `renderctl run ... &` on a terminal with `stty tostop`: a session whose
-# controlling terminal is the pty, this launcher its foreground group, the run forked into
-# a group of its own (the background). The launcher says the run's pid, then each stop of
-# it ("stopped N", as a shell's "[1]+ Stopped (tty output)"), and exits with its code.
+# A shell's `renderctl run ... &` on a terminal: a session whose controlling terminal is the
+# pty, this launcher its foreground group, the run forked into a group of its own (the
+# background), the terminal set to `stty tostop` if asked. The launcher says the run's pid,
+# then each stop of it ("stopped N", as a shell's "[1]+ Stopped (tty output)"), and exits
+# with its code.
 LAUNCH_IN_THE_BACKGROUND = r"""
 import os, sys, termios
 os.setsid()
 tty = os.open(sys.argv[1], os.O_RDWR)  # a session leader's first terminal: its controlling one
-mode = termios.tcgetattr(tty)
-mode[3] |= termios.TOSTOP
-termios.tcsetattr(tty, termios.TCSANOW, mode)
+if sys.argv[2] == "tostop":
+    mode = termios.tcgetattr(tty)
+    mode[3] |= termios.TOSTOP
+    termios.tcsetattr(tty, termios.TCSANOW, mode)
 pid = os.fork()
 if pid == 0:
     os.setpgid(0, 0)
     os.dup2(tty, 0)
     os.dup2(tty, 1)
-    os.execv(sys.argv[2], sys.argv[2:])
+    os.execv(sys.argv[3], sys.argv[3:])
 os.setpgid(pid, pid)
 print(pid, flush=True)
 while True:
@@ -417,11 +419,58 @@ while True:
 """
 
 
+def run_in_the_background(queue: Path, out: Path, manifest: Path, *, tostop: bool,
+                          dashboard: bool) -> tuple[subprocess.Popen[str], int, int]:
+    """`renderctl run --workers 2 MANIFEST &` on a new 120x40 terminal (see
+    LAUNCH_IN_THE_BACKGROUND): the launcher, the run's pid and the terminal's master end."""
+    import sys
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+    env = {**_env(None), "TERM": "xterm-256color"}
+    if dashboard:
+        env.pop("NO_COLOR")
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", LAUNCH_IN_THE_BACKGROUND, os.ttyname(slave),
+         "tostop" if tostop else "-", *RENDERCTL, "run",
+         *cli_args(queue, out, "--workers", "2"), str(manifest)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    os.close(slave)
+    assert launcher.stdout is not None
+    try:
+        return launcher, int(launcher.stdout.readline()), master
+    except ValueError:
+        launcher.kill()
+        os.close(master)
+        raise
+
+
+def read_until_exit(launcher: subprocess.Popen[str], master: int) -> str:
+    """What the terminal shows until the launcher exits (and 0.2 s of quiet after)."""
+    seen = bytearray()
+    deadline = time.monotonic() + 30
+    while launcher.poll() is None and time.monotonic() < deadline:
+        if select.select([master], [], [], 0.1)[0]:
+            with contextlib.suppress(OSError):
+                seen.extend(os.read(master, 65536))
+    with contextlib.suppress(OSError):
+        while select.select([master], [], [], 0.2)[0]:
+            seen.extend(os.read(master, 65536))
+    return seen.decode(errors="replace")
+
+
+def end_launch(launcher: subprocess.Popen[str], pid: int, master: int) -> None:
+    if launcher.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+        launcher.kill()
+    launcher.wait()
+    os.close(master)
+
+
 @pytest.mark.parametrize("display", ["dashboard", "plain"])
 def test_a_run_in_the_background_under_tostop_runs_its_jobs_and_stops_only_to_report(
         tmp_path: Path, write_manifest: Any, display: str) -> None:
-    import sys
-
     from jobfns import run_cli
 
     # Given `renderctl run` started in the background (`&`) on a terminal set to stop a
@@ -430,22 +479,10 @@ def test_a_run_in_the_background_under_tostop_runs_its_jobs_and_stops_only_to_re
     queue, out = tmp_path / "q", tmp_path / "out"
     ids = ["a", "b", "c"]
     manifest = write_manifest([py_job(j, "write_pdf") for j in ids])
-    master, slave = pty.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
-    env = {**_env(None), "TERM": "xterm-256color"}
-    if display == "dashboard":
-        env.pop("NO_COLOR")
-    launcher = subprocess.Popen(
-        [sys.executable, "-c", LAUNCH_IN_THE_BACKGROUND, os.ttyname(slave), *RENDERCTL, "run",
-         *cli_args(queue, out, "--workers", "2"), str(manifest)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    os.close(slave)
+    launcher, pid, master = run_in_the_background(queue, out, manifest, tostop=True,
+                                                  dashboard=display == "dashboard")
     assert launcher.stdout is not None
-    seen = bytearray()
-    pid = 0
     try:
-        pid = int(launcher.stdout.readline())
-
         # When it runs
         # Then every job completes while it stays in the background: it holds its lines
         # instead of writing them (the kernel stopped it at its first line, the "accepted"
@@ -464,26 +501,44 @@ def test_a_run_in_the_background_under_tostop_runs_its_jobs_and_stops_only_to_re
         os.killpg(pid, signal.SIGCONT)
 
         # Then it writes what it held, in order, and exits 0
-        deadline = time.monotonic() + 30
-        while launcher.poll() is None and time.monotonic() < deadline:
-            if select.select([master], [], [], 0.1)[0]:
-                with contextlib.suppress(OSError):
-                    seen.extend(os.read(master, 65536))
-        assert launcher.wait(5) == 0, (seen.decode(errors="replace"), launcher.stderr.read())
-        with contextlib.suppress(OSError):
-            while select.select([master], [], [], 0.2)[0]:
-                seen.extend(os.read(master, 65536))
+        text = read_until_exit(launcher, master)
+        assert launcher.wait(5) == 0, (text, launcher.stderr.read() if launcher.stderr else "")
     finally:
-        if launcher.poll() is None and pid:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, signal.SIGKILL)
-            launcher.kill()
-        launcher.wait()
-        os.close(master)
-    text = seen.decode(errors="replace")
+        end_launch(launcher, pid, master)
     # (the dashboard's last frame below the line written before it, as in the foreground)
     after = "output root" if display == "dashboard" else "summary: done 3"
     assert 0 <= text.index("accepted 3 job(s)") < text.index(after) \
         < text.index("summary: done 3") + 1, text
     for j in ids:
         assert_pdf(out / f"{j}.pdf", j)
+
+
+def test_the_dashboard_of_a_run_in_the_background_waits_for_the_foreground(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given `renderctl run ... &` on a terminal (no tostop: a background process may write),
+    # with the dashboard, one job done and one held running
+    queue, out = tmp_path / "q", tmp_path / "out"
+    held, go = held_job(tmp_path, "held")
+    manifest = write_manifest([py_job("quick", "write_pdf"), held])
+    launcher, pid, master = run_in_the_background(queue, out, manifest, tostop=False,
+                                                  dashboard=True)
+    try:
+        wait_for_pid(tmp_path / "held.pid")
+        wait_until(lambda: "quick" in QueueView(queue).ids("done"), what="quick to complete")
+
+        # When it runs on in the background for a second (four frames' time)
+        shown = bytearray()
+        deadline = time.monotonic() + 1.0
+        while (left := deadline - time.monotonic()) > 0:
+            if select.select([master], [], [], left)[0]:
+                shown.extend(os.read(master, 65536))
+
+        # Then it drew no frame over the shell's screen (it drew them there, four a second)
+        assert b"output root" not in shown, shown.decode(errors="replace")
+        # And at its end, it draws the last frame and the summary all the same
+        go.touch()
+        text = read_until_exit(launcher, master)
+        assert launcher.wait(5) == 0, text
+    finally:
+        end_launch(launcher, pid, master)
+    assert "output root" in text and "summary: done 2" in text, text
