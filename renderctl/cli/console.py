@@ -67,6 +67,11 @@ class Room:
         except (AttributeError, OSError, ValueError):
             self._poll = None
 
+    def stops_writer(self) -> bool:
+        """Whether a write now would have the kernel stop us (see tostop_stops_us)."""
+        return self._tty is not None and in_background(self._tty) \
+            and tostop_stops_us(self._tty)
+
     def __call__(self) -> bool:
         if self._tty is not None and in_background(self._tty) and (
                 self._foreground_only or tostop_stops_us(self._tty)):

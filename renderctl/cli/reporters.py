@@ -40,13 +40,26 @@ class Lines:
         self.held: deque[str] = deque()
         self._room = Room(sys.stdout)
         self.lost: OSError | None = None  # stdout failed (a full disk): later lines are lost
+        self.dropped = 0  # the oldest lines let go, held past HOLD_MAX in the background
 
     def write(self, text: str) -> None:
         self.held.append(text)
+        if len(self.held) > self.HOLD_MAX and self._room.stops_writer():
+            # In the background under `stty tostop` (hours of a --follow run), waiting for
+            # room would have the kernel stop the run, its jobs left unwatched until `fg`:
+            # the oldest line goes instead, and a note says how many did.
+            self.held.popleft()
+            self.dropped += 1
+            return
         self.flush(wait=len(self.held) > self.HOLD_MAX)
 
     def flush(self, *, wait: bool = False) -> None:
         """Write what is held, as far as stdout takes it now (all of it: ``wait``)."""
+        if self.dropped and self.held and (wait or self._room()):
+            err(f"note: {self.dropped} earlier line(s) were dropped while the run was in "
+                f"the background (over {self.HOLD_MAX:,} held); the queue and its "
+                "events.jsonl have every outcome")
+            self.dropped = 0
         while self.held and (wait or self._room()):
             try:
                 write_out(self.held.popleft())

@@ -460,9 +460,10 @@ def read_until_exit(launcher: subprocess.Popen[str], master: int) -> str:
 
 
 def end_launch(launcher: subprocess.Popen[str], pid: int, master: int) -> None:
-    if launcher.poll() is None:
+    if launcher.poll() is None and pid:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGKILL)
+    if launcher.poll() is None:
         launcher.kill()
     launcher.wait()
     os.close(master)
@@ -542,3 +543,54 @@ def test_the_dashboard_of_a_run_in_the_background_waits_for_the_foreground(
     finally:
         end_launch(launcher, pid, master)
     assert "output root" in text and "summary: done 2" in text, text
+
+
+# Lines held by a process in the background under tostop, past a hold limit of 3.
+HOLD_PAST_THE_LIMIT = """
+import sys
+from renderctl.cli.reporters import Lines
+Lines.HOLD_MAX = 3
+lines = Lines()
+for n in range(10):
+    lines.write(f"line {n}\\n")
+print("held", len(lines.held), "dropped", lines.dropped, file=sys.stderr, flush=True)
+lines.flush(wait=True)
+"""
+
+
+def test_lines_held_in_the_background_past_the_limit_drop_the_oldest_not_stop_the_run(
+        tmp_path: Path) -> None:
+    import sys
+
+    # Given `run`'s lines on a terminal set to tostop, written in the background, more of
+    # them than it holds (here 3, 100,000 in a run: hours of a --follow run)
+    master, slave = pty.openpty()
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", LAUNCH_IN_THE_BACKGROUND, os.ttyname(slave), "tostop",
+         sys.executable, "-c", HOLD_PAST_THE_LIMIT],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(None))
+    os.close(slave)
+    assert launcher.stdout is not None and launcher.stderr is not None
+    pid = 0
+    try:
+        pid = int(launcher.stdout.readline())
+
+        # When it writes them
+        # Then it stops (SIGTTOU) only at its end, to write what it holds: not as it wrote
+        # them, where waiting for room is the kernel's stop; the oldest went, 3 stay held
+        assert launcher.stdout.readline().split() == ["stopped", str(int(signal.SIGTTOU))]
+        assert select.select([launcher.stderr], [], [], 5)[0], "stopped before its end"
+        assert launcher.stderr.readline().split() == ["held", "3", "dropped", "7"]
+
+        # When it is in the foreground again: the note, then the lines held, in order
+        mode = termios.tcgetattr(master)
+        mode[3] &= ~termios.TOSTOP
+        termios.tcsetattr(master, termios.TCSANOW, mode)
+        os.killpg(pid, signal.SIGCONT)
+        text = read_until_exit(launcher, master)
+        assert launcher.wait(5) == 0
+        assert "7 earlier line(s) were dropped" in launcher.stderr.read()
+    finally:
+        end_launch(launcher, pid, master)
+    assert [ln for ln in text.splitlines() if ln.startswith("line")] == [
+        "line 7", "line 8", "line 9"], text
