@@ -18,6 +18,7 @@ import select
 import signal
 import struct
 import subprocess
+import sys
 import termios
 import time
 from pathlib import Path
@@ -423,8 +424,6 @@ def run_in_the_background(queue: Path, out: Path, manifest: Path, *, tostop: boo
                           dashboard: bool) -> tuple[subprocess.Popen[str], int, int]:
     """`renderctl run --workers 2 MANIFEST &` on a new 120x40 terminal (see
     LAUNCH_IN_THE_BACKGROUND): the launcher, the run's pid and the terminal's master end."""
-    import sys
-
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
     env = {**_env(None), "TERM": "xterm-256color"}
@@ -560,8 +559,6 @@ lines.flush(wait=True)
 
 def test_lines_held_in_the_background_past_the_limit_drop_the_oldest_not_stop_the_run(
         tmp_path: Path) -> None:
-    import sys
-
     # Given `run`'s lines on a terminal set to tostop, written in the background, more of
     # them than it holds (here 3, 100,000 in a run: hours of a --follow run)
     master, slave = pty.openpty()
