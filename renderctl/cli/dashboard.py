@@ -427,9 +427,9 @@ class DashboardReporter:
 
     def close(self, runner: Any | None = None) -> None:
         """Draw the last frame (it stays on screen) and give the terminal back."""
-        if self.live is None and self.lines is not None:
-            self.lines.flush(wait=True)
         if self.live is None:
+            if self.lines is not None:
+                self.lines.flush(wait=True)  # (written above the frame, as in tick)
             if runner is None or getattr(runner, "holder", None) is None:
                 return  # it never ran (e.g. the queue was busy): draw nothing
             self._draw(self.start)

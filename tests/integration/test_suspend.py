@@ -56,15 +56,33 @@ def ctrl_z(runner: Runner, pid: int, what: str) -> None:
                what=f"the runner and {what} to be stopped")
 
 
-def run_on_a_terminal(queue: Path, out: Path, manifest: Path, *extra: str, workers: int = 1,
-                      no_color: bool = False) -> tuple[subprocess.Popen[bytes], int]:
-    """`renderctl run --workers N MANIFEST` on a new 120x40 terminal (a pty), in a process
-    group of its own as a shell starts it: the process and the terminal's master end."""
+def new_terminal(*, no_color: bool) -> tuple[int, int, dict[str, str]]:
+    """A new 120x40 terminal (a pty): its master and slave ends, and the environment of a
+    process drawn on it (NO_COLOR unset unless ``no_color``)."""
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
     env = {**_env(None), "TERM": "xterm-256color"}
     if not no_color:
         env.pop("NO_COLOR")
+    return master, slave, env
+
+
+def read_for(master: int, seen: bytearray, s: float) -> None:
+    """Add what the terminal shows in the next ``s`` seconds to ``seen``."""
+    deadline = time.monotonic() + s
+    while (left := deadline - time.monotonic()) > 0:
+        if select.select([master], [], [], left)[0]:
+            try:
+                seen.extend(os.read(master, 65536))
+            except OSError:
+                return  # EIO: nothing holds the terminal any more
+
+
+def run_on_a_terminal(queue: Path, out: Path, manifest: Path, *extra: str, workers: int = 1,
+                      no_color: bool = False) -> tuple[subprocess.Popen[bytes], int]:
+    """`renderctl run --workers N MANIFEST` on a new 120x40 terminal (a pty), in a process
+    group of its own as a shell starts it: the process and the terminal's master end."""
+    master, slave, env = new_terminal(no_color=no_color)
     proc = subprocess.Popen([*RENDERCTL, "run", *cli_args(queue, out, "--workers", str(workers)),
                              *extra, str(manifest)], stdin=slave, stdout=slave,
                             stderr=subprocess.PIPE, env=env, process_group=0)
@@ -167,24 +185,14 @@ def test_ctrl_z_gives_the_terminal_its_cursor_back_and_fg_redraws_the_dashboard(
     job, go = held_job(tmp_path, "shown", timeout_s=30)
     proc, master = run_on_a_terminal(queue, out, write_manifest([job]))
     seen = bytearray()
-
-    def read_for(s: float) -> None:
-        deadline = time.monotonic() + s
-        while (left := deadline - time.monotonic()) > 0:
-            if select.select([master], [], [], left)[0]:
-                try:
-                    seen.extend(os.read(master, 65536))
-                except OSError:
-                    return  # EIO: nothing holds the terminal any more
-
     try:
         wait_for_pid(tmp_path / "shown.pid")
-        wait_until(lambda: read_for(0.05) or b"\x1b[?25l" in seen, timeout_s=20,
+        wait_until(lambda: read_for(master, seen, 0.05) or b"\x1b[?25l" in seen, timeout_s=20,
                    what="the dashboard to hide the cursor")
         # When Ctrl-Z stops it
         os.killpg(proc.pid, signal.SIGTSTP)
         wait_until(lambda: stopped(proc.pid), timeout_s=10, what="the runner to stop")
-        read_for(0.2)
+        read_for(master, seen, 0.2)
         # Then the cursor was shown again before it stopped (the shell's prompt needs it)
         hidden_at = seen.rindex(b"\x1b[?25l")
         assert seen.find(b"\x1b[?25h", hidden_at) != -1, bytes(seen[hidden_at:])
@@ -192,7 +200,8 @@ def test_ctrl_z_gives_the_terminal_its_cursor_back_and_fg_redraws_the_dashboard(
 
         # And `fg` (SIGCONT to its group) draws the dashboard afresh, cursor hidden again
         os.killpg(proc.pid, signal.SIGCONT)
-        wait_until(lambda: read_for(0.05) or b"\x1b[?25l" in seen[before:], timeout_s=20,
+        wait_until(lambda: read_for(master, seen, 0.05) or b"\x1b[?25l" in seen[before:],
+                   timeout_s=20,
                    what="the dashboard to be drawn again")
         go.touch()
         assert proc.wait(timeout=60) == 0, proc.stderr.read() if proc.stderr else ""
@@ -424,11 +433,7 @@ def run_in_the_background(queue: Path, out: Path, manifest: Path, *, tostop: boo
                           dashboard: bool) -> tuple[subprocess.Popen[str], int, int]:
     """`renderctl run --workers 2 MANIFEST &` on a new 120x40 terminal (see
     LAUNCH_IN_THE_BACKGROUND): the launcher, the run's pid and the terminal's master end."""
-    master, slave = pty.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
-    env = {**_env(None), "TERM": "xterm-256color"}
-    if dashboard:
-        env.pop("NO_COLOR")
+    master, slave, env = new_terminal(no_color=not dashboard)
     launcher = subprocess.Popen(
         [sys.executable, "-c", LAUNCH_IN_THE_BACKGROUND, os.ttyname(slave),
          "tostop" if tostop else "-", *RENDERCTL, "run",
@@ -528,10 +533,7 @@ def test_the_dashboard_of_a_run_in_the_background_waits_for_the_foreground(
 
         # When it runs on in the background for a second (four frames' time)
         shown = bytearray()
-        deadline = time.monotonic() + 1.0
-        while (left := deadline - time.monotonic()) > 0:
-            if select.select([master], [], [], left)[0]:
-                shown.extend(os.read(master, 65536))
+        read_for(master, shown, 1.0)
 
         # Then it drew no frame over the shell's screen (it drew them there, four a second)
         assert b"output root" not in shown, shown.decode(errors="replace")
