@@ -1380,8 +1380,9 @@ class Runner:
         when it turns out long, the jobs behind it would wait for it while another worker
         has nothing to do. The worker reads messages only between jobs, so the two settle
         which queued jobs it has started through its start gate (renderctl.gate): those
-        stay, the rest are ours, and it will never start them. No job runs twice."""
-        if self.stop_signal is not None or self.ready or not self._idle():
+        stay, the rest are ours, and it will never start them. No job runs twice.
+        Not when halted: no worker may start them, and _halt takes them back for pending."""
+        if self.stop_signal is not None or self.halted or self.ready or not self._idle():
             return
         for w in self.workers.values():
             if not self._stuck(w, now):

@@ -106,8 +106,11 @@ def fail_until_marker(inputs: Sequence[Path], output: Path, params: Mapping[str,
 
 
 def invalid(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
+    """Raise InvalidInput; with ``params["go"]``, only once it exists (see wait_for_go)."""
     from renderctl.errors import InvalidInput
 
+    if "go" in params:
+        _hold_until_go(params)
     raise InvalidInput(params.get("message", "the input is unusable"))
 
 
@@ -713,10 +716,14 @@ def fork_until_refused(inputs: Sequence[Path], output: Path, params: Mapping[str
 def wait_for_go(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
     """Write our pid to ``params["pidfile"]``, wait until ``params["go"]`` exists, write a PDF
     (the test decides when this job ends)."""
+    _hold_until_go(params)
+    write_pdf(inputs, output, params)
+
+
+def _hold_until_go(params: Mapping[str, Any]) -> None:
     _write_pid(params["pidfile"], os.getpid())
     while not os.path.exists(params["go"]):
         time.sleep(0.005)
-    write_pdf(inputs, output, params)
 
 
 def write_then_hang(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:

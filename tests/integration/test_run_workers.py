@@ -23,6 +23,7 @@ from jobfns import (
     cli_args,
     held_job,
     hold_spawned_workers,
+    json_lines,
     py_job,
     run_cli,
     stage,
@@ -569,13 +570,7 @@ def test_a_worker_holding_its_start_gate_never_freezes_the_runner(
     try:
         wait_until(lambda: stopped(runner.pid), timeout_s=30,
                    what="the runner to freeze as it rebalances")
-        worker = int((tmp_path / "long.pid").read_text())
-        fd_dir = Path(f"/proc/{worker}/fd")
-        gates = [os.readlink(fd_dir / fd) for fd in os.listdir(fd_dir)
-                 if os.path.basename(os.readlink(fd_dir / fd)).startswith("gate.")]
-        assert len(gates) == 1, gates
-        held = os.open(gates[0], os.O_RDWR)
-        fcntl.flock(held, fcntl.LOCK_EX)
+        held = _hold_start_gate(int((tmp_path / "long.pid").read_text()))
         os.kill(runner.pid, signal.SIGCONT)
 
         # When the long job is cancelled while the gate is held
@@ -598,6 +593,86 @@ def test_a_worker_holding_its_start_gate_never_freezes_the_runner(
     ran = [line.split()[0] for line in (tmp_path / "exec.log").read_text().splitlines()]
     assert sorted(ran) == sorted(SHORTS), ran
     for j in SHORTS:
+        assert_pdf(out / f"{j}.pdf", j)
+
+
+def _hold_start_gate(worker: int) -> int:
+    """Lock ``worker``'s start gate (a real flock, from this process), as the worker does in
+    the few microseconds it takes to start a job; the open descriptor is returned."""
+    import fcntl
+
+    fd_dir = Path(f"/proc/{worker}/fd")
+    gates = [os.readlink(fd_dir / fd) for fd in os.listdir(fd_dir)
+             if os.path.basename(os.readlink(fd_dir / fd)).startswith("gate.")]
+    assert len(gates) == 1, gates
+    held = os.open(gates[0], os.O_RDWR)
+    fcntl.flock(held, fcntl.LOCK_EX)
+    return held
+
+
+def test_a_halt_while_a_worker_holds_its_start_gate_starts_nothing_more_there(
+        tmp_path: Path, write_manifest: Any) -> None:
+    import fcntl
+    import struct
+
+    # Given --max-failures 1 and two workers: `bad` running in one (it dead-letters when
+    # told), `long` in the other with short jobs queued behind it
+    stage(tmp_path)
+    log = tmp_path / "exec.log"
+    bad_go, long_go = tmp_path / "bad.go", tmp_path / "long.go"
+    manifest = write_manifest(
+        [{**py_job("bad", "invalid", pidfile=str(tmp_path / "bad.pid"), go=str(bad_go)),
+          "priority": 10},
+         {**py_job("long", "wait_for_go", pidfile=str(tmp_path / "long.pid"),
+                   go=str(long_go)), "priority": 9}]
+        + [py_job(s, "logged_write", log=str(log)) for s in SHORTS])
+    queue, out = tmp_path / "q", tmp_path / "out"
+    runner = Runner(manifest, *cli_args(queue, out, "--workers", "2", "--prefetch", "4",
+                                        "--max-failures", "1", "--json"))
+    held = None
+    try:
+        wait_for_pid(tmp_path / "bad.pid", what="bad to start")
+        held = _hold_start_gate(wait_for_pid(tmp_path / "long.pid", what="long to start"))
+
+        def revoked() -> int:
+            return int(struct.unpack("<qq", os.pread(held, 16, 0))[1])
+
+        # When bad dead-letters, so the runner halts, while long's worker holds its start
+        # gate (as if stopped right as it starts a job)
+        before = revoked()
+        bad_go.touch()
+        runner.until(lambda line: '"halted"' in line)
+        time.sleep(0.2)  # the only wait: the runner tries the gate every 20 ms meanwhile
+        assert revoked() == before  # (it cannot take the queued jobs back yet)
+
+        # Then once the gate is let go, the runner takes back what is queued behind long
+        # (without waiting for some other wake-up: long is still running)
+        fcntl.flock(held, fcntl.LOCK_UN)
+        wait_until(lambda: revoked() > before, timeout_s=10,
+                   what=lambda: f"the runner to revoke the queued jobs: {runner.lines}")
+        long_go.touch()
+        assert runner.wait() == 1, runner.lines  # (1: a job was dead-lettered)
+    finally:
+        if held is not None:
+            os.close(held)
+        bad_go.touch()
+        long_go.touch()
+        runner.close()
+    # And nothing started after the halt: each short job either ran once before it and is
+    # done, or never ran and is pending, uncharged; long finished
+    events = [(e["event"], e.get("job")) for e in json_lines("\n".join(runner.lines))]
+    halt = events.index(("halted", None))
+    assert not [e for e in events[halt:] if e[0] == "started"], events
+    view = QueueView(queue)
+    assert view.ids("dead") == {"bad"} and view.ids("running") == set()
+    ran = [line.split()[0] for line in log.read_text().splitlines()] if log.exists() else []
+    assert len(set(ran)) == len(ran), ran
+    assert view.ids("done") == {"long", *ran}
+    pending = view.ids("pending")
+    assert pending == set(SHORTS) - set(ran) and pending, ran
+    assert {j for e, j in events if e == "released"} == pending, events
+    assert all(view.record("pending", j)["attempts"] == [] for j in pending)
+    for j in ran:
         assert_pdf(out / f"{j}.pdf", j)
 
 
