@@ -28,7 +28,8 @@ KNOWN = frozenset({
     "publish:before_link", "publish:after_link", "publish:after_done", "dead", "rebalance",
     "unresponsive", "released", "shutdown",
     # store: submit, finish, dead retry
-    "submit:parsed", "submit:checked", "submit:staged", "submit:placed", "submit:before_doorbell",
+    "submit:parsed", "submit:listed", "submit:checked", "submit:staged", "submit:placed",
+    "submit:before_doorbell",
     "dead_retry:rewritten", "dead_retry:moved",
     # cancel: before each id; a batch of pending ones taken and synced, not yet settled
     "cancel:before", "cancel:moved",

@@ -864,7 +864,10 @@ class Queue:
 
             logging.getLogger("renderctl").warning("%s", msg)
 
-    def _locate_many(self, ids: Sequence[str]) -> dict[str, State]:
+    def _locate_many(self, ids: Sequence[str],
+                     crash_hook: Callable[[str], None] | None = None) -> dict[str, State]:
+        """Where each of ``ids`` is (a hint: the caller reads the record), under submit's
+        lock, while a runner may move the jobs."""
         found: dict[str, State] = {}
         if len(ids) <= 64:
             for jid in ids:
@@ -873,14 +876,21 @@ class Queue:
                     found[jid] = view.state
             return found
         wanted = set(ids)
-        # Folders in the order jobs move through them, pending last, so a job caught moving
-        # pending -> running -> done during the listing is still seen at least once.
-        for state in (State.RUNNING, State.DONE, State.DEAD, State.CANCELLED, State.EXPIRED,
-                      State.PENDING, State.RUNNING):
+        # A folder each, in the direction jobs move, so a job a runner moves during the
+        # listing is still seen once: pending/ and running/ (twice: a retry moves a job
+        # back), then the terminal folders, which jobs leave only under the lock we hold
+        # (dead retry, replace) or by deletion. A job seen nowhere moved running -> pending
+        # -> running -> pending within the four listings; a retry waits out its backoff.
+        # (Terminal folders first, as before, missed a job claimed and finished during the
+        # listing: accepted anew beside its done record, run twice.)
+        for state in (State.PENDING, State.RUNNING, State.PENDING, State.RUNNING,
+                      State.DONE, State.DEAD, State.CANCELLED, State.EXPIRED):
             for name in os.listdir(self.dir(state)):
                 jid = name[:-5]
                 if jid in wanted and name.endswith(".json"):
                     found.setdefault(jid, state)
+            if crash_hook is not None:
+                crash_hook("submit:listed")
         return found
 
     def _submit_locked(
@@ -889,7 +899,7 @@ class Queue:
     ) -> SubmitResult:
         if self._replay_due:
             self._replay_leftovers([s.id for s in specs])
-        located = self._locate_many([s.id for s in specs])
+        located = self._locate_many([s.id for s in specs], crash_hook)
         new: list[JobSpec] = []
         already: list[str] = []
         ended: dict[str, int] = {}

@@ -5,6 +5,7 @@ or RENDERCTL_CRASH_AT (SIGKILL there), never hoped for with sleeps."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -306,3 +307,34 @@ def test_a_job_whose_cancel_was_requested_before_it_started_never_publishes(
     assert not (out / "b.pdf").exists()
     assert [a["outcome"] for a in view.record("cancelled", "b")["attempts"]] in ([], ["cancelled"])
     assert not any('"completed"' in ln and '"b"' in ln for ln in runner.lines)
+
+
+@pytest.mark.parametrize("listing", range(1, 9))
+def test_a_resubmit_finds_the_jobs_a_runner_finishes_while_it_looks(
+        tmp_path: Path, write_manifest: Any, listing: int) -> None:
+    # Given 65 jobs accepted, pending (more than a submit looks up one by one: it lists the
+    # queue's folders instead)
+    stage(tmp_path)
+    queue, out = tmp_path / "q", tmp_path / "out"
+    ids = [f"j{n:02d}" for n in range(65)]
+    manifest = write_manifest([py_job(j, "write_one_byte", f"{j}.bin") for j in ids])
+    res = run_cli("submit", manifest, *cli_args(queue, out))
+    assert res.returncode == 0, res.stdout + res.stderr
+
+    # When the manifest is submitted again (cron, say), and a runner claims and finishes
+    # every job while that submit is frozen after one of its folder listings
+    resubmit = _frozen(["submit", str(manifest), *cli_args(queue, out), "--json"],
+                       f"submit:listed:n={listing}")
+    res = run_cli("run", *cli_args(queue, out))
+    assert res.returncode == 0, res.stdout + res.stderr
+    code, stdout, stderr = _finish(resubmit)
+
+    # Then it accepts none of them anew (it accepted jobs it had just missed in both
+    # pending/ and running/, to run twice beside their done records): each is already
+    # accepted, done once
+    assert code == 0, stdout + stderr
+    doc = json.loads(stdout)
+    assert (doc["accepted"], sorted(doc["already_accepted"])) == ([], ids), doc
+    view = QueueView(queue)
+    assert view.ids("done") == set(ids) and view.ids("pending") == set()
+
