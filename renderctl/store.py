@@ -1815,8 +1815,9 @@ class Queue:
         return [n[len(CANCEL_REQUEST_PREFIX):] for n in os.listdir(self.dir("control"))
                 if n.startswith(CANCEL_REQUEST_PREFIX)]
 
-    def clear_cancel_request(self, job_id: str) -> None:
-        unlink_quiet(self.dir("control") / f"{CANCEL_REQUEST_PREFIX}{job_id}")
+    def clear_cancel_request(self, job_id: str) -> bool:
+        """Drop a cancel request for ``job_id``; whether there was one."""
+        return unlink_quiet(self.dir("control") / f"{CANCEL_REQUEST_PREFIX}{job_id}")
 
     def dead_retry(self, job_ids: Sequence[str], *,
                    crash_hook: Callable[[str], None] | None = None) -> list[str]:
@@ -1855,6 +1856,13 @@ class Queue:
                                  lease=None, reason=RETRIED_REASON, changed_at=now).dumps())
             found.append((jid, src))
         tmps = self._durable_temporaries("revive", blobs)
+        # A cancel asked while the job ran, left by a runner that dead-lettered it and
+        # stopped before acting on the request, is not a cancel of its retry: the next
+        # runner would cancel the job the user just asked to run again.
+        cleared = [jid for jid, _ in found if self.clear_cancel_request(jid)]
+        if cleared:
+            # Protects against: power loss bringing the request back once the job is pending.
+            fsync_dir(self.dir("control"))
         for (jid, src), tmp in zip(found, tmps, strict=True):
             os.replace(tmp, src)
             hook("dead_retry:rewritten")

@@ -338,3 +338,29 @@ def test_a_resubmit_finds_the_jobs_a_runner_finishes_while_it_looks(
     view = QueueView(queue)
     assert view.ids("done") == set(ids) and view.ids("pending") == set()
 
+
+def test_a_cancel_left_unapplied_when_a_job_was_dead_lettered_does_not_cancel_its_retry(
+        tmp_path: Path, write_manifest: Any) -> None:
+    from renderctl.store import Queue
+
+    # Given x dead-lettered (its cause since fixed), and a cancel asked of it while it ran
+    # that its runner never applied (it recorded x dead, then stopped, first): the request
+    # `renderctl cancel` writes, left in the queue
+    stage(tmp_path)
+    queue, out, fixed = tmp_path / "q", tmp_path / "out", tmp_path / "fixed"
+    manifest = write_manifest([{**py_job("x", "fail_until_marker", marker=str(fixed)),
+                                "max_attempts": 1}])
+    res = run_cli("run", manifest, *cli_args(queue, out))
+    assert res.returncode == ExitCode.JOBS_FAILED, res.stdout + res.stderr
+    Queue(queue).request_cancel("x")
+    fixed.touch()
+
+    # When it is retried from dead/ and the queue run again
+    res = run_cli("dead", "retry", "x", "--queue", queue)
+    assert res.returncode == 0, res.stdout + res.stderr
+    res = run_cli("run", *cli_args(queue, out))
+
+    # Then it runs and completes (the old request cancelled it as the runner started)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert QueueView(queue).states_of(["x"]) == {"x": ["done"]}
+    assert_pdf(out / "x.pdf", "x")
