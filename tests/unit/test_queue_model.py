@@ -460,6 +460,8 @@ class QueueMachine(RuleBasedStateMachine):
             job = self.jobs[jid]
             job.state, job.changed_at, job.reason = State.PENDING, now, "retried from dead"
             job.attempt_base, job.not_before = len(job.attempts), 0.0
+            # A request left from its last run is not a cancel of the retry.
+            self.cancel_requests.discard(jid)
             self.expect_event(jid, "revived")
 
     @rule(states=st.lists(st.sampled_from(TERMINAL_STATES), unique=True, min_size=1),
