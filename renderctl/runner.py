@@ -177,6 +177,7 @@ STOPPED_TOO = "it ended after the runner's stop signal"  # (see Runner._failed_o
 STEAL_AFTER_S = 0.5
 STEAL_FACTOR = 4.0
 GATE_RETRY_S = 0.02  # a take-back the worker's start gate refused is tried again this soon
+RECV_CHUNK = 1 << 16  # read from a worker's connection at most this much per call
 STATE_INTERVAL_S = 1.0  # how often runner.state.json is rewritten for `top` and metrics
 STATE_FILE = "runner.state.json"
 MAX_START_FAILURES = 5
@@ -293,11 +294,12 @@ class WorkerHandle:
     doomed: list[Any] = field(default_factory=list)  # processes to kill again at death
     sampler: TreeSampler | None = None
     mark: OomMark | None = None
-    readable: Any = None  # select.poll() of its connection alone
-    # Our end of its connection, for sends that never block (see Runner._tell), and what
-    # is still to be sent there, in order.
+    # Our end of its connection, for sends and reads that never block (Runner._tell and
+    # _read_messages), what is still to be sent there, in order, and what has come of a
+    # message not yet whole.
     sock: socket.socket | None = None
     unsent: bytearray = field(default_factory=bytearray)
+    inbox: bytearray = field(default_factory=bytearray)
     polling_out: bool = False  # its connection is polled for POLLOUT (unsent waits)
 
     def reserved_mb(self) -> int:
@@ -863,8 +865,6 @@ class Runner:
         # One poll set for the runner's life, changed only when workers come and go:
         # multiprocessing.connection.wait() built a selector per call, and Connection.poll()
         # one per message (three or four per job), a visible share of the loop's CPU.
-        w.readable = select.poll()
-        w.readable.register(w.conn.fileno(), select.POLLIN)
         # (A duplicate: closing it leaves the Connection's descriptor alone.)
         w.sock = socket.socket(fileno=os.dup(w.conn.fileno()))
         for fd, is_conn in ((w.conn.fileno(), True), (w.proc.sentinel, False)):
@@ -883,6 +883,7 @@ class Runner:
             w.sock.close()
             w.sock = None
         w.unsent.clear()
+        w.inbox.clear()
 
     # -- the loop --
     def _loop(self) -> None:
@@ -1476,12 +1477,23 @@ class Runner:
 
     # -- messages from workers --
     def _read_messages(self, w: WorkerHandle) -> None:
-        try:
-            # A Connection buffers nothing: the fd is readable exactly while a message waits.
-            while w.readable is not None and w.readable.poll(0):
-                self._on_message(w, w.conn.recv())
-        except (EOFError, OSError):
-            pass  # the sentinel reports the death
+        """Handle every whole message the worker has sent, never waiting for the rest of one.
+
+        Connection.recv() blocked until a message was whole, and Connection.send writes one
+        over 16 KB (a failure's error and traceback in wide characters) in two writes: a
+        worker stopped between them (SIGSTOP, a freezer, a debugger) froze the whole loop
+        for good (no timeout, cancel, signal or other worker seen). What has come of a
+        message is kept until the rest does, as _tell keeps what could not be sent."""
+        while w.sock is not None:
+            try:
+                chunk = w.sock.recv(RECV_CHUNK, socket.MSG_DONTWAIT)
+            except OSError:  # (BlockingIOError: nothing more now)
+                break  # and if it died, its sentinel reports the death
+            w.inbox += chunk
+            if len(chunk) < RECV_CHUNK:
+                break  # all there was (more, later, wakes the loop's poll again)
+        while (msg := _take_message(w.inbox)) is not None:
+            self._on_message(w, msg)
 
     def _on_message(self, w: WorkerHandle, msg: object) -> None:
         if isinstance(msg, tuple):  # a worker's batch, in the order it happened
@@ -2462,6 +2474,25 @@ def _test_number(variable: str) -> float:
     if not (math.isfinite(value) and value > 0):
         raise UserError(f"{variable}={raw!r}: must be a number > 0")
     return value
+
+
+def _take_message(inbox: bytearray) -> object | None:
+    """The first message in ``inbox`` (bytes from a worker's Connection.send), removed
+    from it; None until it is all there. Connection's framing: a signed 32-bit length,
+    or -1 and then a 64-bit one (never made by our workers' messages; read all the same)."""
+    if len(inbox) < 4:
+        return None
+    (size,), start = struct.unpack_from("!i", inbox), 4
+    if size == -1:
+        if len(inbox) < 12:
+            return None
+        (size,), start = struct.unpack_from("!Q", inbox, 4), 12
+    end = start + size
+    if len(inbox) < end:
+        return None
+    msg = ForkingPickler.loads(inbox[start:end])
+    del inbox[:end]
+    return msg
 
 
 def _expires_at(a: Assignment) -> float | None:

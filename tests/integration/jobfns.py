@@ -904,3 +904,24 @@ def observe_library_setup(inputs: Sequence[Path], output: Path,
     with open(params["report"], "a") as fh:
         fh.write(json.dumps(seen) + "\n")
     write_pdf(inputs, output, params)
+
+
+def stop_mid_message(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
+    """Write the start of a message to the runner on our worker's socket (a length header
+    and a few of the bytes it promises, as Connection.send writes one over 16 KB in two
+    writes), write our pid to ``params["pidfile"]``, then SIGSTOP the worker: a worker
+    stopped between the two writes (kill -STOP, a freezer, a debugger)."""
+    import stat
+    import struct
+
+    sockets = []
+    for fd in map(int, os.listdir("/proc/self/fd")):
+        with contextlib.suppress(OSError):  # (the listing's own descriptor, closed since)
+            if fd > 2 and stat.S_ISSOCK(os.fstat(fd).st_mode):
+                sockets.append(fd)
+    if len(sockets) != 1:
+        raise RuntimeError(f"expected the worker's one socket, found {sockets}")
+    os.write(sockets[0], struct.pack("!i", 100_000) + b"\x80" * 10)
+    _write_pid(params["pidfile"], os.getpid())
+    os.kill(os.getpid(), signal.SIGSTOP)
+    write_pdf(inputs, output, params)

@@ -284,6 +284,40 @@ def test_a_job_that_closes_its_workers_descriptors_fails_alone(
     assert not (tmp_path / "out" / "closer.pdf").exists()
 
 
+def test_a_worker_stopped_partway_through_a_message_never_freezes_the_runner(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given a job whose worker stops (SIGSTOP) having sent the runner only the start of a
+    # message, and another job, in the other worker, that overruns its timeout
+    stage(tmp_path)
+    pidfile = tmp_path / "stopped.pid"
+    manifest = write_manifest([
+        {**py_job("stops", "stop_mid_message", pidfile=str(pidfile)), "priority": 10,
+         "timeout_s": 3, "max_attempts": 1},
+        {**py_job("overruns", "sleep_then_write", s=300), "timeout_s": 2,
+         "max_attempts": 1}])
+    queue = tmp_path / "q"
+
+    # When they run
+    runner = Runner(manifest, *cli_args(queue, tmp_path / "out", "--workers", "2",
+                                        "--kill-grace", "0.5", "--json"))
+    try:
+        worker = wait_for_pid(pidfile, what="the worker to send part of a message")
+        wait_until(lambda: psutil.Process(worker).status() == psutil.STATUS_STOPPED,
+                   what="the worker to stop")
+
+        # Then the runner still supervises: it kills both jobs at their timeouts (it used
+        # to wait for the rest of the message for good, seeing no timeout, cancel or
+        # signal again) and finishes the run
+        assert runner.wait(timeout_s=30) == 1, runner.lines
+    finally:
+        runner.close()
+    view = QueueView(queue)
+    for job in ("stops", "overruns"):
+        attempts = view.record("dead", job)["attempts"]
+        assert [a["outcome"] for a in attempts] == ["timeout"], (job, attempts)
+    assert gone(worker)
+
+
 def test_a_job_that_leaves_its_worker_without_descriptors_costs_only_its_worker(
         tmp_path: Path, write_manifest: Any) -> None:
     # Given a job that writes its PDF and then leaves every descriptor of its worker in
