@@ -169,12 +169,15 @@ def _stop(pid: int, parent: int) -> int | None:
     return None
 
 
-def _kill_tree(pid: int, pidfd: int) -> None:
+def kill_tree(pid: int, pidfd: int) -> None:
     """Freeze the worker and its descendants (SIGSTOP cannot be blocked, and a stopped
     process cannot fork), then SIGKILL them all: a tree that forks faster than it can be
     killed one by one is caught whole. Each is killed through the pidfd taken when it was
     stopped: once a parent dies its children are the worker's (a subreaper), so who their
-    parent is cannot be checked again."""
+    parent is cannot be checked again.
+
+    The runner's own kills of a worker take its tree this way too (Runner._kill_now);
+    standard library only, as everything this process runs."""
     with contextlib.suppress(OSError):
         signal.pidfd_send_signal(pidfd, signal.SIGSTOP)
     stopped: dict[int, int] = {}  # pid -> pidfd
@@ -222,7 +225,7 @@ def main(fd: int) -> None:
                 workers[pid] = os.pidfd_open(pid)
         pending = pending[whole:]
     for pid, pfd in workers.items():
-        _kill_tree(pid, pfd)
+        kill_tree(pid, pfd)
 
 
 if __name__ == "__main__":

@@ -19,8 +19,9 @@ Actors:
 
 - **WorkerHandle**: one worker process and its slot (cgroup or sampler), the jobs sent to
   it, the one it has started, and why we killed it (if we did, and for which job). A kill
-  takes the worker's process group, the worker itself and its whole tree (a job can leave
-  the group) and, with a cgroup guard, every task in its slot.
+  takes the worker's process group, the worker itself and its whole tree as it is at the
+  SIGKILL (a job can leave the group, and start more in a kill grace), frozen first, and,
+  with a cgroup guard, every task in its slot.
 - **claims**: jobs moved to ``running/`` with a lease, waiting in ``ready`` for a worker
   and for room in the memory budget. A few are claimed ahead (prefetch) so that a worker
   never waits for the runner's disk syncs; how many follows from the observed job length.
@@ -105,7 +106,7 @@ from renderctl.publish import (
     tmp_output_path,
     tmp_outputs,
 )
-from renderctl.reaper import Reaper
+from renderctl.reaper import Reaper, kill_tree
 from renderctl.recovery import (
     STARTED_LOG,
     WORKERS_FILE,
@@ -1816,8 +1817,7 @@ class Runner:
                 self._kill_unready(w)
             self._judge_answer(w, now)
             if w.kill_deadline is not None and now >= w.kill_deadline and w.pgid:
-                proctree.kill_group(w.pgid, signal.SIGKILL)
-                _signal_all(w.doomed, signal.SIGKILL)
+                self._kill_now(w)
                 w.kill_deadline = None
             a = w.current
             if a is None or a.started_mono is None or w.kill_reason is not None:
@@ -1930,8 +1930,34 @@ class Runner:
             _signal_all(w.doomed, signal.SIGTERM)
             w.kill_deadline = time.monotonic() + self.s.kill_grace_s
         else:
+            self._kill_now(w)
+
+    @staticmethod
+    def _kill_now(w: WorkerHandle) -> None:
+        """SIGKILL the worker's tree as it is now, then its group and what ``_kill`` found.
+
+        ``w.doomed`` is the tree as it was when the kill was decided; in a kill grace the
+        job can start more, even in a new session (out of the group), and once the worker
+        is dead those are re-parented away, where nothing (not the sampler, which stopped
+        with the decision, nor the reaper, which follows live workers) would find them.
+        While the worker lives it is a subreaper, so it is their ancestor: freeze its tree
+        and kill it whole, as the reaper does, so that nothing forks away in between."""
+        # The worker leads its group (pid == pgid), whose leader's start time we keep.
+        if w.pid is not None and w.pid == w.pgid and w.pgid_start is not None:
+            try:
+                pidfd = os.pidfd_open(w.pid)
+            except OSError:
+                pidfd = -1  # gone already (its death is handled as any other)
+            if pidfd >= 0:
+                try:
+                    # With the pidfd held the pid cannot be reused: is it still our worker?
+                    if proctree.process_start_time(w.pid) == w.pgid_start:
+                        kill_tree(w.pid, pidfd)
+                finally:
+                    os.close(pidfd)
+        if w.pgid:
             proctree.kill_group(w.pgid, signal.SIGKILL)
-            _signal_all(w.doomed, signal.SIGKILL)
+        _signal_all(w.doomed, signal.SIGKILL)
 
     def _renew(self) -> None:
         claims = [a.claim for a in self.ready]

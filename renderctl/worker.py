@@ -1163,6 +1163,11 @@ def run_command(argv: list[str], inputs: list[Path], output: Path,
         finally:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
         if terminated:
+            # What the command left (a setsid() process it started on the SIGTERM, say) is
+            # ours, as subreaper, only while we live: dead, we would hand it to init, where
+            # the runner's kill of our group and tree cannot find it. Kill it first.
+            with contextlib.suppress(Exception):
+                remove_leftovers(_children_of_threads, LEFTOVER_BOUND_S / 2)
             os.kill(os.getpid(), signal.SIGTERM)
     tail = read_tail(str(log))
     if code == 0:

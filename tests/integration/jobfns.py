@@ -588,6 +588,21 @@ def leave_a_daemon(inputs: Sequence[Path], output: Path, params: Mapping[str, An
     write_pdf(inputs, output, params)
 
 
+def start_a_process_on_term(inputs: Sequence[Path], output: Path,
+                            params: Mapping[str, Any]) -> None:
+    """Handle SIGTERM by starting a ``sleep`` in a new session (its pid to
+    ``params["pidfile"]``), and hang on: a job that starts a process in its kill grace, and
+    outside its group, where a kill of the group misses it."""
+    def start(signum: int, frame: object) -> None:
+        child = subprocess.Popen(["sleep", "600"], stdin=subprocess.DEVNULL,
+                                 start_new_session=True)
+        _write_pid(params["pidfile"], child.pid)
+
+    signal.signal(signal.SIGTERM, start)
+    while True:
+        time.sleep(3600)
+
+
 def fail_if_alive(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
     """Fail if the process named in ``params["pidfile"]`` still runs (a zombie does not)."""
     pid = int(Path(params["pidfile"]).read_text())

@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -237,6 +238,49 @@ def test_a_timeout_kill_takes_the_jobs_escaped_daemon_with_it_under_sampling(
     assert [a["outcome"] for a in view.record("dead", "hang")["attempts"]] == ["timeout"]
     wait_until(lambda: gone(int(leftover.read_text())), timeout_s=5,
                what="the daemon of the timed-out job to die")
+
+
+# A command that, on SIGTERM, starts a process in a new session (its pid to argv[1]) and
+# exits: its worker then dies of the SIGTERM itself, before the kill grace is over.
+START_ON_TERM_AND_EXIT = """
+import os, signal, subprocess, sys, time
+def start(signum, frame):
+    child = subprocess.Popen(["sleep", "600"], stdin=subprocess.DEVNULL, start_new_session=True)
+    with open(sys.argv[1] + ".tmp", "w") as fh:
+        fh.write(str(child.pid))
+    os.replace(sys.argv[1] + ".tmp", sys.argv[1])
+    sys.exit(0)
+signal.signal(signal.SIGTERM, start)
+while True:
+    time.sleep(3600)
+"""
+
+
+@pytest.mark.parametrize("kind", ["python", "command"])
+def test_a_timeout_kill_takes_a_process_the_job_started_in_its_grace_under_sampling(
+        tmp_path: Path, write_manifest: Any, leftover: Path, kind: str) -> None:
+    # Given a job that, on SIGTERM, starts a process in a new session and hangs past its
+    # timeout (python: in its worker, hanging on; command: the tool, exiting at once),
+    # under the sampling guard (no cgroup to find that process by, and the job's tree as it
+    # was at the SIGTERM does not hold it)
+    stage(tmp_path)
+    if kind == "python":
+        job = py_job("hang", "start_a_process_on_term", pidfile=str(leftover))
+    else:
+        job = {"id": "hang", "kind": "command", "output": "hang.pdf", "argv": [
+            sys.executable, "-c", START_ON_TERM_AND_EXIT, str(leftover), "{output}"]}
+    manifest = write_manifest([{**job, "timeout_s": 1, "max_attempts": 1}])
+
+    # When the runner times it out (SIGKILL after the kill grace) and exits
+    result, view = run_in_one_worker(tmp_path, manifest, "--memory-guard", "sampling",
+                                     "--kill-grace", "0.5")
+
+    # Then the attempt is a timeout, and the process the job started in its grace is gone
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert [a["outcome"] for a in view.record("dead", "hang")["attempts"]] == ["timeout"]
+    started = int(leftover.read_text())
+    wait_until(lambda: gone(started), timeout_s=2,
+               what="the process the job started on SIGTERM to die with it")
 
 
 def test_a_killed_runners_workers_take_their_jobs_daemons_with_them(
