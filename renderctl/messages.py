@@ -1,4 +1,11 @@
-"""Runner <-> worker messages: small frozen dataclasses, dispatched with ``isinstance``."""
+"""Runner <-> worker messages: small frozen dataclasses, dispatched with ``isinstance``.
+
+A message about one job sent to a worker names that assignment by its ``seq`` (its number
+in the worker's stream, ``RunJob.seq``), never by job id alone: the same job id can be
+queued in a worker again while an answer about its earlier assignment is still on the way
+(cancelled then replaced; taken back then sent back), and that answer must not be taken for
+the new one.
+"""
 
 from __future__ import annotations
 
@@ -24,16 +31,18 @@ class RunJob:
     # then -> expired, never run" holds at the start itself, which may come long after the
     # claim for a job queued behind another in this worker.
     expires_at: float | None = None
-    # Its number in this worker's stream of jobs, for the start gate (renderctl.gate); 0:
-    # no gate, always start.
+    # Its number in this worker's stream of jobs (unique there): what every message about
+    # this assignment names it by, and its number at the start gate (renderctl.gate). 0:
+    # no gate, always start (a worker driven without a runner, in tests).
     seq: int = 0
 
 
 @dataclass(frozen=True)
 class Skip:
-    """Drop these queued (not started) jobs, e.g. cancelled; answered with ``Dropped``."""
+    """Drop these queued (not started) assignments (by ``RunJob.seq``), e.g. cancelled;
+    answered with ``Dropped``."""
 
-    job_ids: tuple[str, ...]
+    seqs: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -63,6 +72,7 @@ class Started:
 
     job_id: str
     token: str
+    seq: int  # the assignment's RunJob.seq
     wall: float
     # Memory earlier jobs left held in this worker (below the leftover allowance), which
     # its ceiling is raised by: the sampling guard must judge and report the same way.
@@ -88,6 +98,9 @@ class Finished:
     peak_memory_bytes: int | None = None
     owner_tagged: bool = False  # the output file carries this attempt's token (xattr)
     extra: dict[str, Any] = field(default_factory=dict)
+    # The assignment's RunJob.seq (a worker's message); 0 in a result the runner made
+    # itself (a kill, a death), which is matched to nothing.
+    seq: int = 0
 
 
 class DropKind(StrEnum):
@@ -104,10 +117,10 @@ class DropKind(StrEnum):
 
 @dataclass(frozen=True)
 class Dropped:
-    """These queued jobs were not started: ``kind`` says why (the runner acts on it),
-    ``reason`` says it in words (for logs)."""
+    """These queued assignments (by ``RunJob.seq``) were not started: ``kind`` says why (the
+    runner acts on it), ``reason`` says it in words (for logs)."""
 
-    job_ids: tuple[str, ...]
+    seqs: tuple[int, ...]
     kind: DropKind
     reason: str = ""
 

@@ -272,6 +272,7 @@ class WorkerHandle:
     answer_deadline: float | None = None
     answer_limit_s: float = 0.0
     unresponsive: bool = False  # killed for sitting on its jobs (_judge_answer)
+    unsupervised: bool = False  # killed for starting a job we did not hold (_kill_unsupervised)
     queued: deque[Assignment] = field(default_factory=deque)
     current: Assignment | None = None
     assigned_total: int = 0
@@ -1502,13 +1503,15 @@ class Runner:
                 self._on_message(w, m)
             return
         if isinstance(msg, Started):
-            a = self._pop_queued(w, msg.job_id)
+            a = self._pop_queued(w, msg.seq)
             if a is None:
                 if msg.token in w.cancelled_tokens:
                     # Cancelled (and recorded) while queued, but the worker started it before
                     # reading our Skip: kill it; its result must never be published.
                     w.discard_at_death.append(w.cancelled_tokens.pop(msg.token))
                     self._kill(w, Outcome.CANCELLED)
+                else:
+                    self._kill_unsupervised(w, msg)
                 return
             a.started_mono = time.monotonic()
             a.started_wall = msg.wall
@@ -1525,7 +1528,7 @@ class Runner:
                 self._kill(w, Outcome.CANCELLED)
         elif isinstance(msg, Finished):
             a = w.current
-            if a is None or a.job_id != msg.job_id:
+            if a is None or a.seq != msg.seq:
                 return
             w.current = None
             if w.kill_reason is not None and a is w.kill_target:
@@ -1566,8 +1569,10 @@ class Runner:
                 w.kill_deadline = time.monotonic() + RETIRE_BOUND_S
                 w.doomed = _tree(w.pid)
             unfit = msg.kind is DropKind.ABOVE_CEILING and not w.started_any
-            for i, jid in enumerate(msg.job_ids):
-                a = self._pop_queued(w, jid)
+            for i, seq in enumerate(msg.seqs):
+                # An assignment we no longer hold (cancelled, taken back) is ignored: the
+                # same job may be queued here again since, under a new number.
+                a = self._pop_queued(w, seq)
                 if a is None:
                     continue
                 if a.cancel_requested or msg.kind is DropKind.CANCELLED:
@@ -1604,12 +1609,29 @@ class Runner:
             raise QueueIOError(f"worker {w.pid}: {msg.error}")
 
     @staticmethod
-    def _pop_queued(w: WorkerHandle, job_id: str) -> Assignment | None:
+    def _pop_queued(w: WorkerHandle, seq: int) -> Assignment | None:
+        """The assignment numbered ``seq`` (RunJob.seq) queued in ``w``, removed from it.
+
+        By number, not job id: a worker's answer about an assignment can arrive after the
+        same job was queued there again (cancelled then replaced, taken back then sent
+        back), and taking the new one for the old lost track of it: it ran unsupervised,
+        and was sent and run a second time."""
         for i, a in enumerate(w.queued):
-            if a.job_id == job_id:
+            if a.seq == seq:
                 del w.queued[i]
                 return a
         return None
+
+    def _kill_unsupervised(self, w: WorkerHandle, msg: Started) -> None:
+        """``w`` started an assignment we neither hold nor know as cancelled: a job running
+        with no timeout, ceiling or cancel watching it, whose result we would not take.
+        Kill the worker now; its death settles what we do hold (not charged: not their
+        fault), and the job, wherever we hold it, runs under supervision."""
+        self.reporter.event({"event": "worker_unsupervised", "worker": w.pid,
+                             "job": msg.job_id, "token": msg.token})
+        if w.kill_reason is None:
+            w.kill_reason, w.unsupervised = Outcome.RELEASED, True
+        self._kill(w, w.kill_reason)
 
     def _observe_exec(self, elapsed: float) -> None:
         self.exec_times.append(elapsed)
@@ -1761,6 +1783,7 @@ class Runner:
         if w.kill_reason is not None and a is not w.kill_target:
             # It started after we decided to kill its worker for another job: not its fault.
             why = "as unresponsive" if w.unresponsive \
+                else "for starting a job the runner did not hold" if w.unsupervised \
                 else f"({w.kill_reason.value}) for another job"
             return Finished(a.job_id, token, Outcome.RELEASED.value, elapsed,
                             error=f"its worker was killed {why} as it started; not charged")
@@ -1985,12 +2008,14 @@ class Runner:
                     w.current.cancel_requested = True
                     self._kill(w, Outcome.CANCELLED)
                     handled = True
-                queued = self._pop_queued(w, jid)
+                # (A job is queued in one place at most: a claim goes to one worker.)
+                queued = next((a for a in w.queued if a.job_id == jid), None)
                 if queued is not None:
+                    self._pop_queued(w, queued.seq)
                     # Record it now rather than when the worker reads the Skip (after its
                     # current job, which may take minutes).
                     w.cancelled_tokens[queued.claim.lease.token] = queued.tmp
-                    self._tell(w, Skip((jid,)))
+                    self._tell(w, Skip((queued.seq,)))
                     self._finish_unrun(queued, State.CANCELLED, "cancelled before it started")
                     handled = True
             if not handled:

@@ -269,15 +269,15 @@ class Worker:
                 if self.cancel_requested(job.job_id):
                     # Before the gate records a start: the runner may not have woken to the
                     # request yet, and the job must not start in the meantime (~2 us).
-                    self._send(Dropped((job.job_id,), DropKind.CANCELLED,
+                    self._send(Dropped((job.seq,), DropKind.CANCELLED,
                                        "cancelled before it started"))
                     continue
                 if self.gate is not None and job.seq and not self.gate.start(job.seq):
                     # Taken back by the runner for another worker (Runner._rebalance).
-                    self._send(Dropped((job.job_id,), DropKind.SKIP, "taken back"))
+                    self._send(Dropped((job.seq,), DropKind.SKIP, "taken back"))
                     continue
                 if job.expires_at is not None and time.time() > job.expires_at:
-                    self._send(Dropped((job.job_id,), DropKind.EXPIRED, EXPIRED_REASON))
+                    self._send(Dropped((job.seq,), DropKind.EXPIRED, EXPIRED_REASON))
                     continue
                 if not self._apply_limit(job):
                     return
@@ -335,8 +335,10 @@ class Worker:
         elif isinstance(msg, RunJob):
             self.queue.append(msg)
         elif isinstance(msg, Skip):
-            skipped = tuple(j.job_id for j in self.queue if j.job_id in msg.job_ids)
-            self.queue = deque(j for j in self.queue if j.job_id not in msg.job_ids)
+            # By assignment, not job id: the same job may be queued here again, replaced
+            # or sent back, and that one is not skipped.
+            skipped = tuple(j.seq for j in self.queue if j.seq in msg.seqs)
+            self.queue = deque(j for j in self.queue if j.seq not in msg.seqs)
             self._send(Dropped(skipped, DropKind.SKIP))
         elif isinstance(msg, Drain):
             self.draining = True
@@ -344,9 +346,9 @@ class Worker:
             self.stopping = True
 
     def _drop_all(self, kind: DropKind, reason: str = "") -> None:
-        ids = tuple(j.job_id for j in self.queue)
+        seqs = tuple(j.seq for j in self.queue)
         self.queue.clear()
-        self._send(Dropped(ids, kind, reason))
+        self._send(Dropped(seqs, kind, reason))
 
     def _apply_limit(self, job: RunJob) -> bool:
         """Set this slot's ceiling to the job's (plus what earlier jobs left held here); a
@@ -380,7 +382,8 @@ class Worker:
         except OSError as exc:
             raise with_name(exc, self.config.started_log) from None
         carried = self.carried  # (what _apply_limit raised this job's ceiling by)
-        self._send(Started(job.job_id, job.token, wall, carried_bytes=carried))
+        self._send(Started(job.job_id, job.token, seq=job.seq, wall=wall,
+                           carried_bytes=carried))
         t0 = time.monotonic()
         workdir = self.workdir
         damage = ""
@@ -433,7 +436,8 @@ class Worker:
                 # tmpfs /tmp they are memory too) are not left behind.
                 self._check_leftover_memory()
         # Held until the next job starts or the worker is about to wait (see _send).
-        self.outbox.append(Finished(job.job_id, job.token, elapsed_s=elapsed, **fields))
+        self.outbox.append(Finished(job.job_id, job.token, elapsed_s=elapsed, seq=job.seq,
+                                    **fields))
 
     def _check_ceiling(self, job: RunJob, fields: dict[str, Any], carried: int) -> None:
         """Record the job's peak (less what earlier jobs left held in the slot), and judge it

@@ -25,7 +25,7 @@ from renderctl.runner import Runner, RunSummary
 PLAIN_EVENTS = frozenset({"completed", "retry", "dead", "cancelled", "expired", "released",
                           "recovered", "fenced", "runner_started", "stopping", "corrupt",
                           "halted", "suspended", "resumed", "worker_start_timeout",
-                          "worker_unresponsive"})
+                          "worker_unresponsive", "worker_unsupervised"})
 
 
 class Lines:
@@ -121,6 +121,9 @@ def format_event(ev: Mapping[str, Any]) -> str:
         waited = human_duration(ev["timeout_s"])
         return (f"worker    pid {ev['worker']} held {len(ev['jobs'])} job(s) for {waited} "
                 "without starting one (stopped? hung?): killed; they run elsewhere, uncharged")
+    if name == "worker_unsupervised":
+        return (f"worker    pid {ev['worker']} started {one_line(str(ev['job']))} unasked (an "
+                "attempt the runner did not hold): killed; its jobs run elsewhere, uncharged")
     if name == "halted":
         return f"halted    {one_line(ev['reason'])}"
     if name == "stopping" and ev["signal"] == "SIGQUIT":

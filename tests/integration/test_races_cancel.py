@@ -20,6 +20,8 @@ from jobfns import (
     _env,
     assert_pdf,
     cli_args,
+    held_job,
+    json_lines,
     py_job,
     run_cli,
     stage,
@@ -364,3 +366,54 @@ def test_a_cancel_left_unapplied_when_a_job_was_dead_lettered_does_not_cancel_it
     assert res.returncode == 0, res.stdout + res.stderr
     assert QueueView(queue).states_of(["x"]) == {"x": ["done"]}
     assert_pdf(out / "x.pdf", "x")
+
+
+def test_a_job_replaced_after_its_cancel_in_the_same_worker_runs_once_supervised(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given one worker holding two jobs (--prefetch 2): a running, held by the test, and x
+    # queued behind it. Three 1.5 s jobs run first, so that a is not overdue for the next
+    # few seconds (4x the recent job time) and a new job may still be queued behind it.
+    stage(tmp_path)
+    queue, out = tmp_path / "q", tmp_path / "out"
+    a, go = held_job(tmp_path, "a", priority=5)
+    manifest = write_manifest(
+        [{**py_job(f"w{n}", "sleep_then_write", s=1.5), "priority": 10} for n in range(3)]
+        + [a, {**py_job("x", "logged_write", output="x1.pdf", log=str(tmp_path / "x1.log")),
+               "priority": 1}], name="v1.toml")
+    runner = Runner(manifest, *cli_args(queue, out, "--workers", "1", "--prefetch", "2",
+                                        "--json"))
+    view = QueueView(queue)
+    try:
+        wait_for_pid(tmp_path / "a.pid", what="a to start")
+        wait_until(lambda: "x" in view.ids("running"), what="x to be claimed behind a")
+
+        # When x is cancelled (the runner records it and tells the worker to skip it, which
+        # the worker reads only once a ends), then replaced by x v2, which the runner queues
+        # in the same worker behind a, and a ends: the worker answers the skip of v1 and
+        # starts v2 in one breath
+        res = run_cli("cancel", "x", "--queue", queue)
+        assert res.returncode == 0, res.stdout + res.stderr
+        wait_until(lambda: "x" in view.ids("cancelled"), what="x v1 to be cancelled")
+        v2 = write_manifest([py_job("x", "logged_write", output="x2.pdf",
+                                    log=str(tmp_path / "x2.log"))], name="v2.toml")
+        res = run_cli("submit", v2, "--replace", *cli_args(queue, out))
+        assert res.returncode == 0, res.stdout + res.stderr
+        wait_until(lambda: "x" in view.ids("running"), what="x v2 to be claimed behind a")
+        go.touch()
+
+        # Then the run ends (1: a job was cancelled) with x v2 done, executed exactly once:
+        # the worker's late answer about v1 did not take v2 back (v2 used to be sent again
+        # and run twice, its first run unsupervised), and v1 never ran
+        assert runner.wait(60) == ExitCode.JOBS_FAILED, runner.lines
+    finally:
+        go.touch()
+        runner.close()
+    assert view.states_of(["a", "x"]) == {"a": ["done"], "x": ["done"]}
+    assert [ln.split()[0] for ln in (tmp_path / "x2.log").read_text().splitlines()] == ["x"]
+    assert not (tmp_path / "x1.log").exists()
+    assert [t["outcome"] for t in view.record("done", "x")["attempts"]] == ["completed"]
+    assert_pdf(out / "x2.pdf", "x")
+    assert not (out / "x1.pdf").exists()
+    events = json_lines("\n".join(runner.lines))
+    assert [e["event"] for e in events if e.get("job") == "x"] == \
+        ["cancelled", "started", "completed"], events

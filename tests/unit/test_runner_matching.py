@@ -1,0 +1,121 @@
+"""A worker's answers name the assignment (its RunJob.seq), and the runner matches on that.
+
+Read off the runner's own state (no processes): a worker is a handle with its queue, and
+its messages are handed to ``Runner._on_message`` in the order a real worker sends them.
+The real-process race (cancel, then replace, in the same worker) is in
+tests/integration/test_races_cancel.py."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from renderctl.lifecycle import Outcome
+from renderctl.messages import DropKind, Dropped, Started
+from renderctl.runner import Assignment, Runner, WorkerHandle
+from renderctl.settings import RunnerSettings
+from renderctl.store import Queue
+
+
+class Events:
+    def __init__(self) -> None:
+        self.seen: list[Mapping[str, Any]] = []
+
+    def event(self, ev: Mapping[str, Any]) -> None:
+        self.seen.append(ev)
+
+    def tick(self, runner: Runner) -> None:
+        pass
+
+
+@pytest.fixture
+def events() -> Events:
+    return Events()
+
+
+@pytest.fixture
+def kills() -> list[Outcome]:
+    """The reasons the runner killed a worker for (no process is signalled)."""
+    return []
+
+
+@pytest.fixture
+def runner(tmp_path: Path, events: Events, kills: list[Outcome],
+           monkeypatch: pytest.MonkeyPatch) -> Runner:
+    r = Runner(Queue(tmp_path / "q"), RunnerSettings(workers=1), reporter=events)
+    monkeypatch.setattr(r, "_kill", lambda w, reason, **kw: kills.append(reason))
+    return r
+
+
+def handle() -> WorkerHandle:
+    return WorkerHandle(index=0, proc=None, conn=None, slot=None, gate=None,  # type: ignore
+                        started_log="", pid=4242, pgid=4242)
+
+
+def assign(w: WorkerHandle, job_id: str, token: str) -> Assignment:
+    """``job_id`` queued in ``w`` as the runner's _send queues it: the next number."""
+    claim = SimpleNamespace(job_id=job_id, lease=SimpleNamespace(token=token, attempt=1))
+    a = Assignment(claim=claim, final=Path("x.pdf"), tmp=Path(".x.tmp"),  # type: ignore
+                   output_kind="file", memory_mb=100, seq=w.assigned_total + 1)
+    w.queued.append(a)
+    w.assigned_total += 1
+    return a
+
+
+def test_a_late_drop_of_a_job_taken_back_does_not_take_its_new_assignment(
+        runner: Runner, kills: list[Outcome]) -> None:
+    # Given j1 and j2 taken back from a worker (it will answer each with Dropped), and j2
+    # sent back to the same worker before the runner read the answer about it
+    w = handle()
+    assign(w, "j1", "t1")
+    assign(w, "j2", "t2")
+    w.queued.clear()  # _take_back
+    again = assign(w, "j2", "t2")
+
+    # When the worker's answers about the old assignments come in, then it starts the new
+    runner._on_message(w, Dropped((1,), DropKind.SKIP, "taken back"))
+    runner._on_message(w, Dropped((2,), DropKind.SKIP, "taken back"))
+    assert list(w.queued) == [again] and not runner.ready
+    runner._on_message(w, Started("j2", "t2", seq=again.seq, wall=0.0))
+
+    # Then that start is supervised: j2 runs, once, where the runner sent it
+    assert w.current is again and not w.queued and not runner.ready
+    assert kills == []
+
+
+def test_a_start_of_an_assignment_the_runner_does_not_hold_kills_the_worker(
+        runner: Runner, events: Events, kills: list[Outcome]) -> None:
+    # Given a worker with x queued as its second assignment
+    w = handle()
+    w.assigned_total = 1
+    x = assign(w, "x", "tx")
+
+    # When it says it started an assignment the runner neither holds nor cancelled
+    runner._on_message(w, Started("y", "ty", seq=1, wall=0.0))
+
+    # Then the worker is killed (the job runs unwatched otherwise), and what it holds is
+    # released, not charged, at its death
+    assert kills == [Outcome.RELEASED]
+    assert w.unsupervised and w.kill_target is None and list(w.queued) == [x]
+    assert [e["event"] for e in events.seen] == ["worker_unsupervised"]
+    assert events.seen[0]["job"] == "y"
+
+
+def test_a_start_of_a_cancelled_assignment_kills_it_as_cancelled(
+        runner: Runner, kills: list[Outcome]) -> None:
+    # Given x cancelled while queued (recorded; the worker told to skip it)
+    w = handle()
+    x = assign(w, "x", "tx")
+    w.queued.clear()
+    w.cancelled_tokens["tx"] = x.tmp
+
+    # When the worker started it before it read the skip
+    runner._on_message(w, Started("x", "tx", seq=x.seq, wall=0.0))
+
+    # Then it is killed as cancelled, its output discarded at the worker's death
+    assert kills == [Outcome.CANCELLED]
+    assert w.discard_at_death == [x.tmp] and not w.unsupervised
