@@ -1846,7 +1846,12 @@ class Runner:
             if a is None or a.started_mono is None or w.kill_reason is not None:
                 continue
             if now >= a.started_mono + a.claim.record.spec.timeout_s:
-                self._kill(w, Outcome.TIMEOUT, graceful=True)
+                # Its result may be waiting unread: the loop reads workers' sockets when it
+                # waits, and it may have been busy (a group commit's syncs) as the job
+                # ended in time. Such a job is done, not charged a timeout and run again.
+                self._read_messages(w)
+                if w.current is a and w.kill_reason is None:
+                    self._kill(w, Outcome.TIMEOUT, graceful=True)
                 continue
             if sample and sampling and w.sampler is not None:
                 try:

@@ -553,6 +553,44 @@ def test_a_job_its_stuck_worker_starts_as_it_is_taken_back_runs_once(
     _done_once(queue, ["long", *SHORTS], out, runner.lines)
 
 
+def test_a_job_that_ended_in_time_while_the_runner_was_busy_is_not_a_timeout(
+        tmp_path: Path, write_manifest: Any) -> None:
+    from jobfns import stopped
+
+    # Given two running jobs: `quick`, and `timed` (timeout 2 s); the runner frozen in the
+    # group commit of quick's result (as by slow syncs)
+    quick, quick_go = held_job(tmp_path, "quick")
+    timed, timed_go = held_job(tmp_path, "timed", timeout_s=2, max_attempts=1)
+    queue = tmp_path / "q"
+    runner = Runner(write_manifest([quick, timed]),
+                    *cli_args(queue, tmp_path / "out", "--workers", "2", "--json"),
+                    env={"RENDERCTL_STOP_AT": "commit"})
+    try:
+        timed_worker = wait_for_pid(tmp_path / "timed.pid", what="timed to start")
+        wait_for_pid(tmp_path / "quick.pid", what="quick to start")
+        quick_go.touch()
+        wait_until(lambda: stopped(runner.pid), what="the runner to freeze in its commit")
+
+        # When timed ends meanwhile, its result sent (its worker waits for the next job),
+        # and its deadline then passes before the runner goes on
+        timed_go.touch()
+        wait_until(lambda: Path(f"/proc/{timed_worker}/syscall").read_text().split()[0]
+                   == "0", what="timed's worker to wait for its next job")  # read(2)
+        deadline = (tmp_path / "timed.pid").stat().st_mtime + 2
+        time.sleep(max(0.0, deadline - time.time()) + 0.3)  # only this: past the deadline
+        os.kill(runner.pid, signal.SIGCONT)
+
+        # Then it is done, as it ended: not killed for a timeout it did not overrun
+        assert runner.wait() == 0, runner.lines
+    finally:
+        quick_go.touch()
+        timed_go.touch()
+        runner.close()
+    view = QueueView(queue)
+    assert [a["outcome"] for a in view.record("done", "timed")["attempts"]] == ["completed"]
+    assert_pdf(tmp_path / "out" / "timed.pdf", "timed")
+
+
 def test_a_worker_holding_its_start_gate_never_freezes_the_runner(
         tmp_path: Path, write_manifest: Any) -> None:
     import fcntl
