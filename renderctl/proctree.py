@@ -67,13 +67,14 @@ def set_parent_death_signal(
         raise ParentGone(f"parent {parent} died before PR_SET_PDEATHSIG was set")
 
 
-def set_child_subreaper() -> None:
-    """Make orphaned descendants of this process its children instead of init's.
+def set_child_subreaper(on: bool = True) -> None:
+    """Make orphaned descendants of this process its children instead of init's (or, with
+    ``on=False``, stop doing so).
 
     A process that double-forks and calls setsid() leaves its parent's process group and,
     without this, its parent's tree: nothing but a cgroup could find it again."""
     libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+    if libc.prctl(_PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"prctl(PR_SET_CHILD_SUBREAPER): {os.strerror(err)}")
 

@@ -107,7 +107,7 @@ def close_inherited(identity: tuple[int, int, int] | None) -> None:
 # -- the reaper process ------------------------------------------------------------------
 
 
-def _stat(pid: int) -> list[bytes] | None:
+def proc_stat(pid: int) -> list[bytes] | None:
     """Fields 3.. of /proc/PID/stat: state, ppid, ... (None if gone)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as fh:
@@ -117,7 +117,7 @@ def _stat(pid: int) -> list[bytes] | None:
     return data[data.rindex(b")") + 2:].split()
 
 
-def _children(pid: int) -> list[int]:
+def children(pid: int) -> list[int]:
     kids: list[int] = []
     try:
         tasks = os.listdir(f"/proc/{pid}/task")
@@ -138,10 +138,10 @@ def _live_descendants(pid: int) -> dict[int, int]:
     stack = [pid]
     while stack:
         parent = stack.pop()
-        for kid in _children(parent):
+        for kid in children(parent):
             if kid in found:
                 continue
-            fields = _stat(kid)
+            fields = proc_stat(kid)
             if fields is None:
                 continue
             stack.append(kid)
@@ -159,7 +159,7 @@ def _stop(pid: int, parent: int) -> int | None:
         return None
     try:
         # With the pidfd held the pid cannot be recycled: check it is the one we saw.
-        fields = _stat(pid)
+        fields = proc_stat(pid)
         if fields is not None and int(fields[1]) == parent:
             signal.pidfd_send_signal(pfd, signal.SIGSTOP)
             return pfd

@@ -106,7 +106,8 @@ from renderctl.publish import (
     tmp_output_path,
     tmp_outputs,
 )
-from renderctl.reaper import Reaper, kill_tree
+from renderctl.reaper import Reaper, kill_tree, proc_stat
+from renderctl.reaper import children as reaper_children
 from renderctl.recovery import (
     STARTED_LOG,
     WORKERS_FILE,
@@ -375,6 +376,7 @@ class Runner:
         # goes once none of them is left unrecorded (see _drop_moot_logs).
         self._moot_logs: list[tuple[str, set[str]]] = []
         self.reaper: Reaper | None = None
+        self._subreaper = False  # orphans come to us (see _kill_orphans)
         self.work_root = ""
         self.exec_times: deque[float] = deque(maxlen=512)
         self._depth = 1  # adaptive prefetch depth (see _prefetch_depth)
@@ -455,6 +457,9 @@ class Runner:
                 # parent-death signal (renderctl.reaper). Started now, its ~10 ms of start-up
                 # overlap recovery.
                 self.reaper = Reaper.start()
+                with contextlib.suppress(OSError):
+                    proctree.set_child_subreaper()
+                    self._subreaper = True
                 self.recover()
                 self.q.load_index(self.index)
                 self._next_rescan = time.monotonic() + RESCAN_FULL_S
@@ -548,6 +553,10 @@ class Runner:
                 discard(tmp)
             w.gate.close()  # its file goes with work_root
         self.workers.clear()
+        self._kill_orphans()  # what the jobs of the workers just killed left
+        if self._subreaper:
+            with contextlib.suppress(OSError):
+                proctree.set_child_subreaper(False)
         if self.reaper is not None:
             self.reaper.close()  # our workers are gone: it has nothing left to kill
             self.reaper = None
@@ -958,6 +967,7 @@ class Runner:
             if now >= self._next_state:
                 self._next_state = now + STATE_INTERVAL_S
                 self._write_state()
+                self._kill_orphans()
             self.reporter.tick(self)
             self._wait(self._next_deadline(now))
 
@@ -1678,6 +1688,7 @@ class Runner:
         w.current = None
         del self.workers[w.index]
         self._unwatch(w)
+        self._kill_orphans()  # (joined above: what it left is ours by now)
         with contextlib.suppress(Exception):
             w.conn.close()
         w.gate.close()
@@ -1986,6 +1997,44 @@ class Runner:
         if w.pgid:
             proctree.kill_group(w.pgid, signal.SIGKILL)
         _signal_all(w.doomed, signal.SIGKILL)
+
+    def _kill_orphans(self) -> None:
+        """Kill what the jobs of a dead worker left running, which the kernel made ours.
+
+        A worker is a subreaper while it lives: what its jobs start, setsid() daemons
+        included, stays in its tree, and every kill of it takes that tree. A worker that
+        died otherwise (a python job calling os._exit, a crash, a command's worker dying of
+        the SIGTERM of a kill grace) handed its tree to the nearest subreaper: us. With a
+        cgroup guard its slot is emptied too; under sampling nothing else would find them,
+        and they would run on, unsupervised, after the run. Ours to keep: the workers, the
+        reaper, and what multiprocessing started in our own process group (the fork server,
+        its resource tracker). Reaps those that have exited: a --follow runner lives for
+        days. Never waits (a killed one is reaped at a later call)."""
+        if not self._subreaper:
+            return
+        me, group = os.getpid(), os.getpgid(0)
+        keep = {w.proc.pid for w in self.workers.values()}
+        if self.reaper is not None:
+            keep.add(self.reaper.proc.pid)
+        for pid in reaper_children(me):
+            fields = proc_stat(pid)
+            if pid in keep or fields is None or int(fields[2]) == group:
+                continue
+            if fields[0] in (b"Z", b"X"):
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, os.WNOHANG)
+                continue
+            try:
+                pidfd = os.pidfd_open(pid)
+            except OSError:
+                continue  # gone meanwhile
+            try:
+                # With the pidfd held the pid cannot be reused: still our child?
+                again = proc_stat(pid)
+                if again is not None and int(again[1]) == me:
+                    kill_tree(pid, pidfd)
+            finally:
+                os.close(pidfd)
 
     def _renew(self) -> None:
         claims = [a.claim for a in self.ready]

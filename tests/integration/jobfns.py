@@ -570,7 +570,8 @@ def leave_a_daemon(inputs: Sequence[Path], output: Path, params: Mapping[str, An
     (after hanging ``params["hang_s"]`` seconds, if given).
 
     The daemon writes its pid to ``params["pidfile"]`` once it holds the memory; with
-    ``params["ignore_term"]`` it ignores SIGTERM, so that only a SIGKILL ends it."""
+    ``params["ignore_term"]`` it ignores SIGTERM, so that only a SIGKILL ends it. With
+    ``params["exit_worker"]`` the job then ends its worker (``os._exit``) instead."""
     r, w = os.pipe()
     if os.fork() == 0:
         os.setsid()
@@ -584,6 +585,8 @@ def leave_a_daemon(inputs: Sequence[Path], output: Path, params: Mapping[str, An
             time.sleep(600)
         os._exit(0)
     os.read(r, 1)
+    if params.get("exit_worker"):
+        os._exit(3)
     time.sleep(float(params.get("hang_s", 0)))
     write_pdf(inputs, output, params)
 
@@ -592,11 +595,14 @@ def start_a_process_on_term(inputs: Sequence[Path], output: Path,
                             params: Mapping[str, Any]) -> None:
     """Handle SIGTERM by starting a ``sleep`` in a new session (its pid to
     ``params["pidfile"]``), and hang on: a job that starts a process in its kill grace, and
-    outside its group, where a kill of the group misses it."""
+    outside its group, where a kill of the group misses it. With ``params["exit_worker"]``
+    it then ends its worker (``os._exit``) at once, before the grace is over."""
     def start(signum: int, frame: object) -> None:
         child = subprocess.Popen(["sleep", "600"], stdin=subprocess.DEVNULL,
                                  start_new_session=True)
         _write_pid(params["pidfile"], child.pid)
+        if params.get("exit_worker"):
+            os._exit(3)
 
     signal.signal(signal.SIGTERM, start)
     while True:

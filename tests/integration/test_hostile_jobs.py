@@ -283,6 +283,35 @@ def test_a_timeout_kill_takes_a_process_the_job_started_in_its_grace_under_sampl
                what="the process the job started on SIGTERM to die with it")
 
 
+@pytest.mark.parametrize("when", ["in_its_kill_grace", "on_its_own"])
+def test_a_process_left_by_a_job_that_ended_its_worker_dies_with_it_under_sampling(
+        tmp_path: Path, write_manifest: Any, leftover: Path, when: str) -> None:
+    # Given a python job that starts a process in a new session and then ends its own
+    # worker (os._exit): in its kill grace, on the SIGTERM of its timeout, or on its own;
+    # under the sampling guard, where no cgroup holds that process and no kill of the
+    # worker's tree can find it once the worker is gone
+    stage(tmp_path)
+    if when == "in_its_kill_grace":
+        job = {**py_job("ends", "start_a_process_on_term", pidfile=str(leftover),
+                        exit_worker=True), "timeout_s": 1}
+    else:
+        job = py_job("ends", "leave_a_daemon", pidfile=str(leftover), ignore_term=True,
+                     exit_worker=True)
+    manifest = write_manifest([{**job, "max_attempts": 1}])
+
+    # When it runs
+    result, view = run_in_one_worker(tmp_path, manifest, "--memory-guard", "sampling",
+                                     "--kill-grace", "5")
+
+    # Then its attempt is charged, and the process it left is gone (the runner, the
+    # subreaper above its workers, inherited it and killed it)
+    assert result.returncode == 1, result.stdout + result.stderr
+    outcome = "timeout" if when == "in_its_kill_grace" else "failed"  # (its exit code 3)
+    assert [a["outcome"] for a in view.record("dead", "ends")["attempts"]] == [outcome]
+    left = int(leftover.read_text())
+    wait_until(lambda: gone(left), timeout_s=2, what="the process the job left to die")
+
+
 def test_a_killed_runners_workers_take_their_jobs_daemons_with_them(
         tmp_path: Path, write_manifest: Any, leftover: Path) -> None:
     # Given a running job that has left a SIGTERM-ignoring setsid() daemon and hangs
