@@ -180,6 +180,9 @@ STEAL_AFTER_S = 0.5
 STEAL_FACTOR = 4.0
 GATE_RETRY_S = 0.02  # a take-back the worker's start gate refused is tried again this soon
 RECV_CHUNK = 1 << 16  # read from a worker's connection at most this much per call
+# A worker's largest message is a few hundred KB (errors and tails are capped); a length
+# beyond this is not one of ours (see Garbled).
+MESSAGE_MAX = 64 << 20
 STATE_INTERVAL_S = 1.0  # how often runner.state.json is rewritten for `top` and metrics
 STATE_FILE = "runner.state.json"
 MAX_START_FAILURES = 5
@@ -1504,8 +1507,15 @@ class Runner:
             w.inbox += chunk
             if len(chunk) < RECV_CHUNK:
                 break  # all there was (more, later, wakes the loop's poll again)
-        while (msg := _take_message(w.inbox)) is not None:
-            self._on_message(w, msg)
+        try:
+            while (msg := _take_message(w.inbox)) is not None:
+                self._on_message(w, msg)
+        except Garbled:
+            # Nothing more from it can be read: kill it, charging its job (whatever wrote
+            # into its connection ran there), not the run (this raised out of the loop).
+            w.inbox.clear()
+            if w.kill_reason is None:
+                self._kill(w, Outcome.FAILED)
 
     def _on_message(self, w: WorkerHandle, msg: object) -> None:
         if isinstance(msg, tuple):  # a worker's batch, in the order it happened
@@ -2581,22 +2591,27 @@ def _test_number(variable: str) -> float:
     return value
 
 
+class Garbled(Exception):
+    """Bytes on a worker's connection that are no message of its: a python job runs inside
+    its worker and can write to any of its descriptors (a library writing to a wrong fd)."""
+
+
 def _take_message(inbox: bytearray) -> object | None:
     """The first message in ``inbox`` (bytes from a worker's Connection.send), removed
-    from it; None until it is all there. Connection's framing: a signed 32-bit length,
-    or -1 and then a 64-bit one (never made by our workers' messages; read all the same)."""
+    from it; None until it is all there. Connection's framing: a signed 32-bit length (its
+    64-bit form is for messages over 2 GB, which no worker sends)."""
     if len(inbox) < 4:
         return None
-    (size,), start = struct.unpack_from("!i", inbox), 4
-    if size == -1:
-        if len(inbox) < 12:
-            return None
-        (size,), start = struct.unpack_from("!Q", inbox, 4), 12
-    end = start + size
-    if len(inbox) < end:
+    (size,) = struct.unpack_from("!i", inbox)
+    if not 0 <= size <= MESSAGE_MAX:
+        raise Garbled(f"a message of {size} bytes announced")
+    if len(inbox) < 4 + size:
         return None
-    msg = ForkingPickler.loads(inbox[start:end])
-    del inbox[:end]
+    try:
+        msg = ForkingPickler.loads(inbox[4:4 + size])
+    except Exception as exc:  # whatever unpickling garbage raises
+        raise Garbled(f"an unreadable message ({type(exc).__name__})") from None
+    del inbox[:4 + size]
     return msg
 
 
@@ -2623,4 +2638,7 @@ def _kill_message(reason: Outcome, a: Assignment, peak: int | None) -> str:
         return f"exceeded timeout_s={spec.timeout_s:g}; process group terminated"
     if reason is Outcome.CANCELLED:
         return "cancelled while running; process group killed, output not published"
+    if reason is Outcome.FAILED:
+        return ("wrote into its worker's connection to the runner (what came there was not "
+                "a message); process group killed")
     return "the runner was stopped; returned to pending (not charged)"

@@ -932,8 +932,25 @@ def stop_mid_message(inputs: Sequence[Path], output: Path, params: Mapping[str, 
     and a few of the bytes it promises, as Connection.send writes one over 16 KB in two
     writes), write our pid to ``params["pidfile"]``, then SIGSTOP the worker: a worker
     stopped between the two writes (kill -STOP, a freezer, a debugger)."""
-    import stat
     import struct
+
+    os.write(_worker_socket(), struct.pack("!i", 100_000) + b"\x80" * 10)
+    _write_pid(params["pidfile"], os.getpid())
+    os.kill(os.getpid(), signal.SIGSTOP)
+    write_pdf(inputs, output, params)
+
+
+def garble_channel(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
+    """Write ``params["bytes"]`` (hex) to our worker's socket to the runner, as a library
+    writing to the wrong descriptor would, then write a PDF (after ``params["hang_s"]``)."""
+    os.write(_worker_socket(), bytes.fromhex(params["bytes"]))
+    time.sleep(float(params.get("hang_s", 0)))
+    write_pdf(inputs, output, params)
+
+
+def _worker_socket() -> int:
+    """The worker's socket to the runner: its one socket."""
+    import stat
 
     sockets = []
     for fd in map(int, os.listdir("/proc/self/fd")):
@@ -942,7 +959,4 @@ def stop_mid_message(inputs: Sequence[Path], output: Path, params: Mapping[str, 
                 sockets.append(fd)
     if len(sockets) != 1:
         raise RuntimeError(f"expected the worker's one socket, found {sockets}")
-    os.write(sockets[0], struct.pack("!i", 100_000) + b"\x80" * 10)
-    _write_pid(params["pidfile"], os.getpid())
-    os.kill(os.getpid(), signal.SIGSTOP)
-    write_pdf(inputs, output, params)
+    return sockets[0]

@@ -391,6 +391,35 @@ def test_a_worker_stopped_partway_through_a_message_never_freezes_the_runner(
     assert gone(worker)
 
 
+@pytest.mark.parametrize("garbage", [
+    "00000004deadbeef",  # a whole frame that unpickles to nothing
+    "7fffffff",  # a length no worker sends (the runner would wait to read 2 GB)
+    "ffffffff00000000ffffffff",  # Connection's 64-bit form, past any message of ours
+])
+def test_a_job_writing_into_its_workers_connection_fails_alone(
+        tmp_path: Path, write_manifest: Any, garbage: str) -> None:
+    # Given a job that writes bytes of its own into its worker's connection to the runner
+    # (a library writing to the wrong descriptor), and a job after it
+    stage(tmp_path)
+    manifest = write_manifest([
+        {**py_job("garbler", "garble_channel", bytes=garbage, hang_s=30), "max_attempts": 1,
+         "priority": 10},
+        py_job("next", "write_pdf")])
+
+    # When one worker at a time runs them
+    result, view = run_in_one_worker(tmp_path, manifest)
+
+    # Then the garbler's attempt fails, saying why (the runner used to die of the
+    # unreadable message, or wait for 2 GB that never came); the next job completes
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    [attempt] = view.record("dead", "garbler")["attempts"]
+    assert attempt["outcome"] == "failed", attempt
+    assert "connection to the runner" in attempt["error"], attempt
+    assert view.ids("done") == {"next"}
+    assert_pdf(tmp_path / "out" / "next.pdf", "next")
+
+
 def test_a_job_that_leaves_its_worker_without_descriptors_costs_only_its_worker(
         tmp_path: Path, write_manifest: Any) -> None:
     # Given a job that writes its PDF and then leaves every descriptor of its worker in
