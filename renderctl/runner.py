@@ -1992,18 +1992,9 @@ class Runner:
         While the worker lives it is a subreaper, so it is their ancestor: freeze its tree
         and kill it whole, as the reaper does, so that nothing forks away in between."""
         # The worker leads its group (pid == pgid), whose leader's start time we keep.
-        if w.pid is not None and w.pid == w.pgid and w.pgid_start is not None:
-            try:
-                pidfd = os.pidfd_open(w.pid)
-            except OSError:
-                pidfd = -1  # gone already (its death is handled as any other)
-            if pidfd >= 0:
-                try:
-                    # With the pidfd held the pid cannot be reused: is it still our worker?
-                    if proctree.process_start_time(w.pid) == w.pgid_start:
-                        kill_tree(w.pid, pidfd)
-                finally:
-                    os.close(pidfd)
+        start = w.pgid_start
+        if w.pid is not None and w.pid == w.pgid and start is not None:
+            _kill_tree_if(w.pid, lambda pid: proctree.process_start_time(pid) == start)
         if w.pgid:
             proctree.kill_group(w.pgid, signal.SIGKILL)
         _signal_all(w.doomed, signal.SIGKILL)
@@ -2034,17 +2025,7 @@ class Runner:
                 with contextlib.suppress(ChildProcessError):
                     os.waitpid(pid, os.WNOHANG)
                 continue
-            try:
-                pidfd = os.pidfd_open(pid)
-            except OSError:
-                continue  # gone meanwhile
-            try:
-                # With the pidfd held the pid cannot be reused: still our child?
-                again = proc_stat(pid)
-                if again is not None and int(again[1]) == me:
-                    kill_tree(pid, pidfd)
-            finally:
-                os.close(pidfd)
+            _kill_tree_if(pid, lambda p: (st := proc_stat(p)) is not None and int(st[1]) == me)
 
     def _renew(self) -> None:
         claims = [a.claim for a in self.ready]
@@ -2589,6 +2570,20 @@ def _test_number(variable: str) -> float:
     if not (math.isfinite(value) and value > 0):
         raise UserError(f"{variable}={raw!r}: must be a number > 0")
     return value
+
+
+def _kill_tree_if(pid: int, still_ours: Callable[[int], bool]) -> None:
+    """Freeze and kill ``pid``'s whole tree (reaper.kill_tree) if ``still_ours(pid)`` holds
+    once a pidfd pins it: with the pidfd held the pid cannot be reused meanwhile."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except OSError:
+        return  # gone already (a death is handled as any other)
+    try:
+        if still_ours(pid):
+            kill_tree(pid, pidfd)
+    finally:
+        os.close(pidfd)
 
 
 class Garbled(Exception):
