@@ -515,7 +515,9 @@ def test_an_output_bigger_than_the_ceiling_is_checked_within_it(env: Env, guard:
             assert result["sha256"] == hashlib.file_digest(fh, "sha256").hexdigest()
         assert result["bytes"] == path.stat().st_size > 300 * MB - 1
         assert result["pages"] == pages
-        assert result["peak_memory_bytes"] <= 150 * MB
+        # (Under sampling, None when no sample saw the job's tree above what its worker
+        # held before it: writing 1 MB at a time it need not grow at all.)
+        assert (result["peak_memory_bytes"] or 0) <= 150 * MB
     assert len(PdfReader(env.out / "bigpdf.pdf").pages) == 1
 
 
