@@ -897,7 +897,7 @@ def run(
     else:
         from renderctl.cli.dashboard import DashboardReporter
 
-        main = dashboard = DashboardReporter(out.console(),
+        main = dashboard = DashboardReporter(out.console(file=lines.out),
                                              out_root=str(out_root(out_dir).absolute()),
                                              lines=lines)
     extras: list[Any] = []

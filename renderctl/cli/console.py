@@ -7,6 +7,7 @@ import json
 import os
 import select
 import signal
+import stat
 import sys
 import termios
 from typing import Any
@@ -30,11 +31,12 @@ def plain() -> bool:
     return not is_tty() or no_color() or os.environ.get("TERM") == "dumb"
 
 
-def console(*, stderr: bool = False) -> Console:
+def console(*, stderr: bool = False, file: Any = None) -> Console:
+    """``file``: where to write instead of stdout or stderr (`run`'s Stdout)."""
     if plain():
-        return Console(stderr=stderr, no_color=True, color_system=None, highlight=False,
-                       force_terminal=False, soft_wrap=True, emoji=False)
-    return Console(stderr=stderr, highlight=False)
+        return Console(stderr=stderr, file=file, no_color=True, color_system=None,
+                       highlight=False, force_terminal=False, soft_wrap=True, emoji=False)
+    return Console(stderr=stderr, file=file, highlight=False)
 
 
 def table_width(columns: Any) -> int:
@@ -78,6 +80,112 @@ class Room:
             return False
         # (A hang-up or a reader gone is reported too: the write then says so.)
         return self._poll is None or bool(self._poll.poll(0))
+
+
+class Stdout:
+    """stdout for `run`, whose loop must never wait on its reader: a write that would wait
+    keeps its bytes, in order, and a later ``drain`` writes them. The text API (``write``,
+    ``flush``, ``isatty``) is what rich's Console writes a dashboard through.
+
+    A poll that says there is room is not enough: Ctrl-S can stop a terminal between the
+    poll and the write, and a terminal whose reader stalled (an SSH session on a network
+    gone quiet) or a pipe can have room for less than a frame or a long line; a blocking
+    write then waits, and the runner's loop with it (no timeout, cancel or memory check).
+    So on a terminal or a pipe, writes go through a descriptor of our own, opened anew on
+    the same file with O_NONBLOCK: setting O_NONBLOCK on fd 1 would set it on the file
+    description the shell and everything else started from it share. A regular file (never
+    waits on a reader), a socket or a stream without a descriptor is written as before,
+    once ``Room`` says it has room."""
+
+    CHUNK = 1 << 16
+
+    def __init__(self, stream: Any = None) -> None:
+        self.stream = stream if stream is not None else sys.stdout
+        self.encoding: str = getattr(self.stream, "encoding", None) or "utf-8"
+        self.pending = bytearray()
+        self.gone = False  # the reader went away: what is written from here on is dropped
+        self.room = Room(self.stream)
+        self._fd: int | None = None
+        self._own: int | None = None
+        try:
+            self.stream.flush()  # what it holds goes first: we write below its buffer
+            self._fd = self.stream.fileno()
+        except (AttributeError, OSError, ValueError):
+            return
+        self._own = _reopen_nonblocking(self._fd)
+
+    def isatty(self) -> bool:
+        return bool(self.stream.isatty())
+
+    def fileno(self) -> int:
+        return int(self.stream.fileno())
+
+    def write(self, text: str) -> int:
+        if not self.gone:
+            self.pending += text.encode(self.encoding, "backslashreplace")
+        return len(text)
+
+    def flush(self) -> None:
+        self.drain()
+
+    def drain(self, *, wait: bool = False) -> bool:
+        """Write what is kept, as far as the file takes it now (all of it: ``wait``);
+        whether all of it went. An error other than a reader gone is raised."""
+        try:
+            while self.pending:
+                # Even through our own descriptor: in the background under `stty tostop`
+                # any write to the terminal has the kernel stop us (see tostop_stops_us).
+                if not wait and not self.room():
+                    return False
+                try:
+                    n = self._write(bytes(self.pending[:self.CHUNK]))
+                except BlockingIOError:
+                    if not wait:
+                        return False
+                    assert self._own is not None
+                    # (a hang-up also ends the poll; the next write then says so)
+                    select.select([], [self._own], [])
+                    continue
+                del self.pending[:n]
+        except OSError as exc:
+            if not reader_gone(exc):
+                raise
+            self.discard()
+        return True
+
+    def discard(self) -> None:
+        """Drop what is kept and what comes, and point stdout at /dev/null (see
+        silence_stdout): its reader is gone, or it cannot take more (a full disk)."""
+        self.gone = True
+        self.pending.clear()
+        if self._own is not None:
+            os.close(self._own)
+            self._own = None
+        if self._fd is not None:
+            silence_stdout(self.stream)
+
+    def _write(self, data: bytes) -> int:
+        if self._own is not None:
+            return os.write(self._own, data)
+        if self._fd is not None:
+            return os.write(self._fd, data)
+        self.stream.write(data.decode(self.encoding, "replace"))
+        self.stream.flush()
+        return len(data)
+
+
+def _reopen_nonblocking(fd: int) -> int | None:
+    """A new, non-blocking descriptor of the terminal or pipe open on ``fd``; None for
+    anything else, or where it cannot be opened (a terminal owned by another user)."""
+    try:
+        mode = os.fstat(fd).st_mode
+        if not (stat.S_ISFIFO(mode) or (stat.S_ISCHR(mode) and os.isatty(fd))):
+            return None
+        # (Linux opens a pipe's other end anew through /proc, as it does a named pipe's.)
+        return os.open(f"/proc/self/fd/{fd}",
+                       os.O_WRONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError:
+        return None
 
 
 def tostop_stops_us(fd: int) -> bool:

@@ -27,6 +27,7 @@ from rich.text import Text
 
 from renderctl.cli.console import (
     Room,
+    Stdout,
     human_bytes,
     human_duration,
     one_line,
@@ -357,12 +358,16 @@ class DashboardReporter:
         self._slow: dict[str, Any] = {}
         self.gone = False  # the terminal hung up: draw nothing more
         self._room = Room(console.file, foreground_only=True)  # (see tick)
+        # What `run` draws through (see console.Stdout): a frame its terminal took only part
+        # of is written out before the next one is drawn.
+        file = console.file
+        self._out = file if isinstance(file, Stdout) else None
 
     def _draw(self, draw: Any) -> None:
         """Draw, unless the terminal is gone. A closed terminal window or a dropped SSH
         session fails writes with EIO: the runner drains on the SIGHUP that came with it,
         and must not die of its display meanwhile (its jobs would be charged a crash)."""
-        if self.gone:
+        if self.gone or (self._out is not None and self._out.gone):
             return
         try:
             draw()
@@ -401,11 +406,16 @@ class DashboardReporter:
             # as it stayed stopped). Skipped until it takes one again; also while we run in
             # the background, where frames would be drawn over the shell's.
             return
+        if self.lines is not None:
+            self.lines.flush()
+            if self.lines.waiting:
+                return
+        if self._out is not None and not self._out.drain():
+            # A frame the terminal took only part of (stopped by Ctrl-S as it was written;
+            # a reader that stalled): the rest goes first, and the frames meanwhile are
+            # skipped, not stacked up.
+            return
         if self.live is None:
-            if self.lines is not None:
-                self.lines.flush()
-                if self.lines.held:
-                    return
             # Started at the first tick, not before: a runner that cannot get the queue
             # (another one holds it) must leave the terminal as it found it.
             self._draw(self.start)
@@ -438,9 +448,13 @@ class DashboardReporter:
             return
         try:
             if runner is not None:
+                if self._out is not None:
+                    self._out.drain(wait=True)  # (the frame the last one would follow)
                 self._slow_due = 0.0
                 self._draw(lambda: live.update(self.frame(runner, time.monotonic()),
                                                refresh=True))
         finally:
             self._draw(live.stop)
             self.live = None
+            if self._out is not None:
+                self._out.drain(wait=True)

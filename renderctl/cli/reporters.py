@@ -2,21 +2,18 @@
 
 from __future__ import annotations
 
-import sys
 import time
 from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
 from renderctl.cli.console import (
-    Room,
+    Stdout,
     dumps,
     err,
     human_bytes,
     human_duration,
     one_line,
-    silence_stdout,
-    write_out,
 )
 from renderctl.errors import os_error_message
 from renderctl.runner import Runner, RunSummary
@@ -30,21 +27,28 @@ PLAIN_EVENTS = frozenset({"completed", "retry", "dead", "cancelled", "expired", 
 
 class Lines:
     """`run`'s lines on stdout. While stdout takes no more now (a terminal's Ctrl-S, until
-    Ctrl-Q; a full pipe whose reader is slow or paused: `| less` not scrolled), they are
-    held, in order, and written once it takes them again: a write would wait, and the
-    runner's whole loop with it (no timeout, cancel or memory check)."""
+    Ctrl-Q; a terminal or a full pipe whose reader is slow, stalled or paused: `| less` not
+    scrolled), they are held, in order, and written once it takes them again: a write would
+    wait, and the runner's whole loop with it (no timeout, cancel or memory check). What a
+    write began and could not finish waits in ``out`` (see console.Stdout); a dashboard
+    draws through the same ``out``, after the lines."""
 
     HOLD_MAX = 100_000  # lines (~15 MB); past it, wait for the reader after all
 
-    def __init__(self) -> None:
+    def __init__(self, out: Stdout | None = None) -> None:
+        self.out = out if out is not None else Stdout()
         self.held: deque[str] = deque()
-        self._room = Room(sys.stdout)
         self.lost: OSError | None = None  # stdout failed (a full disk): later lines are lost
         self.dropped = 0  # the oldest lines let go, held past HOLD_MAX in the background
 
+    @property
+    def waiting(self) -> bool:
+        """Whether anything written is not all out yet."""
+        return bool(self.held or self.out.pending)
+
     def write(self, text: str) -> None:
         self.held.append(text)
-        if len(self.held) > self.HOLD_MAX and self._room.stops_writer():
+        if len(self.held) > self.HOLD_MAX and self.out.room.stops_writer():
             # In the background under `stty tostop` (hours of a --follow run), waiting for
             # room would have the kernel stop the run, its jobs left unwatched until `fg`:
             # the oldest line goes instead, and a note says how many did.
@@ -55,24 +59,28 @@ class Lines:
 
     def flush(self, *, wait: bool = False) -> None:
         """Write what is held, as far as stdout takes it now (all of it: ``wait``)."""
-        if self.dropped and self.held and (wait or self._room()):
+        if self.dropped and self.held and (wait or self.out.room()):
             err(f"note: {self.dropped} earlier line(s) were dropped while the run was in "
                 f"the background (over {self.HOLD_MAX:,} held); the queue and its "
                 "events.jsonl have every outcome")
             self.dropped = 0
-        while self.held and (wait or self._room()):
-            try:
-                write_out(self.held.popleft())
-            except OSError as exc:
-                # stdout cannot take more (`> log` on a full disk, a quota): the lines are
-                # lost, not the outcomes, which the queue keeps. Raised into the runner's
-                # loop, it ended the run and left the running jobs to be charged `crashed`.
-                self.lost = exc
+        try:
+            # Lines move to ``out`` only once it has written the last ones: held here, they
+            # are what the background's HOLD_MAX counts and drops.
+            if self.out.drain(wait=wait) and self.held and (wait or self.out.room()):
+                self.out.write("".join(self.held))
                 self.held.clear()
-                silence_stdout()
-                err(f"warning: cannot write stdout ({os_error_message(exc)}); the run's "
-                    "lines from here on are lost, not its jobs (every outcome is in the "
-                    "queue and its events.jsonl); it will exit 74")
+                self.out.drain(wait=wait)
+        except OSError as exc:
+            # stdout cannot take more (`> log` on a full disk, a quota): the lines are
+            # lost, not the outcomes, which the queue keeps. Raised into the runner's
+            # loop, it ended the run and left the running jobs to be charged `crashed`.
+            self.lost = exc
+            self.held.clear()
+            self.out.discard()
+            err(f"warning: cannot write stdout ({os_error_message(exc)}); the run's "
+                "lines from here on are lost, not its jobs (every outcome is in the "
+                "queue and its events.jsonl); it will exit 74")
 
 
 class _LinesReporter:

@@ -79,15 +79,45 @@ def read_for(master: int, seen: bytearray, s: float) -> None:
 
 
 def run_on_a_terminal(queue: Path, out: Path, manifest: Path, *extra: str, workers: int = 1,
-                      no_color: bool = False) -> tuple[subprocess.Popen[bytes], int]:
+                      no_color: bool = False, stalled: bool = False,
+                      ) -> tuple[subprocess.Popen[bytes], int]:
     """`renderctl run --workers N MANIFEST` on a new 120x40 terminal (a pty), in a process
-    group of its own as a shell starts it: the process and the terminal's master end."""
+    group of its own as a shell starts it: the process and the terminal's master end.
+    ``stalled``: a terminal whose reader stopped reading, almost full (see stall)."""
     master, slave, env = new_terminal(no_color=no_color)
+    if stalled:
+        stall(master, slave)
     proc = subprocess.Popen([*RENDERCTL, "run", *cli_args(queue, out, "--workers", str(workers)),
                              *extra, str(manifest)], stdin=slave, stdout=slave,
                             stderr=subprocess.PIPE, env=env, process_group=0)
     os.close(slave)
     return proc, master
+
+
+def end_on_a_terminal(proc: subprocess.Popen[bytes], master: int) -> None:
+    """Kill a run started by run_on_a_terminal unless it ended, and close its terminal."""
+    with contextlib.suppress(OSError):
+        os.write(master, b"\x11")  # (Ctrl-Q, in case it was left stopped)
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+    os.close(master)
+
+
+def stall(master: int, slave: int) -> None:
+    """Fill terminal ``slave`` as a program that outran its reader does (an SSH session on a
+    network gone quiet), then let the reader take a few KB: room for less than a few more."""
+    writer = os.open(os.ttyname(slave), os.O_WRONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    try:
+        with contextlib.suppress(BlockingIOError):
+            while True:
+                os.write(writer, b"." * 256)
+        os.read(master, 4095)
+        room = select.poll()
+        room.register(writer, select.POLLOUT)
+        wait_until(lambda: room.poll(0), what="the terminal to take more")
+    finally:
+        os.close(writer)
 
 
 def continue_runner(runner: Runner) -> str:
@@ -389,12 +419,56 @@ def test_ctrl_s_on_the_terminal_does_not_stop_the_run_supervising_its_jobs(
             assert text.index('"runner_started"') < text.index('"completed"') \
                 < text.index('"dead"') < text.index('"summary"'), text
     finally:
-        with contextlib.suppress(OSError):
-            os.write(master, b"\x11")
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
-        os.close(master)
+        end_on_a_terminal(proc, master)
+    attempts = QueueView(queue).record("dead", "slow")["attempts"]
+    assert [a["outcome"] for a in attempts] == ["timeout"], attempts
+
+
+@pytest.mark.parametrize("shown", ["dashboard", "plain", "json"])
+def test_a_terminal_whose_reader_stalled_does_not_stop_the_run_supervising_its_jobs(
+        tmp_path: Path, write_manifest: Any, shown: str) -> None:
+    queue, out = tmp_path / "q", tmp_path / "out"
+    # Given a run on a terminal whose reader stalled with room for a few KB more (its
+    # dashboard; plain lines under NO_COLOR; JSON Lines), of 80 quick jobs and one of one
+    # attempt that would take 30 s but has a 3 s timeout
+    stage(tmp_path)
+    slow = {**py_job("slow", "sleep_then_write", s=30), "timeout_s": 3, "max_attempts": 1}
+    quick = [py_job(f"q{n}", "write_one_byte", output=f"q{n}.bin") for n in range(80)]
+    proc, master = run_on_a_terminal(queue, out, write_manifest([slow, *quick]),
+                                     *(["--json"] if shown == "json" else []), workers=2,
+                                     no_color=shown == "plain", stalled=True)
+    seen = bytearray()
+    try:
+        # When the run writes more than the terminal has room for (its lines, its frames)
+        # Then it still supervises its job while nobody reads: killed at its timeout and
+        # dead-lettered (before: a write the poll let through found less room than it
+        # needed and waited, and the runner's whole loop with it)
+        wait_until(lambda: proc.poll() is not None or "slow" in QueueView(queue).ids("dead"),
+                   timeout_s=20, what="the job to be killed at its timeout")
+        assert QueueView(queue).ids("done") == {f"q{n}" for n in range(80)}
+
+        # And once the reader reads again, the run ends as usual, its lines all shown, in
+        # order
+        def ended() -> bool:
+            read_for(master, seen, 0.05)
+            return proc.poll() is not None
+
+        wait_until(ended, timeout_s=30, what="the run to end")
+        read_for(master, seen, 0.2)
+        assert proc.returncode == 1, proc.stderr.read() if proc.stderr else ""
+        text = seen.decode(errors="replace")
+        if shown == "json":
+            events = [json.loads(ln[ln.index("{"):]) for ln in text.splitlines() if "{" in ln]
+            assert [e["event"] for e in events if e["event"] in ("completed", "dead")] \
+                .count("completed") == 80
+            assert events[-1]["event"] == "summary" and events[-1]["counts"]["dead"] == 1
+        else:
+            assert "summary: done 80, dead 1" in text, text[-2000:]
+        if shown == "plain":
+            assert text.index("runner started") < text.index("dead      slow") \
+                < text.index("summary:"), text[-2000:]
+    finally:
+        end_on_a_terminal(proc, master)
     attempts = QueueView(queue).record("dead", "slow")["attempts"]
     assert [a["outcome"] for a in attempts] == ["timeout"], attempts
 
