@@ -57,15 +57,18 @@ class Room:
     display redrawn there (`renderctl run ... &`) would fight the shell for the screen,
     and is held back until `fg`, as pv(1) holds its progress."""
 
-    def __init__(self, file: Any, *, foreground_only: bool = False) -> None:
+    def __init__(self, file: Any, *, foreground_only: bool = False, poll: bool = True) -> None:
+        """``poll``: False where writes cannot wait (see Stdout): only the terminal's
+        job control is asked then."""
         self._poll: select.poll | None = None
         self._tty: int | None = None
         self._foreground_only = foreground_only
         try:
             fd = file.fileno()
-            self._poll = select.poll()
-            self._poll.register(fd, select.POLLOUT)
             self._tty = fd if os.isatty(fd) else None
+            if poll:
+                self._poll = select.poll()
+                self._poll.register(fd, select.POLLOUT)
         except (AttributeError, OSError, ValueError):
             self._poll = None
 
@@ -104,15 +107,17 @@ class Stdout:
         self.encoding: str = getattr(self.stream, "encoding", None) or "utf-8"
         self.pending = bytearray()
         self.gone = False  # the reader went away: what is written from here on is dropped
-        self.room = Room(self.stream)
         self._fd: int | None = None
         self._own: int | None = None
         try:
             self.stream.flush()  # what it holds goes first: we write below its buffer
             self._fd = self.stream.fileno()
+            self._own = _reopen_nonblocking(self._fd)
         except (AttributeError, OSError, ValueError):
-            return
-        self._own = _reopen_nonblocking(self._fd)
+            pass
+        # (A write through our own descriptor cannot wait: no poll before it, one syscall
+        # less per line of a --json run.)
+        self.room = Room(self.stream, poll=self._own is None)
 
     def isatty(self) -> bool:
         return bool(self.stream.isatty())
