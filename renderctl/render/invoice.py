@@ -227,6 +227,12 @@ def load_invoice(path: Path) -> Invoice:
         ) from exc
     except ValueError as exc:  # NaN/Infinity, or an absurdly long integer
         raise InvalidInput(f"{path.name}: not valid JSON: {exc}") from exc
+    except InvalidOperation as exc:
+        # Decimal refuses an exponent past its range (1e99999999999999999999) with an
+        # ArithmeticError, not a ValueError; the same bytes fail so on every attempt.
+        raise InvalidInput(
+            f"{path.name}: not valid JSON: a number's exponent is beyond any amount"
+        ) from exc
     except RecursionError:
         line, column = _too_deep(text)
         raise InvalidInput(
