@@ -426,6 +426,8 @@ _DESC_WIDTH = _CONTENT_WIDTH - sum(w for w in _COL_WIDTHS if w is not None)
 _ITEM_COLUMNS = [w if w is not None else _DESC_WIDTH for w in _COL_WIDTHS]
 _ITEM_HEADER = ["#", "Description", "Qty", "Unit price", "Tax", "Amount"]
 _CELL_PADDING = 6  # reportlab's default left and right padding in a table cell
+_ROW_PADDING = 3 + 3  # the items table's top and bottom padding
+_HEADER_ROW_HEIGHT = 8.5 * 1.2  # one line of the header's 8.5 pt font, at reportlab's leading
 _META_VALUE_WIDTH = 45 * mm
 
 _ITEM_STYLE = TableStyle(
@@ -500,12 +502,14 @@ def build_pdf(
     if totals is None:
         totals = compute_totals(doc)
     st = styles()
+    rows = _item_rows(doc, totals)
+    widths = _item_widths(rows)
     story: list[Any] = [
         _header(doc, title),
         Spacer(1, 8 * mm),
         _customer_block(doc),
         Spacer(1, 7 * mm),
-        _items_table(doc, totals),
+        _items_table(rows, widths),
         Spacer(1, 3 * mm),
         KeepTogether(_totals_table(doc, totals)),
     ]
@@ -534,7 +538,8 @@ def build_pdf(
     except LayoutError as exc:
         # Deterministic: a retry would fail the same way.
         raise InvalidInput(
-            _too_tall(doc, title) or f"content does not fit on a page: {str(exc)[:200]}"
+            _too_tall(doc, title, widths[1])
+            or f"content does not fit on a page: {str(exc)[:200]}"
         ) from exc
 
 
@@ -542,9 +547,10 @@ def build_pdf(
 _ROOM = PAGE_SIZE[1] - MARGIN - (MARGIN + 6 * mm) - 12
 
 
-def _too_tall(doc: Invoice, title: str) -> str | None:
+def _too_tall(doc: Invoice, title: str, description_width: float) -> str | None:
     """Which block that cannot break across pages is taller than one, named by its field
-    (reportlab's LayoutError names a Table at a memory address)."""
+    (reportlab's LayoutError names a Table at a memory address). An item's row is such a
+    block too: a table breaks between rows, never inside one."""
     half = _CONTENT_WIDTH / 2
     blocks: list[tuple[str, str, list[Any]]] = [
         ("seller", "name, address and VAT ID", [_party_paragraph(doc.seller)]),
@@ -557,6 +563,17 @@ def _too_tall(doc: Invoice, title: str) -> str | None:
             return (
                 f"{field}: {what} together are taller than a page ({height:,.0f} pt; a page"
                 f" holds {_ROOM:,.0f})"
+            )
+    # The row shares its page with the repeated header row.
+    room = _ROOM - (_HEADER_ROW_HEIGHT + _ROW_PADDING)
+    wrap_width = description_width - 2 * _CELL_PADDING
+    for i, item in enumerate(doc.items):
+        cell = Paragraph(para(item.description), styles().cell)
+        height = cell.wrap(wrap_width, room)[1] + _ROW_PADDING
+        if height > room:
+            return (
+                f"items[{i}].description: its row is taller than a page ({height:,.0f} pt; a"
+                f" page holds {room:,.0f} below the table's header)"
             )
     return None
 
@@ -605,7 +622,7 @@ def _customer_block(doc: Invoice) -> Table:
     )
 
 
-def _items_table(doc: Invoice, totals: Totals) -> Table:
+def _item_rows(doc: Invoice, totals: Totals) -> list[list[Any]]:
     st = styles()
     rows: list[list[Any]] = [list(_ITEM_HEADER)]
     for i, (item, line_net) in enumerate(zip(doc.items, totals.line_nets, strict=True), 1):
@@ -619,7 +636,11 @@ def _items_table(doc: Invoice, totals: Totals) -> Table:
                 format_amount(line_net),
             ]
         )
-    table = Table(rows, colWidths=_item_widths(rows), repeatRows=1, style=_ITEM_STYLE)
+    return rows
+
+
+def _items_table(rows: list[list[Any]], widths: list[float]) -> Table:
+    table = Table(rows, colWidths=widths, repeatRows=1, style=_ITEM_STYLE)
     if len(rows) > 2:
         table.setStyle(TableStyle([("ROWBACKGROUNDS", (0, 1), (-1, -1), [colors.white, ZEBRA])]))
     return table

@@ -120,8 +120,12 @@ def test_a_long_report_title_does_not_run_over_the_page_number(tmp_path: Path) -
         ({"seller": {"name": "W" * 200, "address": ["W" * 200] * 10, "vat_id": "V" * 64}}, {},
          "invoice.json: seller: "),
         ({}, {"title": "Invoice " * 400}, "params.title: "),
+        # A table row cannot break either: one description of 999 lines is one row
+        ({"items": [{"description": "Widget", "quantity": 1, "unit_price": 1},
+                    {"description": "x" + "\n" * 998 + "y", "quantity": 1, "unit_price": 1}]},
+         {}, "invoice.json: items[1].description: "),
     ],
-    ids=["customer", "seller", "title"],
+    ids=["customer", "seller", "title", "item"],
 )
 def test_a_block_taller_than_a_page_is_named(
     tmp_path: Path, overrides: dict[str, Any], params: dict[str, Any], start: str
