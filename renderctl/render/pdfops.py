@@ -61,6 +61,8 @@ def pdf_errors(source: str) -> Iterator[None]:
         AssertionError,
         UnicodeError,
         OverflowError,
+        # What pypdf knows of but cannot do: a filter it lacks, an encryption method.
+        NotImplementedError,
     ) as exc:
         # pypdf raises plain Python errors from deep inside a malformed file as well as its
         # own; either way the same bytes fail the same way on every attempt.
@@ -90,7 +92,14 @@ def open_pdf(path: Path, label: str | None = None) -> PdfReader:
     if marker < 0 or _PDF_STRUCTURE.search(tail, marker + 5):
         raise InvalidInput(f"{label}: truncated PDF (no %%EOF marker at the end)")
     with pdf_errors(label):
-        reader = PdfReader(io.BytesIO(data), strict=False)
+        try:
+            reader = PdfReader(io.BytesIO(data), strict=False)
+        except NotImplementedError as exc:
+            # pypdf sets up decryption while opening, before is_encrypted can be asked: an
+            # encryption it lacks (a certificate handler, an unknown method) fails right here.
+            if _raised_in(exc, "pypdf._encryption"):
+                raise InvalidInput(f"{label}: encrypted PDF ({exc})") from exc
+            raise
         if reader.is_encrypted:
             # Even an empty user password means someone meant to restrict it: not ours to open.
             raise InvalidInput(f"{label}: encrypted PDF")
@@ -98,6 +107,14 @@ def open_pdf(path: Path, label: str | None = None) -> PdfReader:
     if pages == 0:
         raise InvalidInput(f"{label}: PDF has no pages")
     return reader
+
+
+def _raised_in(exc: BaseException, module: str) -> bool:
+    """Whether ``exc`` was raised by code of ``module`` (its innermost frame)."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and tb.tb_frame.f_globals.get("__name__") == module
 
 
 # -- merge ---------------------------------------------------------------------------------

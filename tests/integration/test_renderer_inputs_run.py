@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from jobfns import QueueView, cli_args, run_cli
+from pypdf import PdfReader
 
 FAST = ("--workers", "1", "--backoff-base", "0.01")
 SAMPLES = Path(__file__).resolve().parents[2] / "sample-inputs"
@@ -58,3 +59,74 @@ def test_an_invoice_number_whose_exponent_decimal_cannot_hold_is_dead_at_once(
     assert not (out / "exp.pdf").exists()
     # And the other job is untouched by it
     assert qv.states_of(["fine"]) == {"fine": ["done"]}
+
+
+def hand_made_pdf(path: Path, *, content_filter: str = "", trailer: str = "",
+                  extra: tuple[bytes, ...] = ()) -> Path:
+    """A one-page PDF written byte by byte (classic xref), so that it can hold what no
+    writer library would produce: ``content_filter`` on the page's content stream,
+    ``extra`` objects numbered from 6, ``trailer`` entries."""
+    content = b"BT /F1 12 Tf 72 720 Td (hand made) Tj ET"
+    stream_dict = f"<< /Length {len(content)} {content_filter} >>".encode()
+    bodies = [
+        b"<< /Type /Catalog /Pages 2 0 R >>",
+        b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
+        b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792]"
+        b" /Resources << /Font << /F1 5 0 R >> >> /Contents 4 0 R >>",
+        stream_dict + b"\nstream\n" + content + b"\nendstream",
+        b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
+        *extra,
+    ]
+    data = b"%PDF-1.7\n"
+    offsets = []
+    for number, body in enumerate(bodies, 1):
+        offsets.append(len(data))
+        data += f"{number} 0 obj\n".encode() + body + b"\nendobj\n"
+    xref = len(data)
+    data += f"xref\n0 {len(bodies) + 1}\n0000000000 65535 f \n".encode()
+    data += b"".join(f"{offset:010d} 00000 n \n".encode() for offset in offsets)
+    data += (f"trailer\n<< /Size {len(bodies) + 1} /Root 1 0 R {trailer} >>\n"
+             f"startxref\n{xref}\n%%EOF\n").encode()
+    path.write_bytes(data)
+    return path
+
+
+def test_a_pdf_pypdf_does_not_support_is_dead_at_once(tmp_path: Path) -> None:
+    # Given a PDF encrypted for certificate holders (the public-key handler, which pypdf
+    # refuses with NotImplementedError while opening), one whose page content uses a filter
+    # no reader knows, and a sound PDF
+    hand_made_pdf(tmp_path / "pubsec.pdf", trailer="/Encrypt 6 0 R /ID [<01> <01>]",
+                  extra=(b"<< /Filter /Adobe.PubSec /SubFilter /adbe.pkcs7.s5 /V 4 >>",))
+    hand_made_pdf(tmp_path / "filter.pdf", content_filter="/Filter /NoSuchDecode")
+    hand_made_pdf(tmp_path / "fine.pdf")
+    jobs: list[dict[str, Any]] = [
+        {"id": f"pubsec-{kind}", "kind": kind, "input": "pubsec.pdf",
+         "output": f"pubsec-{kind}" + ("" if kind == "split" else ".pdf"),
+         **({"params": {"text": "PAID"}} if kind == "stamp" else {})}
+        for kind in ("merge", "stamp", "split")
+    ]
+    jobs += [
+        {"id": "filter-stamp", "kind": "stamp", "input": "filter.pdf",
+         "output": "filter.pdf", "params": {"text": "PAID"}},
+        {"id": "fine", "kind": "stamp", "input": "fine.pdf", "output": "fine.pdf",
+         "params": {"text": "PAID"}},
+    ]
+
+    # When they run
+    qv, out, _ = run_jobs(tmp_path, jobs)
+
+    # Then each unusable one is invalid_input after one attempt, saying what is wrong
+    for kind in ("merge", "stamp", "split"):
+        attempts = qv.record("dead", f"pubsec-{kind}")["attempts"]
+        assert [a["outcome"] for a in attempts] == ["invalid_input"], attempts
+        assert "pubsec.pdf: encrypted PDF" in attempts[0]["error"]
+    attempts = qv.record("dead", "filter-stamp")["attempts"]
+    assert [a["outcome"] for a in attempts] == ["invalid_input"], attempts
+    assert "filter.pdf: unreadable PDF" in attempts[0]["error"]
+    assert "/NoSuchDecode" in attempts[0]["error"]
+    assert not (out / "filter.pdf").exists()
+    # And the sound one is stamped
+    assert qv.states_of(["fine"]) == {"fine": ["done"]}
+    reader = PdfReader(out / "fine.pdf")
+    assert len(reader.pages) == 1
+    assert "PAID" in reader.pages[0].extract_text()
