@@ -78,6 +78,10 @@ MAX_MAGNITUDE = Decimal("1e30")
 # same worker may have left at 6 digits or rounding down): 60 digits keep any sum of cells
 # below MAX_MAGNITUDE with up to 30 decimals exact.
 SUMS = Context(prec=60)
+# reportlab divides a chart's value range into ticks in floats: when every charted value is
+# nearer zero than about 1e-306 that arithmetic gives NaN or divides by zero, on every
+# attempt. No real figure is that small; this floor stays well clear of where it breaks.
+MIN_CHART_SCALE = Decimal("1e-300")
 _THOUSANDS = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?", re.ASCII)
 
 
@@ -206,6 +210,8 @@ def render(inputs: list[Path], output: Path, params: Mapping[str, Any]) -> None:
     shown = _pick_columns(params.get("columns"), all_columns)
     rows = _sorted_rows(data, params, all_columns)
     chart_column = _chart_column(params.get("chart"), all_columns, data, inputs[0].name)
+    if chart_column is not None:
+        _check_chart_scale(rows[:CHART_ROWS], chart_column, data, inputs[0].name)
     printed = [*shown, *([chart_column] if chart_column and chart_column not in shown else [])]
     _check_drawable(data, printed, inputs[0].name)
     build_pdf(
@@ -277,6 +283,24 @@ def _chart_column(
             f"params.chart: column {quoted(value)} is not numeric{_why(data, column, source)}"
         )
     return column
+
+
+def _check_chart_scale(
+    charted: Sequence[tuple[str, ...]], column: Column, data: Dataset, source: str
+) -> None:
+    """InvalidInput unless the rows the chart draws give it a scale (MIN_CHART_SCALE)."""
+    values = [(to_decimal(row[column.index]) or Decimal(0)).copy_abs() for row in charted]
+    largest = max(values, default=Decimal(0))
+    if not 0 < largest < MIN_CHART_SCALE:
+        return
+    row = charted[values.index(largest)]
+    # Sorting keeps the row tuples themselves, so identity finds the row's file line.
+    line = next(n for r, n in zip(data.rows, data.lines, strict=True) if r is row)
+    raise InvalidInput(
+        f"params.chart: column {quoted(column.name)} has no value as large as"
+        f" {MIN_CHART_SCALE:g} to scale a chart by ({source} line {line}: the largest charted,"
+        f" {quoted(row[column.index])})"
+    )
 
 
 def _check_drawable(data: Dataset, columns: Sequence[Column], source: str) -> None:

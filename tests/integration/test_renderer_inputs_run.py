@@ -130,3 +130,35 @@ def test_a_pdf_pypdf_does_not_support_is_dead_at_once(tmp_path: Path) -> None:
     reader = PdfReader(out / "fine.pdf")
     assert len(reader.pages) == 1
     assert "PAID" in reader.pages[0].extract_text()
+
+
+def test_a_chart_of_values_too_small_to_scale_is_dead_at_once(tmp_path: Path) -> None:
+    # Given CSVs whose charted values are all nearer zero than a float axis can divide
+    # (reportlab's tick arithmetic turns them into NaN or a division by zero), and one
+    # whose tiny value sits next to ordinary ones
+    (tmp_path / "tiny.csv").write_text("name,v\nr1,1e-320\nr2,2e-320\n")
+    (tmp_path / "edge.csv").write_text("name,v\nr1,2.3e-308\nr2,-2.3e-308\n")
+    (tmp_path / "mixed.csv").write_text("name,v\nr1,1e-320\nr2,3\n")
+    jobs = [
+        {"id": name, "kind": "report", "input": f"{name}.csv", "output": f"{name}.pdf",
+         "params": {"title": "Small", "chart": "v"}}
+        for name in ("tiny", "edge", "mixed")
+    ]
+
+    # When they run
+    qv, out, _ = run_jobs(tmp_path, jobs)
+
+    # Then the two that cannot be charted are invalid_input after one attempt, naming the
+    # param, the column and a value
+    for name, value in (("tiny", "2e-320"), ("edge", "2.3e-308")):
+        attempts = qv.record("dead", name)["attempts"]
+        assert [a["outcome"] for a in attempts] == ["invalid_input"], attempts
+        error = attempts[0]["error"]
+        assert "params.chart: column 'v'" in error and value in error, error
+        assert not (out / f"{name}.pdf").exists()
+    # And the chart whose scale is ordinary is drawn, with its table
+    assert qv.states_of(["mixed"]) == {"mixed": ["done"]}
+    reader = PdfReader(out / "mixed.pdf")
+    assert len(reader.pages) == 1
+    text = reader.pages[0].extract_text()
+    assert "1e-320" in text and "Total" in text
