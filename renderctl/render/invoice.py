@@ -483,6 +483,8 @@ def render(inputs: list[Path], output: Path, params: Mapping[str, Any]) -> None:
     if not isinstance(title, str):
         raise InvalidInput("params.title: expected a string")
     rules.require("title", title, rules.drawable_text)
+    if not plain(title):  # blank once control characters are dropped: as if not given
+        title = "Invoice"
     try:
         totals = compute_totals(doc)
     except InvalidInput as exc:

@@ -28,8 +28,9 @@ def stamp_text(value: Any) -> str | None:
 
 
 def heading(value: Any) -> str | None:
-    """A heading: a string with something besides whitespace in it, that the fonts can draw."""
-    if not isinstance(value, str) or not value.strip():
+    """A heading: a string with something besides whitespace in it, that the fonts can draw.
+    Control characters count as nothing: they are dropped when the heading is drawn."""
+    if not isinstance(value, str) or not plain(value):
         return "a non-empty string is required"
     return undrawable(value)
 

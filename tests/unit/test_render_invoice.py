@@ -143,6 +143,19 @@ def test_one_page_invoice_shows_number_total_and_page_count(tmp_path: Path) -> N
     assert "Page 1 of 1" in text
 
 
+@pytest.mark.parametrize("title", ["", "   ", "\u0007\u001b", "\u0000 \t"])
+def test_a_title_that_prints_as_nothing_falls_back_to_invoice(tmp_path: Path, title: str) -> None:
+    # Given a title param with nothing drawable in it (control characters are dropped)
+    source = write_doc(tmp_path / "in.json", make_doc())
+    output = tmp_path / "out.pdf"
+    # When the invoice is rendered
+    invoice.render([source], output, {"title": title})
+    # Then it is headed, and its metadata titled, as an invoice without a title param is
+    reader = PdfReader(output)
+    assert "Invoice" in reader.pages[0].extract_text().splitlines()  # the heading line
+    assert reader.metadata is not None and reader.metadata.title == "Invoice INV-2025-0042"
+
+
 def test_same_input_gives_identical_bytes(tmp_path: Path) -> None:
     source = write_doc(tmp_path / "in.json", make_doc())
     invoice.render([source], tmp_path / "one.pdf", {})

@@ -64,6 +64,8 @@ BAD = [
     ("stamp", {"text": "x" * 201}, "params.text: 201 characters is more than 200"),
     ("report", {"title": "  "}, "params.title: a non-empty string is required"),
     ("report", {"title": ""}, "params.title: a non-empty string is required"),
+    # Control characters are dropped when drawn: this title would print as nothing at all
+    ("report", {"title": "\u0007\u001b\u0000"}, "params.title: a non-empty string is required"),
     ("report", {"title": "T", "columns": []},
      "params.columns: expected a non-empty list of column names"),
 ]
