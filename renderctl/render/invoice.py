@@ -357,7 +357,7 @@ def _item(value: Any, where: str) -> Item:
 def _string(value: Any, where: str, *, max_len: int = MAX_TEXT, empty: bool = False) -> str:
     if not isinstance(value, str):
         raise InvalidInput(f"{where}: expected a string, got {_json_type(value)}")
-    if not empty and not value.strip():
+    if not empty and not plain(value):  # control characters are dropped when drawn
         raise InvalidInput(f"{where}: must not be empty")
     if len(value) > max_len:
         raise InvalidInput(f"{where}: {len(value)} characters is more than {max_len}")

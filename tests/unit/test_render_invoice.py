@@ -238,6 +238,10 @@ _DELETE = object()
         ("customer.email", "a@b.c", "customer.email: unknown field"),
         ("surprise", 1, "surprise: unknown field"),
         ("items.0.unit_price", "1e40", "items[0].unit_price:"),
+        # Control characters are dropped when drawn: these would print as nothing
+        ("number", "\u0007", "number: must not be empty"),
+        ("customer.name", "\u0001\u0002", "customer.name: must not be empty"),
+        ("items.0.description", "\u0007 \u007f", "items[0].description: must not be empty"),
     ],
 )
 def test_schema_errors_name_the_field(tmp_path: Path, path: str, value: Any, message: str) -> None:
