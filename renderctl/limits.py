@@ -34,7 +34,9 @@ def is_int(v: Any) -> bool:
 
 
 def is_number(v: Any) -> bool:
-    return (isinstance(v, int | float) and not isinstance(v, bool)) and math.isfinite(v)
+    # Not math.isfinite() on an int: one past 1e308 (TOML and JSON hold any) cannot become a
+    # float, and every int is finite; the range checks compare it exactly.
+    return is_int(v) or (isinstance(v, float) and math.isfinite(v))
 
 
 def is_integral(v: Any) -> bool:

@@ -543,7 +543,7 @@ def _param_type_error(p: ParamSpec, v: Any) -> str | None:
     if (p.low is not None or p.high is not None) and is_number(v):
         low = -math.inf if p.low is None else p.low
         high = math.inf if p.high is None else p.high
-        if not (math.isfinite(v) and low <= v <= high):
+        if not low <= v <= high:  # (is_number: finite; an int compared exactly)
             return f"must be between {low:g} and {high:g}, got {v!r}"
     return p.check(v) if p.check is not None else None
 

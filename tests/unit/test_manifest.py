@@ -1013,3 +1013,50 @@ def test_an_output_folder_that_cannot_be_searched_is_a_problem(
         ["beneath", "output", "shut/new/b.pdf: [Errno 13] Permission denied: "
                               f"'{out_root / 'shut' / 'new' / '.rctl-'}'"],
     ]
+
+
+# -- found by the manifest review ------------------------------------------------------------
+
+HUGE = "1" + "0" * 400  # an integer TOML and JSON hold, beyond any float (1e308)
+
+
+@pytest.mark.parametrize("fmt", ["toml", "json"])
+@pytest.mark.parametrize("command", ["validate", "submit"])
+def test_an_integer_too_big_for_a_float_is_a_problem_not_a_traceback(
+        tmp_path: Path, renderctl_argv: list[str], fmt: str, command: str) -> None:
+    # Given a manifest with an integer past 1e308 where a number is checked: timeout_s in
+    # [defaults] and in a job, and a stamp's float params (opacity, font_size)
+    folder = tmp_path / "m"
+    folder.mkdir()
+    (folder / "b.pdf").write_bytes(b"%PDF-1.4\n")
+    if fmt == "toml":
+        text = (f"[defaults]\ntimeout_s = {HUGE}\n"
+                f'[[jobs]]\nid = "t"\nkind = "python"\ncallable = "m:f"\noutput = "t.pdf"\n'
+                f"timeout_s = -{HUGE}\n"
+                f'[[jobs]]\nid = "s"\nkind = "stamp"\ninput = "b.pdf"\noutput = "s.pdf"\n'
+                f'params = {{ text = "x", opacity = {HUGE}, font_size = {HUGE} }}\n')
+    else:
+        text = (f'{{"defaults": {{"timeout_s": {HUGE}}}, "jobs": ['
+                f'{{"id": "t", "kind": "python", "callable": "m:f", "output": "t.pdf",'
+                f' "timeout_s": -{HUGE}}},'
+                f'{{"id": "s", "kind": "stamp", "input": "b.pdf", "output": "s.pdf",'
+                f' "params": {{"text": "x", "opacity": {HUGE}, "font_size": {HUGE}}}}}]}}')
+    path = folder / f"m.{fmt}"
+    path.write_text(text)
+    queue = tmp_path / "queue"
+    # When the command line is given it
+    where = ["--queue", str(queue)] if command == "submit" else []
+    proc = subprocess.run([*renderctl_argv, command, *where, "--out", str(tmp_path / "out"),
+                           "--json", str(path)], capture_output=True, text=True, timeout=60)
+    # Then it exits 2, each value reported at its job and field, and nothing was enqueued
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    found = {(p["job"], p["field"], p["message"].split(",")[0])
+             for p in json.loads(proc.stdout)["problems"]}
+    assert found == {
+        (None, "defaults.timeout_s", "must be > 0 and <= 604800"),
+        ("t", "timeout_s", "must be > 0 and <= 604800"),
+        ("s", "params.opacity", "must be between 0 and 1"),
+        ("s", "params.font_size", "must be between 1 and 500"),
+    }, found
+    assert not (queue / "pending").exists() or not list((queue / "pending").iterdir())
