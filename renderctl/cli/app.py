@@ -7,6 +7,7 @@ are printed as one clear message, never as a traceback.
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import os
@@ -70,9 +71,9 @@ def non_empty_path(option: str) -> Callable[[str], Path]:
 
 def not_a_folder(path: Path) -> str | None:
     """What ``path`` is when it is something other than a folder and can never become one
-    (``a file``, ``a path through a file (x)``); None when it is a folder or is missing (a
-    missing folder can be created). Unreadable is left to the command: its I/O error (74)
-    says more than a guess would."""
+    (``a file``, ``a path through a file (x)``, ``a symlink loop``); None when it is a
+    folder or is missing (a missing folder can be created). Unreadable is left to the
+    command: its I/O error (74) says more than a guess would."""
     try:
         mode = path.stat().st_mode
     except NotADirectoryError:
@@ -83,7 +84,10 @@ def not_a_folder(path: Path) -> str | None:
             except OSError:
                 continue
         return "a path through a file"
-    except OSError:
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            # Not a missing folder to create: mkdir() there fails with EEXIST, forever.
+            return "a symlink loop"
         return None
     if stat.S_ISDIR(mode):
         return None

@@ -384,6 +384,25 @@ def test_an_output_root_through_a_file_is_a_usage_error(tmp_path: Path, manifest
 
 
 
+@pytest.mark.parametrize("command", ["validate", "submit", "run"])
+def test_an_output_root_that_is_a_symlink_loop_is_a_usage_error(tmp_path: Path, manifest: Path,
+                                                                command: str) -> None:
+    # Given an output root that is a symlink loop: it can never become a folder
+    loop = tmp_path / "out"
+    loop.symlink_to(tmp_path / "other")
+    (tmp_path / "other").symlink_to(loop)
+    q = tmp_path / "q"
+    args: list[object] = [command, manifest] + ([] if command == "validate" else ["--queue", q])
+
+    # When the command runs with it
+    res = cli(*args, "--out", loop, cwd=tmp_path)
+
+    # Then it stops at once naming the option and the loop (it was taken for a missing
+    # folder: every job accepted, then `run` died in a traceback claiming the first), and
+    # nothing was enqueued
+    one_line_usage_error(res, f"--out: {loop} is a symlink loop, not a folder")
+    assert not q.exists()
+
 @pytest.mark.parametrize("args", [["status"], ["run"], ["submit", "jobs.toml"]], ids=" ".join)
 def test_a_current_folder_deleted_under_the_command_is_a_usage_error(
         tmp_path: Path, args: list[str]) -> None:
