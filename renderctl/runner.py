@@ -2344,7 +2344,11 @@ class Runner:
         key = (out_root, str(final.parent))
         if key in self._confined:
             return
-        check_confined(Path(out_root).resolve(), final)
+        try:
+            root = Path(out_root).resolve()
+        except RuntimeError:  # a loop (Python 3.11's word for ELOOP here), as check_confined
+            raise OutputEscapes(f"the output root {out_root} is a symlink loop") from None
+        check_confined(root, final)
         if len(self._confined) >= CONFINED_CACHE_MAX:
             # A cache, not a record: one folder per job (out/<customer>/<id>/) would grow
             # it by ~350 bytes a job for as long as a --follow runner lives.

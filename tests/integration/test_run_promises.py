@@ -335,6 +335,33 @@ def test_an_output_folder_symlinked_out_of_the_root_is_refused(
     assert_pdf(out / "ok" / "y.pdf", "fine")
 
 
+def test_an_output_root_made_a_symlink_loop_after_submit_dead_letters_its_job(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given a job accepted for an output root not made yet, which then becomes a symlink
+    # loop (submit refuses one that is a loop already)
+    stage(tmp_path)
+    queue, out = tmp_path / "q", tmp_path / "out"
+    sub = run_cli("submit", write_manifest([py_job("looped", "write_pdf")]),
+                  *cli_args(queue, out))
+    assert sub.returncode == 0, sub.stderr
+    out.symlink_to(tmp_path / "back")
+    (tmp_path / "back").symlink_to(out)
+
+    # When a runner runs the queue (its own --out, here the default, is not the job's)
+    (tmp_path / "cwd").mkdir()
+    res = run_cli("run", "--queue", queue, "--workers", "1", cwd=tmp_path / "cwd")
+
+    # Then the job is dead-lettered (invalid_output, naming the loop) before it runs, as for
+    # a loop below the root; the runner no longer dies in a traceback at the claim, leaving
+    # the job leased to a runner that is gone and killing every runner after it the same way
+    assert "Traceback" not in res.stderr, res.stderr
+    assert res.returncode == ExitCode.JOBS_FAILED, res.stdout + res.stderr
+    rec = QueueView(queue).record("dead", "looped")
+    assert rec["attempts"][-1]["outcome"] == "invalid_output"
+    assert "symlink loop" in rec["attempts"][-1]["error"]
+    assert rec["attempts"][-1].get("started_at") is None
+
+
 def test_a_runner_whose_lease_was_taken_over_does_not_publish(
         tmp_path: Path, write_manifest: Any) -> None:
     # Given a runner running a job that takes a moment
