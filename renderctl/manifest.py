@@ -434,8 +434,16 @@ class _Ctx:
     # prefixes' (see _folder_escapes).
     out_dir: str = ""
     out_real: str | None = None
+    out_root: str = ""  # as the jobs' specs hold it
     folders: dict[str, str | None] = field(default_factory=dict)
     prefixes: dict[str, _Step | str] = field(default_factory=dict)
+    # Prefixes that are symlinks staying inside the root; and each output folder reached
+    # through one -> its real path under the root (another spelling of the same folder).
+    linked: set[str] = field(default_factory=set)
+    real_folders: dict[str, str] = field(default_factory=dict)
+    # (out_root, output) -> the same output spelt without symlinks, for check_unique: two
+    # jobs of one command writing one file through two spellings would dead-letter one.
+    aliases: dict[tuple[str, str], str] | None = None
 
     def add(self, job: str | None, fld: str | None, msg: str) -> None:
         if self.scrubbed and fld is not None and self._in_scrubbed(job, fld):
@@ -625,6 +633,10 @@ def _output_escapes(ctx: _Ctx, output: str) -> str | None:
     if folder not in ctx.folders:
         ctx.folders[folder] = _folder_escapes(ctx, ctx.out_real, folder)
     why = ctx.folders[folder]
+    real = ctx.real_folders.get(folder)
+    if why is None and real is not None and ctx.aliases is not None:
+        name = output.rpartition("/")[2]
+        ctx.aliases[(ctx.out_root, output)] = f"{real}/{name}" if real else name
     # Prefixed here, not in the cache: the other outputs in that folder have other names.
     return None if why is None else f"{output}: {why}"
 
@@ -649,6 +661,10 @@ def _folder_escapes(ctx: _Ctx, root: str, folder: str) -> str | None:
         step = known
     if isinstance(step, str):
         return step
+    if ctx.linked and any(p in ctx.linked for p in _prefixes(folder)):
+        # Rare (a symlink inside the root), so a realpath() for it alone.
+        real = os.path.relpath(os.path.realpath(ctx.out_dir + folder), root)
+        ctx.real_folders[folder] = "" if real == "." else real
     if step is _Step.STOP and 4 * (len(ctx.out_dir) + len(folder)) + 8 < _PATH_MAX:
         return None  # (4 x: the most bytes a character of either may take)
     probe = os.path.join(ctx.out_dir, folder, RESERVED_PREFIX)
@@ -689,7 +705,17 @@ def _look(ctx: _Ctx, root: str, prefix: str) -> _Step | str:
     # here is the stricter, steadier verdict).
     if real != root and not real.startswith(root.rstrip("/") + "/"):
         return f"{path} resolves to {real}, outside the output root {root}"
+    ctx.linked.add(prefix)
     return _Step.GO_ON
+
+
+def _prefixes(folder: str) -> Iterable[str]:
+    """"a/b/c" -> "a", "a/b", "a/b/c"."""
+    cut = folder.find("/")
+    while cut != -1:
+        yield folder[:cut]
+        cut = folder.find("/", cut + 1)
+    yield folder
 
 
 def _validate_job(
@@ -868,13 +894,16 @@ def validate_document(
     specs: Mapping[str, RendererSpec] | None = None,
     problems: list[Problem] | None = None,
     ids: list[str] | None = None,
+    aliases: dict[tuple[str, str], str] | None = None,
 ) -> list[JobSpec]:
     """Validate a parsed document; problems are appended to ``problems``, and the id of
     every job that has a well-formed one, valid job or not, to ``ids`` (for check_unique:
-    a duplicate is a problem of its own, whatever else is wrong with the job)."""
+    a duplicate is a problem of its own, whatever else is wrong with the job); each output
+    reached through a symlink inside the root, to ``aliases`` (see check_unique)."""
     ctx = _Ctx(file, problems if problems is not None else [],
                out_dir=os.path.join(Path(out_root), ""),
-               out_real=os.path.realpath(out_root) if os.path.isdir(out_root) else None)
+               out_real=os.path.realpath(out_root) if os.path.isdir(out_root) else None,
+               out_root=out_root, aliases=aliases)
     specs = specs if specs is not None else all_specs()
     if not isinstance(doc, dict):
         ctx.add(None, None, f"the manifest must be a table/object, got {type_name(doc)}")
@@ -951,6 +980,7 @@ def load_manifests(
     jobs: list[JobSpec] = []
     files: list[str] = []  # the manifest of each job in ``jobs``
     id_files: list[tuple[str, str]] = []  # every well-formed id, valid job or not, and its file
+    aliases: dict[tuple[str, str], str] = {}
     specs = all_specs()
     root = os.path.abspath(out_root)
     # One file named twice (jobs/*.toml jobs/demo.toml) is read once, not reported as
@@ -984,27 +1014,33 @@ def load_manifests(
         base = Path(os.path.abspath(os.path.dirname(name) or "."))
         ids: list[str] = []
         found = validate_document(doc, file=name, base=base, out_root=root, limits=limits,
-                                  specs=specs, problems=problems, ids=ids)
+                                  specs=specs, problems=problems, ids=ids, aliases=aliases)
         if origins is not None:
             origins.update((job.id, name) for job in found)
         jobs.extend(found)
         files.extend(name for _ in found)
         id_files.extend((jid, name) for jid in ids)
-    check_unique(jobs, problems, files=files, ids=id_files)
+    check_unique(jobs, problems, files=files, ids=id_files, aliases=aliases)
     if problems:
         raise ManifestError(problems)
     return jobs
 
 
 def check_unique(jobs: Sequence[JobSpec], problems: list[Problem], *,
-                 files: Sequence[str], ids: Sequence[tuple[str, str]]) -> None:
+                 files: Sequence[str], ids: Sequence[tuple[str, str]],
+                 aliases: Mapping[tuple[str, str], str] | None = None) -> None:
     """Ids and output paths must be unique across everything one command submits, and no
     output may be inside another (x/a.pdf and x/a.pdf/b.pdf; a split job's folder).
 
     ``files[i]`` is the manifest ``jobs[i]`` came from; ``ids`` is every id with its file,
     invalid jobs' included. A duplicate is reported in the file of its second occurrence
     (the one to edit, or delete), naming the first when that is another file; an output
-    inside another at the job inside, whatever the order."""
+    inside another at the job inside, whatever the order.
+
+    ``aliases`` maps (out_root, output) to that output spelt without the symlinks inside
+    the root that its folder goes through (``link/a.pdf`` -> ``real/a.pdf``): outputs are
+    compared by that spelling, so two spellings of one file are one output."""
+    aliases = aliases or {}
     first_id: dict[str, str] = {}  # id -> its file
     for jid, file in ids:
         if jid in first_id:
@@ -1016,21 +1052,24 @@ def check_unique(jobs: Sequence[JobSpec], problems: list[Problem], *,
     # normalised (check_output_path), so the pair names one path; its folders are pairs
     # too, looked up with no path joined.
     first_output: dict[tuple[str, str], tuple[str, str]] = {}
-    for job, file in zip(jobs, files, strict=True):
-        key = (job.out_root, job.output)
+    real = [aliases.get((job.out_root, job.output), job.output) for job in jobs]
+    for job, file, output in zip(jobs, files, real, strict=True):
+        key = (job.out_root, output)
         if key in first_output and first_output[key][0] != job.id:
             other_id, other = first_output[key]
             where = "" if other == file else f" in {other}"
+            also = "" if output == job.output else f" ({output}, through a symlink)"
             problems.append(Problem(file, job.id, "output",
-                                    f"same output as job {other_id}{where}: {job.output}"))
+                                    f"same output as job {other_id}{where}: {job.output}"
+                                    + also))
         first_output.setdefault(key, (job.id, file))
     # One of the two jobs would dead-letter (output_exists: a file where a folder must be,
     # or a folder where the other publishes its own), or put its output in another's
     # folder output. Each output's folders looked up among all outputs: O(jobs x depth).
-    for job, file in zip(jobs, files, strict=True):
-        cut = job.output.find("/")
+    for job, file, output in zip(jobs, files, real, strict=True):
+        cut = output.find("/")
         while cut != -1:
-            outer = job.output[:cut]
+            outer = output[:cut]
             hit = first_output.get((job.out_root, outer))
             if hit is not None:
                 other_id, other = hit
@@ -1039,7 +1078,7 @@ def check_unique(jobs: Sequence[JobSpec], problems: list[Problem], *,
                                         f"{job.output} is inside job {other_id}'s output "
                                         f"{outer}{where}; no job's output may hold another's"))
                 break
-            cut = job.output.find("/", cut + 1)
+            cut = output.find("/", cut + 1)
 
 
 def jobs_from_dicts(
@@ -1057,10 +1096,12 @@ def jobs_from_dicts(
     if defaults:
         doc["defaults"] = dict(defaults)
     ids: list[str] = []
+    aliases: dict[tuple[str, str], str] = {}
     jobs = validate_document(doc, file=source, base=Path(os.path.abspath(base)),
                              out_root=os.path.abspath(out_root), limits=limits,
-                             problems=problems, ids=ids)
-    check_unique(jobs, problems, files=[source] * len(jobs), ids=[(i, source) for i in ids])
+                             problems=problems, ids=ids, aliases=aliases)
+    check_unique(jobs, problems, files=[source] * len(jobs), ids=[(i, source) for i in ids],
+                 aliases=aliases)
     if problems:
         raise ManifestError(problems)
     return jobs

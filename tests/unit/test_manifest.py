@@ -1060,3 +1060,33 @@ def test_an_integer_too_big_for_a_float_is_a_problem_not_a_traceback(
         ("s", "params.font_size", "must be between 1 and 500"),
     }, found
     assert not (queue / "pending").exists() or not list((queue / "pending").iterdir())
+
+
+def test_two_spellings_of_one_output_through_a_symlink_inside_the_root_are_one_output(
+        folder: Path, out_root: Path, write_manifest: Any) -> None:
+    # Given an output root with a folder, a symlink to it, and a symlink to the root itself
+    (out_root / "real").mkdir(parents=True)
+    (out_root / "link").symlink_to("real")
+    (out_root / "self").symlink_to(".")
+    # And jobs of one command naming one file two ways: in one manifest, across two, at the
+    # root, and inside another job's output folder (a split's)
+    first = write_manifest([job(id="a", output="real/a.pdf"), job(id="b", output="link/a.pdf"),
+                            job(id="c", output="top.pdf"), job(id="d", output="self/top.pdf"),
+                            job(id="fine", output="link/other.pdf")], folder=folder)
+    second = write_manifest([job(id="e", output="link/a.pdf"),
+                             job(id="f", kind="split", callable=DROP, input="in/b.pdf",
+                                 output="real/parts"),
+                             job(id="g", output="link/parts/1.pdf")],
+                            name="second.toml", folder=folder)
+    # When they are validated together
+    found = {(p.file, p.job, p.message) for p in problems([first, second], out_root)}
+    # Then each later spelling is reported as the same output (it was accepted, and one of
+    # the two jobs dead-lettered at run time with output_exists), and only those
+    assert found == {
+        (str(first), "b", "same output as job a: link/a.pdf (real/a.pdf, through a symlink)"),
+        (str(first), "d", "same output as job c: self/top.pdf (top.pdf, through a symlink)"),
+        (str(second), "e", f"same output as job a in {first}: link/a.pdf (real/a.pdf, "
+                           "through a symlink)"),
+        (str(second), "g", "link/parts/1.pdf is inside job f's output real/parts; no job's "
+                           "output may hold another's"),
+    }, found
