@@ -393,6 +393,27 @@ def _scrub(v: Any, path: _Path, found: list[tuple[_Path, str]]) -> Any:
     return v
 
 
+# The deepest a document may nest (params' MAX_DEPTH, under the document, jobs, a job and
+# params, with room to spare): _scrub and the checks recurse, two frames a level, and a JSON
+# document nested a few hundred levels parses (json's own limit is ~1000) but overflowed
+# the stack in them.
+MAX_NESTING = 64
+
+
+def _too_deep(doc: Any) -> _Path | None:
+    """The path of the first value nested deeper than MAX_NESTING, or None (no recursion)."""
+    stack: list[tuple[Any, _Path]] = [(doc, ())]
+    while stack:
+        v, path = stack.pop()
+        if len(path) > MAX_NESTING:
+            return path
+        if isinstance(v, dict):
+            stack.extend((x, (*path, str(k))) for k, x in v.items())
+        elif isinstance(v, list):
+            stack.extend((x, (*path, i)) for i, x in enumerate(v))
+    return None
+
+
 def _dotted(path: Sequence[str | int]) -> str:
     """("params", "b", 1) -> "params.b[1]"."""
     out = ""
@@ -907,6 +928,17 @@ def validate_document(
     specs = specs if specs is not None else all_specs()
     if not isinstance(doc, dict):
         ctx.add(None, None, f"the manifest must be a table/object, got {type_name(doc)}")
+        return []
+    deep = _too_deep(doc)
+    if deep is not None:
+        # Named at its job and field as far as they are well-formed; nothing else of this
+        # document is looked at (it cannot be walked safely).
+        jobs, at = doc.get("jobs"), deep[1] if len(deep) > 2 else None
+        if deep[0] == "jobs" and isinstance(jobs, list) and isinstance(at, int):
+            who, fld = _raw_id(jobs[at]) or f"#{at}", _dotted(deep[2:3])
+        else:
+            who, fld = None, _dotted(deep[:2] if deep[0] == "defaults" else deep[:1])
+        ctx.add(who, _printable(fld), f"nested deeper than {MAX_NESTING} levels")
         return []
     scrubbed: list[tuple[_Path, str]] = []
     doc = _scrub(doc, (), scrubbed)

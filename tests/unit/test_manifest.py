@@ -1090,3 +1090,37 @@ def test_two_spellings_of_one_output_through_a_symlink_inside_the_root_are_one_o
         (str(second), "g", "link/parts/1.pdf is inside job f's output real/parts; no job's "
                            "output may hold another's"),
     }, found
+
+
+@pytest.mark.parametrize("where", ["job", "defaults"])
+def test_json_nested_hundreds_of_levels_is_a_problem_not_a_traceback(
+        tmp_path: Path, renderctl_argv: list[str], where: str) -> None:
+    # Given a JSON manifest whose params nest 600 levels: json parses it (its limit is
+    # ~1000), but the checks after it recursed two frames a level
+    deep = "[" * 600 + "]" * 600
+    path = tmp_path / "m.json"
+    params = f'"params": {{"x": {deep}}}'
+    path.write_text(
+        '{"defaults": {' + (params if where == "defaults" else "") + '}, "jobs": ['
+        '{"id": "j1", "kind": "python", "callable": "m:f", "output": "j1.pdf"'
+        + (", " + params if where == "job" else "") + "}]}")
+    queue = tmp_path / "queue"
+    # When it is validated and submitted
+    for args in (["validate"], ["submit", "--queue", str(queue)]):
+        proc = subprocess.run([*renderctl_argv, *args, "--out", str(tmp_path / "out"),
+                               "--json", str(path)], capture_output=True, text=True, timeout=60)
+        # Then it exits 2 naming the job (or the defaults) and the field, and enqueues nothing
+        assert proc.returncode == 2, proc.stderr
+        assert "Traceback" not in proc.stderr
+        [problem] = json.loads(proc.stdout)["problems"]
+        assert (problem["job"], problem["field"], problem["message"]) == (
+            ("j1", "params") if where == "job" else (None, "defaults.params")
+        ) + ("nested deeper than 64 levels",), problem
+    assert not (queue / "pending").exists() or not list((queue / "pending").iterdir())
+    # And the Python API, given such params, says the same
+    nested: Any = []
+    for _ in range(600):
+        nested = [nested]
+    with pytest.raises(ManifestError) as info:
+        jobs_from_dicts([job(params={"x": nested})], base=tmp_path, out_root=tmp_path / "out")
+    assert [(p.job, p.field) for p in info.value.problems] == [("j1", "params")]
