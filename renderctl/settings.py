@@ -47,12 +47,13 @@ class Key:
 
 # Finite too: `--grace inf` printed `"grace_s": Infinity` in `run --json` (not JSON: jq
 # refuses the line), and `--backoff-base inf` would schedule a retry for never.
+# (is_number, not math.isfinite: an int past 1e308 is a count, not an OverflowError.)
 def _positive(v: Any) -> bool:
-    return math.isfinite(v) and v > 0
+    return limits.is_number(v) and v > 0
 
 
 def _non_negative(v: Any) -> bool:
-    return math.isfinite(v) and v >= 0
+    return limits.is_number(v) and v >= 0
 
 
 # Every key a configuration file (or RENDERCTL_<NAME>) may set: the long option names.
@@ -139,7 +140,10 @@ def check_setting(key: str, value: Any, *, label: str) -> Any:
         ok = isinstance(value, int) and not isinstance(value, bool)
     elif spec.type is float:
         ok = isinstance(value, int | float) and not isinstance(value, bool)
-        value = float(value) if ok else value
+        try:
+            value = float(value) if ok else value
+        except OverflowError:  # an int past 1e308: no float holds it, refused as inf is
+            value = math.inf
     elif spec.type is str:
         ok = isinstance(value, str) and value != ""
     if ok and spec.limit is not None:

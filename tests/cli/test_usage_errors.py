@@ -117,6 +117,31 @@ def test_job_limit_config_keys_meet_the_manifest_ranges(tmp_path: Path, manifest
     assert nothing_enqueued(q)
 
 
+HUGE = "1" + "0" * 400  # an integer TOML holds, beyond any float (1e308)
+
+
+@pytest.mark.parametrize(("key", "needle"), [
+    ("timeout", "must be a finite number of seconds"),
+    ("poll_interval", "expected a finite number > 0"),
+    ("max_jobs_per_worker", None),  # an integer key: any size is a count
+])
+def test_an_integer_past_any_float_in_the_configuration_is_no_traceback(
+        tmp_path: Path, manifest: Path, key: str, needle: str | None) -> None:
+    # Given a configuration file with an integer too big for a float
+    (tmp_path / "renderctl.toml").write_text(f"{key} = {HUGE}\n")
+    q = tmp_path / "q"
+    # When a command reads it
+    res = cli("submit", manifest, "--queue", q, "--out", tmp_path / "out", cwd=tmp_path)
+    # Then a number key refuses it in one line naming the file and key, with nothing
+    # enqueued, and an integer key takes it (both were an OverflowError traceback)
+    assert "Traceback" not in res.stderr, res.stderr
+    if needle is None:
+        assert res.returncode == 0, res.stderr
+        return
+    one_line_usage_error(res, str(tmp_path / "renderctl.toml"), f"key {key!r}", needle)
+    assert nothing_enqueued(q)
+
+
 def test_limits_in_range_still_reach_the_jobs(tmp_path: Path, manifest: Path) -> None:
     q = tmp_path / "q"
     res = cli("submit", manifest, "--queue", q, "--out", tmp_path / "out", "--timeout", "7",
