@@ -91,7 +91,12 @@ def not_a_folder(path: Path) -> str | None:
         return None
     if stat.S_ISDIR(mode):
         return None
-    return "a file" if stat.S_ISREG(mode) else "not a folder"
+    if stat.S_ISREG(mode):
+        return "a file"
+    # Named: the caller's sentence goes on ", not a folder".
+    kinds = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+             (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+    return "a special file" + next((f" ({name})" for test, name in kinds if test(mode)), "")
 
 
 def checked_out(ctx: typer.Context, param: typer.CallbackParam,

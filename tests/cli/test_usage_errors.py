@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -115,6 +116,22 @@ def test_job_limit_config_keys_meet_the_manifest_ranges(tmp_path: Path, manifest
     key = line.split(" ")[0]
     one_line_usage_error(res, str(tmp_path / "renderctl.toml"), f"key {key!r}", needle)
     assert nothing_enqueued(q)
+
+
+@pytest.mark.parametrize("option", ["--out", "--queue"])
+def test_an_output_root_or_queue_that_is_a_fifo_says_what_it_is(tmp_path: Path, manifest: Path,
+                                                                option: str) -> None:
+    # Given a named pipe where the output root or queue should be
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    paths = {"--out": tmp_path / "out", "--queue": tmp_path / "q", option: fifo}
+    # When submit is given it
+    res = cli("submit", manifest, "--out", paths["--out"], "--queue", paths["--queue"],
+              cwd=tmp_path)
+    # Then the one line says what it is (it said "is not a folder, not a folder")
+    what = "a folder (the output root" if option == "--out" else "a queue folder"
+    one_line_usage_error(res, f"{option}: {fifo} is a special file (a FIFO), not {what}")
+    assert nothing_enqueued(tmp_path / "q")
 
 
 HUGE = "1" + "0" * 400  # an integer TOML holds, beyond any float (1e308)
