@@ -302,6 +302,9 @@ def parse_document(raw: bytes, *, name: str) -> Any:
         raise _ParseError(f"not UTF-8 (byte {exc.start})") from None
     if "\x00" in text:
         raise _ParseError("contains a NUL character")
+    # A byte-order mark, as Windows editors (Notepad) start UTF-8 files with: not content.
+    # tomllib called it "Invalid statement (at line 1, column 1)" and json an unexpected BOM.
+    text = text.removeprefix("\ufeff")
     if name.lower().endswith(".json"):
         try:
             # NaN and Infinity parse to floats, as TOML's nan and inf do: both are reported

@@ -272,6 +272,21 @@ def test_each_document_rule(tmp_path: Path, out_root: Path, name: str, content: 
     assert_reported(found, field=field, message=message, job_id=None)
 
 
+@pytest.mark.parametrize("name", ["m.toml", "m.json"])
+def test_a_manifest_saved_with_a_byte_order_mark_reads_as_without(
+        tmp_path: Path, out_root: Path, name: str) -> None:
+    # Given a manifest as Windows Notepad saves UTF-8: a byte-order mark first
+    body = ('[[jobs]]\nid = "a"\nkind = "python"\ncallable = "m:f"\noutput = "a.pdf"\n'
+            if name.endswith(".toml") else
+            '{"jobs": [{"id": "a", "kind": "python", "callable": "m:f", "output": "a.pdf"}]}')
+    path = tmp_path / name
+    path.write_bytes(b"\xef\xbb\xbf" + body.encode())
+    # When it is loaded
+    [spec] = load_manifests([path], out_root=out_root)
+    # Then the mark is no part of it (TOML said "Invalid statement (at line 1, column 1)")
+    assert (spec.id, spec.output) == ("a", "a.pdf")
+
+
 def test_a_job_that_is_not_a_table_is_named_by_index(tmp_path: Path, out_root: Path) -> None:
     path = tmp_path / "m.json"
     path.write_text(json.dumps({"jobs": [BASE, 7]}))
