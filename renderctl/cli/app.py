@@ -88,6 +88,8 @@ def not_a_folder(path: Path) -> str | None:
         if exc.errno == errno.ELOOP:
             # Not a missing folder to create: mkdir() there fails with EEXIST, forever.
             return "a symlink loop"
+        if exc.errno == errno.ENOENT:
+            return _dangling(path)
         return None
     if stat.S_ISDIR(mode):
         return None
@@ -97,6 +99,24 @@ def not_a_folder(path: Path) -> str | None:
     kinds = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
              (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
     return "a special file" + next((f" ({name})" for test, name in kinds if test(mode)), "")
+
+
+def _dangling(path: Path) -> str | None:
+    """How a missing ``path`` goes through a symlink to nothing, if it does: mkdir() fails
+    there with EEXIST, and creating the symlink's target instead could write into the
+    folder a file system is meant to be mounted on (the usual reason a target is gone)."""
+    for p in (path, *path.parents):
+        try:
+            if p.is_symlink():
+                if p.exists():
+                    return None
+                gone = f"a symlink to {os.readlink(p)}, which does not exist"
+                return gone if p == path else f"a path through {p}, {gone}"
+            if p.exists():
+                return None
+        except OSError:  # unreadable: left to the command (see not_a_folder)
+            return None
+    return None
 
 
 def checked_out(ctx: typer.Context, param: typer.CallbackParam,

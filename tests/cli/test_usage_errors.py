@@ -445,6 +445,30 @@ def test_an_output_root_that_is_a_symlink_loop_is_a_usage_error(tmp_path: Path, 
     one_line_usage_error(res, f"--out: {loop} is a symlink loop, not a folder")
     assert not q.exists()
 
+@pytest.mark.parametrize("through", ["itself", "a parent"])
+@pytest.mark.parametrize("command", ["validate", "submit", "run"])
+def test_an_output_root_through_a_symlink_to_nothing_is_a_usage_error(
+        tmp_path: Path, manifest: Path, command: str, through: str) -> None:
+    # Given an output root that is (or goes through) a symlink whose target is gone, as a
+    # link to a file system that is not mounted
+    link = tmp_path / "storage"
+    link.symlink_to(tmp_path / "mnt" / "storage")
+    root = link if through == "itself" else link / "renders" / "out"
+    q = tmp_path / "q"
+    args: list[object] = [command, manifest] + ([] if command == "validate" else ["--queue", q])
+
+    # When the command runs with it
+    res = cli(*args, "--out", root, cwd=tmp_path)
+
+    # Then it stops at once naming the option, the link and its target (it was taken for a
+    # missing folder: every job accepted, then each dead-lettered by the run with
+    # "File exists"), and nothing was enqueued or created where the target should be
+    gone = f"a symlink to {tmp_path / 'mnt' / 'storage'}, which does not exist"
+    one_line_usage_error(res, f"--out: {root} is "
+                         + (gone if through == "itself" else f"a path through {link}, {gone}"))
+    assert not q.exists() and not (tmp_path / "mnt").exists()
+
+
 @pytest.mark.parametrize("args", [["status"], ["run"], ["submit", "jobs.toml"]], ids=" ".join)
 def test_a_current_folder_deleted_under_the_command_is_a_usage_error(
         tmp_path: Path, args: list[str]) -> None:
