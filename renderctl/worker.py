@@ -1051,6 +1051,12 @@ def _execute(job: RunJob, output: Path, workdir: Path, after_call: Callable[[], 
                     after_call()
         if before_check is not None and (kind == "command" or runs_user_code_here(job)):
             before_check()
+        if job.output_kind == "file" and runs_user_code_here(job) and threads_left():
+            # A thread the job left running (it cannot be stopped; the worker retires)
+            # may hold the output open: its writes after the check would land in the
+            # published file, under the hash its done record gives. What is checked and
+            # published is a copy made now; the thread keeps the original, unlinked.
+            _detach(output)
         fields = {"outcome": Outcome.COMPLETED.value, **check_output(output, job)}
         if job.output_kind == "file":
             fields["owner_tagged"] = tag_output(output, job.token)
@@ -1065,6 +1071,45 @@ def _execute(job: RunJob, output: Path, workdir: Path, after_call: Callable[[], 
     except BaseException as exc:  # a job's SystemExit or KeyboardInterrupt is its failure
         return {"outcome": Outcome.FAILED.value, "error": _message(exc),
                 "traceback_tail": _traceback_tail()}
+
+
+def _detach(output: Path) -> None:
+    """Put a copy of ``output`` (as it is now) in its place, a new file: a descriptor open
+    on the old one no longer reaches what is published. (A writer that opens the path anew
+    is not kept out; it dies with its worker, which retires.)"""
+    try:
+        src = os.open(output, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return  # none, or not a file: the check says which
+    try:
+        st = os.fstat(src)
+        if not stat.S_ISREG(st.st_mode):
+            return
+        os.unlink(output)
+        dst = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW,
+                      stat.S_IMODE(st.st_mode))
+        try:
+            _copy_all(src, dst)
+        finally:
+            os.close(dst)
+    finally:
+        os.close(src)
+
+
+def _copy_all(src: int, dst: int) -> None:
+    """Copy file ``src`` into the empty file ``dst``, in the kernel where it can."""
+    try:
+        while os.copy_file_range(src, dst, 1 << 30):
+            pass
+        return
+    except OSError:  # not on this file system (a FUSE one, across mounts): by hand
+        os.lseek(src, 0, os.SEEK_SET)
+        os.lseek(dst, 0, os.SEEK_SET)
+        os.ftruncate(dst, 0)
+    while chunk := os.read(src, 1 << 20):
+        view = memoryview(chunk)
+        while view:
+            view = view[os.write(dst, view):]
 
 
 def _message(exc: BaseException) -> str:

@@ -67,6 +67,20 @@ def write_then_leave(inputs: Sequence[Path], output: Path, params: Mapping[str, 
     _write_pid(params["pidfile"], proc.pid)
 
 
+def write_then_hold_open(inputs: Sequence[Path], output: Path,
+                         params: Mapping[str, Any]) -> None:
+    """Write a one-page PDF naming the job, and leave a thread holding the output open for
+    writing (as a writer thread the job did not wait for does); this worker's pid and that
+    descriptor's number go to ``params["fdfile"]``."""
+    import threading
+
+    write_pdf(inputs, output, params)
+    fh = open(output, "r+b")  # noqa: SIM115 (the thread holds it for good)
+    threading.Thread(target=lambda: time.sleep(600) or fh, daemon=True).start()
+    Path(params["fdfile"] + ".tmp").write_text(f"{os.getpid()} {fh.fileno()}\n")
+    os.replace(params["fdfile"] + ".tmp", params["fdfile"])  # (read whole or not at all)
+
+
 def kill_self(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 

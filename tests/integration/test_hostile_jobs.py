@@ -221,6 +221,43 @@ def test_what_a_job_left_running_cannot_change_its_output_after_the_check(
     assert_pdf(published, "bg")
 
 
+def test_a_thread_a_job_left_holding_its_output_cannot_change_it_after_the_check(
+        tmp_path: Path, write_manifest: Any) -> None:
+    from jobfns import sha256_of, stopped
+
+    # Given a python job that writes a good PDF and succeeds, leaving a thread that holds
+    # the output open for writing, its worker frozen once the output is checked
+    # (worker:checked)
+    stage(tmp_path)
+    fdfile = tmp_path / "fd"
+    manifest = write_manifest([{**py_job("held", "write_then_hold_open", fdfile=str(fdfile)),
+                                "max_attempts": 1}])
+    queue, out = tmp_path / "q", tmp_path / "out"
+    runner = Runner(manifest, *cli_args(queue, out, "--workers", "1", "--json"),
+                    env={"RENDERCTL_STOP_AT": "worker:checked"})
+    try:
+        wait_until(fdfile.exists, timeout_s=30, what="the job to run")
+        worker, fd = map(int, fdfile.read_text().split())
+        wait_until(lambda: stopped(worker), timeout_s=30, what="the worker to stop")
+
+        # When what that thread holds is written to after the check (here by the test,
+        # through the worker's descriptor: the thread would do it when it next runs), and
+        # the worker goes on
+        with open(f"/proc/{worker}/fd/{fd}", "r+b") as held:
+            held.truncate(0)
+            held.write(b"not a PDF any more")
+        os.kill(worker, signal.SIGCONT)
+
+        # Then the output published is the one checked and recorded, whole (it was the
+        # file the thread held: published spoilt, under the good PDF's hash)
+        assert runner.wait() == 0, runner.lines
+    finally:
+        runner.close()
+    published = out / "held.pdf"
+    assert QueueView(queue).record("done", "held")["result"]["sha256"] == sha256_of(published)
+    assert_pdf(published, "held")
+
+
 def test_a_timeout_kill_takes_the_jobs_escaped_daemon_with_it_under_sampling(
         tmp_path: Path, write_manifest: Any, leftover: Path) -> None:
     # Given a job that leaves a SIGTERM-ignoring setsid() daemon and hangs past its timeout,
