@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import json
+import math
 import os
 import select
 import signal
@@ -256,10 +257,17 @@ def dumps(data: Any, **kwargs: Any) -> str:
     """``json.dumps`` (ASCII, anything else as ``str``) that strict decoders accept: an
     undecodable byte of a file name is a lone surrogate in Python, which ``json.dumps``
     writes as ``\\udcff``; jq, Go and Rust reject that, so such text is shown escaped
-    (``displayable``). Checked on the output: the walk is paid only when it is needed."""
-    text = json.dumps(data, default=_as_text, **kwargs)
-    if "\\ud" in text:  # a surrogate escape, lone or in a pair: look closer
-        text = json.dumps(_displayable_data(data), default=_as_text, **kwargs)
+    (``displayable``). NaN and infinities (a hand-edited record: Python's json reads
+    ``NaN`` and ``1e400``) are null: ``json.dumps`` writes them as ``NaN``/``Infinity``,
+    which no strict decoder reads. Checked on the output: the walk is paid only when it is
+    needed."""
+    try:
+        text: str | None = json.dumps(data, default=_as_text, allow_nan=False, **kwargs)
+    except ValueError:  # a number JSON has no words for
+        text = None
+    if text is None or "\\ud" in text:  # a surrogate escape, lone or in a pair: look closer
+        text = json.dumps(_displayable_data(data), default=_as_text, allow_nan=False,
+                          **kwargs)
     return text
 
 
@@ -286,6 +294,8 @@ def displayable(text: str) -> str:
 def _displayable_data(data: Any) -> Any:
     if isinstance(data, str):
         return displayable(data)
+    if isinstance(data, float) and not math.isfinite(data):
+        return None
     if isinstance(data, dict):
         return {displayable(k) if isinstance(k, str) else k: _displayable_data(v)
                 for k, v in data.items()}

@@ -492,10 +492,15 @@ def test_jobs_still_waiting_get_no_note(tmp_path: Path, manifest: Path) -> None:
 
 def strict_json(text: str) -> object:
     """``text`` parsed as JSON that a strict decoder (jq, Go, Rust) accepts: Python's own
-    json accepts a lone surrogate escape, which is not a character."""
-    doc = json.loads(text)
+    json accepts a lone surrogate escape, which is not a character, and NaN and Infinity,
+    which RFC 8259 has no words for."""
+    doc = json.loads(text, parse_constant=_not_json)
     json.dumps(doc, ensure_ascii=False).encode("utf-8")  # raises on a lone surrogate
     return doc
+
+
+def _not_json(word: str) -> object:
+    raise ValueError(f"{word} is not JSON")
 
 
 @pytest.mark.parametrize("command", ["validate", "submit", "run"])
@@ -539,6 +544,30 @@ def test_json_of_a_job_whose_output_root_is_not_utf8_is_strict(tmp_path: Path) -
     assert res.returncode == 0, res.stderr
     shown = strict_json(res.stdout)
     assert isinstance(shown, dict) and shown["spec"]["out_root"] == f"{tmp_path}/o\\xfe"
+
+
+def test_json_of_a_hand_edited_record_holding_nan_or_infinity_is_strict(
+        tmp_path: Path) -> None:
+    # Given a cancelled job whose record a person edited: times that are not numbers JSON
+    # has (Python's json reads NaN, Infinity and 1e400 in a record all the same)
+    manifest = write_jobs(tmp_path / "m", [job("j", "write")])
+    q = tmp_path / "q"
+    assert cli("submit", manifest, "--queue", q, cwd=tmp_path).returncode == 0
+    assert cli("cancel", "j", "--queue", q, cwd=tmp_path).returncode == 0
+    record = q / "cancelled" / "j.json"
+    edited = record.read_text().replace('"accepted_at":', '"accepted_at":NaN,"x":', 1)
+    record.write_text(edited.replace('"not_before":0.0', '"not_before":1e400', 1))
+
+    # When `show --json` prints it
+    res = cli("show", "j", "--queue", q, "--json", cwd=tmp_path)
+
+    # Then stdout is strict JSON (it held NaN and Infinity, which jq 1.7, Go and Rust
+    # reject): a number JSON cannot hold is null, the rest as it was
+    assert res.returncode == 0, res.stderr
+    shown = strict_json(res.stdout)
+    assert isinstance(shown, dict)
+    assert shown["accepted_at"] is None and shown["not_before"] is None
+    assert shown["id"] == "j" and shown["state"] == "cancelled"
 
 
 def test_a_program_or_module_that_cannot_be_found_is_warned_of_before_it_runs(
