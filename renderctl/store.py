@@ -746,6 +746,30 @@ class Queue:
     def list_ids(self, state: State) -> list[str]:
         return sorted(n[:-5] for n in os.listdir(self.dir(state)) if n.endswith(".json"))
 
+    def job_ids(self, state: State) -> list[str]:
+        """``list_ids``, less what is filed under a name no job can have (a copy made by
+        hand: ``x (copy).json``): moved to corrupt/ and reported, as a runner does in
+        pending/. `find` never looks such a name up, so it was counted by `status`, skipped
+        by `dead list`, and made `dead retry --all` refuse every job as "not in dead/"."""
+        ids = []
+        for jid in self.list_ids(state):
+            if is_job_id(jid):
+                ids.append(jid)
+            else:
+                self.quarantine(self.record_path(state, jid),
+                                f"{jid}.json is not named for a job id")
+        return ids
+
+    def records(self, state: State) -> list[JobView]:
+        """The readable records in ``state``'s folder, by id (see ``job_ids``)."""
+        views = []
+        for jid in self.job_ids(state):
+            path = self.record_path(state, jid)
+            rec = self._read_or_quarantine(path)
+            if rec is not None:
+                views.append(JobView(state, rec, path))
+        return views
+
     def count(self, state: State | str) -> int:
         with os.scandir(self.dir(state)) as it:
             return sum(1 for e in it if e.name.endswith(".json") or state == "corrupt")

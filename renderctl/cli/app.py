@@ -1241,12 +1241,9 @@ def dead_list(queue: QueueOpt = None, as_json: JsonOpt = False) -> None:
 
     q = existing_queue(queue)
     rows = []
-    for jid in q.list_ids(State.DEAD):
-        view = q.find(jid)
-        if view is None:
-            continue
+    for view in q.records(State.DEAD):
         last = view.record.attempts[-1] if view.record.attempts else {}
-        rows.append({"id": jid, "attempts": len(view.record.attempts),
+        rows.append({"id": view.record.spec.id, "attempts": len(view.record.attempts),
                      "outcome": last.get("outcome"), "error": last.get("error"),
                      "reason": view.record.reason})
     if as_json:
@@ -1280,7 +1277,7 @@ def dead_retry(
     if all_ and job_ids:
         raise UserError("name job ids or use --all, not both")
     if all_:
-        ids = q.list_ids(State.DEAD)
+        ids = q.job_ids(State.DEAD)
     elif job_ids:
         ids = unique(job_ids)
     else:

@@ -149,6 +149,37 @@ def test_a_damaged_record_whose_name_is_not_utf8_is_reported_in_valid_utf8(
     assert "bad\\xff.json" in text, text
 
 
+@pytest.mark.parametrize("command", [["dead", "list"], ["dead", "retry", "--all"]])
+def test_a_copy_of_a_dead_record_under_a_name_no_job_has_is_quarantined_not_a_blocker(
+        tmp_path: Path, command: list[str]) -> None:
+    # Given a dead-lettered job, and a copy of its record that a person made beside it
+    # under a name no job can have (a file manager's "bad (copy).json")
+    stage(tmp_path)
+    queue, out = tmp_path / "q", tmp_path / "out"
+    manifest = tmp_path / "jobs.json"
+    manifest.write_text(json.dumps({"jobs": [{**py_job("bad", "fail"), "max_attempts": 1}]}))
+    assert run_cli("run", manifest, *cli_args(queue, out), cwd=tmp_path).returncode == 1
+    (queue / "dead" / "bad (copy).json").write_bytes((queue / "dead" / "bad.json").read_bytes())
+
+    # When `dead list` or `dead retry --all` looks at dead/
+    res = run_cli(*command, "--json", "--queue", queue)
+
+    # Then the copy is quarantined and reported, as a runner does with one in pending/, and
+    # the job is listed or retried (`--all` refused everything with exit 2, saying the file
+    # it had just listed in dead/ was "not found"; `dead list` skipped it without a word,
+    # while `status` counted it as a dead job)
+    assert res.returncode == ExitCode.OK, res.stdout + res.stderr
+    assert "dead/bad (copy).json" in res.stderr, res.stderr
+    [kept] = os.listdir(queue / "corrupt")
+    assert kept.startswith("dead.bad (copy).json.")
+    if command[1] == "list":
+        assert [r["id"] for r in json.loads(res.stdout)] == ["bad"]
+        assert QueueView(queue).states_of(["bad"]) == {"bad": ["dead"]}
+    else:
+        assert json.loads(res.stdout) == {"retried": ["bad"], "vanished": []}
+        assert QueueView(queue).states_of(["bad"]) == {"bad": ["pending"]}
+
+
 @pytest.mark.parametrize(("suffix", "bell"), [
     ("new", b"[1, 2]"), ("new", b'{"records": [{"spec": 5}]}'), ("new", b'{"records": 7}'),
     ("revive", b"7")])
