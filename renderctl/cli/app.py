@@ -280,6 +280,25 @@ def unique(job_ids: list[str]) -> list[str]:
     return list(dict.fromkeys(job_ids))
 
 
+def report_unfound(q: Queue, job_ids: list[str], then: str = "") -> None:
+    """Say on stderr that ``job_ids`` were not found: each whose record was quarantined in
+    corrupt/ by name and place, as `show` says it (a job accepted earlier is not "no such
+    job"), the rest on one "no such job" line; ``then`` ends each line."""
+    from renderctl.errors import JobNotFound
+
+    unknown = []
+    for jid in job_ids:
+        try:
+            q.get(jid)
+        except JobNotFound as exc:
+            if str(exc).startswith("job "):
+                out.err(f"{exc}{then}")
+                continue
+        unknown.append(jid)
+    if unknown:
+        out.err("no such job: " + ", ".join(unknown) + then)
+
+
 def handle_errors(fn: F) -> F:
     """Turn core errors into one message and the contract's exit code."""
 
@@ -1206,7 +1225,7 @@ def cancel(
         if missing:
             if as_json:
                 out.print_json({j: "not found" for j in missing})
-            out.err("no such job: " + ", ".join(missing) + "; nothing was cancelled")
+            report_unfound(q, missing, "; nothing was cancelled")
             raise typer.Exit(ExitCode.USAGE)
     else:
         # What is pending or running as we look: a job submitted after this is not taken
@@ -1445,7 +1464,7 @@ def wait(
     if unknown:
         if as_json:  # the shape of `cancel --json` refusing: only the ids not found
             out.print_json({j: "not found" for j in unknown})
-        out.err("no such job: " + ", ".join(unknown))
+        report_unfound(q, unknown)
         raise typer.Exit(ExitCode.USAGE)
     deadline = None if timeout is None else time.monotonic() + timeout
     final: dict[str, str] = {}

@@ -98,6 +98,28 @@ def test_a_record_quarantined_by_a_reader_is_named_by_it_and_by_show_afterwards(
     assert kept in shown.stderr and "no job" not in shown.stderr, shown.stderr
 
 
+@pytest.mark.parametrize("command", [["cancel"], ["wait", "--timeout", "5"]])
+def test_cancel_and_wait_of_a_job_whose_record_was_quarantined_say_where_it_went(
+        tmp_path: Path, write_manifest: Any, command: list[str]) -> None:
+    # Given a pending job whose record was then cut to nothing
+    stage(tmp_path)
+    queue, out = tmp_path / "q", tmp_path / "out"
+    manifest = write_manifest([py_job("zz", "write_pdf")])
+    assert run_cli("submit", manifest, *cli_args(queue, out)).returncode == ExitCode.OK
+    (queue / "pending" / "zz.json").write_bytes(b"")
+
+    # When `cancel zz` or `wait zz` looks it up (and quarantines it)
+    res = run_cli(*command, "zz", "--queue", queue)
+
+    # Then it still changes nothing (exit 2), and says where the record went, as `show`
+    # does, rather than that the job it accepted is no job at all ("no such job: zz")
+    assert res.returncode == ExitCode.USAGE, res.stdout + res.stderr
+    [kept] = os.listdir(queue / "corrupt")
+    assert "no such job" not in res.stderr, res.stderr
+    assert f"job 'zz': its record could not be read and was moved to {queue}/corrupt/{kept}" \
+        in res.stderr, res.stderr
+
+
 def test_a_hand_edited_record_with_odd_values_inside_is_shown_not_a_traceback(
         tmp_path: Path) -> None:
     # Given a completed job and a dead one, whose records a person then edited: numbers
