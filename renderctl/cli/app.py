@@ -1452,10 +1452,13 @@ def wait(
 ) -> None:
     """Block until these jobs are terminal; exit 0 if all completed, 1 if any did not.
 
-    An unknown id exits 2 at once; a timeout exits 75 (try again later).
+    An unknown id exits 2 at once; a timeout exits 75 (try again later). A job whose
+    record is quarantined (or deleted) meanwhile ends the wait for it as `corrupt` (or
+    `not found`): it did not complete.
     """
     import time
 
+    from renderctl.errors import JobNotFound
     from renderctl.lifecycle import TERMINAL, State
 
     job_ids = unique(job_ids)
@@ -1468,8 +1471,12 @@ def wait(
         raise typer.Exit(ExitCode.USAGE)
     deadline = None if timeout is None else time.monotonic() + timeout
     final: dict[str, str] = {}
+    unseen: set[str] = set()  # found in no folder at the last recheck
+    # In the order jobs move (see Queue._locate_many): a job moving on while we look is
+    # still seen; one moved back (a retry) may be missed once, hence two rechecks.
+    folders = (State.PENDING, State.RUNNING, *TERMINAL)
 
-    def settle() -> None:
+    def settle(*, recheck: bool) -> None:
         for jid in job_ids:
             if jid in final:
                 continue
@@ -1477,6 +1484,23 @@ def wait(
                 if q.record_path(s, jid).exists():
                     final[jid] = s.value
                     break
+            else:
+                if recheck:
+                    vanished(jid)
+
+    def vanished(jid: str) -> None:
+        """A job whose record left every folder (moved to corrupt/ when found damaged, or
+        deleted by hand) never reaches a terminal one: waiting for it hung for good."""
+        if any(q.record_path(s, jid).exists() for s in folders):
+            unseen.discard(jid)
+        elif jid not in unseen:
+            unseen.add(jid)
+        else:
+            try:
+                q.get(jid)
+            except JobNotFound as exc:
+                final[jid] = "corrupt" if str(exc).startswith("job ") else "not found"
+                out.err(f"{exc}; it will not finish")
 
     log = q.path / "events.jsonl"
     last_size, next_check = -1, 0.0
@@ -1488,8 +1512,9 @@ def wait(
             size = 0
         # A terminal event is appended after its rename: a grown log is the cue to look.
         if size != last_size or now >= next_check:
+            recheck = now >= next_check
             last_size, next_check = size, now + WAIT_RECHECK_S
-            settle()
+            settle(recheck=recheck)
         if len(final) == len(job_ids):
             break
         if deadline is not None and now >= deadline:

@@ -120,6 +120,49 @@ def test_cancel_and_wait_of_a_job_whose_record_was_quarantined_say_where_it_went
         in res.stderr, res.stderr
 
 
+@pytest.mark.parametrize("damage", ["quarantined", "deleted"])
+def test_a_wait_for_a_job_whose_record_goes_away_meanwhile_ends(
+        tmp_path: Path, write_manifest: Any, damage: str) -> None:
+    import subprocess
+
+    from jobfns import RENDERCTL, _env, wait_until
+
+    # Given `wait zz ok` on two pending jobs (no runner yet), waiting in its poll loop
+    stage(tmp_path)
+    queue, out = tmp_path / "q", tmp_path / "out"
+    manifest = write_manifest([py_job("zz", "write_pdf"), py_job("ok", "write_pdf")])
+    assert run_cli("submit", manifest, *cli_args(queue, out)).returncode == ExitCode.OK
+    waiting = subprocess.Popen([*RENDERCTL, "wait", "zz", "ok", "--json", "--queue", queue],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env=_env(None))
+    try:
+        wait_until(lambda: waiting.poll() is not None or Path(
+            f"/proc/{waiting.pid}/wchan").read_text() == "hrtimer_nanosleep",
+            what="wait to poll")
+
+        # When zz's record goes away: found damaged and moved to corrupt/ (by `show`, as
+        # by a runner), or deleted by hand; and ok then runs
+        record = queue / "pending" / "zz.json"
+        if damage == "quarantined":
+            record.write_bytes(b"")
+            assert run_cli("show", "zz", "--queue", queue).returncode == ExitCode.USAGE
+        else:
+            record.unlink()
+        assert run_cli("run", *cli_args(queue, out)).returncode == ExitCode.OK
+
+        # Then the wait ends (it waited for good for a job that can never finish), zz
+        # counted as not completed (exit 1) and named for what happened to it
+        res_out, res_err = waiting.communicate(timeout=30)
+    finally:
+        waiting.kill()
+        waiting.wait()
+    assert waiting.returncode == ExitCode.JOBS_FAILED, res_err
+    state = "corrupt" if damage == "quarantined" else "not found"
+    assert json.loads(res_out) == {"zz": state, "ok": "done"}
+    assert ("its record could not be read and was moved to" if damage == "quarantined"
+            else "no job 'zz'") in res_err, res_err
+
+
 def test_a_hand_edited_record_with_odd_values_inside_is_shown_not_a_traceback(
         tmp_path: Path) -> None:
     # Given a completed job and a dead one, whose records a person then edited: numbers
