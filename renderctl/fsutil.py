@@ -95,6 +95,10 @@ def write_file(path: str | os.PathLike[str], data: bytes, *, fsync: bool) -> Non
     os.close(fd)
 
 
+# What of a report's name its temporary keeps: 255 bytes less ".", ".<pid>", ".<12 hex>.tmp".
+_TMP_STEM_BYTES = 255 - 1 - 11 - 17
+
+
 def replace_beside(path: str | os.PathLike[str], data: bytes) -> None:
     """Replace ``path`` atomically with ``data`` (no fsync): a temporary beside it, renamed.
 
@@ -104,7 +108,10 @@ def replace_beside(path: str | os.PathLike[str], data: bytes) -> None:
     Its mode is the usual 0666 less the umask: a collector running as another user reads
     the report."""
     final = Path(path)
-    tmp = final.with_name(f".{final.name}.{os.getpid()}.{os.urandom(6).hex()}.tmp")
+    # The report's name, cut so that the temporary's stays within a file name's 255 bytes:
+    # `run` accepts any name the folder takes, and a long one lost the report at the end.
+    stem = os.fsdecode(os.fsencode(final.name)[:_TMP_STEM_BYTES])
+    tmp = final.with_name(f".{stem}.{os.getpid()}.{os.urandom(6).hex()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                  0o666)
     try:

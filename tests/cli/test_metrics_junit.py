@@ -254,6 +254,25 @@ def test_a_junit_report_of_a_follow_runner_is_refused(tmp_path: Path, how: str) 
     assert not q.exists()
 
 
+def test_reports_with_the_longest_names_the_check_accepts_are_written(tmp_path: Path) -> None:
+    # Given report paths whose names are as long as a file name may be here (255 bytes):
+    # `run` checks them writable before it starts, and accepts them
+    manifest = write_jobs(tmp_path / "m", [job("a", "write")])
+    junit = tmp_path / ("j" * 251 + ".xml")
+    prom = tmp_path / ("m" * 250 + ".prom")
+
+    # When the run ends and writes its reports there
+    res = cli("run", manifest, "--queue", tmp_path / "q", "--out", tmp_path / "out",
+              "--junit", junit, "--metrics-textfile", prom, cwd=tmp_path)
+
+    # Then both are written (their temporaries' names, the report's with a prefix and a
+    # suffix, were too long: each report was lost with a warning at the end of the run)
+    assert res.returncode == 0 and "warning" not in res.stderr, res.stderr
+    assert ET.parse(junit).getroot().find("testsuite") is not None
+    assert parse_prometheus(prom.read_text())[("renderctl_jobs", (("state", "done"),))] == 1
+    assert not [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
 REMOVE_FOLDER = '''
 
 def remove_folder(inputs, output, params):
