@@ -153,7 +153,8 @@ def check_setting(key: str, value: Any, *, label: str) -> Any:
     if ok and spec.check is not None:
         ok = spec.check(value)
     if not ok:
-        kind = spec.expect or {bool: "true or false", str: "a non-empty string"}.get(
+        kind = spec.expect or {bool: "true or false", str: "a non-empty string",
+                               int: "an integer", float: "a number"}.get(
             spec.type, spec.type.__name__)
         raise ConfigError(f"{label}: expected {kind}, got {value!r}")
     return value

@@ -381,6 +381,27 @@ def checked(ctx: typer.Context, param: typer.CallbackParam, value: Any) -> Any:
         raise typer.Exit(ExitCode.USAGE) from None
 
 
+def lenient(convert: Callable[[str], Any]) -> Callable[[Any], Any]:
+    """A parser for a numeric option that hands on text it cannot convert, for ``checked``
+    to refuse in one line naming where it came from. click's own refusal was its usage
+    block, which names the option's variable even when the value was typed on the command
+    line. (A configuration file's value comes typed, checked by settings already.)"""
+
+    def parse(value: Any) -> Any:
+        if not isinstance(value, str):
+            return value
+        try:
+            return convert(value)
+        except ValueError:
+            return value
+
+    return parse
+
+
+AS_INT = lenient(int)
+AS_FLOAT = lenient(float)
+
+
 def checked_guard(ctx: typer.Context, param: typer.CallbackParam, value: Any) -> Any:
     """``checked``, and a cgroup guard asked for by name must work on this machine."""
     from renderctl.guards import GuardUnavailable, require_memory_guard
@@ -446,17 +467,21 @@ MemOpt = Annotated[int | None, typer.Option("--memory-mb",
                                             help="default memory ceiling (MB, 1-"
                                             f"{MAX_MEMORY_MB})",
                                             show_default=False, callback=checked,
+                                            parser=AS_INT, metavar="<int>",
                                             envvar="RENDERCTL_MEMORY_MB")]
 TimeoutOpt = Annotated[float | None, typer.Option("--timeout",
                                                   help="default timeout of one attempt (s, "
                                                   f"> 0, <= {MAX_TIMEOUT_S:g})",
                                                   show_default=False, callback=checked,
+                                                  parser=AS_FLOAT, metavar="<float>",
                                                   envvar="RENDERCTL_TIMEOUT")]
 AttemptsOpt = Annotated[int | None, typer.Option("--max-attempts",
                                                  help=f"default attempts (1-{MAX_ATTEMPTS})",
                                                  show_default=False, callback=checked,
+                                                 parser=AS_INT, metavar="<int>",
                                                  envvar="RENDERCTL_MAX_ATTEMPTS")]
 MaxPendingOpt = Annotated[int | None, typer.Option("--max-pending", callback=checked,
+                                                   parser=AS_INT, metavar="<int>",
                                                    envvar="RENDERCTL_MAX_PENDING",
                                                    help="reject the whole submit if pending "
                                                    "would exceed this")]
@@ -816,6 +841,7 @@ def run(
     out_dir: OutOpt = None,
     workers: Annotated[int | None, typer.Option("--workers", "-j",
                                                 envvar=_env("workers"), callback=checked,
+                                                parser=AS_INT, metavar="<int>",
                                                 help=f"worker processes (1-{MAX_WORKERS}) "
                                                 "[default: from cores and memory budget]")
                          ] = None,
@@ -830,21 +856,27 @@ def run(
         help="forkserver | fork | spawn")] = RunnerSettings.start_method,
     max_jobs_per_worker: Annotated[int, typer.Option(
         "--max-jobs-per-worker", envvar=_env("max-jobs-per-worker"), callback=checked,
+        parser=AS_INT, metavar="<int>",
         help="recycle a worker after N jobs")] = RunnerSettings.max_jobs_per_worker,
     backoff_base: Annotated[float, typer.Option(
         "--backoff-base", envvar=_env("backoff-base"), callback=checked,
+        parser=AS_FLOAT, metavar="<float>",
         help="first retry delay (s), doubling")] = RunnerSettings.backoff_base_s,
     backoff_max: Annotated[float, typer.Option(
         "--backoff-max", envvar=_env("backoff-max"), callback=checked,
+        parser=AS_FLOAT, metavar="<float>",
         help="longest retry delay (s)")] = RunnerSettings.backoff_max_s,
     kill_grace: Annotated[float, typer.Option(
         "--kill-grace", envvar=_env("kill-grace"), callback=checked,
+        parser=AS_FLOAT, metavar="<float>",
         help="SIGTERM -> SIGKILL grace on timeout (s)")] = RunnerSettings.kill_grace_s,
     grace: Annotated[float, typer.Option(
         "--grace", envvar=_env("grace"), callback=checked,
+        parser=AS_FLOAT, metavar="<float>",
         help="on SIGTERM/SIGINT: time running jobs get to finish (s)")] = RunnerSettings.grace_s,
     memory_budget: Annotated[int | None, typer.Option(
         "--memory-budget", envvar=_env("memory-budget"), callback=checked,
+        parser=AS_INT, metavar="<int>",
         help="MB the running jobs' ceilings may add up to [default: 80% of available]")
     ] = None,
     memory_guard: Annotated[str, typer.Option(
@@ -852,14 +884,17 @@ def run(
         help="auto | cgroup-v1 | cgroup-v2 | sampling")] = RunnerSettings.memory_guard,
     max_failures: Annotated[int | None, typer.Option(
         "--max-failures", envvar=_env("max-failures"), callback=checked,
+        parser=AS_INT, metavar="<int>",
         help="stop claiming after N dead-lettered jobs")] = None,
     max_pending: MaxPendingOpt = None,
     prefetch: Annotated[int | None, typer.Option(
         "--prefetch", envvar=_env("prefetch"), callback=checked,
+        parser=AS_INT, metavar="<int>",
         help="jobs a worker may hold, the running one included [default: adaptive, 1 for "
         "long jobs]")] = None,
     poll_interval: Annotated[float, typer.Option(
         "--poll-interval", envvar=_env("poll-interval"), callback=checked,
+        parser=AS_FLOAT, metavar="<float>",
         help="rescan the queue this often (s) for work no wake-up announced (a submit, "
         "cancel or dead retry wakes the runner at once)")] = RunnerSettings.poll_interval_s,
     quiet: Annotated[bool, typer.Option(

@@ -185,6 +185,39 @@ def test_runner_options_get_their_configuration_checks(tmp_path: Path, option: s
     one_line_usage_error(res, option, "expected", f"got {value}")
 
 
+# Values no number parser takes, from the command line and from the environment.
+NOT_NUMBERS = [("--workers", "four"), ("--memory-mb", "400MB"), ("--timeout", "1m"),
+               ("--max-attempts", "3.5"), ("--max-pending", "lots"), ("--grace", "30s"),
+               ("--memory-budget", "1.5"), ("--max-failures", ""), ("--poll-interval", "x")]
+
+
+@pytest.mark.parametrize("how", ["option", "env"])
+@pytest.mark.parametrize("option, value", NOT_NUMBERS)
+def test_a_value_that_is_not_a_number_is_one_line_naming_where_it_came_from(
+        tmp_path: Path, manifest: Path, option: str, value: str, how: str) -> None:
+    # Given a numeric option set to something that is not a number, on the command line or
+    # in its variable (an empty variable is unset, so the empty value is the option's only)
+    var = "RENDERCTL_" + option[2:].replace("-", "_").upper()
+    if how == "env" and value == "":
+        pytest.skip("an empty variable is unset")
+    q = tmp_path / "q"
+    args: list[object] = ["run", manifest, "--queue", q, "--out", tmp_path / "out"]
+
+    # When `run` is started so
+    if how == "option":
+        res = cli(*args, option, value, cwd=tmp_path)
+    else:
+        res = cli(*args, cwd=tmp_path, extra_env={var: value})
+
+    # Then it is one line naming that option or that variable and the value, as an
+    # out-of-range value is (it was click's usage block, which named the variable even for
+    # a value typed on the command line), and nothing was enqueued
+    label = option if how == "option" else var
+    one_line_usage_error(res, f"{label}: expected", f"got {value!r}")
+    assert (var in res.stderr) == (how == "env"), res.stderr
+    assert nothing_enqueued(q)
+
+
 # -- C3: usage, not I/O; all or nothing ----------------------------------------------------
 
 
