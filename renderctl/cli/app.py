@@ -54,15 +54,17 @@ app.add_typer(dead_app, name="dead")
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def non_empty_path(option: str) -> Callable[[str], Path]:
-    """A parser for a folder option that refuses ``""``: ``Path("")`` is ``.``, so an unset
+def non_empty_path(option: str, *, folder: bool = True) -> Callable[[str], Path]:
+    """A parser for a path option that refuses ``""``: ``Path("")`` is ``.``, so an unset
     shell variable (``--queue "$Q"``) would make the current folder the queue or output
-    root. Only the command line can give ``""`` (click reads an empty variable as unset, a
-    configuration file refuses it), so the option is the culprit to name."""
+    root (and a report file's error would name ``.``, a path nobody gave). Only the command
+    line can give ``""`` (click reads an empty variable as unset, a configuration file
+    refuses it), so the option is the culprit to name."""
 
     def parse(text: str) -> Path:
         if text == "":
-            out.err(f"{option}: must not be empty (use . for the current folder)")
+            out.err(f"{option}: must not be empty"
+                    + (" (use . for the current folder)" if folder else ""))
             raise typer.Exit(ExitCode.USAGE)
         return Path(text)
 
@@ -901,12 +903,14 @@ def run(
         "--quiet", envvar=_env("quiet"), help="print only failures and the summary")] = False,
     metrics_textfile: Annotated[Path | None, typer.Option(
         "--metrics-textfile", envvar=_env("metrics-textfile"), show_default=False,
+        parser=non_empty_path("--metrics-textfile", folder=False), metavar="<path>",
         callback=checked_report_file,
         help="rewrite this Prometheus textfile (node_exporter) every ~5 s and at the end "
         "(its folder must exist)")
     ] = None,
     junit: Annotated[Path | None, typer.Option(
         "--junit", envvar=_env("junit"), show_default=False, callback=checked_report_file,
+        parser=non_empty_path("--junit", folder=False), metavar="<path>",
         help="write a JUnit XML report of the jobs this run handled at the end (its folder "
         "must exist)")] = None,
     as_json: JsonOpt = False,

@@ -227,6 +227,24 @@ def test_a_report_path_run_cannot_write_is_a_usage_error(tmp_path: Path, option:
     assert not q.exists()
 
 
+@pytest.mark.parametrize("option, variable", REPORT_OPTIONS)
+def test_an_empty_report_path_is_a_usage_error_saying_so(tmp_path: Path, option: str,
+                                                         variable: str) -> None:
+    # Given a report path that is empty (a shell variable that expanded to nothing)
+    manifest = write_jobs(tmp_path / "m", [job("a", "write")])
+    q = tmp_path / "q"
+
+    # When `run` is asked to write its report there
+    res = cli("run", manifest, "--queue", q, "--out", tmp_path / "out", option, "",
+              cwd=tmp_path)
+
+    # Then the one line says the option is empty (it said "--junit: .: is a folder", a
+    # path the user never gave), and nothing was enqueued
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert res.stderr == f"renderctl: {option}: must not be empty\n", res.stderr
+    assert not q.exists()
+
+
 @pytest.mark.parametrize("how", ["option", "file"])
 def test_a_junit_report_of_a_follow_runner_is_refused(tmp_path: Path, how: str) -> None:
     # Given `run --follow` asked for a JUnit report (on its command line, or its
