@@ -130,3 +130,18 @@ def write_manifest(tmp_path: Path) -> ManifestWriter:
 def renderctl_argv() -> list[str]:
     """The command that runs the CLI in a child process with this interpreter."""
     return [sys.executable, "-m", "renderctl.cli.app"]
+
+
+# The longest tests first: pytest-xdist hands tests out in collection order, and the
+# queue model (~50-100 s), collected last (tests/unit), ran alone at the end of CI while
+# the other workers idled. Started first, the short tests fill the other workers around it.
+LONGEST = ("test_queue_model.py::test_queue_model::",
+           "test_submit_crash.py::test_killed_submit_is_all_or_nothing",
+           "test_run_crash.py::test_runner_killed_at_random_moments")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        return next((i for i, name in enumerate(LONGEST) if name in item.nodeid), len(LONGEST))
+
+    items.sort(key=rank)  # (stable: the rest keep their order)
