@@ -84,7 +84,12 @@ class ManifestError(UserError):
 
 
 class JobNotFound(UserError):
-    """No job with this id exists in the queue."""
+    """No job with this id exists in the queue. ``quarantined``: it did, and its record was
+    found damaged and moved to corrupt/ (the message says where)."""
+
+    def __init__(self, message: str, *, quarantined: bool = False) -> None:
+        super().__init__(message)
+        self.quarantined = quarantined
 
 
 # -- the queue's or the machine's fault ----------------------------------------------------

@@ -732,14 +732,15 @@ class Queue:
                 if ev["file"].endswith(f"/{job_id}.json"):
                     raise JobNotFound(f"job {job_id!r}: its record {ev['file']} could not be "
                                       f"read ({ev['reason']}); moved to "
-                                      f"{self.dir('corrupt') / ev['moved_to']}")
+                                      f"{self.dir('corrupt') / ev['moved_to']}",
+                                      quarantined=True)
             # Quarantined earlier (by `status`, a runner): say where it is, not "no job".
             kept = sorted((n for n in os.listdir(self.dir("corrupt"))
                            if n.split(".", 1)[-1].startswith(f"{job_id}.json.")),
                           key=lambda n: n.rpartition(".json.")[2])  # by time quarantined
             if kept:
                 raise JobNotFound(f"job {job_id!r}: its record could not be read and was "
-                                  f"moved to {self.dir('corrupt') / kept[-1]}")
+                                  f"moved to {self.dir('corrupt') / kept[-1]}", quarantined=True)
             raise JobNotFound(f"no job {job_id!r} in queue {self.path}")
         return view
 

@@ -293,7 +293,7 @@ def report_unfound(q: Queue, job_ids: list[str], then: str = "") -> None:
         try:
             q.get(jid)
         except JobNotFound as exc:
-            if str(exc).startswith("job "):
+            if exc.quarantined:
                 out.err(f"{exc}{then}")
                 continue
         unknown.append(jid)
@@ -1538,7 +1538,7 @@ def wait(
             try:
                 q.get(jid)
             except JobNotFound as exc:
-                final[jid] = "corrupt" if str(exc).startswith("job ") else "not found"
+                final[jid] = "corrupt" if exc.quarantined else "not found"
                 out.err(f"{exc}; it will not finish")
 
     log = q.path / "events.jsonl"
