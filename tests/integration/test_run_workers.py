@@ -670,7 +670,8 @@ def test_a_halt_while_a_worker_holds_its_start_gate_starts_nothing_more_there(
     held = None
     try:
         wait_for_pid(tmp_path / "bad.pid", what="bad to start")
-        held = _hold_start_gate(wait_for_pid(tmp_path / "long.pid", what="long to start"))
+        long_worker = wait_for_pid(tmp_path / "long.pid", what="long to start")
+        held = _hold_start_gate(long_worker)
 
         def revoked() -> int:
             return int(struct.unpack("<qq", os.pread(held, 16, 0))[1])
@@ -696,11 +697,14 @@ def test_a_halt_while_a_worker_holds_its_start_gate_starts_nothing_more_there(
         bad_go.touch()
         long_go.touch()
         runner.close()
-    # And nothing started after the halt: each short job either ran once before it and is
+    # And nothing started in long's worker after the halt (bad's worker may have started
+    # what it held behind bad as the halt came: its `started` can follow `halted`, as the
+    # README says; seen under load): each short job either ran once before it and is
     # done, or never ran and is pending, uncharged; long finished
-    events = [(e["event"], e.get("job")) for e in json_lines("\n".join(runner.lines))]
-    halt = events.index(("halted", None))
-    assert not [e for e in events[halt:] if e[0] == "started"], events
+    events = json_lines("\n".join(runner.lines))
+    halt = [e["event"] for e in events].index("halted")
+    assert not [e for e in events[halt:]
+                if e["event"] == "started" and e["worker"] == long_worker], events
     view = QueueView(queue)
     assert view.ids("dead") == {"bad"} and view.ids("running") == set()
     ran = [line.split()[0] for line in log.read_text().splitlines()] if log.exists() else []
@@ -708,7 +712,7 @@ def test_a_halt_while_a_worker_holds_its_start_gate_starts_nothing_more_there(
     assert view.ids("done") == {"long", *ran}
     pending = view.ids("pending")
     assert pending == set(SHORTS) - set(ran) and pending, ran
-    assert {j for e, j in events if e == "released"} == pending, events
+    assert {e["job"] for e in events if e["event"] == "released"} == pending, events
     assert all(view.record("pending", j)["attempts"] == [] for j in pending)
     for j in ran:
         assert_pdf(out / f"{j}.pdf", j)
