@@ -8,9 +8,9 @@ with ``canvas.drawString``, which never parses) so it is printed exactly as writ
 
 from __future__ import annotations
 
+import html
 import re
 import unicodedata
-from xml.sax.saxutils import escape
 
 # C0 controls (but tab and newline) and DEL: the standard fonts have no glyph for them, and a
 # NUL inside markup confuses reportlab's parser.
@@ -78,7 +78,7 @@ def drawable(text: str) -> str:
 def para(text: str) -> str:
     """Escape user text for Paragraph markup; newlines become line breaks."""
     lines = clean(text).replace("\r\n", "\n").replace("\r", "\n").split("\n")
-    return "<br/>".join(escape(line) for line in lines)
+    return "<br/>".join(html.escape(line, quote=False) for line in lines)
 
 
 def para_lines(lines: list[str]) -> str:
