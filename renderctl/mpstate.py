@@ -19,18 +19,34 @@ def drop_inherited_pipes() -> None:
     """
     server = forkserver._forkserver
     fd = getattr(server, "_forkserver_alive_fd", None)
-    if fd is None:
-        return  # not a fork server's child
-    with contextlib.suppress(OSError):
-        os.close(fd)
-    server._forkserver_alive_fd = None  # type: ignore[attr-defined]
-    # Likewise the resource tracker's pipe, so that it too exits with the runner.
+    if fd is not None:  # (a fork server's child)
+        with contextlib.suppress(OSError):
+            os.close(fd)
+        server._forkserver_alive_fd = None  # type: ignore[attr-defined]
+    # And the resource tracker's descriptor (the runner's /dev/null: see
+    # no_resource_tracker): a job's own multiprocessing starts a tracker of its own.
     tracker = resource_tracker._resource_tracker
     tfd = getattr(tracker, "_fd", None)
     if tfd is not None:
         with contextlib.suppress(OSError):
             os.close(tfd)
         tracker._fd = None  # type: ignore[attr-defined]
+
+
+def no_resource_tracker() -> None:
+    """Start no resource tracker for this process (the runner) and what it starts.
+
+    multiprocessing starts one with the fork server, and for every spawn, to unlink named
+    semaphores and shared memory a crash leaves. The runner makes neither (its workers talk
+    over pipes), so the tracker was a process per run for nothing: an interpreter start
+    (~0.2 s CPU here) and one more helper a SIGSTOP of the group could leave stopped. Given
+    a descriptor it can write to, multiprocessing takes the tracker for running; /dev/null
+    takes the probes. Left alone if one runs already or CPython keeps it otherwise."""
+    tracker = resource_tracker._resource_tracker
+    if getattr(tracker, "_fd", 0) is not None or not callable(
+            getattr(tracker, "_check_alive", None)):
+        return
+    tracker._fd = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)  # type: ignore[attr-defined]
 
 
 def forget_dead_helpers() -> None:

@@ -2415,6 +2415,7 @@ def prestart(method: str) -> Any:
     """
     ctx = multiprocessing.get_context(method)
     mp_temp_dir()
+    mpstate.no_resource_tracker()
     if method == "forkserver":
         ctx.set_forkserver_preload(list(PRELOAD))
         from multiprocessing import forkserver
