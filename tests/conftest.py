@@ -72,10 +72,12 @@ def manifest_text(jobs: Sequence[Mapping[str, Any]], *, defaults: Mapping[str, A
 def _children_get_default_signals() -> None:
     """renderctl keeps ignoring a stop signal its parent left ignored (`nohup`: SIGHUP): a
     test run started so (`nohup pytest`, a CI step in the background) would hand that on to
-    every runner it starts, and the tests of SIGHUP, SIGINT and Ctrl-Z would see nothing
-    happen. A handler of our own (a no-op: the test process ignores them still) is reset to
-    the default in every child at exec; the tests of the ignoring start their own."""
-    for sig in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM, signal.SIGTSTP):
+    every runner it starts, and the tests of SIGHUP, SIGINT, Ctrl-\\ and Ctrl-Z would see
+    nothing happen. (A shell without job control starts `cmd &` with SIGINT and SIGQUIT
+    ignored: `pytest ... &` in a script.) A handler of our own (a no-op: the test process
+    ignores them still) is reset to the default in every child at exec; the tests of the
+    ignoring start their own."""
+    for sig in (signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGTERM, signal.SIGTSTP):
         if signal.getsignal(sig) == signal.SIG_IGN:
             signal.signal(sig, _ignore)
 
