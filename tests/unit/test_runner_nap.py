@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from renderctl.runner import NAP_MAX_S, Runner
+from renderctl.runner import NAP_MAX_S, STOP_SIGNALS, Runner
 from renderctl.settings import RunnerSettings
 from renderctl.store import Queue
 
@@ -73,7 +73,10 @@ def test_a_signal_ends_a_nap_at_once(runner: Runner, monkeypatch: pytest.MonkeyP
     runner.workers = {0: worker(queued=3), 1: worker(queued=3)}  # type: ignore[dict-item]
     runner._avg_exec = 20.0
     assert runner._nap() == pytest.approx(30.0)
-    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)}
+    # Every handler _install_signals sets: one left behind (SIGQUIT's, say) would outlive
+    # this test in the pytest process, and a later test's Ctrl-\ would call into it.
+    touched = (*STOP_SIGNALS, signal.SIGTSTP, signal.SIGUSR1)
+    saved = {s: signal.getsignal(s) for s in touched}
     runner._install_signals()
     try:
         runner.wake_cancel = False
