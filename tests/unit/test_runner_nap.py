@@ -74,7 +74,7 @@ def test_a_signal_ends_a_nap_at_once(runner: Runner, monkeypatch: pytest.MonkeyP
     runner._avg_exec = 20.0
     assert runner._nap() == pytest.approx(30.0)
     # Every handler _install_signals sets: one left behind (SIGQUIT's, say) would outlive
-    # this test in the pytest process, and a later test's Ctrl-\ would call into it.
+    # this test, and a Ctrl-\ at the pytest run would call a dead runner's handler.
     touched = (*STOP_SIGNALS, signal.SIGTSTP, signal.SIGUSR1)
     saved = {s: signal.getsignal(s) for s in touched}
     runner._install_signals()
