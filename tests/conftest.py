@@ -77,7 +77,11 @@ def _children_get_default_signals() -> None:
     ignored: `pytest ... &` in a script.) A handler of our own (a no-op: the test process
     ignores them still) is reset to the default in every child at exec; the tests of the
     ignoring start their own."""
-    for sig in (signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGTERM, signal.SIGTSTP):
+    # The runner's own list, so a stop signal added there is covered here too (collection
+    # imports renderctl.runner in every worker anyway).
+    from renderctl.runner import STOP_SIGNALS
+
+    for sig in (*STOP_SIGNALS, signal.SIGTSTP):
         if signal.getsignal(sig) == signal.SIG_IGN:
             signal.signal(sig, _ignore)
 
