@@ -13,8 +13,33 @@ Workers set these back to their defaults at start (``worker_main``).
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import os
 import signal
 import sys
+
+
+def _exit_without_teardown(server_pid: int) -> None:
+    """At the fork server's orderly exit (the runner closed its "alive" pipe), end the
+    process here instead of tearing down the interpreter.
+
+    The teardown frees every preloaded module (reportlab, pypdf: ~80-90 ms of CPU here) and
+    the server holds the runner's stdout and stderr until it ends, so `renderctl run | jq`,
+    `$(renderctl run --json)` and a CI step capturing output waited that long after the
+    runner had exited. Nothing is left to finish: the server owns no files and buffers no
+    output, and its children (the workers) are not waited for here either way.
+    Only in the server itself (its forked workers, and a job's own forks, inherit this
+    hook, and their exit must stay theirs), and not after an uncaught exception (the
+    interpreter sets ``sys.last_type`` for one, not for the SystemExit of the orderly exit):
+    that exit keeps its status 1 and its traceback.
+    """
+    if os.getpid() != server_pid or getattr(sys, "last_type", None) is not None:
+        return
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(0)
 
 
 def _in_fork_server() -> bool:
@@ -32,3 +57,6 @@ if _in_fork_server():
     # reach its own orderly pause (it stops itself once its jobs are paused), and the run
     # hung, neither running nor stopped for the shell to continue.
     signal.signal(signal.SIGTSTP, signal.SIG_IGN)
+    # Registered after multiprocessing's own exit hook, so it runs first (atexit is LIFO):
+    # that hook only runs finalizers the server has none of.
+    atexit.register(_exit_without_teardown, os.getpid())

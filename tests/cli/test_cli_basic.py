@@ -165,18 +165,20 @@ def test_status_on_a_pipe_has_no_ansi_codes(renderctl_argv: list[str], good: Pat
 
 
 HEAVY = ("reportlab", "pypdf", "pydantic")
+# What a command imported, said at its exit (an exit hook: the CLI ends the process itself)
 PROBE = """
-import sys
+import atexit, sys
 sys.argv = ["renderctl", *sys.argv[1:]]
+
+def said():
+    heavy = sorted({m.split(".")[0] for m in sys.modules} & {"reportlab", "pypdf", "pydantic"})
+    sys.stderr.write("HEAVY=" + ",".join(heavy) + "\\n")
+    drawing = sorted(m for m in sys.modules if m == "rich" or m == "importlib.metadata")
+    sys.stderr.write("DRAWING=" + ",".join(drawing) + "\\n")
+
+atexit.register(said)
 from renderctl.cli.app import main
-try:
-    main()
-except SystemExit:
-    pass
-heavy = sorted({m.split(".")[0] for m in sys.modules} & {"reportlab", "pypdf", "pydantic"})
-sys.stderr.write("HEAVY=" + ",".join(heavy) + "\\n")
-drawing = sorted(m for m in sys.modules if m == "rich" or m == "importlib.metadata")
-sys.stderr.write("DRAWING=" + ",".join(drawing) + "\\n")
+main()
 """
 
 

@@ -515,6 +515,23 @@ def test_a_long_tmpdir_does_not_stop_the_pool_from_starting(
     assert list(tmpdir.iterdir()) == []
 
 
+def test_a_run_ends_with_its_exit_hooks_run_leaving_nothing_in_tmpdir(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given a TMPDIR short enough for the fork server's socket folder to be made in it
+    stage(tmp_path)
+    manifest = write_manifest([py_job("one", "write_pdf")])
+    tmpdir = tmp_path / "t"
+    tmpdir.mkdir()
+    # When a batch runs (and the CLI ends without the interpreter's teardown)
+    res = run_cli("run", manifest, *cli_args(tmp_path / "q", tmp_path / "out"),
+                  env={"TMPDIR": str(tmpdir)})
+    # Then multiprocessing's exit hook still removed that folder: the hooks ran
+    assert res.returncode == 0, res.stderr
+    assert_pdf(tmp_path / "out" / "one.pdf", "one")
+    assert list(tmpdir.iterdir()) == []
+    assert res.stdout.rstrip().split("\n")[-1].startswith("summary: done 1,"), res.stdout
+
+
 def test_a_retry_scheduled_past_the_calendar_reads_in_days_and_epoch_seconds(
         tmp_path: Path, write_manifest: Any) -> None:
     stage(tmp_path)

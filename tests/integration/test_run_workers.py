@@ -823,6 +823,15 @@ def test_idle_workers_stopped_from_outside_are_killed_and_their_job_runs_elsewhe
     assert_pdf(out / "a.pdf", "a")
 
 
+def _handed_over(queue: Path) -> bool:
+    """Whether the runner's last state says its one claimed job is with a worker."""
+    try:
+        state = json.loads((queue / "runner.state.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return bool(state["in_flight"] == 1 and state["claimed_waiting"] == 0)
+
+
 def test_a_stop_does_not_wait_for_good_on_a_stopped_worker_holding_a_job(
         tmp_path: Path, write_manifest: Any) -> None:
     from renderctl.errors import ExitCode
@@ -839,6 +848,9 @@ def test_a_stop_does_not_wait_for_good_on_a_stopped_worker_holding_a_job(
         assert run_cli("submit", write_manifest([py_job("a", "write_pdf")]),
                        *cli_args(queue, out)).returncode == 0
         wait_until(lambda: QueueView(queue).ids("running") == {"a"}, what="a to be claimed")
+        # (Claimed is not yet handed over: a stop in between releases the job at once. The
+        # runner's state file, rewritten every second, says when a worker holds it.)
+        wait_until(lambda: _handed_over(queue), what="a to be handed to a worker")
 
         # When the runner is asked to stop
         t0 = time.monotonic()
