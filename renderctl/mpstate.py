@@ -4,10 +4,30 @@ state, in one place to check when CPython changes it (these attributes are not a
 from __future__ import annotations
 
 import contextlib
+import multiprocessing
+import multiprocessing.util
 import os
+import tempfile
 from multiprocessing import forkserver, resource_tracker
+from typing import Any
 
 from renderctl.proctree import pid_alive
+
+# The modules the fork server imports before it forks any worker, so that a worker starts in
+# milliseconds with the renderers loaded (names only: importing this module loads none).
+PRELOAD = (
+    "renderctl.forkserver_init",  # first: the server ignores a group-wide SIGTERM
+    "renderctl.worker",
+    "renderctl.render.safety",
+    "renderctl.render.invoice",
+    "renderctl.render.report",
+    "renderctl.render.pdfops",
+    "pypdf",
+)
+# A unix socket's path holds 107 bytes (108 with its NUL); the fork server's is
+# <base>/pymp-XXXXXXXX/listener-XXXXXXXX, 32 more than its base folder.
+SUN_PATH_MAX = 107
+MP_SOCKET_SUFFIX_LEN = len("/pymp-XXXXXXXX/listener-XXXXXXXX")
 
 
 def drop_inherited_pipes() -> None:
@@ -83,3 +103,36 @@ def helper_pids() -> list[int]:
     pids = (getattr(forkserver._forkserver, "_forkserver_pid", None),
             getattr(resource_tracker._resource_tracker, "_pid", None))
     return [p for p in pids if isinstance(p, int)]
+
+
+def prestart(method: str) -> Any:
+    """The multiprocessing context for ``method``; for forkserver, start the server now.
+
+    The server preloads the renderers in its own process; starting it before the submit
+    and the recovery lets that overlap them instead of delaying the first job. Idempotent.
+    """
+    ctx = multiprocessing.get_context(method)
+    mp_temp_dir()
+    no_resource_tracker()
+    if method == "forkserver":
+        ctx.set_forkserver_preload(list(PRELOAD))
+        forkserver.ensure_running()
+    return ctx
+
+
+def mp_temp_dir() -> str:
+    """multiprocessing's folder for this process (the fork server's socket), made on first
+    use: in TMPDIR when the socket's path fits there, else in the first short system folder
+    that will hold it. A TMPDIR of more than ~75 characters (CI runners, nested builds,
+    pytest's own) made every forkserver run exit 74, "AF_UNIX path too long"; Python 3.14
+    falls back to /tmp the same way (cpython gh-132124), 3.11 does not."""
+    if len(os.fsencode(tempfile.gettempdir())) + MP_SOCKET_SUFFIX_LEN > SUN_PATH_MAX:
+        for short in ("/tmp", "/var/tmp", "/dev/shm"):
+            if os.path.isdir(short) and os.access(short, os.W_OK | os.X_OK):
+                saved = tempfile.tempdir
+                tempfile.tempdir = short  # read once: get_temp_dir keeps what it made
+                try:
+                    return multiprocessing.util.get_temp_dir()
+                finally:
+                    tempfile.tempdir = saved
+    return multiprocessing.util.get_temp_dir()

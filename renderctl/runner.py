@@ -41,9 +41,7 @@ import errno
 import itertools
 import json
 import math
-import multiprocessing
 import multiprocessing.connection as mpc
-import multiprocessing.util
 import os
 import select
 import shutil
@@ -93,6 +91,7 @@ from renderctl.messages import (
     Started,
     Stop,
 )
+from renderctl.mpstate import mp_temp_dir, prestart
 from renderctl.policy import ClaimIndex, ForeignLeases, after_attempt, compute_backoff
 from renderctl.publish import (
     OutputEscapes,
@@ -132,7 +131,6 @@ from renderctl.store import (
 from renderctl.worker import (
     CAPTURE_CHECK_S,
     LEFTOVER_ALLOWANCE_BYTES,
-    PRELOAD,
     WorkerConfig,
     bound_capture,
     capture_path,
@@ -189,10 +187,6 @@ MAX_START_FAILURES = 5
 WORK_ROOT_PREFIX = "renderctl-work-"  # of each runner's folder of job working directories
 # control/ files of one runner, by token prefix (holder files: store.HOLDER_FILE)
 MP_DIR_PREFIX = "pymp-"  # multiprocessing.util.get_temp_dir()'s folders
-# A unix socket's path holds 107 bytes (108 with its NUL); the fork server's is
-# <base>/pymp-XXXXXXXX/listener-XXXXXXXX, 32 more than its base folder.
-SUN_PATH_MAX = 107
-MP_SOCKET_SUFFIX_LEN = len("/pymp-XXXXXXXX/listener-XXXXXXXX")
 WORK_NOTE = "work.{}"  # where its WORK_ROOT_PREFIX folder is, for the next runner to remove
 CONFINED_CACHE_MAX = 4096  # output folders remembered as checked (see _check_confined)
 BUDGET_SHARE = 0.8  # of MemAvailable at start: leave room for the page cache and the rest
@@ -2405,41 +2399,6 @@ def start_worker(ctx: Any, cfg: WorkerConfig, *, name: str,
             continue
         child.close()
         return proc, parent
-
-
-def prestart(method: str) -> Any:
-    """The multiprocessing context for ``method``; for forkserver, start the server now.
-
-    The server preloads the renderers in its own process; starting it before the submit
-    and the recovery lets that overlap them instead of delaying the first job. Idempotent.
-    """
-    ctx = multiprocessing.get_context(method)
-    mp_temp_dir()
-    mpstate.no_resource_tracker()
-    if method == "forkserver":
-        ctx.set_forkserver_preload(list(PRELOAD))
-        from multiprocessing import forkserver
-
-        forkserver.ensure_running()
-    return ctx
-
-
-def mp_temp_dir() -> str:
-    """multiprocessing's folder for this process (the fork server's socket), made on first
-    use: in TMPDIR when the socket's path fits there, else in the first short system folder
-    that will hold it. A TMPDIR of more than ~75 characters (CI runners, nested builds,
-    pytest's own) made every forkserver run exit 74, "AF_UNIX path too long"; Python 3.14
-    falls back to /tmp the same way (cpython gh-132124), 3.11 does not."""
-    if len(os.fsencode(tempfile.gettempdir())) + MP_SOCKET_SUFFIX_LEN > SUN_PATH_MAX:
-        for short in ("/tmp", "/var/tmp", "/dev/shm"):
-            if os.path.isdir(short) and os.access(short, os.W_OK | os.X_OK):
-                saved = tempfile.tempdir
-                tempfile.tempdir = short  # read once: get_temp_dir keeps what it made
-                try:
-                    return multiprocessing.util.get_temp_dir()
-                finally:
-                    tempfile.tempdir = saved
-    return multiprocessing.util.get_temp_dir()
 
 
 def _percentiles(values: deque[float]) -> dict[str, float] | None:

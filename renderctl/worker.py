@@ -113,15 +113,6 @@ FD_ALLOWANCE = 256
 CAPTURE_BOUND_BYTES = 64 << 20
 CAPTURE_KEEP_BYTES = 1 << 20
 CAPTURE_CHECK_S = 0.5
-PRELOAD = (
-    "renderctl.forkserver_init",  # first: the server ignores a group-wide SIGTERM
-    "renderctl.worker",
-    "renderctl.render.safety",
-    "renderctl.render.invoice",
-    "renderctl.render.report",
-    "renderctl.render.pdfops",
-    "pypdf",
-)
 
 
 @dataclass(frozen=True)

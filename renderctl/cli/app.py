@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 import typer
 
 from renderctl.cli import console as out
+from renderctl.cli.launch import start_fork_server_early
 from renderctl.errors import (
     ExitCode,
     Interrupted,
@@ -1577,6 +1578,9 @@ def wait(
 
 
 def main() -> None:
+    # (Started already when this runs from the script's entry point, which does it before
+    # importing this module; `python -m renderctl.cli.app` starts it here.)
+    start_fork_server_early(sys.argv)
     try:
         app()
     except KeyboardInterrupt:

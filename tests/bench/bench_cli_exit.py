@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-RENDERCTL = [sys.executable, "-m", "renderctl.cli.app"]
+RENDERCTL = [sys.executable, "-m", "renderctl"]  # as the `renderctl` script runs it
 BENCHFNS = '''
 from pathlib import Path
 

@@ -1,0 +1,87 @@
+"""`run` starts its fork server before the command line is imported, and only when the run
+will use one: the start method is resolved first as the command resolves it (option,
+environment, configuration file, default). Real runs; the runner's children as `ps` sees
+them."""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from jobfns import RENDERCTL, Runner, _env, cli_args, held_job, wait_for_pid
+
+from renderctl.errors import ExitCode
+
+LAUNCHER = [sys.executable, "-m", "renderctl"]
+
+
+def fork_servers(pid: int) -> list[psutil.Process]:
+    found = []
+    for p in psutil.Process(pid).children():
+        with contextlib.suppress(psutil.Error):
+            if "multiprocessing.forkserver" in " ".join(p.cmdline()):
+                found.append(p)
+    return found
+
+
+# How the start method is given (the option's two spellings, the environment, the
+# configuration file in the cwd), and the method given
+SOURCES = {
+    "option": (("--start-method", "{m}"), {}, None),
+    "option=": (("--start-method={m}",), {}, None),
+    "environment": ((), {"RENDERCTL_START_METHOD": "{m}"}, None),
+    "config file": ((), {}, 'start_method = "{m}"\n'),
+}
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
+@pytest.mark.parametrize("source", list(SOURCES))
+def test_a_run_has_a_fork_server_only_with_that_start_method(
+        tmp_path: Path, write_manifest: Any, source: str, method: str) -> None:
+    # Given a held job and the start method given one way
+    job, go = held_job(tmp_path, "held")
+    manifest = write_manifest([job])
+    args, env, config = SOURCES[source]
+    if config is not None:
+        (tmp_path / "renderctl.toml").write_text(config.format(m=method))
+    # (through the script's own entry point, which starts the server before importing the
+    # command line, and through the command line's module, as the other tests run it)
+    launcher = LAUNCHER if source == "option=" else RENDERCTL
+    runner = Runner.of(subprocess.Popen(
+        [*launcher, "run", str(manifest),
+         *cli_args(tmp_path / "q", tmp_path / "out", "--workers", "1"),
+         *(a.format(m=method) for a in args)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path,
+        env=_env({k: v.format(m=method) for k, v in env.items()})))
+    try:
+        # When its job runs
+        wait_for_pid(tmp_path / "held.pid")
+        # Then the runner has a fork server exactly when the run uses that method: none
+        # started early for a fork or spawn run
+        assert len(fork_servers(runner.pid)) == (method == "forkserver"), runner.lines
+        go.touch()
+        assert runner.wait() == ExitCode.OK, (runner.lines, runner.stderr())
+    finally:
+        runner.close()
+
+
+@pytest.mark.parametrize("launcher", [LAUNCHER, RENDERCTL], ids=["script", "module"])
+def test_a_bad_start_method_is_left_to_the_command_to_refuse(
+        tmp_path: Path, write_manifest: Any, launcher: list[str]) -> None:
+    # Given a start method that does not exist
+    job, _ = held_job(tmp_path, "held")
+    manifest = write_manifest([job])
+    res = subprocess.run([*launcher, "run", str(manifest),
+                          *cli_args(tmp_path / "q", tmp_path / "out"),
+                          "--start-method", "vfork"],
+                         capture_output=True, text=True, timeout=60, env=_env(None))
+    # Then the command refuses it as before (exit 2, naming it), nothing queued
+    assert res.returncode == ExitCode.USAGE, res.stderr
+    assert "vfork" in res.stderr and "Traceback" not in res.stderr
+    assert not (tmp_path / "q" / "pending").exists() or \
+        not list((tmp_path / "q" / "pending").iterdir())
