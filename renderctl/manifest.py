@@ -55,6 +55,9 @@ _IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
 CALLABLE_RE = re.compile(rf"{_IDENT}(\.{_IDENT})*:{_IDENT}(\.{_IDENT})*")
 # Temporaries beside outputs start with this; a user output must not look like one.
 RESERVED_PREFIX = ".rctl-"
+# The longest name renderctl gives an output's temporary (publish.staging_name of
+# publish.tmp_output_path: ".rctl-<16 hex>-<16 hex>.w.tmp"), for the whole-path check.
+TEMP_NAME_BYTES = len(RESERVED_PREFIX) + 16 + 1 + 16 + len(".w.tmp")
 
 
 @dataclass(frozen=True)
@@ -642,6 +645,22 @@ class _Step(Enum):
 _PATH_MAX = 4096
 
 
+def _whole_path_problem(ctx: _Ctx, output: str) -> str | None:
+    """Why ``output`` (a valid relative path) is too long once under the output root, or
+    None. The longest path renderctl uses for it is its folder's with the attempt's
+    temporary (or private folder) beside it when that name is the longer: such a path the
+    kernel refuses whole (ENAMETOOLONG), whatever is on disk, so it is known now. Found
+    when the job ran, it failed every attempt; when the output root was not made yet, a
+    runner recovering the job stopped on it (exit 74) at every start."""
+    folder, _, name = output.rpartition("/")
+    longest = len(os.fsencode(os.path.join(ctx.out_root, folder))) + 1 + max(
+        len(name.encode()), TEMP_NAME_BYTES)
+    if longest < _PATH_MAX:
+        return None
+    return (f"is too long under the output root {ctx.out_root}: {longest} bytes with its "
+            f"temporary's name, where a path holds at most {_PATH_MAX - 1}")
+
+
 def _output_escapes(ctx: _Ctx, output: str) -> str | None:
     """Why ``output`` (a valid relative path) would leave the output root through a
     symlink that is there now, or None: found at submit rather than dead-lettered when the
@@ -808,7 +827,8 @@ def _validate_job(
                     inputs.append(resolved)
 
     if "output" in raw:
-        msg = check_output_path(raw["output"]) or _output_escapes(ctx, raw["output"])
+        msg = check_output_path(raw["output"]) or _whole_path_problem(ctx, raw["output"]) \
+            or _output_escapes(ctx, raw["output"])
         if msg:
             ctx.add(jid, "output", msg)
 

@@ -17,6 +17,7 @@ import errno
 import functools
 import hashlib
 import os
+import stat
 from enum import StrEnum
 from pathlib import Path
 
@@ -62,6 +63,10 @@ def tmp_outputs(final: Path, job_id: str) -> list[Path]:
         names = os.listdir(final.parent)
     except (FileNotFoundError, NotADirectoryError):
         return []  # no folder (or a file in its place): no temporary either
+    except OSError as exc:
+        if exc.errno == errno.ENAMETOOLONG:
+            return []  # a folder that cannot be named holds nothing we made through it
+        raise
     prefix = f"{RESERVED_PREFIX}{tag}-"
     return [final.parent / n for n in names if n.startswith(prefix) and n.endswith(".tmp")]
 
@@ -262,7 +267,11 @@ def discard(tmp: Path) -> None:
     summary."""
     import shutil
 
-    if tmp.is_dir() and not tmp.is_symlink():
+    try:
+        folder = stat.S_ISDIR(os.lstat(tmp).st_mode)
+    except OSError:  # gone, or it cannot be looked at (a name too long: it never was made)
+        folder = False
+    if folder:
         shutil.rmtree(tmp, ignore_errors=True)
     else:
         with contextlib.suppress(OSError):

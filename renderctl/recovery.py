@@ -16,6 +16,7 @@ moves the job meanwhile:
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -140,7 +141,7 @@ def judge_orphan(rec: JobRecord, *, started: Mapping[str, float | None], now: fl
     is_dir = kind is not None and kind.output == "dir"
     if lease is not None:
         tmp = tmp_output_path(final, spec.id, lease.token)
-        if final.exists() and is_ours(tmp, final, is_dir=is_dir, job_id=spec.id,
+        if _exists(final) and is_ours(tmp, final, is_dir=is_dir, job_id=spec.id,
                                       token=lease.token):
             # Published before the crash, not yet recorded: complete, never republish.
             attempt = {"n": lease.attempt, "outcome": Outcome.COMPLETED.value,
@@ -171,6 +172,17 @@ def judge_orphan(rec: JobRecord, *, started: Mapping[str, float | None], now: fl
                            "started_at": max(started[lease.token] or 0, lease.claimed_at),
                            "ended_at": now, "host": lease.holder.host,
                            "error": f"{why} during the attempt"})
+
+
+def _exists(path: Path) -> bool:
+    """Path.exists(), where a path too long to name (an output accepted before submit
+    measured its whole path: every lookup of it fails) is one that does not exist."""
+    try:
+        return path.exists()
+    except OSError as exc:
+        if exc.errno == errno.ENAMETOOLONG:
+            return False
+        raise
 
 
 def restore_lost_output(q: Queue, rec: JobRecord, running: Path, *, is_dir: bool) -> bool:

@@ -169,6 +169,95 @@ def test_an_output_name_over_name_max_is_refused_before_anything_is_enqueued(
     assert not (tmp_path / "q" / "pending").exists() or not os.listdir(tmp_path / "q" / "pending")
 
 
+def _deep_output(root: Path, longest: int) -> str:
+    """A relative output whose longest path under ``root`` (its folder with the 45-byte
+    name of its temporary's private folder beside it) is ``longest`` bytes."""
+    from renderctl.manifest import TEMP_NAME_BYTES
+
+    left = longest - len(os.fsencode(root)) - 1 - 1 - TEMP_NAME_BYTES  # the folder's bytes
+    segments = []
+    while left > 0:
+        seg = min(left, 200)
+        if left - seg == 1:  # a last segment of one byte would need a lone "/"
+            seg -= 1
+        segments.append("d" * seg)
+        left -= seg + 1  # and the "/" before the next
+    assert left == -1, left
+    return "/".join(segments) + "/x.pdf"
+
+
+def test_an_output_too_long_under_its_root_is_refused_before_anything_is_enqueued(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given an output root not made yet, and outputs whose longest path under it (with the
+    # attempt's temporary name beside it) is 4,095 bytes (the most a path may hold) and
+    # one byte more
+    out = tmp_path / "out"
+    fits = write_manifest([py_job("fits", "write_pdf", output=_deep_output(out, 4095))],
+                          name="fits.toml")
+    over = write_manifest([py_job("fits", "write_pdf", output=_deep_output(out, 4095)),
+                           py_job("deep", "write_pdf", output=_deep_output(out, 4096))],
+                          name="over.toml")
+
+    # When they are validated and submitted
+    ok = run_cli("validate", fits, "--out", out)
+    res = run_cli("submit", over, *cli_args(tmp_path / "q", out))
+
+    # Then the one that fits passes, and the longer one is refused, naming the file, the job
+    # and the field (it was accepted, and failed every attempt, or stopped every runner
+    # that recovered it with exit 74), with nothing of the batch enqueued
+    assert ok.returncode == 0, ok.stderr
+    assert res.returncode == ExitCode.USAGE, res.stdout + res.stderr
+    assert f"{over}: job deep: output: is too long under the output root {out}: 4096 " \
+        "bytes" in res.stderr, res.stderr
+    assert res.stderr.count(": job ") == 1, res.stderr
+    assert not (tmp_path / "q" / "pending").exists() or not os.listdir(tmp_path / "q" / "pending")
+
+
+@pytest.mark.parametrize("longest", [4200, 4100], ids=["the output", "its temporaries"])
+def test_a_queued_job_whose_output_path_is_too_long_dead_letters_and_the_queue_goes_on(
+        tmp_path: Path, longest: int) -> None:
+    from dataclasses import replace
+
+    from renderctl.manifest import jobs_from_dicts
+    from renderctl.store import Queue
+
+    # Given a queue that accepted, before submit measured whole paths, a job whose output
+    # is too long under its root (never made), and a good job
+    stage(tmp_path)
+    queue, out = tmp_path / "q", tmp_path / "out"
+    deep, good = jobs_from_dicts(
+        [{**py_job("deep", "write_pdf"), "priority": 9, "max_attempts": 1},
+         py_job("good", "write_pdf")], base=tmp_path, out_root=out)
+    deep = replace(deep, output=_deep_output(out, longest))
+    q = Queue(queue)
+    try:
+        q.submit([deep, good])
+    finally:
+        q.close()
+    # and a runner SIGKILLed with it claimed (first: its priority), before any folder was
+    # made for it
+    first = run_cli("run", *cli_args(queue, out, "--workers", "1"),
+                    env={"RENDERCTL_CRASH_AT": "lease"})
+    assert first.returncode == -signal.SIGKILL, first.stdout + first.stderr
+    assert "deep" in QueueView(queue).ids("running")
+
+    # When the queue is run again
+    res = run_cli("run", *cli_args(queue, out, "--workers", "1"))
+
+    # Then the long one is dead-lettered (it stopped every runner's recovery, or its first
+    # attempt's end, with exit 74, the queue stuck), and the good one completes: a path
+    # too long for the output itself is the job's own fault at once; one too long only for
+    # its temporaries fails where the job writes its output
+    assert res.returncode == ExitCode.JOBS_FAILED, res.stdout + res.stderr
+    view = QueueView(queue)
+    assert view.states_of(["deep", "good"]) == {"deep": ["dead"], "good": ["done"]}
+    last = view.record("dead", "deep")["attempts"][-1]
+    assert last["outcome"] == ("invalid_output" if longest == 4200 else "failed"), last
+    assert "File name too long" in last["error"], last
+    assert_pdf(out / "good.pdf", "good")
+    assert "Traceback" not in res.stderr
+
+
 def test_an_output_folder_made_read_only_before_its_publish_halts_the_run_charging_nothing(
         mount: Mounter, tmp_path: Path, write_manifest: Any) -> None:
     # Given three jobs of one attempt each and a runner frozen just before it publishes
