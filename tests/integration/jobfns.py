@@ -784,6 +784,7 @@ def lift_my_ceiling(inputs: Sequence[Path], output: Path, params: Mapping[str, A
 def observe_process(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
     """Record the process-wide state a python job could change (see cleanslate.py), as this
     job finds it, including what a subprocess inherits."""
+    import builtins
     import decimal
     import gc
     import locale
@@ -824,6 +825,8 @@ def observe_process(inputs: Sequence[Path], output: Path, params: Mapping[str, A
         "affinity": sorted(os.sched_getaffinity(0)),
         "nice": os.getpriority(os.PRIO_PROCESS, 0),
         "random": random.random(),  # unseeded: differs between observers (a seed leaks 0.134)
+        # (the worker is the same: its builtins are the same objects, by id)
+        "builtins": {name: id(value) for name, value in vars(builtins).items()},
     }
     os.umask(seen["umask"])
     with open(params["report"], "a") as fh:
@@ -833,6 +836,7 @@ def observe_process(inputs: Sequence[Path], output: Path, params: Mapping[str, A
 
 def pollute_process(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
     """Change all of what observe_process records, and leave it changed."""
+    import builtins
     import decimal
     import gc
     import io
@@ -875,6 +879,12 @@ def pollute_process(inputs: Sequence[Path], output: Path, params: Mapping[str, A
     os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     os.nice(5)
     random.seed(1)
+    # A global for every module, a builtin replaced (behaving the same: the worker's own
+    # code runs with it until the job's end is cleaned up), and one deleted
+    builtins.LEAKED = True  # type: ignore[attr-defined]
+    real_round = round
+    builtins.round = lambda *a: real_round(*a)
+    del builtins.copyright
 
 
 def leave_a_thread(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
