@@ -1493,8 +1493,8 @@ def wait(
     """Block until these jobs are terminal; exit 0 if all completed, 1 if any did not.
 
     An unknown id exits 2 at once; a timeout exits 75 (try again later). A job whose
-    record is quarantined (or deleted) meanwhile ends the wait for it as `corrupt` (or
-    `not found`): it did not complete.
+    record is quarantined, before or during the wait, ends the wait for it as `corrupt`
+    (one deleted meanwhile: `not found`): it did not complete.
     """
     import time
 
@@ -1503,14 +1503,25 @@ def wait(
 
     job_ids = unique(job_ids)
     q = existing_queue(queue)
-    unknown = [j for j in job_ids if q.find(j) is None]
+    unknown: list[tuple[str, JobNotFound]] = []
+    damaged: list[tuple[str, JobNotFound]] = []
+    for jid in job_ids:
+        try:
+            q.get(jid)
+        except JobNotFound as exc:
+            (damaged if exc.quarantined else unknown).append((jid, exc))
     if unknown:
         if as_json:  # the shape of `cancel --json` refusing: only the ids not found
-            out.print_json({j: "not found" for j in unknown})
-        report_unfound(q, unknown)
+            out.print_json({j: "not found" for j, _ in unknown})
+        report_unfound(q, [j for j, _ in unknown])
         raise typer.Exit(ExitCode.USAGE)
-    deadline = None if timeout is None else time.monotonic() + timeout
+    # Accepted, and its record is damaged (found so now, or earlier): it will never finish,
+    # as one quarantined while waited for. Not an unknown id.
     final: dict[str, str] = {}
+    for jid, why in damaged:
+        final[jid] = "corrupt"
+        out.err(f"{why}; it will not finish")
+    deadline = None if timeout is None else time.monotonic() + timeout
     unseen: set[str] = set()  # found in no folder at the last recheck
     # In the order jobs move (see Queue._locate_many): a job moving on while we look is
     # still seen; one moved back (a retry) may be missed once, hence two rechecks.
