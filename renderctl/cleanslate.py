@@ -10,7 +10,8 @@ value, the time zone, the locale, the thread switch interval, ``sys.stdin/stdout
 profile), the garbage collector's settings, the int/str digit limit, the decimal context,
 the socket default timeout, the warnings filters, the logging configuration (loggers a job
 created go back to blank; a library's, as its import left them: it stays imported),
-``random``'s seed, variables set below ``os.environ`` with ``os.putenv``, and the builtins
+``random``'s seed, ``csv.field_size_limit``, variables set below ``os.environ`` with
+``os.putenv``, and the builtins
 (a name a job added to ``builtins`` is a global of every module in every later job; one it
 replaced, ``open`` or ``print``, is everyone's). A job that
 leaves a thread running, or a limit or priority it cannot be given back, cannot be undone:
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import csv
 import ctypes
 import decimal
 import gc
@@ -128,6 +130,9 @@ class Baseline:
         self.logging_disable = logging.root.manager.disable
         self.loggers = {name: (lg, _logger_state(lg)) for name, lg in _loggers().items()}
         self.builtins = dict(vars(builtins))
+        # Process-wide: lowered, a later report's valid CSV was `invalid_input` ("field
+        # larger than field limit"); raised, an oversized field got through.
+        self.csv_field_limit = csv.field_size_limit()
         self.touched: set[str] = set()  # which of the watched kinds a job changed
         for name in ("putenv", "unsetenv"):
             # os.environ calls these too (keeping its own mapping in step): only a call from
@@ -206,6 +211,8 @@ class Baseline:
         self._restore_warnings()
         self._restore_logging()
         self._restore_builtins()
+        if csv.field_size_limit() != self.csv_field_limit:
+            csv.field_size_limit(self.csv_field_limit)
         self.touched.clear()
         return problems
 

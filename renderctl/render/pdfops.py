@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from pypdf import PageObject, PdfReader, PdfWriter, Transformation
-from pypdf.errors import LimitReachedError, PyPdfError
+from pypdf.errors import DependencyError, LimitReachedError, PyPdfError
 from reportlab.lib.colors import Color
 from reportlab.pdfgen.canvas import Canvas
 
@@ -50,6 +50,11 @@ def pdf_errors(source: str) -> Iterator[None]:
         raise  # the memory ceiling's business, not the input's
     except LimitReachedError as exc:
         raise InvalidInput(f"{source}: unreadable PDF: {exc} (safety limit)") from exc
+    except DependencyError as exc:
+        # A filter pypdf decodes only with an optional package or program (BrotliDecode,
+        # JBIG2Decode: jbig2dec is never run from a job, see safety.py): not a PyPdfError,
+        # it was a `failed` attempt, retried to no end. The same file fails every time.
+        raise InvalidInput(f"{source}: unreadable PDF here: {str(exc)[:300]}") from exc
     except (
         PyPdfError,
         RecursionError,

@@ -1,19 +1,22 @@
 """Process-wide limits applied before every job, so hostile input cannot exhaust or escape.
 
-The worker calls ``harden()`` before each job. It puts reportlab's configuration back to
-the values seen at first import (a previous job in the same process may have changed it),
-then forbids reportlab from opening any URL or ``file:`` resource, bounds pypdf's
-decompression and parsing work, and bounds Python's recursion depth. Calling it twice is
-the same as calling it once.
+The worker calls ``harden()`` before each job. It puts reportlab's configuration and font
+registries back to what they were at first import (a previous job in the same process may
+have changed them), then forbids reportlab from opening any URL or ``file:`` resource,
+bounds pypdf's decompression and parsing work, and bounds Python's recursion depth. Calling
+it twice is the same as calling it once.
 """
 
 from __future__ import annotations
 
+import operator
 import sys
 from typing import Any
 
 import pypdf
 import reportlab.rl_config as rl_config
+from reportlab.lib import fonts as rl_fonts
+from reportlab.pdfbase import pdfmetrics
 
 # Well below the 400 MB default memory ceiling, far above what a real invoice or report needs:
 # a bomb fails fast as invalid input instead of being killed as a memory outcome after retries.
@@ -23,8 +26,20 @@ MAX_DECODING_WORK_BYTES = 150_000_000
 # RecursionError is far better than overflowing the C stack (a crash, then a retry).
 RECURSION_LIMIT = 2_000
 
-# The only module-level state: a snapshot taken once, never mutated.
+# The only module-level state: snapshots taken once, never mutated.
 _RL_SNAPSHOT: dict[str, Any] = rl_config.currentSettings()
+
+# reportlab registers the 14 standard fonts lazily, on first use; registered up front, the
+# built-in renderers (which draw with them only) leave the registries as they are, and
+# anything else in them is a job's: a TrueType font registered as "Helvetica" was embedded,
+# unannounced, in every later invoice of that worker.
+for _name in pdfmetrics.standardFonts:
+    pdfmetrics.getFont(_name)
+_FONT_REGISTRIES: tuple[tuple[dict[Any, Any], dict[Any, Any]], ...] = tuple(
+    (live, dict(live)) for live in (
+        pdfmetrics._fonts, pdfmetrics._typefaces, pdfmetrics._encodings,
+        pdfmetrics._dynFaceNames, rl_fonts._tt2ps_map, rl_fonts._ps2tt_map,
+        rl_fonts._family_alias))
 
 _PYPDF_LIMITS: dict[str, Any] = {
     "maximum_declared_stream_length": MAX_STREAM_OUTPUT_BYTES,
@@ -68,9 +83,20 @@ def reset_reportlab_config() -> None:
         rl_config.applySettings(deepcopy(changed))
 
 
+def reset_font_registries() -> None:
+    """Put reportlab's font, typeface, encoding and family registries back as they were at
+    import (registerFont, registerFontFamily, addMapping), where a job changed them."""
+    for live, then in _FONT_REGISTRIES:
+        if live.keys() != then.keys() or not all(map(operator.is_, live.values(),
+                                                     then.values())):
+            live.clear()
+            live.update(then)
+
+
 def harden() -> None:
     """Apply renderctl's limits to reportlab, pypdf and the interpreter; idempotent."""
     reset_reportlab_config()
+    reset_font_registries()
     # Empty, not None: reportlab then refuses every scheme and every host, including file:.
     rl_config.trustedSchemes = []
     rl_config.trustedHosts = []

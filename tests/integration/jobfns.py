@@ -785,6 +785,7 @@ def observe_process(inputs: Sequence[Path], output: Path, params: Mapping[str, A
     """Record the process-wide state a python job could change (see cleanslate.py), as this
     job finds it, including what a subprocess inherits."""
     import builtins
+    import csv
     import decimal
     import gc
     import locale
@@ -827,6 +828,7 @@ def observe_process(inputs: Sequence[Path], output: Path, params: Mapping[str, A
         "random": random.random(),  # unseeded: differs between observers (a seed leaks 0.134)
         # (the worker is the same: its builtins are the same objects, by id)
         "builtins": {name: id(value) for name, value in vars(builtins).items()},
+        "csv_field_limit": csv.field_size_limit(),
     }
     os.umask(seen["umask"])
     with open(params["report"], "a") as fh:
@@ -837,6 +839,7 @@ def observe_process(inputs: Sequence[Path], output: Path, params: Mapping[str, A
 def pollute_process(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
     """Change all of what observe_process records, and leave it changed."""
     import builtins
+    import csv
     import decimal
     import gc
     import io
@@ -885,6 +888,7 @@ def pollute_process(inputs: Sequence[Path], output: Path, params: Mapping[str, A
     real_round = round
     builtins.round = lambda *a: real_round(*a)
     del builtins.copyright
+    csv.field_size_limit(5)
 
 
 def leave_a_thread(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
@@ -984,3 +988,15 @@ def _worker_socket() -> int:
     if len(sockets) != 1:
         raise RuntimeError(f"expected the worker's one socket, found {sockets}")
     return sockets[0]
+
+
+def register_font(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
+    """Register reportlab's bundled Vera Bold as "Helvetica" (reportlab's public API, as a
+    job wanting its own look would), then write a PDF."""
+    import reportlab
+    from reportlab.pdfbase import pdfmetrics
+    from reportlab.pdfbase.ttfonts import TTFont
+
+    vera = os.path.join(os.path.dirname(reportlab.__file__), "fonts", "VeraBd.ttf")
+    pdfmetrics.registerFont(TTFont("Helvetica", vera))
+    write_pdf(inputs, output, params)

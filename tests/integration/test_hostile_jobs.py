@@ -630,6 +630,32 @@ def test_an_invoice_after_a_job_that_lowered_decimal_precision_renders(
     assert QueueView(queue).record("done", "inv")["attempts"][-1]["outcome"] == "completed"
 
 
+def test_an_invoice_after_a_job_that_registered_its_own_helvetica_draws_standard_fonts(
+        tmp_path: Path, write_manifest: Any) -> None:
+    from pypdf import PdfReader
+
+    # Given, for one worker, a python job that registers a TrueType font as "Helvetica",
+    # then a built-in invoice (which draws with the standard fonts)
+    stage(tmp_path)
+    invoice = Path(__file__).resolve().parents[2] / "sample-inputs" / "invoices" / "0001.json"
+    manifest = write_manifest([
+        {**py_job("font", "register_font"), "priority": 2},
+        {"id": "inv", "kind": "invoice", "input": str(invoice), "output": "inv.pdf",
+         "priority": 1},
+    ])
+    queue, out = tmp_path / "q", tmp_path / "out"
+
+    # When one worker runs both
+    res = run_cli("run", manifest, *cli_args(queue, out, "--workers", "1"))
+
+    # Then the invoice's fonts are the standard ones, as in a fresh worker (the job's font
+    # was embedded in it, unannounced)
+    assert res.returncode == 0, res.stdout + res.stderr
+    fonts = {str(f.get_object()["/BaseFont"]) for page in PdfReader(out / "inv.pdf").pages
+             for f in page["/Resources"]["/Font"].values()}
+    assert fonts and all(f.startswith("/Helvetica") for f in fonts), fonts
+
+
 def test_what_a_library_sets_up_when_first_imported_holds_for_every_job_in_a_worker(
         tmp_path: Path, write_manifest: Any) -> None:
     import json

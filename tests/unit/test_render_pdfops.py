@@ -387,3 +387,31 @@ def test_decompression_bomb_is_invalid_input(tmp_path: Path) -> None:
     # When it is stamped (which must decode the page's content), Then it is refused as input
     with pytest.raises(InvalidInput, match="bomb.pdf: unreadable PDF: Limit reached"):
         pdfops.stamp([source], tmp_path / "out.pdf", {"text": "X"})
+
+
+@pytest.mark.parametrize("codec", ["/JBIG2Decode", "/BrotliDecode"])
+def test_a_filter_this_installation_cannot_decode_is_invalid_input(
+        tmp_path: Path, codec: str) -> None:
+    # Given a page whose content stream uses a filter pypdf decodes only with an optional
+    # package or program (jbig2dec is never run from a job; brotli is an extra, not
+    # installed by renderctl)
+    pytest.importorskip("pypdf")
+    if codec == "/BrotliDecode":
+        try:
+            import brotli  # noqa: F401
+            pytest.skip("brotli is installed: pypdf decodes the filter")
+        except ImportError:
+            pass
+    writer = PdfWriter()
+    page = writer.add_blank_page(width=200, height=200)
+    stream = StreamObject()
+    stream._data = b"\x0b\x02\x80hello\x03"
+    stream[NameObject("/Filter")] = NameObject(codec)
+    page[NameObject("/Contents")] = writer._add_object(stream)
+    source = tmp_path / "coded.pdf"
+    with source.open("wb") as fh:
+        writer.write(fh)
+    # When it is stamped, Then it is refused as input, named (it was a `failed` attempt,
+    # retried to max_attempts, saying only pypdf's "DependencyError")
+    with pytest.raises(InvalidInput, match="coded.pdf: unreadable PDF here: "):
+        pdfops.stamp([source], tmp_path / "out.pdf", {"text": "X"})

@@ -86,6 +86,38 @@ def test_reset_reportlab_config_restores_first_import_values() -> None:
     assert "https" in rl_config.trustedSchemes
 
 
+def test_harden_undoes_fonts_a_previous_job_registered() -> None:
+    import os
+
+    import reportlab
+    from reportlab.lib.fonts import addMapping, ps2tt
+    from reportlab.pdfbase import pdfmetrics
+    from reportlab.pdfbase.ttfonts import TTFont
+
+    # Given the standard Helvetica a fresh worker draws with
+    safety.harden()
+    standard = pdfmetrics.getFont("Helvetica")
+    assert standard.face.name == "Helvetica"
+    # When a job registers a TrueType font under that name (it took the name in a worker
+    # that had not drawn with Helvetica yet: reportlab registers the standard fonts on first
+    # use), one of its own, and a family mapping
+    vera = os.path.join(os.path.dirname(reportlab.__file__), "fonts", "VeraBd.ttf")
+    pdfmetrics.registerFont(TTFont("Helvetica", vera))
+    pdfmetrics.registerFont(TTFont("JobFont", vera))
+    addMapping("helvetica", 1, 1, "JobFont")
+    assert ps2tt("JobFont") == ("helvetica", 1, 1)
+    # Then Helvetica is still the standard font, and the next job's harden() puts the
+    # registries back as a fresh worker has them
+    assert pdfmetrics.getFont("Helvetica") is standard
+    safety.harden()
+    assert pdfmetrics.getFont("Helvetica") is standard
+    assert "JobFont" not in pdfmetrics.getRegisteredFontNames()
+    assert "BitstreamVeraSans-Bold" not in pdfmetrics._dynFaceNames
+    assert ps2tt("Helvetica-BoldOblique") == ("helvetica", 1, 1)
+    with pytest.raises(ValueError):
+        ps2tt("JobFont")
+
+
 def test_harden_bounds_a_raised_recursion_limit() -> None:
     sys.setrecursionlimit(100_000)
     safety.harden()
