@@ -127,6 +127,7 @@ from renderctl.store import (
     Transition,
     name_prefix,
     parse_token,
+    transition_event,
 )
 from renderctl.worker import (
     CAPTURE_CHECK_S,
@@ -349,6 +350,10 @@ class Runner:
         self.completions: list[tuple[Assignment, Finished]] = []
         self.counts: dict[str, int] = {s.value: 0 for s in State if s.terminal}
         self.retries = 0
+        # Jobs this run sent back to pending (a retry's backoff, a release), until it ends
+        # them: one another command ends meanwhile (`cancel` of a pending job moves it
+        # itself) is counted at the end as this run's (see _settle_left_pending).
+        self._left_pending: set[str] = set()
         self.stop_signal: int | None = None
         self.stop_deadline: float | None = None
         self.stopped_at: float | None = None  # (monotonic) when the first stop signal came
@@ -466,6 +471,7 @@ class Runner:
                                      "budget_mb": self.budget_mb})
                 self._start_pool()
                 self._loop()
+                self._settle_left_pending()
             finally:
                 self.stopped = True
                 with contextlib.suppress(Exception):
@@ -1310,7 +1316,10 @@ class Runner:
             self._record_now(a, {"outcome": Outcome.INVALID_OUTPUT.value,
                                  "error": f"output path: {_path_problem(exc, final)}"})
             return
-        self.wait_times.append(max(0.0, self.clock.wall() - c.record.accepted_at))
+        if not c.record.attempts:
+            # Acceptance to first attempt, as the metric has it: a retry's claim (after its
+            # backoff) or a released job's re-claim measured the backoff or the outage.
+            self.wait_times.append(max(0.0, self.clock.wall() - c.record.accepted_at))
         self.ready.append(a)
 
     def _dispatch(self) -> None:
@@ -2361,11 +2370,27 @@ class Runner:
     def _count(self, t: Transition) -> None:
         if t.dst.terminal:
             self.counts[t.dst.value] += 1
-        elif t.dst is State.PENDING and t.record.attempts:
-            self.retries += 1
-            self.index.add(t.record.entry(), now=self.clock.wall())
+            self._left_pending.discard(t.record.spec.id)
         elif t.dst is State.PENDING:
+            if t.record.attempts:
+                self.retries += 1
             self.index.add(t.record.entry(), now=self.clock.wall())
+            if t.record.attempts:
+                self._left_pending.add(t.record.spec.id)
+
+    def _settle_left_pending(self) -> None:
+        """Count and report the jobs this run tried and left pending that another command
+        ended meanwhile (`cancel` settles a pending job itself; `dead`/`expired` by another
+        runner after ours): the run handled them, and DESIGN's exit code is of every job the
+        command handled. It exited 0 with such a job cancelled, and its JUnit report had it
+        as `skipped`, unfinished."""
+        for job_id in sorted(self._left_pending):
+            with contextlib.suppress(OSError):
+                view = self.q.find(job_id)
+                if view is not None and view.state.terminal:
+                    self.counts[view.state.value] += 1
+                    self.reporter.event(transition_event(Transition(view.record, view.state)))
+        self._left_pending.clear()
 
     def _report(self, t: Transition) -> None:
         ev = t.event

@@ -694,6 +694,9 @@ def do_submit(
     q = Queue(queue_path(queue))
     if before is not None:
         before(q)
+    # Looked at before the jobs are accepted: after, a following runner may have published
+    # some already, and their own outputs were reported as in the way ("remove that file").
+    existed = existing_outputs(jobs)
     try:
         res = q.submit(jobs, replace=replace, max_pending=max_pending, crash_hook=crash_hook)
     except ManifestError as exc:
@@ -702,7 +705,7 @@ def do_submit(
         problems = [with_file(p, file=origins[p.job]) if p.job in origins else p
                     for p in exc.problems]
         raise ManifestError(name_changed_fields(problems, jobs, q)) from None
-    warn_existing_outputs(jobs, {*res.accepted, *res.replaced}, origins)
+    warn_existing_outputs(jobs, {*res.accepted, *res.replaced} & existed, origins)
     return res, q
 
 
@@ -753,11 +756,17 @@ def note_ended(counts: dict[str, int]) -> None:
     out.err(f"note: {total} of these jobs ended earlier: {detail}{hint}")
 
 
-def warn_existing_outputs(jobs: list[Any], accepted: set[str], origins: dict[str, str]) -> None:
-    """An output path that holds a file already makes its job dead-letter (output_exists:
-    renderctl never overwrites), a replaced job's own earlier output included. Valid, the
-    file may go before the job runs, but say so now rather than after the render."""
-    hits = [j for j in jobs if j.id in accepted and os.path.lexists(j.output_path)]
+def existing_outputs(jobs: list[Any]) -> set[str]:
+    """The ids of the jobs whose output path holds something now."""
+    return {j.id for j in jobs if os.path.lexists(j.output_path)}
+
+
+def warn_existing_outputs(jobs: list[Any], hit: set[str], origins: dict[str, str]) -> None:
+    """An output path that held a file before its job was accepted makes the job dead-letter
+    (output_exists: renderctl never overwrites), a replaced job's own earlier output
+    included. Valid, the file may go before the job runs, but say so now rather than after
+    the render. ``hit``: the accepted jobs whose output existed before the submit."""
+    hits = [j for j in jobs if j.id in hit]
     for job in hits[:5]:
         out.err(f"warning: {origins.get(job.id, '?')}: job {job.id}: output "
                 f"{job.output_path} exists already; renderctl never overwrites, so the job "

@@ -119,6 +119,15 @@ def fail_until_marker(inputs: Sequence[Path], output: Path, params: Mapping[str,
     write_pdf(inputs, output, params)
 
 
+def fail_once_then_hold(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
+    """Fail the first time (leaving ``params["marker"]``); after, hold as wait_for_go does."""
+    marker = Path(params["marker"])
+    if not marker.exists():
+        marker.write_text("failed once")
+        raise RuntimeError("first attempt fails")
+    wait_for_go(inputs, output, params)
+
+
 def invalid(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
     """Raise InvalidInput; with ``params["go"]``, only once it exists (see wait_for_go)."""
     from renderctl.errors import InvalidInput

@@ -532,6 +532,34 @@ def test_a_run_ends_with_its_exit_hooks_run_leaving_nothing_in_tmpdir(
     assert res.stdout.rstrip().split("\n")[-1].startswith("summary: done 1,"), res.stdout
 
 
+def test_a_job_cancelled_while_it_waits_for_its_retry_counts_as_the_runs_cancelled(
+        tmp_path: Path, write_manifest: Any) -> None:
+    import xml.etree.ElementTree as ET
+
+    # Given a run whose job failed once and waits 3-5 s for its retry, beside a good job
+    stage(tmp_path)
+    queue, out, report = tmp_path / "q", tmp_path / "out", tmp_path / "junit.xml"
+    manifest = write_manifest([py_job("flaky", "fail"), py_job("ok", "write_pdf")])
+    runner = Runner(manifest, *cli_args(queue, out, "--workers", "1", "--backoff-base", "4",
+                                        "--junit", str(report)))
+    try:
+        runner.until(lambda ln: ln.startswith("retry") and " flaky " in f"{ln} ")
+        # When another command cancels it meanwhile (a pending job: cancel settles it itself)
+        res = run_cli("cancel", "flaky", "--queue", queue)
+        assert res.returncode == 0 and "flaky: cancelled" in res.stdout, res.stderr
+        code = runner.wait()
+    finally:
+        runner.close()
+    # Then the run, which tried it, counts it cancelled: exit 1, the summary and the JUnit
+    # report say so (it exited 0, the job `skipped` as if unfinished)
+    assert code == 1, runner.lines
+    assert runner.lines[-1].startswith("summary: done 1, dead 0, cancelled 1,"), runner.lines
+    [case] = [c for c in ET.parse(report).getroot().iter("testcase")
+              if c.get("name") == "flaky"]
+    failure = case.find("failure")
+    assert failure is not None and failure.get("type") == "cancelled", ET.tostring(case)
+
+
 def test_a_retry_scheduled_past_the_calendar_reads_in_days_and_epoch_seconds(
         tmp_path: Path, write_manifest: Any) -> None:
     stage(tmp_path)
