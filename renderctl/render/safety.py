@@ -9,7 +9,6 @@ it twice is the same as calling it once.
 
 from __future__ import annotations
 
-import operator
 import sys
 from typing import Any
 
@@ -17,6 +16,8 @@ import pypdf
 import reportlab.rl_config as rl_config
 from reportlab.lib import fonts as rl_fonts
 from reportlab.pdfbase import pdfmetrics
+
+from renderctl.cleanslate import restore_mapping
 
 # Well below the 400 MB default memory ceiling, far above what a real invoice or report needs:
 # a bomb fails fast as invalid input instead of being killed as a memory outcome after retries.
@@ -87,10 +88,7 @@ def reset_font_registries() -> None:
     """Put reportlab's font, typeface, encoding and family registries back as they were at
     import (registerFont, registerFontFamily, addMapping), where a job changed them."""
     for live, then in _FONT_REGISTRIES:
-        if live.keys() != then.keys() or not all(map(operator.is_, live.values(),
-                                                     then.values())):
-            live.clear()
-            live.update(then)
+        restore_mapping(live, then)
 
 
 def harden() -> None:
