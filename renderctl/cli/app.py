@@ -1224,6 +1224,11 @@ def kinds(as_json: JsonOpt = False) -> None:
     from renderctl.render.registry import all_specs
 
     specs = all_specs()
+    len(specs)  # (the scan of installed plugins, which fills in the broken ones)
+    # A plugin that could not be loaded is not silently missing from the list (stderr: the
+    # list on stdout stays what scripts read)
+    for why in getattr(specs, "broken", ()):
+        out.err(f"warning: renderer plugin {why[:300]}; its kind is not available")
     if as_json:
         out.print_json({k: {"description": s.description, "inputs": [s.min_inputs, s.max_inputs],
                             "output": s.output,

@@ -117,6 +117,8 @@ class _Specs(Mapping[str, RendererSpec]):
     def __init__(self) -> None:
         self._builtin = {spec.kind: spec for spec in BUILTIN}
         self._all: dict[str, RendererSpec] | None = None
+        # Entry points that could not be loaded, as "name (value): why", for `kinds`
+        self.broken: list[str] = []
 
     def __getitem__(self, kind: str) -> RendererSpec:
         spec = self._builtin.get(kind)
@@ -136,9 +138,13 @@ class _Specs(Mapping[str, RendererSpec]):
             for ep in entry_points(group=ENTRY_POINT_GROUP):
                 try:
                     spec = ep.load()
-                except Exception:  # a broken plugin must not break the CLI; `kinds` reports it
+                except Exception as exc:  # a broken plugin must not break the CLI
+                    self.broken.append(f"{ep.name} ({ep.value}): {type(exc).__name__}: {exc}")
                     continue
-                if isinstance(spec, RendererSpec) and spec.kind not in specs:
+                if not isinstance(spec, RendererSpec):
+                    self.broken.append(f"{ep.name} ({ep.value}): not a RendererSpec, a "
+                                       f"{type(spec).__name__}")
+                elif spec.kind not in specs:
                     specs[spec.kind] = spec
             self._all = specs
         return self._all

@@ -75,3 +75,28 @@ def test_a_plugin_renderer_is_listed_validated_and_run(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stdout + res.stderr
     text = PdfReader(tmp_path / "out" / "h.pdf").pages[0].extract_text()
     assert "Hello, plugins" in text
+
+
+def test_kinds_names_a_plugin_that_cannot_be_loaded(tmp_path: Path) -> None:
+    # Given an installed plugin whose module fails to import, and a working one
+    site = tmp_path / "site"
+    site.mkdir()
+    install_plugin(site)
+    (site / "broken_plugin.py").write_text("raise ImportError('needs libfoo')\n")
+    info = site / "broken_plugin-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-plugin\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[renderctl.renderers]\nbroken = broken_plugin:SPEC\n")
+    env = {**os.environ, "NO_COLOR": "1",
+           "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
+
+    # When the renderers are listed
+    res = cli("kinds", "--json", env=env)
+
+    # Then the working plugin is listed, and the broken one is named on stderr with why
+    # (it was silently absent), the list on stdout still what scripts read
+    assert res.returncode == 0, res.stderr
+    assert "hello" in json.loads(res.stdout)
+    assert "warning: renderer plugin broken (broken_plugin:SPEC): ImportError: needs " \
+        "libfoo; its kind is not available" in res.stderr, res.stderr
+
