@@ -2372,10 +2372,9 @@ class Runner:
             self.counts[t.dst.value] += 1
             self._left_pending.discard(t.record.spec.id)
         elif t.dst is State.PENDING:
-            if t.record.attempts:
-                self.retries += 1
             self.index.add(t.record.entry(), now=self.clock.wall())
             if t.record.attempts:
+                self.retries += 1
                 self._left_pending.add(t.record.spec.id)
 
     def _settle_left_pending(self) -> None:

@@ -1221,13 +1221,12 @@ def schema() -> None:
 @handle_errors
 def kinds(as_json: JsonOpt = False) -> None:
     """List every renderer (built-in and from plugins) with its params."""
-    from renderctl.render.registry import all_specs
+    from renderctl.render.registry import all_specs, broken_plugins
 
     specs = all_specs()
-    len(specs)  # (the scan of installed plugins, which fills in the broken ones)
     # A plugin that could not be loaded is not silently missing from the list (stderr: the
     # list on stdout stays what scripts read)
-    for why in getattr(specs, "broken", ()):
+    for why in broken_plugins():
         out.err(f"warning: renderer plugin {why[:300]}; its kind is not available")
     if as_json:
         out.print_json({k: {"description": s.description, "inputs": [s.min_inputs, s.max_inputs],

@@ -108,6 +108,15 @@ def all_specs() -> Mapping[str, RendererSpec]:
     return _Specs()
 
 
+def broken_plugins() -> list[str]:
+    """Each renderer plugin whose entry point could not be loaded, as "name (value): why"
+    (scanning the installed plugins, once per process, if that was not done yet)."""
+    specs = all_specs()
+    assert isinstance(specs, _Specs)
+    specs._everything()
+    return list(specs.broken)
+
+
 class _Specs(Mapping[str, RendererSpec]):
     """A built-in kind is answered at once; installed plugins are looked for only when a
     kind is not built in, or the whole catalogue is asked for (``kinds``, the list an

@@ -234,6 +234,7 @@ def observe_and_pollute(inputs: Sequence[Path], output: Path,
 
 HERE = Path(__file__).resolve().parent
 RENDERCTL = [sys.executable, "-m", "renderctl.cli.app"]
+LAUNCHER = [sys.executable, "-m", "renderctl"]  # the `renderctl` script's own entry point
 STATES = ("pending", "running", "done", "dead", "cancelled", "expired")
 TERMINAL = ("done", "dead", "cancelled", "expired")
 T = TypeVar("T")

@@ -6,14 +6,22 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from jobfns import QueueView, _env, assert_pdf, cli_args, held_job, py_job, stage, wait_for_pid
+from jobfns import (
+    LAUNCHER,
+    QueueView,
+    _env,
+    assert_pdf,
+    cli_args,
+    held_job,
+    py_job,
+    stage,
+    wait_for_pid,
+)
 
-LAUNCHER = [sys.executable, "-m", "renderctl"]
 CLOSE = {"stdin": "<&-", "stdout": ">&-", "stderr": "2>&-", "all three": "<&- >&- 2>&-"}
 
 

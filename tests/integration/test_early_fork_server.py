@@ -7,17 +7,14 @@ from __future__ import annotations
 
 import contextlib
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
-from jobfns import RENDERCTL, Runner, _env, cli_args, held_job, wait_for_pid
+from jobfns import LAUNCHER, RENDERCTL, Runner, _env, cli_args, held_job, wait_for_pid
 
 from renderctl.errors import ExitCode
-
-LAUNCHER = [sys.executable, "-m", "renderctl"]
 
 
 def fork_servers(pid: int) -> list[psutil.Process]:
