@@ -96,6 +96,10 @@ class TopFeed:
             # Stopped (Ctrl-Z, SIGSTOP), it writes no snapshot: the last one stays, frozen.
             info = runner_json(self.q.runner_info())
             snap["runner_suspended"] = bool(info and info.get("stopped"))
+            if info and "pid" not in snap:
+                # Alive, not yet through its first snapshot (its first second, or stopped
+                # within it): its pid from the lock's holder record, not "pid -".
+                snap["pid"] = info.get("pid")
         snap["queue_counts"] = dict(st.counts)
         if not from_runner:
             snap["oldest_pending_age_s"] = st.oldest_pending_age_s

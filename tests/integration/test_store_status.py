@@ -130,3 +130,35 @@ def test_status_and_top_say_when_the_runner_is_stopped(tmp_path: Path) -> None:
         assert runner.wait() == ExitCode.SIGTERM
     finally:
         runner.close()
+
+
+def test_top_names_a_stopped_runner_that_wrote_no_snapshot_yet(tmp_path: Path) -> None:
+    import signal
+
+    from jobfns import Runner, cli_args, stopped, wait_until
+
+    from renderctl.errors import ExitCode
+
+    # Given a following runner stopped (Ctrl-Z, SIGSTOP) before its first snapshot: its
+    # runner.state.json, written each second, not there yet (removed here, as it is in the
+    # runner's first second; the full suite stopped one within it)
+    queue = tmp_path / "q"
+    runner = Runner(*cli_args(queue, tmp_path / "out", "--workers", "1", "--follow", "--json"))
+    try:
+        runner.until(lambda ln: '"runner_started"' in ln)
+        os.kill(runner.pid, signal.SIGSTOP)
+        wait_until(lambda: stopped(runner.pid), what="the runner to stop")
+        (queue / "runner.state.json").unlink(missing_ok=True)
+
+        # When `top` draws a frame
+        top = run_cli("top", "--once", "--queue", str(queue))
+
+        # Then it names the runner by its pid (it said "pid - is STOPPED ... kill -CONT -")
+        assert f"pid {runner.pid} is STOPPED (Ctrl-Z, SIGSTOP): `fg` in its shell or " \
+               f"`kill -CONT {runner.pid}` resumes it" in top.stdout, top.stdout + top.stderr
+        os.kill(runner.pid, signal.SIGCONT)
+        runner.proc.send_signal(signal.SIGTERM)
+        assert runner.wait() == ExitCode.SIGTERM
+    finally:
+        runner.close()
+
