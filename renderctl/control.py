@@ -53,6 +53,8 @@ def _cancel_jobs(q: Queue, job_ids: Sequence[str], *,
     # one wake-up per WAKE_EVERY_S: each makes the runner list every open request.
     unwoken = False
     last_wake = -math.inf
+    # A runner may be waiting for nothing but a job we cancel here (its retry's backoff).
+    ended_pending = False
 
     def wake(*, now: bool = False) -> None:
         nonlocal unwoken, last_wake
@@ -68,6 +70,7 @@ def _cancel_jobs(q: Queue, job_ids: Sequence[str], *,
         took = q.take_pending(jid)
         if took is not None:
             taken.append(took)
+            ended_pending = True
             results.append(CancelResult(jid, "cancelled"))
             if len(taken) >= CANCEL_BATCH:
                 settle()
@@ -97,7 +100,7 @@ def _cancel_jobs(q: Queue, job_ids: Sequence[str], *,
         else:
             results.append(CancelResult(jid, f"already {view.state.value}"))
     settle()
-    if unwoken:
+    if unwoken or ended_pending:
         wake(now=True)
     return results
 

@@ -144,6 +144,11 @@ class ClaimIndex:
             self._with_deadline -= 1
         self._ready.pop(job_id, None)
 
+    def waiting_ids(self, *, now: float) -> list[str]:
+        """The jobs known, if none is claimable now (all wait for a due time), else []."""
+        self._promote_due(now)
+        return [] if self._ready else list(self._live)
+
     def _enqueue(self, entry: Entry) -> None:
         bucket = self._buckets.setdefault(entry.priority, _Bucket())
         q = bucket.groups.get(entry.group)

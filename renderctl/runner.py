@@ -352,8 +352,9 @@ class Runner:
         self.retries = 0
         # Jobs this run sent back to pending (a retry's backoff, a release), until it ends
         # them: one another command ends meanwhile (`cancel` of a pending job moves it
-        # itself) is counted at the end as this run's (see _settle_left_pending).
-        self._left_pending: set[str] = set()
+        # itself) is counted at the end as this run's (see _settle_left_pending). Each with
+        # how many attempts it had then: whether the end came with an attempt of its own.
+        self._left_pending: dict[str, int] = {}
         self.stop_signal: int | None = None
         self.stop_deadline: float | None = None
         self.stopped_at: float | None = None  # (monotonic) when the first stop signal came
@@ -362,6 +363,7 @@ class Runner:
         self._suspend_asked = False  # SIGTSTP came: pause the run at the top of the loop
         self.stopped = False  # the loop has ended (the last snapshot says "finished")
         self.wake_cancel = True
+        self._woken = False  # SIGUSR1 came (a submit, a cancel): see _forget_vanished
         self._halt_reported = False
         # Why the output folder cannot be written (DESIGN: exit 74, stop, lose nothing): set
         # by the first job that could not be given, or could not write, its output there.
@@ -532,6 +534,7 @@ class Runner:
 
     def _on_wake_signal(self, signum: int, frame: object) -> None:
         self.wake_cancel = True
+        self._woken = True
         self._next_poll = 0.0
 
     def _publish_runner_info(self) -> None:
@@ -939,6 +942,9 @@ class Runner:
                 if self.wake_cancel:
                     self.wake_cancel = False
                     self._handle_cancel_requests()
+                if self._woken:
+                    self._woken = False
+                    self._forget_vanished()
                 if self._foreign:
                     self._take_over_expired(self.clock.wall())
                 if self.halted:
@@ -2370,12 +2376,23 @@ class Runner:
     def _count(self, t: Transition) -> None:
         if t.dst.terminal:
             self.counts[t.dst.value] += 1
-            self._left_pending.discard(t.record.spec.id)
+            self._left_pending.pop(t.record.spec.id, None)
         elif t.dst is State.PENDING:
             self.index.add(t.record.entry(), now=self.clock.wall())
             if t.record.attempts:
                 self.retries += 1
-                self._left_pending.add(t.record.spec.id)
+                self._left_pending[t.record.spec.id] = len(t.record.attempts)
+
+    def _forget_vanished(self) -> None:
+        """Forget the jobs waiting out a backoff that are no longer in pending/ (`cancel`
+        ended them, and wakes us): a run waiting only for those waited, its work done,
+        until their retry time came (up to --backoff-max). Only while nothing is claimable:
+        then the run has nothing better to do than a stat per waiting job."""
+        if self.s.follow:
+            return  # it never finishes for want of jobs; a claim drops them when due
+        for job_id in self.index.waiting_ids(now=self.clock.wall()):
+            if not os.path.lexists(self.q.record_path(State.PENDING, job_id)):
+                self.index.discard(job_id)
 
     def _settle_left_pending(self) -> None:
         """Count and report the jobs this run tried and left pending that another command
@@ -2383,12 +2400,17 @@ class Runner:
         runner after ours): the run handled them, and DESIGN's exit code is of every job the
         command handled. It exited 0 with such a job cancelled, and its JUnit report had it
         as `skipped`, unfinished."""
-        for job_id in sorted(self._left_pending):
+        for job_id, attempts in sorted(self._left_pending.items()):
             with contextlib.suppress(OSError):
                 view = self.q.find(job_id)
                 if view is not None and view.state.terminal:
                     self.counts[view.state.value] += 1
-                    self.reporter.event(transition_event(Transition(view.record, view.state)))
+                    # Ended with no attempt since ours (a cancel while it waited): the last
+                    # attempt is ours, reported already as its `retry`; its outcome and error
+                    # in a `cancelled` event read as the cancel's.
+                    unrun = len(view.record.attempts) <= attempts
+                    self.reporter.event(transition_event(
+                        Transition(view.record, view.state, unrun=unrun)))
         self._left_pending.clear()
 
     def _report(self, t: Transition) -> None:

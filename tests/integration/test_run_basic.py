@@ -532,28 +532,50 @@ def test_a_run_ends_with_its_exit_hooks_run_leaving_nothing_in_tmpdir(
     assert res.stdout.rstrip().split("\n")[-1].startswith("summary: done 1,"), res.stdout
 
 
+@pytest.mark.parametrize("as_json", [False, True], ids=["lines", "json"])
 def test_a_job_cancelled_while_it_waits_for_its_retry_counts_as_the_runs_cancelled(
-        tmp_path: Path, write_manifest: Any) -> None:
+        tmp_path: Path, write_manifest: Any, as_json: bool) -> None:
     import xml.etree.ElementTree as ET
 
-    # Given a run whose job failed once and waits 3-5 s for its retry, beside a good job
+    # Given a run whose job failed once and waits about a minute for its retry, beside a
+    # good job
     stage(tmp_path)
     queue, out, report = tmp_path / "q", tmp_path / "out", tmp_path / "junit.xml"
     manifest = write_manifest([py_job("flaky", "fail"), py_job("ok", "write_pdf")])
-    runner = Runner(manifest, *cli_args(queue, out, "--workers", "1", "--backoff-base", "4",
-                                        "--junit", str(report)))
+    runner = Runner(manifest, *cli_args(queue, out, "--workers", "1", "--backoff-base", "60",
+                                        "--junit", str(report), *(["--json"] * as_json)))
     try:
-        runner.until(lambda ln: ln.startswith("retry") and " flaky " in f"{ln} ")
+        if as_json:
+            runner.until(lambda ln: '"event": "retry"' in ln and '"job": "flaky"' in ln)
+        else:
+            runner.until(lambda ln: ln.startswith("retry") and " flaky " in f"{ln} ")
         # When another command cancels it meanwhile (a pending job: cancel settles it itself)
         res = run_cli("cancel", "flaky", "--queue", queue)
         assert res.returncode == 0 and "flaky: cancelled" in res.stdout, res.stderr
-        code = runner.wait()
+        # (the cancel wakes the run, waiting for nothing else: it used to wait out the
+        # backoff it no longer had a job for)
+        code = runner.wait(timeout_s=20)
     finally:
         runner.close()
     # Then the run, which tried it, counts it cancelled: exit 1, the summary and the JUnit
     # report say so (it exited 0, the job `skipped` as if unfinished)
     assert code == 1, runner.lines
-    assert runner.lines[-1].startswith("summary: done 1, dead 0, cancelled 1,"), runner.lines
+    if as_json:
+        events = json_lines("\n".join(runner.lines))
+        [ev] = [e for e in events if e["event"] == "cancelled"]
+        # as the README's table has a job cancelled before it started: no attempt fields
+        assert ev["job"] == "flaky" and ev["state"] == "cancelled", ev
+        assert ev["kind"] == "python" and "attempt" not in ev, ev
+        assert ev["reason"] == "cancelled while pending" and "error" not in ev, ev
+        assert events[-1]["event"] == "summary", events[-1]
+        assert events[-1]["counts"] == {"done": 1, "dead": 0, "cancelled": 1,
+                                        "expired": 0}, events[-1]
+        assert events[-1]["exit_code"] == 1, events[-1]
+    else:
+        assert runner.lines[-1].startswith("summary: done 1, dead 0, cancelled 1,"), \
+            runner.lines
+        # its line tells the cancel, not the failure already told by its `retry` line
+        assert "cancelled flaky (cancelled while pending)" in runner.lines, runner.lines
     [case] = [c for c in ET.parse(report).getroot().iter("testcase")
               if c.get("name") == "flaky"]
     failure = case.find("failure")

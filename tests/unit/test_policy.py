@@ -142,6 +142,20 @@ def test_discard() -> None:
     assert drain(index, now=NOW + 2) == ["j0", "j2", "j3"]
 
 
+def test_waiting_ids_lists_the_jobs_only_while_none_is_claimable() -> None:
+    index = ClaimIndex()
+    index.add(entry(0, not_before=NOW + 30.0, job_id="later"), now=NOW)
+    index.add(entry(1, not_before=NOW + 10.0, job_id="soon"), now=NOW)
+    # every job waits for its due time: all are listed
+    assert sorted(index.waiting_ids(now=NOW)) == ["later", "soon"]
+    # one is due (claimable now): none is, the runner has work to do
+    assert index.waiting_ids(now=NOW + 10.0) == []
+    index.discard("soon")
+    assert index.waiting_ids(now=NOW + 10.0) == ["later"]
+    index.discard("later")
+    assert index.waiting_ids(now=NOW + 10.0) == [] and len(index) == 0
+
+
 def test_re_adding_a_job_replaces_it() -> None:
     index = ClaimIndex()
     index.add(entry(0, job_id="x"), now=NOW)
