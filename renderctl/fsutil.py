@@ -13,6 +13,7 @@ import ctypes
 import ctypes.util
 import errno
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
 from renderctl.errors import QueueIOError
@@ -64,6 +65,24 @@ def syncfs(path: str | os.PathLike[str]) -> None:
             raise QueueIOError(f"syncfs failed for {path}: {os.strerror(err)}")
     finally:
         os.close(fd)
+
+
+def sync_filesystems(paths: Iterable[str | os.PathLike[str]]) -> None:
+    """One syncfs per file system holding any of ``paths`` (the first always; the others
+    looked up by a stat each, never remembered: an output folder may be a mount point
+    inside its root, or a root re-pointed at another disk during a long run). A path that
+    is gone has nothing left there to sync."""
+    devs: dict[int, str | os.PathLike[str]] = {}
+    for i, path in enumerate(paths):
+        try:
+            dev = os.stat(path).st_dev
+        except OSError:
+            if i == 0:
+                raise
+            continue
+        devs.setdefault(dev, path)
+    for path in devs.values():
+        syncfs(path)
 
 
 def with_name(exc: OSError, path: str | os.PathLike[str]) -> OSError:

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from renderctl import proctree
-from renderctl.fsutil import fsync_dir, unlink_quiet
+from renderctl.fsutil import fsync_dir, sync_filesystems, unlink_quiet
 from renderctl.lifecycle import Outcome, State
 from renderctl.publish import (
     OutputEscapes,
@@ -242,6 +242,12 @@ def retired_event(q: Queue, rec: JobRecord, state: State, running: Path) -> dict
 def apply_verdicts(q: Queue, transitions: list[Transition], published_tmps: list[Path]) -> None:
     """Make verdicts durable, then drop the temporary names of outputs found published (only
     now: the done records that replace them as proof are on disk)."""
+    done = [t.record.spec.output_path.parent for t in transitions if t.dst is State.DONE]
+    if done:
+        # Protects against: a power loss after the done records below losing the publish
+        # they vouch for, which the dead runner may have died before syncing. `finish`
+        # syncs the queue's file system only; an output may be on another.
+        sync_filesystems([q.path, *done])
     if transitions:
         q.finish(transitions)
     for tmp in published_tmps:

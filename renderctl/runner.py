@@ -52,7 +52,7 @@ import struct
 import tempfile
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
@@ -68,7 +68,7 @@ from renderctl.errors import (
     UserError,
     signal_exit_code,
 )
-from renderctl.fsutil import syncfs, unlink_quiet
+from renderctl.fsutil import sync_filesystems, unlink_quiet
 from renderctl.gate import StartGate
 from renderctl.guards import (
     PIDS_MAX_PER_SLOT,
@@ -142,7 +142,7 @@ from renderctl.worker import (
 MB = 1024 * 1024
 RETIRE_BOUND_S = 5.0  # a worker that said it retires and has not exited by then is killed
 CRASH_POINTS = ("claim", "lease", "start", "commit", "publish:before_link",
-                "publish:after_link", "publish:after_done", "dead")
+                "publish:after_link", "commit:placed", "publish:after_done", "dead")
 # For tests: the lease length (s) instead of RunnerSettings.lease_s, so that a test can see a
 # lease judged (renewed, expired, taken over) in seconds rather than minutes.
 LEASE_ENV = "RENDERCTL_TEST_LEASE_S"
@@ -390,7 +390,6 @@ class Runner:
         # renewed (a live holder renews every lease_s / 3); until then the run is not finished.
         self._foreign = ForeignLeases(min_watch_s=self.s.lease_s / 2,
                                       max_watch_s=self.s.lease_s)
-        self._started_at_recovery: dict[str, float | None] = {}
         self.wait_times: deque[float] = deque(maxlen=512)
         self.recent_failures: deque[dict[str, Any]] = deque(maxlen=5)
         self.started_at = 0.0
@@ -688,13 +687,14 @@ class Runner:
         transitions: list[Transition] = []
         published_tmps: list[Path] = []
         retired: list[dict[str, Any]] = []
+        superseded: list[tuple[Path, JobRecord]] = []
         for jid in self.q.list_ids(State.RUNNING):
             path = self.q.record_path(State.RUNNING, jid)
             view = self.q.find(jid)
             if view is None:
                 continue
             if view.state is not State.RUNNING:
-                # A crash after the later record was durable, before the running copy and
+                # A crash after the later record was placed, before the running copy and
                 # the output's temporary link were removed: finish that cleanup. (After a
                 # power loss the output's publish may be what was lost: put it back first.)
                 if view.state is State.DONE:
@@ -704,9 +704,7 @@ class Runner:
                 if view.state.terminal:
                     # Its event is logged as the running copy is retired: not yet.
                     retired.append(retired_event(self.q, view.record, view.state, path))
-                unlink_quiet(path)
-                for stale in tmp_outputs(view.record.spec.output_path, jid):
-                    discard(stale)
+                superseded.append((path, view.record))
                 continue
             rec = view.record
             lease = rec.lease
@@ -718,9 +716,18 @@ class Runner:
             transitions.append(t)
             if tmp is not None:
                 published_tmps.append(tmp)
+        if superseded:
+            # Protects against: a power loss after the unlinks below losing the later record
+            # (and the output's publish), which the dead runner may have died before syncing:
+            # with the running copy gone as well, the job would be in no folder, or done with
+            # its output under a temporary name that nothing would restore.
+            self._sync(rec.spec.output_path.parent for _, rec in superseded)
+            for path, rec in superseded:
+                unlink_quiet(path)
+                for stale in tmp_outputs(rec.spec.output_path, rec.spec.id):
+                    discard(stale)
         self.q.events.append({"ts": now, **ev} for ev in retired)
         self._apply_recovered(transitions, published_tmps)
-        self._started_at_recovery = started
         self._forget_dead_runners()
         self.q.clean_tmp()
         self.q.adopt_free()
@@ -743,6 +750,7 @@ class Runner:
         one (its runner alive after all) is watched again."""
         transitions: list[Transition] = []
         published_tmps: list[Path] = []
+        started: dict[str, float | None] | None = None
         mono = time.monotonic()
         for jid in self._foreign.due(mono=mono):
             view = self.q.find(jid)
@@ -754,7 +762,11 @@ class Runner:
                                          mono=mono):
                 continue
             self._foreign.forget(jid)
-            t, tmp = self._recover_one(view.record, self._started_at_recovery, now)
+            if started is None:
+                # Read now, not at our start: its runner may have started the attempt since
+                # (it was alive then), and an attempt that started is charged.
+                started = started_tokens(self.q)
+            t, tmp = self._recover_one(view.record, started, now)
             transitions.append(t)
             if tmp is not None:
                 published_tmps.append(tmp)
@@ -2201,7 +2213,7 @@ class Runner:
         staged = self.q.stage(transitions)
         # Protects against: power loss after the links and renames below exposing an empty
         # output or an empty record (data must reach the disk before the names do).
-        self._sync(a.claim.record.spec.out_root for a, _, _ in to_link)
+        self._sync(a.final.parent for a, _, _ in to_link)
         if to_link:
             self.crash_point("publish:before_link")
         linked: list[Assignment] = []
@@ -2262,9 +2274,10 @@ class Runner:
         if restaged:
             self._sync(())
         self.q.place(staged)
+        self.crash_point("commit:placed")
         # Protects against: power loss forgetting a link or a record after we report it, or
         # after the running copy is unlinked next (which would lose the job entirely).
-        self._sync(a.claim.record.spec.out_root for a in linked)
+        self._sync(a.final.parent for a in linked)
         self._unsynced_claims = False
         self._finish_hook(transitions)("finish:before_unlink")
         for a in linked:
@@ -2335,16 +2348,10 @@ class Runner:
                                       reason="cancelled", changed_at=now), State.CANCELLED)
         return self._verdict(rec, attempt, now)
 
-    def _sync(self, out_roots: Any) -> None:
-        """One syncfs per file system involved (usually one: queue and outputs together)."""
-        devs = {os.stat(self.q.path).st_dev: str(self.q.path)}
-        # Looked up per sync (a stat per root), never remembered: a root re-pointed at
-        # another file system during a long run must have its outputs synced there.
-        for root in set(out_roots):
-            with contextlib.suppress(OSError):  # gone: its publish fails, nothing to sync
-                devs.setdefault(os.stat(root).st_dev, root)
-        for path in devs.values():
-            syncfs(path)
+    def _sync(self, out_folders: Iterable[Path]) -> None:
+        """One syncfs per file system involved (usually one: queue and outputs together):
+        judged by each output's own folder, which may be a mount point inside its root."""
+        sync_filesystems([self.q.path, *set(out_folders)])
 
     def _check_confined(self, out_root: str, final: Path) -> None:
         # Resolving every component costs ~0.1 ms; a folder checked once this run stays

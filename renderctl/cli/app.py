@@ -1592,6 +1592,13 @@ def wait(
             out.err(f"timed out after {timeout:g}s; not terminal yet: {', '.join(left)}")
             raise typer.Exit(ExitCode.TEMPFAIL)
         time.sleep(WAIT_POLL_S)
+    # Protects against: answering for a state its runner has not synced yet (it places the
+    # record, then syncs): a power loss after our answer would undo it, and a job reported
+    # done would run again and publish anew. Its output's folder too, on another disk.
+    from renderctl.fsutil import sync_filesystems
+
+    done = [q.find(jid) for jid, state in final.items() if state == State.DONE.value]
+    sync_filesystems([q.path, *(v.record.spec.output_path.parent for v in done if v)])
     if as_json:
         out.print_json({jid: final[jid] for jid in job_ids})  # as given, as the lines are
     else:
