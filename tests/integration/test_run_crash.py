@@ -378,6 +378,37 @@ def test_a_cancel_of_a_job_whose_lease_waits_to_expire_is_applied_after_the_take
     assert sorted((queue / "control").glob("cancel*")) == []
 
 
+def test_an_attempt_started_elsewhere_after_our_start_is_charged_when_its_lease_is_taken_over(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given a job held by a runner on another host, its lease running out in 3 s, whose
+    # start of the attempt is not on record yet when a second runner starts ...
+    queue, out, _ = left_by_a_runner_nobody_can_judge(
+        tmp_path, write_manifest, holder="on another host", expires_in_s=3)
+    aside = tmp_path / "started-aside"
+    aside.mkdir()
+    logs = sorted((queue / "control").glob("started.*.log"))
+    assert logs, "the dead runner left no started log"
+    for log in logs:
+        log.rename(aside / log.name)
+    second = Runner(*cli_args(queue, out, *FAST, "--json"), env={LEASE_ENV: "2"})
+    try:
+        second.until(lambda ln: '"runner_started"' in ln)
+        # ... and is put on record after that (the other runner started the attempt then)
+        for log in logs:
+            (aside / log.name).rename(log)
+        code = second.wait()
+    finally:
+        second.close()
+
+    # Then the takeover charges that attempt as crashed: it was judged by the started logs
+    # as they were when this runner started, and the attempt went uncharged
+    assert code == 0, second.lines
+    lost, done = QueueView(queue).record("done", "held")["attempts"]
+    assert lost["outcome"] == "crashed" and "let its lease expire" in lost["error"], lost
+    assert done["outcome"] == "completed"
+    assert_pdf(out / "held.pdf", "held")
+
+
 def test_a_lease_renewed_by_a_host_whose_clock_is_behind_is_not_taken_over_until_it_stops(
         tmp_path: Path, write_manifest: Any) -> None:
     # Given a job held by a runner on another host whose clock is 5 minutes behind ours (or
