@@ -34,14 +34,6 @@ folder touched, not N fsyncs (MEASUREMENTS.md: fsyncs per job are the cost that 
 
 - **dead retry** rewrites ``dead/x`` in place durably, then moves it to ``pending/`` with one
   rename: a crash leaves the job in exactly one of the two.
-
-"A crash" here is a process's death (SIGKILL at any point), and a power loss on a file system
-with a journal (ext4's default, XFS, btrfs), where a rename reaches the disk whole. Without a
-journal (as ext4 on this machine runs) the two folders' blocks are written independently, so a
-power loss in the middle of a sync can keep a rename's removal and lose its addition; fsck
-then leaves the file in ``lost+found``. Nothing in the layout can prevent that (a move by link,
-sync, unlink would, at two more syncs per transition); what the code does ensure is that no
-state is reported, and no copy removed, before its successor is synced.
 - **Locks**: ``.submit.lock`` (submits and journal replays, one at a time);
   ``.replace.lock``, held by a ``--replace`` while it re-checks and applies, taken shared
   and non-blocking by each claim batch (a claim skips a round rather than let a job be
@@ -54,6 +46,14 @@ state is reported, and no copy removed, before its successor is synced.
 - **Readers in other processes** (`show`, `status`) may read a running record's file just
   as the runner recycles it: a record is quarantined only if its path still names the file
   that was read, and a record of another id is never taken for the one looked up.
+
+"A crash" here is a process's death (SIGKILL at any point), and a power loss on a file system
+with a journal (ext4's default, XFS, btrfs), where a rename reaches the disk whole. Without a
+journal (as ext4 on this machine runs) the two folders' blocks are written independently, so a
+power loss in the middle of a sync can keep a rename's removal and lose its addition; fsck
+then leaves the file in ``lost+found``. Nothing in the layout can prevent that (a move by link,
+sync, unlink would, at two more syncs per transition); what the code does ensure is that no
+state is reported, and no copy removed, before its successor is synced.
 """
 
 from __future__ import annotations
