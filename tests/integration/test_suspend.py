@@ -492,7 +492,10 @@ if pid == 0:
     os.dup2(tty, 0)
     os.dup2(tty, 1)
     os.execv(sys.argv[3], sys.argv[3:])
-os.setpgid(pid, pid)
+try:
+    os.setpgid(pid, pid)  # as a shell does, in both: whichever runs first
+except PermissionError:
+    pass  # EACCES: the child has exec'd already, having set its group itself (under load)
 print(pid, flush=True)
 while True:
     _, status = os.waitpid(pid, os.WUNTRACED)
