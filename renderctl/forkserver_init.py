@@ -1,13 +1,15 @@
-"""First module the fork server imports (``PRELOAD``): it shields the server from a SIGTERM,
-SIGHUP, SIGQUIT or SIGTSTP aimed at the runner's whole process group.
+"""First module the fork server imports (``PRELOAD``): it shields the server from a SIGINT,
+SIGTERM, SIGHUP, SIGQUIT or SIGTSTP aimed at the runner's whole process group.
 
 The fork server shares the runner's process group, and ``timeout``, systemd's stop,
 Slurm and ``kill -TERM -PGID`` signal the whole group, as a closing terminal does with
 SIGHUP and its quit key with SIGQUIT. Dying on that signal, the server would fire every
 worker's parent-death signal, killing the running jobs at once and charging them an
 attempt, while the runner was about to release them uncharged (after their grace period).
-CPython's server already ignores SIGINT for the same reason; it still exits when the
-runner does (its "alive" pipe).
+CPython's server ignores SIGINT for the same reason, but only once it has imported every
+preloaded module: `run` starts it early, and a Ctrl-C in its first ~0.5 s (reportlab and
+pypdf loading) printed a KeyboardInterrupt traceback from the server. It is ignored here,
+as the preload begins. The server still exits when the runner does (its "alive" pipe).
 Workers set these back to their defaults at start (``worker_main``).
 """
 
@@ -49,6 +51,7 @@ def _in_fork_server() -> bool:
 
 
 if _in_fork_server():
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGQUIT, signal.SIG_IGN)

@@ -649,9 +649,14 @@ class Runner:
             "oldest_pending_age_s": (round(self.clock.wall() - oldest, 3)
                                      if (oldest := self.index.oldest_accepted_at()) is not None
                                      else None),
-            "in_flight": len(self.ready) + sum(w.load() for w in self.workers.values()),
+            # Claimed and not yet counted ended: waiting for a worker, queued in one,
+            # running, or finished and waiting for the group commit (which counts it).
+            "in_flight": len(self.ready) + sum(w.load() for w in self.workers.values())
+            + len(self.completions),
             "stopped": self.stopped,
             "claimed_waiting": len(self.ready),
+            # Claimed, not started: waiting for a worker or queued in one (prefetched).
+            "not_started": len(self.ready) + sum(len(w.queued) for w in self.workers.values()),
             "running": running,
             "wait_s": _percentiles(self.wait_times),
             "exec_s": _percentiles(self.exec_times),
@@ -2112,7 +2117,9 @@ class Runner:
         now = self.clock.wall()
         rec = replace(a.claim.record, lease=None, reason="released before it started",
                       changed_at=now)
-        self.q.finish([Transition(rec, State.PENDING, unrun=True)])
+        t = Transition(rec, State.PENDING, unrun=True)
+        self.q.finish([t])
+        self._count(t)  # pending again: the dashboard's pending count and total include it
         self.reporter.event({"event": "released", "job": a.job_id})
 
     def _finish_unrun(self, a: Assignment, dst: State, reason: str) -> None:
@@ -2386,8 +2393,11 @@ class Runner:
             self._left_pending.pop(t.record.spec.id, None)
         elif t.dst is State.PENDING:
             self.index.add(t.record.entry(), now=self.clock.wall())
-            if t.record.attempts:
-                self.retries += 1
+            if t.record.attempts and not t.unrun:
+                # A release (a stop, an output folder that cannot be written) is not
+                # charged and not a retry: `top` counts only `retry` events too.
+                if t.record.attempts[-1].get("outcome") != Outcome.RELEASED.value:
+                    self.retries += 1
                 self._left_pending[t.record.spec.id] = len(t.record.attempts)
 
     def _forget_vanished(self) -> None:

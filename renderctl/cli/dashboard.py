@@ -218,7 +218,10 @@ def _count_parts(snap: Mapping[str, Any]) -> tuple[str, dict[str, Any], Any]:
         shown = {s: qc.get(s, 0) for s in ("pending", "running", *TERMINAL)}
         whose = "queue"
     else:
-        shown = {"pending": snap.get("pending_known", 0),
+        # Pending: not started yet, those claimed already (prefetched into a worker,
+        # waiting for one) included; they are in running/, but ran nowhere so far.
+        shown = {"pending": int(snap.get("pending_known") or 0)
+                 + int(snap.get("not_started") or 0),
                  "running": len(snap.get("running") or ()),
                  **{s: counts.get(s, 0) for s in TERMINAL}}
         whose = "this run"

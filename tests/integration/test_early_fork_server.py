@@ -82,3 +82,49 @@ def test_a_bad_start_method_is_left_to_the_command_to_refuse(
     assert "vfork" in res.stderr and "Traceback" not in res.stderr
     assert not (tmp_path / "q" / "pending").exists() or \
         not list((tmp_path / "q" / "pending").iterdir())
+
+
+def ignores(pid: int, sig: int) -> bool:
+    """Whether process ``pid`` ignores signal ``sig`` now (its SigIgn mask in /proc)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigIgn:"):
+            return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
+    return False
+
+
+def test_ctrl_c_while_the_fork_server_preloads_leaves_no_traceback(
+        tmp_path: Path, write_manifest: Any) -> None:
+    import os
+    import signal
+    import time
+
+    # Given a run started as a terminal starts it (a process group of its own, which Ctrl-C
+    # signals whole), its fork server early in its preload (past its first module, which
+    # ignores SIGTERM: reportlab and pypdf still loading, ~0.4 s)
+    job, _ = held_job(tmp_path, "held")
+    manifest = write_manifest([job])
+    proc = subprocess.Popen([*LAUNCHER, "run", str(manifest),
+                             *cli_args(tmp_path / "q", tmp_path / "out", "--workers", "1")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=_env(None), process_group=0)
+    try:
+        deadline = time.monotonic() + 20
+        server = None
+        while server is None and time.monotonic() < deadline:
+            with contextlib.suppress(psutil.Error, OSError):
+                found = fork_servers(proc.pid)
+                if found and ignores(found[0].pid, signal.SIGTERM):
+                    server = found[0]
+            time.sleep(0.002)
+        assert server is not None, "no fork server seen preloading"
+        # When Ctrl-C comes
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    # Then the run stops as a Ctrl-C stops it, and nobody prints a traceback (the server's
+    # KeyboardInterrupt in the middle of an import was)
+    assert proc.returncode == ExitCode.SIGINT, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err

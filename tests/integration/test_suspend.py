@@ -670,3 +670,52 @@ def test_lines_held_in_the_background_past_the_limit_drop_the_oldest_not_stop_th
         end_launch(launcher, pid, master)
     assert [ln for ln in text.splitlines() if ln.startswith("line")] == [
         "line 7", "line 8", "line 9"], text
+
+
+def test_the_dashboard_counts_jobs_claimed_ahead_and_a_stop_neither_loses_them_nor_retries(
+        tmp_path: Path, write_manifest: Any) -> None:
+    import json
+    import re
+
+    from renderctl.cli.dashboard import dashboard_lines
+
+    # Given four held jobs for one worker, all claimed at once (--prefetch 4): one runs,
+    # three wait queued in the worker
+    jobs = [held_job(tmp_path, f"h{n}", priority=4 - n)[0] for n in range(4)]
+    manifest = write_manifest(jobs)
+    queue, out = tmp_path / "q", tmp_path / "out"
+    proc, master = run_on_a_terminal(queue, out, manifest, "--prefetch", "4", "--grace", "0.2")
+    seen = bytearray()
+    try:
+        wait_for_pid(tmp_path / "h0.pid")
+
+        # Then the runner's figures count the three as pending, not started (they were in
+        # no count: "pending 0  running 1", and the folders said running 4)
+        def counts_line() -> str | None:
+            read_for(master, seen, 0.05)
+            try:
+                snap = json.loads((queue / "runner.state.json").read_text())
+            except (OSError, ValueError):
+                return None
+            line = next(ln for ln in dashboard_lines(snap) if ln.startswith("this run:"))
+            return line if snap.get("running") and snap.get("not_started") == 3 else None
+
+        line = wait_until(counts_line, what="the runner's state with one job running")
+        assert line.startswith("this run: pending 3  running 1  done 0"), line
+
+        # When it is stopped (SIGTERM; the running job is released after a 0.2 s grace)
+        proc.send_signal(signal.SIGTERM)
+        while proc.poll() is None:
+            read_for(master, seen, 0.1)
+        read_for(master, seen, 0.3)
+    finally:
+        end_on_a_terminal(proc, master)
+    assert proc.returncode == 143
+    # Then its last frame has all four pending again (the three released unstarted were
+    # counted nowhere: "0/1 jobs, pending 1") and no retry (a release is not one)
+    screen = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", seen.decode(errors="replace"))
+    last = screen[screen.rindex("this run:"):]
+    assert re.match(r"this run: pending 4\s+running 0\s+done 0", last), last[:200]
+    assert re.search(r"retries\s+0\b", last), last[:300]  # (it may wrap there)
+    assert re.findall(r"\b\d+/\d+ jobs\b", screen)[-1] == "0/4 jobs", screen[-2000:]
+    assert QueueView(queue).ids("pending") == {f"h{n}" for n in range(4)}
