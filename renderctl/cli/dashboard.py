@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console, Group, RenderableType
+from rich.control import Control
 from rich.live import Live
 from rich.progress_bar import ProgressBar
 from rich.table import Table
@@ -360,6 +361,7 @@ class DashboardReporter:
         self._slow_due = 0.0
         self._slow: dict[str, Any] = {}
         self.gone = False  # the terminal hung up: draw nothing more
+        self._width: int | None = None  # the terminal's, when the last frame was drawn
         self._room = Room(console.file, foreground_only=True)  # (see tick)
         # What `run` draws through (see console.Stdout): a frame its terminal took only part
         # of is written out before the next one is drawn.
@@ -386,6 +388,7 @@ class DashboardReporter:
         self.live = Live(console=self.console, auto_refresh=False, transient=False,
                          redirect_stdout=False, redirect_stderr=False)
         self.live.start()
+        self._width = None  # a new dashboard below what is there: nothing to clear
 
     def event(self, ev: Mapping[str, Any]) -> None:
         if ev.get("event") == "suspended" and self.live is not None:
@@ -424,7 +427,20 @@ class DashboardReporter:
             self._draw(self.start)
         live = self.live
         if live is not None:
-            self._draw(lambda: live.update(self.frame(runner, now), refresh=True))
+            self._draw(lambda: self._update(live, self.frame(runner, now)))
+
+    def _update(self, live: Live, frame: RenderableType) -> None:
+        """Redraw ``live`` with ``frame``; from a cleared screen if the width changed.
+
+        Most terminals (tmux, VTE, iTerm2) reflow what they show to a new width: the last
+        frame's lines wrap into more rows, or join, and rich, erasing as many rows as that
+        frame had, left pieces of it above the new one (and then above the final frame)."""
+        width = self.console.width
+        if self._width not in (None, width):
+            self.console.control(Control.home(), Control.clear())
+            live._live_render._shape = None  # drawn from the top: nothing above to erase
+        self._width = width
+        live.update(frame, refresh=True)
 
     def frame(self, runner: Any, now: float) -> RenderableType:
         snap = dict(runner.snapshot())
@@ -454,8 +470,7 @@ class DashboardReporter:
                 if self._out is not None:
                     self._out.drain(wait=True)  # (the frame the last one would follow)
                 self._slow_due = 0.0
-                self._draw(lambda: live.update(self.frame(runner, time.monotonic()),
-                                               refresh=True))
+                self._draw(lambda: self._update(live, self.frame(runner, time.monotonic())))
         finally:
             self._draw(live.stop)
             self.live = None

@@ -168,6 +168,48 @@ def test_reporter_is_rate_limited_and_cheap_when_not_due(snapshot: dict[str, Any
     assert "report-hot" in console.export_text()
 
 
+def test_a_frame_after_the_terminal_changed_width_is_drawn_from_a_cleared_screen(
+        snapshot: dict[str, Any]) -> None:
+    import io
+
+    class FakeQueue:
+        def count(self, state: str) -> int:
+            return 0
+
+    class FakeRunner:
+        q = FakeQueue()
+        holder = object()
+
+        def snapshot(self) -> dict[str, Any]:
+            return snapshot
+
+    # Given the run's dashboard drawn twice on a 120-column terminal
+    screen = io.StringIO()
+    console = Console(file=screen, width=120, force_terminal=True, color_system=None)
+    rep = DashboardReporter(console, out_root="/srv/out")
+    runner = FakeRunner()
+    rep.tick(runner)
+    rep._due = 0.0  # (the next frame is due now)
+    rep.tick(runner)
+    # (a redraw at the same width erases the last frame's rows, and clears nothing else)
+    assert "\x1b[2J" not in screen.getvalue() and "\x1b[1A" in screen.getvalue()
+    drawn = len(screen.getvalue())
+
+    # When the terminal is narrowed to 40 columns (reflowing what it shows: the last frame's
+    # rows are no longer the rows rich would erase) and the next frame is drawn
+    console.width = 40
+    rep._due = 0.0
+    rep.tick(runner)
+
+    # Then it starts from a cleared screen, erasing no rows above it (pieces of the old
+    # frame were left on screen above the new one)
+    after = screen.getvalue()[drawn:]
+    assert after.startswith("\x1b[H\x1b[2J"), repr(after[:40])
+    assert "\x1b[1A" not in after.split("\x1b[2J", 1)[1].split("report-hot")[0]
+    assert "report-hot" in after
+    rep.close(runner)
+
+
 def test_top_progress_is_of_one_instant_the_runners(snapshot: dict[str, Any]) -> None:
     # Given `top`'s snapshot: the runner's (written each second) and the folder counts read
     # now, after 10 more jobs finished
