@@ -242,7 +242,7 @@ def retired_event(q: Queue, rec: JobRecord, state: State, running: Path) -> dict
 def apply_verdicts(q: Queue, transitions: list[Transition], published_tmps: list[Path]) -> None:
     """Make verdicts durable, then drop the temporary names of outputs found published (only
     now: the done records that replace them as proof are on disk)."""
-    done = [t.record.spec.output_path.parent for t in transitions if t.dst is State.DONE]
+    done = {t.record.spec.output_path.parent for t in transitions if t.dst is State.DONE}
     if done:
         # Protects against: a power loss after the done records below losing the publish
         # they vouch for, which the dead runner may have died before syncing. `finish`

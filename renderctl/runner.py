@@ -726,7 +726,7 @@ class Runner:
             # (and the output's publish), which the dead runner may have died before syncing:
             # with the running copy gone as well, the job would be in no folder, or done with
             # its output under a temporary name that nothing would restore.
-            self._sync(rec.spec.output_path.parent for _, rec in superseded)
+            self._sync({rec.spec.output_path.parent for _, rec in superseded})
             for path, rec in superseded:
                 unlink_quiet(path)
                 for stale in tmp_outputs(rec.spec.output_path, rec.spec.id):

@@ -1598,7 +1598,7 @@ def wait(
     from renderctl.fsutil import sync_filesystems
 
     done = [q.find(jid) for jid, state in final.items() if state == State.DONE.value]
-    sync_filesystems([q.path, *(v.record.spec.output_path.parent for v in done if v)])
+    sync_filesystems([q.path, *{v.record.spec.output_path.parent for v in done if v}])
     if as_json:
         out.print_json({jid: final[jid] for jid in job_ids})  # as given, as the lines are
     else:
