@@ -146,3 +146,31 @@ def test_prune_syncs_before_it_deletes(tmp_path: Path, write_manifest: Any) -> N
     unlink = first(calls, r'unlink(at)?\(.*cancelled/gone\.json"')
     assert any(c.startswith("syncfs(") for c in calls[:unlink]), "\n".join(calls[:unlink + 1])
     assert QueueView(queue).ids("cancelled") == set()
+
+
+def test_an_output_folder_mounted_inside_the_root_is_synced_before_its_record(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given an output folder that is a mount point inside the output root (another file
+    # system than the root's and the queue's)
+    stage(tmp_path)
+    queue, out = tmp_path / "q", tmp_path / "out"
+    mounted = out / "mounted"
+    mounted.mkdir(parents=True)
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mounted)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (not root, or no mount namespace rights)")
+    try:
+        manifest = write_manifest([py_job("deep", "write_pdf", "mounted/deep.pdf")])
+
+        # When a job publishing there runs
+        res, calls = traced(tmp_path, "run", manifest, *cli_args(queue, out))
+        assert res.returncode == 0, res.stdout + res.stderr
+
+        # Then that file system is synced before the done record vouching for the publish is
+        # placed (the root's was, which does not hold the output)
+        placed = first(calls, r'rename(at2?)?\(.*done/deep\.json"')
+        assert any(c.startswith("syncfs(") and f"<{mounted}" in c for c in calls[:placed]), \
+            "\n".join(calls[:placed + 1])
+        assert_pdf(mounted / "deep.pdf", "deep")
+    finally:
+        subprocess.run(["umount", "-l", str(mounted)], capture_output=True)
