@@ -1936,6 +1936,15 @@ class Queue:
         if any(not s.terminal for s in states):
             raise ValueError("only terminal records can be pruned")
         cutoff = self.clock.wall() - older_than_s
+        if not dry_run:
+            # Protects against: a power loss after the deletions bringing back a journal
+            # entry whose retirement was never synced (it is not: replays are idempotent
+            # while the jobs' records exist). Replayed with the records gone, it would put
+            # a job that ended (cancelled, say) back in pending, to run. Once, before any
+            # deletion and outside submit's lock (per batch under it, every submit waited
+            # for the sync): a job accepted after this reached its state after the cutoff
+            # (or, for `dead purge`, through a runner's commit, which syncs everything).
+            syncfs(self.path)
         counts: dict[str, int] = {}
         for state in states:
             folder = self.dir(state)
@@ -1973,12 +1982,6 @@ class Queue:
         folder = os.path.dirname(paths[0])  # one folder's records in each batch
         n = 0
         with self._lock(".submit.lock"):
-            if not dry_run:
-                # Protects against: a power loss after the deletions bringing back a journal
-                # entry whose retirement was never synced (it is not: replays are
-                # idempotent while the jobs' records exist). Replayed with the records gone,
-                # it would put a job that ended (cancelled, say) back in pending, to run.
-                syncfs(self.path)
             until = time.monotonic() + PRUNE_HOLD_S
             while paths and time.monotonic() < until:
                 path = paths.pop()

@@ -7,6 +7,7 @@ are printed as one clear message, never as a traceback.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import json
@@ -1597,8 +1598,14 @@ def wait(
     # done would run again and publish anew. Its output's folder too, on another disk.
     from renderctl.fsutil import sync_filesystems
 
-    done = [q.find(jid) for jid, state in final.items() if state == State.DONE.value]
-    sync_filesystems([q.path, *{v.record.spec.output_path.parent for v in done if v}])
+    out_folders: set[Path] = set()
+    for jid, state in final.items():
+        if state == State.DONE.value:
+            # Read where it was found (find() would look through the folders again).
+            with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+                rec = q.read_record(q.record_path(State.DONE, jid))
+                out_folders.add(rec.spec.output_path.parent)
+    sync_filesystems([q.path, *out_folders])
     if as_json:
         out.print_json({jid: final[jid] for jid in job_ids})  # as given, as the lines are
     else:
