@@ -101,7 +101,11 @@ def main() -> None:
     start_fork_server_early(sys.argv)
     from renderctl.cli.app import main as cli_main
 
-    # Python's own again (or still ignored): a KeyboardInterrupt, which each command turns
-    # into 130 its way (a submit says whether anything was enqueued).
-    signal.signal(signal.SIGINT, prior)
+    if sys.argv[1:2] != ["run"]:
+        # Python's own again (or still ignored): a KeyboardInterrupt, which each command
+        # turns into 130 its way (a submit says whether anything was enqueued). Not for
+        # `run`, whose own handling comes first thing (before it submits): a Ctrl-C in
+        # between raised KeyboardInterrupt inside click or a lazy import, and ended with
+        # a traceback, "Aborted!" or death by the signal instead of a quiet 130.
+        signal.signal(signal.SIGINT, prior)
     cli_main()
