@@ -11,12 +11,16 @@ profile), the garbage collector's settings, the int/str digit limit, the decimal
 the socket default timeout, the warnings filters, the logging configuration (loggers a job
 created go back to blank; a library's, as its import left them: it stays imported),
 ``random``'s seed, ``csv.field_size_limit``, variables set below ``os.environ`` with
-``os.putenv``, and the builtins
+``os.putenv``, ``os.environ`` itself (rebound), ``sys.meta_path`` and ``sys.path_hooks``,
+the scheduling policy, the thread stack size, faulthandler's watchdog and handlers, and the
+builtins
 (a name a job added to ``builtins`` is a global of every module in every later job; one it
 replaced, ``open`` or ``print``, is everyone's). A job that
 leaves a thread running, or a limit or priority it cannot be given back, cannot be undone:
-the worker retires instead. Monkeypatched library functions are not detected (that would
-mean comparing every module's namespace per job); a job that needs that isolation is a
+the worker retires instead, as it does after an audit hook (which cannot be removed),
+no_new_privs, or a change of the process's user or groups. Monkeypatched library
+functions are not detected (that would mean comparing every module's namespace per job); a
+job that needs that isolation is a
 ``command`` job, or runs with ``--max-jobs-per-worker 1``. Nor can a job that first imports a
 library and, in the same job, sets that library's loggers or filters its warning categories
 be told from the library's own set-up at import: that stays, as the library does.
@@ -37,6 +41,7 @@ import contextlib
 import csv
 import ctypes
 import decimal
+import faulthandler
 import gc
 import locale
 import logging
@@ -134,6 +139,18 @@ class Baseline:
         self.int_digits = sys.get_int_max_str_digits()
         self.affinity = os.sched_getaffinity(0)
         self.priority = os.getpriority(os.PRIO_PROCESS, 0)
+        self.scheduler = _scheduler()
+        self.stack_size = threading.stack_size()
+        # Import machinery: a finder or hook a job installs would see (and could replace)
+        # every later job's imports. The lists are restored in place (importlib holds them).
+        self.meta_path_list, self.path_hooks_list = sys.meta_path, sys.path_hooks
+        self.meta_path, self.path_hooks = list(sys.meta_path), list(sys.path_hooks)
+        self.environ = os.environ
+        self.faulthandler = faulthandler.is_enabled()
+        # Who the worker is: a job that gives up root (or changes groups) leaves a worker that
+        # can no longer keep its own folders; nothing can give the identity back.
+        self.identity = _identity()
+        self.no_new_privs = _no_new_privs()
         # The context a job finds is a fresh copy each time: a job's arithmetic also sets
         # the context's flags, which the next job must not inherit either.
         self.decimal = decimal.getcontext().copy()
@@ -157,6 +174,12 @@ class Baseline:
             self._watch(resource, name, "rlimits")
         for name in ("seed", "setstate"):
             self._watch(random, name, "random")
+        for name in ("enable", "dump_traceback_later", "register"):
+            # A pending dump_traceback_later(exit=True) killed the next job in the worker
+            # (its watchdog is a C thread, not one threads_left() counts).
+            self._watch(faulthandler, name, "faulthandler")
+        # An audit hook cannot be removed, and it sees every later job's opens and imports.
+        self._watch(sys, "addaudithook", "audithook")
 
     def _watch(self, module: Any, name: str, kind: str, unless_from: str = "") -> None:
         real: Callable[..., Any] = getattr(module, name)
@@ -214,6 +237,7 @@ class Baseline:
         if sys.get_int_max_str_digits() != self.int_digits:
             sys.set_int_max_str_digits(self.int_digits)
         problems.extend(self._restore_scheduling())
+        problems.extend(self._restore_interpreter())
         decimal.setcontext(self.decimal.copy())
         if _decimal_fields(decimal.DefaultContext) != self.decimal_default:
             *fields, traps = self.decimal_default
@@ -230,11 +254,49 @@ class Baseline:
         self.touched.clear()
         return problems
 
+    def restore_environ(self) -> None:
+        """os.environ itself, if a job rebound it (to a plain dict, say: the worker's own
+        resetting of the environment, and every later job's, would reach no subprocess).
+        Called before anything sets the next job's environment."""
+        if os.environ is not self.environ:
+            os.environ = self.environ  # noqa: B003  (the mapping, not the C environment)
+            self.touched.add("environ")  # what the job put there: the C one is compared
+
     def _restore_builtins(self) -> None:
         restore_mapping(vars(builtins), self.builtins)
 
+    def _restore_interpreter(self) -> list[str]:
+        problems: list[str] = []
+        if threading.stack_size() != self.stack_size:
+            threading.stack_size(self.stack_size)
+        _restore_list(self.meta_path_list, self.meta_path)
+        sys.meta_path = self.meta_path_list
+        if _restore_list(self.path_hooks_list, self.path_hooks):
+            sys.path_importer_cache.clear()  # finders the job's hooks made
+        sys.path_hooks = self.path_hooks_list
+        if "faulthandler" in self.touched:
+            faulthandler.cancel_dump_traceback_later()
+            for sig in signal.valid_signals():
+                with contextlib.suppress(ValueError, OSError, RuntimeError):
+                    faulthandler.unregister(sig)
+            if faulthandler.is_enabled() != self.faulthandler:
+                (faulthandler.enable if self.faulthandler else faulthandler.disable)()
+        if "audithook" in self.touched:
+            problems.append("the job added an audit hook, which cannot be removed")
+        if _identity() != self.identity:
+            problems.append("the job changed its worker's user or groups")
+        if _no_new_privs() != self.no_new_privs:
+            problems.append("the job set no_new_privs on its worker, which cannot be undone")
+        return problems
+
     def _restore_scheduling(self) -> list[str]:
         problems: list[str] = []
+        if _scheduler() != self.scheduler:
+            policy, priority = self.scheduler
+            try:  # a real-time policy would otherwise carry on into every later job
+                os.sched_setscheduler(0, policy, os.sched_param(priority))
+            except OSError as exc:
+                problems.append(f"scheduling policy: {exc}")
         if os.sched_getaffinity(0) != self.affinity:
             try:
                 os.sched_setaffinity(0, self.affinity)
@@ -286,6 +348,45 @@ class Baseline:
                 lg.handlers[:] = state[1]
                 lg.filters[:] = state[2]
                 lg.propagate, lg.disabled = state[3], state[4]
+
+
+def _scheduler() -> tuple[int, int]:
+    return os.sched_getscheduler(0), os.sched_getparam(0).sched_priority
+
+
+def _identity() -> tuple[Any, ...]:
+    return os.getresuid(), os.getresgid(), os.getgroups()
+
+
+_PR_GET_NO_NEW_PRIVS = 39
+_prctl: Any = None
+
+
+def _no_new_privs() -> int:
+    """prctl(PR_GET_NO_NEW_PRIVS) (~1 us): set from C, below what Python can watch."""
+    global _prctl
+    if _prctl is None:
+        try:
+            _prctl = ctypes.CDLL(None, use_errno=True).prctl
+        except (OSError, AttributeError):
+            _prctl = False
+    return int(_prctl(_PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0)) if _prctl else 0
+
+
+def _restore_list(live: list[Any], then: list[Any]) -> bool:
+    """Make ``live`` hold ``then`` again (what the job removed put back, in place), keeping
+    what a library still loaded added at its import, which it would not add again for the
+    next job (as with warnings filters): those join ``then``. True if anything was removed."""
+    if len(live) == len(then) and all(map(operator.is_, live, then)):
+        return False
+    known = {id(x) for x in then}
+    first = next((i for i, x in enumerate(live) if id(x) in known), len(live))
+    added = [(i, x) for i, x in enumerate(live) if id(x) not in known and _from_library(x)]
+    removed = len(live) - len(added) > sum(1 for x in live if id(x) in known)
+    then[:] = ([x for i, x in added if i < first] + list(then)
+               + [x for i, x in added if i >= first])
+    live[:] = then
+    return removed
 
 
 def _from_library(category: Any) -> bool:

@@ -98,6 +98,11 @@ def dead_fork_server() -> int | None:
     return pid if pid is not None and not pid_alive(pid) else None
 
 
+def forkserver_pid() -> int | None:
+    pid = getattr(forkserver._forkserver, "_forkserver_pid", None)
+    return pid if isinstance(pid, int) else None
+
+
 def helper_pids() -> list[int]:
     """The pids of this process's fork server and resource tracker, where they run."""
     pids = (getattr(forkserver._forkserver, "_forkserver_pid", None),

@@ -47,11 +47,13 @@ class Reaper:
         self.identity = (fd, st.st_dev, st.st_ino)
 
     @classmethod
-    def start(cls) -> Reaper:
+    def start(cls, cgroup_dir: str = "") -> Reaper:
+        """``cgroup_dir``: the runner's parent cgroup of its slots, if it has one."""
         r, w = os.pipe2(os.O_CLOEXEC)
         try:
             proc = subprocess.Popen(
-                [sys.executable, "-I", "-S", os.path.abspath(__file__), str(r)],
+                [sys.executable, "-I", "-S", os.path.abspath(__file__), str(r),
+                 *([cgroup_dir] if cgroup_dir else [])],
                 pass_fds=(r,), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                 # Not the runner's stderr: a reader of it would wait for the reaper too.
                 stderr=subprocess.DEVNULL,
@@ -201,7 +203,35 @@ def kill_tree(pid: int, pidfd: int) -> None:
         signal.pidfd_send_signal(pidfd, signal.SIGKILL)
 
 
-def main(fd: int) -> None:
+def kill_cgroup_members(cgroup_dir: str) -> None:
+    """SIGKILL every process in ``cgroup_dir`` and the cgroups below it (the runner's
+    slots): what a job started outside its worker's tree (clone(CLONE_PARENT)) and so
+    outside every kill_tree. Each is pinned by a pidfd and killed only if still a member."""
+    name = os.path.basename(cgroup_dir.rstrip("/"))
+    for folder, _, files in os.walk(cgroup_dir):
+        if "cgroup.procs" not in files:
+            continue
+        try:
+            with open(os.path.join(folder, "cgroup.procs"), "rb") as fh:
+                pids = [int(p) for p in fh.read().split()]
+        except OSError:
+            continue
+        for pid in pids:
+            try:
+                pfd = os.pidfd_open(pid)
+            except OSError:
+                continue
+            try:
+                with open(f"/proc/{pid}/cgroup", "rb") as fh:
+                    if f"/{name}/".encode() in fh.read():
+                        signal.pidfd_send_signal(pfd, signal.SIGKILL)
+            except OSError:
+                pass
+            finally:
+                os.close(pfd)
+
+
+def main(fd: int, cgroup_dir: str = "") -> None:
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT,
                 signal.SIGUSR1, signal.SIGUSR2, signal.SIGPIPE):
         signal.signal(sig, signal.SIG_IGN)
@@ -226,11 +256,13 @@ def main(fd: int) -> None:
         pending = pending[whole:]
     for pid, pfd in workers.items():
         kill_tree(pid, pfd)
+    if cgroup_dir:
+        kill_cgroup_members(cgroup_dir)
 
 
 if __name__ == "__main__":
     try:
-        main(int(sys.argv[1]))
+        main(int(sys.argv[1]), *sys.argv[2:3])
     except BaseException:  # nobody reads our output: exit, never hang
         os._exit(1)
     os._exit(0)

@@ -382,6 +382,7 @@ class Runner:
         self.reaper: Reaper | None = None
         self._subreaper = False  # orphans come to us (see _kill_orphans)
         self.work_root = ""
+        self._old_work_roots: list[str] = []  # replaced (see _ensure_work_root); removed at the end
         self.exec_times: deque[float] = deque(maxlen=512)
         self._depth = 1  # adaptive prefetch depth (see _prefetch_depth)
         self._avg_exec = 0.0  # of recent jobs, seconds; 0 until three have finished
@@ -450,16 +451,12 @@ class Runner:
                                              pids_max=pids_max)
             self._publish_runner_info()
             self.work_root = tempfile.mkdtemp(prefix=WORK_ROOT_PREFIX)
-            # Where our jobs' working folders are, and multiprocessing's own folder (the fork
-            # server's socket), for the next runner should we die: they would pile up in
-            # /tmp, crash by crash (multiprocessing removes its folder only at a clean exit).
-            (self.q.dir("control") / WORK_NOTE.format(self.token_prefix)).write_text(
-                f"{self.work_root}\n{mp_temp_dir()}\n")
+            self._note_work_roots()
             try:
                 # Before any worker: it kills them if we die while one cannot act on its
                 # parent-death signal (renderctl.reaper). Started now, its ~10 ms of start-up
                 # overlap recovery.
-                self.reaper = Reaper.start()
+                self.reaper = Reaper.start(str(getattr(self.guard, "parent_dir", "") or ""))
                 with contextlib.suppress(OSError):
                     proctree.set_child_subreaper()
                     self._subreaper = True
@@ -574,7 +571,8 @@ class Runner:
             with contextlib.suppress(Exception):
                 self.guard.close()
         if self.work_root:
-            shutil.rmtree(self.work_root, ignore_errors=True)
+            for root in (self.work_root, *self._old_work_roots):
+                shutil.rmtree(root, ignore_errors=True)
             unlink_quiet(self.q.dir("control") / WORK_NOTE.format(self.token_prefix))
         try:
             ours_left = bool(self.token_prefix) and self.token_prefix in self.q.lease_prefixes()
@@ -845,8 +843,37 @@ class Runner:
             self._spawn(i)
         self._next_index = self.n_workers - 1
 
+    def _note_work_roots(self) -> None:
+        # Where our jobs' working folders are, and multiprocessing's own folder (the fork
+        # server's socket), for the next runner should we die: they would pile up in /tmp,
+        # crash by crash (multiprocessing removes its folder only at a clean exit).
+        roots = "".join(f"{r}\n" for r in (self.work_root, *self._old_work_roots))
+        (self.q.dir("control") / WORK_NOTE.format(self.token_prefix)).write_text(
+            f"{roots}{mp_temp_dir()}\n")
+
+    def _ensure_work_root(self) -> None:
+        """Make a fresh work root if a job removed or replaced ours (it is the parent of the
+        job's working folder, and jobs run as we do): a new worker could not start in it,
+        and, worker after worker, the run would stop. One lstat per worker start."""
+        try:
+            st = os.lstat(self.work_root)
+            if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() \
+                    and stat.S_IMODE(st.st_mode) == 0o700:
+                return
+        except OSError:
+            st = None
+        old = self.work_root
+        self.work_root = tempfile.mkdtemp(prefix=WORK_ROOT_PREFIX)
+        if st is not None and stat.S_ISDIR(st.st_mode):
+            # Other workers' jobs may be running in it: removed when we end.
+            self._old_work_roots.append(old)
+        elif st is not None:
+            unlink_quiet(Path(old))  # what the job put in its place
+        self._note_work_roots()
+
     def _spawn(self, index: int, slot: Slot | None = None) -> None:
         assert self.guard is not None
+        self._ensure_work_root()
         if slot is None and not self._spare_slots:
             # Named once for the run, never after the worker: a respawn under a dead
             # worker's index, its slot parked while its processes die, got that same cgroup
@@ -2034,18 +2061,28 @@ class Runner:
         the SIGTERM of a kill grace) handed its tree to the nearest subreaper: us. With a
         cgroup guard its slot is emptied too; under sampling nothing else would find them,
         and they would run on, unsupervised, after the run. Ours to keep: the workers, the
-        reaper, and what multiprocessing started in our own process group (the fork server,
-        its resource tracker). Reaps those that have exited: a --follow runner lives for
-        days. Never waits (a killed one is reaped at a later call)."""
+        reaper, and what multiprocessing started (the fork server, its resource tracker),
+        by pid: not everything in our process group, which a job's process can join. Reaps
+        those that have exited: a --follow runner lives for days. Never waits (a killed one
+        is reaped at a later call)."""
+        keep = {w.proc.pid for w in self.workers.values()}
+        server = mpstate.forkserver_pid()
+        if server is not None:
+            # The fork server's children are our workers, and what a job made a sibling of
+            # its worker (clone(CLONE_PARENT)), outside every tree we kill: never ours.
+            for pid in reaper_children(server):
+                if pid not in keep:
+                    _kill_tree_if(pid, lambda p: (st := proc_stat(p)) is not None
+                                  and int(st[1]) == server and st[0] not in (b"Z", b"X"))
         if not self._subreaper:
             return
-        me, group = os.getpid(), os.getpgid(0)
-        keep = {w.proc.pid for w in self.workers.values()}
+        me = os.getpid()
+        keep.update(mpstate.helper_pids())
         if self.reaper is not None:
             keep.add(self.reaper.proc.pid)
         for pid in reaper_children(me):
             fields = proc_stat(pid)
-            if pid in keep or fields is None or int(fields[2]) == group:
+            if pid in keep or fields is None:
                 continue
             if fields[0] in (b"Z", b"X"):
                 with contextlib.suppress(ChildProcessError):

@@ -189,7 +189,6 @@ class Worker:
         self.outbox: list[object] = []
         self.limit_bytes = 0  # the ceiling currently set on this worker's slot
         self.environ = _Environ(os.environ)
-        self.baseline = Baseline()  # puts back whatever a job changes (see worker_main)
         self.base_path = list(sys.path)
         self.base_modules = set(sys.modules)
         self.library_roots = tuple({
@@ -198,6 +197,7 @@ class Worker:
         })
         # Jobs' own modules are imported afresh for every job; their compiled code need not be.
         sys.meta_path.insert(0, _UserCodeCache(self.library_roots))
+        self.baseline = Baseline()  # puts back whatever a job changes (see worker_main)
         self.neutral_cwd = config.work_root
         # Each job gets its own empty working directory: the previous one, emptied and renamed
         # (a rename costs ~0.02 ms here, a mkdir/rmdir pair ~1 ms of journal work).
@@ -234,6 +234,12 @@ class Worker:
         self.retire_kind = DropKind.RETIRE
         self.held_base: int | None = None  # what the slot held before the first job
         self.slot_cgroup = ""  # our memory cgroup once in the slot (see own_memory_cgroup)
+        self.slot_procs_fd = -1  # its cgroup.procs, kept open (see _sweep_slot)
+        if config.slot_path:
+            with contextlib.suppress(OSError):
+                self.slot_procs_fd = os.open(os.path.join(config.slot_path, "cgroup.procs"),
+                                             os.O_RDONLY | os.O_CLOEXEC)
+                self.own_fds.add(self.slot_procs_fd, "its memory slot's member list")
         # What earlier jobs left held here (below the allowance): added to the next job's
         # ceiling, so that a job's fate does not depend on what ran before it.
         self.carried = 0
@@ -418,14 +424,24 @@ class Worker:
                     raise FileExistsError  # left behind: the runner removes it when we die
                 os.rename(workdir, self.workdir)
             except OSError:
-                os.makedirs(self.workdir, mode=0o700, exist_ok=True)
+                try:
+                    os.makedirs(self.workdir, mode=0o700, exist_ok=True)
+                except OSError as exc:
+                    # The job's doing, not the queue's: it removed or replaced the work
+                    # root, or gave up the user that owns it. Reported as an I/O error,
+                    # this stopped the run (exit 74), and every later run at that job's
+                    # retry. A fresh worker gets a work root the runner has checked.
+                    self.retire_reason = ("its working folder could not be made ready "
+                                          f"for the next job ({os_error_message(exc)}); "
+                                          "retiring")
         elapsed = time.monotonic() - t0
         if not damage:  # read through kept descriptors: not if a job broke them
             self._check_ceiling(job, fields, carried)
-            if runs_user_code_here(job) or job.spec.get("kind") == "command":
-                # Only now, with its working directory emptied: scratch files there (on a
-                # tmpfs /tmp they are memory too) are not left behind.
-                self._check_leftover_memory()
+            # Only now, with its working directory emptied: scratch files there (on a tmpfs
+            # /tmp they are memory too) are not left behind. After every kind: a built-in
+            # renderer's big input (a stamp of 20,000 pages) left ~350 MB held, and the
+            # next job in the worker was killed at its own 400 MB ceiling. (~16 us a job.)
+            self._check_leftover_memory()
         # Held until the next job starts or the worker is about to wait (see _send).
         self.outbox.append(Finished(job.job_id, job.token, elapsed_s=elapsed, seq=job.seq,
                                     **fields))
@@ -511,8 +527,35 @@ class Worker:
         and hashed (truncated, say, yet recorded as a whole PDF). Code run here may have
         broken our kept descriptors (see _OwnFds): its children are found by path."""
         children = self._children if job.spec.get("kind") == "command" else _children_of_threads
-        if not remove_leftovers(children, LEFTOVER_BOUND_S):
+        if not remove_leftovers(children, LEFTOVER_BOUND_S) or not self._sweep_slot():
             self.retire_reason = "a job left processes that would not die; retiring"
+
+    def _sweep_slot(self) -> bool:
+        """Kill every process in this worker's memory slot but the worker: what the job
+        started outside its tree (clone(CLONE_PARENT) makes a sibling of the worker, which
+        no kill of our tree reaches) would run on, charged to the next jobs. One pread of
+        the slot's member list (~5 us); False if they would not go within the bound."""
+        if not self.config.slot_path:
+            return True
+        if self.slot_procs_fd < 0:
+            return True
+        me = os.getpid()
+        deadline = time.monotonic() + LEFTOVER_BOUND_S
+        while True:
+            try:
+                others = [p for p in map(int, _pread_whole(self.slot_procs_fd).split())
+                          if p != me]
+            except OSError:
+                return True
+            others = [p for p in others if not _is_zombie(p)]
+            if not others:
+                return True
+            if time.monotonic() > deadline:
+                return False
+            for pid in others:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.001)
 
     def _children(self) -> list[int]:
         if os.fstat(self.tasks_fd).st_nlink > 3:
@@ -535,6 +578,7 @@ class Worker:
             tempfile.tempdir = None
             sys.path[:] = self.base_path
             self._forget_user_modules()
+            self.baseline.restore_environ()
             self.environ.set({})  # before the time zone is judged (TZ)
             if runs_user_code_here(job):
                 problems = self.baseline.restore()
@@ -642,8 +686,9 @@ def _empty_dir(path: str) -> bool:
     try:
         entries = list(os.scandir(path))
     except FileNotFoundError:
-        os.makedirs(path, mode=0o700, exist_ok=True)  # the job removed it
-        return True
+        return False  # the job removed it: a new one is made (see Worker._run)
+    except OSError:
+        return False  # the job replaced its folder, or gave up the user that owns it
     if not entries:
         return True
     for e in entries:
@@ -666,6 +711,15 @@ def reset_render_settings() -> None:
         from renderctl.render.safety import harden
 
         harden()
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            data = fh.read()
+    except OSError:
+        return True  # gone
+    return data[data.rindex(b")") + 2:][:1] in (b"Z", b"X")
 
 
 def _pread_whole(fd: int) -> bytes:
@@ -1273,7 +1327,13 @@ def _check_file(path: Path, pdf_name: str | None) -> tuple[str, int, int | None]
     """(sha256 hex, bytes, pages) of one output file; pages only if ``pdf_name`` (what the
     messages call it) says it must be a PDF, checked as pdf_pages does."""
     with open(path, "rb") as fh:
-        size = os.fstat(fh.fileno()).st_size
+        st = os.fstat(fh.fileno())
+        if st.st_nlink != 1:
+            # A hard link the job made to (or from) a file elsewhere, outside the output
+            # root perhaps: what is published would change with that file after this check.
+            raise InvalidOutput(f"{pdf_name or path.name}: the file has {st.st_nlink - 1} "
+                                "other hard link(s); an output must be a file of its own")
+        size = st.st_size
         if size <= CHECK_IN_MEMORY_MAX:
             data = fh.read()
             pages = pdf_pages(data, pdf_name) if pdf_name else None

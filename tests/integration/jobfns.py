@@ -17,12 +17,14 @@ Fault injection is plain functions (``kill_self``, ``crash_once``, ``fail``), no
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -839,6 +841,13 @@ def observe_process(inputs: Sequence[Path], output: Path, params: Mapping[str, A
         # (the worker is the same: its builtins are the same objects, by id)
         "builtins": {name: id(value) for name, value in vars(builtins).items()},
         "csv_field_limit": csv.field_size_limit(),
+        "meta_path": [getattr(f, "__name__", type(f).__name__) for f in sys.meta_path],
+        "path_hooks": [getattr(h, "__qualname__", type(h).__name__) for h in sys.path_hooks],
+        "scheduler": os.sched_getscheduler(0),
+        "stack_size": threading.stack_size(),
+        "environ_type": type(os.environ).__name__,
+        # C threads too (a faulthandler watchdog), which "threads" does not count
+        "tasks": len(os.listdir("/proc/self/task")),
     }
     os.umask(seen["umask"])
     with open(params["report"], "a") as fh:
@@ -898,7 +907,108 @@ def pollute_process(inputs: Sequence[Path], output: Path, params: Mapping[str, A
     real_round = round
     builtins.round = lambda *a: real_round(*a)
     del builtins.copyright
+    # The import machinery, the scheduling policy, the thread stack size, a pending
+    # faulthandler watchdog (with exit=True it killed the next job), os.environ rebound
+    sys.meta_path.insert(0, _SpyFinder())
+    sys.path_hooks.insert(0, _spy_path_hook)
+    os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+    threading.stack_size(1 << 20)
+    faulthandler.dump_traceback_later(30, exit=True)
+    os.environ = dict(os.environ)  # type: ignore[assignment]  # noqa: B003
     csv.field_size_limit(5)
+
+
+class _SpyFinder:
+    """A finder that sees every import (and could answer with its own module)."""
+
+    def find_spec(self, *args: Any) -> None:
+        return None
+
+
+def _spy_path_hook(path: str) -> Any:
+    raise ImportError(path)
+
+
+def taint_worker(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
+    """Write the output, record our pid, then change the worker in a way no job's end can
+    undo (``params["what"]``): an audit hook (logging each event, with the job id, to
+    ``params["log"]``), no_new_privs, or its user (root gives itself up for nobody)."""
+    write_pdf(inputs, output, params)
+    with open(params["report"], "a") as fh:
+        fh.write(json.dumps({"pid": os.getpid()}) + "\n")
+    what = params["what"]
+    if what == "audithook":
+        log = params["log"]
+
+        busy: list[bool] = []
+
+        def hook(event: str, args: Any) -> None:
+            if event == "open" and not busy:
+                busy.append(True)  # (its own open is audited too)
+                try:
+                    with open(log, "a") as fh:
+                        fh.write(f"{os.environ.get('RENDERCTL_JOB_ID')} {event}\n")
+                finally:
+                    busy.clear()
+
+        sys.addaudithook(hook)
+    elif what == "no_new_privs":
+        import ctypes
+
+        assert ctypes.CDLL(None).prctl(38, 1, 0, 0, 0) == 0  # PR_SET_NO_NEW_PRIVS
+    elif what == "setuid":
+        os.setgroups([])
+        os.setgid(65534)
+        os.setuid(65534)
+
+
+def hardlink_output(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
+    """Make the output a hard link to ``params["target"]`` (a file outside the output root)."""
+    os.link(params["target"], output)
+
+
+def escape_as_sibling(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
+    """Start a process with clone(CLONE_PARENT): a sibling of the worker, not its child, so
+    outside every tree a kill of the worker takes; it leaves its session too, writes its pid
+    to ``params["pidfile"]`` and sleeps. Then write the output and return (after hanging
+    ``params["hang_s"]``, if given)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    clone_parent = 0x00008000
+    pid = libc.syscall(56, clone_parent | signal.SIGCHLD, 0, 0, 0, 0)  # x86-64 clone
+    if pid == 0:
+        try:
+            os.setsid()
+            _write_pid(params["pidfile"], os.getpid())
+            while True:
+                time.sleep(1)
+        finally:
+            os._exit(0)
+    assert pid > 0, ctypes.get_errno()
+    while not os.path.exists(params["pidfile"]):
+        time.sleep(0.001)
+    time.sleep(float(params.get("hang_s", 0)))
+    write_pdf(inputs, output, params)
+
+
+def join_runner_group_and_end_worker(inputs: Sequence[Path], output: Path,
+                                     params: Mapping[str, Any]) -> None:
+    """Fork a child that joins the runner's process group (the fork server's) and sleeps,
+    writing its pid to ``params["pidfile"]``; then end the worker (os._exit)."""
+    group = os.getpgid(os.getppid())
+    r, w = os.pipe()
+    if os.fork() == 0:
+        try:
+            os.setpgid(0, group)
+            _write_pid(params["pidfile"], os.getpid())
+            os.write(w, b"x")
+            while True:
+                time.sleep(1)
+        finally:
+            os._exit(0)
+    os.read(r, 1)
+    os._exit(0)
 
 
 def leave_a_thread(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:

@@ -939,3 +939,171 @@ def test_a_fork_bomb_meets_its_slots_task_limit_and_the_other_jobs_flow_on(
 
     own = guards._own_pids_dir()
     assert own is not None and not (own / f"renderctl-{runner.pid}").exists()
+
+
+# -- what no job's end can undo, and what a job does to its worker's surroundings ----------
+
+
+@pytest.mark.parametrize("what", ["audithook", "no_new_privs", "setuid"])
+def test_a_job_that_changes_its_worker_for_good_retires_it(
+        tmp_path: Path, write_manifest: Any, what: str) -> None:
+    # Given, for one worker, a job that leaves a change nothing can take back (an audit
+    # hook, no_new_privs, root given up for nobody), then a job that records its pid
+    stage(tmp_path)
+    report, log = tmp_path / "seen.jsonl", tmp_path / "audit.log"
+    manifest = write_manifest([
+        {**py_job("taint", "taint_worker", what=what, report=str(report), log=str(log)),
+         "priority": 2},
+        {**py_job("after", "observe_process", report=str(report)), "priority": 1},
+    ], defaults={"max_attempts": 1})
+
+    # When one worker runs both
+    result, view = run_in_one_worker(tmp_path, manifest)
+
+    # Then the run goes on (nobody's user cannot keep the worker's folders: that stopped
+    # the run with exit 74) and the second job runs in a fresh worker. The first completes,
+    # but for the one that gave up root: its worker cannot read its output to check it
+    if what == "setuid":
+        assert result.returncode == 1, result.stdout + result.stderr
+        attempt = view.record("dead", "taint")["attempts"][-1]
+        assert attempt["outcome"] == "failed" and "Permission denied" in attempt["error"]
+        assert view.ids("done") == {"after"}
+    else:
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert view.ids("done") == {"taint", "after"}
+    first, second = (json.loads(line)["pid"] for line in report.read_text().splitlines())
+    assert first != second, "the tainted worker ran the next job"
+    assert_pdf(tmp_path / "out" / "after.pdf", "after")
+    if what == "audithook":
+        assert "after" not in log.read_text()
+
+
+def test_a_job_that_replaces_the_work_root_costs_only_its_worker(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given, for one worker, a command that removes the folder holding its working folder
+    # (the runner's work root) and leaves a file in its place, then two python jobs
+    stage(tmp_path)
+    wreck = 'r=$(dirname "$PWD"); rm -rf "$r"; echo x > "$r"; echo ok > "$1"'
+    manifest = write_manifest([
+        {"id": "wreck", "kind": "command", "argv": ["sh", "-c", wreck, "sh", "{output}"],
+         "output": "wreck.txt", "priority": 3},
+        {**py_job("next1", "write_pdf"), "priority": 2},
+        {**py_job("next2", "write_pdf"), "priority": 1},
+    ], defaults={"max_attempts": 1})
+    tmp = tmp_path / "tmpdir"
+    tmp.mkdir()
+
+    # When one worker runs them (the work root in a TMPDIR of the test's own)
+    result = run_cli("run", manifest, *cli_args(tmp_path / "q", tmp_path / "out",
+                                                "--workers", "1"),
+                     env={"TMPDIR": str(tmp)}, timeout=30)
+
+    # Then every job completes (the run stopped with exit 74, "Not a directory", at every
+    # run until the job had used its attempts), and nothing is left in TMPDIR
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert QueueView(tmp_path / "q").ids("done") == {"wreck", "next1", "next2"}
+    for job in ("next1", "next2"):
+        assert_pdf(tmp_path / "out" / f"{job}.pdf", job)
+    assert [p.name for p in tmp.iterdir() if p.name.startswith("renderctl-work")] == []
+
+
+def test_an_output_hard_linked_to_a_file_elsewhere_is_not_published(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given a job whose output is a hard link to a file outside the output root
+    stage(tmp_path)
+    outside = tmp_path / "outside.pdf"
+    from jobfns import _pdf
+
+    _pdf(outside, "outside")
+    before = outside.read_bytes()
+    manifest = write_manifest([py_job("hard", "hardlink_output", target=str(outside))],
+                              defaults={"max_attempts": 1})
+
+    # When it runs
+    result, view = run_in_one_worker(tmp_path, manifest)
+
+    # Then it is an invalid output (published, it would change with that file after its
+    # check and hash), nothing is published, and the file outside is untouched
+    assert result.returncode == 1, result.stdout + result.stderr
+    attempt = view.record("dead", "hard")["attempts"][-1]
+    assert attempt["outcome"] == "invalid_output" and "hard link" in attempt["error"]
+    assert not (tmp_path / "out" / "hard.pdf").exists()
+    assert outside.read_bytes() == before and os.stat(outside).st_nlink == 1
+
+
+def test_a_process_that_joined_the_runners_group_dies_with_its_worker_under_sampling(
+        tmp_path: Path, write_manifest: Any, leftover: Path) -> None:
+    # Given a job that starts a process in the runner's own process group, then ends its
+    # worker; under the sampling guard (no cgroup finds that process)
+    stage(tmp_path)
+    manifest = write_manifest([
+        {**py_job("joins", "join_runner_group_and_end_worker", pidfile=str(leftover)),
+         "priority": 2},
+        {**py_job("next", "write_pdf"), "priority": 1},
+    ], defaults={"max_attempts": 1})
+
+    # When it runs
+    result, view = run_in_one_worker(tmp_path, manifest, "--memory-guard", "sampling")
+
+    # Then its attempt is charged, the next job completes, and the process is killed (the
+    # runner spared everything in its own group: it ran on after the run)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert view.ids("done") == {"next"}
+    left = int(leftover.read_text())
+    wait_until(lambda: gone(left), timeout_s=2, what="the process in the runner's group to die")
+
+
+@pytest.mark.parametrize("guard", [
+    pytest.param("cgroup-v1", marks=needs_cgroup_v1), "sampling"])
+def test_a_sibling_a_job_made_of_its_worker_does_not_outlive_the_job(
+        tmp_path: Path, write_manifest: Any, leftover: Path, guard: str) -> None:
+    # Given a job that makes a process a sibling of its worker (clone(CLONE_PARENT): no
+    # kill of the worker's tree reaches it) in a new session, and completes; then a job
+    # the test holds until that process is gone
+    stage(tmp_path)
+    go = tmp_path / "go"
+    manifest = write_manifest([
+        {**py_job("sibling", "escape_as_sibling", pidfile=str(leftover)), "priority": 2},
+        {**py_job("held", "wait_for_go", pidfile=str(tmp_path / "held.pid"), go=str(go)),
+         "priority": 1},
+    ], defaults={"max_attempts": 1})
+    runner = Runner(manifest, *cli_args(tmp_path / "q", tmp_path / "out", "--workers", "1",
+                                        "--memory-guard", guard))
+    try:
+        # When the runner goes on to the next job
+        wait_for_pid(tmp_path / "held.pid", what="the held job to start")
+        sibling = int(leftover.read_text())
+
+        # Then the sibling is killed while the run goes on (under cgroup-v1 before the
+        # next job started, with the first job's slot; under sampling by the runner, the
+        # fork server's parent); it ran on, in the slot of the jobs after it, until the
+        # run ended (and under sampling, after it)
+        wait_until(lambda: gone(sibling), timeout_s=3, what="the worker's sibling to die")
+        go.touch()
+        assert runner.wait(30) == 0, (runner.lines, runner.stderr())
+    finally:
+        go.touch()
+        runner.close()
+    assert QueueView(tmp_path / "q").ids("done") == {"sibling", "held"}
+
+
+@needs_cgroup_v1
+def test_a_sibling_a_job_made_of_its_worker_dies_with_a_killed_runner(
+        tmp_path: Path, write_manifest: Any, leftover: Path) -> None:
+    # Given a running job that has made a sibling of its worker in a new session (in its
+    # slot: under cgroup-v1) and hangs
+    stage(tmp_path)
+    manifest = write_manifest([py_job("sibling", "escape_as_sibling", pidfile=str(leftover),
+                                      hang_s=600)])
+    runner = Runner(manifest, *cli_args(tmp_path / "q", tmp_path / "out", "--workers", "1",
+                                        "--memory-guard", "cgroup-v1"))
+    try:
+        sibling = wait_for_pid(leftover, what="the sibling to start")
+
+        # When the runner is SIGKILLed
+        runner.kill()
+
+        # Then the sibling dies within 2 s too (the reaper empties the runner's slots)
+        wait_until(lambda: gone(sibling), timeout_s=2, what="the sibling to die with the runner")
+    finally:
+        runner.close()
