@@ -534,6 +534,23 @@ def sha256_of(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def same_page_pdf(path: Path, pages: int) -> None:
+    """A small PDF whose page tree lists one page object ``pages`` times: cheap to write,
+    and pypdf builds a page of its own for each (hundreds of MB in a stamp of 20,000)."""
+    objs = {1: "<< /Type /Catalog /Pages 2 0 R >>",
+            2: f"<< /Type /Pages /Kids [{' '.join(['3 0 R'] * pages)}] /Count {pages} >>",
+            3: "<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] >>"}
+    out, offsets = b"%PDF-1.4\n", []
+    for n, body in objs.items():
+        offsets.append(len(out))
+        out += f"{n} 0 obj\n{body}\nendobj\n".encode()
+    xref = len(out)
+    out += b"xref\n0 4\n0000000000 65535 f \n"
+    out += b"".join(f"{o:010d} 00000 n \n".encode() for o in offsets)
+    out += f"trailer\n<< /Size 4 /Root 1 0 R >>\nstartxref\n{xref}\n%%EOF\n".encode()
+    path.write_bytes(out)
+
+
 def stray_temporaries(out: Path) -> list[Path]:
     """Output temporaries (``.rctl-*.tmp``) anywhere under the output root."""
     return sorted(out.rglob(".rctl-*.tmp"))

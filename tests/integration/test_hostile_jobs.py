@@ -807,6 +807,39 @@ def test_memory_a_job_leaves_below_the_allowance_does_not_count_against_the_next
     assert (365 if guard == "cgroup-v1" else 250) << 20 < peak < 400 << 20, peak
 
 
+@pytest.mark.parametrize("guard", [
+    pytest.param("cgroup-v1", marks=needs_cgroup_v1),
+    "sampling",
+])
+def test_memory_a_built_in_renderer_leaves_behind_does_not_kill_the_next_job(
+        tmp_path: Path, write_manifest: Any, guard: str) -> None:
+    from jobfns import same_page_pdf
+
+    # Given a built-in stamp of a 5,000-page input (pypdf leaves ~100 MB held in its
+    # worker), then a job needing 365 MB of its 400 MB ceiling
+    stage(tmp_path)
+    same_page_pdf(tmp_path / "big.pdf", 5000)
+    manifest = write_manifest([
+        {"id": "stamp", "kind": "stamp", "input": str(tmp_path / "big.pdf"),
+         "output": "stamped.pdf", "params": {"text": "X"}, "memory_mb": 400, "priority": 2},
+        {**py_job("innocent", "allocate", mb=365, hold_s=0.3), "memory_mb": 400,
+         "priority": 1},
+    ], defaults={"max_attempts": 1})
+    queue = tmp_path / "q"
+
+    # When one worker is to run both
+    res = run_cli("run", manifest, *cli_args(queue, tmp_path / "out", "--workers", "1",
+                                             "--json", "--memory-guard", guard), timeout=90)
+
+    # Then both complete, the second in a fresh worker (only python and command jobs were
+    # judged for what they left: the second was killed at its own ceiling)
+    assert res.returncode == 0, res.stdout + res.stderr
+    workers = [e["worker"] for e in json_lines(res.stdout) if e["event"] == "started"]
+    assert len(set(workers)) == 2, res.stdout
+    assert pdf_text(tmp_path / "out" / "stamped.pdf")[0] == 5000
+    assert_pdf(tmp_path / "out" / "innocent.pdf", "innocent")
+
+
 @needs_cgroup_v1
 def test_a_leak_hidden_by_page_cache_going_away_still_retires_the_worker(
         tmp_path: Path, write_manifest: Any) -> None:
