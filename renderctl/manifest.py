@@ -28,6 +28,7 @@ from renderctl.limits import (
     MAX_ATTEMPTS,
     MAX_MEMORY_MB,
     MAX_TIMEOUT_S,
+    MAX_TOML_KEY_PARTS,
     Check,
     check_max_attempts,
     check_memory_mb,
@@ -35,6 +36,8 @@ from renderctl.limits import (
     int_range,
     is_int,
     is_number,
+    number_text_error,
+    toml_key_too_long,
     type_name,
 )
 from renderctl.render.base import ParamSpec, RendererSpec
@@ -319,7 +322,10 @@ def parse_document(raw: bytes, *, name: str) -> Any:
         except RecursionError:
             raise _ParseError(f"nested deeper than {MAX_DEPTH} levels") from None
         except ValueError as exc:  # e.g. an integer of more than 4300 digits
-            raise _ParseError(f"invalid JSON: {exc}") from None
+            raise _ParseError(f"invalid JSON: {number_text_error(exc)}") from None
+    if (line := toml_key_too_long(text)) is not None:
+        raise _ParseError(f"line {line}: a key of more than {MAX_TOML_KEY_PARTS} dotted parts "
+                          f"(nested deeper than {MAX_NESTING} levels)")
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -327,7 +333,7 @@ def parse_document(raw: bytes, *, name: str) -> Any:
     except RecursionError:
         raise _ParseError(f"nested deeper than {MAX_DEPTH} levels") from None
     except ValueError as exc:  # e.g. an integer of more than 4300 digits
-        raise _ParseError(f"invalid TOML: {exc}") from None
+        raise _ParseError(f"invalid TOML: {number_text_error(exc)}") from None
     # (TOML allows nan and inf; validate_document reports each, with the job and field.)
     return doc
 

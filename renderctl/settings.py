@@ -109,14 +109,37 @@ def find_config(cwd: str | os.PathLike[str]) -> tuple[Path, Mapping[str, Any]] |
     return None
 
 
+MAX_CONFIG_BYTES = 1 << 20  # a configuration file is a dozen lines
+
+
 def _read_toml(path: Path) -> dict[str, Any]:
+    """The file's TOML document; every way it can be wrong is a ConfigError naming it (a
+    traceback here broke every command, `kinds` and `schema` included)."""
     try:
         with open(path, "rb") as fh:
-            return tomllib.load(fh)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+            raw = fh.read(MAX_CONFIG_BYTES + 1)
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{path}: larger than {MAX_CONFIG_BYTES >> 20} MiB: not a "
+                          "configuration file")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 (byte {exc.start})") from None
+    if "\x00" in text:
+        raise ConfigError(f"{path}: contains a NUL character")
+    if (line := limits.toml_key_too_long(text)) is not None:
+        raise ConfigError(f"{path}: line {line}: a key of more than "
+                          f"{limits.MAX_TOML_KEY_PARTS} dotted parts")
+    try:
+        return tomllib.loads(text.removeprefix("\ufeff"))
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: not valid TOML: nested too deeply") from None
+    except ValueError as exc:  # an integer of more than 4300 digits
+        raise ConfigError(f"{path}: not valid TOML: {limits.number_text_error(exc)}") from None
 
 
 def check_value(key: str, value: Any, *, where: str) -> Any:

@@ -49,15 +49,24 @@ def test_pyproject_table_and_queue_default(tmp_path: Path) -> None:
     ("workers = \"two\"\n", "key 'workers'"),
     ("memory_guard = \"magic\"\n", "key 'memory_guard'"),
     ("workers = [\n", "not valid TOML"),
-])
+    # (found by an audit: each was a traceback and exit 1, in every command)
+    ("\udcff", "not UTF-8 (byte 0)"),
+    ("x = " + "[" * 5000 + "]" * 5000 + "\n", "nested too deeply"),
+    ("workers = " + "9" * 5000 + "\n", "a number of more than 4300 digits"),
+    ("a" + ".a" * 40_000 + " = 1\n", "a key of more than 64 dotted parts"),  # (was 43 s)
+    ("workers = 2\0\n", "contains a NUL character"),
+], ids=["unknown", "zero", "string", "guard", "syntax", "not-utf8", "deep", "huge-int",
+        "long-dotted-key", "nul"])
 def test_bad_config_exits_2_naming_file_and_key(tmp_path: Path, text: str,
                                                 needle: str) -> None:
     path = tmp_path / "renderctl.toml"
-    path.write_text(text)
+    path.write_bytes(text.encode("utf-8", "surrogateescape"))
     res = cli("status", cwd=tmp_path)
     assert res.returncode == 2
     assert str(path) in res.stderr and needle in res.stderr
     assert "Traceback" not in res.stderr
+    # and the commands that read nothing from it are unaffected
+    assert cli("kinds", cwd=tmp_path).returncode == 0
 
 
 def test_every_problem_of_a_config_file_is_reported_at_once(tmp_path: Path) -> None:

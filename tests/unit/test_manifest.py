@@ -240,6 +240,11 @@ DOC_CASES: list[tuple[str, str, bytes, str | None, str]] = [
     ("toml-syntax", "m.toml", b"[[jobs]\n", None, "invalid TOML"),
     ("not-utf8", "m.toml", b'[[jobs]]\nid = "\xff"\n', None, "not UTF-8 (byte 15)"),
     ("nul-char", "m.toml", b"[[jobs]]\x00\n", None, "contains a NUL character"),
+    # tomllib's time grows with the square of a dotted key's parts: this took 43 s
+    ("toml-long-dotted-key", "m.toml", b"[zz]\n" + b"a" + b".a" * 40_000 + b" = 1\n", None,
+     "line 2: a key of more than 64 dotted parts"),
+    ("json-huge-number", "m.json", b'{"jobs": [' + b"9" * 5000 + b"]}", None,
+     "invalid JSON: a number of more than 4300 digits"),
     ("top-level-typo", "m.toml",
      b'[[job]]\nid = "a"\n[[jobs]]\nid = "b"\nkind = "python"\ncallable = "m:f"\noutput = "x"\n',
      "job", "unknown top-level field (did you mean 'jobs'?)"),
