@@ -265,10 +265,21 @@ def existing_queue(opt: Path | None, *, report_corrupt: bool = True) -> Queue:
 
     q = Queue(queue_path(opt), create=False)
     if report_corrupt:
-        q.on_quarantine = lambda ev: out.err(
-            f"warning: {ev['file']} could not be read ({ev['reason']}); moved to "
-            f"corrupt/{ev['moved_to']} (kept, not run)")
+        report_quarantines(q)
     return q
+
+
+def report_quarantines(q: Queue) -> None:
+    """Say on stderr what ``q`` moves to corrupt/ from now on, and what it moved already
+    while it opened (a damaged journal entry): DESIGN's "quarantined and reported". A
+    runner reports its own with its other events (it replaces this)."""
+    def warn(ev: dict[str, Any]) -> None:
+        out.err(f"warning: {ev['file']} could not be read ({ev['reason']}); moved to "
+                f"corrupt/{ev['moved_to']} (kept, not run)")
+
+    for ev in q.quarantined:
+        warn(ev)
+    q.on_quarantine = warn
 
 
 def out_root(opt: Path | None) -> Path:
@@ -693,6 +704,7 @@ def do_submit(
     crash_hook = CrashPoints.from_env()
     crash_hook("submit:parsed")
     q = Queue(queue_path(queue))
+    report_quarantines(q)
     if before is not None:
         before(q)
     # Looked at before the jobs are accepted: after, a following runner may have published
@@ -977,6 +989,7 @@ def run(
         note_ended(ended)
     else:
         q = Queue(queue_path(queue))
+        report_quarantines(q)
         warn_submit_only(ctx, {"out_dir": "--out", "memory_mb": "--memory-mb",
                                "timeout": "--timeout", "max_attempts": "--max-attempts"})
     settings = RunnerSettings(

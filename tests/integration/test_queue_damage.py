@@ -334,3 +334,41 @@ def test_a_dead_runners_worker_group_id_reused_since_is_left_alone(
     finally:
         other.kill()
         other.wait()
+
+
+@pytest.mark.parametrize("command", ["submit", "run"])
+def test_a_record_a_submit_quarantines_is_reported_and_its_id_accepted_anew(
+        tmp_path: Path, write_manifest: Any, command: str) -> None:
+    # Given a queue whose done record of `a` was cut short (a disk fault, a hand edit)
+    stage(tmp_path)
+    queue, out = tmp_path / "q", tmp_path / "out"
+    manifest = write_manifest([py_job("a", "write_pdf")])
+    assert run_cli("run", manifest, *cli_args(queue, out)).returncode == 0
+    (queue / "done" / "a.json").write_bytes(b'{"truncated')
+    (out / "a.pdf").unlink()
+
+    # When the same manifest is submitted again (or run)
+    res = run_cli(command, manifest, *cli_args(queue, out))
+
+    # Then the command says which record it moved where (it moved it without a word, then
+    # accepted `a` as a new job), and `a` runs again
+    assert res.returncode == 0, res.stdout + res.stderr
+    [kept] = os.listdir(queue / "corrupt")
+    assert "done/a.json" in res.stderr and f"corrupt/{kept}" in res.stderr, res.stderr
+    if command == "run":
+        assert_pdf(out / "a.pdf", "a")
+
+
+def test_a_damaged_journal_entry_found_as_the_queue_opens_is_reported(tmp_path: Path) -> None:
+    # Given a queue holding a committed-looking journal entry that cannot be read
+    queue = tmp_path / "q"
+    Queue(queue).close()
+    (queue / "journal" / "0001.txn").write_bytes(b"\x00garbage")
+
+    # When `status` opens the queue (which rolls committed entries forward first)
+    res = run_cli("status", "--queue", str(queue))
+
+    # Then it says what it moved to corrupt/, as it does for records it reads
+    assert res.returncode == ExitCode.OK, res.stdout + res.stderr
+    [kept] = os.listdir(queue / "corrupt")
+    assert "journal/0001.txn" in res.stderr and f"corrupt/{kept}" in res.stderr, res.stderr
