@@ -315,7 +315,10 @@ def _displayable_data(data: Any) -> Any:
 def err(message: str) -> None:
     """A user-facing error on stderr, no traceback."""
     try:
-        sys.stderr.write(f"renderctl: {displayable(message)}\n")
+        # Every control character escaped (one_line): an id, a file name or a record's
+        # field holding ESC or BEL reached the terminal raw, and a newline in a manifest's
+        # name split one problem's line in two.
+        sys.stderr.write(f"renderctl: {one_line(message)}\n")
         sys.stderr.flush()
     except OSError as exc:
         if not reader_gone(exc):
@@ -341,6 +344,11 @@ def one_line(text: object) -> str:
     (``\\n``, ``\\t``, ``\\x1b``), so that one event stays one line and one ``dead list`` row
     keeps its tab-separated columns. JSON output keeps the text as it was."""
     return str(text).strip().translate(_CONTROL)
+
+
+def no_controls(text: str) -> str:
+    """``text`` with control characters escaped as ``one_line`` does, its indentation kept."""
+    return text.translate(_CONTROL)
 
 
 def _number(value: object) -> float | str:

@@ -12,7 +12,14 @@ from rich.table import Table
 from rich.text import Text
 
 from renderctl import proctree
-from renderctl.cli.console import human_bytes, human_duration, one_line, plain, table_width
+from renderctl.cli.console import (
+    human_bytes,
+    human_duration,
+    no_controls,
+    one_line,
+    plain,
+    table_width,
+)
 from renderctl.lifecycle import State
 from renderctl.store import JobView, Queue, QueueStatus
 
@@ -187,6 +194,9 @@ def render_job(c: Console, view: JobView) -> None:
         if a.get("stderr_tail"):
             for ln in str(a["stderr_tail"]).splitlines()[-5:]:
                 lines.append(f"    | {one_line(ln)}")
+    # Every field of a hand-edited record may hold ESC or BEL (an attempt's outcome, the
+    # lease's host): shown, not obeyed.
+    lines = [no_controls(ln) for ln in lines]
     if plain():
         print("\n".join(lines))
     else:

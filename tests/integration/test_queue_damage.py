@@ -372,3 +372,35 @@ def test_a_damaged_journal_entry_found_as_the_queue_opens_is_reported(tmp_path: 
     assert res.returncode == ExitCode.OK, res.stdout + res.stderr
     [kept] = os.listdir(queue / "corrupt")
     assert "journal/0001.txn" in res.stderr and f"corrupt/{kept}" in res.stderr, res.stderr
+
+
+def test_control_characters_from_ids_names_and_records_are_shown_not_obeyed(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given a dead job whose record a person edited to hold terminal escapes, and a
+    # manifest whose file name holds ESC and a newline
+    stage(tmp_path)
+    queue, out = tmp_path / "q", tmp_path / "out"
+    manifest = write_manifest([{**py_job("bad", "fail"), "max_attempts": 1}])
+    assert run_cli("run", manifest, *cli_args(queue, out)).returncode == 1
+    path = queue / "dead" / "bad.json"
+    rec = json.loads(path.read_text())
+    rec["attempts"][0]["outcome"] = "failed\x1b[31m\x07"
+    path.write_text(json.dumps(rec))
+    odd = tmp_path / "evil\x1b[31m\nname.toml"
+    odd.write_text('[[jobs]]\nid = "x"\n')
+    weird = "a\x1b[31mb\x07"
+
+    # When commands name them (an unknown id, the record, a manifest's problems)
+    results = [run_cli("cancel", weird, "--queue", queue),
+               run_cli("wait", weird, "--queue", queue),
+               run_cli("dead", "retry", weird, "--queue", queue),
+               run_cli("show", "bad", "--queue", queue),
+               run_cli("validate", odd, "--out", out)]
+
+    # Then no ESC or BEL reaches the terminal, and each problem stays on one line
+    for res in results:
+        for text in (res.stdout, res.stderr):
+            assert "\x1b" not in text and "\x07" not in text, (res.args, text)
+    problems = results[-1].stderr.splitlines()
+    assert problems and all(line.startswith("renderctl: ") for line in problems), problems
+    assert "\\x1b[31m" in results[0].stderr and "\\x1b[31m" in results[3].stdout
