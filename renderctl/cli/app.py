@@ -701,6 +701,8 @@ def do_submit(
     jobs = load_all(manifests, out_root=out_root(out_dir), limits=limits, origins=origins)
     warn_past_deadlines(jobs, origins)
     warn_unfound_programs(jobs, origins)
+    if problems := outputs_in_queue(jobs, queue_path(queue), origins):
+        raise ManifestError(problems)
     crash_hook = CrashPoints.from_env()
     crash_hook("submit:parsed")
     q = Queue(queue_path(queue))
@@ -767,6 +769,31 @@ def note_ended(counts: dict[str, int]) -> None:
     hint = (" (renderctl dead list; renderctl dead retry --all to run them again)"
             if counts["dead"] else "")
     out.err(f"note: {total} of these jobs ended earlier: {detail}{hint}")
+
+
+def outputs_in_queue(jobs: list[Any], queue: Path, origins: dict[str, str]) -> list[Problem]:
+    """Outputs that would land in the queue's own folder (`--out` naming the queue, or a
+    job's output under the queue inside the output root): a published file in pending/ was
+    quarantined as a damaged record, and one named like a record would be taken for it.
+    Free unless the queue lies inside the output root (then a realpath per job)."""
+    if not jobs:
+        return []
+    qroot = os.path.realpath(queue)
+    roots = {os.path.realpath(j.out_root) for j in jobs}
+    inside = [r for r in roots if r == qroot or r.startswith(qroot + os.sep)]
+    if inside:
+        return [Problem("--out", None, None, f"the output root {inside[0]} is inside the "
+                        f"queue folder {qroot}: outputs must not go among the queue's files")]
+    if not any(qroot.startswith(r + os.sep) for r in roots):
+        return []
+    problems = []
+    for j in jobs:
+        final = os.path.realpath(j.output_path)
+        if final == qroot or final.startswith(qroot + os.sep):
+            problems.append(Problem(origins.get(j.id, "?"), j.id, "output",
+                                    f"{final} is inside the queue folder {qroot}: outputs "
+                                    "must not go among the queue's files"))
+    return problems
 
 
 def existing_outputs(jobs: list[Any]) -> set[str]:

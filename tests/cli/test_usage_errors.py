@@ -516,3 +516,31 @@ def test_a_current_folder_deleted_under_the_command_is_a_usage_error(
     # creates nothing
     one_line_usage_error(res, "the current folder is gone", "cd to one that exists")
     assert not (tmp_path / "q").exists()
+
+
+# -- outputs among the queue's own files (found by an audit) --------------------------------
+
+
+@pytest.mark.parametrize("command", ["submit", "run"])
+@pytest.mark.parametrize("where", ["out-is-queue", "output-under-queue"])
+def test_an_output_in_the_queue_folder_is_refused(tmp_path: Path, command: str,
+                                                  where: str) -> None:
+    # Given an output root that is the queue folder itself, or a queue inside the output
+    # root and a job whose output path leads into it
+    if where == "out-is-queue":
+        queue = out = tmp_path / "q"
+        jobs = [job("j1", "write", output="pending/zz.json")]
+    else:
+        out, queue = tmp_path / "out", tmp_path / "out" / ".q"
+        jobs = [job("j1", "write", output=".q/pending/zz.json"), job("j2", "write")]
+    manifest = write_jobs(tmp_path / "m", jobs)
+
+    # When it is submitted (or run)
+    res = cli(command, manifest, "--queue", queue, "--out", out, cwd=tmp_path)
+
+    # Then it is a manifest error naming what lands in the queue, and nothing is enqueued
+    # (the published file was moved to corrupt/ as a damaged record, the job counted done)
+    assert res.returncode == 2, res.stdout + res.stderr
+    needle = "--out: the output root" if where == "out-is-queue" else "job j1: output:"
+    assert needle in res.stderr and "inside the queue folder" in res.stderr, res.stderr
+    assert nothing_enqueued(queue)
