@@ -822,8 +822,10 @@ class Queue:
         # renames a job's new record into done/ (pending/, for a retry) before it retires the
         # running copy, and a claim between the listings of pending/ and running/ (listed in
         # that order) shows the job in both. A running copy with a record elsewhere is stale.
-        listed = {s: [n for n in os.listdir(self.dir(s)) if n.endswith(".json")]
-                  for s in State}
+        # Only names a job can have: a copy made by hand (`x (copy).json`, `.x.json`) is no
+        # job, and a runner moves it to corrupt/ (it was counted as one more pending).
+        listed = {s: [n for n in os.listdir(self.dir(s))
+                      if n.endswith(".json") and is_job_id(n[:-5])] for s in State}
         in_running = set(listed[State.RUNNING])
         stale = {n for s, names in listed.items() if s is not State.RUNNING
                  for n in names if n in in_running} if in_running else set()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 from jobfns import run_cli
 
@@ -27,6 +28,27 @@ def test_a_corrupt_running_record_is_counted_as_corrupt_only(tmp_path: Path) -> 
     assert os.listdir(queue / "running") == []
     st = json.loads(run_cli("status", "--json", "--queue", str(queue)).stdout)
     assert (st["running"], st["corrupt"]) == (0, 1)
+
+
+def test_files_no_job_can_be_named_after_are_not_counted_as_jobs(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given a queue with one pending job, and copies made by hand beside it in pending/ and
+    # done/ under names no job can have
+    queue = tmp_path / "q"
+    (tmp_path / "in.txt").write_text("x")
+    manifest = write_manifest([{"id": "a", "kind": "command",
+                                "argv": ["cp", "{input}", "{output}"],
+                                "input": str(tmp_path / "in.txt"), "output": "a.txt"}])
+    assert run_cli("submit", manifest, "--queue", queue, "--out", tmp_path / "o").returncode == 0
+    record = (queue / "pending" / "a.json").read_bytes()
+    for name in ("pending/a (copy).json", "pending/.a.json", "done/a copy.json"):
+        (queue / name).write_bytes(record)
+
+    # When `status --json` counts them
+    st = json.loads(run_cli("status", "--json", "--queue", str(queue)).stdout)
+
+    # Then each folder counts its jobs only (it said pending 3, done 1)
+    assert (st["pending"], st["done"]) == (1, 0), st
 
 
 def test_status_shows_the_queue_path_without_dot_dot(tmp_path: Path) -> None:
