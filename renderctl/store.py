@@ -1987,12 +1987,18 @@ class Queue:
             until = time.monotonic() + PRUNE_HOLD_S
             while paths and time.monotonic() < until:
                 path = paths.pop()
-                try:
-                    rec = JobRecord.loads(read_file(path))
-                except FileNotFoundError:
-                    continue
-                except (IsADirectoryError, *_CORRUPT):
-                    continue  # not ours to judge here: status/show quarantine it
+                if dry_run:
+                    try:
+                        rec = JobRecord.loads(read_file(path))
+                    except (FileNotFoundError, IsADirectoryError, *_CORRUPT):
+                        continue
+                else:
+                    # One that cannot be read is moved to corrupt/ and reported, as every
+                    # reader does (it was skipped without a word, and stayed for good).
+                    found = self._read_or_quarantine(Path(path))
+                    if found is None:
+                        continue
+                    rec = found
                 if rec.changed_at >= cutoff:
                     continue
                 if os.path.exists(self._rpath(State.RUNNING, rec.spec.id)):

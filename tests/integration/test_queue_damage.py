@@ -404,3 +404,28 @@ def test_control_characters_from_ids_names_and_records_are_shown_not_obeyed(
     problems = results[-1].stderr.splitlines()
     assert problems and all(line.startswith("renderctl: ") for line in problems), problems
     assert "\\x1b[31m" in results[0].stderr and "\\x1b[31m" in results[3].stdout
+
+
+def test_prune_moves_a_record_it_cannot_read_to_corrupt_and_says_so(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given two completed jobs, one of whose done records was cut short, both old
+    stage(tmp_path)
+    queue, out = tmp_path / "q", tmp_path / "out"
+    manifest = write_manifest([py_job("a", "write_pdf"), py_job("b", "write_pdf")])
+    assert run_cli("run", manifest, *cli_args(queue, out)).returncode == 0
+    (queue / "done" / "a.json").write_bytes(b'{"cut')
+    past = 1_000_000_000
+    rec = json.loads((queue / "done" / "b.json").read_text())
+    (queue / "done" / "b.json").write_text(json.dumps({**rec, "changed_at": past}))
+    for name in ("a", "b"):
+        os.utime(queue / "done" / f"{name}.json", (past, past))
+
+    # When old records are pruned
+    res = run_cli("prune", "--older-than", "1d", "--queue", queue)
+
+    # Then the readable one is forgotten and the damaged one is moved to corrupt/ and
+    # named (it was left in done/ for good, without a word)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert os.listdir(queue / "done") == []
+    [kept] = os.listdir(queue / "corrupt")
+    assert "done/a.json" in res.stderr and f"corrupt/{kept}" in res.stderr, res.stderr
