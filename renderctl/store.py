@@ -743,14 +743,18 @@ class Queue:
                                       f"{self.dir('corrupt') / ev['moved_to']}",
                                       quarantined=True)
             # Quarantined earlier (by `status`, a runner): say where it is, not "no job".
-            kept = sorted((n for n in os.listdir(self.dir("corrupt"))
-                           if n.split(".", 1)[-1].startswith(f"{job_id}.json.")),
-                          key=lambda n: n.rpartition(".json.")[2])  # by time quarantined
-            if kept:
+            if (kept := self.corrupt_copy(job_id)) is not None:
                 raise JobNotFound(f"job {job_id!r}: its record could not be read and was "
-                                  f"moved to {self.dir('corrupt') / kept[-1]}", quarantined=True)
+                                  f"moved to {kept}", quarantined=True)
             raise JobNotFound(f"no job {job_id!r} in queue {self.path}")
         return view
+
+    def corrupt_copy(self, job_id: str) -> Path | None:
+        """The latest record of ``job_id`` moved to corrupt/, if any."""
+        kept = sorted((n for n in os.listdir(self.dir("corrupt"))
+                       if n.split(".", 1)[-1].startswith(f"{job_id}.json.")),
+                      key=lambda n: n.rpartition(".json.")[2])  # by time quarantined
+        return self.dir("corrupt") / kept[-1] if kept else None
 
     def list_ids(self, state: State) -> list[str]:
         return sorted(n[:-5] for n in os.listdir(self.dir(state)) if n.endswith(".json"))

@@ -1406,7 +1406,12 @@ def dead_retry(
             views = {j: q.find(j) for j in missing}
             out.print_json({j: v.state.value if v is not None else "not found"
                             for j, v in views.items()})
-        raise UserError("not in dead/: " + ", ".join(missing) + "; nothing was retried")
+        # One quarantined earlier (by `dead list`) is named with where it went, as `cancel`
+        # and `wait` name it, rather than as simply missing.
+        said = [f"{j} (its record could not be read and was moved to {kept})"
+                if q.find(j) is None and (kept := q.corrupt_copy(j)) is not None else j
+                for j in missing]
+        raise UserError("not in dead/: " + ", ".join(said) + "; nothing was retried")
     revived = q.dead_retry(ids, crash_hook=CrashPoints.from_env())
     gone = sorted(set(ids) - set(revived))
     if as_json:

@@ -429,3 +429,24 @@ def test_prune_moves_a_record_it_cannot_read_to_corrupt_and_says_so(
     assert os.listdir(queue / "done") == []
     [kept] = os.listdir(queue / "corrupt")
     assert "done/a.json" in res.stderr and f"corrupt/{kept}" in res.stderr, res.stderr
+
+
+def test_dead_retry_of_a_job_whose_record_was_quarantined_says_where_it_went(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given a dead job whose record was cut short, then quarantined by `dead list`
+    stage(tmp_path)
+    queue, out = tmp_path / "q", tmp_path / "out"
+    manifest = write_manifest([{**py_job("zz", "fail"), "max_attempts": 1}])
+    assert run_cli("run", manifest, *cli_args(queue, out)).returncode == ExitCode.JOBS_FAILED
+    (queue / "dead" / "zz.json").write_bytes(b"{")
+    assert run_cli("dead", "list", "--queue", queue).returncode == ExitCode.OK
+    [kept] = os.listdir(queue / "corrupt")
+
+    # When `dead retry zz` asks for it
+    res = run_cli("dead", "retry", "zz", "--queue", queue)
+
+    # Then it is refused as not in dead/, saying where its record went (as `cancel` does;
+    # it read as if no such job had ever died)
+    assert res.returncode == ExitCode.USAGE, res.stdout + res.stderr
+    assert "not in dead/: zz (its record could not be read" in res.stderr, res.stderr
+    assert f"{queue}/corrupt/{kept}" in res.stderr, res.stderr
