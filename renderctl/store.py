@@ -542,14 +542,21 @@ class Queue:
     def _create(self) -> None:
         try:
             self.path.mkdir(mode=0o700, parents=True, exist_ok=True)
-            made = False
-            for name in STATE_DIRS + AUX_DIRS:
-                d = self.path / name
+        except OSError as exc:
+            raise QueueIOError(f"cannot create queue {self.path}: {exc.strerror}") from exc
+        made = False
+        for name in STATE_DIRS + AUX_DIRS:
+            d = self.path / name
+            try:
                 if not d.is_dir():
                     d.mkdir(mode=0o700, exist_ok=True)
                     made = True
-        except OSError as exc:
-            raise QueueIOError(f"cannot create queue {self.path}: {exc.strerror}") from exc
+            except OSError as exc:
+                # The queue's own folder replaced by a file, say: name it (the message
+                # named the queue, "File exists", as if it were the queue that was in the
+                # way).
+                why = "not a folder" if isinstance(exc, FileExistsError) else exc.strerror
+                raise QueueIOError(f"queue {self.path}: {d}: {why}") from exc
         if made:
             # Protects against: power loss leaving the folders unrecorded after we report
             # "accepted" into one of them.

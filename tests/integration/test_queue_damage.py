@@ -450,3 +450,23 @@ def test_dead_retry_of_a_job_whose_record_was_quarantined_says_where_it_went(
     assert res.returncode == ExitCode.USAGE, res.stdout + res.stderr
     assert "not in dead/: zz (its record could not be read" in res.stderr, res.stderr
     assert f"{queue}/corrupt/{kept}" in res.stderr, res.stderr
+
+
+@pytest.mark.parametrize("command", ["submit", "run"])
+def test_a_queue_folder_replaced_by_a_file_is_named_by_submit_and_run(
+        tmp_path: Path, write_manifest: Any, command: str) -> None:
+    # Given a queue whose done/ folder was replaced by a file
+    stage(tmp_path)
+    queue, out = tmp_path / "q", tmp_path / "out"
+    Queue(queue).close()
+    (queue / "done").rmdir()
+    (queue / "done").write_text("")
+
+    # When a manifest is submitted (or run) into it
+    res = run_cli(command, write_manifest([py_job("a", "write_pdf")]), *cli_args(queue, out))
+
+    # Then the I/O error names that folder (it said "cannot create queue ...: File exists",
+    # as if the queue itself were in the way), and nothing is enqueued
+    assert res.returncode == ExitCode.IO_ERROR, res.stdout + res.stderr
+    assert f"{queue}/done: not a folder" in res.stderr, res.stderr
+    assert os.listdir(queue / "pending") == []
