@@ -137,14 +137,27 @@ def merge(inputs: list[Path], output: Path, params: Mapping[str, Any]) -> None:
         reader = open_pdf(path, label)
         with pdf_errors(label):
             first = len(writer.pages)
-            for page in reader.pages:
-                writer.add_page(page)
+            for number, page in enumerate(reader.pages, start=1):
+                writer.add_page(_sized(page, f"{label}: page {number}"))
         writer.add_outline_item(title=plain(path.stem) or path.name, page_number=first)
     writer.page_mode = "/UseOutlines"
     # Objects are copied from the inputs lazily, while writing: a fault there is still theirs,
     # though no longer one input's to name.
     with pdf_errors(_inputs_label(inputs)), output.open("wb") as fh:
         writer.write(fh)
+
+
+def _sized(page: PageObject, where: str) -> PageObject:
+    """``page``, if it has a page size (a /MediaBox of its own or inherited) with an area:
+    split and merge published pages no reader could lay out (pypdf's own `mediabox` raised
+    on them), where stamp refused the same input."""
+    try:
+        box = page.mediabox
+    except ValueError as exc:
+        raise InvalidInput(f"{where}: no usable page size (/MediaBox): {exc}") from None
+    if not box.width or not box.height:
+        raise InvalidInput(f"{where}: its page size (/MediaBox {list(box)}) has no area")
+    return page
 
 
 def _input_label(index: int, path: Path) -> str:
@@ -321,7 +334,8 @@ def split(inputs: list[Path], output: Path, params: Mapping[str, Any]) -> None:
         for index in range(parts):
             writer = PdfWriter()
             for page_number in range(index * per_part, min(total, (index + 1) * per_part)):
-                writer.add_page(reader.pages[page_number])
+                writer.add_page(_sized(reader.pages[page_number],
+                                       f"{path.name}: page {page_number + 1}"))
             # "xb": the folder is ours and starts empty; never clobber whatever appeared in it.
             with (output / f"part-{index + 1:0{width}d}.pdf").open("xb") as fh:
                 writer.write(fh)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import re
 import zlib
 from pathlib import Path
 
@@ -246,6 +247,36 @@ def test_split_writes_numbered_parts(tmp_path: Path, per_part: int, expected: li
     assert counts == expected
     first_texts = [PdfReader(out / name).pages[0].extract_text().strip() for name in names]
     assert first_texts == [f"five page {1 + i * per_part}" for i in range(len(expected))]
+
+
+def _page_with_box(path: Path, box: object) -> Path:
+    """A one-page PDF whose page has ``box`` as its /MediaBox (None: none at all)."""
+    writer = PdfWriter()
+    page = writer.add_blank_page(100, 100)
+    if box is None:
+        del page[NameObject("/MediaBox")]
+    else:
+        page[NameObject("/MediaBox")] = box  # type: ignore[assignment]
+    writer.write(path)
+    return path
+
+
+@pytest.mark.parametrize("op", ["merge", "split"])
+@pytest.mark.parametrize(("box", "message"), [
+    (None, "no usable page size (/MediaBox)"),
+    (RectangleObject([0, 0, 0, 0]), "has no area"),
+], ids=["missing", "no-area"])
+def test_a_page_without_a_usable_size_is_invalid_input(
+        tmp_path: Path, a_pdf: Path, op: str, box: object, message: str) -> None:
+    # Given an input whose first page has no page size, or one of no area (stamp refused
+    # it; split and merge published it, and pypdf itself could not size the page read back)
+    bad = _page_with_box(tmp_path / "bad.pdf", box)
+    out = tmp_path / ("merged.pdf" if op == "merge" else "parts")
+    if op == "split":
+        out.mkdir()
+    inputs = [a_pdf, bad] if op == "merge" else [bad]
+    with pytest.raises(InvalidInput, match=r"bad\.pdf: page 1: .*" + re.escape(message)):
+        getattr(pdfops, op)(inputs, out, {})
 
 
 def test_split_rejects_a_bad_part_size(tmp_path: Path, a_pdf: Path) -> None:
