@@ -49,7 +49,8 @@ def pdf_errors(source: str) -> Iterator[None]:
     except MemoryError:
         raise  # the memory ceiling's business, not the input's
     except LimitReachedError as exc:
-        raise InvalidInput(f"{source}: unreadable PDF: {exc} (safety limit)") from exc
+        raise InvalidInput(f"{source}: unreadable PDF: {_steady(str(exc))} (safety limit)"
+                           ) from exc
     except DependencyError as exc:
         # A filter pypdf decodes only with an optional package or program (BrotliDecode,
         # JBIG2Decode: jbig2dec is never run from a job, see safety.py): not a PyPdfError,
@@ -71,8 +72,19 @@ def pdf_errors(source: str) -> Iterator[None]:
     ) as exc:
         # pypdf raises plain Python errors from deep inside a malformed file as well as its
         # own; either way the same bytes fail the same way on every attempt.
-        reason = str(exc) or type(exc).__name__
+        reason = _steady(str(exc)) or type(exc).__name__
         raise InvalidInput(f"{source}: unreadable PDF: {reason[:300]}") from exc
+
+
+# pypdf's repr of an indirect reference ends with the id() of its reader object.
+_INDIRECT_REPR = re.compile(r"IndirectObject\((\d+), (\d+), \d+\)")
+
+
+def _steady(reason: str) -> str:
+    """``reason`` without the memory addresses pypdf puts in some messages ("Detected loop
+    with self reference for IndirectObject(4, 0, 140268125127952)"): the same file's
+    error differed between attempts and jobs."""
+    return _INDIRECT_REPR.sub(r"\1 \2 R", reason)
 
 
 def open_pdf(path: Path, label: str | None = None) -> PdfReader:

@@ -279,6 +279,39 @@ def test_a_page_without_a_usable_size_is_invalid_input(
         getattr(pdfops, op)(inputs, out, {})
 
 
+def _raw_pdf(path: Path, objects: list[bytes]) -> Path:
+    """A PDF of ``objects`` (numbered from 1) with a correct xref table."""
+    out, offsets = b"%PDF-1.7\n", []
+    for n, body in enumerate(objects, start=1):
+        offsets.append(len(out))
+        out += b"%d 0 obj\n" % n + body + b"\nendobj\n"
+    xref = len(out)
+    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
+    out += b"".join(b"%010d 00000 n \n" % o for o in offsets)
+    out += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (
+        len(objects) + 1, xref)
+    path.write_bytes(out)
+    return path
+
+
+def test_the_same_broken_input_fails_with_the_same_message_every_time(tmp_path: Path) -> None:
+    # Given a page whose content stream's /Length refers to its own stream object
+    bad = _raw_pdf(tmp_path / "loop.pdf", [
+        b"<< /Type /Catalog /Pages 2 0 R >>", b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
+        b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R >>",
+        b"<< /Length 4 0 R >>\nstream\nBT ET\nendstream"])
+
+    # When it is stamped twice (as two attempts, or two jobs, would)
+    messages = []
+    for _ in range(2):
+        with pytest.raises(InvalidInput) as info:
+            pdfops.stamp([bad], tmp_path / "out.pdf", {"text": "X"})
+        messages.append(str(info.value))
+
+    # Then both say the same, naming the object (pypdf's message held a memory address)
+    assert messages[0] == messages[1] and "4 0 R" in messages[0], messages
+
+
 def test_split_rejects_a_bad_part_size(tmp_path: Path, a_pdf: Path) -> None:
     (tmp_path / "parts").mkdir()
     with pytest.raises(InvalidInput, match="pages_per_part"):
