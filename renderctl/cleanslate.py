@@ -25,8 +25,9 @@ job that needs that isolation is a
 library and, in the same job, sets that library's loggers or filters its warning categories
 be told from the library's own set-up at import: that stays, as the library does.
 
-Cost on the common path (nothing changed): ~7 us per job (only after jobs that run the
-user's code in the worker: python callables, plugin renderers). Signal handlers, resource
+Cost on the common path (nothing changed): ~27 us per job here, ~17 before the import
+machinery, scheduling policy, identity and no_new_privs were checked (only after jobs that
+run the user's code in the worker: python callables, plugin renderers). Signal handlers, resource
 limits and the C environment are compared only after a job called ``signal.signal``,
 ``resource.setrlimit``/``prlimit``, ``os.putenv``/``unsetenv`` or
 ``random.seed``/``setstate`` (the functions are wrapped to say so): comparing 60 handlers
@@ -145,6 +146,9 @@ class Baseline:
         # every later job's imports. The lists are restored in place (importlib holds them).
         self.meta_path_list, self.path_hooks_list = sys.meta_path, sys.path_hooks
         self.meta_path, self.path_hooks = list(sys.meta_path), list(sys.path_hooks)
+        # What was loaded at worker start (importlib, the worker's own): a hook made from
+        # these (FileFinder.path_hook's closure) is a job's, not a library's.
+        self.initial_modules = frozenset(sys.modules)
         self.environ = os.environ
         self.faulthandler = faulthandler.is_enabled()
         # Who the worker is: a job that gives up root (or changes groups) leaves a worker that
@@ -269,9 +273,9 @@ class Baseline:
         problems: list[str] = []
         if threading.stack_size() != self.stack_size:
             threading.stack_size(self.stack_size)
-        _restore_list(self.meta_path_list, self.meta_path)
+        _restore_list(self.meta_path_list, self.meta_path, self.initial_modules)
         sys.meta_path = self.meta_path_list
-        if _restore_list(self.path_hooks_list, self.path_hooks):
+        if _restore_list(self.path_hooks_list, self.path_hooks, self.initial_modules):
             sys.path_importer_cache.clear()  # finders the job's hooks made
         sys.path_hooks = self.path_hooks_list
         if "faulthandler" in self.touched:
@@ -279,8 +283,9 @@ class Baseline:
             for sig in signal.valid_signals():
                 with contextlib.suppress(ValueError, OSError, RuntimeError):
                     faulthandler.unregister(sig)
-            if faulthandler.is_enabled() != self.faulthandler:
-                (faulthandler.enable if self.faulthandler else faulthandler.disable)()
+            # Enabled again even if it still is: the job may have pointed it at a file it
+            # then closed, whose descriptor number a later job's file would get.
+            (faulthandler.enable if self.faulthandler else faulthandler.disable)()
         if "audithook" in self.touched:
             problems.append("the job added an audit hook, which cannot be removed")
         if _identity() != self.identity:
@@ -373,15 +378,17 @@ def _no_new_privs() -> int:
     return int(_prctl(_PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0)) if _prctl else 0
 
 
-def _restore_list(live: list[Any], then: list[Any]) -> bool:
+def _restore_list(live: list[Any], then: list[Any], initial: frozenset[str]) -> bool:
     """Make ``live`` hold ``then`` again (what the job removed put back, in place), keeping
-    what a library still loaded added at its import, which it would not add again for the
+    what a library still loaded, and first loaded since the worker started (``initial``:
+    the modules loaded then), added at its import, which it would not add again for the
     next job (as with warnings filters): those join ``then``. True if anything was removed."""
     if len(live) == len(then) and all(map(operator.is_, live, then)):
         return False
     known = {id(x) for x in then}
     first = next((i for i, x in enumerate(live) if id(x) in known), len(live))
-    added = [(i, x) for i, x in enumerate(live) if id(x) not in known and _from_library(x)]
+    added = [(i, x) for i, x in enumerate(live) if id(x) not in known and _from_library(x)
+             and getattr(x, "__module__", "") not in initial]
     removed = len(live) - len(added) > sum(1 for x in live if id(x) in known)
     then[:] = ([x for i, x in added if i < first] + list(then)
                + [x for i, x in added if i >= first])

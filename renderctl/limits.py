@@ -109,7 +109,7 @@ def type_name(v: Any) -> str:
 # document of ours may (manifest.MAX_NESTING). Refused before tomllib sees it: its time
 # grows with the square of a key's parts (10,000 parts: 1.8 s; an 80 KB file: 43 s).
 MAX_TOML_KEY_PARTS = 64
-_DOTTED_RUN = re.compile(r"""(?:(?:[A-Za-z0-9_-]+|"[^"\n]*"|'[^'\n]*')[ \t]*\.[ \t]*)"""
+_DOTTED_RUN = re.compile(r"""(?:(?:[A-Za-z0-9_-]+|"(?:[^"\\\n]|\\.)*"|'[^'\n]*')[ \t]*\.[ \t]*)"""
                          f"{{{MAX_TOML_KEY_PARTS}}}")
 
 

@@ -45,8 +45,9 @@ from renderctl.render.registry import all_specs
 
 MAX_MANIFEST_BYTES = 8 * 1024 * 1024
 MIB = 1024 * 1024
-# What [defaults] params may come to, copied into every job (each job's record holds them).
-MAX_EXPANDED_PARAMS_BYTES = 64 * MIB
+# What [defaults] params may be (each job's record holds a copy), and come to in all.
+MAX_SHARED_PARAMS_BYTES = MIB
+MAX_EXPANDED_PARAMS_BYTES = 1024 * MIB
 MAX_JOBS_PER_MANIFEST = 100_000
 MAX_DEPTH = 8
 MAX_STRING = 16 * 1024
@@ -1024,12 +1025,13 @@ def validate_document(
         # Copied into every job's record: 3 MB of them under 3,000 jobs took 32 s and 2.8 GB
         # to validate (and a queue of ~9 GB had it been submitted).
         size = len(json.dumps(shared, default=str))
-        if size * len(jobs) > MAX_EXPANDED_PARAMS_BYTES:
+        if size > MAX_SHARED_PARAMS_BYTES or size * len(jobs) > MAX_EXPANDED_PARAMS_BYTES:
             ctx.add(None, "defaults.params",
                     f"{size / 1024:.0f} KB, copied into each of the {len(jobs)} jobs, would "
                     f"be {size * len(jobs) / MIB:.0f} MB of job records (at most "
-                    f"{MAX_EXPANDED_PARAMS_BYTES // MIB} MB): give the jobs a file to read "
-                    "instead")
+                    f"{MAX_SHARED_PARAMS_BYTES // 1024} KB a job, "
+                    f"{MAX_EXPANDED_PARAMS_BYTES // MIB} MB in all): give the jobs a file to "
+                    "read instead")
             return []
     out: list[JobSpec] = []
     for i, raw in enumerate(jobs):

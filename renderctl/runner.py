@@ -261,6 +261,7 @@ class WorkerHandle:
     slot: Slot
     gate: StartGate  # decides, with the worker, whether its queued jobs start
     started_log: str  # where it logs each attempt's start before starting it (recovery)
+    work_root: str = ""  # the work root it started in (see Runner._ensure_work_root)
     pid: int | None = None
     pgid: int | None = None
     pgid_start: int | None = None  # its group leader's start time (control/workers.*.json)
@@ -383,6 +384,8 @@ class Runner:
         self._subreaper = False  # orphans come to us (see _kill_orphans)
         self.work_root = ""
         self._old_work_roots: list[str] = []  # replaced (see _ensure_work_root); removed at the end
+        self._work_root_id: tuple[int, ...] = ()  # (dev, ino, mode, uid) as made
+        self._inherited: set[tuple[int, int | None]] = set()  # children before the run
         self.exec_times: deque[float] = deque(maxlen=512)
         self._depth = 1  # adaptive prefetch depth (see _prefetch_depth)
         self._avg_exec = 0.0  # of recent jobs, seconds; 0 until three have finished
@@ -450,8 +453,12 @@ class Runner:
                                              sampling_interval_s=self.s.sample_interval_s,
                                              pids_max=pids_max)
             self._publish_runner_info()
-            self.work_root = tempfile.mkdtemp(prefix=WORK_ROOT_PREFIX)
-            self._note_work_roots()
+            self._make_work_root()
+            # Children we had before the run (a sidecar a container's entrypoint started
+            # before it exec'd us): not a job's, never killed as orphans (see _kill_orphans).
+            me = os.getpid()
+            self._inherited = {(pid, proctree.process_start_time(pid))
+                               for pid in reaper_children(me)}
             try:
                 # Before any worker: it kills them if we die while one cannot act on its
                 # parent-death signal (renderctl.reaper). Started now, its ~10 ms of start-up
@@ -851,25 +858,32 @@ class Runner:
         (self.q.dir("control") / WORK_NOTE.format(self.token_prefix)).write_text(
             f"{roots}{mp_temp_dir()}\n")
 
+    def _make_work_root(self) -> None:
+        self.work_root = tempfile.mkdtemp(prefix=WORK_ROOT_PREFIX)
+        st = os.lstat(self.work_root)
+        # As made, on whatever file system TMPDIR is (one that keeps no modes shows others)
+        self._work_root_id = (st.st_dev, st.st_ino, st.st_mode, st.st_uid)
+        self._note_work_roots()
+
     def _ensure_work_root(self) -> None:
-        """Make a fresh work root if a job removed or replaced ours (it is the parent of the
-        job's working folder, and jobs run as we do): a new worker could not start in it,
-        and, worker after worker, the run would stop. One lstat per worker start."""
+        """Make a fresh work root if a job removed, replaced or re-moded ours (it is the
+        parent of the job's working folder, and jobs run as we do): a new worker could not
+        start in it, and, worker after worker, the run would stop. One lstat per worker
+        start."""
         try:
             st = os.lstat(self.work_root)
-            if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() \
-                    and stat.S_IMODE(st.st_mode) == 0o700:
+            if (st.st_dev, st.st_ino, st.st_mode, st.st_uid) == self._work_root_id:
                 return
         except OSError:
             st = None
         old = self.work_root
-        self.work_root = tempfile.mkdtemp(prefix=WORK_ROOT_PREFIX)
+        self._make_work_root()
         if st is not None and stat.S_ISDIR(st.st_mode):
             # Other workers' jobs may be running in it: removed when we end.
             self._old_work_roots.append(old)
+            self._note_work_roots()
         elif st is not None:
             unlink_quiet(Path(old))  # what the job put in its place
-        self._note_work_roots()
 
     def _spawn(self, index: int, slot: Slot | None = None) -> None:
         assert self.guard is not None
@@ -918,7 +932,8 @@ class Runner:
             slot.adopt(proc.pid)
         if self.reaper is not None:
             self.reaper.watch(proc.pid)
-        w = self.workers[index] = WorkerHandle(index, proc, parent, slot, gate, log)
+        w = self.workers[index] = WorkerHandle(index, proc, parent, slot, gate, log,
+                                               work_root=cfg.work_root)
         w.start_deadline = time.monotonic() + self.s.worker_start_timeout_s
         self._watch(w)
 
@@ -1786,7 +1801,7 @@ class Runner:
         pid = dead.proc.pid
         if pid is None or any(w.proc.pid == pid for w in self.workers.values() if w is not dead):
             return  # (its pid reused by a worker started since: those are that one's)
-        with contextlib.suppress(OSError), os.scandir(self.work_root) as it:
+        with contextlib.suppress(OSError), os.scandir(dead.work_root or self.work_root) as it:
             for e in it:
                 if e.name.startswith(f"w{pid}."):  # worker.py: w<pid>.<n> and w<pid>.out
                     if e.is_dir(follow_symlinks=False):
@@ -1899,7 +1914,7 @@ class Runner:
                 f"worker exited with status {code} during the job"
         said = None
         if read_tail and a.started_mono is not None and w.pid is not None:
-            said = last_words(self.work_root, w.pid, a.claim.record.spec.kind)
+            said = last_words(w.work_root or self.work_root, w.pid, a.claim.record.spec.kind)
         return Finished(a.job_id, token, outcome, elapsed, error=error, exit_code=exit_code,
                         signal=sig, peak_memory_bytes=peak, stderr_tail=said)
 
@@ -2002,7 +2017,8 @@ class Runner:
                     or w.current.claim.record.spec.kind == "command":
                 continue
             try:
-                fd = os.open(capture_path(self.work_root, w.pid), os.O_WRONLY | os.O_CLOEXEC)
+                fd = os.open(capture_path(w.work_root or self.work_root, w.pid),
+                             os.O_WRONLY | os.O_CLOEXEC)
             except OSError:
                 continue
             try:
@@ -2082,7 +2098,8 @@ class Runner:
             keep.add(self.reaper.proc.pid)
         for pid in reaper_children(me):
             fields = proc_stat(pid)
-            if pid in keep or fields is None:
+            if pid in keep or fields is None \
+                    or (self._inherited and (pid, int(fields[19])) in self._inherited):
                 continue
             if fields[0] in (b"Z", b"X"):
                 with contextlib.suppress(ChildProcessError):

@@ -395,7 +395,7 @@ class Worker:
                 # (a daemon, a command's background process) would run into the next job
                 # and be charged to it.
                 if not remove_leftovers(_children_of_threads if damage else self._children,
-                                        LEFTOVER_BOUND_S):
+                                        LEFTOVER_BOUND_S) or not self._sweep_slot():
                     self.retire_reason = "a job left processes that would not die; retiring"
                 if user_code:
                     mpstate.forget_dead_helpers()

@@ -55,8 +55,9 @@ def test_pyproject_table_and_queue_default(tmp_path: Path) -> None:
     ("workers = " + "9" * 5000 + "\n", "a number of more than 4300 digits"),
     ("a" + ".a" * 40_000 + " = 1\n", "a key of more than 64 dotted parts"),  # (was 43 s)
     ("workers = 2\0\n", "contains a NUL character"),
+    (".".join(['"\\""'] * 20_000) + " = 1\n", "a key of more than 64 dotted parts"),
 ], ids=["unknown", "zero", "string", "guard", "syntax", "not-utf8", "deep", "huge-int",
-        "long-dotted-key", "nul"])
+        "long-dotted-key", "nul", "long-key-of-escaped-quotes"])
 def test_bad_config_exits_2_naming_file_and_key(tmp_path: Path, text: str,
                                                 needle: str) -> None:
     path = tmp_path / "renderctl.toml"

@@ -928,6 +928,11 @@ def pollute_process(inputs: Sequence[Path], output: Path, params: Mapping[str, A
     # faulthandler watchdog (with exit=True it killed the next job), os.environ rebound
     sys.meta_path.insert(0, _SpyFinder())
     sys.path_hooks.insert(0, _spy_path_hook)
+    # (made by importlib, loaded before any job: a job's all the same)
+    import importlib.machinery
+
+    sys.path_hooks.insert(0, importlib.machinery.FileFinder.path_hook(
+        (importlib.machinery.SourceFileLoader, [".py"])))
     os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
     threading.stack_size(1 << 20)
     faulthandler.dump_traceback_later(30, exit=True)
@@ -1006,6 +1011,20 @@ def escape_as_sibling(inputs: Sequence[Path], output: Path, params: Mapping[str,
     while not os.path.exists(params["pidfile"]):
         time.sleep(0.001)
     time.sleep(float(params.get("hang_s", 0)))
+    if params.get("fail"):
+        raise RuntimeError("failed after making a sibling")
+    write_pdf(inputs, output, params)
+
+
+def report_alive(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
+    """Record whether the process in ``params["pidfile"]`` is alive as this job starts (a
+    zombie counts as dead), then write the output."""
+    pid = int(Path(params["pidfile"]).read_text())
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        state = "gone"
+    Path(params["report"]).write_text(json.dumps({"alive": state not in ("gone", "Z", "X")}))
     write_pdf(inputs, output, params)
 
 

@@ -20,6 +20,7 @@ from typing import Any
 import psutil
 import pytest
 from jobfns import (
+    RENDERCTL,
     QueueView,
     Runner,
     assert_pdf,
@@ -1140,3 +1141,46 @@ def test_a_sibling_a_job_made_of_its_worker_dies_with_a_killed_runner(
         wait_until(lambda: gone(sibling), timeout_s=2, what="the sibling to die with the runner")
     finally:
         runner.close()
+
+
+@needs_cgroup_v1
+def test_a_sibling_a_failed_job_made_of_its_worker_is_gone_before_the_next_job(
+        tmp_path: Path, write_manifest: Any, leftover: Path) -> None:
+    # Given a job that makes a sibling of its worker (clone(CLONE_PARENT)) in a new session
+    # and then fails, and a job after it in the same worker that looks for that sibling
+    stage(tmp_path)
+    report = tmp_path / "seen.json"
+    manifest = write_manifest([
+        {**py_job("sibling", "escape_as_sibling", pidfile=str(leftover), fail=True),
+         "priority": 2},
+        {**py_job("probe", "report_alive", pidfile=str(leftover), report=str(report)),
+         "priority": 1},
+    ], defaults={"max_attempts": 1})
+
+    # When one worker runs both under the cgroup guard
+    result, view = run_in_one_worker(tmp_path, manifest, "--memory-guard", "cgroup-v1")
+
+    # Then the sibling was gone when the next job started (the slot was swept after
+    # successes only: it ran on in the next job's slot until the runner's periodic sweep)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert view.ids("done") == {"probe"}
+    assert json.loads(report.read_text()) == {"alive": False}
+
+
+def test_a_process_the_runner_had_before_the_run_is_left_alone(
+        tmp_path: Path, write_manifest: Any, leftover: Path) -> None:
+    # Given a runner started the way container entrypoints do: a sidecar started in the
+    # background, then the runner exec'd in the same process (so the sidecar is its child)
+    stage(tmp_path)
+    manifest = write_manifest([py_job("slow", "sleep_then_write", s=2.5)])
+    # (its output elsewhere: the pipes must close when the runner ends)
+    script = f'sleep 300 >/dev/null 2>&1 & echo $! > {leftover}; exec "$@"'
+    res = subprocess.run(["sh", "-c", script, "sh", *RENDERCTL, "run", str(manifest),
+                          *cli_args(tmp_path / "q", tmp_path / "out", "--workers", "1")],
+                         capture_output=True, text=True, timeout=60)
+
+    # When the run has lasted past the runner's periodic sweep of orphans (~1 s), then ended
+    assert res.returncode == 0, res.stdout + res.stderr
+
+    # Then the sidecar still runs (it was killed as a job's leftover)
+    assert not gone(int(leftover.read_text()))

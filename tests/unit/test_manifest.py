@@ -243,6 +243,10 @@ DOC_CASES: list[tuple[str, str, bytes, str | None, str]] = [
     # tomllib's time grows with the square of a dotted key's parts: this took 43 s
     ("toml-long-dotted-key", "m.toml", b"[zz]\n" + b"a" + b".a" * 40_000 + b" = 1\n", None,
      "line 2: a key of more than 64 dotted parts"),
+    # (its parts quoted, each an escaped quote: 52 s before it was refused)
+    ("toml-long-key-of-escaped-quotes", "m.toml",
+     b"[zz]\n" + b".".join([b'"\\""'] * 20_000) + b" = 1\n", None,
+     "line 2: a key of more than 64 dotted parts"),
     ("json-huge-number", "m.json", b'{"jobs": [' + b"9" * 5000 + b"]}", None,
      "invalid JSON: a number of more than 4300 digits"),
     ("top-level-typo", "m.toml",
@@ -525,23 +529,26 @@ def test_huge_integer_is_a_manifest_error(tmp_path: Path, out_root: Path, name: 
 
 def test_shared_params_too_big_for_every_job_are_refused_at_once(tmp_path: Path,
                                                                   out_root: Path) -> None:
-    # Given [defaults] params of ~330 KB shared by 300 jobs (~100 MB of job records); the
-    # same params shared by 100 jobs (~33 MB) are fine
-    shared = {f"k{i}": "v" * 100 for i in range(3000)}
+    # Given [defaults] params of ~1.1 MB shared by 3 jobs, or of ~330 KB by 4,000 jobs
+    # (~1.3 GB of job records); ~330 KB shared by 100 jobs, or 1 KB by 60,000, are fine
     path = tmp_path / "m.json"
 
-    def write(n: int) -> None:
+    def write(n: int, keys: int) -> None:
+        shared = {f"k{i}": "v" * 100 for i in range(keys)}
         path.write_text(json.dumps({
             "defaults": {"kind": "python", "callable": "json:dumps", "params": shared},
             "jobs": [{"id": f"x{i}", "output": f"x{i}.pdf"} for i in range(n)]}))
 
-    write(300)
     # When it is validated: refused once, naming the table (it took 2.8 GB and 32 s for a
     # 3 MB table under 3,000 jobs, and was accepted)
-    assert_reported(problems([path], out_root), field="defaults.params", job_id=None,
-                    message="copied into each of the 300 jobs")
-    write(100)
+    for n, keys in ((3, 10_000), (4000, 3000)):
+        write(n, keys)
+        assert_reported(problems([path], out_root), field="defaults.params", job_id=None,
+                        message=f"copied into each of the {n} jobs")
+    write(100, 3000)
     assert len(load_manifests([path], out_root=out_root)) == 100
+    write(60_000, 10)
+    assert len(load_manifests([path], out_root=out_root)) == 60_000
 
 
 def test_one_manifest_named_twice_is_read_once(folder: Path, out_root: Path,
