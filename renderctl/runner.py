@@ -386,6 +386,7 @@ class Runner:
         self._old_work_roots: list[str] = []  # replaced (see _ensure_work_root); removed at the end
         self._work_root_id: tuple[int, ...] = ()  # (dev, ino, mode, uid) as made
         self._inherited: set[tuple[int, int | None]] = set()  # children before the run
+        self._dead_ahead = 0  # results awaiting the commit that will dead-letter their job
         self.exec_times: deque[float] = deque(maxlen=512)
         self._depth = 1  # adaptive prefetch depth (see _prefetch_depth)
         self._avg_exec = 0.0  # of recent jobs, seconds; 0 until three have finished
@@ -1007,7 +1008,13 @@ class Runner:
                 if self._foreign:
                     self._take_over_expired(self.clock.wall())
                 if self.halted:
-                    self._halt()
+                    if self._dead_ahead and self.completions:
+                        # The dead events first (the halt comes right after the one that
+                        # reached it), and the count they reach is what the commit found.
+                        self._commit()
+                        self._oldest_completion = 0.0
+                    if self.halted:
+                        self._halt()
                 due = self.index.next_deadline()
                 if due is not None and due < self.clock.wall():
                     self._expire_past_deadline()
@@ -1140,7 +1147,11 @@ class Runner:
         be started: no more claims; finish what runs, then stop."""
         if self.output_io_error is not None or self.worker_start_error is not None:
             return True
-        return self.s.max_failures is not None and self.counts["dead"] >= self.s.max_failures
+        # Counted as results arrive, not as their group commit lands (up to 50 ms later):
+        # meanwhile fast failures went on being claimed and started, and a run told to stop
+        # after 5 dead-lettered 40-51 jobs.
+        return self.s.max_failures is not None \
+            and self.counts["dead"] + self._dead_ahead >= self.s.max_failures
 
     def _cannot_start_workers(self, problem: str) -> None:
         """Halt, as for an output folder that cannot be written: a job running on a worker
@@ -1307,6 +1318,12 @@ class Runner:
         worker is idle."""
         if self.s.prefetch is not None:
             return self.s.prefetch
+        if self.s.max_failures is not None:
+            # Every start decided by the runner, which knows the failures so far: a worker
+            # runs what it holds without asking, and quick jobs queued 15 deep ran through
+            # a whole queue of failures (30 dead for --max-failures 3) before one result
+            # was read. At most one job per worker then starts after the one that halts.
+            return 1
         return self._depth  # recomputed per finished job (_observe_exec), read many times
 
     def _compute_depth(self) -> int:
@@ -1627,7 +1644,7 @@ class Runner:
                 # writing the next job's words over its capture).
                 verdict = replace(self._killed(w, a, None, read_tail=False),
                                   stderr_tail=msg.stderr_tail)
-                self.completions.append((a, verdict))
+                self._complete(a, verdict)
                 w.kill_target = None  # recorded: a later job of this worker is not it
                 return
             fin = msg
@@ -1639,7 +1656,7 @@ class Runner:
             if fin.peak_memory_bytes is None and w.sampler is not None:
                 fin = replace(fin, peak_memory_bytes=_own_peak(a, w.sampler.peak_bytes))
             self._observe_exec(fin.elapsed_s)
-            self.completions.append((a, fin))
+            self._complete(a, fin)
         elif isinstance(msg, Dropped):
             # A worker retiring because its slot holds more than the next job's ceiling: its
             # successor gets a fresh slot (what an earlier job left charged to this one, a
@@ -1753,7 +1770,7 @@ class Runner:
             discard(tmp)
         a = w.current
         if a is not None:
-            self.completions.append((a, self._killed(w, a, code)))
+            self._complete(a, self._killed(w, a, code))
         self._remove_work_files(w)  # (its job's last words are read above)
         for q in reversed(w.queued):
             if self.stop_signal is not None:
@@ -2184,9 +2201,17 @@ class Runner:
         self._count(t)
         self._report(t)
 
+    def _complete(self, a: Assignment, fin: Finished) -> None:
+        """A finished attempt, for the next group commit; one that will dead-letter its job
+        counts towards --max-failures at once (see halted)."""
+        self.completions.append((a, fin))
+        if self.s.max_failures is not None and not a.cancel_requested \
+                and _dead_letters(a.claim.record, fin.outcome):
+            self._dead_ahead += 1
+
     def _record_now(self, a: Assignment, fields: dict[str, Any]) -> None:
         fin = Finished(a.job_id, a.claim.lease.token, fields.pop("outcome"), 0.0, **fields)
-        self.completions.append((a, fin))
+        self._complete(a, fin)
 
     def _attempt(self, a: Assignment, fin: Finished, outcome: str) -> dict[str, Any]:
         assert self.holder is not None
@@ -2235,6 +2260,7 @@ class Runner:
         """
         self.crash_point("commit")
         batch, self.completions = self.completions, []
+        self._dead_ahead = 0  # counted for real below
         now = self.clock.wall()
         transitions: list[Transition] = []
         to_link: list[tuple[Assignment, int, Finished]] = []  # index: in transitions
@@ -2651,6 +2677,18 @@ def _test_number(variable: str) -> float:
     if not (math.isfinite(value) and value > 0):
         raise UserError(f"{variable}={raw!r}: must be a number > 0")
     return value
+
+
+def _dead_letters(rec: JobRecord, outcome: str) -> bool:
+    """Whether an attempt ending ``outcome`` will dead-letter the job of ``rec`` (as
+    after_attempt decides it at the commit, which may still find another reason)."""
+    try:
+        o = Outcome(outcome)
+    except ValueError:
+        return False
+    if o in (Outcome.COMPLETED, Outcome.CANCELLED, Outcome.RELEASED):
+        return False
+    return not o.retryable or rec.charged_attempts + 1 >= rec.spec.max_attempts
 
 
 def _kill_tree_if(pid: int, still_ours: Callable[[int], bool]) -> None:

@@ -943,7 +943,7 @@ def run(
         "--prefetch", envvar=_env("prefetch"), callback=checked,
         parser=AS_INT, metavar="<int>",
         help="jobs a worker may hold, the running one included [default: adaptive, 1 for "
-        "long jobs]")] = None,
+        "long jobs and with --max-failures]")] = None,
     poll_interval: Annotated[float, typer.Option(
         "--poll-interval", envvar=_env("poll-interval"), callback=checked,
         parser=AS_FLOAT, metavar="<float>",

@@ -330,6 +330,34 @@ def test_max_failures_stops_claiming_after_the_first_dead_job(
     assert [(e["dead"], e["max_failures"]) for e in halted] == [(1, 1)], res.stdout
 
 
+def test_max_failures_holds_when_quick_failures_follow_quick_successes(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given quick jobs that succeed, then quick ones that dead-letter at once: the workers
+    # hold deep queues of claimed jobs by the time the failures come
+    stage(tmp_path)
+    jobs = [*({**py_job(f"ok-{n:02d}", "write_one_byte", f"ok-{n:02d}.bin"), "priority": 1}
+              for n in range(60)),
+            *(py_job(f"bad-{n:02d}", "invalid") for n in range(30))]
+    queue, out = tmp_path / "q", tmp_path / "out"
+
+    # When run with --max-failures 3 and two workers
+    res = run_cli("run", write_manifest(jobs),
+                  *cli_args(queue, out, "--workers", "2", "--max-failures", "3", "--json"))
+
+    # Then at most one more job per worker (started before the runner learnt of the third
+    # failure) dead-letters, the halt comes right after the dead job that reached it, and at
+    # most one job per worker is seen starting after it (it counted failures only as their
+    # group commit landed: 18-20 dead by the halt, 40-51 by the end, 20-33 started after it)
+    assert res.returncode == 1, res.stdout + res.stderr
+    names = [(e["event"], e.get("job")) for e in json_lines(res.stdout)
+             if e["event"] in ("dead", "halted", "started")]
+    halt = names.index(("halted", None))
+    assert names[halt - 1][0] == "dead", names
+    assert len([n for n in names[halt:] if n[0] == "started"]) <= 2, names
+    dead = QueueView(queue).ids("dead")
+    assert 3 <= len(dead) <= 3 + 2, sorted(dead)
+
+
 def test_max_failures_starts_nothing_more_of_what_was_queued_in_workers(
         tmp_path: Path, write_manifest: Any) -> None:
     # Given, queued together in one worker: a job that dead-letters at once, a slow one
