@@ -92,6 +92,7 @@ class JUnitCollector:
 
     def __init__(self) -> None:
         self.last: dict[str, dict[str, Any]] = {}  # job id -> its latest event, in order
+        self.ran: set[str] = set()  # jobs an attempt of which started in this run
         self.started = time.monotonic()
 
     def event(self, ev: Mapping[str, Any]) -> None:
@@ -102,6 +103,8 @@ class JUnitCollector:
             return
         prev = self.last.pop(job, {})
         merged = {**prev, **ev}
+        if name in ("started", "retry") or (name == "released" and "attempt" in ev):
+            self.ran.add(job)
         if name == "started":
             merged.pop("state", None)
         self.last[job] = merged
@@ -115,17 +118,21 @@ class JUnitCollector:
             state = TERMINAL_EVENTS.get(str(ev.get("event")))
             if ev.get("event") == "recovered":
                 state = ev.get("state") if ev.get("state") in TERMINAL_EVENTS.values() else None
+            if state is None and job not in self.ran:
+                continue  # released before it started (claimed ahead): not run, not a case
             kind = ev.get("kind")
             message = str(ev.get("error") or ev.get("reason") or ev.get("outcome") or "")
             detail = ""
-            if state != "done" and queue is not None:
+            if (state != "done" or not kind) and queue is not None:
+                # (A job recovered to done has no kind in its event: its class was "job".)
                 view = queue.find(job)
                 if view is not None:
                     rec = view.record
                     kind = kind or rec.spec.kind
-                    last = rec.attempts[-1] if rec.attempts else {}
-                    message = message or str(last.get("error") or rec.reason or "")
-                    detail = _detail(last, rec.reason)
+                    if state != "done":
+                        last = rec.attempts[-1] if rec.attempts else {}
+                        message = message or str(last.get("error") or rec.reason or "")
+                        detail = _detail(last, rec.reason)
             if state is None:
                 out.append(Case(job, str(kind or "job"), float(ev.get("elapsed_s") or 0.0),
                                 "unfinished", "not finished in this run (released or "

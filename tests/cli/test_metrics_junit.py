@@ -507,3 +507,42 @@ def test_execution_time_of_an_attempt_leaves_out_the_time_its_run_was_paused(
     s = parse_prometheus(res.stdout)
     assert s[("renderctl_execution_seconds_bucket", (("le", "2.5"),))] == 2
     assert s[("renderctl_execution_seconds_sum", ())] == pytest.approx(3.0)
+
+
+def test_junit_cases_are_the_jobs_the_run_started_or_ended() -> None:
+    from renderctl.junit import JUnitCollector
+
+    # Given a run's events: a job released before it started (claimed ahead, then SIGTERM),
+    # one released while it ran, one that completed
+    c = JUnitCollector()
+    for ev in ({"event": "released", "job": "ahead"},
+               {"event": "started", "job": "mid", "attempt": 1},
+               {"event": "released", "job": "mid", "kind": "python", "attempt": 1,
+                "outcome": "released", "elapsed_s": 0.5},
+               {"event": "started", "job": "ok", "attempt": 1},
+               {"event": "completed", "job": "ok", "kind": "invoice", "state": "done",
+                "elapsed_s": 0.1}):
+        c.event(ev)
+
+    # Then the report has no case for the one that never started (it was <skipped>, which
+    # says "started but not finished"), a skipped one for the other, a pass for the last
+    cases = {case.name: (case.classname, case.state) for case in c.cases()}
+    assert cases == {"mid": ("python", "unfinished"), "ok": ("invoice", "done")}, cases
+
+
+def test_junit_class_of_a_job_recovered_to_done_is_its_kind(tmp_path: Path) -> None:
+    # Given a runner killed after it published a job's output, before its done record
+    manifest = write_jobs(tmp_path / "m", [job("j1", "write")])
+    q, out = tmp_path / "q", tmp_path / "out"
+    crashed = cli("run", manifest, "--queue", q, "--out", out, cwd=tmp_path,
+                  extra_env={"RENDERCTL_CRASH_AT": "publish:after_link"})
+    assert crashed.returncode == -9, crashed.stdout + crashed.stderr
+
+    # When the next run recovers it (done, from its published output) with a report
+    report = tmp_path / "junit.xml"
+    res = cli("run", "--queue", q, "--junit", report, cwd=tmp_path)
+
+    # Then its testcase's class is its kind (it was "job")
+    assert res.returncode == 0, res.stdout + res.stderr
+    [case] = ET.parse(report).getroot().iter("testcase")
+    assert (case.get("name"), case.get("classname")) == ("j1", "python"), ET.tostring(case)
