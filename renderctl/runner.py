@@ -362,6 +362,7 @@ class Runner:
         self.stop_grace_s = 0.0  # what running jobs get from it to finish (--grace; SIGQUIT: 0)
         self._stop_reported = False
         self._suspend_asked = False  # SIGTSTP came: pause the run at the top of the loop
+        self._continued = False  # SIGCONT came: continue what a stop of our group stopped
         self.stopped = False  # the loop has ended (the last snapshot says "finished")
         self.wake_cancel = True
         self._woken = False  # SIGUSR1 came (a submit, a cancel): see _forget_vanished
@@ -506,7 +507,8 @@ class Runner:
         # One the parent left ignored stays ignored (`nohup`: SIGHUP; a script's `cmd &`:
         # SIGINT): the run goes on through what it was started to go on through.
         handlers = {**{sig: self._on_stop_signal for sig in STOP_SIGNALS},
-                    signal.SIGTSTP: self._on_suspend_signal}
+                    signal.SIGTSTP: self._on_suspend_signal,
+                    signal.SIGCONT: self._on_continue_signal}
         if self.stop_signal == signal.SIGQUIT:
             # A Ctrl-\ came before we got here (`run`'s submit): as after one of ours, the
             # next quits at once (with a handler here, that took a third).
@@ -536,6 +538,20 @@ class Runner:
     def _on_suspend_signal(self, signum: int, frame: object) -> None:
         self._suspend_asked = True  # acted on between steps of the loop, not inside one
 
+    def _on_continue_signal(self, signum: int, frame: object) -> None:
+        self._continued = True  # (the wake-up fd has the loop see it at once)
+
+    def _continue_helpers(self) -> None:
+        """SIGCONT our fork server and resource tracker if stopped: a SIGSTOP of our whole
+        process group, then a `kill -CONT` of the runner alone, left them stopped. The fork
+        server reports its children's deaths: stopped, it left every worker's end unheard,
+        the drain never ended, and the exit waited on it for good (multiprocessing joins its
+        children at exit). ~20 us: a stat of each."""
+        for helper in mpstate.helper_pids():
+            if proctree.is_stopped(helper):
+                with contextlib.suppress(OSError):
+                    os.kill(helper, signal.SIGCONT)
+
     def _on_wake_signal(self, signum: int, frame: object) -> None:
         self.wake_cancel = True
         self._woken = True
@@ -549,6 +565,7 @@ class Runner:
         self.q.write_runner_info(info)
 
     def _shutdown(self) -> None:
+        self._continue_helpers()  # (the joins below wait on the fork server)
         for w in list(self.workers.values()):
             if w.pgid:
                 proctree.kill_group(w.pgid, signal.SIGKILL)
@@ -906,14 +923,9 @@ class Runner:
         # _drop_moot_logs), where one log grew a line per job for the runner's whole life.
         log = str(self.q.dir("control")
                   / STARTED_LOG.format(f"{self.token_prefix}.{self._gates}"))
-        for helper in mpstate.helper_pids():
-            if proctree.is_stopped(helper):
-                # Ours (the fork server, the resource tracker), stopped with the runner's
-                # process group by a SIGSTOP and left so by a `kill -CONT` of the runner
-                # alone: the start below would wait on it for good. (Ctrl-Z's SIGTSTP it
-                # ignores; see _suspend.) ~20 us per start, of 2-20 ms.
-                with contextlib.suppress(OSError):
-                    os.kill(helper, signal.SIGCONT)
+        # The start below would wait for good on a fork server left stopped. (Ctrl-Z's
+        # SIGTSTP it ignores; see _suspend.) ~20 us per start, of 2-20 ms.
+        self._continue_helpers()
         cfg = WorkerConfig(slot_path=slot.path, started_log=log,
                            work_root=self.work_root, gate_path=gate.path,
                            control_dir=str(self.q.dir("control")),
@@ -965,6 +977,9 @@ class Runner:
     # -- the loop --
     def _loop(self) -> None:
         while True:
+            if self._continued:
+                self._continued = False
+                self._continue_helpers()
             if self._suspend_asked:
                 self._suspend()
             now = time.monotonic()
@@ -1561,7 +1576,7 @@ class Runner:
             try:
                 n = w.sock.send(w.unsent, socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL)
             except BlockingIOError:
-                if not w.polling_out:
+                if not w.polling_out and w.conn.fileno() in self._polled:
                     self._poller.modify(w.conn.fileno(), select.POLLIN | select.POLLOUT)
                     w.polling_out = True
                 return
@@ -1589,6 +1604,9 @@ class Runner:
                 chunk = w.sock.recv(RECV_CHUNK, socket.MSG_DONTWAIT)
             except OSError:  # (BlockingIOError: nothing more now)
                 break  # and if it died, its sentinel reports the death
+            if not chunk:
+                self._conn_closed(w)
+                break
             w.inbox += chunk
             if len(chunk) < RECV_CHUNK:
                 break  # all there was (more, later, wakes the loop's poll again)
@@ -1601,6 +1619,16 @@ class Runner:
             w.inbox.clear()
             if w.kill_reason is None:
                 self._kill(w, Outcome.FAILED)
+
+    def _conn_closed(self, w: WorkerHandle) -> None:
+        """The worker's end of its connection is closed (a python job closed the worker's
+        descriptors; or it is exiting): stop polling it. A closed socket polls readable at
+        once, every pass, and the loop ran at 100% CPU until the worker's sentinel fired,
+        for as long as the job ran. The sentinel (still polled) tells of its end."""
+        fd = w.conn.fileno()
+        if fd in self._polled:
+            self._poller.unregister(fd)
+            del self._polled[fd]
 
     def _on_message(self, w: WorkerHandle, msg: object) -> None:
         if isinstance(msg, tuple):  # a worker's batch, in the order it happened

@@ -737,6 +737,15 @@ def close_worker_fds(inputs: Sequence[Path], output: Path, params: Mapping[str, 
     write_pdf(inputs, output, params)
 
 
+def close_all_fds_then_sleep(inputs: Sequence[Path], output: Path,
+                             params: Mapping[str, Any]) -> None:
+    """Write our pid to ``params["pidfile"]``, close every descriptor above stderr (the
+    worker's connection to the runner included), then sleep ``params["s"]``."""
+    _write_pid(params["pidfile"], os.getpid())
+    os.closerange(3, 65536)
+    time.sleep(float(params["s"]))
+
+
 def exhaust_fds(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
     """Write a good PDF, then open /dev/null until the process has no descriptor left, and
     leave them all open (a library leaking a file per call, called once too often)."""

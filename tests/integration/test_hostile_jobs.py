@@ -395,6 +395,34 @@ def test_a_job_that_closes_its_workers_descriptors_fails_alone(
     assert not (tmp_path / "out" / "closer.pdf").exists()
 
 
+def test_a_job_that_closes_its_workers_connection_leaves_the_runner_idle(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given a job that closes its worker's connection to the runner, then runs 3 s
+    stage(tmp_path)
+    pidfile = tmp_path / "job.pid"
+    manifest = write_manifest([{**py_job("closer", "close_all_fds_then_sleep", s=3,
+                                         pidfile=str(pidfile)), "max_attempts": 1}])
+    runner = Runner(manifest, *cli_args(tmp_path / "q", tmp_path / "out", "--workers", "1"))
+    try:
+        wait_for_pid(pidfile)
+        proc = psutil.Process(runner.pid)
+        time.sleep(0.3)  # (its connection is closed by now: the job's first act)
+
+        # When the runner has waited a second for that job
+        before = sum(proc.cpu_times()[:2])
+        time.sleep(1.0)
+        used = sum(proc.cpu_times()[:2]) - before
+
+        # Then it waited asleep (it spun at 100% of a CPU until the job ended: the closed
+        # socket polled readable at once, every pass)
+        assert used < 0.3, f"the runner used {used:.2f} s of CPU in 1 s"
+        assert runner.wait(30) == 1, (runner.lines, runner.stderr())
+    finally:
+        runner.close()
+    attempt = QueueView(tmp_path / "q").record("dead", "closer")["attempts"][-1]
+    assert attempt["outcome"] == "failed", attempt
+
+
 def test_a_worker_stopped_partway_through_a_message_never_freezes_the_runner(
         tmp_path: Path, write_manifest: Any) -> None:
     # Given a job whose worker stops (SIGSTOP) having sent the runner only the start of a

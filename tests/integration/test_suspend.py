@@ -320,6 +320,48 @@ def test_ctrl_z_pauses_a_process_that_left_its_jobs_group(
     assert_pdf(out / "d.pdf", "d")
 
 
+@pytest.mark.parametrize("then", ["jobs_end", "sigterm"])
+def test_a_runner_continued_alone_after_a_sigstop_of_its_group_still_ends(
+        tmp_path: Path, write_manifest: Any, then: str) -> None:
+    from renderctl.errors import ExitCode
+
+    queue, out = tmp_path / "q", tmp_path / "out"
+    # Given a runner in a process group of its own (with its fork server), two jobs running
+    stage(tmp_path)
+    manifest = write_manifest([py_job(j, "sleep_then_write", s=1.5) for j in ("a", "b")])
+    runner = Runner(manifest, *cli_args(queue, out, "--workers", "2", "--grace", "0.2",
+                                        "--json"), own_group=True)
+    try:
+        for j in ("a", "b"):
+            runner.until(lambda ln, j=j: '"started"' in ln and f'"{j}"' in ln)
+        server = next(p.pid for p in psutil.Process(runner.pid).children()
+                      if "multiprocessing.forkserver" in " ".join(p.cmdline()))
+
+        # When that whole group is stopped (SIGSTOP) and only the runner continued; then
+        # the jobs end, or a SIGTERM asks it to stop
+        os.killpg(runner.pid, signal.SIGSTOP)
+        wait_until(lambda: stopped(runner.pid) and stopped(server),
+                   what="the runner and its fork server to be stopped")
+        os.kill(runner.pid, signal.SIGCONT)
+        if then == "sigterm":
+            runner.proc.send_signal(signal.SIGTERM)
+
+        # Then the run ends as it would have (before: the fork server stayed stopped, and the
+        # runner waited for good at its exit, or spun at 100% CPU in a drain that never
+        # ended), and nothing of it is left stopped
+        code = runner.wait(30)
+        if then == "jobs_end":
+            assert code == ExitCode.OK, runner.lines
+            assert QueueView(queue).ids("done") == {"a", "b"}
+        else:
+            assert code == ExitCode.SIGTERM, runner.lines
+            assert QueueView(queue).ids("pending") | QueueView(queue).ids("done") == {"a", "b"}
+        wait_until(lambda: not psutil.pid_exists(server) or not stopped(server),
+                   what="the fork server to go")
+    finally:
+        runner.kill()
+
+
 def test_a_runner_continued_alone_after_a_sigstop_of_its_group_still_starts_workers(
         tmp_path: Path, write_manifest: Any) -> None:
     from jobfns import run_cli
