@@ -1071,7 +1071,7 @@ def run(
     finally:
         if dashboard is not None:
             dashboard.close(runner)
-        lines.flush(wait=True)  # what stdout could not take yet (see reporters.Lines)
+        early.flush_or_stop(lines)  # what stdout could not take yet (see reporters.Lines)
         if textfile is not None:
             report_written("metrics textfile", metrics_textfile, textfile.close)
         if collector is not None and junit is not None:
@@ -1085,7 +1085,7 @@ def run(
         main.event(doc)
     else:
         lines.write(summary_line(summary) + "\n")
-    lines.flush(wait=True)
+    early.flush_or_stop(lines)
     if runner.output_io_error is not None:
         # Like every other exit 74, the reason on stderr (the halted line said it too).
         out.err(f"cannot write outputs: {runner.output_io_error}; stopped, the jobs not "
@@ -1099,6 +1099,8 @@ def run(
                 "run's lines from then on are lost: `renderctl status` and `show` have "
                 "every outcome")
         raise typer.Exit(ExitCode.IO_ERROR)
+    if early.cut_short is not None:
+        raise typer.Exit(128 + early.cut_short)  # (the jobs' outcomes are in the queue)
     raise typer.Exit(summary.exit_code)
 
 
@@ -1126,6 +1128,12 @@ def warn_submit_only(ctx: typer.Context, options: dict[str, str]) -> None:
                 "here); queued jobs keep the output root and limits they were submitted with")
 
 
+class _StopWaiting(Exception):
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
 class _EarlyStop:
     """`run`'s stop signals until its runner installs its own handlers.
 
@@ -1139,6 +1147,8 @@ class _EarlyStop:
 
         self.signum: int | None = None
         self.runner: Any = None
+        self.flushing = False  # waiting for stdout's reader after the run (flush_or_stop)
+        self.cut_short: int | None = None  # the signal that ended that wait
         for sig in signals:
             # One the parent left ignored stays so, as in the launcher and the runner (`nohup`)
             if not left_ignored(sig):
@@ -1147,10 +1157,31 @@ class _EarlyStop:
     def _on_signal(self, signum: int, frame: object) -> None:
         if signum == signal.SIGQUIT:
             signal.signal(signum, signal.SIG_DFL)  # a second Ctrl-\ quits at once (runner)
+        if self.flushing:
+            raise _StopWaiting(signum)
         if self.runner is not None:
             self.runner.stop(signum)
         elif self.signum is None:
             self.signum = signum
+
+    def flush_or_stop(self, lines: Any) -> None:
+        """Write what stdout's reader has not taken yet, waiting for it; a stop signal
+        meanwhile drops the rest (the run is over: its stop had nothing left to stop, and a
+        stalled reader, `run | consumer` hung, made `run` unstoppable but by SIGKILL)."""
+        if self.cut_short is not None:
+            return
+        self.flushing = True
+        try:
+            lines.flush(wait=True)
+        except _StopWaiting as stop:
+            self.cut_short = stop.signum
+            lines.held.clear()
+            lines.out.discard()
+            out.err(f"stopped by {signal.Signals(stop.signum).name} while stdout's reader "
+                    "had not taken the run's last lines: they were dropped (`renderctl "
+                    "status`, `show` and events.jsonl have every outcome)")
+        finally:
+            self.flushing = False
 
     def refuse(self) -> None:
         if self.signum is not None:

@@ -1333,6 +1333,43 @@ def test_a_run_whose_output_pipe_nobody_reads_still_supervises_its_jobs(
     assert [a["outcome"] for a in attempts] == ["timeout"], attempts
 
 
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_run_waiting_at_its_end_for_a_stalled_reader_stops_on_a_signal(
+        tmp_path: Path, write_manifest: Any, sig: signal.Signals) -> None:
+    import subprocess
+
+    from jobfns import RENDERCTL, _env
+
+    # Given a run of 400 quick jobs whose stdout is a pipe nobody reads (a consumer hung):
+    # its JSON lines fill the pipe, and once the jobs are done it waits for the reader
+    stage(tmp_path)
+    queue, out = tmp_path / "q", tmp_path / "out"
+    quick = [py_job(f"q{i:03d}", "write_one_byte", output=f"q/{i}.bin") for i in range(400)]
+    proc = subprocess.Popen([*RENDERCTL, "run", str(write_manifest(quick)),
+                             *cli_args(queue, out, "--workers", "2", "--json")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env(None))
+    try:
+        view = QueueView(queue)
+        wait_until(lambda: len(view.ids("done")) == 400 and not view.ids("running"),
+                   timeout_s=60, what="every job to end while nobody reads the output")
+        wait_until(lambda: json.loads(run_cli("status", "--json", "--queue", queue).stdout)[
+            "runner"] is None, what="the runner to let the queue go")
+
+        # When it is sent a stop signal
+        proc.send_signal(sig)
+
+        # Then it drops the lines its reader has not taken, says so, and exits 128+signal
+        # (it went on waiting: only SIGKILL ended it)
+        proc.wait(timeout=15)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        _, err = proc.communicate()
+    assert proc.returncode == 128 + sig, err.decode()
+    assert "they were dropped" in err.decode(), err.decode()
+    assert len(view.ids("done")) == 400
+
+
 @pytest.mark.parametrize("fmt", ["plain", "json", "quiet"])
 def test_a_run_whose_stdout_cannot_be_written_still_runs_every_job(
         tmp_path: Path, write_manifest: Any, fmt: str) -> None:
