@@ -403,7 +403,8 @@ def lenient(convert: Callable[[str], Any]) -> Callable[[Any], Any]:
     line. (A configuration file's value comes typed, checked by settings already.)"""
 
     def parse(value: Any) -> Any:
-        if not isinstance(value, str):
+        if not isinstance(value, str) or "_" in value:
+            # (Python's int() and float() read "1_0" as 10, a typo no user means as that)
             return value
         try:
             return convert(value)

@@ -188,7 +188,8 @@ def test_runner_options_get_their_configuration_checks(tmp_path: Path, option: s
 # Values no number parser takes, from the command line and from the environment.
 NOT_NUMBERS = [("--workers", "four"), ("--memory-mb", "400MB"), ("--timeout", "1m"),
                ("--max-attempts", "3.5"), ("--max-pending", "lots"), ("--grace", "30s"),
-               ("--memory-budget", "1.5"), ("--max-failures", ""), ("--poll-interval", "x")]
+               ("--memory-budget", "1.5"), ("--max-failures", ""), ("--poll-interval", "x"),
+               ("--timeout", "1_0"), ("--workers", "1_0")]  # (int() and float() read 10)
 
 
 @pytest.mark.parametrize("how", ["option", "env"])
