@@ -242,6 +242,7 @@ class Assignment:
     started_wall: float | None = None
     paused_s: float = 0.0
     carried_bytes: int = 0  # memory earlier jobs left in its worker (Started.carried_bytes)
+    read_mono: float | None = None  # (monotonic) when its result was read (_failed_of_stop)
     cancel_requested: bool = False
     moved: bool = False  # published by rename (the temporary name is gone)
     seq: int = 0  # its number in its worker's stream (renderctl.gate)
@@ -1684,6 +1685,7 @@ class Runner:
             if fin.peak_memory_bytes is None and w.sampler is not None:
                 fin = replace(fin, peak_memory_bytes=_own_peak(a, w.sampler.peak_bytes))
             self._observe_exec(fin.elapsed_s)
+            a.read_mono = time.monotonic()
             self._complete(a, fin)
         elif isinstance(msg, Dropped):
             # A worker retiring because its slot holds more than the next job's ceiling: its
@@ -2442,9 +2444,16 @@ class Runner:
         stopped with the runner all the same. Which it was cannot be told, so, as for a
         worker killed by the stop signal, once per job: a failure of its own during the
         grace costs one more attempt, never a charged one too many."""
-        return self.stopped_at is not None and a.started_mono is not None \
-            and a.started_mono - a.paused_s < self.stopped_at \
-            <= a.started_mono - a.paused_s + fin.elapsed_s \
+        if self.stopped_at is None or a.started_mono is None:
+            return False
+        # Ended after the stop: by the worker's clock (its elapsed time, from when we read
+        # its start), or, as we saw it, read after the signal's handler ran. The signal
+        # reaches the runner first, but a loaded machine can run the job's answer (and the
+        # worker's message) before our handler: by the first clock alone that answer came
+        # "before" the stop, and the job was dead-lettered for it (a CI flake).
+        began = a.started_mono - a.paused_s
+        ended = max(began + fin.elapsed_s, a.read_mono or 0.0)
+        return began < self.stopped_at <= ended \
             and not _stopped_with_runner_before(a.claim.record)
 
     def _transition(self, a: Assignment, fin: Finished, outcome: str, now: float) -> Transition:
