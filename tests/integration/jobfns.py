@@ -177,6 +177,18 @@ def exit_on_sigterm(inputs: Sequence[Path], output: Path, params: Mapping[str, A
     time.sleep(600)
 
 
+def exit_on_sigterm_saying_so(inputs: Sequence[Path], output: Path,
+                              params: Mapping[str, Any]) -> None:
+    """exit_on_sigterm, leaving ``params["said"]`` just before it exits."""
+    def stop(signum: int, frame: object) -> None:
+        Path(params["said"]).write_text("stopping")
+        sys.exit(3)
+
+    signal.signal(signal.SIGTERM, stop)
+    _write_pid(params["pidfile"], os.getpid())
+    time.sleep(600)
+
+
 def scratch_then_hang(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
     """Fill the job's working folder (its TMPDIR) with ``params["mb"]`` MB, then hang."""
     with open("scratch.bin", "wb") as fh:

@@ -869,6 +869,44 @@ def test_a_job_that_handles_the_services_stop_signal_and_exits_is_not_charged(
     assert [a["outcome"] for a in view.record("pending", "py")["attempts"]] == ["released"]
 
 
+def test_a_jobs_answer_to_the_stop_read_after_the_runners_own_is_not_charged(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given a runner running a python job (one attempt) that exits 3 on SIGTERM
+    stage(tmp_path)
+    queue, out = tmp_path / "q", tmp_path / "out"
+    pidfile, said = tmp_path / "py.pid", tmp_path / "said"
+    manifest = write_manifest([{**py_job("py", "exit_on_sigterm_saying_so",
+                                         pidfile=str(pidfile), said=str(said)),
+                                "max_attempts": 1}])
+    runner = Runner(*cli_args(queue, out, "--workers", "1", "--follow", "--json"),
+                    new_session=True)
+    try:
+        runner.until(lambda ln: '"runner_started"' in ln)
+        assert run_cli("submit", manifest, *cli_args(queue, out)).returncode == 0
+        worker = wait_for_pid(pidfile)
+
+        # When the service's SIGTERM reaches the runner first, but the job answers (and its
+        # worker reports the failure) before the runner runs at all (a loaded machine: the
+        # runner held stopped here until then)
+        os.kill(runner.pid, signal.SIGSTOP)
+        wait_until(lambda: stopped(runner.pid), what="the runner to stop")
+        os.kill(runner.pid, signal.SIGTERM)
+        os.kill(worker, signal.SIGTERM)
+        wait_until(lambda: said.exists(), what="the job to answer")
+        wait_until(lambda: "unix_stream" in Path(f"/proc/{worker}/wchan").read_text(),
+                   what="its worker to report and wait for more")
+        os.kill(runner.pid, signal.SIGCONT)
+
+        # Then the job is stopped with the runner, uncharged (by the worker's clock alone
+        # it failed before the stop, and was dead-lettered)
+        assert runner.wait(30) == ExitCode.SIGTERM, runner.lines
+    finally:
+        runner.close()
+    view = QueueView(queue)
+    assert view.states_of(["py"]) == {"py": ["pending"]}, runner.lines
+    assert [a["outcome"] for a in view.record("pending", "py")["attempts"]] == ["released"]
+
+
 def test_a_job_that_stops_its_own_service_every_time_is_charged_not_released_forever(
         tmp_path: Path, write_manifest: Any) -> None:
     # Given a job that stops the whole service it runs in (every process, its worker too,
