@@ -2717,15 +2717,15 @@ def _test_number(variable: str) -> float:
 
 
 def _dead_letters(rec: JobRecord, outcome: str) -> bool:
-    """Whether an attempt ending ``outcome`` will dead-letter the job of ``rec`` (as
-    after_attempt decides it at the commit, which may still find another reason)."""
+    """Whether an attempt ending ``outcome`` will dead-letter the job of ``rec``: what
+    after_attempt will decide at the commit (which may still find another reason)."""
     try:
         o = Outcome(outcome)
     except ValueError:
         return False
-    if o in (Outcome.COMPLETED, Outcome.CANCELLED, Outcome.RELEASED):
-        return False
-    return not o.retryable or rec.charged_attempts + 1 >= rec.spec.max_attempts
+    charged = rec.charged_attempts + (1 if o.charged else 0)
+    return after_attempt(o, charged_attempts=charged, max_attempts=rec.spec.max_attempts,
+                         backoff_s=0.0).state is State.DEAD
 
 
 def _kill_tree_if(pid: int, still_ours: Callable[[int], bool]) -> None:

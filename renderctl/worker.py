@@ -547,7 +547,10 @@ class Worker:
                           if p != me]
             except OSError:
                 return True
-            others = [p for p in others if not _is_zombie(p)]
+            if others:
+                from renderctl.proctree import pid_alive  # (rare: a job's escapee)
+
+                others = [p for p in others if pid_alive(p)]
             if not others:
                 return True
             if time.monotonic() > deadline:
@@ -711,15 +714,6 @@ def reset_render_settings() -> None:
         from renderctl.render.safety import harden
 
         harden()
-
-
-def _is_zombie(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            data = fh.read()
-    except OSError:
-        return True  # gone
-    return data[data.rindex(b")") + 2:][:1] in (b"Z", b"X")
 
 
 def _pread_whole(fd: int) -> bytes:

@@ -1176,8 +1176,7 @@ class _EarlyStop:
             lines.flush(wait=True)
         except _StopWaiting as stop:
             self.cut_short = stop.signum
-            lines.held.clear()
-            lines.out.discard()
+            lines.discard()
             out.err(f"stopped by {signal.Signals(stop.signum).name} while stdout's reader "
                     "had not taken the run's last lines: they were dropped (`renderctl "
                     "status`, `show` and events.jsonl have every outcome)")

@@ -76,11 +76,15 @@ class Lines:
             # lost, not the outcomes, which the queue keeps. Raised into the runner's
             # loop, it ended the run and left the running jobs to be charged `crashed`.
             self.lost = exc
-            self.held.clear()
-            self.out.discard()
+            self.discard()
             err(f"warning: cannot write stdout ({os_error_message(exc)}); the run's "
                 "lines from here on are lost, not its jobs (every outcome is in the "
                 "queue and its events.jsonl); it will exit 74")
+
+    def discard(self) -> None:
+        """Drop what is held and what comes: stdout cannot take it, or is not waited for."""
+        self.held.clear()
+        self.out.discard()
 
 
 class _LinesReporter:

@@ -1040,12 +1040,15 @@ def test_a_job_that_changes_its_worker_for_good_retires_it(
         assert "after" not in log.read_text()
 
 
+@pytest.mark.parametrize("how", ["file", "remoded"])
 def test_a_job_that_replaces_the_work_root_costs_only_its_worker(
-        tmp_path: Path, write_manifest: Any) -> None:
+        tmp_path: Path, write_manifest: Any, how: str) -> None:
     # Given, for one worker, a command that removes the folder holding its working folder
-    # (the runner's work root) and leaves a file in its place, then two python jobs
+    # (the runner's work root) and leaves a file in its place, or opens that folder to
+    # everyone, then two python jobs
     stage(tmp_path)
-    wreck = 'r=$(dirname "$PWD"); rm -rf "$r"; echo x > "$r"; echo ok > "$1"'
+    wreck = ('r=$(dirname "$PWD"); rm -rf "$r"; echo x > "$r"; echo ok > "$1"'
+             if how == "file" else 'chmod 777 "$(dirname "$PWD")"; echo ok > "$1"')
     manifest = write_manifest([
         {"id": "wreck", "kind": "command", "argv": ["sh", "-c", wreck, "sh", "{output}"],
          "output": "wreck.txt", "priority": 3},
@@ -1055,13 +1058,16 @@ def test_a_job_that_replaces_the_work_root_costs_only_its_worker(
     tmp = tmp_path / "tmpdir"
     tmp.mkdir()
 
-    # When one worker runs them (the work root in a TMPDIR of the test's own)
+    # When one worker at a time runs them, each replaced after its job (the work root in a
+    # TMPDIR of the test's own)
     result = run_cli("run", manifest, *cli_args(tmp_path / "q", tmp_path / "out",
-                                                "--workers", "1"),
+                                                "--workers", "1",
+                                                "--max-jobs-per-worker", "1"),
                      env={"TMPDIR": str(tmp)}, timeout=30)
 
     # Then every job completes (the run stopped with exit 74, "Not a directory", at every
-    # run until the job had used its attempts), and nothing is left in TMPDIR
+    # run until the job had used its attempts), and nothing is left in TMPDIR (a re-moded
+    # root, replaced for the workers to come, goes at the end with the new one)
     assert result.returncode == 0, result.stdout + result.stderr
     assert QueueView(tmp_path / "q").ids("done") == {"wreck", "next1", "next2"}
     for job in ("next1", "next2"):
