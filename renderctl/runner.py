@@ -360,6 +360,7 @@ class Runner:
         self.stop_signal: int | None = None
         self.stop_deadline: float | None = None
         self.stopped_at: float | None = None  # (monotonic) when the first stop signal came
+        self.stopped_wall = 0.0  # (wall) the same moment, beside workers' start times
         self.stop_grace_s = 0.0  # what running jobs get from it to finish (--grace; SIGQUIT: 0)
         self._stop_reported = False
         self._suspend_asked = False  # SIGTSTP came: pause the run at the top of the loop
@@ -531,6 +532,7 @@ class Runner:
         if self.stop_signal is None:
             self.stop_signal = signum
             self.stopped_at = time.monotonic()
+            self.stopped_wall = time.time()
             self.stop_grace_s = 0.0 if signum == signal.SIGQUIT else self.s.grace_s
             self.stop_deadline = self.stopped_at + self.stop_grace_s
         else:
@@ -2444,16 +2446,16 @@ class Runner:
         stopped with the runner all the same. Which it was cannot be told, so, as for a
         worker killed by the stop signal, once per job: a failure of its own during the
         grace costs one more attempt, never a charged one too many."""
-        if self.stopped_at is None or a.started_mono is None:
+        if self.stopped_at is None or a.started_mono is None or a.started_wall is None:
             return False
-        # Ended after the stop: by the worker's clock (its elapsed time, from when we read
-        # its start), or, as we saw it, read after the signal's handler ran. The signal
-        # reaches the runner first, but a loaded machine can run the job's answer (and the
-        # worker's message) before our handler: by the first clock alone that answer came
-        # "before" the stop, and the job was dead-lettered for it (a CI flake).
-        began = a.started_mono - a.paused_s
-        ended = max(began + fin.elapsed_s, a.read_mono or 0.0)
-        return began < self.stopped_at <= ended \
+        # Started before the stop by the worker's own clock (we may read its start only
+        # after our handler ran), and ended after it: by the worker's elapsed time, or, as
+        # we saw it, read after the handler ran. The signal reaches the runner first, but a
+        # loaded machine can run the job's answer (and the worker's messages) before our
+        # handler: judged by when we read them, the job started after the stop or ended
+        # before it, and was dead-lettered for its answer (two CI flakes).
+        ended = max(a.started_mono - a.paused_s + fin.elapsed_s, a.read_mono or 0.0)
+        return a.started_wall < self.stopped_wall and self.stopped_at <= ended \
             and not _stopped_with_runner_before(a.claim.record)
 
     def _transition(self, a: Assignment, fin: Finished, outcome: str, now: float) -> Transition:
