@@ -10,7 +10,6 @@ data that is gone (the "fsyncgate" lesson from PostgreSQL).
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
 import os
 from collections.abc import Iterable
@@ -27,7 +26,9 @@ _libc: ctypes.CDLL | None = None
 def _get_libc() -> ctypes.CDLL:
     global _libc  # a process-wide handle to libc, loaded on first use; never mutated after
     if _libc is None:
-        _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        # The libc this process already runs on (dlopen(NULL)): ctypes.util.find_library
+        # would fork and exec `ldconfig -p` (~6 ms, more from a big runner) to name it.
+        _libc = ctypes.CDLL(None, use_errno=True)
     return _libc
 
 
