@@ -16,7 +16,7 @@ import re
 import signal
 import stat
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
@@ -344,6 +344,25 @@ def handle_errors(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+@contextlib.contextmanager
+def stdout_result(done: str = "") -> Iterator[None]:
+    """Print a command's result; a stdout that cannot take it (`> file` on a full disk, over
+    quota) is one line saying so, exit 74, and ``done`` says what the command did all the
+    same. A command that changes the queue has changed it before it prints: a bare "I/O
+    error" read as a failed submit (a script would give up on jobs that are queued, or
+    submit them again). An error naming a file is not stdout's, and a reader gone (a closed
+    pipe) is handled as everywhere (handle_errors, console.write_out)."""
+    try:
+        yield
+        sys.stdout.flush()  # what print() kept in its buffer (a file): its error is ours too
+    except OSError as exc:
+        if exc.filename is not None or out.reader_gone(exc):
+            raise
+        out.silence_stdout()  # (the interpreter's last flush would fail again: status 120)
+        out.err(f"cannot write stdout: {exc.strerror or exc}" + (f"; {done}" if done else ""))
+        raise typer.Exit(ExitCode.IO_ERROR) from None
+
+
 def _limits(memory_mb: int | None, timeout: float | None, max_attempts: int | None) -> Any:
     from renderctl.manifest import Limits
 
@@ -610,17 +629,19 @@ def validate(manifests: ManifestsArg, out_dir: OutOpt = None, as_json: JsonOpt =
         warn_unfound_programs(jobs, origins)
     except ManifestError as exc:
         if as_json:
-            out.print_json({"valid": False, "problems": [p.__dict__ for p in exc.problems]})
+            with stdout_result():
+                out.print_json({"valid": False, "problems": [p.__dict__ for p in exc.problems]})
             raise typer.Exit(ExitCode.USAGE) from None
         # Not handle_errors' "nothing was enqueued": validate never enqueues anything.
         for p in exc.problems:
             out.err(str(p))
         out.err(f"{len(exc.problems)} problem(s); invalid")
         raise typer.Exit(ExitCode.USAGE) from None
-    if as_json:
-        out.print_json({"valid": True, "jobs": len(jobs)})
-    else:
-        print(f"ok: {len(jobs)} job(s) in {len(manifests)} manifest(s)")
+    with stdout_result():
+        if as_json:
+            out.print_json({"valid": True, "jobs": len(jobs)})
+        else:
+            print(f"ok: {len(jobs)} job(s) in {len(manifests)} manifest(s)")
 
 
 def warn_past_deadlines(jobs: list[Any], origins: dict[str, str]) -> None:
@@ -868,19 +889,32 @@ def submit(
             out.print_json(refused_json(exc))
         raise
     ended = ended_earlier(res)
-    if as_json:
-        doc: dict[str, Any] = {"accepted": list(res.accepted),
-                               "already_accepted": list(res.already),
-                               "replaced": list(res.replaced)}
-        if any(ended.values()):  # only then: the usual document keeps its documented shape
-            doc["already_ended"] = ended
-        out.print_json(doc)
-    else:
-        print(f"accepted {len(res.accepted)} job(s)"
-              + (f", replaced {len(res.replaced)}" if res.replaced else "")
-              + (f", {len(res.already)} already accepted" if res.already else "")
-              + f" into {queue_path(queue)}")
-    note_ended(ended)
+    try:
+        with stdout_result(submitted_anyway(res)):
+            if as_json:
+                doc: dict[str, Any] = {"accepted": list(res.accepted),
+                                       "already_accepted": list(res.already),
+                                       "replaced": list(res.replaced)}
+                if any(ended.values()):  # only then: the document keeps its documented shape
+                    doc["already_ended"] = ended
+                out.print_json(doc)
+            else:
+                print(f"accepted {len(res.accepted)} job(s)"
+                      + (f", replaced {len(res.replaced)}" if res.replaced else "")
+                      + (f", {len(res.already)} already accepted" if res.already else "")
+                      + f" into {queue_path(queue)}")
+    finally:
+        note_ended(ended)
+
+
+def submitted_anyway(res: SubmitResult) -> str:
+    """What a submit did, for when stdout could not say it (see stdout_result)."""
+    others = ", ".join(([f"{len(res.replaced)} replaced"] if res.replaced else [])
+                       + ([f"{len(res.already)} already accepted"] if res.already else []))
+    if not res.accepted:
+        return f"the submit was made all the same ({others})"
+    return (f"the {len(res.accepted)} job(s) were accepted all the same"
+            + (f" (and {others})" if others else ""))
 
 
 @app.command()
@@ -903,7 +937,8 @@ def run(
     max_attempts: AttemptsOpt = None,
     follow: Annotated[bool, typer.Option(
         "--follow", envvar=_env("follow"),
-        help="keep serving new jobs until SIGTERM/SIGINT")] = False,
+        help="keep serving new jobs until a stop signal: SIGTERM, SIGINT, SIGHUP (drain) "
+        "or SIGQUIT (release running jobs at once)")] = False,
     start_method: Annotated[str, typer.Option(
         "--start-method", envvar=_env("start-method"), callback=checked,
         help="forkserver | fork | spawn")] = RunnerSettings.start_method,
@@ -926,7 +961,8 @@ def run(
     grace: Annotated[float, typer.Option(
         "--grace", envvar=_env("grace"), callback=checked,
         parser=AS_FLOAT, metavar="<float>",
-        help="on SIGTERM/SIGINT: time running jobs get to finish (s)")] = RunnerSettings.grace_s,
+        help="on SIGTERM, SIGINT or SIGHUP: time running jobs get to finish (s); SIGQUIT "
+        "gives none")] = RunnerSettings.grace_s,
     memory_budget: Annotated[int | None, typer.Option(
         "--memory-budget", envvar=_env("memory-budget"), callback=checked,
         parser=AS_INT, metavar="<int>",
@@ -1252,10 +1288,11 @@ def status(queue: QueueOpt = None, as_json: JsonOpt = False) -> None:
 
     q = existing_queue(queue)
     st = q.status()
-    if as_json:
-        out.print_json(status_json(q, st))
-    else:
-        render_status(out.console(), q, st)
+    with stdout_result():
+        if as_json:
+            out.print_json(status_json(q, st))
+        else:
+            render_status(out.console(), q, st)
 
 
 @app.command()
@@ -1271,12 +1308,14 @@ def show(job_id: Annotated[str, typer.Argument(help="job id")], queue: QueueOpt 
         view = q.get(job_id)
     except JobNotFound:
         if as_json:  # the shape of `cancel --json` refusing: the id, `not found`
-            out.print_json({job_id: "not found"})
+            with stdout_result():
+                out.print_json({job_id: "not found"})
         raise
-    if as_json:
-        out.print_json(show_json(view))
-    else:
-        render_job(out.console(), view)
+    with stdout_result():
+        if as_json:
+            out.print_json(show_json(view))
+        else:
+            render_job(out.console(), view)
 
 
 @app.command()
@@ -1286,7 +1325,8 @@ def schema() -> None:
     from renderctl.manifest import json_schema
 
     # write_out, not print: `renderctl schema | head` exits 0, as `status | head` does.
-    out.write_out(json.dumps(json_schema(), indent=2) + "\n")
+    with stdout_result():
+        out.write_out(json.dumps(json_schema(), indent=2) + "\n")
 
 
 @app.command()
@@ -1301,11 +1341,13 @@ def kinds(as_json: JsonOpt = False) -> None:
     for why in broken_plugins():
         out.err(f"warning: renderer plugin {why[:300]}; its kind is not available")
     if as_json:
-        out.print_json({k: {"description": s.description, "inputs": [s.min_inputs, s.max_inputs],
-                            "output": s.output,
-                            "params": [{"name": p.name, "type": p.type, "required": p.required,
-                                        "description": p.description} for p in s.params]}
-                        for k, s in specs.items()})
+        with stdout_result():
+            out.print_json({k: {"description": s.description,
+                                "inputs": [s.min_inputs, s.max_inputs], "output": s.output,
+                                "params": [{"name": p.name, "type": p.type,
+                                            "required": p.required,
+                                            "description": p.description} for p in s.params]}
+                            for k, s in specs.items()})
         return
     lines = []
     for kind, spec in specs.items():
@@ -1313,7 +1355,8 @@ def kinds(as_json: JsonOpt = False) -> None:
         for p in spec.params:
             req = "required" if p.required else "optional"
             lines.append(f"    {p.name} ({p.type}, {req}): {p.description}")
-    out.write_out("".join(line + "\n" for line in lines))
+    with stdout_result():
+        out.write_out("".join(line + "\n" for line in lines))
 
 
 @app.command()
@@ -1349,7 +1392,8 @@ def cancel(
         missing = sorted({j for j in job_ids if q.find(j) is None})
         if missing:
             if as_json:
-                out.print_json({j: "not found" for j in missing})
+                with stdout_result():
+                    out.print_json({j: "not found" for j in missing})
             report_unfound(q, missing, "; nothing was cancelled")
             raise typer.Exit(ExitCode.USAGE)
     else:
@@ -1359,16 +1403,22 @@ def cancel(
         if not job_ids:
             # Nothing to do is not an error (as `dead retry --all` of an empty dead/): exit 0.
             if as_json:
-                out.print_json({})
+                with stdout_result():
+                    out.print_json({})
             whose = "no job" if group is None else f"no job of group {group!r}"
             out.err(f"nothing to cancel: {whose} is pending or running")
             return
     results = cancel_jobs(q, job_ids, crash_hook=CrashPoints.from_env())
-    if as_json:
-        out.print_json({r.job_id: r.outcome for r in results})
-    else:
-        for r in results:
-            print(f"{r.job_id}: {r.outcome}")
+    told: dict[str, int] = {}
+    for r in results:
+        told[r.outcome] = told.get(r.outcome, 0) + 1
+    with stdout_result("the cancel was made all the same: "
+                       + ", ".join(f"{n} {outcome}" for outcome, n in told.items())):
+        if as_json:
+            out.print_json({r.job_id: r.outcome for r in results})
+        else:
+            for r in results:
+                print(f"{r.job_id}: {r.outcome}")
     gone = [r.job_id for r in results if r.outcome == "not found"]
     if gone:
         # Found above, gone now (its record archived or purged meanwhile): the others were
@@ -1390,15 +1440,16 @@ def dead_list(queue: QueueOpt = None, as_json: JsonOpt = False) -> None:
         rows.append({"id": view.record.spec.id, "attempts": len(view.record.attempts),
                      "outcome": last.get("outcome"), "error": last.get("error"),
                      "reason": view.record.reason})
-    if as_json:
-        out.print_json(rows)
-        return
-    for r in rows:
-        # One row per job, four tab-separated columns: a multi-line error is escaped. A job
-        # dead-lettered before any attempt (it can never fit the memory budget) has no
-        # outcome: a dash, as elsewhere in plain output, not Python's "None".
-        print(f"{r['id']}\t{r['outcome'] or '-'}\tattempts={r['attempts']}\t"
-              f"{out.one_line(r['error'] or r['reason'] or '-')}")
+    with stdout_result():
+        if as_json:
+            out.print_json(rows)
+            return
+        for r in rows:
+            # One row per job, four tab-separated columns: a multi-line error is escaped. A
+            # job dead-lettered before any attempt (it can never fit the memory budget) has
+            # no outcome: a dash, as elsewhere in plain output, not Python's "None".
+            print(f"{r['id']}\t{r['outcome'] or '-'}\tattempts={r['attempts']}\t"
+                  f"{out.one_line(r['error'] or r['reason'] or '-')}")
     if not rows:
         # On stderr: stdout holds rows only, so `dead list | cut -f1` reads no ids here.
         out.err("no dead-lettered jobs")
@@ -1435,8 +1486,9 @@ def dead_retry(
             # As `wait --json` and `cancel --json` refuse: only the ids at fault, each with
             # where it is instead (its state, or `not found`).
             views = {j: q.find(j) for j in missing}
-            out.print_json({j: v.state.value if v is not None else "not found"
-                            for j, v in views.items()})
+            with stdout_result():
+                out.print_json({j: v.state.value if v is not None else "not found"
+                                for j, v in views.items()})
         # One quarantined earlier (by `dead list`) is named with where it went, as `cancel`
         # and `wait` name it, rather than as simply missing.
         said = [f"{j} (its record could not be read and was moved to {kept})"
@@ -1445,10 +1497,11 @@ def dead_retry(
         raise UserError("not in dead/: " + ", ".join(said) + "; nothing was retried")
     revived = q.dead_retry(ids, crash_hook=CrashPoints.from_env())
     gone = sorted(set(ids) - set(revived))
-    if as_json:
-        out.print_json({"retried": list(revived), "vanished": gone})
-    else:
-        print(f"retried {len(revived)} job(s)")
+    with stdout_result(f"the {len(revived)} job(s) were retried all the same"):
+        if as_json:
+            out.print_json({"retried": list(revived), "vanished": gone})
+        else:
+            print(f"retried {len(revived)} job(s)")
     if gone:
         out.err("left dead/ while retrying: " + ", ".join(gone))
         raise typer.Exit(ExitCode.JOBS_FAILED)
@@ -1460,10 +1513,11 @@ def dead_purge(queue: QueueOpt = None, as_json: JsonOpt = False) -> None:
     """Delete every dead-lettered record."""
 
     n = existing_queue(queue).dead_purge()
-    if as_json:
-        out.print_json({"purged": n})
-    else:
-        print(f"purged {n} job(s)")
+    with stdout_result(f"the {n} job(s) were purged all the same"):
+        if as_json:
+            out.print_json({"purged": n})
+        else:
+            print(f"purged {n} job(s)")
 
 
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -1514,13 +1568,14 @@ def prune(
                         f"(one of {', '.join(allowed)})")
     counts = existing_queue(queue).prune([State(s) for s in names], age, dry_run=dry_run)
     total = sum(counts.values())
-    if as_json:
-        out.print_json({"pruned": counts, "total": total, "dry_run": dry_run,
-                        "older_than_s": age})
-        return
-    detail = ", ".join(f"{s} {n}" for s, n in counts.items())
-    verb = "would prune" if dry_run else "pruned"
-    print(f"{verb} {total} record(s) older than {older_than.strip()}: {detail}")
+    with stdout_result("" if dry_run else f"the {total} record(s) were pruned all the same"):
+        if as_json:
+            out.print_json({"pruned": counts, "total": total, "dry_run": dry_run,
+                            "older_than_s": age})
+            return
+        detail = ", ".join(f"{s} {n}" for s, n in counts.items())
+        verb = "would prune" if dry_run else "pruned"
+        print(f"{verb} {total} record(s) older than {older_than.strip()}: {detail}")
 
 
 @app.command()
@@ -1550,8 +1605,8 @@ def metrics(queue: QueueOpt = None) -> None:
     totals = load_totals(q)
     text = exposition(collect(q, totals))
     save_totals(q, totals)
-    sys.stdout.write(text)
-    sys.stdout.flush()
+    with stdout_result():
+        sys.stdout.write(text)
 
 
 def not_nan(value: float | None) -> float | None:
@@ -1602,7 +1657,8 @@ def wait(
             (damaged if exc.quarantined else unknown).append((jid, exc))
     if unknown:
         if as_json:  # the shape of `cancel --json` refusing: only the ids not found
-            out.print_json({j: "not found" for j, _ in unknown})
+            with stdout_result():
+                out.print_json({j: "not found" for j, _ in unknown})
         report_unfound(q, [j for j, _ in unknown])
         raise typer.Exit(ExitCode.USAGE)
     # Accepted, and its record is damaged (found so now, or earlier): it will never finish,
@@ -1664,8 +1720,10 @@ def wait(
                 # Every id with the state it is in now: terminal ones as on success, the
                 # rest `pending` or `running` (exit 75 says the wait gave up).
                 now_in = {j: getattr(q.find(j), "state", None) for j in left}
-                out.print_json({j: final.get(j) or getattr(now_in[j], "value", "not found")
-                                for j in job_ids})
+                with stdout_result():
+                    out.print_json({j: final.get(j) or getattr(now_in[j], "value",
+                                                               "not found")
+                                    for j in job_ids})
             out.err(f"timed out after {timeout:g}s; not terminal yet: {', '.join(left)}")
             raise typer.Exit(ExitCode.TEMPFAIL)
         time.sleep(WAIT_POLL_S)
@@ -1682,11 +1740,12 @@ def wait(
                 rec = q.read_record(q.record_path(State.DONE, jid))
                 out_folders.add(rec.spec.output_path.parent)
     sync_filesystems([q.path, *out_folders])
-    if as_json:
-        out.print_json({jid: final[jid] for jid in job_ids})  # as given, as the lines are
-    else:
-        for jid in job_ids:
-            print(f"{jid}: {final[jid]}")
+    with stdout_result():
+        if as_json:
+            out.print_json({jid: final[jid] for jid in job_ids})  # as given, as lines are
+        else:
+            for jid in job_ids:
+                print(f"{jid}: {final[jid]}")
     failed = any(v != State.DONE.value for v in final.values())
     raise typer.Exit(ExitCode.JOBS_FAILED if failed else ExitCode.OK)
 
