@@ -70,6 +70,7 @@ from typing import Literal, Protocol
 import psutil
 
 from renderctl.errors import ExitCode, RenderctlError
+from renderctl.fsutil import with_name
 
 GuardName = Literal["cgroup-v1", "cgroup-v2", "sampling"]
 # Tasks (processes and threads) one worker slot may hold: the worker, its job and all the
@@ -190,7 +191,13 @@ def _read_text(path: str | Path) -> str:
 
 def _reset_counter(path: Path) -> None:
     # cgroup files want one write() of the whole value; no buffering, no truncation dance.
-    os.pwrite(_kept_fd(path, os.O_WRONLY), b"0", 0)
+    try:
+        os.pwrite(_kept_fd(path, os.O_WRONLY), b"0", 0)
+    except OSError as e:
+        # Named (a write on a kept fd names no file), and not kept: a try after this one
+        # opens the file afresh (a kept fd on a cgroup removed since answers ENODEV).
+        _forget_kept(str(path))
+        raise with_name(e, path) from None
 
 
 def _read_int(path: str | Path) -> int:
@@ -212,6 +219,8 @@ def _write(path: Path, value: str) -> None:
     fd = os.open(path, os.O_WRONLY)
     try:
         os.write(fd, value.encode())
+    except OSError as e:
+        raise with_name(e, path) from None  # (EIO alone does not say which cgroup file)
     finally:
         os.close(fd)
 
@@ -225,7 +234,12 @@ def _is_v1(path: Path) -> bool:
 
 
 def set_job_limit(slot_path: str, limit_bytes: int) -> None:
-    """Worker side: set this job's ceiling on its slot and reset the peak; no-op for sampling."""
+    """Worker side: set this job's ceiling on its slot and reset the peak; no-op for sampling.
+
+    Raises ``LimitBelowUsage`` (the slot holds more than the ceiling), ``GuardError`` (the
+    slot is no memory cgroup, e.g. removed), or an ``OSError`` naming the cgroup file that
+    could not be read or written: the ceiling is then in no known state, and the caller
+    must not run the job until a later call succeeds."""
     if not slot_path:
         return
     if limit_bytes <= 0:
@@ -326,7 +340,8 @@ def reset_job_peak(slot_path: str) -> None:
     """Worker side, between jobs with the same ceiling: reset only the peak counters.
 
     Rewriting ``memory.limit_in_bytes`` costs 5-7 ms here even when unchanged (the kernel
-    drains every CPU's charge cache on a resize), which is more than a whole small render."""
+    drains every CPU's charge cache on a resize), which is more than a whole small render.
+    Raises an ``OSError`` naming the counter file that could not be written."""
     if not slot_path:
         return
     path = Path(slot_path)

@@ -51,6 +51,7 @@ from renderctl.errors import ExitCode, InvalidInput, InvalidOutput, os_error_mes
 from renderctl.fsutil import with_name
 from renderctl.gate import StartGate
 from renderctl.guards import (
+    GuardError,
     LimitBelowUsage,
     ceiling_lifted,
     kept_fds,
@@ -113,6 +114,12 @@ FD_ALLOWANCE = 256
 CAPTURE_BOUND_BYTES = 64 << 20
 CAPTURE_KEEP_BYTES = 1 << 20
 CAPTURE_CHECK_S = 0.5
+# Pauses before the second and third try at setting a job's ceiling on the worker's slot,
+# when cgroupfs refused a read or write of it (EIO, the cgroup gone): a fault that passes
+# costs a moment and nothing else; one that stays makes the worker Broken (the run stops,
+# 74, the job uncharged), never a job run without its ceiling, nor a worker dying with a
+# traceback for the runner to replace, worker after worker, for good.
+LIMIT_RETRY_S = (0.1, 0.5)
 
 
 @dataclass(frozen=True)
@@ -295,10 +302,11 @@ class Worker:
         return bool(self.control_dir) and os.path.exists(
             f"{self.control_dir}/{CANCEL_REQUEST_PREFIX}{job_id}")
 
-    def _broken(self, exc: OSError) -> NoReturn:
+    def _broken(self, exc: OSError | GuardError, doing: str = "") -> NoReturn:
+        said = os_error_message(exc) if isinstance(exc, OSError) else str(exc)
         with contextlib.suppress(OSError):
             self._flush()
-            self.conn.send(Broken(os_error_message(exc)))
+            self.conn.send(Broken(f"{doing}: {said}" if doing else said))
         os._exit(ExitCode.IO_ERROR)
 
     def _send(self, msg: object) -> None:
@@ -349,26 +357,47 @@ class Worker:
 
     def _apply_limit(self, job: RunJob) -> bool:
         """Set this slot's ceiling to the job's (plus what earlier jobs left held here); a
-        worker too big for it retires instead."""
+        worker too big for it retires instead. A slot whose cgroup files cannot be read or
+        written is tried again (LIMIT_RETRY_S), then the worker is Broken: it exits 74
+        without starting the job (not in its started log: the job is not charged)."""
+        pauses = iter(LIMIT_RETRY_S)
+        while True:
+            try:
+                self._set_limit(job)
+            except LimitBelowUsage:
+                self.queue.appendleft(job)
+                self._drop_all(DropKind.ABOVE_CEILING,
+                               "worker above the next job's ceiling; recycling")
+                return False
+            except (OSError, GuardError) as exc:
+                # Half set, perhaps: the next try writes the whole ceiling, not only the
+                # peak counters.
+                self.limit_bytes = 0
+                pause = next(pauses, None)
+                if pause is None:
+                    self._broken(exc, "cannot set the job's memory ceiling")
+                # The last job's result, held for the next Started, goes now: the runner
+                # records it meanwhile, rather than stop (Broken) with it unrecorded.
+                self._flush()
+                time.sleep(pause)
+                continue
+            return True
+
+    def _set_limit(self, job: RunJob) -> None:
+        """One try of ``_apply_limit``."""
         if self.held_base is None:
-            self.held_base = self._held()
+            held = self._held()
             if self.config.slot_path:  # adopted into the slot by now: how /proc shows it
                 self.slot_cgroup = own_memory_cgroup()
+            self.held_base = held  # last: a try that failed before it is made again whole
         if not self.config.slot_path:
-            return True
+            return
         limit = job.memory_limit_bytes + self.carried
         if limit == self.limit_bytes:
             reset_job_peak(self.config.slot_path)
-            return True
-        try:
-            set_job_limit(self.config.slot_path, limit)
-        except LimitBelowUsage:
-            self.queue.appendleft(job)
-            self._drop_all(DropKind.ABOVE_CEILING,
-                           "worker above the next job's ceiling; recycling")
-            return False
+            return
+        set_job_limit(self.config.slot_path, limit)
         self.limit_bytes = limit
-        return True
 
     def _run(self, job: RunJob) -> None:
         self.own_fds.add_kept(kept_fds())  # cgroup files opened since the last job
