@@ -434,6 +434,11 @@ class Runner:
 
     # -- lifecycle --
     def run(self) -> RunSummary:
+        unplaced = self.q.unplaced_error()
+        if unplaced is not None:
+            # Never "all done" (exit 0) with accepted jobs left out of pending/ (the batch
+            # replays once the disk has room: the next command places it).
+            raise unplaced
         self.holder = Holder.current()
         self.token_prefix = f"{self.holder.pid}-{self.holder.start_time}"
         self.started_at = time.monotonic()
@@ -2303,7 +2308,8 @@ class Runner:
                 outcome = Outcome.CANCELLED.value
             elif outcome in (Outcome.FAILED.value, Outcome.INVALID_OUTPUT.value) \
                     and a.started_wall is not None \
-                    and (problem := output_folder_problem(a.final)):
+                    and (problem := output_folder_problem(a.final)
+                         or _full_writing_output(a.tmp, a.final, fin)):
                 # It failed where nothing could have succeeded: not charged, and the run
                 # stops (exit 74) rather than spend every job's attempts on the folder.
                 # (Only a job that ran: what _accept_claim refused, such as a path out of
@@ -2672,6 +2678,26 @@ def output_folder_problem(final: Path) -> str | None:
     free = st.f_bfree if os.geteuid() == 0 else st.f_bavail
     if free * st.f_frsize < FULL_DISK_BYTES or (st.f_files and st.f_ffree == 0):
         return f"{folder}: {os.strerror(errno.ENOSPC)}"
+    return None
+
+
+# What a job says when the output's file system refused its writes (C's and Python's
+# wording: "cp: error writing 'x': No space left on device", "[Errno 28] ...: 'x'").
+_FULL_ERRORS = (os.strerror(errno.ENOSPC), os.strerror(errno.EDQUOT))
+
+
+def _full_writing_output(tmp: Path, final: Path, fin: Finished) -> str | None:
+    """The folder's fault for a job that failed writing its own output (its temporary
+    name, with "No space left on device"), though the folder has room by now: a tool that
+    removes its partial file on error (cp, most do) gives that room back before we look.
+    Charged, every job of a batch of outputs larger than the room left was dead-lettered."""
+    said = "\n".join(t for t in (fin.error, fin.stderr_tail, fin.traceback_tail) if t)
+    # (The worker's messages call the temporary by the output's own name.)
+    if tmp.name not in said and final.name not in said:
+        return None
+    for why in _FULL_ERRORS:
+        if why in said:
+            return f"{final.parent}: {why} (writing {final.name})"
     return None
 
 

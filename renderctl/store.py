@@ -95,6 +95,7 @@ from renderctl.fsutil import (
     atomic_write,
     fill_file,
     fsync_dir,
+    fsync_fd,
     read_file,
     syncfs,
     unlink_quiet,
@@ -514,14 +515,43 @@ class Queue:
         # A submit of this object left a committed batch not wholly placed (SubmitIncomplete):
         # the next submit places it first (a web tier's Queue is never opened again).
         self._replay_due = False
+        # Why accepted jobs of an earlier submit are not in pending/ yet (None: all are):
+        # the roll-forward below failed (a full disk). Not raised: `status`, `dead purge`
+        # and `prune` must still work on such a queue (the last two free the room the
+        # batch needs); `run` and `submit` refuse with it (see unplaced_error).
+        self.unplaced: str | None = None
         if create:
             self._create()
         elif not (self.path / "pending").is_dir():
             raise QueueIOError(f"{self.path} is not a renderctl queue (no pending/ folder)")
         try:
             self._roll_forward_journals()
-        except OSError as exc:
-            raise QueueIOError(os_error_message(exc)) from exc
+        except (OSError, QueueIOError) as exc:
+            self.unplaced = os_error_message(exc) if isinstance(exc, OSError) else str(exc)
+            self._replay_due = True
+            with contextlib.suppress(OSError):
+                self.clean_tmp()
+
+    def unplaced_error(self) -> QueueIOError | None:
+        """The error of a queue holding accepted jobs it could not place in pending/, for
+        the commands that must not go on without them (None if there are none)."""
+        if self.unplaced is None:
+            return None
+        return QueueIOError(f"{self.unplaced_count()} accepted job(s) of an earlier submit "
+                            f"are not yet in pending/ ({self.unplaced}); free room on the "
+                            "queue's file system (`renderctl prune`, `dead purge`), and the "
+                            "next command places them")
+
+    def unplaced_count(self) -> int:
+        """How many jobs the journal's committed batches hold (placed or not)."""
+        n = 0
+        with contextlib.suppress(OSError):
+            for name in os.listdir(self.dir("journal")):
+                if name.endswith(".txn"):
+                    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+                        n += len(json.loads((self.dir("journal") / name).read_bytes())
+                                 ["records"])
+        return n
 
     def close(self) -> None:
         """Close the descriptors this object keeps (the claim lock, the event log)."""
@@ -540,10 +570,26 @@ class Queue:
         return d
 
     def _create(self) -> None:
+        # The folders mkdir(parents=True) is about to make, the queue's own included.
+        new = list(itertools.takewhile(lambda d: not d.exists(),
+                                       (self.path, *self.path.parents)))
         try:
             self.path.mkdir(mode=0o700, parents=True, exist_ok=True)
         except OSError as exc:
             raise QueueIOError(f"cannot create queue {self.path}: {exc.strerror}") from exc
+        for d in new:
+            # Protects against: power loss after "accepted" losing a new folder's entry in
+            # its parent, and with it every job just accepted under it. A parent we may not
+            # open (a folder readable by others only) cannot be fsynced by us; its fsync's
+            # own failure is fatal like any other.
+            try:
+                fd = os.open(d.parent, os.O_RDONLY | os.O_DIRECTORY)
+            except OSError:
+                continue
+            try:
+                fsync_fd(fd, what=f"directory {d.parent}")
+            finally:
+                os.close(fd)
         made = False
         for name in STATE_DIRS + AUX_DIRS:
             d = self.path / name
@@ -561,8 +607,6 @@ class Queue:
             # Protects against: power loss leaving the folders unrecorded after we report
             # "accepted" into one of them.
             fsync_dir(self.path)
-            with contextlib.suppress(QueueIOError):
-                fsync_dir(self.path.parent)
 
     def _tmp_name(self, purpose: str) -> Path:
         # The pid prefix tells the cleaner which temporaries belong to a live process.
@@ -1020,6 +1064,10 @@ class Queue:
         payload = (b'{"seq":' + json.dumps(stamp).encode() + b',"replace":'
                    + json.dumps(replaced, separators=(",", ":")).encode()
                    + b',"records":[' + b",".join(raws) + b"]}")
+        # Before the commit point: a batch committed that cannot be placed would hold its
+        # jobs accepted and unrunnable (3,000 jobs on a file system with 2,048 inodes left).
+        self._check_room(len(records) + (len(records) > 1 or bool(replaced)),
+                         "; nothing of this submit was enqueued")
         bell: Callable[[], object]
         if len(records) == 1 and not replaced:
             # One job is atomic by itself (tmp -> fsync -> rename -> fsync dir): skip the
@@ -1040,6 +1088,22 @@ class Queue:
         return SubmitResult(tuple(r.spec.id for r in records if r.spec.id not in replaced),
                             tuple(already), tuple(replaced), warnings=tuple(notes))
 
+    def _check_room(self, files: int, then: str = "") -> None:
+        """QueueIOError unless the queue's file system has an inode for each of ``files``
+        new files (one per job). Only inodes: they are exact (a record fits in its inode's
+        first block), and a file system that reports none (btrfs) is not judged."""
+        if not files:
+            return
+        try:
+            st = os.statvfs(self.path)
+        except OSError:
+            return  # the writes below will say what is wrong
+        free = st.f_ffree if os.geteuid() == 0 else st.f_favail
+        if st.f_files and free < files:
+            raise QueueIOError(
+                f"{self.path}: its file system has {free} free inode(s), and this needs "
+                f"{files} (a file per job): {os.strerror(errno.ENOSPC)}{then}")
+
     def _incomplete(self, exc: BaseException, ids: Sequence[str],
                     journal: str) -> SubmitIncomplete:
         """The error of a submit whose jobs are accepted but not all placed (see
@@ -1049,6 +1113,14 @@ class Queue:
         shown = ", ".join(unplaced[:5]) + (f" and {len(unplaced) - 5} more"
                                            if len(unplaced) > 5 else "")
         why = os_error_message(exc) if isinstance(exc, OSError) else str(exc)
+        if not unplaced:
+            # All in pending/, the last sync failed ("but 0 not yet in pending/" read as a
+            # contradiction).
+            return SubmitIncomplete(
+                f"{len(ids)} job(s) accepted and in pending/"
+                f"{f' ({journal})' if journal.startswith('journal/') else ''}, but not known "
+                f"durable: {why}; submitting them again is safe", accepted=tuple(ids),
+                unplaced=unplaced)
         return SubmitIncomplete(
             f"{len(ids)} job(s) accepted ({journal}), but {len(unplaced)} not yet in pending/"
             f"{': ' + shown if shown else ''}; {why}; the next submit or open of the queue "
@@ -1182,6 +1254,9 @@ class Queue:
                     continue  # finished after an earlier roll-forward
             placing.append((raws[i] if raws is not None else rec.dumps(),
                             self.record_path(State.PENDING, jid)))
+        # Said at once, instead of writing and removing a file per job in vain (at every
+        # command, for a replay).
+        self._check_room(len(placing))
         tmps = self._durable_temporaries("job", [data for data, _ in placing])
         staged.extend(zip(tmps, (dst for _, dst in placing), strict=True))
         if crash_hook is not None:

@@ -266,6 +266,9 @@ def existing_queue(opt: Path | None, *, report_corrupt: bool = True) -> Queue:
     q = Queue(queue_path(opt), create=False)
     if report_corrupt:
         report_quarantines(q)
+        unplaced = q.unplaced_error()
+        if unplaced is not None:  # (the command goes on: it may be what frees the room)
+            out.err(f"warning: {unplaced}")
     return q
 
 

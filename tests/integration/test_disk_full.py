@@ -10,6 +10,7 @@ ENOSPC.
 from __future__ import annotations
 
 import contextlib
+import json
 import multiprocessing
 import os
 import shutil
@@ -352,3 +353,127 @@ def test_an_unwritable_output_folder_stops_the_run_with_74_charging_nothing(
         assert_pdf(out / output, "x")
         assert_pdf(out / "y.pdf", "y")
         assert stray_temporaries(out) == []
+
+
+def test_a_batch_left_unplaced_keeps_the_queue_readable_and_run_says_why_until_there_is_room(
+        tiny_tmpfs: Path, tmp_path: Path, write_manifest) -> None:
+    # Given a queue holding a committed batch of 40 jobs its full disk could not place
+    stage(tmp_path)
+    manifest = write_manifest([py_job(f"j{i}", "write_one_byte", output=f"j{i}.bin")
+                               for i in range(40)])
+    queue, out = tiny_tmpfs / "q", tmp_path / "out"
+    cut = run_cli("submit", manifest, *cli_args(queue, out))
+    assert cut.returncode == ExitCode.IO_ERROR and "accepted" in cut.stderr, cut.stderr
+
+    # When a script asks for the queue's status
+    status = run_cli("status", "--json", "--queue", queue)
+
+    # Then it gets it (the batch is no reason to hide the queue), and stderr says why those
+    # jobs are not in pending/ yet
+    assert status.returncode == ExitCode.OK, status.stdout + status.stderr
+    json.loads(status.stdout)
+    assert "40 accepted job(s) of an earlier submit are not yet in pending/" in status.stderr
+    assert "No space left on device" in status.stderr and "Traceback" not in status.stderr
+
+    # When the queue is run while the disk is still full
+    stuck = run_cli("run", *cli_args(queue, out))
+
+    # Then it refuses with 74 saying the same, rather than finish "all done" without them
+    assert stuck.returncode == ExitCode.IO_ERROR, stuck.stdout + stuck.stderr
+    assert "40 accepted job(s) of an earlier submit are not yet in pending/" in stuck.stderr
+    assert "Traceback" not in stuck.stdout + stuck.stderr
+
+    # When room is made and it is run again
+    subprocess.run(["mount", "-o", "remount,size=4m", str(tiny_tmpfs)], check=True)
+    done = run_cli("run", *cli_args(queue, out))
+
+    # Then all 40 complete, once each
+    assert done.returncode == ExitCode.OK, done.stdout + done.stderr
+    view = QueueView(queue)
+    assert view.ids("done") == {f"j{i}" for i in range(40)}
+    assert view.ids("pending") == view.ids("running") == set()
+    assert sorted(p.name for p in out.iterdir()) == sorted(f"j{i}.bin" for i in range(40))
+
+
+@pytest.fixture
+def few_inodes(tmp_path: Path) -> Iterator[Path]:
+    """A tmpfs with 64 inodes (the queue's folders take ~15)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to mount a tmpfs")
+    mnt = tmp_path / "few"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m,nr_inodes=64", "tmpfs",
+                        str(mnt)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        if subprocess.run(["umount", str(mnt)]).returncode != 0:
+            subprocess.run(["umount", "-l", str(mnt)])
+
+
+def test_a_submit_of_more_jobs_than_the_file_system_has_inodes_is_refused_whole(
+        few_inodes: Path, tmp_path: Path, write_manifest) -> None:
+    # Given a queue on a file system with room for a few dozen more files
+    stage(tmp_path)
+    queue, out = few_inodes / "q", tmp_path / "out"
+    first = run_cli("submit", write_manifest([py_job("a", "write_one_byte", output="a.bin")]),
+                    *cli_args(queue, out))
+    assert first.returncode == ExitCode.OK, first.stderr
+
+    # When a batch of 100 jobs (a file each) is submitted
+    big = write_manifest([py_job(f"j{i}", "write_one_byte", output=f"j{i}.bin")
+                          for i in range(100)],
+                         name="big.toml")
+    r = run_cli("submit", big, *cli_args(queue, out))
+
+    # Then it is refused before its commit point, saying why: nothing of it is accepted
+    # (no batch left that could never be placed), and the queue works on
+    assert r.returncode == ExitCode.IO_ERROR, r.stdout + r.stderr
+    assert "free inode(s), and this needs 101" in r.stderr, r.stderr
+    assert "nothing of this submit was enqueued" in r.stderr and "Traceback" not in r.stderr
+    view = QueueView(queue)
+    assert view.ids("pending") == {"a"}
+    assert [n for n in os.listdir(queue / "journal") if n.endswith(".txn")] == []
+    assert os.listdir(queue / "tmp") == []
+    ran = run_cli("run", *cli_args(queue, out))
+    assert ran.returncode == ExitCode.OK and view.ids("done") == {"a"}, ran.stderr
+
+
+def test_a_job_that_fails_on_a_full_output_disk_and_removes_its_partial_file_is_not_charged(
+        tmp_path: Path, write_manifest) -> None:
+    # Given an output root on a 2 MB disk, and jobs copying a 3 MB file there with cp, which
+    # removes its partial file when the disk refuses it (the room is back before we look)
+    if os.geteuid() != 0:
+        pytest.skip("needs root to mount a tmpfs")
+    out = tmp_path / "out"
+    out.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(out)],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+    try:
+        big = tmp_path / "big.bin"
+        big.write_bytes(os.urandom(3 << 20))
+        script = f'cp {big} "$1" || {{ rm -f "$1"; exit 1; }}'
+        jobs = [{"id": f"c{i}", "kind": "command", "output": f"c{i}.bin",
+                 "argv": ["sh", "-c", script, "sh", "{output}"]} for i in range(3)]
+        manifest = write_manifest(jobs, defaults={"max_attempts": 2})
+        queue = tmp_path / "q"
+
+        # When they run
+        res = run_cli("run", manifest, *cli_args(queue, out, "--workers", "1"))
+
+        # Then the run halts with 74 blaming the disk, and no job is charged or dead
+        assert res.returncode == ExitCode.IO_ERROR, res.stdout + res.stderr
+        assert f"cannot write outputs: {out}: No space left on device" in res.stderr, \
+            res.stderr
+        view = QueueView(queue)
+        assert view.ids("dead") == set() and view.ids("pending") == {"c0", "c1", "c2"}
+        for jid in ("c0", "c1", "c2"):
+            outcomes = {a["outcome"] for a in view.record("pending", jid)["attempts"]}
+            assert outcomes <= {"released"}, (jid, outcomes)
+        assert os.listdir(out) == []
+    finally:
+        subprocess.run(["umount", str(out)], check=True)

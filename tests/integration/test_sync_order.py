@@ -174,3 +174,37 @@ def test_an_output_folder_mounted_inside_the_root_is_synced_before_its_record(
         assert_pdf(mounted / "deep.pdf", "deep")
     finally:
         subprocess.run(["umount", "-l", str(mounted)], capture_output=True)
+
+
+def test_submit_into_a_new_queue_reports_no_acceptance_after_any_failed_fsync(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given a manifest, and a queue to be made under two folders that do not exist yet
+    stage(tmp_path)
+    manifest = write_manifest([py_job("a", "write_one_byte", output="a.bin"),
+                               py_job("b", "write_one_byte", output="b.bin")])
+    ancestors_hit = 0
+    for when in range(1, 9):
+        queue = tmp_path / f"new{when}" / "x" / "q"
+        trace = tmp_path / f"inject.{when}"
+
+        # When its fsync number `when` fails (EIO)
+        res = subprocess.run(
+            ["strace", "-qq", "-y", "-o", str(trace), "-e", "trace=fsync",
+             "-e", f"inject=fsync:error=EIO:when={when}",
+             *RENDERCTL, "submit", str(manifest), *cli_args(queue, tmp_path / "out")],
+            capture_output=True, text=True, timeout=120, env=_env(None))
+        injected = [c for c in trace.read_text().splitlines() if "INJECTED" in c]
+        if not injected:
+            assert res.returncode == 0, res.stderr  # fewer fsyncs than `when`
+            continue
+
+        # Then the submit fails (74) rather than report "accepted": a folder made for the
+        # queue whose entry is not durable loses every job under it at a power cut
+        assert res.returncode == 74, (when, injected, res.stdout, res.stderr)
+        assert "accepted 2" not in res.stdout, res.stdout
+        folder = re.search(r"fsync\(\d+<([^>]*)>", injected[0])
+        assert folder is not None, injected
+        if Path(folder[1]) in queue.parents:
+            ancestors_hit += 1
+    # (The sweep reached the fsyncs of the new folders' parents.)
+    assert ancestors_hit >= 2, ancestors_hit
