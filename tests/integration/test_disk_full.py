@@ -175,11 +175,17 @@ def test_a_submit_onto_a_full_disk_enqueues_nothing_and_keeps_what_was_accepted(
 @pytest.fixture
 def tiny_tmpfs(tmp_path: Path) -> Iterator[Path]:
     """A 64 KB tmpfs: room for a 40-job batch's journal entry, not for its 40 job files."""
+    with mounted_tmpfs(tmp_path / "tiny", "size=64k") as mnt:
+        yield mnt
+
+
+@contextlib.contextmanager
+def mounted_tmpfs(mnt: Path, options: str) -> Iterator[Path]:
+    """A tmpfs mounted at ``mnt`` (made) with ``options``; skips the test without root."""
     if os.geteuid() != 0:
         pytest.skip("needs root to mount a tmpfs")
-    mnt = tmp_path / "tiny"
     mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)],
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(mnt)],
                        capture_output=True, text=True)
     if r.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
@@ -398,19 +404,8 @@ def test_a_batch_left_unplaced_keeps_the_queue_readable_and_run_says_why_until_t
 @pytest.fixture
 def few_inodes(tmp_path: Path) -> Iterator[Path]:
     """A tmpfs with 64 inodes (the queue's folders take ~15)."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root to mount a tmpfs")
-    mnt = tmp_path / "few"
-    mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m,nr_inodes=64", "tmpfs",
-                        str(mnt)], capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
-    try:
+    with mounted_tmpfs(tmp_path / "few", "size=4m,nr_inodes=64") as mnt:
         yield mnt
-    finally:
-        if subprocess.run(["umount", str(mnt)]).returncode != 0:
-            subprocess.run(["umount", "-l", str(mnt)])
 
 
 def test_a_submit_of_more_jobs_than_the_file_system_has_inodes_is_refused_whole(
@@ -445,15 +440,7 @@ def test_a_job_that_fails_on_a_full_output_disk_and_removes_its_partial_file_is_
         tmp_path: Path, write_manifest) -> None:
     # Given an output root on a 2 MB disk, and jobs copying a 3 MB file there with cp, which
     # removes its partial file when the disk refuses it (the room is back before we look)
-    if os.geteuid() != 0:
-        pytest.skip("needs root to mount a tmpfs")
-    out = tmp_path / "out"
-    out.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(out)],
-                       capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
-    try:
+    with mounted_tmpfs(tmp_path / "out", "size=2m") as out:
         big = tmp_path / "big.bin"
         big.write_bytes(os.urandom(3 << 20))
         script = f'cp {big} "$1" || {{ rm -f "$1"; exit 1; }}'
@@ -475,5 +462,3 @@ def test_a_job_that_fails_on_a_full_output_disk_and_removes_its_partial_file_is_
             outcomes = {a["outcome"] for a in view.record("pending", jid)["attempts"]}
             assert outcomes <= {"released"}, (jid, outcomes)
         assert os.listdir(out) == []
-    finally:
-        subprocess.run(["umount", str(out)], check=True)
