@@ -116,6 +116,11 @@ RUNNER_LOCK = "runner.lock"  # flocked by the runner (and the queue folder: see 
 RUNNER_RECORD = "runner.json"  # the holder's record: pid, host, boot id, start, guard
 LOCK_WAITER = "renderctl-lock-wait"  # the thread in which a starting runner waits (tests)
 REPLACE_LOCK = ".replace.lock"  # a replace holds it exclusively; a claim batch, shared
+# How long a replace or a replay waits for a claim batch to let go of REPLACE_LOCK (a claim
+# takes milliseconds: longer is a runner stopped mid-claim), and how long the replay an open
+# of the queue makes waits for its locks before leaving the batch to its submit or runner.
+CLAIM_LOCK_WAIT_S = 5.0
+OPEN_REPLAY_WAIT_S = 1.0
 # What reading a damaged record can raise; each means "quarantine it", never "crash".
 _CORRUPT = (ValueError, KeyError, TypeError, RecursionError, AttributeError)
 STATE_DIRS = tuple(s.value for s in State)
@@ -669,14 +674,36 @@ class Queue:
         return self.dir(state) / f"{job_id}.json"
 
     @contextlib.contextmanager
-    def _lock(self, name: str, *, blocking: bool = True, shared: bool = False) -> Iterator[int]:
+    def _lock(self, name: str, *, blocking: bool = True, shared: bool = False,
+              wait_s: float | None = None, busy: str = "") -> Iterator[int]:
+        """Hold the lock file ``name``; BlockingIOError if not ``blocking`` and it is held,
+        or if ``wait_s`` passes before it is free (QueueBusy saying ``busy``, if given)."""
         fd = os.open(self.path / name, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
-            fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
-                        | (0 if blocking else fcntl.LOCK_NB))
+            mode = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
+            if wait_s is None:
+                fcntl.flock(fd, mode | (0 if blocking else fcntl.LOCK_NB))
+            else:
+                deadline = time.monotonic() + wait_s
+                while True:
+                    try:
+                        fcntl.flock(fd, mode | fcntl.LOCK_NB)
+                        break
+                    except BlockingIOError:
+                        if time.monotonic() >= deadline:
+                            if busy:
+                                raise self._claims_held(busy) from None
+                            raise
+                        time.sleep(0.005)
             yield fd
         finally:
             os.close(fd)
+
+    def _claims_held(self, doing: str) -> QueueBusy:
+        """The error of a command that waited CLAIM_LOCK_WAIT_S for a claim to end."""
+        return QueueBusy(f"a runner has been claiming jobs of {self.path} for "
+                         f"{CLAIM_LOCK_WAIT_S:g} s without end (stopped? Ctrl-Z, SIGSTOP: "
+                         f"`kill -CONT` it); {doing}; try again")
 
     # -- reading --
     def read_record(self, path: Path) -> JobRecord:
@@ -1030,7 +1057,10 @@ class Queue:
         # A replace must not race a claim: checked "not running" above, the old copy could be
         # claimed before ours lands in pending/, and the job would then be in pending/ and
         # running/ at once, run twice. Claims skip a round while we hold this lock.
-        with self._lock(REPLACE_LOCK):
+        # Bounded: a claim takes milliseconds, a runner stopped mid-claim holds it for good,
+        # and every submit would wait behind ours (we hold submit's lock).
+        with self._lock(REPLACE_LOCK, wait_s=CLAIM_LOCK_WAIT_S,
+                        busy="nothing of this submit was enqueued"):
             for jid in replaced:
                 view = self.find(jid)
                 if view is not None and view.state is State.RUNNING:
@@ -1294,8 +1324,13 @@ class Queue:
         if not any(n.endswith(".txn") for n in names):
             self.clean_tmp()
             return
-        with self._lock(".submit.lock"):
-            self._replay_journals()
+        try:
+            # Bounded: a submit places its own batch meanwhile, and a runner stopped
+            # mid-claim (Ctrl-Z) would hold every command at its open (status included).
+            with self._lock(".submit.lock", wait_s=OPEN_REPLAY_WAIT_S):
+                self._replay_journals(wait_s=OPEN_REPLAY_WAIT_S)
+        except BlockingIOError:
+            self._replay_due = True  # a submit through this object tries again first
         self.clean_tmp()
 
     def _replay_leftovers(self, ids: Sequence[str]) -> None:
@@ -1303,7 +1338,9 @@ class Queue:
         submit lock held). If that fails again, so does this submit, saying which of its
         ``ids`` were accepted before."""
         try:
-            self._replay_journals()
+            self._replay_journals(wait_s=CLAIM_LOCK_WAIT_S)
+        except BlockingIOError:
+            raise self._claims_held("nothing of this submit was enqueued") from None
         except (OSError, QueueIOError) as exc:
             pending: set[str] = set()
             with contextlib.suppress(OSError, ValueError):
@@ -1332,15 +1369,16 @@ class Queue:
             return
         try:
             with self._lock(".submit.lock", blocking=False):
-                self._replay_journals()
+                self._replay_journals(wait_s=OPEN_REPLAY_WAIT_S)
         except BlockingIOError:
             return  # a submit in progress
         except (OSError, QueueIOError):
             return  # the disk is still full, say: the entry stays for the next poll
 
-    def _replay_journals(self) -> None:
-        """Roll every committed journal entry forward (the submit lock held)."""
-        with self._lock(REPLACE_LOCK):
+    def _replay_journals(self, *, wait_s: float | None = None) -> None:
+        """Roll every committed journal entry forward (the submit lock held); BlockingIOError
+        if a claim holds the replace lock for ``wait_s``."""
+        with self._lock(REPLACE_LOCK, wait_s=wait_s):
             for name in sorted(os.listdir(self.dir("journal"))):
                 if not name.endswith(".txn"):
                     continue

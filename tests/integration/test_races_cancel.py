@@ -417,3 +417,53 @@ def test_a_job_replaced_after_its_cancel_in_the_same_worker_runs_once_supervised
     events = json_lines("\n".join(runner.lines))
     assert [e["event"] for e in events if e.get("job") == "x"] == \
         ["cancelled", "started", "completed"], events
+
+
+def test_a_runner_stopped_mid_claim_holds_no_command_for_good(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given a runner frozen inside a claim (Ctrl-Z at the wrong moment: it holds the claim
+    # lock), and a batch committed by a submit killed before it could place it
+    stage(tmp_path)
+    queue, out = tmp_path / "q", tmp_path / "out"
+    assert run_cli("submit", write_manifest([py_job("a", "write_pdf")]),
+                   *cli_args(queue, out)).returncode == 0
+    runner = Runner(*cli_args(queue, out, "--workers", "1"),
+                    env={"RENDERCTL_STOP_AT": "claim"})
+    try:
+        wait_until(lambda: stopped(runner.pid), what="the runner to freeze in its claim")
+        batch = write_manifest([py_job("b1", "write_pdf"), py_job("b2", "write_pdf")],
+                               name="b.toml")
+        killed = run_cli("submit", batch, *cli_args(queue, out),
+                         env={"RENDERCTL_CRASH_AT": "submit:staged"})
+        assert killed.returncode == -signal.SIGKILL, killed.stderr
+
+        # When a script asks for the status, and another replaces a's spec
+        status = run_cli("status", "--json", "--queue", queue, timeout=30)
+        replace = run_cli("submit", write_manifest([py_job("a", "write_pdf", v=2)],
+                                                   name="a2.toml"),
+                          *cli_args(queue, out), "--replace", timeout=30)
+
+        # Then the status comes (the batch left for later), and the replace is refused as
+        # busy (75), saying what holds it, instead of both waiting as long as the runner
+        # stays stopped
+        assert status.returncode == 0, status.stderr
+        doc = json.loads(status.stdout)
+        assert doc["pending"] + doc["running"] == 1, doc
+        assert replace.returncode == 75, (replace.stdout, replace.stderr)
+        assert "kill -CONT" in replace.stderr and "nothing of this submit was enqueued" \
+            in replace.stderr, replace.stderr
+        assert "Traceback" not in status.stderr + replace.stderr
+
+        # When the runner is let go, and the queue run again
+        os.kill(runner.pid, signal.SIGCONT)
+        assert runner.wait() == 0
+    finally:
+        runner.close()
+    again = run_cli("run", *cli_args(queue, out))
+
+    # Then every job, the batch's too, is done once, a as first submitted
+    assert again.returncode == 0, again.stdout + again.stderr
+    view = QueueView(queue)
+    assert view.states_of({"a", "b1", "b2"}) == {"a": ["done"], "b1": ["done"],
+                                                 "b2": ["done"]}
+    assert view.record("done", "a")["spec"].get("params") in (None, {})
