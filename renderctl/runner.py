@@ -1746,9 +1746,12 @@ class Runner:
                     w.sampler = TreeSampler(msg.pid, 1 << 62)
             self._record_workers()
         elif isinstance(msg, Broken):
-            # What failed the worker (its started log on a full disk, say) fails us too:
-            # stop like a failed sync; recovery at the next start returns its claims.
-            raise QueueIOError(f"worker {w.pid}: {msg.error}")
+            # What failed the worker (its started log on a full disk, its slot's cgroup
+            # files) would fail the next one too: halt as for workers that cannot start
+            # (exit 74). Not by raising, whose way out SIGKILLed the other workers' jobs
+            # (each charged a crashed attempt at the next start): they finish; the broken
+            # worker exits by itself, and what it held goes back to pending, uncharged.
+            self._cannot_start_workers(f"worker {w.pid}: {msg.error}")
 
     @staticmethod
     def _pop_queued(w: WorkerHandle, seq: int) -> Assignment | None:

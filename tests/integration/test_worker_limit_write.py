@@ -38,10 +38,12 @@ from jobfns import (
     _pdf,
     cgroup_v1_writable,
     cli_args,
+    held_job,
     py_job,
     run_cli,
     stage,
     stopped,
+    wait_for_pid,
     wait_until,
 )
 
@@ -293,3 +295,102 @@ def test_a_ceiling_that_cannot_be_set_stops_the_run_with_74_naming_the_file_char
     assert view.states_of({"first", "second"}) == {"first": ["done"], "second": ["done"]}
     assert attempts(view, "done", "first") == attempts(view, "done", "second") == ["completed"]
     assert (out / "first.pdf").exists() and (out / "second.pdf").exists()
+
+
+def started_on(runner: Runner, job_id: str) -> int:
+    """The pid of the worker the run's "started" event gives for ``job_id``."""
+
+    def started(line: str) -> bool:
+        with contextlib.suppress(ValueError):
+            event = json.loads(line)
+            return bool(event.get("event") == "started" and event.get("job") == job_id)
+        return False
+
+    return int(json.loads(runner.until(started))["worker"])
+
+
+@needs_cgroup_v1
+def test_a_broken_worker_halts_the_run_and_lets_the_other_workers_job_finish_uncharged(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given a run of three jobs in two workers, frozen after their first job each
+    # (worker:checked): "first" (a command) in one, then "long" in the other, which holds
+    # until the test says go, and "second" (another ceiling), which can only go to the
+    # first one's worker once that one is let go; one attempt each
+    folder = stage(tmp_path / "jobs")
+    _pdf(folder / "in.pdf", "first")
+    long_job, go = held_job(folder, "long", memory_mb=200)
+    manifest = write_manifest([
+        {"id": "first", "kind": "command", "argv": ["cp", "{input}", "{output}"],
+         "input": "in.pdf", "output": "first.pdf", "memory_mb": 200},
+        long_job,
+        {**py_job("second", "write_pdf"), "memory_mb": 300},
+    ], defaults={"max_attempts": 1}, folder=folder)
+    queue, out = tmp_path / "q", tmp_path / "out"
+    runner = Runner(manifest, *cli_args(queue, out, "--workers", "2", "--json"),
+                    env={"RENDERCTL_STOP_AT": "worker:checked"})
+    away = None
+    other = None
+    try:
+        broken = started_on(runner, "first")
+        other = started_on(runner, "long")
+        assert other != broken, runner.lines
+        held = wait_for_pid(folder / "long.pid", what="the long job to start")
+        wait_until(lambda: stopped(broken), timeout_s=30, what="the first job's worker to stop")
+        slot = memory_cgroup_dir(broken)
+        assert slot.parent.name == f"renderctl-{runner.pid}", slot
+
+        # When, while "long" runs in the other worker, the first one's next job's ceiling
+        # can never be written (its slot's cgroup is not at its path, for good): that
+        # worker is Broken
+        away = slot.with_name(f"{slot.name}.away")
+        slot.rename(away)
+        os.kill(broken, signal.SIGCONT)
+
+        # Then the run halts (no new job starts) and does not end: the other worker's job
+        # runs on, not killed
+        runner.until(lambda line: '"halted"' in line, timeout_s=30)
+        assert proctree.pid_alive(held), "the other worker's job was killed"
+        assert not (out / "long.pdf").exists()
+
+        # When that job ends (its worker, frozen after it, let go)
+        go.touch()
+        wait_until(lambda: stopped(other), timeout_s=30, what="the long job's worker to stop")
+        os.kill(other, signal.SIGCONT)
+        code = runner.wait()
+        stderr = runner.stderr()
+    finally:
+        go.touch()
+        runner.close()
+        if other is not None and proctree.pid_alive(other):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(other, signal.SIGCONT)  # a run that did not end well: let it go
+        if away is not None:
+            remove_cgroup(away)
+
+    # Then the run ends 74, saying (its one line on stderr) which cgroup file could not be
+    # written and why, with no traceback
+    assert code == ExitCode.IO_ERROR, (runner.lines, stderr)
+    assert "Traceback" not in stderr + "".join(runner.lines), stderr
+    [said] = stderr.splitlines()
+    assert CEILING_ERROR in said, stderr
+    assert f"({slot}/memory.limit_in_bytes): No such file or directory" in said, said
+    # and the other worker's job completed at its one attempt: no crashed attempt, no
+    # second one; the first job completed; the second never started, charged nothing
+    view = QueueView(queue)
+    assert view.states_of({"first", "long"}) == {"first": ["done"], "long": ["done"]}
+    assert attempts(view, "done", "long") == attempts(view, "done", "first") == ["completed"]
+    assert (out / "long.pdf").exists()
+    [where] = view.states_of({"second"})["second"]
+    assert where in ("pending", "running") and attempts(view, where, "second") == []
+
+    # When the queue is run again (its runner makes fresh slots)
+    again = run_cli("run", *cli_args(queue, out, "--workers", "2"))
+
+    # Then the second job completes at its first attempt, and neither other job runs again
+    assert again.returncode == ExitCode.OK, again.stdout + again.stderr
+    assert "Traceback" not in again.stdout + again.stderr, again.stderr
+    assert view.states_of({"first", "long", "second"}) == {
+        "first": ["done"], "long": ["done"], "second": ["done"]}
+    assert attempts(view, "done", "first") == attempts(view, "done", "long") \
+        == attempts(view, "done", "second") == ["completed"]
+    assert (out / "second.pdf").exists()
