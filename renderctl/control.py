@@ -31,7 +31,13 @@ def cancel_jobs(q: Queue, job_ids: Sequence[str], *,
     as a submit does; the ids before the one that failed are cancelled (those of its
     batch of pending ones, moved to cancelled/ but perhaps not yet durable, may be either)."""
     try:
-        return _cancel_jobs(q, job_ids, crash_hook=crash_hook)
+        # Named first: a cancel killed between taking jobs from pending/ and settling them
+        # leaves them in cancelled/ unsettled (no reason, no event, not synced); the next
+        # open of the queue finishes what this names (Queue.settle_interrupted_cancels).
+        intent = q.note_cancels(job_ids)
+        results = _cancel_jobs(q, job_ids, crash_hook=crash_hook)
+        q.forget_cancels(intent)
+        return results
     except OSError as exc:
         raise QueueIOError(os_error_message(exc)) from exc
 

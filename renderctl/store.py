@@ -1321,6 +1321,11 @@ class Queue:
             names = os.listdir(self.dir("journal"))
         except FileNotFoundError:
             return
+        cancels = [n for n in names if n.endswith(".cancel")]
+        if cancels:
+            # (BlockingIOError: a submit holds its lock; the next open settles them.)
+            with contextlib.suppress(BlockingIOError):
+                self._settle_interrupted_cancels(cancels)
         if not any(n.endswith(".txn") for n in names):
             self.clean_tmp()
             return
@@ -1888,6 +1893,50 @@ class Queue:
             return False
         self.settle_cancelled([taken])
         return True
+
+    def note_cancels(self, job_ids: Sequence[str]) -> Path:
+        """Name the jobs a cancel is about to take (journal/<pid>.<n>.cancel), for the next
+        open to settle if the cancel dies first. Not fsynced: what a power loss forgets of
+        it, it forgets of the takes too (neither is synced before settle_cancelled)."""
+        path = self.dir("journal") / f"{self._tmp_name('cancel').name}"
+        write_file(path, json.dumps(list(job_ids)).encode(), fsync=False)
+        return path
+
+    @staticmethod
+    def forget_cancels(intent: Path) -> None:
+        unlink_quiet(intent)
+
+    def _settle_interrupted_cancels(self, names: Sequence[str]) -> None:
+        """Settle what a cancel killed mid-way took from pending/ and never settled (its
+        record in cancelled/ still has its pending reason): the cancel happened (the rename
+        is the cancel), but no reason, event or sync said so, and `prune` could delete it
+        as if it were an old record. Intents of a live cancel are left alone."""
+        from renderctl.proctree import pid_alive
+
+        ours = _owner_tag()
+        for name in names:
+            m = _OWN_TMP.fullmatch(name)
+            path = self.dir("journal") / name
+            if m is None or (m[2] is not None and m[2] != ours) or pid_alive(int(m[1])):
+                continue  # (another pid namespace's: left to its own cancel)
+            with self._lock(".submit.lock", wait_s=OPEN_REPLAY_WAIT_S):
+                try:
+                    ids = json.loads(path.read_bytes())
+                except FileNotFoundError:
+                    continue  # settled by another open meanwhile
+                except ValueError:
+                    ids = []  # cut short while written: nothing was taken after it yet
+                taken: list[TakenPending] = []
+                for jid in ids if isinstance(ids, list) else []:
+                    if not isinstance(jid, str) or not is_job_id(jid):
+                        continue
+                    rec_path = self.record_path(State.CANCELLED, jid)
+                    rec, inode = self._read_or_quarantine_inode(rec_path)
+                    if rec is None or inode is None or rec.reason.startswith("cancelled"):
+                        continue  # not taken, settled, or cancelled some other way
+                    taken.append(TakenPending(jid, inode))
+                self.settle_cancelled(taken)
+                unlink_quiet(path)
 
     def take_pending(self, job_id: str) -> TakenPending | None:
         """Step 1 of a cancel: rename pending/x to cancelled/x (the one step that races a

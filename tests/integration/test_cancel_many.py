@@ -184,3 +184,33 @@ def test_a_replace_of_a_job_taken_but_not_yet_settled_leaves_one_copy(
     assert run_cli("run", *cli_args(queue, out)).returncode == 0
     assert view.states_of(["x"]) == {"x": ["done"]}
     assert view.record("done", "x")["spec"]["output"].endswith("x2.pdf")
+
+
+def test_a_cancel_killed_before_it_settled_what_it_took_is_settled_by_the_next_command(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given four pending jobs, and a cancel of all four killed as it comes to the third: the
+    # first two taken from pending/ (the rename is the cancel), not yet settled
+    stage(tmp_path)
+    queue, out = tmp_path / "q", tmp_path / "out"
+    ids = ["p0", "p1", "p2", "p3"]
+    assert run_cli("submit", write_manifest([py_job(j, "write_pdf") for j in ids]),
+                   *cli_args(queue, out)).returncode == 0
+    killed = run_cli("cancel", *ids, "--queue", queue,
+                     env={"RENDERCTL_CRASH_AT": "cancel:before:n=3"})
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    view = QueueView(queue)
+    assert view.ids("cancelled") == {"p0", "p1"}
+
+    # When any command opens the queue next (here `status`)
+    assert run_cli("status", "--queue", queue).returncode == 0
+
+    # Then those two are settled as any cancel of a pending job is (its reason, its event),
+    # and the next run completes the other two
+    for jid in ("p0", "p1"):
+        assert view.record("cancelled", jid)["reason"] == "cancelled while pending", jid
+    events = [json.loads(line) for line in (queue / "events.jsonl").read_text().splitlines()]
+    assert sorted(e["job"] for e in events if e["event"] == "cancelled") == ["p0", "p1"]
+    assert [n for n in (queue / "journal").iterdir() if n.suffix == ".cancel"] == []
+    ran = run_cli("run", *cli_args(queue, out))
+    assert ran.returncode == ExitCode.OK, ran.stdout + ran.stderr
+    assert view.ids("done") == {"p2", "p3"} and view.ids("cancelled") == {"p0", "p1"}
