@@ -434,11 +434,6 @@ class Runner:
 
     # -- lifecycle --
     def run(self) -> RunSummary:
-        unplaced = self.q.unplaced_error()
-        if unplaced is not None:
-            # Never "all done" (exit 0) with accepted jobs left out of pending/ (the batch
-            # replays once the disk has room: the next command places it).
-            raise unplaced
         self.holder = Holder.current()
         self.token_prefix = f"{self.holder.pid}-{self.holder.start_time}"
         self.started_at = time.monotonic()
@@ -454,6 +449,15 @@ class Runner:
     def _run_locked(self, holder: Holder) -> RunSummary:
         with self.q.runner_lock(holder):
             self.crash_point("locked")
+            # Every committed batch placed first, waiting for the locks as long as it takes
+            # (the open gave up after a second; a submit or a dead retry may hold them): a
+            # batch left in journal/ would be neither run nor waited for, and a replace cut
+            # short would look like a hand-made copy to _settle_copies. Never "all done"
+            # (exit 0) with accepted jobs out of pending/: a full disk stops us here (74).
+            self.q.roll_forward(wait=True)
+            unplaced = self.q.unplaced_error()
+            if unplaced is not None:
+                raise unplaced
             self._install_signals()
             proctree.set_oom_score_adj(-900)  # the supervisor must outlive what it supervises
             pids_max = int(_test_number(SLOT_PIDS_ENV)) if os.environ.get(SLOT_PIDS_ENV) \
@@ -2312,7 +2316,7 @@ class Runner:
             elif outcome in (Outcome.FAILED.value, Outcome.INVALID_OUTPUT.value) \
                     and a.started_wall is not None \
                     and (problem := output_folder_problem(a.final)
-                         or _full_writing_output(a.tmp, a.final, fin)):
+                         or _full_writing_output(a.tmp, a.final, fin, a.claim.record)):
                 # It failed where nothing could have succeeded: not charged, and the run
                 # stops (exit 74) rather than spend every job's attempts on the folder.
                 # (Only a job that ran: what _accept_claim refused, such as a path out of
@@ -2689,18 +2693,26 @@ def output_folder_problem(final: Path) -> str | None:
 _FULL_ERRORS = (os.strerror(errno.ENOSPC), os.strerror(errno.EDQUOT))
 
 
-def _full_writing_output(tmp: Path, final: Path, fin: Finished) -> str | None:
+def _full_writing_output(tmp: Path, final: Path, fin: Finished,
+                         rec: JobRecord) -> str | None:
     """The folder's fault for a job that failed writing its own output (its temporary
-    name, with "No space left on device"), though the folder has room by now: a tool that
-    removes its partial file on error (cp, most do) gives that room back before we look.
-    Charged, every job of a batch of outputs larger than the room left was dead-lettered."""
+    name and "No space left on device" on one line), though the folder has room by now: a
+    tool that removes its partial file on error (cp, most do) gives that room back before
+    we look. Charged, every job of a batch of outputs larger than the room left was
+    dead-lettered. Once per job (since its last `dead retry`): the line may be about
+    another disk (a scratch file in a full /tmp named after the output), and an output
+    that can never fit must still end dead, not be released at every run."""
     said = "\n".join(t for t in (fin.error, fin.stderr_tail, fin.traceback_tail) if t)
     # (The worker's messages call the temporary by the output's own name.)
-    if tmp.name not in said and final.name not in said:
-        return None
-    for why in _FULL_ERRORS:
-        if why in said:
-            return f"{final.parent}: {why} (writing {final.name})"
+    names = (tmp.name, final.name)
+    for line in said.splitlines():
+        why = next((w for w in _FULL_ERRORS if w in line), None)
+        if why is None or not any(f"/{n}" in line or f"'{n}" in line for n in names):
+            continue
+        mark = f"(writing {final.name})"
+        if any(mark in str(att.get("error", "")) for att in rec.attempts[rec.attempt_base:]):
+            return None
+        return f"{final.parent}: {why} {mark}"
     return None
 
 

@@ -175,6 +175,16 @@ class Holder:
         return cls(d["host"], d["boot_id"], int(d["pid"]), d.get("start_time"))
 
 
+class NoRoom(QueueIOError):
+    """The queue's file system has no inode for each new file a batch needs."""
+
+
+def _no_room(exc: BaseException) -> bool:
+    """Whether ``exc`` says the queue's file system is full (a batch waits for room)."""
+    return isinstance(exc, NoRoom) or (
+        isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT))
+
+
 @functools.cache
 def _owner_tag() -> str:
     """8 hex digits naming this host's boot and this process's pid namespace: a pid in a
@@ -529,13 +539,39 @@ class Queue:
             self._create()
         elif not (self.path / "pending").is_dir():
             raise QueueIOError(f"{self.path} is not a renderctl queue (no pending/ folder)")
+        self.roll_forward()
+
+    def roll_forward(self, *, wait: bool = False) -> None:
+        """Place committed batches no submit is placing, settle what a killed cancel took,
+        and clean tmp/ (every open does this). ``wait``: for the locks as long as it takes
+        (a runner: it must not start without them), not OPEN_REPLAY_WAIT_S."""
         try:
-            self._roll_forward_journals()
+            names = os.listdir(self.dir("journal"))
+        except FileNotFoundError:
+            return
+        cancels = [n for n in names if n.endswith(".cancel")]
+        try:
+            if cancels:
+                # (BlockingIOError: a submit holds its lock; the next open settles them.)
+                with contextlib.suppress(BlockingIOError):
+                    self._settle_interrupted_cancels(cancels)
+        except OSError as exc:
+            raise QueueIOError(os_error_message(exc)) from exc
+        try:
+            self._roll_forward_journals(names, wait=wait)
         except (OSError, QueueIOError) as exc:
+            if not _no_room(exc):
+                # A failed fsync, an unreadable folder: fatal as anywhere (exit 74).
+                if isinstance(exc, OSError):
+                    raise QueueIOError(os_error_message(exc)) from exc
+                raise
             self.unplaced = os_error_message(exc) if isinstance(exc, OSError) else str(exc)
             self._replay_due = True
             with contextlib.suppress(OSError):
                 self.clean_tmp()
+            return
+        if not self._replay_due:
+            self.unplaced = None
 
     def unplaced_error(self) -> QueueIOError | None:
         """The error of a queue holding accepted jobs it could not place in pending/, for
@@ -701,8 +737,9 @@ class Queue:
 
     def _claims_held(self, doing: str) -> QueueBusy:
         """The error of a command that waited CLAIM_LOCK_WAIT_S for a claim to end."""
-        return QueueBusy(f"a runner has been claiming jobs of {self.path} for "
-                         f"{CLAIM_LOCK_WAIT_S:g} s without end (stopped? Ctrl-Z, SIGSTOP: "
+        return QueueBusy(f"another renderctl process has held {self.path}'s claim lock "
+                         f"for {CLAIM_LOCK_WAIT_S:g} s (a claim or a cancel takes "
+                         "milliseconds: a runner stopped mid-claim, by Ctrl-Z or SIGSTOP? "
                          f"`kill -CONT` it); {doing}; try again")
 
     # -- reading --
@@ -1130,7 +1167,7 @@ class Queue:
             return  # the writes below will say what is wrong
         free = st.f_ffree if os.geteuid() == 0 else st.f_favail
         if st.f_files and free < files:
-            raise QueueIOError(
+            raise NoRoom(
                 f"{self.path}: its file system has {free} free inode(s), and this needs "
                 f"{files} (a file per job): {os.strerror(errno.ENOSPC)}{then}")
 
@@ -1316,24 +1353,17 @@ class Queue:
                 # on it) is not a cancel of the new one.
                 self.clear_cancel_request(jid)
 
-    def _roll_forward_journals(self) -> None:
-        try:
-            names = os.listdir(self.dir("journal"))
-        except FileNotFoundError:
-            return
-        cancels = [n for n in names if n.endswith(".cancel")]
-        if cancels:
-            # (BlockingIOError: a submit holds its lock; the next open settles them.)
-            with contextlib.suppress(BlockingIOError):
-                self._settle_interrupted_cancels(cancels)
+    def _roll_forward_journals(self, names: Sequence[str], *, wait: bool) -> None:
         if not any(n.endswith(".txn") for n in names):
             self.clean_tmp()
             return
         try:
             # Bounded: a submit places its own batch meanwhile, and a runner stopped
             # mid-claim (Ctrl-Z) would hold every command at its open (status included).
-            with self._lock(".submit.lock", wait_s=OPEN_REPLAY_WAIT_S):
-                self._replay_journals(wait_s=OPEN_REPLAY_WAIT_S)
+            wait_s = None if wait else OPEN_REPLAY_WAIT_S
+            with self._lock(".submit.lock", wait_s=wait_s):
+                self._replay_journals(wait_s=wait_s)
+            self._replay_due = False
         except BlockingIOError:
             self._replay_due = True  # a submit through this object tries again first
         self.clean_tmp()
@@ -1361,6 +1391,7 @@ class Queue:
                                f"pending/: {why}; nothing of this submit was enqueued"
                                ) from exc
         self._replay_due = False
+        self.unplaced = None
 
     def _place_orphaned_batches(self) -> None:
         """Place committed batches that no submit is placing: its writer killed after the

@@ -256,18 +256,24 @@ QueueOpt = Annotated[Path | None, queue_option(checked_queue)]
 NewQueueOpt = Annotated[Path | None, queue_option(checked_new_queue)]
 
 
-def existing_queue(opt: Path | None, *, report_corrupt: bool = True) -> Queue:
+def existing_queue(opt: Path | None, *, report_corrupt: bool = True,
+                   whole: bool = False) -> Queue:
     """The queue named by ``--queue`` (or its defaults), which ``checked_queue`` found to
     be one, for a command that only uses queues. A record it moves to corrupt/ while
     reading is reported on stderr (DESIGN: "quarantined and reported"), unless the command
-    owns the screen (`top`)."""
+    owns the screen (`top`). Accepted jobs a full disk keeps out of pending/ are warned
+    about (the command may be what frees the room: `prune`, `dead purge`), or refused
+    (74) if the command must see every job (``whole``: `cancel --all` said "nothing to
+    cancel" of 40 jobs that would run once there was room; `show`, `wait`: no such job)."""
     from renderctl.store import Queue
 
     q = Queue(queue_path(opt), create=False)
     if report_corrupt:
         report_quarantines(q)
         unplaced = q.unplaced_error()
-        if unplaced is not None:  # (the command goes on: it may be what frees the room)
+        if unplaced is not None:
+            if whole:
+                raise unplaced
             out.err(f"warning: {unplaced}")
     return q
 
@@ -1306,7 +1312,7 @@ def show(job_id: Annotated[str, typer.Argument(help="job id")], queue: QueueOpt 
     from renderctl.cli.views import render_job, show_json
     from renderctl.errors import JobNotFound
 
-    q = existing_queue(queue)
+    q = existing_queue(queue, whole=True)
     try:
         view = q.get(job_id)
     except JobNotFound:
@@ -1385,7 +1391,7 @@ def cancel(
     if group is not None and not GROUP_RE.fullmatch(group):
         raise UserError(f"--group {group!r}: not a group name (it must match "
                         f"{GROUP_RE.pattern}): no job has it")
-    q = existing_queue(queue)
+    q = existing_queue(queue, whole=True)
     if job_ids:
         job_ids = unique(job_ids)
         # All or none, like `dead retry`: exit 2 promises nothing changed, and cancel_jobs
@@ -1471,7 +1477,7 @@ def dead_retry(
     from renderctl.errors import UserError
     from renderctl.lifecycle import State
 
-    q = existing_queue(queue)
+    q = existing_queue(queue, whole=True)
     if all_ and job_ids:
         raise UserError("name job ids or use --all, not both")
     if all_:
@@ -1650,7 +1656,7 @@ def wait(
     from renderctl.lifecycle import TERMINAL, State
 
     job_ids = unique(job_ids)
-    q = existing_queue(queue)
+    q = existing_queue(queue, whole=True)
     unknown: list[tuple[str, JobNotFound]] = []
     damaged: list[tuple[str, JobNotFound]] = []
     for jid in job_ids:

@@ -381,6 +381,16 @@ def test_a_batch_left_unplaced_keeps_the_queue_readable_and_run_says_why_until_t
     assert "40 accepted job(s) of an earlier submit are not yet in pending/" in status.stderr
     assert "No space left on device" in status.stderr and "Traceback" not in status.stderr
 
+    # When a script cancels everything, or asks for one of those jobs
+    cancel_all = run_cli("cancel", "--all", "--queue", queue)
+    show = run_cli("show", "j3", "--queue", queue)
+
+    # Then neither answers as if the 40 did not exist ("nothing to cancel", "no such job"):
+    # both refuse with 74 and the reason
+    for r in (cancel_all, show):
+        assert r.returncode == ExitCode.IO_ERROR, r.stdout + r.stderr
+        assert "40 accepted job(s) of an earlier submit are not yet in pending/" in r.stderr
+
     # When the queue is run while the disk is still full
     stuck = run_cli("run", *cli_args(queue, out))
 
@@ -462,3 +472,27 @@ def test_a_job_that_fails_on_a_full_output_disk_and_removes_its_partial_file_is_
             outcomes = {a["outcome"] for a in view.record("pending", jid)["attempts"]}
             assert outcomes <= {"released"}, (jid, outcomes)
         assert os.listdir(out) == []
+
+
+def test_a_job_that_always_fails_naming_its_output_and_a_full_disk_still_ends_dead(
+        tmp_path: Path, write_manifest) -> None:
+    # Given a job that fails every time saying "No space left on device" about a scratch
+    # file named after its output (a full /tmp, not the output's disk, which has room)
+    script = 'echo "scratch for $1: /tmp/scratch: No space left on device" >&2; exit 1'
+    manifest = write_manifest([{"id": "s", "kind": "command", "output": "s.pdf",
+                                "argv": ["sh", "-c", script, "sh", "{output}"]}],
+                              defaults={"max_attempts": 2})
+    queue, out = tmp_path / "q", tmp_path / "out"
+
+    # When it is run, and run again after the run halts on it
+    first = run_cli("run", manifest, *cli_args(queue, out, "--backoff-base", "0.01"))
+    second = run_cli("run", *cli_args(queue, out, "--backoff-base", "0.01"))
+
+    # Then the first run takes it for the output disk's fault once (released, halted, 74),
+    # and after that it is charged like any failure: dead after its two attempts, not
+    # released at every run for ever
+    assert first.returncode == ExitCode.IO_ERROR, first.stdout + first.stderr
+    assert second.returncode == ExitCode.JOBS_FAILED, second.stdout + second.stderr
+    view = QueueView(queue)
+    outcomes = [a["outcome"] for a in view.record("dead", "s")["attempts"]]
+    assert outcomes == ["released", "failed", "failed"], outcomes

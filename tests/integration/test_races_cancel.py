@@ -467,3 +467,37 @@ def test_a_runner_stopped_mid_claim_holds_no_command_for_good(
     assert view.states_of({"a", "b1", "b2"}) == {"a": ["done"], "b1": ["done"],
                                                  "b2": ["done"]}
     assert view.record("done", "a")["spec"].get("params") in (None, {})
+
+
+def test_a_run_waits_for_a_batch_its_open_left_behind_a_held_lock(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given a batch committed by a submit killed before it placed it, and submit's lock held
+    # by another process (a long `dead retry --all`, say) while a runner starts
+    import fcntl
+
+    stage(tmp_path)
+    queue, out = tmp_path / "q", tmp_path / "out"
+    killed = run_cli("submit", write_manifest([py_job("a", "write_pdf"),
+                                               py_job("b", "write_pdf")]),
+                     *cli_args(queue, out), env={"RENDERCTL_CRASH_AT": "submit:staged"})
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    fd = os.open(queue / ".submit.lock", os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        runner = subprocess.Popen([*RENDERCTL, "run", *cli_args(queue, out)],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                  env=_env(None))
+
+        # When the runner, past its open (which gives up on the lock after a second), waits
+        # for the lock, and gets it
+        wait_until(lambda: _exited_or_waiting_for_a_lock(runner),
+                   what="the runner to wait for submit's lock")
+    finally:
+        os.close(fd)
+    stdout, stderr = runner.communicate(timeout=60)
+
+    # Then it places the batch and runs both jobs, rather than finish "all done" without them
+    assert runner.returncode == 0, stdout + stderr
+    view = QueueView(queue)
+    assert view.states_of({"a", "b"}) == {"a": ["done"], "b": ["done"]}
+    assert [n for n in os.listdir(queue / "journal") if n.endswith(".txn")] == []

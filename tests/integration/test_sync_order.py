@@ -208,3 +208,27 @@ def test_submit_into_a_new_queue_reports_no_acceptance_after_any_failed_fsync(
             ancestors_hit += 1
     # (The sweep reached the fsyncs of the new folders' parents.)
     assert ancestors_hit >= 2, ancestors_hit
+
+
+def test_an_open_that_replays_a_batch_and_fails_an_fsync_exits_74_not_a_warning(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given a batch committed by a submit killed before it placed it
+    stage(tmp_path)
+    queue, out = tmp_path / "q", tmp_path / "out"
+    batch = write_manifest([py_job("a", "write_one_byte", output="a.bin"),
+                            py_job("b", "write_one_byte", output="b.bin")])
+    killed = run_cli("submit", batch, *cli_args(queue, out),
+                     env={"RENDERCTL_CRASH_AT": "submit:staged"})
+    assert killed.returncode == SIGKILLED, killed.stderr
+
+    # When `status` opens the queue, places the batch, and the fsync of that fails (EIO)
+    res = subprocess.run(
+        ["strace", "-qq", "-o", str(tmp_path / "trace"), "-e", "trace=fsync,syncfs",
+         "-e", "inject=fsync:error=EIO:when=1", *RENDERCTL, "status", "--queue", str(queue)],
+        capture_output=True, text=True, timeout=120, env=_env(None))
+
+    # Then it exits 74 naming the failed fsync: a failed fsync is fatal, not a warning about
+    # a full disk (and nothing is reported as if the queue were whole)
+    assert res.returncode == 74, res.stdout + res.stderr
+    assert "fsync failed" in res.stderr and "free room" not in res.stderr, res.stderr
+    assert res.stdout == ""
