@@ -846,6 +846,22 @@ def warn_existing_outputs(jobs: list[Any], hit: set[str], origins: dict[str, str
         out.err(f"warning: {len(hits) - 5} more accepted job(s) whose output exists")
 
 
+def print_refusal(doc: dict[str, Any]) -> None:
+    """Print a refusal's JSON for a script; a stdout that cannot take it (a full disk, a
+    reader gone) is said on stderr, and the refusal itself (raised next by the caller) still
+    decides the exit code and prints its message: a bare "I/O error", exit 74, hid "already
+    in the queue with a different spec" (2) or "saturated" (75)."""
+    try:
+        out.print_json(doc)
+        sys.stdout.flush()
+    except OSError as exc:
+        if exc.filename is not None:
+            raise
+        out.silence_stdout()
+        if not out.reader_gone(exc):
+            out.err(f"cannot write stdout: {exc.strerror or exc}")
+
+
 def refused_json(exc: RenderctlError, *, accepted: Any = None) -> dict[str, Any]:
     """What `submit --json` (and `run --json`, before it runs anything) prints when it
     enqueued nothing: ``problems`` for a manifest error (the shape of `validate --json`),
@@ -895,7 +911,7 @@ def submit(
                            limits=_limits(memory_mb, timeout, max_attempts))
     except (ManifestError, Saturated, SubmitIncomplete) as exc:
         if as_json:  # a script reads stdout: say what happened there too
-            out.print_json(refused_json(exc))
+            print_refusal(refused_json(exc))
         raise
     ended = ended_earlier(res)
     try:
@@ -1048,11 +1064,11 @@ def run(
         except ManifestError as exc:
             exc = for_run(exc)
             if as_json:  # as `submit --json` says it: stdout is what a script reads
-                out.print_json(refused_json(exc))
+                print_refusal(refused_json(exc))
             raise exc from None
         except (Saturated, QueueBusy, Interrupted) as exc:
             if as_json:
-                out.print_json(refused_json(exc))
+                print_refusal(refused_json(exc))
             raise
         if not as_json and not quiet:
             lines.write(f"accepted {len(res.accepted)} job(s)"
@@ -1103,7 +1119,7 @@ def run(
     except QueueBusy as exc:
         if res is None:
             if as_json:
-                out.print_json(refused_json(exc))
+                print_refusal(refused_json(exc))
             raise
         # A runner started between refuse_if_runner and our submit: the jobs are in
         # pending/ all the same, and that runner (or the next) will run them. Say so: "try
@@ -1112,7 +1128,7 @@ def run(
                          "and that runner (or the next) will run them",
                          holder_pid=exc.holder_pid)
         if as_json:
-            out.print_json(refused_json(busy, accepted=res))
+            print_refusal(refused_json(busy, accepted=res))
         raise busy from None
     finally:
         if dashboard is not None:

@@ -92,3 +92,23 @@ def test_a_status_whose_stdout_is_full_names_stdout(tmp_path: Path, buffering: s
 
     # Then the one line says it was stdout that failed, not the queue
     said_only(res, "cannot write stdout: No space left on device")
+
+
+@pytest.mark.parametrize("buffering", sorted(BUFFERING))
+def test_a_refused_submit_whose_stdout_is_full_keeps_its_refusal_and_exit_code(
+        tmp_path: Path, buffering: str) -> None:
+    # Given a job in the queue, and a manifest giving the same id another spec
+    queue, out = tmp_path / "q", tmp_path / "out"
+    first = write_jobs(tmp_path / "m1", [job("a", "write")])
+    assert cli("submit", first, "--queue", queue, "--out", out, cwd=tmp_path).returncode == 0
+    other = write_jobs(tmp_path / "m2", [{**job("a", "write"), "priority": 5}])
+
+    # When a script submits it with --json and stdout on a full disk
+    res = to_full_disk("submit", other, "--queue", queue, "--out", out, "--json",
+                       cwd=tmp_path, buffering=buffering)
+
+    # Then the refusal still decides: exit 2 with its message, stdout's failure said too
+    # (before: a bare "I/O error: No space left on device", exit 74)
+    assert res.returncode == ExitCode.USAGE, res.stderr
+    assert "cannot write stdout: No space left on device" in res.stderr, res.stderr
+    assert "different spec" in res.stderr and "Traceback" not in res.stderr, res.stderr
