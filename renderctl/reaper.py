@@ -47,13 +47,14 @@ class Reaper:
         self.identity = (fd, st.st_dev, st.st_ino)
 
     @classmethod
-    def start(cls, cgroup_dir: str = "") -> Reaper:
-        """``cgroup_dir``: the runner's parent cgroup of its slots, if it has one."""
+    def start(cls, cgroup_dir: str = "", pids_dir: str = "") -> Reaper:
+        """``cgroup_dir``: the runner's parent cgroup of its slots, if it has one;
+        ``pids_dir``: its parent cgroup in the v1 pids hierarchy, if it has one."""
         r, w = os.pipe2(os.O_CLOEXEC)
         try:
             proc = subprocess.Popen(
                 [sys.executable, "-I", "-S", os.path.abspath(__file__), str(r),
-                 *([cgroup_dir] if cgroup_dir else [])],
+                 cgroup_dir, pids_dir],
                 pass_fds=(r,), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                 # Not the runner's stderr: a reader of it would wait for the reaper too.
                 stderr=subprocess.DEVNULL,
@@ -80,7 +81,10 @@ class Reaper:
             os.write(self.fd, _PID.pack(pid))
 
     def close(self) -> None:
-        """Let the reaper go (after our workers have): it sees EOF and exits."""
+        """Let the reaper go (after our workers have): it sees EOF and exits. Said first
+        (pid 0): a runner that stops removes its cgroups itself; one that dies does not."""
+        with contextlib.suppress(OSError):
+            os.write(self.fd, _PID.pack(0))
         with contextlib.suppress(OSError):
             os.close(self.fd)
         try:
@@ -231,12 +235,28 @@ def kill_cgroup_members(cgroup_dir: str) -> None:
                 os.close(pfd)
 
 
-def main(fd: int, cgroup_dir: str = "") -> None:
+def remove_cgroups(cgroup_dir: str, bound_s: float = 2.0) -> None:
+    """Remove ``cgroup_dir`` and the cgroups below it once their processes are gone (killed
+    just before: a cgroup with a dying member is busy), trying for ``bound_s`` at most.
+    What a SIGKILLed runner leaves, which only the next runner started in the same parent
+    cgroup would remove: for good, if none ever is."""
+    deadline = time.monotonic() + bound_s
+    while os.path.isdir(cgroup_dir):
+        for folder, _, _ in os.walk(cgroup_dir, topdown=False):
+            with contextlib.suppress(OSError):
+                os.rmdir(folder)  # (cgroupfs: rmdir of a cgroup whatever its files)
+        if not os.path.isdir(cgroup_dir) or time.monotonic() >= deadline:
+            return
+        time.sleep(0.02)
+
+
+def main(fd: int, cgroup_dir: str = "", pids_dir: str = "") -> None:
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT,
                 signal.SIGUSR1, signal.SIGUSR2, signal.SIGPIPE):
         signal.signal(sig, signal.SIG_IGN)
     workers: dict[int, int] = {}  # worker pid -> its pidfd
     pending = b""
+    stopped = False
     while True:
         ready = select.select([fd, *workers.values()], [], [])[0]
         for pid, pfd in list(workers.items()):
@@ -251,6 +271,9 @@ def main(fd: int, cgroup_dir: str = "") -> None:
         pending += data
         whole = len(pending) - len(pending) % _PID.size
         for (pid,) in _PID.iter_unpack(pending[:whole]):
+            if pid == 0:
+                stopped = True  # the runner's goodbye (Reaper.close)
+                continue
             with contextlib.suppress(OSError):
                 workers[pid] = os.pidfd_open(pid)
         pending = pending[whole:]
@@ -258,11 +281,15 @@ def main(fd: int, cgroup_dir: str = "") -> None:
         kill_tree(pid, pfd)
     if cgroup_dir:
         kill_cgroup_members(cgroup_dir)
+    if not stopped:
+        for folder in (cgroup_dir, pids_dir):
+            if folder:
+                remove_cgroups(folder)
 
 
 if __name__ == "__main__":
     try:
-        main(int(sys.argv[1]), *sys.argv[2:3])
+        main(int(sys.argv[1]), *sys.argv[2:4])
     except BaseException:  # nobody reads our output: exit, never hang
         os._exit(1)
     os._exit(0)

@@ -476,7 +476,9 @@ class Runner:
                 # Before any worker: it kills them if we die while one cannot act on its
                 # parent-death signal (renderctl.reaper). Started now, its ~10 ms of start-up
                 # overlap recovery.
-                self.reaper = Reaper.start(str(getattr(self.guard, "parent_dir", "") or ""))
+                self.reaper = Reaper.start(
+                    str(getattr(self.guard, "parent_dir", "") or ""),
+                    str(getattr(self.guard, "pids_parent_dir", "") or ""))
                 with contextlib.suppress(OSError):
                     proctree.set_child_subreaper()
                     self._subreaper = True

@@ -26,6 +26,7 @@ from jobfns import (
     assert_pdf,
     cgroup_v1_writable,
     cli_args,
+    held_job,
     json_lines,
     pdf_text,
     py_job,
@@ -1218,3 +1219,38 @@ def test_a_process_the_runner_had_before_the_run_is_left_alone(
 
     # Then the sidecar still runs (it was killed as a job's leftover)
     assert not gone(int(leftover.read_text()))
+
+
+@needs_cgroup_v1
+def test_a_sigkilled_runner_leaves_no_cgroup_behind_even_if_no_runner_follows(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given a runner with the cgroup guard, a job running in one of its slots
+    from renderctl import guards
+
+    job, go = held_job(tmp_path, "held")
+    manifest = write_manifest([job])
+    runner = Runner(manifest, *cli_args(tmp_path / "q", tmp_path / "out", "--workers", "2",
+                                        "--json"))
+    try:
+        job_pid = wait_for_pid(tmp_path / "held.pid")
+        own = guards._own_cgroup_dir(True, "memory")
+        assert own is not None
+        mine = [own / f"renderctl-{runner.pid}"]
+        pids_own = guards._own_pids_dir()
+        if pids_own is not None:
+            mine.append(pids_own / f"renderctl-{runner.pid}")
+        assert all(d.is_dir() for d in mine), mine
+
+        # When the runner is SIGKILLed, and no runner is started after it
+        os.kill(runner.pid, signal.SIGKILL)
+        runner.wait()
+
+        # Then its job dies, and its cgroups (memory, and pids where it had them) are gone
+        # within seconds: before, they stayed until a runner started in the same parent
+        # cgroup, for good if none ever did (three such were found on this machine)
+        wait_until(lambda: gone(job_pid), what="the job to die", timeout_s=5)
+        wait_until(lambda: not any(d.exists() for d in mine), timeout_s=5,
+                   what=lambda: f"the runner's cgroups to go: {[d for d in mine if d.exists()]}")
+    finally:
+        go.touch()
+        runner.close()
