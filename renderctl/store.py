@@ -585,14 +585,19 @@ class Queue:
 
     def unplaced_count(self) -> int:
         """How many jobs the journal's committed batches hold (placed or not)."""
-        n = 0
+        return len(self._journal_ids())
+
+    def _journal_ids(self) -> set[str]:
+        """The ids of the jobs in the journal's committed batches (placed or not); an
+        entry that cannot be read counts for none."""
+        ids: set[str] = set()
         with contextlib.suppress(OSError):
             for name in os.listdir(self.dir("journal")):
                 if name.endswith(".txn"):
                     with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-                        n += len(json.loads((self.dir("journal") / name).read_bytes())
-                                 ["records"])
-        return n
+                        txn = json.loads((self.dir("journal") / name).read_bytes())
+                        ids.update(r["spec"]["id"] for r in txn["records"])
+        return ids
 
     def close(self) -> None:
         """Close the descriptors this object keeps (the claim lock, the event log)."""
@@ -1377,12 +1382,7 @@ class Queue:
         except BlockingIOError:
             raise self._claims_held("nothing of this submit was enqueued") from None
         except (OSError, QueueIOError) as exc:
-            pending: set[str] = set()
-            with contextlib.suppress(OSError, ValueError):
-                for name in os.listdir(self.dir("journal")):
-                    if name.endswith(".txn"):
-                        txn = json.loads((self.dir("journal") / name).read_bytes())
-                        pending.update(r["spec"]["id"] for r in txn["records"])
+            pending = self._journal_ids()
             ours = [j for j in ids if j in pending]
             if ours:
                 raise self._incomplete(exc, ours, "by an earlier submit") from exc
