@@ -10,6 +10,7 @@ from typing import Any
 
 from jobfns import run_cli
 
+from renderctl.lifecycle import State
 from renderctl.store import Queue
 
 
@@ -184,3 +185,38 @@ def test_top_names_a_stopped_runner_that_wrote_no_snapshot_yet(tmp_path: Path) -
     finally:
         runner.close()
 
+
+
+class _MovesBackDuringListing(Queue):
+    """A queue whose job x goes from dead/ back to pending/ (a `dead retry`) just as status
+    lists done/: after pending/ was listed, before dead/ is. A real rename, at a named
+    point: the interleaving a concurrent `dead retry` can produce."""
+
+    armed = False
+
+    def dir(self, name: Any) -> Path:
+        d = super().dir(name)
+        if self.armed and name == State.DONE:
+            self.armed = False
+            os.rename(super().dir(State.DEAD) / "x.json", super().dir(State.PENDING) / "x.json")
+        return d
+
+
+def test_a_job_moving_back_to_pending_between_the_listings_is_still_counted(
+        tmp_path: Path) -> None:
+    # Given a dead job x
+    queue = tmp_path / "q"
+    q = _MovesBackDuringListing(queue)
+    q.submit([{"id": "x", "kind": "python", "callable": "m:f", "output": "x.bin"}],
+             base=tmp_path, out_root=tmp_path / "out")
+    os.rename(queue / "pending" / "x.json", queue / "dead" / "x.json")
+
+    # When it is retried while status lists the folders
+    q.armed = True
+    st = q.status()
+    q.close()
+
+    # Then it is counted (pending), not lost between the folders
+    assert not q.armed, "the move was not made"
+    assert sum(st.counts.values()) == 1, st.counts
+    assert st.counts["pending"] == 1, st.counts
