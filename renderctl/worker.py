@@ -120,6 +120,17 @@ CAPTURE_CHECK_S = 0.5
 # 74, the job uncharged), never a job run without its ceiling, nor a worker dying with a
 # traceback for the runner to replace, worker after worker, for good.
 LIMIT_RETRY_S = (0.1, 0.5)
+# Tests only: each of those pauses this many seconds instead (a test that makes the fault
+# pass during a pause needs one wider than its own scheduling on a loaded machine).
+LIMIT_RETRY_ENV = "RENDERCTL_TEST_LIMIT_RETRY_S"
+
+
+def _limit_retry_pauses() -> tuple[float, ...]:
+    try:
+        wide = float(os.environ.get(LIMIT_RETRY_ENV, ""))
+    except ValueError:
+        return LIMIT_RETRY_S
+    return (wide,) * len(LIMIT_RETRY_S)
 
 
 @dataclass(frozen=True)
@@ -360,7 +371,7 @@ class Worker:
         worker too big for it retires instead. A slot whose cgroup files cannot be read or
         written is tried again (LIMIT_RETRY_S), then the worker is Broken: it exits 74
         without starting the job (not in its started log: the job is not charged)."""
-        pauses = iter(LIMIT_RETRY_S)
+        pauses = iter(_limit_retry_pauses())
         while True:
             try:
                 self._set_limit(job)

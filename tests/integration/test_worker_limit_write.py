@@ -213,7 +213,9 @@ def test_a_ceiling_write_that_fails_once_costs_a_moment_not_a_traceback_nor_the_
     manifest = two_jobs(tmp_path, write_manifest)
     queue, out = tmp_path / "q", tmp_path / "out"
     runner = Runner(manifest, *cli_args(queue, out, "--workers", "1", "--json"),
-                    env={"RENDERCTL_STOP_AT": "worker:checked"})
+                    env={"RENDERCTL_STOP_AT": "worker:checked",
+                         # Pauses wide enough to be caught in on a loaded machine.
+                         "RENDERCTL_TEST_LIMIT_RETRY_S": "2"})
     away = None
     try:
         worker, slot = stopped_worker(runner)
