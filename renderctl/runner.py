@@ -454,7 +454,8 @@ class Runner:
             # batch left in journal/ would be neither run nor waited for, and a replace cut
             # short would look like a hand-made copy to _settle_copies. Never "all done"
             # (exit 0) with accepted jobs out of pending/: a full disk stops us here (74).
-            self.q.roll_forward(wait=True)
+            if self.q.replay_due:  # (else the open just did it all)
+                self.q.roll_forward(wait=True)
             unplaced = self.q.unplaced_error()
             if unplaced is not None:
                 raise unplaced

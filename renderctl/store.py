@@ -573,6 +573,12 @@ class Queue:
         if not self._replay_due:
             self.unplaced = None
 
+    @property
+    def replay_due(self) -> bool:
+        """Whether a committed batch may be left unplaced: the open gave up on a held lock,
+        or the disk had no room (see roll_forward)."""
+        return self._replay_due
+
     def unplaced_error(self) -> QueueIOError | None:
         """The error of a queue holding accepted jobs it could not place in pending/, for
         the commands that must not go on without them (None if there are none)."""
@@ -1412,9 +1418,11 @@ class Queue:
             return
         try:
             with self._lock(".submit.lock", blocking=False):
-                self._replay_journals(wait_s=OPEN_REPLAY_WAIT_S)
+                # One try (wait_s=0): this is the runner's loop, which must not sit out a
+                # held lock (a cancel taking jobs); the next poll tries again.
+                self._replay_journals(wait_s=0)
         except BlockingIOError:
-            return  # a submit in progress
+            return  # a submit in progress, or a cancel holding the replace lock
         except (OSError, QueueIOError):
             return  # the disk is still full, say: the entry stays for the next poll
 
