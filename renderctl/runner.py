@@ -324,6 +324,9 @@ class RunSummary:
     exit_code: ExitCode
     guard: str
     workers: int
+    # CPU this process used (user + system: reading manifests, submitting, supervising), not
+    # the jobs': what renderctl itself costs, per job, next to the renders.
+    runner_cpu_s: float = 0.0
 
     @property
     def jobs_per_s(self) -> float:
@@ -499,8 +502,9 @@ class Runner:
                     self.reporter.tick(self)  # the final frame, while workers are still known
                 self._shutdown()
         wall = time.monotonic() - self.started_at
+        cpu = os.times()
         return RunSummary(dict(self.counts), wall, self._exit_code(), self.guard.name,
-                          self.n_workers)
+                          self.n_workers, runner_cpu_s=cpu.user + cpu.system)
 
     def _exit_code(self) -> ExitCode:
         if self.stop_signal is not None:

@@ -179,11 +179,13 @@ class JsonReporter(_LinesReporter):
 
 def summary_line(s: RunSummary) -> str:
     counts = ", ".join(f"{k} {v}" for k, v in s.counts.items())
+    n = sum(s.counts.values())
+    per_job = f" ({s.runner_cpu_s / n * 1000:.2f} ms/job)" if n else ""
     return (f"summary: {counts}; {s.wall_s:.1f}s wall, {s.jobs_per_s:.1f} jobs/s; "
-            f"exit {int(s.exit_code)}")
+            f"runner CPU {s.runner_cpu_s:.2f}s{per_job}; exit {int(s.exit_code)}")
 
 
 def summary_json(s: RunSummary) -> dict[str, Any]:
     return {"event": "summary", "counts": dict(s.counts), "wall_s": round(s.wall_s, 3),
             "jobs_per_s": round(s.jobs_per_s, 3), "exit_code": int(s.exit_code),
-            "guard": s.guard, "workers": s.workers}
+            "guard": s.guard, "workers": s.workers, "runner_cpu_s": round(s.runner_cpu_s, 3)}

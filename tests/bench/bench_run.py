@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -110,7 +111,9 @@ def write_manifest(path: Path, kind: str, n: int) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
-def time_cmd(cmd: list[str], *, cwd: Path, env: dict[str, str] | None = None) -> float:
+def time_cmd(cmd: list[str], *, cwd: Path,
+             env: dict[str, str] | None = None) -> tuple[float, str]:
+    """(wall seconds, stdout) of ``cmd``."""
     # Flush what the previous command left dirty, so that renderctl's first syncfs does not
     # pay for writing back the pool's thousands of outputs (or the other way round).
     os.sync()
@@ -120,7 +123,7 @@ def time_cmd(cmd: list[str], *, cwd: Path, env: dict[str, str] | None = None) ->
     if res.returncode != 0:
         sys.stderr.write(res.stdout[-2000:] + res.stderr[-2000:])
         raise SystemExit(f"command failed ({res.returncode}): {' '.join(cmd)}")
-    return dt
+    return dt, res.stdout
 
 
 def warm(workdir: Path) -> None:
@@ -154,7 +157,7 @@ def main() -> None:
         def run_pool(mode: str, out: Path, n: int) -> float:
             out.mkdir()
             pool_py.write_text(POOL.format(workdir=str(base), out=str(out), sample=str(SAMPLE)))
-            return time_cmd([sys.executable, str(pool_py), mode, str(n)], cwd=base)
+            return time_cmd([sys.executable, str(pool_py), mode, str(n)], cwd=base)[0]
 
         for kind, n in (("noop", args.noop), ("invoice", args.invoices)):
             manifest = base / f"{kind}.toml"
@@ -167,13 +170,17 @@ def main() -> None:
                        "--queue", str(base / f"q-{kind}-{r}"),
                        "--out", str(base / f"out-{kind}-{r}"),
                        "--workers", "2", "--quiet", *args.extra.split()]
-                t_rc = time_cmd(cmd, cwd=base)
+                t_rc, out = time_cmd(cmd, cwd=base)
+                # The summary's "runner CPU 2.20s (1.10 ms/job)": renderctl's own process.
+                m = re.search(r"runner CPU ([0-9.]+)s", out)
+                runner_ms = float(m.group(1)) * 1000 / n if m else float("nan")
                 results[kind].append((t_pool, t_rc))
                 ceiling[kind].append(t_pool / t_only)
                 checked[kind].append(t_durable / t_rc)
                 print(f"{kind:8} n={n:5} round {r}: pool {t_pool:6.2f}s ({n / t_pool:7.0f}/s)  "
                       f"renderctl {t_rc:6.2f}s ({n / t_rc:7.0f}/s)  "
-                      f"ratio {t_pool / t_rc:.2f}x  |  pool that checks outputs "
+                      f"ratio {t_pool / t_rc:.2f}x (runner CPU {runner_ms:.2f} ms/job)  |  "
+                      f"pool that checks outputs "
                       f"{t_only:6.2f}s: {t_pool / t_only:.2f}x of the pool  |  pool with "
                       f"durable, checked outputs {t_durable:6.2f}s: renderctl "
                       f"{t_durable / t_rc:.2f}x of it", flush=True)

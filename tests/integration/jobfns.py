@@ -153,6 +153,15 @@ def sleep_then_write(inputs: Sequence[Path], output: Path, params: Mapping[str, 
     write_pdf(inputs, output, params)
 
 
+def burn_cpu_then_write(inputs: Sequence[Path], output: Path,
+                        params: Mapping[str, Any]) -> None:
+    """Spend ``params["cpu_s"]`` seconds of this process's CPU, then write a PDF."""
+    end = time.process_time() + float(params["cpu_s"])
+    while time.process_time() < end:
+        pass
+    write_pdf(inputs, output, params)
+
+
 def stop_the_service(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
     """SIGTERM every process of the runner named by ``params["queue"]``'s runner.json, our
     own worker included (what a job running `systemctl restart` on its own service does

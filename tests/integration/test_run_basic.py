@@ -10,6 +10,7 @@ import datetime
 import json
 import os
 import re
+import resource
 import signal
 import subprocess
 from collections import Counter
@@ -89,6 +90,33 @@ def test_twenty_python_jobs_publish_real_pdfs_with_honest_records(
     assert shown["state"] == "done"
     assert shown["result"]["sha256"] == sha256_of(out / "sub" / f"{ids[0]}.pdf")
     assert [a["outcome"] for a in shown["attempts"]] == ["completed"]
+
+
+def test_the_summary_counts_the_runners_own_cpu_not_the_jobs(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given four jobs that each spend 0.4 s of CPU in the worker
+    stage(tmp_path)
+    manifest = write_manifest([py_job(f"burn-{n}", "burn_cpu_then_write", f"{n}.pdf",
+                                      cpu_s=0.4) for n in range(4)])
+    queue, out = tmp_path / "q", tmp_path / "out"
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+
+    res = run_cli("run", manifest, *cli_args(queue, out, *FAST, "--json"))
+
+    assert res.returncode == 0, res.stderr
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    summary = json_lines(res.stdout)[-1]
+    assert summary["event"] == "summary"
+    # The runner's CPU is its own: more than nothing, less than the 1.6 s its jobs burnt,
+    # and no more than the CPU of the process this test waited for.
+    spent = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    assert 0 < summary["runner_cpu_s"] < 1.2, summary
+    assert summary["runner_cpu_s"] <= spent + 0.01, (summary, spent)
+
+    plain = run_cli("run", "--queue", queue, "--out", out, "--quiet")
+    assert plain.returncode == 0, plain.stderr
+    assert re.search(r"; runner CPU \d+\.\d\ds; exit 0$", plain.stdout.splitlines()[-1]), \
+        plain.stdout  # nothing ran: no per-job figure
 
 
 def test_show_describes_a_published_file_that_is_not_a_pdf_without_a_page_count(
