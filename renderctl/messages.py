@@ -74,6 +74,9 @@ class Started:
     token: str
     seq: int  # the assignment's RunJob.seq
     wall: float
+    # CLOCK_MONOTONIC, the same for every process of the host: compared with the runner's
+    # stop time, which a wall-clock step between the two would misorder.
+    mono: float = 0.0
     # Memory earlier jobs left held in this worker (below the leftover allowance), which
     # its ceiling is raised by: the sampling guard must judge and report the same way.
     carried_bytes: int = 0

@@ -1,6 +1,7 @@
 """Pure decisions: retry or dead-letter, backoff, and the claim order.
 
-Nothing here touches files, processes or the real clock; tests drive it with plain values.
+Nothing here touches files, processes or the real clock; tests drive it with plain values
+(the claim index reads the clock it is given, a fake one in tests).
 """
 
 from __future__ import annotations
@@ -10,8 +11,12 @@ import math
 import random
 from collections import deque
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from renderctl.lifecycle import Outcome, State
+
+if TYPE_CHECKING:
+    from renderctl.clock import Clock
 
 AGING_INTERVAL_S = 300.0  # one priority step per five minutes waited: slow, but no starvation
 
@@ -95,14 +100,19 @@ class ClaimIndex:
     """
 
     def __init__(self, *, aging_s: float = AGING_INTERVAL_S,
-                 max_delay_s: float | None = None) -> None:
+                 max_delay_s: float | None = None, clock: Clock | None = None) -> None:
         self.aging_s = aging_s
         # Records carry wall-clock due times: a retry written while the clock ran ahead (an
         # NTP step back, a restored VM) would wait out the jump too. No delay the runner
         # gives is longer than its backoff cap, so none is honoured beyond it.
         self.max_delay_s = max_delay_s
+        # Delays are counted on this clock's monotonic reading once a job is added (the wall
+        # clock only says how long to wait): a wall step back while a retry waits in a live
+        # runner held it for the whole step (a 1 h step: an hour, not its 10 s backoff).
+        # Without a clock, on the ``now`` values the callers pass (tests with fixed times).
+        self.clock = clock
         self._buckets: dict[int, _Bucket] = {}
-        self._delayed: list[tuple[float, Entry]] = []
+        self._delayed: list[tuple[float, Entry]] = []  # (steady due time, entry)
         self._live: dict[str, Entry] = {}  # every pending job the index knows
         self._ready: dict[str, Entry] = {}  # those claimable now (in a bucket)
         self._deadlines: list[tuple[float, str, str]] = []  # heap of (deadline, seq, job_id)
@@ -114,9 +124,15 @@ class ClaimIndex:
     def __contains__(self, job_id: str) -> bool:
         return job_id in self._live
 
+    def _steady(self, now: float) -> float:
+        return self.clock.monotonic() if self.clock is not None else now
+
     def add(self, entry: Entry, *, now: float) -> None:
-        """Add (or replace) a pending job."""
+        """Add (or replace) a pending job; ``now`` is the wall time its not_before is
+        measured from."""
         if entry.job_id in self._live:
+            if self._live[entry.job_id] == entry:
+                return  # known as it is (a rescan): its due time stays as first counted
             self.discard(entry.job_id)
         self._live[entry.job_id] = entry
         if entry.deadline is not None:
@@ -129,11 +145,11 @@ class ClaimIndex:
                 self._deadlines = [(e.deadline, e.seq, e.job_id) for e in self._live.values()
                                    if e.deadline is not None]
                 heapq.heapify(self._deadlines)
-        due = entry.not_before
+        delay = entry.not_before - now
         if self.max_delay_s is not None:
-            due = min(due, now + self.max_delay_s)
-        if due > now:
-            heapq.heappush(self._delayed, (due, entry))
+            delay = min(delay, self.max_delay_s)
+        if delay > 0:
+            heapq.heappush(self._delayed, (self._steady(now) + delay, entry))
         else:
             self._enqueue(entry)
 
@@ -162,13 +178,15 @@ class ClaimIndex:
         heapq.heappush(bucket.oldest, (entry.seq, entry.job_id))
 
     def _promote_due(self, now: float) -> None:
-        while self._delayed and self._delayed[0][0] <= now:
+        steady = self._steady(now)
+        while self._delayed and self._delayed[0][0] <= steady:
             _, entry = heapq.heappop(self._delayed)
             if self._live.get(entry.job_id) is entry:
                 self._enqueue(entry)
 
     def next_due(self) -> float | None:
-        """When the earliest delayed job becomes claimable (None if none waits)."""
+        """When the earliest delayed job becomes claimable (None if none waits): on the
+        clock's monotonic reading if the index has a clock, else as the ``now`` values."""
         while self._delayed:
             head = self._delayed[0][1]
             if self._live.get(head.job_id) is head and head.job_id not in self._ready:

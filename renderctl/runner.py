@@ -240,6 +240,7 @@ class Assignment:
     # ran, which counts against no timeout; paused_s is their sum.
     started_mono: float | None = None
     started_wall: float | None = None
+    started_worker_mono: float | None = None  # (monotonic) when the worker started it
     paused_s: float = 0.0
     carried_bytes: int = 0  # memory earlier jobs left in its worker (Started.carried_bytes)
     read_mono: float | None = None  # (monotonic) when its result was read (_failed_of_stop)
@@ -349,7 +350,7 @@ class Runner:
         self.reporter: Reporter = reporter or NullReporter()
         queue.on_quarantine = self.reporter.event  # a corrupt record: said as it is found
         self.clock = clock
-        self.index = ClaimIndex(max_delay_s=settings.backoff_max_s)
+        self.index = ClaimIndex(max_delay_s=settings.backoff_max_s, clock=clock)
         self.workers: dict[int, WorkerHandle] = {}
         self.ready: deque[Assignment] = deque()
         self.completions: list[tuple[Assignment, Finished]] = []
@@ -363,7 +364,6 @@ class Runner:
         self.stop_signal: int | None = None
         self.stop_deadline: float | None = None
         self.stopped_at: float | None = None  # (monotonic) when the first stop signal came
-        self.stopped_wall = 0.0  # (wall) the same moment, beside workers' start times
         self.stop_grace_s = 0.0  # what running jobs get from it to finish (--grace; SIGQUIT: 0)
         self._stop_reported = False
         self._suspend_asked = False  # SIGTSTP came: pause the run at the top of the loop
@@ -548,7 +548,6 @@ class Runner:
         if self.stop_signal is None:
             self.stop_signal = signum
             self.stopped_at = time.monotonic()
-            self.stopped_wall = time.time()
             self.stop_grace_s = 0.0 if signum == signal.SIGQUIT else self.s.grace_s
             self.stop_deadline = self.stopped_at + self.stop_grace_s
         else:
@@ -1339,7 +1338,7 @@ class Runner:
         if watch is not None:
             deadlines.append(watch)
         if due is not None:
-            deadlines.append(now + max(0.0, due - self.clock.wall()))
+            deadlines.append(max(now, due))  # (monotonic, as ``now``: see ClaimIndex)
         return max(0.0, min(deadlines) - now)
 
     # -- claiming and dispatch --
@@ -1667,6 +1666,7 @@ class Runner:
                 return
             a.started_mono = time.monotonic()
             a.started_wall = msg.wall
+            a.started_worker_mono = msg.mono
             a.carried_bytes = msg.carried_bytes
             w.current = a
             w.started_any = True
@@ -2466,7 +2466,8 @@ class Runner:
         stopped with the runner all the same. Which it was cannot be told, so, as for a
         worker killed by the stop signal, once per job: a failure of its own during the
         grace costs one more attempt, never a charged one too many."""
-        if self.stopped_at is None or a.started_mono is None or a.started_wall is None:
+        if self.stopped_at is None or a.started_mono is None \
+                or a.started_worker_mono is None:
             return False
         # Started before the stop by the worker's own clock (we may read its start only
         # after our handler ran), and ended after it: by the worker's elapsed time, or, as
@@ -2475,7 +2476,9 @@ class Runner:
         # handler: judged by when we read them, the job started after the stop or ended
         # before it, and was dead-lettered for its answer (two CI flakes).
         ended = max(a.started_mono - a.paused_s + fin.elapsed_s, a.read_mono or 0.0)
-        return a.started_wall < self.stopped_wall and self.stopped_at <= ended \
+        # (Monotonic both: by wall times, a clock stepped back during the job made it start
+        # "after" the stop, and it was charged, dead-lettered on its last attempt.)
+        return a.started_worker_mono < self.stopped_at <= ended \
             and not _stopped_with_runner_before(a.claim.record)
 
     def _transition(self, a: Assignment, fin: Finished, outcome: str, now: float) -> Transition:

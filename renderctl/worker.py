@@ -419,7 +419,7 @@ class Worker:
         except OSError as exc:
             raise with_name(exc, self.config.started_log) from None
         carried = self.carried  # (what _apply_limit raised this job's ceiling by)
-        self._send(Started(job.job_id, job.token, seq=job.seq, wall=wall,
+        self._send(Started(job.job_id, job.token, seq=job.seq, wall=wall, mono=time.monotonic(),
                            carried_bytes=carried))
         t0 = time.monotonic()
         workdir = self.workdir

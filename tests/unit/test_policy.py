@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import pytest
 
+from renderctl.clock import FakeClock
 from renderctl.lifecycle import Outcome, State
 from renderctl.policy import (
     ClaimIndex,
@@ -127,6 +128,36 @@ def test_a_retry_delay_written_before_a_backwards_clock_jump_is_capped() -> None
     popped = index.pop(now=NOW + 60.0)
     # And the entry keeps its record's not_before (the store compares them at the claim)
     assert popped is not None and (popped.job_id, popped.not_before) == ("skewed", NOW + 3630.0)
+
+
+def test_a_delay_counts_on_the_monotonic_clock_once_added() -> None:
+    # Given an index on a clock, and a retry due in 10 s by the wall clock
+    clock = FakeClock(now_wall=NOW)
+    index = ClaimIndex(max_delay_s=60.0, clock=clock)
+    index.add(entry(0, not_before=NOW + 10.0, job_id="retry"), now=clock.wall())
+    assert index.next_due() == clock.monotonic() + 10.0
+    # When the wall clock steps an hour back (monotonic time goes on as before)
+    clock.now_wall -= 3600.0
+    clock.now_monotonic += 9.0
+    # And a rescan finds the same record again
+    index.add(entry(0, not_before=NOW + 10.0, job_id="retry"), now=clock.wall())
+    assert index.pop(now=clock.wall()) is None
+    # Then it is due 10 s after it was added, not an hour later (nor at the rescan's cap)
+    clock.now_monotonic += 1.0
+    popped = index.pop(now=clock.wall())
+    assert popped is not None and popped.job_id == "retry"
+
+
+def test_a_changed_record_is_delayed_afresh() -> None:
+    clock = FakeClock(now_wall=NOW)
+    index = ClaimIndex(clock=clock)
+    index.add(entry(0, not_before=NOW + 10.0, job_id="x"), now=clock.wall())
+    clock.advance(5.0)
+    index.add(entry(1, not_before=NOW + 20.0, job_id="x"), now=clock.wall())  # re-delayed
+    clock.advance(5.0)
+    assert index.pop(now=clock.wall()) is None
+    clock.advance(10.0)
+    assert index.pop(now=clock.wall()).job_id == "x"
 
 
 def test_discard() -> None:
