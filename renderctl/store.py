@@ -107,6 +107,7 @@ from renderctl.policy import ClaimIndex, Entry
 
 FORMAT_VERSION = 1
 LEASE_XATTR = "user.renderctl.lease"
+SEQ_FILE = "seq"  # control/seq: the last acceptance stamp given (see _next_stamp)
 FREE_PREFIX = "free."  # tmp/free.*: retired record files kept for reuse
 HOLDER_FILE = "holder.{}.json"  # control/: who a token prefix is (see _write_lease)
 # How long a starting runner waits for the runner lock held by something that is not a live
@@ -1065,6 +1066,29 @@ class Queue:
                 crash_hook("submit:listed")
         return found
 
+    def _next_stamp(self) -> int:
+        """A batch's acceptance stamp (its jobs' seq): the wall clock in ns, but never at or
+        below the last one given (submit lock held). After a clock step back, stamps from
+        the wall clock alone sorted new jobs before those accepted in the hour the clock
+        repeated, which then waited behind every newcomer until it caught up.
+
+        Kept in control/seq, rewritten in place (no file created per submit); no fsync:
+        lost with a power cut, the order can invert only if the clock also stepped back."""
+        stamp = time.time_ns()
+        try:
+            fd = os.open(self.dir("control") / SEQ_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
+                         0o600)
+        except OSError:
+            return stamp  # (the ordering is a nicety; the submit goes on)
+        try:
+            with contextlib.suppress(OSError, ValueError):
+                stamp = max(stamp, int(os.pread(fd, 32, 0).strip() or 0) + 1)
+            with contextlib.suppress(OSError):
+                os.pwrite(fd, f"{stamp:020d}\n".encode(), 0)
+        finally:
+            os.close(fd)
+        return stamp
+
     def _submit_locked(
         self, specs: Sequence[JobSpec], *, replace: bool, max_pending: int | None,
         crash_hook: Callable[[str], None] | None = None,
@@ -1139,7 +1163,7 @@ class Queue:
         if not new:
             return SubmitResult((), tuple(already))
         now = self.clock.wall()
-        stamp = f"{time.time_ns():020d}"
+        stamp = f"{self._next_stamp():020d}"
         records = [
             JobRecord(spec=s, seq=f"{stamp}.{i:06d}", accepted_at=now, changed_at=now)
             for i, s in enumerate(new)

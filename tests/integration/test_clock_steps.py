@@ -19,7 +19,9 @@ from jobfns import (
     QueueView,
     Runner,
     cli_args,
+    json_lines,
     py_job,
+    run_cli,
     stage,
     wait_for_pid,
 )
@@ -107,3 +109,28 @@ def test_a_job_answering_the_stop_is_released_though_the_clock_stepped_back_mean
     view = QueueView(queue)
     assert view.states_of(["py"]) == {"py": ["pending"]}
     assert [a["outcome"] for a in view.record("pending", "py")["attempts"]] == ["released"]
+
+
+def test_jobs_accepted_after_a_step_back_queue_behind_those_accepted_before(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given three jobs accepted, then the wall clock stepped an hour back, then three more
+    stage(tmp_path)
+    env, offset = _stepped_env(tmp_path)
+    queue, out = tmp_path / "q", tmp_path / "out"
+    first = write_manifest([py_job(f"a{n}", "write_one_byte", f"a{n}.bin") for n in range(3)],
+                           name="first.toml")
+    then = write_manifest([py_job(f"b{n}", "write_one_byte", f"b{n}.bin") for n in range(3)],
+                          name="then.toml")
+    assert run_cli("submit", first, *cli_args(queue, out), env=env).returncode == 0
+    offset.write_text("-3600")
+    assert run_cli("submit", then, *cli_args(queue, out), env=env).returncode == 0
+
+    # When one worker runs them, one at a time
+    res = run_cli("run", *cli_args(queue, out, "--workers", "1", "--prefetch", "1",
+                                   "--json"), env=env)
+
+    # Then they run in the order they were accepted: the clock's hour again is no reason to
+    # put the later ones first
+    assert res.returncode == 0, res.stderr
+    started = [e["job"] for e in json_lines(res.stdout) if e["event"] == "started"]
+    assert started == ["a0", "a1", "a2", "b0", "b1", "b2"], started
