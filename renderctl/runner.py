@@ -687,7 +687,8 @@ class Runner:
             "counts": dict(self.counts),
             "retries": self.retries,
             "pending_known": len(self.index),
-            "oldest_pending_age_s": (round(self.clock.wall() - oldest, 3)
+            # (Never below 0: a wall-clock step back made it "-3594653ms" in `top`.)
+            "oldest_pending_age_s": (round(max(0.0, self.clock.wall() - oldest), 3)
                                      if (oldest := self.index.oldest_accepted_at()) is not None
                                      else None),
             # Claimed and not yet counted ended: waiting for a worker, queued in one,

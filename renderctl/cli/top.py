@@ -114,7 +114,7 @@ class TopFeed:
             snap["running"] = [
                 {"id": r.spec.id, "kind": r.spec.kind, "pid": None,
                  "attempt": r.lease.attempt if r.lease else None,
-                 "elapsed_s": (now - r.lease.claimed_at) if r.lease else None,
+                 "elapsed_s": max(0.0, now - r.lease.claimed_at) if r.lease else None,
                  "timeout_s": r.spec.timeout_s, "memory_bytes": None,
                  "memory_limit_bytes": r.spec.memory_mb * 1024 * 1024}
                 for r in st.running]

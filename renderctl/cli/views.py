@@ -41,7 +41,7 @@ def status_json(q: Queue, st: QueueStatus) -> dict[str, Any]:
             {"id": r.spec.id, "kind": r.spec.kind,
              "attempt": r.lease.attempt if r.lease else None,
              "holder_pid": r.lease.holder.pid if r.lease else None,
-             "elapsed_s": (now - r.lease.claimed_at) if r.lease else None,
+             "elapsed_s": max(0.0, now - r.lease.claimed_at) if r.lease else None,
              "memory_mb": r.spec.memory_mb, "timeout_s": r.spec.timeout_s}
             for r in st.running
         ],

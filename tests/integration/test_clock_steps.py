@@ -9,6 +9,7 @@ left alone, as a real step leaves it.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 from pathlib import Path
@@ -134,3 +135,27 @@ def test_jobs_accepted_after_a_step_back_queue_behind_those_accepted_before(
     assert res.returncode == 0, res.stderr
     started = [e["job"] for e in json_lines(res.stdout) if e["event"] == "started"]
     assert started == ["a0", "a1", "a2", "b0", "b1", "b2"], started
+
+
+def test_status_shows_no_negative_time_run_after_a_step_back(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given a job running
+    stage(tmp_path)
+    env, offset = _stepped_env(tmp_path)
+    pidfile = tmp_path / "held.pid"
+    manifest = write_manifest([py_job("held", "sleep_then_write", "held.pdf", s=600,
+                                      pidfile=str(pidfile))])
+    queue, out = tmp_path / "q", tmp_path / "out"
+    runner = Runner(manifest, *cli_args(queue, out, "--workers", "1", "--json"))
+    try:
+        wait_for_pid(pidfile)
+        # When `status` runs on a clock an hour behind the one the lease was taken by
+        offset.write_text("-3600")
+        res = run_cli("status", "--queue", queue, "--json", env=env)
+    finally:
+        runner.close()
+    # Then the job has run for no time yet, not for minus an hour
+    assert res.returncode == 0, res.stderr
+    running = json.loads(res.stdout)["running_jobs"]
+    assert [j["id"] for j in running] == ["held"]
+    assert 0.0 <= running[0]["elapsed_s"] < 60, running
