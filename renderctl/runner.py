@@ -350,7 +350,9 @@ class Runner:
         self.reporter: Reporter = reporter or NullReporter()
         queue.on_quarantine = self.reporter.event  # a corrupt record: said as it is found
         self.clock = clock
-        self.index = ClaimIndex(max_delay_s=settings.backoff_max_s, clock=clock)
+        # Delays on time.monotonic(), the clock the loop's deadlines are on (_next_deadline
+        # compares next_due() with them), whatever clock the records are stamped by.
+        self.index = ClaimIndex(max_delay_s=settings.backoff_max_s, clock=SYSTEM_CLOCK)
         self.workers: dict[int, WorkerHandle] = {}
         self.ready: deque[Assignment] = deque()
         self.completions: list[tuple[Assignment, Finished]] = []
