@@ -620,7 +620,11 @@ class Worker:
         finally:
             tempfile.tempdir = None
             sys.path[:] = self.base_path
-            self._forget_user_modules()
+            if runs_user_code_here(job) or len(sys.modules) != len(self.base_modules):
+                # (Our renderers add modules only by a library's lazy import, and remove
+                # none: with the count unchanged there is nothing to forget, and the set
+                # difference over ~1,000 names was ~0.1 ms of every invoice.)
+                self._forget_user_modules()
             self.baseline.restore_environ()
             self.environ.set({})  # before the time zone is judged (TZ)
             if runs_user_code_here(job):
