@@ -954,3 +954,40 @@ def test_a_job_an_unresponsive_worker_starts_as_it_is_killed_is_released_uncharg
     assert [a["outcome"] for a in attempts] == ["released", "completed"], attempts
     assert "killed as unresponsive as it started; not charged" in attempts[0]["error"]
     assert_pdf(out / "a.pdf", "a")
+
+
+@pytest.mark.parametrize("start_method", ["spawn", "fork", "forkserver"])
+def test_the_first_job_of_a_worker_runs_with_the_hardened_libraries(
+        tmp_path: Path, write_manifest: Any, start_method: str) -> None:
+    # Given a PDF whose page content inflates to 60 MB (above the 50 MB limit renderctl
+    # sets on pypdf; pypdf's own default lets it through)
+    import io
+    import zlib
+
+    from pypdf import PdfWriter
+    from pypdf.generic import NameObject, StreamObject
+
+    writer = PdfWriter()
+    page = writer.add_blank_page(width=200, height=200)
+    bomb = StreamObject()
+    bomb._data = zlib.compress(b" " * 60_000_000, 9)
+    bomb[NameObject("/Filter")] = NameObject("/FlateDecode")
+    page[NameObject("/Contents")] = writer._add_object(bomb)
+    buf = io.BytesIO()
+    writer.write(buf)
+    source = tmp_path / "bomb.pdf"
+    source.write_bytes(buf.getvalue())
+    queue, out = tmp_path / "q", tmp_path / "out"
+
+    # When it is the first job a fresh worker runs, whichever way workers are started
+    res = run_cli("run", write_manifest([{"id": "s", "kind": "stamp", "input": str(source),
+                                          "output": "s.pdf", "params": {"text": "X"},
+                                          "max_attempts": 1}]),
+                  *cli_args(queue, out, "--workers", "1", "--start-method", start_method))
+
+    # Then the limit holds: invalid input, as in every later job (under spawn and fork the
+    # first job of each worker ran before anything was hardened, and the bomb was stamped)
+    assert res.returncode == 1, res.stdout + res.stderr
+    attempts = QueueView(queue).record("dead", "s")["attempts"]
+    assert [a["outcome"] for a in attempts] == ["invalid_input"], attempts
+    assert "Limit reached" in attempts[0]["error"], attempts
