@@ -302,6 +302,9 @@ class WorkerHandle:
     # _read_messages), what is still to be sent there, in order, and what has come of a
     # message not yet whole.
     sock: socket.socket | None = None
+    # What says it died: a pidfd under fork and spawn (see Runner._watch), else the sentinel.
+    death_fd: int | None = None
+    pidfd: int | None = None
     unsent: bytearray = field(default_factory=bytearray)
     inbox: bytearray = field(default_factory=bytearray)
     polling_out: bool = False  # its connection is polled for POLLOUT (unsent waits)
@@ -977,10 +980,20 @@ class Runner:
         # one per message (three or four per job), a visible share of the loop's CPU.
         # (A duplicate: closing it leaves the Connection's descriptor alone.)
         w.sock = socket.socket(fileno=os.dup(w.conn.fileno()))
-        for fd, is_conn in ((w.conn.fileno(), True), (w.proc.sentinel, False)):
+        w.death_fd = w.proc.sentinel
+        if self.s.start_method != "forkserver":
+            # Under fork and spawn the sentinel is a pipe the worker holds the write end of,
+            # and so does whatever its job forks or starts: a job that closed it (a
+            # daemonizing library) made a live worker look dead, and the join that followed
+            # blocked the runner until the job ended; a job's daemon holding it hid a dead
+            # worker until the orphan sweep. A pidfd says when the process itself exits.
+            # (Under forkserver the server reports each exit on the sentinel.)
+            with contextlib.suppress(OSError, AttributeError):
+                w.pidfd = w.death_fd = os.pidfd_open(w.proc.pid)
+        for fd, is_conn in ((w.conn.fileno(), True), (w.death_fd, False)):
             self._poller.register(fd, select.POLLIN)
             self._polled[fd] = (w, is_conn)
-        self._urgent.register(w.proc.sentinel, select.POLLIN)
+        self._urgent.register(w.death_fd, select.POLLIN)
 
     def _unwatch(self, w: WorkerHandle) -> None:
         # Before its fds are closed: a number reused by a later pipe must not look like it.
@@ -988,7 +1001,11 @@ class Runner:
             self._poller.unregister(fd)
             del self._polled[fd]
         with contextlib.suppress(KeyError):
-            self._urgent.unregister(w.proc.sentinel)
+            if w.death_fd is not None:
+                self._urgent.unregister(w.death_fd)
+        if w.pidfd is not None:
+            os.close(w.pidfd)
+            w.pidfd = None
         if w.sock is not None:
             w.sock.close()
             w.sock = None
@@ -1798,7 +1815,10 @@ class Runner:
 
     def _on_death(self, w: WorkerHandle) -> None:
         self._read_messages(w)
-        w.proc.join(timeout=1)
+        if w.pidfd is None:
+            w.proc.join(timeout=1)  # (the fork server's report of the exit status)
+        # With a pidfd the process has exited: exitcode reaps it without waiting (join
+        # would wait on the sentinel, which a job's leftover may hold open).
         code = w.proc.exitcode
         if w.pid is None:
             # Died (or was killed, stuck) before it could say Ready: the environment, not a

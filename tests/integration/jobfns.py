@@ -758,6 +758,20 @@ def close_worker_fds(inputs: Sequence[Path], output: Path, params: Mapping[str, 
     write_pdf(inputs, output, params)
 
 
+def close_worker_fds_then_sleep(inputs: Sequence[Path], output: Path,
+                                params: Mapping[str, Any]) -> None:
+    """As close_worker_fds, then sleep ``params["s"]`` before writing the PDF."""
+    import stat
+
+    for fd in map(int, os.listdir("/proc/self/fd")):
+        if fd > 2:
+            with contextlib.suppress(OSError):
+                if not stat.S_ISSOCK(os.fstat(fd).st_mode):
+                    os.close(fd)
+    time.sleep(float(params["s"]))
+    write_pdf(inputs, output, params)
+
+
 def close_all_fds_then_sleep(inputs: Sequence[Path], output: Path,
                              params: Mapping[str, Any]) -> None:
     """Write our pid to ``params["pidfile"]``, close every descriptor above stderr (the

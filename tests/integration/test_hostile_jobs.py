@@ -396,6 +396,34 @@ def test_a_job_that_closes_its_workers_descriptors_fails_alone(
     assert not (tmp_path / "out" / "closer.pdf").exists()
 
 
+@pytest.mark.parametrize("start_method", ["fork", "spawn", "forkserver"])
+def test_a_job_that_closes_its_workers_descriptors_does_not_hold_the_runner(
+        tmp_path: Path, write_manifest: Any, start_method: str) -> None:
+    # Given a job that closes its worker's descriptors (but the socket to the runner), then
+    # runs 20 s under a 2 s timeout, and twelve quick jobs for the other worker
+    stage(tmp_path)
+    manifest = write_manifest(
+        [{**py_job("closer", "close_worker_fds_then_sleep", s=20), "timeout_s": 2,
+          "max_attempts": 1}]
+        + [py_job(f"quick-{n}", "write_one_byte", f"quick-{n}.bin") for n in range(12)])
+    t0 = time.monotonic()
+
+    # When two workers started by each method run them
+    result = run_cli("run", manifest, *cli_args(tmp_path / "q", tmp_path / "out",
+                                                "--workers", "2", "--start-method",
+                                                start_method), timeout=60)
+
+    # Then the closer is killed at its timeout and the quick jobs all complete: under fork
+    # and spawn, the closed pipe made the runner think the worker dead and wait for it,
+    # frozen, until the job ended 20 s later
+    elapsed = time.monotonic() - t0
+    assert result.returncode == 1, result.stdout + result.stderr
+    view = QueueView(tmp_path / "q")
+    assert [a["outcome"] for a in view.record("dead", "closer")["attempts"]] == ["timeout"]
+    assert view.ids("done") == {f"quick-{n}" for n in range(12)}
+    assert elapsed < 15, elapsed
+
+
 def test_a_job_that_closes_its_workers_connection_leaves_the_runner_idle(
         tmp_path: Path, write_manifest: Any) -> None:
     # Given a job that closes its worker's connection to the runner, then runs 3 s
