@@ -172,6 +172,12 @@ def kept_fds() -> tuple[int, ...]:
     return tuple(_KEPT.values())
 
 
+def drop_inherited_kept() -> None:
+    """Forget, without closing, the counter files a forked process inherited from its parent
+    (worker._blind_runner_fds points those descriptors at /dev/null): reopened by path."""
+    _KEPT.clear()
+
+
 def _forget_kept(prefix: str) -> None:
     for key in [k for k in _KEPT if k[0].startswith(prefix)]:
         with contextlib.suppress(OSError):

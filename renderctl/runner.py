@@ -953,7 +953,8 @@ class Runner:
         cfg = WorkerConfig(slot_path=slot.path, started_log=log,
                            work_root=self.work_root, gate_path=gate.path,
                            control_dir=str(self.q.dir("control")),
-                           reaper=self.reaper.identity if self.reaper else None)
+                           reaper=self.reaper.identity if self.reaper else None,
+                           forked=self.s.start_method == "fork")
         try:
             proc, parent = start_worker(self._ctx, cfg, name=f"renderctl-worker-{index}")
         except WorkerStartError as exc:

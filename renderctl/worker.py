@@ -143,6 +143,7 @@ class WorkerConfig:
     gate_path: str = ""  # its StartGate (renderctl.gate); "" for none
     control_dir: str = ""  # where `cancel` leaves its requests; "" for none
     reaper: tuple[int, int, int] | None = None  # the reaper's pipe (see reaper.close_inherited)
+    forked: bool = False  # started by fork from the runner: holds copies of its descriptors
 
 
 # -- entry point ---------------------------------------------------------------------------
@@ -168,6 +169,8 @@ def worker_main(conn: Connection, config: WorkerConfig) -> None:
     # A worker forked from the runner holds a copy of the reaper's pipe: the reaper would
     # never see EOF (the runner's death) while this worker lives, which is when it matters.
     close_inherited(config.reaper)
+    if config.forked:
+        _blind_runner_fds(conn.fileno())
     from renderctl import proctree
 
     # Orphans of a job become ours, so that nothing a job started can outlive it.
@@ -193,6 +196,41 @@ def worker_main(conn: Connection, config: WorkerConfig) -> None:
     # job left running would hold this worker, and the jobs sent to it, forever) and runs
     # the atexit handlers jobs registered. Our results are sent; nothing else is owed.
     os._exit(0)
+
+
+def _blind_runner_fds(conn_fd: int) -> None:
+    """Under fork: point the runner's descriptors this process inherited at /dev/null.
+
+    A job saw the queue folder and runner.lock (flocked: an flock belongs to the open file,
+    shared with the runner, so a job's LOCK_UN let a second runner start on a live queue),
+    events.jsonl, other workers' sockets and gate files. Replaced, not closed: the numbers
+    stay taken, so the runner's objects this process holds copies of never close a
+    descriptor of ours that reused one. Pipes are kept: multiprocessing's own (the sentinel,
+    the resource tracker) are pipes, and the runner's wake-up pipe is harmless."""
+    import stat
+
+    from renderctl.guards import drop_inherited_kept
+
+    drop_inherited_kept()  # the runner's open counter files: ours are opened afresh
+    try:
+        from multiprocessing import resource_tracker
+
+        tracker = getattr(resource_tracker._resource_tracker, "_fd", None)
+    except (ImportError, AttributeError):
+        tracker = None
+    devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+    try:
+        for fd in map(int, os.listdir("/proc/self/fd")):
+            if fd <= 2 or fd in (conn_fd, devnull, tracker):
+                continue
+            try:
+                if stat.S_ISFIFO(os.fstat(fd).st_mode):
+                    continue
+            except OSError:
+                continue  # (the listing's own descriptor, closed already)
+            os.dup2(devnull, fd, inheritable=False)
+    finally:
+        os.close(devnull)
 
 
 class Worker:

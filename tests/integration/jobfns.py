@@ -772,6 +772,21 @@ def close_worker_fds_then_sleep(inputs: Sequence[Path], output: Path,
     write_pdf(inputs, output, params)
 
 
+def unlock_every_fd_then_sleep(inputs: Sequence[Path], output: Path,
+                               params: Mapping[str, Any]) -> None:
+    """flock(LOCK_UN) every descriptor this process has (a lock the runner holds through a
+    shared open file would be released), write our pid to ``params["pidfile"]``, sleep
+    ``params["s"]``, write a PDF."""
+    import fcntl
+
+    for fd in map(int, os.listdir("/proc/self/fd")):
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    _write_pid(params["pidfile"], os.getpid())
+    time.sleep(float(params["s"]))
+    write_pdf(inputs, output, params)
+
+
 def close_all_fds_then_sleep(inputs: Sequence[Path], output: Path,
                              params: Mapping[str, Any]) -> None:
     """Write our pid to ``params["pidfile"]``, close every descriptor above stderr (the

@@ -424,6 +424,29 @@ def test_a_job_that_closes_its_workers_descriptors_does_not_hold_the_runner(
     assert elapsed < 15, elapsed
 
 
+@pytest.mark.parametrize("start_method", ["fork", "spawn", "forkserver"])
+def test_a_job_cannot_release_the_runners_lock(
+        tmp_path: Path, write_manifest: Any, start_method: str) -> None:
+    # Given a runner whose job has tried to unlock every descriptor it has
+    stage(tmp_path)
+    pidfile = tmp_path / "job.pid"
+    queue, out = tmp_path / "q", tmp_path / "out"
+    manifest = write_manifest([py_job("unlocker", "unlock_every_fd_then_sleep", s=30,
+                                      pidfile=str(pidfile))])
+    runner = Runner(manifest, *cli_args(queue, out, "--workers", "1", "--start-method",
+                                        start_method))
+    try:
+        wait_for_pid(pidfile)
+        # When a second runner starts on the queue
+        second = run_cli("run", *cli_args(queue, out), timeout=30)
+    finally:
+        runner.close()
+    # Then it is refused, the queue being held: under fork the job held copies of the
+    # runner's locked descriptors, and its unlock let a second runner in beside the first
+    assert second.returncode == 75, second.stdout + second.stderr
+    assert f"pid {runner.pid}" in second.stderr, second.stderr
+
+
 def test_a_job_that_closes_its_workers_connection_leaves_the_runner_idle(
         tmp_path: Path, write_manifest: Any) -> None:
     # Given a job that closes its worker's connection to the runner, then runs 3 s
