@@ -744,23 +744,9 @@ def stage_scratch(inputs: Sequence[Path], output: Path, params: Mapping[str, Any
     write_pdf(inputs, output, params)
 
 
-def close_worker_fds(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
-    """Close every inherited descriptor above stderr except the worker's socket to the
-    runner (as a careless daemonizing library might), then write a good PDF."""
-    import stat
-
-    for fd in map(int, os.listdir("/proc/self/fd")):
-        if fd <= 2:
-            continue
-        with contextlib.suppress(OSError):
-            if not stat.S_ISSOCK(os.fstat(fd).st_mode):
-                os.close(fd)
-    write_pdf(inputs, output, params)
-
-
-def close_worker_fds_then_sleep(inputs: Sequence[Path], output: Path,
-                                params: Mapping[str, Any]) -> None:
-    """As close_worker_fds, then sleep ``params["s"]`` before writing the PDF."""
+def _close_all_but_sockets() -> None:
+    """Close every descriptor above stderr except sockets (the worker's to the runner), as
+    a careless daemonizing library might."""
     import stat
 
     for fd in map(int, os.listdir("/proc/self/fd")):
@@ -768,6 +754,18 @@ def close_worker_fds_then_sleep(inputs: Sequence[Path], output: Path,
             with contextlib.suppress(OSError):
                 if not stat.S_ISSOCK(os.fstat(fd).st_mode):
                     os.close(fd)
+
+
+def close_worker_fds(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
+    """_close_all_but_sockets, then write a good PDF."""
+    _close_all_but_sockets()
+    write_pdf(inputs, output, params)
+
+
+def close_worker_fds_then_sleep(inputs: Sequence[Path], output: Path,
+                                params: Mapping[str, Any]) -> None:
+    """_close_all_but_sockets, then sleep ``params["s"]`` before writing the PDF."""
+    _close_all_but_sockets()
     time.sleep(float(params["s"]))
     write_pdf(inputs, output, params)
 
