@@ -658,10 +658,8 @@ class Worker:
             # spawn or fork the worker has not preloaded them, and the first job of each
             # worker ran with pypdf's own limits (a 60 MB decompression bomb was stamped).
             reset_render_settings(load=job.spec.get("kind") != "command")
-            self.render_settings_clean = "reportlab" in sys.modules \
-                and not runs_user_code_here(job)
-        elif runs_user_code_here(job):
-            self.render_settings_clean = False
+        self.render_settings_clean = "reportlab" in sys.modules \
+            and not runs_user_code_here(job)
         capture = self.capture
         try:
             with capture:

@@ -141,6 +141,29 @@ def write_manifest(tmp_path: Path) -> ManifestWriter:
 
 
 @pytest.fixture
+def decompression_bomb(tmp_path: Path) -> Path:
+    """tmp_path/bomb.pdf: one page whose content stream inflates to 60 MB (above the 50 MB
+    renderctl allows pypdf; pypdf's own default lets it through), under 200 KB on disk."""
+    import io
+    import zlib
+
+    from pypdf import PdfWriter
+    from pypdf.generic import NameObject, StreamObject
+
+    writer = PdfWriter()
+    page = writer.add_blank_page(width=200, height=200)
+    bomb = StreamObject()
+    bomb._data = zlib.compress(b" " * 60_000_000, 9)
+    bomb[NameObject("/Filter")] = NameObject("/FlateDecode")
+    page[NameObject("/Contents")] = writer._add_object(bomb)
+    buf = io.BytesIO()
+    writer.write(buf)
+    source = tmp_path / "bomb.pdf"
+    source.write_bytes(buf.getvalue())
+    return source
+
+
+@pytest.fixture
 def renderctl_argv() -> list[str]:
     """The command that runs the CLI in a child process with this interpreter."""
     return [sys.executable, "-m", "renderctl.cli.app"]

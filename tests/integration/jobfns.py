@@ -452,6 +452,16 @@ def cgroup_v1_writable() -> bool:
     return True
 
 
+def term_whole_service(pid: int) -> None:
+    """SIGTERM to process ``pid`` and every process under it at once, as systemd's default
+    stop (KillMode=control-group) sends it to a service."""
+    import psutil
+
+    for proc in [psutil.Process(pid), *psutil.Process(pid).children(True)]:
+        with contextlib.suppress(psutil.Error):
+            proc.send_signal(signal.SIGTERM)
+
+
 def wait_until(check: Callable[[], T], *, timeout_s: float = 20,
                what: str | Callable[[], str] = "condition", interval_s: float = 0.01) -> T:
     """Poll ``check`` until it returns something truthy (returned) or the deadline passes.

@@ -8,14 +8,11 @@ left alone, as a real step leaves it.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
 from pathlib import Path
 from typing import Any
 
-import psutil
 from jobfns import (
     QueueView,
     Runner,
@@ -24,6 +21,7 @@ from jobfns import (
     py_job,
     run_cli,
     stage,
+    term_whole_service,
     wait_for_pid,
 )
 
@@ -99,9 +97,7 @@ def test_a_job_answering_the_stop_is_released_though_the_clock_stepped_back_mean
         # When the wall clock steps ten minutes back during the job, and then the stop
         # signal reaches every process of the service at once (KillMode=control-group)
         offset.write_text("-600")
-        for proc in [psutil.Process(runner.pid), *psutil.Process(runner.pid).children(True)]:
-            with contextlib.suppress(psutil.Error):
-                proc.send_signal(signal.SIGTERM)
+        term_whole_service(runner.pid)
         # Then the job, stopped with the runner, goes back to pending uncharged: by wall
         # times it started "after" the stop, and was dead-lettered for its answer
         assert runner.wait(30) == ExitCode.SIGTERM, runner.lines

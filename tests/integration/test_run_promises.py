@@ -29,6 +29,7 @@ from jobfns import (
     run_cli,
     stage,
     stopped,
+    term_whole_service,
     wait_for_pid,
     wait_until,
 )
@@ -795,14 +796,6 @@ print(signal.getsignal(signal.SIGQUIT) is signal.SIG_DFL, signal.getsignal(signa
     assert "_on_stop_signal" in sigint, res.stdout
 
 
-def _term_the_whole_service(runner: Runner) -> None:
-    """SIGTERM to the runner and every process under it at once, as systemd's default stop
-    (KillMode=control-group) sends it."""
-    for proc in [psutil.Process(runner.pid), *psutil.Process(runner.pid).children(True)]:
-        with contextlib.suppress(psutil.Error):
-            proc.send_signal(signal.SIGTERM)
-
-
 def test_a_stop_signal_to_every_process_of_the_service_charges_no_attempt(
         tmp_path: Path, write_manifest: Any) -> None:
     # Given a runner following the queue, a python job and a command job running
@@ -827,7 +820,7 @@ def test_a_stop_signal_to_every_process_of_the_service_charges_no_attempt(
 
         # When SIGTERM reaches every process of the service at once, the runner's workers
         # and their jobs too (systemd's default stop, KillMode=control-group)
-        _term_the_whole_service(runner)
+        term_whole_service(runner.pid)
 
         # Then the run stops as on SIGTERM, and the jobs go back to pending uncharged, as
         # stopping the runner promises: not dead-lettered as crashes nobody sent
@@ -857,7 +850,7 @@ def test_a_job_that_handles_the_services_stop_signal_and_exits_is_not_charged(
         wait_for_pid(pidfile)
 
         # When SIGTERM reaches every process of the service at once (KillMode=control-group)
-        _term_the_whole_service(runner)
+        term_whole_service(runner.pid)
 
         # Then the job, stopped with the runner, goes back to pending uncharged, as it does
         # when the signal kills it: not dead-lettered for the failure the signal made it report

@@ -958,25 +958,11 @@ def test_a_job_an_unresponsive_worker_starts_as_it_is_killed_is_released_uncharg
 
 @pytest.mark.parametrize("start_method", ["spawn", "fork", "forkserver"])
 def test_the_first_job_of_a_worker_runs_with_the_hardened_libraries(
-        tmp_path: Path, write_manifest: Any, start_method: str) -> None:
+        tmp_path: Path, write_manifest: Any, start_method: str,
+        decompression_bomb: Path) -> None:
     # Given a PDF whose page content inflates to 60 MB (above the 50 MB limit renderctl
     # sets on pypdf; pypdf's own default lets it through)
-    import io
-    import zlib
-
-    from pypdf import PdfWriter
-    from pypdf.generic import NameObject, StreamObject
-
-    writer = PdfWriter()
-    page = writer.add_blank_page(width=200, height=200)
-    bomb = StreamObject()
-    bomb._data = zlib.compress(b" " * 60_000_000, 9)
-    bomb[NameObject("/Filter")] = NameObject("/FlateDecode")
-    page[NameObject("/Contents")] = writer._add_object(bomb)
-    buf = io.BytesIO()
-    writer.write(buf)
-    source = tmp_path / "bomb.pdf"
-    source.write_bytes(buf.getvalue())
+    source = decompression_bomb
     queue, out = tmp_path / "q", tmp_path / "out"
 
     # When it is the first job a fresh worker runs, whichever way workers are started

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import io
 import re
-import zlib
 from pathlib import Path
 
 import pytest
@@ -435,18 +433,9 @@ def test_missing_input_is_invalid_input(tmp_path: Path) -> None:
         pdfops.open_pdf(tmp_path / "nope.pdf")
 
 
-def test_decompression_bomb_is_invalid_input(tmp_path: Path) -> None:
+def test_decompression_bomb_is_invalid_input(tmp_path: Path, decompression_bomb: Path) -> None:
     # Given a page whose content stream inflates to 60 MB (above safety's 50 MB limit)
-    writer = PdfWriter()
-    page = writer.add_blank_page(width=200, height=200)
-    bomb = StreamObject()
-    bomb._data = zlib.compress(b" " * 60_000_000, 9)
-    bomb[NameObject("/Filter")] = NameObject("/FlateDecode")
-    page[NameObject("/Contents")] = writer._add_object(bomb)
-    buf = io.BytesIO()
-    writer.write(buf)
-    source = tmp_path / "bomb.pdf"
-    source.write_bytes(buf.getvalue())
+    source = decompression_bomb
     assert source.stat().st_size < 200_000
     # When it is stamped (which must decode the page's content), Then it is refused as input
     with pytest.raises(InvalidInput, match="bomb.pdf: unreadable PDF: Limit reached"):
