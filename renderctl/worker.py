@@ -328,6 +328,12 @@ class Worker:
                     self._send(Dropped((job.seq,), DropKind.CANCELLED,
                                        "cancelled before it started"))
                     continue
+                if not self._enter_workdir():
+                    # Before the gate records a start: the job goes back uncharged, and a
+                    # fresh worker (in a work root the runner checks) runs it.
+                    self.queue.appendleft(job)
+                    self._drop_all(DropKind.RETIRE, self.retire_reason)
+                    return
                 if self.gate is not None and job.seq and not self.gate.start(job.seq):
                     # Taken back by the runner for another worker (Runner._rebalance).
                     self._send(Dropped((job.seq,), DropKind.SKIP, "taken back"))
@@ -349,6 +355,26 @@ class Worker:
                     return
         finally:
             self._flush()
+
+    def _enter_workdir(self) -> bool:
+        """Make the job's working folder the current one, before the job is started here;
+        False (with retire_reason set) if it cannot be. A job in another worker runs as we
+        do and may have removed the work root, or put a file in its place, while we were
+        idle: the chdir inside the job's clean context failed, and the run stopped with exit
+        74 and charged the job that came next (a worker's exit during a job)."""
+        try:
+            os.chdir(self.workdir)
+            return True
+        except OSError:
+            pass
+        try:
+            _make_workdir(self.workdir)
+            os.chdir(self.workdir)
+            return True
+        except OSError as exc:
+            self.retire_reason = (f"its working folder is gone ({os_error_message(exc)}); "
+                                  "retiring")
+            return False
 
     def cancel_requested(self, job_id: str) -> bool:
         return bool(self.control_dir) and os.path.exists(
@@ -506,7 +532,7 @@ class Worker:
                 os.rename(workdir, self.workdir)
             except OSError:
                 try:
-                    os.makedirs(self.workdir, mode=0o700, exist_ok=True)
+                    _make_workdir(self.workdir)
                 except OSError as exc:
                     # The job's doing, not the queue's: it removed or replaced the work
                     # root, or gave up the user that owns it. Reported as an I/O error,
@@ -652,7 +678,7 @@ class Worker:
         self.environ.set({"RENDERCTL_JOB_ID": job.job_id,
                           "RENDERCTL_ATTEMPT": str(job.attempt), "TMPDIR": workdir})
         tempfile.tempdir = None  # re-read TMPDIR
-        os.chdir(workdir)
+        # (The current folder is workdir already: see _enter_workdir.)
         if not self.render_settings_clean:
             # (~0.1 ms: skipped between our own renderers.) Loaded first if need be: under
             # spawn or fork the worker has not preloaded them, and the first job of each
@@ -977,6 +1003,17 @@ def bound_capture(fd: int) -> None:
 
 _FALLOC_KEEP_SIZE = 1
 _FALLOC_PUNCH_HOLE = 2
+
+
+def _make_workdir(path: str) -> None:
+    """A job's working folder, made inside the work root only: a root a job removed is not
+    made again (makedirs would, open to everyone the umask lets in); the worker retires,
+    and the runner makes a fresh root for the next one."""
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        if not os.path.isdir(path):
+            raise
 
 
 def capture_path(work_root: str, pid: int) -> str:

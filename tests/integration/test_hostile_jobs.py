@@ -1127,6 +1127,47 @@ def test_a_job_that_replaces_the_work_root_costs_only_its_worker(
     assert [p.name for p in tmp.iterdir() if p.name.startswith("renderctl-work")] == []
 
 
+def test_a_job_that_wrecks_the_work_root_under_an_idle_worker_costs_it_nothing(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given two workers: four commands that fail their first attempt (each leaving a mark)
+    # and come back after a backoff, and one that, once all four are marked and back in
+    # pending/ (the other worker done with them, idle), removes the runner's work root and
+    # leaves a file in its place
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    queue = tmp_path / "q"
+    again = ('if [ "$RENDERCTL_ATTEMPT" = 1 ]; then : > "$2"; exit 3; fi; echo ok > "$1"')
+    wreck = ('until [ "$(ls "$2" | wc -l)" -ge 4 ] && [ "$(ls "$3" | wc -l)" -ge 4 ]; do '
+             'sleep 0.01; done; r=$(dirname "$PWD"); rm -rf "$r"; echo x > "$r"; '
+             'echo ok > "$1"')
+    manifest = write_manifest([
+        {"id": "wreck", "kind": "command", "output": "wreck.txt", "priority": 9,
+         "argv": ["sh", "-c", wreck, "sh", "{output}", str(marks), str(queue / "pending")]},
+        *({"id": f"again{i}", "kind": "command", "output": f"again{i}.txt",
+           "argv": ["sh", "-c", again, "sh", "{output}", str(marks / str(i))]}
+          for i in range(4)),
+    ], defaults={"max_attempts": 2})
+    tmp = tmp_path / "tmpdir"
+    tmp.mkdir()
+
+    # When they run (the retries 2 s after their failure: the idle worker's working folder
+    # is gone by then)
+    result = run_cli("run", manifest, *cli_args(queue, tmp_path / "out", "--workers", "2",
+                                                "--backoff-base", "2"),
+                     env={"TMPDIR": str(tmp)}, timeout=60)
+
+    # Then every job completes at its second attempt: the idle worker retires and hands its
+    # job back uncharged (its chdir failed: the run stopped with exit 74, and the job that
+    # worker held was dead-lettered, "worker exited with status 74 during the job")
+    assert result.returncode == 0, result.stdout + result.stderr
+    view = QueueView(queue)
+    assert view.ids("done") == {"wreck", *(f"again{i}" for i in range(4))}
+    for i in range(4):
+        assert len(view.record("done", f"again{i}")["attempts"]) == 2
+        assert (tmp_path / "out" / f"again{i}.txt").read_text() == "ok\n"
+    assert [p.name for p in tmp.iterdir() if p.name.startswith("renderctl-work")] == []
+
+
 def test_an_output_hard_linked_to_a_file_elsewhere_is_not_published(
         tmp_path: Path, write_manifest: Any) -> None:
     # Given a job whose output is a hard link to a file outside the output root
