@@ -153,6 +153,10 @@ class WorkerConfig:
 # exits. Its handler kills our whole process group: a plain SIGKILL would take only this
 # process and leave a command's grandchildren running unsupervised.
 PARENT_DEATH_SIGNAL = signal.SIGRTMIN + 3
+# Put back to SIG_DFL in each worker even where ignored (as inherited): see worker_main.
+_RESET_SIGNALS = frozenset({
+    signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP, signal.SIGCHLD,
+    signal.SIGALRM, signal.SIGPIPE, signal.SIGTSTP, signal.SIGQUIT})
 
 
 def _die_with_group(signum: int, frame: object) -> None:
@@ -185,10 +189,11 @@ def worker_main(conn: Connection, config: WorkerConfig) -> None:
     proctree.set_oom_score_adj(500)
     # Every job starts with default handlers (Python itself ignores SIGPIPE; the fork server
     # ignores SIGINT, SIGTERM, SIGQUIT and SIGTSTP; nohup, SIGHUP), except the parent-death
-    # signal's.
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP,
-                signal.SIGCHLD, signal.SIGALRM, signal.SIGPIPE, signal.SIGTSTP, signal.SIGQUIT):
-        signal.signal(sig, signal.SIG_DFL)
+    # signal's. And none of the runner's: under fork a worker inherits its handlers (a job
+    # sent SIGCONT ran Runner._on_continue_signal on the worker's copy of the runner).
+    for sig in signal.valid_signals() - {signal.SIGKILL, signal.SIGSTOP, PARENT_DEATH_SIGNAL}:
+        if sig in _RESET_SIGNALS or callable(signal.getsignal(sig)):
+            signal.signal(sig, signal.SIG_DFL)
     with contextlib.suppress(ValueError):
         signal.set_wakeup_fd(-1)
     Worker(conn, config).serve()

@@ -689,6 +689,30 @@ def test_a_job_finds_the_process_as_no_earlier_job_left_it(
     assert after == before
 
 
+@pytest.mark.parametrize("start_method", ["fork", "spawn", "forkserver"])
+def test_a_job_starts_with_default_signal_handlers_whatever_the_start_method(
+        tmp_path: Path, write_manifest: Any, start_method: str) -> None:
+    # Given a job that records its process's signal handlers
+    stage(tmp_path)
+    report = tmp_path / "seen.jsonl"
+    manifest = write_manifest([py_job("obs", "observe_process", report=str(report))])
+
+    # When a runner started with this start method runs it
+    res = run_cli("run", manifest, *cli_args(tmp_path / "q", tmp_path / "out", "--workers",
+                                             "1", "--start-method", start_method))
+
+    # Then every handler is the default (under fork, SIGCONT's was the runner's own), but
+    # SIGXFSZ, which Python itself ignores, and the worker's parent-death signal
+    assert res.returncode == 0, res.stdout + res.stderr
+    handlers = json.loads(report.read_text())["handlers"]
+    from renderctl.worker import PARENT_DEATH_SIGNAL
+
+    odd = {int(s): h for s, h in handlers.items() if h != str(signal.SIG_DFL)}
+    assert odd.pop(int(signal.SIGXFSZ)) == str(signal.SIG_IGN)
+    assert "_die_with_group" in odd.pop(int(PARENT_DEATH_SIGNAL))
+    assert odd == {}
+
+
 def test_an_invoice_after_a_job_that_lowered_decimal_precision_renders(
         tmp_path: Path, write_manifest: Any) -> None:
     # Given, for one worker, a python job that leaves the decimal precision at 3 digits,
