@@ -346,6 +346,8 @@ class Worker:
                 if job.expires_at is not None and time.time() > job.expires_at:
                     self._send(Dropped((job.seq,), DropKind.EXPIRED, EXPIRED_REASON))
                     continue
+                if "pypdf" not in sys.modules and job.spec.get("kind") != "command":
+                    self._load_renderers()
                 if not self._apply_limit(job):
                     return
                 try:
@@ -360,6 +362,23 @@ class Worker:
                     return
         finally:
             self._flush()
+
+    def _load_renderers(self) -> None:
+        """Import (and harden) what the fork server preloads, before the first job that may
+        use it starts, not inside it: under fork and spawn no server preloaded it, and that
+        job was charged the import (~0.15-0.2 s against its timeout; ~15-20 MB against its
+        ceiling, which later jobs had added to theirs as the worker's own)."""
+        with contextlib.suppress(OSError, GuardError):
+            self._note_held_base()
+        for name in mpstate.PRELOAD:
+            if name != "renderctl.forkserver_init":
+                importlib.import_module(name)
+        reset_render_settings(load=True)
+        self.render_settings_clean = False  # (hardened again in the job's clean context)
+        if self.held_base is not None:
+            # Held by the worker from now on: raises the ceilings as a job's leftovers do.
+            with contextlib.suppress(OSError, GuardError):
+                self.carried = max(0, self._held() - self.held_base)
 
     def _enter_workdir(self) -> bool:
         """Make the job's working folder the current one, before the job is started here;
@@ -468,11 +487,7 @@ class Worker:
 
     def _set_limit(self, job: RunJob) -> None:
         """One try of ``_apply_limit``."""
-        if self.held_base is None:
-            held = self._held()
-            if self.config.slot_path:  # adopted into the slot by now: how /proc shows it
-                self.slot_cgroup = own_memory_cgroup()
-            self.held_base = held  # last: a try that failed before it is made again whole
+        self._note_held_base()
         if not self.config.slot_path:
             return
         limit = job.memory_limit_bytes + self.carried
@@ -481,6 +496,14 @@ class Worker:
             return
         set_job_limit(self.config.slot_path, limit)
         self.limit_bytes = limit
+
+    def _note_held_base(self) -> None:
+        """What the slot held before the first job (once)."""
+        if self.held_base is None:
+            held = self._held()
+            if self.config.slot_path:  # adopted into the slot by now: how /proc shows it
+                self.slot_cgroup = own_memory_cgroup()
+            self.held_base = held  # last: a try that failed before it is made again whole
 
     def _run(self, job: RunJob) -> None:
         self.own_fds.add_kept(kept_fds())  # cgroup files opened since the last job
