@@ -877,6 +877,13 @@ def lift_my_ceiling(inputs: Sequence[Path], output: Path, params: Mapping[str, A
     allocate(inputs, output, params)
 
 
+def count_collected(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
+    """Write how many objects a garbage collection in this job walks (JSON)."""
+    import gc
+
+    output.write_text(json.dumps({"objects": len(gc.get_objects()), "pid": os.getpid()}))
+
+
 def observe_process(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
     """Record the process-wide state a python job could change (see cleanslate.py), as this
     job finds it, including what a subprocess inherits."""
