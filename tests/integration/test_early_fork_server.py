@@ -36,6 +36,14 @@ SOURCES = {
 }
 
 
+def without_start_method(env: dict[str, str], *, keep: bool) -> dict[str, str]:
+    """``env`` without a RENDERCTL_START_METHOD the suite was run with (which would win
+    over the configuration file), unless it is the source under test."""
+    if not keep:
+        env.pop("RENDERCTL_START_METHOD", None)
+    return env
+
+
 @pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
 @pytest.mark.parametrize("source", list(SOURCES))
 def test_a_run_has_a_fork_server_only_with_that_start_method(
@@ -54,7 +62,8 @@ def test_a_run_has_a_fork_server_only_with_that_start_method(
          *cli_args(tmp_path / "q", tmp_path / "out", "--workers", "1"),
          *(a.format(m=method) for a in args)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path,
-        env=_env({k: v.format(m=method) for k, v in env.items()})))
+        env=without_start_method(_env({k: v.format(m=method) for k, v in env.items()}),
+                                 keep=source == "environment")))
     try:
         # When its job runs
         wait_for_pid(tmp_path / "held.pid")
@@ -104,7 +113,8 @@ def test_ctrl_c_while_the_fork_server_preloads_leaves_no_traceback(
     job, _ = held_job(tmp_path, "held")
     manifest = write_manifest([job])
     proc = subprocess.Popen([*LAUNCHER, "run", str(manifest),
-                             *cli_args(tmp_path / "q", tmp_path / "out", "--workers", "1")],
+                             *cli_args(tmp_path / "q", tmp_path / "out", "--workers", "1",
+                                       "--start-method", "forkserver")],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=_env(None), process_group=0)
     try:

@@ -702,7 +702,8 @@ def test_ctrl_backslash_releases_the_running_jobs_at_once_uncharged(
         py_job("waiting", "write_pdf")])
     queue, out = tmp_path / "q", tmp_path / "out"
     runner = Runner(manifest, *cli_args(queue, out, "--workers", "1", "--grace", "600",
-                                        "--json"), own_group=True)
+                                        "--json", "--start-method", "forkserver"),
+                    own_group=True)
     try:
         job = wait_for_pid(pid)
         # (whose fork server ignores SIGQUIT: dying of it, it took every worker with it;

@@ -330,7 +330,8 @@ def test_a_runner_continued_alone_after_a_sigstop_of_its_group_still_ends(
     stage(tmp_path)
     manifest = write_manifest([py_job(j, "sleep_then_write", s=1.5) for j in ("a", "b")])
     runner = Runner(manifest, *cli_args(queue, out, "--workers", "2", "--grace", "0.2",
-                                        "--json"), own_group=True)
+                                        "--json", "--start-method", "forkserver"),
+                    own_group=True)
     try:
         for j in ("a", "b"):
             runner.until(lambda ln, j=j: '"started"' in ln and f'"{j}"' in ln)
@@ -373,7 +374,8 @@ def test_a_runner_continued_alone_after_a_sigstop_of_its_group_still_starts_work
     # one worker is replaced after each job
     stage(tmp_path)
     runner = Runner(*cli_args(queue, out, "--workers", "1", "--max-jobs-per-worker", "1",
-                              "--follow", "--json"), own_group=True)
+                              "--follow", "--json", "--start-method", "forkserver"),
+                    own_group=True)
     try:
         runner.until(lambda ln: '"runner_started"' in ln)
         server = next(p.pid for p in psutil.Process(runner.pid).children()
