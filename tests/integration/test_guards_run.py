@@ -876,8 +876,10 @@ def test_a_ceiling_below_a_workers_own_footprint_dead_letters_and_the_run_goes_o
                           params={"s": 0.5}),
                       job("after", "write_pdf")])
 
-    # When one worker runs both
-    r = env.run(str(m), "--workers", "1", "--memory-guard", guard, "--backoff-base", "0.05")
+    # When one worker runs both (a fork server's: a worker forked from the runner itself
+    # shares nearly all its pages with it, charged to the runner, and does fit)
+    r = env.run(str(m), "--workers", "1", "--memory-guard", guard, "--backoff-base", "0.05",
+                "--start-method", "forkserver")
 
     # Then the tiny one is dead after its attempts, each a `memory` outcome, and the next
     # job completes (the slot it poisoned was not reused: no worker died before ready)
