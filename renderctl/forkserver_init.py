@@ -20,6 +20,7 @@ import contextlib
 import os
 import signal
 import sys
+from types import TracebackType
 
 
 def _exit_without_teardown(server_pid: int) -> None:
@@ -44,6 +45,27 @@ def _exit_without_teardown(server_pid: int) -> None:
     os._exit(0)
 
 
+def _quiet_abandoned_start(exc_type: type[BaseException], exc: BaseException,
+                           tb: TracebackType | None) -> None:
+    """The excepthook of the fork server and of each process it forks, until a worker
+    takes over (``worker_main`` puts the default back).
+
+    A runner that dies (SIGKILL, OOM) after asking the server for a worker but before
+    sending it its start data leaves that child reading EOF, and CPython's server printed
+    its EOFError traceback on the runner's stderr, after the runner was gone: in a
+    terminal, or in the log of a cron job that had otherwise said nothing. Nobody is left
+    to read it and nothing was started; that one case stays quiet."""
+    if issubclass(exc_type, EOFError) and tb is not None:
+        last = tb
+        while last.tb_next is not None:
+            last = last.tb_next
+        if last.tb_frame.f_code.co_name == "_main" and \
+                last.tb_frame.f_code.co_filename.endswith(os.path.join("multiprocessing",
+                                                                         "spawn.py")):
+            return
+    sys.__excepthook__(exc_type, exc, tb)
+
+
 def _in_fork_server() -> bool:
     # The server runs as `python -c "from multiprocessing.forkserver import main; ..."`;
     # importing this module anywhere else (a test, a tool) must change nothing.
@@ -60,6 +82,7 @@ if _in_fork_server():
     # reach its own orderly pause (it stops itself once its jobs are paused), and the run
     # hung, neither running nor stopped for the shell to continue.
     signal.signal(signal.SIGTSTP, signal.SIG_IGN)
+    sys.excepthook = _quiet_abandoned_start
     # Registered after multiprocessing's own exit hook, so it runs first (atexit is LIFO):
     # that hook only runs finalizers the server has none of.
     atexit.register(_exit_without_teardown, os.getpid())

@@ -197,6 +197,7 @@ def worker_main(conn: Connection, config: WorkerConfig) -> None:
             signal.signal(sig, signal.SIG_DFL)
     with contextlib.suppress(ValueError):
         signal.set_wakeup_fd(-1)
+    sys.excepthook = sys.__excepthook__  # (the fork server's: see forkserver_init)
     worker = Worker(conn, config)
     # What the worker inherited (the fork server's preloaded modules; under fork, the whole
     # runner: every record it held) and its own set-up live as long as it does. Frozen, a

@@ -6,7 +6,9 @@ them."""
 from __future__ import annotations
 
 import contextlib
+import signal
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -138,3 +140,45 @@ def test_ctrl_c_while_the_fork_server_preloads_leaves_no_traceback(
     # KeyboardInterrupt in the middle of an import was)
     assert proc.returncode == ExitCode.SIGINT, err
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+
+
+ABANDONED_START = """
+import os, signal, sys
+from multiprocessing import forkserver, get_context
+from renderctl.mpstate import PRELOAD
+
+if __name__ == "__main__":
+    get_context("forkserver").set_forkserver_preload(list(PRELOAD))
+    forkserver.ensure_running()
+    r, w = os.pipe()
+    sentinel, data = forkserver.connect_to_new_process([r])  # the server forks a child
+    print(forkserver.read_signed(sentinel), flush=True)
+    if sys.argv[1] == "die":
+        os.kill(os.getpid(), signal.SIGKILL)  # before sending the child its start data
+    os.write(data, b"not a pickle")
+    os.close(data)
+    os.read(sentinel, 64)  # the child's exit status (it fails to unpickle that)
+"""
+
+
+@pytest.mark.parametrize("how", ["die", "garbage"])
+def test_a_runner_that_dies_while_starting_a_worker_leaves_no_traceback(
+        tmp_path: Path, how: str) -> None:
+    # Given a client of renderctl's fork server (as the runner is) that has asked it for a
+    # worker, then is SIGKILLed before sending the child its start data (or sends garbage)
+    script = tmp_path / "client.py"
+    script.write_text(ABANDONED_START)
+    # When it has ended, and so have the server and its child (the run below returns at
+    # EOF on the client's stderr, which they hold too)
+    res = subprocess.run([sys.executable, str(script), how], capture_output=True, text=True,
+                         timeout=60, env=_env(None))
+    assert int(res.stdout.split()[0]) > 0
+
+    # Then nothing was written to the client's stderr for the abandoned start (the child
+    # printed its EOFError traceback there, after the runner was gone); a start that goes
+    # wrong otherwise still says why
+    if how == "die":
+        assert res.returncode == -signal.SIGKILL
+        assert res.stderr == ""
+    else:
+        assert "UnpicklingError" in res.stderr or "Traceback" in res.stderr, res.stderr
