@@ -27,12 +27,13 @@ be told from the library's own set-up at import: that stays, as the library does
 
 Cost on the common path (nothing changed): ~27 us per job here, ~17 before the import
 machinery, scheduling policy, identity and no_new_privs were checked (only after jobs that
-run the user's code in the worker: python callables, plugin renderers). Signal handlers, resource
-limits and the C environment are compared only after a job called ``signal.signal``,
-``resource.setrlimit``/``prlimit``, ``os.putenv``/``unsetenv`` or
-``random.seed``/``setstate`` (the functions are wrapped to say so): comparing 60 handlers
-and 16 limits every time cost ~40 us, nearly 1% of an invoice render. Changes made below
-Python (ctypes, C extensions) are not seen.
+run the user's code in the worker: python callables, plugin renderers). Signal handlers and
+the C environment are compared only after a job called ``signal.signal``,
+``os.putenv``/``unsetenv`` or ``random.seed``/``setstate`` (the functions are wrapped to
+say so): comparing 60 handlers every time cost ~30 us. Resource limits and scheduling are
+compared after every job that ran the user's code, commands too (~11 us): a process the
+job started can change them from outside (``prlimit --pid``, ``renice``, ``taskset``),
+which no wrapper sees. Other changes made below Python (ctypes, C extensions) are not seen.
 """
 
 from __future__ import annotations
@@ -174,8 +175,6 @@ class Baseline:
             # anywhere else changes the C environment alone, which subprocesses inherit.
             self._watch(os, name, "environ", unless_from="os")
         self._watch(signal, "signal", "signals")
-        for name in ("setrlimit", "prlimit"):
-            self._watch(resource, name, "rlimits")
         for name in ("seed", "setstate"):
             self._watch(random, name, "random")
         for name in ("enable", "dump_traceback_later", "register"):
@@ -211,13 +210,8 @@ class Baseline:
         # After the handlers: a signal the job blocked and left pending is delivered now to
         # the worker's handler (or default), not to the job's.
         signal.pthread_sigmask(signal.SIG_SETMASK, self.mask)
-        if "rlimits" in self.touched:
-            for res, limits in self.rlimits.items():
-                if resource.getrlimit(res) != limits:
-                    try:
-                        resource.setrlimit(res, limits)
-                    except (OSError, ValueError) as exc:  # a hard limit lowered, not root
-                        problems.append(f"resource limit {res}: {exc}")
+        # Whether or not it called setrlimit: a process it started can change ours too.
+        problems.extend(self._restore_rlimits())
         if _tz() != self.tz:
             time.tzset()
         if locale.setlocale(locale.LC_ALL) != self.locale:
@@ -292,6 +286,24 @@ class Baseline:
             problems.append("the job changed its worker's user or groups")
         if _no_new_privs() != self.no_new_privs:
             problems.append("the job set no_new_privs on its worker, which cannot be undone")
+        return problems
+
+    def restore_from_outside(self) -> list[str]:
+        """After a job that ran no code in this process (a command): what its processes can
+        still change here from outside, by pid (``prlimit --pid $PPID``, ``renice``,
+        ``taskset``): resource limits and scheduling (~15 us). A command that lowered its
+        worker's open-file limit to 20 left the worker unable to set the next job's memory
+        ceiling: exit 74, the run halted, at every run until that job was dead."""
+        return self._restore_rlimits() + self._restore_scheduling()
+
+    def _restore_rlimits(self) -> list[str]:
+        problems: list[str] = []
+        for res, limits in self.rlimits.items():
+            if resource.getrlimit(res) != limits:
+                try:
+                    resource.setrlimit(res, limits)
+                except (OSError, ValueError) as exc:  # a hard limit lowered, not root
+                    problems.append(f"resource limit {res}: {exc}")
         return problems
 
     def _restore_scheduling(self) -> list[str]:

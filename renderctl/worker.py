@@ -738,12 +738,15 @@ class Worker:
                 self._forget_user_modules()
             self.baseline.restore_environ()
             self.environ.set({})  # before the time zone is judged (TZ)
+            problems: list[str] = []
             if runs_user_code_here(job):
                 problems = self.baseline.restore()
                 if threads_left():
                     problems.append(f"the job left {threads_left()} thread(s) running")
-                if problems and not self.retire_reason:
-                    self.retire_reason = "; ".join(problems) + "; retiring"
+            elif job.spec.get("kind") == "command":
+                problems = self.baseline.restore_from_outside()
+            if problems and not self.retire_reason:
+                self.retire_reason = "; ".join(problems) + "; retiring"
 
     def _forget_user_modules(self) -> None:
         for name in sys.modules.keys() - self.base_modules:

@@ -1219,6 +1219,35 @@ def test_a_job_that_wrecks_the_work_root_under_an_idle_worker_costs_it_nothing(
     assert [p.name for p in tmp.iterdir() if p.name.startswith("renderctl-work")] == []
 
 
+def test_a_command_that_lowers_its_workers_open_file_limit_costs_only_itself(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given, for one worker, a command that lowers its worker's open-file limit to 20 (from
+    # outside, by pid: no wrapper in the worker sees it), then a python job
+    stage(tmp_path)
+    lower = ("import os, resource, sys; "
+             "resource.prlimit(os.getppid(), resource.RLIMIT_NOFILE, (20, 20)); "
+             "open(sys.argv[1], 'w').write('ok')")
+    manifest = write_manifest([
+        {"id": "lower", "kind": "command", "argv": [sys.executable, "-c", lower, "{output}"],
+         "output": "lower.txt", "priority": 2},
+        {**py_job("after", "write_pdf"), "priority": 1},
+    ], defaults={"max_attempts": 1})
+
+    # When one worker runs both
+    result = run_cli("run", manifest, *cli_args(tmp_path / "q", tmp_path / "out",
+                                                "--workers", "1"))
+
+    # Then the next job completes: the worker put its limit back (it could not set the
+    # next job's memory ceiling, "Too many open files": the run halted with exit 74, at
+    # every run until that job was dead). The command may fail of its own act (its output
+    # checked by a worker with 20 descriptors).
+    assert result.returncode in (0, 1), result.stdout + result.stderr
+    view = QueueView(tmp_path / "q")
+    assert "after" in view.ids("done")
+    assert_pdf(tmp_path / "out" / "after.pdf", "after")
+    assert view.ids("done") | view.ids("dead") == {"lower", "after"}
+
+
 def test_an_output_hard_linked_to_a_file_elsewhere_is_not_published(
         tmp_path: Path, write_manifest: Any) -> None:
     # Given a job whose output is a hard link to a file outside the output root
