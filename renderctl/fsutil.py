@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import stat
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -165,9 +166,13 @@ def fill_file(path: str | os.PathLike[str], data: bytes) -> None:
     """Write ``data`` into an existing temporary file (no create), replacing its content.
 
     Overwrite, then cut to length: O_TRUNC frees the file's block and the write allocates
-    another (~100 us here); overwriting in place and shrinking within the block ~9 us."""
-    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    another (~100 us here); overwriting in place and shrinking within the block ~9 us.
+    Anything but a regular file is refused (OSError), without blocking: a FIFO put in a
+    temporary's place held the opener (the runner) until a reader came, for good."""
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
         view = memoryview(data)
         offset = 0
         while offset < len(data):

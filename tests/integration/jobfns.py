@@ -877,6 +877,27 @@ def lift_my_ceiling(inputs: Sequence[Path], output: Path, params: Mapping[str, A
     allocate(inputs, output, params)
 
 
+def plant_in_spares(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
+    """Once the queue (``params["queue"]``) has spare record files (tmp/free.*), put a
+    ``params["what"]`` in each one's place: a FIFO, a folder, or a symlink to
+    ``params["target"]``; then write the output PDF."""
+    tmp = Path(params["queue"]) / "tmp"
+    deadline = time.monotonic() + 20
+    while not (spares := [p for p in tmp.iterdir() if p.name.startswith("free.")]):
+        if time.monotonic() > deadline:
+            raise AssertionError("no spare record file appeared")
+        time.sleep(0.01)
+    for spare in spares:
+        spare.unlink()
+        if params["what"] == "fifo":
+            os.mkfifo(spare)
+        elif params["what"] == "folder":
+            (spare / "inside").mkdir(parents=True)
+        else:
+            spare.symlink_to(params["target"])
+    _pdf(Path(output), os.environ["RENDERCTL_JOB_ID"])
+
+
 def count_collected(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
     """Write how many objects a garbage collection in this job walks (JSON)."""
     import gc

@@ -1248,6 +1248,37 @@ def test_a_command_that_lowers_its_workers_open_file_limit_costs_only_itself(
     assert view.ids("done") | view.ids("dead") == {"lower", "after"}
 
 
+@pytest.mark.parametrize("what", ["fifo", "folder", "symlink"])
+def test_a_job_that_replaces_the_queues_spare_record_files_costs_nothing(
+        tmp_path: Path, write_manifest: Any, what: str) -> None:
+    # Given, for one worker, a job, then one that puts a FIFO, a folder or a symlink (to a
+    # file of the user's) in place of each spare record file in the queue's tmp/ (inodes
+    # the runner keeps to refill with later records), then another job
+    stage(tmp_path)
+    queue = tmp_path / "q"
+    target = tmp_path / "precious.txt"
+    target.write_text("mine")
+    manifest = write_manifest([
+        {**py_job("first", "write_pdf"), "priority": 3},
+        {**py_job("planter", "plant_in_spares", queue=str(queue), what=what,
+                  target=str(target)), "priority": 2},
+        {**py_job("after", "write_pdf"), "priority": 1},
+    ], defaults={"max_attempts": 1})
+
+    # When they run
+    result = run_cli("run", manifest, *cli_args(queue, tmp_path / "out", "--workers", "1"),
+                     timeout=30)
+
+    # Then all complete, and what was planted is gone (a FIFO held the runner in open() for
+    # good, and every restart too; a folder or symlink stopped the run with exit 74)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert QueueView(queue).ids("done") == {"first", "planter", "after"}
+    for job in ("first", "planter", "after"):
+        assert_pdf(tmp_path / "out" / f"{job}.pdf", job)
+    assert target.read_text() == "mine"
+    assert not any(p.is_symlink() or p.is_dir() or p.is_fifo() for p in (queue / "tmp").iterdir())
+
+
 def test_an_output_hard_linked_to_a_file_elsewhere_is_not_published(
         tmp_path: Path, write_manifest: Any) -> None:
     # Given a job whose output is a hard link to a file outside the output root
