@@ -13,12 +13,14 @@ the runner sees (``started``, ``runner_started``, ...) goes to its reporter, not
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
+import stat
 import threading
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from renderctl.fsutil import with_name
 
@@ -50,9 +52,20 @@ class EventLog:
         # renamed file, its events never reached the log `metrics`, `top` and `wait` read).
         if self._fd < 0 or not self._still_the_log():
             self._close()
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC,
-                               0o600)
-            st = os.fstat(self._fd)
+            # Without blocking, and a regular file only: a job runs as the runner does, and a
+            # FIFO it put at the log's path held the runner in this open() for good.
+            try:
+                fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
+                             | os.O_NONBLOCK, 0o600)
+            except OSError as exc:
+                if exc.errno in (errno.ENXIO, errno.EISDIR):  # a FIFO no one reads; a folder
+                    exc = OSError(errno.EINVAL, "not a regular file")
+                raise with_name(exc, self.path) from None
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                os.close(fd)
+                raise with_name(OSError(errno.EINVAL, "not a regular file"), self.path)
+            self._fd = fd
             self._ident = (st.st_dev, st.st_ino)
         try:
             os.write(self._fd, data.encode())
@@ -86,7 +99,7 @@ class EventLog:
         ``max_bytes`` bounds what one call reads (whole lines only; one line longer than it
         is read whole): a week's log is hundreds of MB, ~10x that as objects in memory."""
         try:
-            with open(self.path, "rb") as fh:
+            with self._open_for_reading() as fh:
                 fh.seek(offset)
                 if max_bytes is None:
                     data = fh.read()
@@ -113,7 +126,7 @@ class EventLog:
         """Where the first whole line of the log's last ``max_bytes`` starts (0 if shorter):
         for readers that want recent events without reading a long log whole."""
         try:
-            with open(self.path, "rb") as fh:
+            with self._open_for_reading() as fh:
                 size = fh.seek(0, os.SEEK_END)
                 if size <= max_bytes:
                     return 0
@@ -123,6 +136,15 @@ class EventLog:
             return 0
         newline = chunk.find(b"\n")
         return size if newline < 0 else size - max_bytes + newline
+
+    def _open_for_reading(self) -> BinaryIO:
+        """The log, for reading; FileNotFoundError if it is anything but a regular file (a
+        FIFO a job put there held `wait`, `top` and the metrics in open() for a writer)."""
+        fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise FileNotFoundError(errno.ENOENT, "not a regular file", str(self.path))
+        return os.fdopen(fd, "rb")
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         return iter(self.read()[0])

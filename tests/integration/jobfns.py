@@ -898,6 +898,14 @@ def plant_in_spares(inputs: Sequence[Path], output: Path, params: Mapping[str, A
     _pdf(Path(output), os.environ["RENDERCTL_JOB_ID"])
 
 
+def fifo_for_file(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
+    """Put a FIFO in place of the file ``params["path"]``, then write the output PDF."""
+    path = Path(params["path"])
+    path.unlink(missing_ok=True)
+    os.mkfifo(path)
+    _pdf(Path(output), os.environ["RENDERCTL_JOB_ID"])
+
+
 def count_collected(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
     """Write how many objects a garbage collection in this job walks (JSON)."""
     import gc

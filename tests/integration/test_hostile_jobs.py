@@ -1279,6 +1279,39 @@ def test_a_job_that_replaces_the_queues_spare_record_files_costs_nothing(
     assert not any(p.is_symlink() or p.is_dir() or p.is_fifo() for p in (queue / "tmp").iterdir())
 
 
+def test_a_fifo_in_place_of_the_event_log_stops_the_run_instead_of_hanging_it(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given, for one worker, a job that puts a FIFO where the queue's event log is, then
+    # another job
+    stage(tmp_path)
+    queue, out = tmp_path / "q", tmp_path / "out"
+    log = queue / "events.jsonl"
+    manifest = write_manifest([
+        {**py_job("fifo", "fifo_for_file", path=str(log)), "priority": 2},
+        {**py_job("after", "write_pdf"), "priority": 1},
+    ], defaults={"max_attempts": 1})
+
+    # When they run
+    first = run_cli("run", manifest, *cli_args(queue, out, "--workers", "1"), timeout=30)
+
+    # Then the run stops with an I/O error naming the log (it waited in open() for a
+    # reader, for good, as did every restart), and once the FIFO is removed the next run
+    # completes the other job, uncharged (the one that stopped the run, running then, is
+    # charged its attempt)
+    assert first.returncode == 74, first.stdout + first.stderr
+    assert "events.jsonl" in first.stderr and "not a regular file" in first.stderr
+    # (and the commands that read the log answer meanwhile: `metrics` waited for a writer)
+    for command in ("status", "metrics"):
+        assert run_cli(command, "--queue", queue, timeout=10).returncode == 0
+    log.unlink()
+    again = run_cli("run", "--queue", queue, timeout=30)
+    assert again.returncode == 1, again.stdout + again.stderr
+    view = QueueView(queue)
+    assert view.ids("done") == {"after"} and view.ids("dead") == {"fifo"}
+    assert [a["outcome"] for a in view.record("done", "after")["attempts"]] == ["completed"]
+    assert_pdf(out / "after.pdf", "after")
+
+
 def test_an_output_hard_linked_to_a_file_elsewhere_is_not_published(
         tmp_path: Path, write_manifest: Any) -> None:
     # Given a job whose output is a hard link to a file outside the output root
