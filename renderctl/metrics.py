@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from renderctl.fsutil import replace_beside, write_file
+from renderctl.fsutil import read_file, replace_beside, write_file
 from renderctl.lifecycle import Outcome, State
 from renderctl.store import Queue, QueueStatus
 
@@ -204,7 +204,7 @@ def _log_mark(queue: Queue, offset: int) -> list[Any] | None:
 def load_totals(queue: Queue) -> EventTotals:
     """What an earlier `renderctl metrics` folded, if it was of this same log; else nothing."""
     try:
-        data = json.loads((queue.dir("control") / TOTALS_FILE).read_bytes())
+        data = json.loads(read_file(queue.dir("control") / TOTALS_FILE))
         if data.get("v") != TOTALS_VERSION:
             return EventTotals()
         totals = EventTotals.from_json(data)
@@ -234,7 +234,7 @@ def read_runner_state(queue: Queue) -> dict[str, Any] | None:
     if queue.runner_info() is None:
         return None
     try:
-        data = json.loads((queue.path / STATE_FILE).read_text())
+        data = json.loads(read_file(queue.path / STATE_FILE))  # (a FIFO there: no hang)
     except (OSError, ValueError):
         return {}  # a runner is alive but has not written its first snapshot yet
     return data if isinstance(data, dict) else {}

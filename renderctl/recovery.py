@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from renderctl import proctree
-from renderctl.fsutil import fsync_dir, sync_filesystems, unlink_quiet
+from renderctl.fsutil import fsync_dir, read_file, sync_filesystems, unlink_quiet
 from renderctl.lifecycle import Outcome, State
 from renderctl.publish import (
     OutputEscapes,
@@ -62,7 +62,8 @@ def started_tokens(q: Queue) -> dict[str, float | None]:
     started: dict[str, float | None] = {}
     for log in q.dir("control").glob(STARTED_LOG.format("*")):
         try:
-            text = log.read_text()
+            # (read_file: without blocking, should a job have put a FIFO there)
+            text = read_file(log).decode(errors="replace")
         except OSError:
             continue
         for line in text.splitlines():
@@ -85,7 +86,7 @@ def kill_stale_workers(q: Queue, *, own: Path | None = None) -> None:
         if f == own:
             continue
         try:
-            entries = json.loads(f.read_text())
+            entries = json.loads(read_file(f))
         except (OSError, ValueError):
             entries = []  # cut by a crash while written: its workers die with their runner
         for e in entries if isinstance(entries, list) else ():

@@ -632,8 +632,10 @@ class Runner:
             # from one that never started: without them, work done would be run again free.
             for log in self.q.dir("control").glob(STARTED_LOG.format(f"{self.token_prefix}.*")):
                 unlink_quiet(log)
-        unlink_quiet(self._workers_file())
-        unlink_quiet(self.q.path / STATE_FILE)
+        with contextlib.suppress(OSError):  # (a folder a job put there is not our I/O error)
+            unlink_quiet(self._workers_file())
+        with contextlib.suppress(OSError):
+            unlink_quiet(self.q.path / STATE_FILE)
         with contextlib.suppress(OSError):
             if self.token_prefix and not ours_left:
                 self.q.forget_holder(self.token_prefix)  # no lease of ours is left

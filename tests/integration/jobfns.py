@@ -906,6 +906,14 @@ def fifo_for_file(inputs: Sequence[Path], output: Path, params: Mapping[str, Any
     _pdf(Path(output), os.environ["RENDERCTL_JOB_ID"])
 
 
+def folder_for_file(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
+    """Put a folder (not empty) in place of the file ``params["path"]``; write the output."""
+    path = Path(params["path"])
+    path.unlink(missing_ok=True)
+    (path / "inside").mkdir(parents=True)
+    _pdf(Path(output), os.environ["RENDERCTL_JOB_ID"])
+
+
 def count_collected(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
     """Write how many objects a garbage collection in this job walks (JSON)."""
     import gc

@@ -1312,6 +1312,27 @@ def test_a_fifo_in_place_of_the_event_log_stops_the_run_instead_of_hanging_it(
     assert_pdf(out / "after.pdf", "after")
 
 
+def test_a_folder_in_place_of_the_runners_state_file_costs_nothing(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given a job that puts a folder where the runner keeps its state for `top`
+    # (QUEUE/runner.state.json), and another job
+    stage(tmp_path)
+    queue = tmp_path / "q"
+    manifest = write_manifest([
+        {**py_job("folder", "folder_for_file", path=str(queue / "runner.state.json")),
+         "priority": 2},
+        {**py_job("after", "write_pdf"), "priority": 1},
+    ], defaults={"max_attempts": 1})
+
+    # When they run
+    result = run_cli("run", manifest, *cli_args(queue, tmp_path / "out", "--workers", "1"))
+
+    # Then the run ends well: the state file is an aid to `top`, not the queue (its removal
+    # at the end failed, "Is a directory", and the run exited 74 with every job done)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert QueueView(queue).ids("done") == {"folder", "after"}
+
+
 def test_an_output_hard_linked_to_a_file_elsewhere_is_not_published(
         tmp_path: Path, write_manifest: Any) -> None:
     # Given a job whose output is a hard link to a file outside the output root
