@@ -336,10 +336,13 @@ def cli_args(queue: Path, out: Path, *extra: str) -> list[str]:
 
 
 def run_cli(*args: str | os.PathLike[str], env: Mapping[str, str] | None = None,
-            timeout: float = 60, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    """Run ``renderctl ARGS`` to completion (NO_COLOR, not a terminal)."""
+            timeout: float = 60, cwd: Path | None = None,
+            own_group: bool = False) -> subprocess.CompletedProcess[str]:
+    """Run ``renderctl ARGS`` to completion (NO_COLOR, not a terminal); with ``own_group``
+    in a process group of its own (see Runner)."""
     return subprocess.run([*RENDERCTL, *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout, env=_env(env), cwd=cwd)
+                          timeout=timeout, env=_env(env), cwd=cwd,
+                          process_group=0 if own_group else None)
 
 
 class Runner:

@@ -1368,8 +1368,14 @@ def test_a_process_that_joined_the_runners_group_dies_with_its_worker_under_samp
         {**py_job("next", "write_pdf"), "priority": 1},
     ], defaults={"max_attempts": 1})
 
-    # When it runs
-    result, view = run_in_one_worker(tmp_path, manifest, "--memory-guard", "sampling")
+    # When it runs (the runner in a group of its own, not the test session's: when the
+    # worker ends, the kernel finds that group orphaned, and if any process of it is stopped
+    # then, as another test's may be, it sends the whole group SIGHUP and SIGCONT, which
+    # killed pytest and its workers mid-run)
+    result = run_cli("run", manifest, *cli_args(tmp_path / "q", tmp_path / "out",
+                                                "--workers", "1", "--memory-guard",
+                                                "sampling"), timeout=30, own_group=True)
+    view = QueueView(tmp_path / "q")
 
     # Then its attempt is charged, the next job completes, and the process is killed (the
     # runner spared everything in its own group: it ran on after the run)
