@@ -167,12 +167,14 @@ def fill_file(path: str | os.PathLike[str], data: bytes) -> None:
 
     Overwrite, then cut to length: O_TRUNC frees the file's block and the write allocates
     another (~100 us here); overwriting in place and shrinking within the block ~9 us.
-    Anything but a regular file is refused (OSError), without blocking: a FIFO put in a
-    temporary's place held the opener (the runner) until a reader came, for good."""
+    Anything but a regular file of one link is refused (OSError), without blocking: a FIFO
+    put in a temporary's place held the opener (the runner) until a reader came, for good;
+    a hard link to a file elsewhere would have had that file overwritten."""
     fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(errno.EINVAL, "not a regular file")
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+            raise OSError(errno.EINVAL, "not a temporary of ours (a special file or a link)")
         view = memoryview(data)
         offset = 0
         while offset < len(data):

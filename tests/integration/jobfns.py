@@ -882,7 +882,7 @@ def lift_my_ceiling(inputs: Sequence[Path], output: Path, params: Mapping[str, A
 
 def plant_in_spares(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
     """Once the queue (``params["queue"]``) has spare record files (tmp/free.*), put a
-    ``params["what"]`` in each one's place: a FIFO, a folder, or a symlink to
+    ``params["what"]`` in each one's place: a FIFO, a folder, or a symlink or hard link to
     ``params["target"]``; then write the output PDF."""
     tmp = Path(params["queue"]) / "tmp"
     deadline = time.monotonic() + 20
@@ -896,6 +896,8 @@ def plant_in_spares(inputs: Sequence[Path], output: Path, params: Mapping[str, A
             os.mkfifo(spare)
         elif params["what"] == "folder":
             (spare / "inside").mkdir(parents=True)
+        elif params["what"] == "hardlink":
+            os.link(params["target"], spare)
         else:
             spare.symlink_to(params["target"])
     _pdf(Path(output), os.environ["RENDERCTL_JOB_ID"])

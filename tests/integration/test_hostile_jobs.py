@@ -1248,11 +1248,11 @@ def test_a_command_that_lowers_its_workers_open_file_limit_costs_only_itself(
     assert view.ids("done") | view.ids("dead") == {"lower", "after"}
 
 
-@pytest.mark.parametrize("what", ["fifo", "folder", "symlink"])
+@pytest.mark.parametrize("what", ["fifo", "folder", "symlink", "hardlink"])
 def test_a_job_that_replaces_the_queues_spare_record_files_costs_nothing(
         tmp_path: Path, write_manifest: Any, what: str) -> None:
-    # Given, for one worker, a job, then one that puts a FIFO, a folder or a symlink (to a
-    # file of the user's) in place of each spare record file in the queue's tmp/ (inodes
+    # Given, for one worker, a job, then one that puts a FIFO, a folder, or a symlink or
+    # hard link (to a file of the user's) in place of each spare record file in tmp/ (inodes
     # the runner keeps to refill with later records), then another job
     stage(tmp_path)
     queue = tmp_path / "q"
@@ -1270,13 +1270,15 @@ def test_a_job_that_replaces_the_queues_spare_record_files_costs_nothing(
                      timeout=30)
 
     # Then all complete, and what was planted is gone (a FIFO held the runner in open() for
-    # good, and every restart too; a folder or symlink stopped the run with exit 74)
+    # good, and every restart too; a folder or symlink stopped the run with exit 74; the
+    # hard-linked file was overwritten with a record)
     assert result.returncode == 0, result.stdout + result.stderr
     assert QueueView(queue).ids("done") == {"first", "planter", "after"}
     for job in ("first", "planter", "after"):
         assert_pdf(tmp_path / "out" / f"{job}.pdf", job)
     assert target.read_text() == "mine"
-    assert not any(p.is_symlink() or p.is_dir() or p.is_fifo() for p in (queue / "tmp").iterdir())
+    assert not any(p.is_symlink() or p.is_dir() or p.is_fifo()
+               or p.lstat().st_nlink > 1 for p in (queue / "tmp").iterdir())
 
 
 def test_a_fifo_in_place_of_the_event_log_stops_the_run_instead_of_hanging_it(
