@@ -16,13 +16,12 @@ import contextlib
 import errno
 import json
 import os
-import stat
 import threading
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from renderctl.fsutil import with_name
+from renderctl.fsutil import NOT_REGULAR, open_regular, with_name
 
 
 class EventLog:
@@ -54,17 +53,7 @@ class EventLog:
             self._close()
             # Without blocking, and a regular file only: a job runs as the runner does, and a
             # FIFO it put at the log's path held the runner in this open() for good.
-            try:
-                fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
-                             | os.O_NONBLOCK, 0o600)
-            except OSError as exc:
-                if exc.errno in (errno.ENXIO, errno.EISDIR):  # a FIFO no one reads; a folder
-                    exc = OSError(errno.EINVAL, "not a regular file")
-                raise with_name(exc, self.path) from None
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                os.close(fd)
-                raise with_name(OSError(errno.EINVAL, "not a regular file"), self.path)
+            fd, st = open_regular(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
             self._fd = fd
             self._ident = (st.st_dev, st.st_ino)
         try:
@@ -140,10 +129,12 @@ class EventLog:
     def _open_for_reading(self) -> BinaryIO:
         """The log, for reading; FileNotFoundError if it is anything but a regular file (a
         FIFO a job put there held `wait`, `top` and the metrics in open() for a writer)."""
-        fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            os.close(fd)
-            raise FileNotFoundError(errno.ENOENT, "not a regular file", str(self.path))
+        try:
+            fd, _ = open_regular(self.path, os.O_RDONLY)
+        except OSError as exc:
+            if exc.errno == errno.EINVAL:
+                raise FileNotFoundError(errno.ENOENT, NOT_REGULAR, str(self.path)) from None
+            raise
         return os.fdopen(fd, "rb")
 
     def __iter__(self) -> Iterator[dict[str, Any]]:

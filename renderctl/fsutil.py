@@ -9,6 +9,7 @@ data that is gone (the "fsyncgate" lesson from PostgreSQL).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import os
@@ -87,6 +88,9 @@ def sync_filesystems(paths: Iterable[str | os.PathLike[str]]) -> None:
         syncfs(path)
 
 
+NOT_REGULAR = "not a regular file"
+
+
 def with_name(exc: OSError, path: str | os.PathLike[str]) -> OSError:
     """``exc`` naming ``path``: an error on an fd (a full disk on write) carries no file name,
     and "I/O error: No space left on device" does not say which disk."""
@@ -94,6 +98,40 @@ def with_name(exc: OSError, path: str | os.PathLike[str]) -> OSError:
         return exc
     return OSError(exc.errno, exc.strerror, os.fspath(path))  # same subclass, by errno
 
+
+
+def open_regular(path: str | os.PathLike[str], flags: int,
+                 mode: int = 0o600) -> tuple[int, os.stat_result]:
+    """``os.open`` (with ``flags``; never blocking, close-on-exec) of a regular file only,
+    and its stat; anything else is ``OSError(EINVAL, "not a regular file")`` naming
+    ``path``. A job runs as renderctl does and may put a FIFO where renderctl keeps a
+    file: opening that waited for a reader (or writer) for good."""
+    try:
+        fd = os.open(path, flags | os.O_NONBLOCK | os.O_CLOEXEC, mode)
+    except OSError as exc:
+        if exc.errno in (errno.ENXIO, errno.EISDIR):  # a FIFO nobody reads; a folder
+            exc = OSError(errno.EINVAL, NOT_REGULAR)
+        raise with_name(exc, path) from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise with_name(OSError(errno.EINVAL, NOT_REGULAR), path)
+    return fd, st
+
+
+def remove_quiet(path: str | os.PathLike[str]) -> None:
+    """Remove a file, or a folder and what is in it, if it can be; never raises."""
+    try:
+        folder = stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:  # gone, or it cannot be looked at
+        folder = False
+    if folder:
+        import shutil
+
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
 
 def write_file(path: str | os.PathLike[str], data: bytes, *, fsync: bool) -> None:
     """Create ``path`` exclusively (it must be a fresh temporary name) and write ``data``."""
@@ -170,11 +208,10 @@ def fill_file(path: str | os.PathLike[str], data: bytes) -> None:
     Anything but a regular file of one link is refused (OSError), without blocking: a FIFO
     put in a temporary's place held the opener (the runner) until a reader came, for good;
     a hard link to a file elsewhere would have had that file overwritten."""
-    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+    fd, st = open_regular(path, os.O_WRONLY | os.O_NOFOLLOW)
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
-            raise OSError(errno.EINVAL, "not a temporary of ours (a special file or a link)")
+        if st.st_nlink != 1:
+            raise OSError(errno.EINVAL, "a hard link, not a temporary of ours")
         view = memoryview(data)
         offset = 0
         while offset < len(data):

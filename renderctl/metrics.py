@@ -31,14 +31,13 @@ import dataclasses
 import json
 import math
 import os
-import stat
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from renderctl.fsutil import read_file, replace_beside, write_file
+from renderctl.fsutil import open_regular, read_file, replace_beside, write_file
 from renderctl.lifecycle import Outcome, State
 from renderctl.store import Queue, QueueStatus
 
@@ -187,13 +186,11 @@ def _log_mark(queue: Queue, offset: int) -> list[Any] | None:
     """What identifies the log up to ``offset``: device, inode, and the bytes just before it
     (an inode number is reused after a delete; those bytes tell a different log apart)."""
     try:
-        # (Without blocking: a FIFO a job put at the log's path would wait for a writer.)
-        fd = os.open(queue.events.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
-    except FileNotFoundError:
+        fd, st = open_regular(queue.events.path, os.O_RDONLY)
+    except OSError:  # none, or not a file (a FIFO a job put there)
         return None
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_size < offset:
+        if st.st_size < offset:
             return None  # truncated: not the log we read
         start = max(0, offset - 64)
         return [st.st_dev, st.st_ino, os.pread(fd, offset - start, start).hex()]

@@ -17,11 +17,10 @@ import errno
 import functools
 import hashlib
 import os
-import stat
 from enum import StrEnum
 from pathlib import Path
 
-from renderctl.fsutil import rename_noreplace, unlink_quiet
+from renderctl.fsutil import remove_quiet, rename_noreplace
 from renderctl.manifest import RESERVED_PREFIX
 
 DIR_MARKER = ".rctl-job"
@@ -267,14 +266,6 @@ def discard(tmp: Path) -> None:
     summary."""
     import shutil
 
-    try:
-        folder = stat.S_ISDIR(os.lstat(tmp).st_mode)
-    except OSError:  # gone, or it cannot be looked at (a name too long: it never was made)
-        folder = False
-    if folder:
-        shutil.rmtree(tmp, ignore_errors=True)
-    else:
-        with contextlib.suppress(OSError):
-            unlink_quiet(tmp)
+    remove_quiet(tmp)
     if not tmp.name.endswith(".w.tmp"):  # and what its killed job left in its staging folder
         shutil.rmtree(tmp.with_name(staging_name(tmp.name)), ignore_errors=True)

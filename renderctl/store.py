@@ -70,7 +70,6 @@ import os
 import re
 import reprlib
 import secrets
-import shutil
 import signal
 import socket
 import stat
@@ -98,6 +97,7 @@ from renderctl.fsutil import (
     fsync_dir,
     fsync_fd,
     read_file,
+    remove_quiet,
     syncfs,
     unlink_quiet,
     write_file,
@@ -361,16 +361,6 @@ class Transition:
     def event(self) -> dict[str, Any]:
         """Its event (see transition_event), built once for the log and the reporter."""
         return transition_event(self)
-
-
-def _discard_spare(path: str) -> None:
-    """Remove a spare record file (tmp/free.*), whatever a job put in its place."""
-    try:
-        os.unlink(path)
-    except IsADirectoryError:
-        shutil.rmtree(path, ignore_errors=True)
-    except OSError:
-        pass  # (gone; or cleaned by a later run's clean_tmp)
 
 
 @dataclass(frozen=True)
@@ -707,7 +697,7 @@ class Queue:
 
     def trim_free(self, keep: int = 64) -> None:
         while len(self._free) > keep:
-            _discard_spare(self._free.pop())
+            remove_quiet(self._free.pop())
 
     def _record_tmp(self, data: bytes) -> str:
         """A temporary file under tmp/ holding ``data``: a reused inode when one is free."""
@@ -721,7 +711,7 @@ class Queue:
                 # folder or a symlink (exit 74, and the other workers' jobs charged). A
                 # spare is only an inode to save a create: drop it. A disk that really
                 # fails fails the create below too.
-                _discard_spare(tmp)
+                remove_quiet(tmp)
                 continue
             return tmp
         tmp = str(self._tmp_name("finish"))
