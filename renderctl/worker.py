@@ -383,8 +383,8 @@ class Worker:
             if name != "renderctl.forkserver_init":
                 importlib.import_module(name)
         reset_render_settings(load=True)
+        self.render_settings_clean = True  # as harden() left them: not hardened again
         gc.freeze()  # the worker's for good, like what it inherited (see worker_main)
-        self.render_settings_clean = False  # (hardened again in the job's clean context)
         if self.held_base is not None:
             # Held by the worker from now on: raises the ceilings as a job's leftovers do.
             with contextlib.suppress(OSError, GuardError):
