@@ -103,6 +103,14 @@ from renderctl.fsutil import (
     write_file,
 )
 from renderctl.lifecycle import CANCEL_REQUEST_PREFIX, EXPIRED_REASON, State, check_transition
+from renderctl.lockwait import (
+    WAITER_THREAD,
+    describe,
+    flock_within,
+    holders,
+    open_lock_file,
+    wait_for_flock,
+)
 from renderctl.manifest import JobSpec, Limits, is_job_id, jobs_from_dicts
 from renderctl.policy import ClaimIndex, Entry
 
@@ -116,7 +124,8 @@ HOLDER_FILE = "holder.{}.json"  # control/: who a token prefix is (see _write_le
 LOCK_PATIENCE_S = 5.0
 RUNNER_LOCK = "runner.lock"  # flocked by the runner (and the queue folder: see runner_lock)
 RUNNER_RECORD = "runner.json"  # the holder's record: pid, host, boot id, start, guard
-LOCK_WAITER = "renderctl-lock-wait"  # the thread in which a starting runner waits (tests)
+LOCK_WAITER = WAITER_THREAD  # the thread in which a wait for a lock blocks (tests)
+SUBMIT_LOCK = ".submit.lock"  # submit, dead retry, prune, placing committed batches
 REPLACE_LOCK = ".replace.lock"  # a replace holds it exclusively; a claim batch, shared
 # How long a replace or a replay waits for a claim batch to let go of REPLACE_LOCK (a claim
 # takes milliseconds: longer is a runner stopped mid-claim), and how long the replay an open
@@ -519,6 +528,11 @@ class Queue:
         # whom to tell at once.
         self.quarantined: list[dict[str, Any]] = []
         self.on_quarantine: Callable[[dict[str, Any]], None] | None = None
+        # A wait for a lock another process holds (see lockwait): whom to tell who holds
+        # it (the command line prints it), and whether a stop signal ends the wait (`run`,
+        # whose handlers only record one: the number of the signal, or None).
+        self.on_lock_wait: Callable[[str], None] | None = None
+        self.stop_requested: Callable[[], int | None] | None = None
         # What this object's last submit put in pending/: load_index need not read those
         # back (a later replace or cancel is caught at claim, which re-reads the file
         # anyway). The last submit's only: a web tier's Queue lives for days and never
@@ -730,29 +744,74 @@ class Queue:
 
     @contextlib.contextmanager
     def _lock(self, name: str, *, blocking: bool = True, shared: bool = False,
-              wait_s: float | None = None, busy: str = "") -> Iterator[int]:
+              wait_s: float | None = None, busy: str = "",
+              doing: str = "nothing was done") -> Iterator[int]:
         """Hold the lock file ``name``; BlockingIOError if not ``blocking`` and it is held,
-        or if ``wait_s`` passes before it is free (QueueBusy saying ``busy``, if given)."""
-        fd = os.open(self.path / name, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        or if ``wait_s`` passes before it is free (QueueBusy saying ``busy``, if given).
+        Without ``wait_s``, wait as lockwait does (``doing``: what its messages say of the
+        command, "nothing was enqueued"). The submit lock is also taken on journal/ (see
+        _lock_folder)."""
+        path = self.path / name
+        fd = open_lock_file(path)
+        folder = -1
         try:
             mode = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
-            if wait_s is None:
-                fcntl.flock(fd, mode | (0 if blocking else fcntl.LOCK_NB))
-            else:
-                deadline = time.monotonic() + wait_s
-                while True:
-                    try:
-                        fcntl.flock(fd, mode | fcntl.LOCK_NB)
-                        break
-                    except BlockingIOError:
-                        if time.monotonic() >= deadline:
-                            if busy:
-                                raise self._claims_held(busy) from None
-                            raise
-                        time.sleep(0.005)
+            self._flock(fd, mode, path, blocking=blocking, wait_s=wait_s, busy=busy,
+                        doing=doing)
+            if name == SUBMIT_LOCK:
+                folder = self._lock_folder(mode, blocking=blocking, wait_s=wait_s, busy=busy,
+                                           doing=doing)
             yield fd
         finally:
+            for f in (folder, fd):
+                if f >= 0:
+                    os.close(f)
+
+    def _lock_folder(self, mode: int, **wait: Any) -> int:
+        """The submit lock's second flock, on the journal/ folder, taken after the file's.
+
+        The file alone was not enough: `rm QUEUE/.submit.lock` under a submit that held it
+        (a lock file looks stale to many) let the next submit lock a new file and run beside
+        it, and one accepted job's spec was silently replaced by the other's. A folder
+        holding the queue's committed batches is not removed by hand. The file stays the
+        lock older versions take, so they and this one still exclude each other."""
+        path = self.dir("journal")
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except (FileNotFoundError, NotADirectoryError):
+            # A queue opened without creating its folders, or journal/ replaced by a file:
+            # what needs the folder (a batch) fails there, saying so; a one-job submit,
+            # which does not, goes on.
+            return -1
+        except OSError as exc:
+            raise QueueIOError(f"cannot open {path}: {exc.strerror}") from exc
+        try:
+            # (Named as the submit lock in what a wait says: the folder is its second half.)
+            self._flock(fd, mode, self.path / SUBMIT_LOCK, **wait)
+        except BaseException:
             os.close(fd)
+            raise
+        return fd
+
+    def _flock(self, fd: int, mode: int, path: Path, *, blocking: bool,
+               wait_s: float | None, busy: str, doing: str) -> None:
+        if not blocking:
+            fcntl.flock(fd, mode | fcntl.LOCK_NB)
+        elif wait_s is None:
+            wait_for_flock(fd, mode, path, doing=doing, notice=self.on_lock_wait,
+                           stop_requested=self.stop_requested)
+        else:
+            deadline = time.monotonic() + wait_s
+            while True:
+                try:
+                    fcntl.flock(fd, mode | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        if busy:
+                            raise self._claims_held(busy) from None
+                        raise
+                    time.sleep(0.005)
 
     def _claims_held(self, doing: str) -> QueueBusy:
         """The error of a command that waited CLAIM_LOCK_WAIT_S for a claim to end."""
@@ -1017,7 +1076,7 @@ class Queue:
         else:
             specs = list(jobs)  # type: ignore[arg-type]
         try:
-            with self._lock(".submit.lock"):
+            with self._lock(SUBMIT_LOCK, doing="nothing was enqueued"):
                 res = self._submit_locked(specs, replace=replace, max_pending=max_pending,
                                           crash_hook=crash_hook)
         except OSError as exc:
@@ -1410,8 +1469,9 @@ class Queue:
             # Bounded: a submit places its own batch meanwhile, and a runner stopped
             # mid-claim (Ctrl-Z) would hold every command at its open (status included).
             wait_s = None if wait else OPEN_REPLAY_WAIT_S
-            with self._lock(".submit.lock", wait_s=wait_s):
-                self._replay_journals(wait_s=wait_s)
+            doing = "no job was run"  # (only a runner waits: wait_s None)
+            with self._lock(SUBMIT_LOCK, wait_s=wait_s, doing=doing):
+                self._replay_journals(wait_s=wait_s, doing=doing)
             self._replay_due = False
         except BlockingIOError:
             self._replay_due = True  # a submit through this object tries again first
@@ -1448,7 +1508,7 @@ class Queue:
         except FileNotFoundError:
             return
         try:
-            with self._lock(".submit.lock", blocking=False):
+            with self._lock(SUBMIT_LOCK, blocking=False):
                 # One try (wait_s=0): this is the runner's loop, which must not sit out a
                 # held lock (a cancel taking jobs); the next poll tries again.
                 self._replay_journals(wait_s=0)
@@ -1457,10 +1517,11 @@ class Queue:
         except (OSError, QueueIOError):
             return  # the disk is still full, say: the entry stays for the next poll
 
-    def _replay_journals(self, *, wait_s: float | None = None) -> None:
+    def _replay_journals(self, *, wait_s: float | None = None,
+                         doing: str = "nothing was done") -> None:
         """Roll every committed journal entry forward (the submit lock held); BlockingIOError
-        if a claim holds the replace lock for ``wait_s``."""
-        with self._lock(REPLACE_LOCK, wait_s=wait_s):
+        if a claim holds the replace lock for ``wait_s`` (None: as lockwait waits)."""
+        with self._lock(REPLACE_LOCK, wait_s=wait_s, doing=doing):
             for name in sorted(os.listdir(self.dir("journal"))):
                 if not name.endswith(".txn"):
                     continue
@@ -1586,7 +1647,7 @@ class Queue:
         # Submit's lock: a replace places its pending copy before it drops the finished one
         # it replaces, and a dead retry moves dead -> pending; neither is a pair to settle,
         # and neither runs while we hold it.
-        with self._lock(".submit.lock"):
+        with self._lock(SUBMIT_LOCK, doing="no job was run"):
             for jid in job_ids:
                 path = self.record_path(State.PENDING, jid)
                 rec, inode = self._read_or_quarantine_inode(path)
@@ -1719,8 +1780,7 @@ class Queue:
         """Hold off replaces while pending/ records are taken (True), or yield False if a
         replace is being applied now."""
         if self._replace_fd is None:
-            self._replace_fd = os.open(self.path / REPLACE_LOCK,
-                                       os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            self._replace_fd = open_lock_file(self.path / REPLACE_LOCK)
         try:
             fcntl.flock(self._replace_fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -1996,7 +2056,7 @@ class Queue:
             path = self.dir("journal") / name
             if m is None or (m[2] is not None and m[2] != ours) or pid_alive(int(m[1])):
                 continue  # (another pid namespace's: left to its own cancel)
-            with self._lock(".submit.lock", wait_s=OPEN_REPLAY_WAIT_S):
+            with self._lock(SUBMIT_LOCK, wait_s=OPEN_REPLAY_WAIT_S):
                 try:
                     ids = json.loads(path.read_bytes())
                 except FileNotFoundError:
@@ -2025,7 +2085,8 @@ class Queue:
         dst = self._rpath(State.CANCELLED, job_id)
         # Shared with claims, exclusive to a replace: a replace checks what it replaces, then
         # writes pending/x; our rename in between would leave x in cancelled/ and pending/.
-        with self._lock(REPLACE_LOCK, shared=True):
+        with self._lock(REPLACE_LOCK, shared=True,
+                        doing="the jobs not cancelled yet stay as they were"):
             try:
                 os.rename(src, dst)  # races with a claim's rename: exactly one wins
             except FileNotFoundError:
@@ -2046,7 +2107,10 @@ class Queue:
         # cancelled/, places its new pending/x and drops cancelled/x) must not come between
         # our look at cancelled/x and our rewrite of it, which would bring back a cancelled
         # copy of the old job beside the new pending one. A replace waits one batch at most.
-        with self._lock(REPLACE_LOCK, shared=True):
+        # (Given up, the jobs taken stay in cancelled/ for the next open of the queue to
+        # settle: their journal entry names this process, dead by then.)
+        with self._lock(REPLACE_LOCK, shared=True,
+                        doing="the next command to open the queue completes this cancel"):
             blobs: list[bytes] = []
             dsts: list[str] = []
             for t in taken:
@@ -2121,7 +2185,9 @@ class Queue:
         # fsync per job and the lock held throughout made `dead retry --all` of 20,000 jobs
         # take 115 s, every submit waiting behind it.
         for at in range(0, len(job_ids), PRUNE_BATCH):
-            with self._lock(".submit.lock"):
+            done = (f"{len(revived)} job(s) were retried before that; the others stay in "
+                    "dead/") if revived else "nothing was retried"
+            with self._lock(SUBMIT_LOCK, doing=done):
                 revived += self._dead_retry_batch(job_ids[at:at + PRUNE_BATCH], now, hook)
         if revived:
             self.wake_runner()
@@ -2233,7 +2299,7 @@ class Queue:
             return 0
         folder = os.path.dirname(paths[0])  # one folder's records in each batch
         n = 0
-        with self._lock(".submit.lock"):
+        with self._lock(SUBMIT_LOCK, doing="the records not removed yet stay"):
             until = time.monotonic() + PRUNE_HOLD_S
             while paths and time.monotonic() < until:
                 path = paths.pop()
@@ -2294,12 +2360,7 @@ class Queue:
     def _open_lock_file(self, folder: int) -> int:
         """runner.lock in the folder open as ``folder`` (not wherever the path leads by
         now), read-write: NFS grants an exclusive flock only on a file open for writing."""
-        try:
-            return os.open(RUNNER_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600,
-                           dir_fd=folder)
-        except OSError as exc:
-            raise QueueIOError(f"cannot open the runner lock {self.path / RUNNER_LOCK}: "
-                               f"{exc.strerror}") from exc
+        return open_lock_file(self.path / RUNNER_LOCK, dir_fd=folder)
 
     @contextlib.contextmanager
     def runner_lock(self, holder: Holder) -> Iterator[None]:
@@ -2319,9 +2380,17 @@ class Queue:
                 for fd in (folder, lock):
                     os.close(fd)
                 folder = lock = -1
-            if os.fstat(lock).st_size:
+            st = os.fstat(lock)
+            if st.st_size:
                 # An older version's record, kept inside its lock file: readers take a
-                # record found there for the holder's, and ours is runner.json.
+                # record found there for the holder's, and ours is runner.json. Only in a
+                # file of the queue's own: one hard-linked to a user's file (a job runs as
+                # we do) would be emptied with it.
+                if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+                    raise QueueIOError(
+                        f"{self.path / RUNNER_LOCK} is not a file of the queue's own (a "
+                        f"{'hard link' if stat.S_ISREG(st.st_mode) else 'special file'} "
+                        "holding data); renderctl will not empty it: remove it")
                 try:
                     os.ftruncate(lock, 0)
                 except OSError as exc:
@@ -2348,7 +2417,7 @@ class Queue:
         info = self._holder_of(fd)
         alive = _holder_alive(info)
         if alive is False:
-            if _flock_within(fd, deadline - time.monotonic()):
+            if flock_within(fd, fcntl.LOCK_EX, deadline - time.monotonic()):
                 return
             info = self._holder_of(fd)  # who holds it now
             alive = _holder_alive(info)
@@ -2358,11 +2427,16 @@ class Queue:
             with contextlib.suppress(BlockingIOError):
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 return
-        # A record judged dead is not who holds it now: ask the kernel.
-        pid = info.get("pid") if alive is not False else (
-            _flock_holder_pid(fd) or info.get("pid"))
-        raise QueueBusy(f"another runner (pid {pid}) holds queue {self.path}",
-                        holder_pid=pid)
+        # A record judged dead is not who holds it now, and one of a live runner may not be
+        # either (a `flock` run by hand, a process that is no runner): ask the kernel.
+        pid = info.get("pid") if alive is not False else None
+        kernel = holders(fd)
+        if pid is not None and (not kernel or pid in kernel):
+            raise QueueBusy(f"another runner (pid {pid}) holds queue {self.path}",
+                            holder_pid=pid)
+        who = describe(kernel[0]) if kernel else "another process"
+        raise QueueBusy(f"{who} holds queue {self.path}'s runner lock, and it is not the "
+                        "runner its record names", holder_pid=kernel[0] if kernel else None)
 
     def write_runner_info(self, info: Mapping[str, Any]) -> None:
         """Replace runner.json, the holder record (the lock holder's to call).
@@ -2396,9 +2470,10 @@ class Queue:
         lock = -1
         try:
             with contextlib.suppress(OSError):  # none yet: only the folder can tell
-                # O_NONBLOCK: a FIFO put there by hand must not hang `status`.
-                lock = os.open(RUNNER_LOCK, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC,
-                               dir_fd=folder)
+                # O_NONBLOCK: a FIFO put there by hand must not hang `status`. A symlink
+                # is not followed: the runner refuses one (see lockwait.open_lock_file).
+                lock = os.open(RUNNER_LOCK, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
+                               | os.O_NOFOLLOW, dir_fd=folder)
             for fd in (lock, folder):
                 if fd < 0:
                     continue
@@ -2509,70 +2584,14 @@ def _read_record(path: Path) -> dict[str, Any]:
     return info if isinstance(info, dict) else {}
 
 
-def _flock_within(fd: int, timeout_s: float) -> bool:
-    """Lock ``fd`` exclusively, blocking at most ``timeout_s``; whether it is now held.
-
-    flock has no timeout, and an alarm signal to cut it short would need the main thread
-    and take SIGALRM from the program: a helper thread blocks in it instead, on a dup of
-    ``fd`` (a flock belongs to the open file, so once taken it is ``fd``'s). Blocking, not
-    polling: the lock is ours the moment its holder lets go, and /proc/locks shows the wait
-    (a "->" line). Given up on, the thread lets go of the lock as soon as it gets it."""
-    if timeout_s <= 0:
-        return False
-    import threading  # lazily: only a runner that finds its lock held needs it
-
-    dup = os.dup(fd)
-    cond = threading.Condition()
-    state = {"ended": False, "held": False, "abandoned": False}
-
-    def wait() -> None:
-        try:
-            fcntl.flock(dup, fcntl.LOCK_EX)
-            held = True
-        except OSError:
-            held = False
-        with cond:
-            if held and state["abandoned"]:
-                fcntl.flock(dup, fcntl.LOCK_UN)
-                held = False
-            state.update(ended=True, held=held)
-            cond.notify()
-        os.close(dup)
-
-    thread = threading.Thread(target=wait, name=LOCK_WAITER, daemon=True)
-    thread.start()
-    with cond:
-        if not cond.wait_for(lambda: state["ended"], timeout=timeout_s):
-            state["abandoned"] = True
-            return False
-    thread.join()  # gone before the runner forks its workers
-    return state["held"]
-
-
-def _flock_holder_pid(fd: int) -> int | None:
-    """The pid holding an exclusive flock on ``fd``'s file, from /proc/locks (shown in our
-    pid namespace; 0 there, so None here, for a holder outside it)."""
-    st = os.fstat(fd)
-    key = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
-    try:
-        with open("/proc/locks") as fh:
-            for line in fh:
-                # "1: FLOCK  ADVISORY  WRITE 8377 fe:00:2228581 0 EOF"; a waiter's line has
-                # "->" after the number and is not a holder.
-                f = line.split()
-                if len(f) >= 6 and f[1] == "FLOCK" and f[3] == "WRITE" and f[5] == key:
-                    return int(f[4]) or None
-    except (OSError, ValueError):
-        pass
-    return None
-
-
 def _flock_holder(fd: int) -> dict[str, Any] | None:
-    """A holder record for the process holding ``fd``'s file locked (see _flock_holder_pid),
-    judged as a runner's would be; None if none is known."""
-    pid = _flock_holder_pid(fd)
-    if pid is None:
+    """A holder record for a process holding ``fd``'s file locked (lockwait.holders),
+    judged as a runner's would be (only an exclusive holder: a runner holds it so, and one
+    holding it shared is a reader peeking, `status`); None if none is known."""
+    pids = holders(fd, exclusive=True)
+    if not pids:
         return None
+    pid = pids[0]
     from renderctl import proctree
 
     return Holder(socket.gethostname(), proctree.boot_id(), pid,

@@ -267,7 +267,7 @@ def existing_queue(opt: Path | None, *, report_corrupt: bool = True,
     cancel" of 40 jobs that would run once there was room; `show`, `wait`: no such job)."""
     from renderctl.store import Queue
 
-    q = Queue(queue_path(opt), create=False)
+    q = watch_locks(Queue(queue_path(opt), create=False))
     if report_corrupt:
         report_quarantines(q)
         unplaced = q.unplaced_error()
@@ -275,6 +275,20 @@ def existing_queue(opt: Path | None, *, report_corrupt: bool = True,
             if whole:
                 raise unplaced
             out.err(f"warning: {unplaced}")
+    return q
+
+
+# What ends a wait for a queue lock early (`run`'s stop signals; see _EarlyStop): the
+# signal's number once one came. One command per process: set by the command, read by
+# watch_locks for every Queue it opens.
+_stop_requested: Callable[[], int | None] | None = None
+
+
+def watch_locks(q: Queue) -> Queue:
+    """``q`` telling the user whom a wait for one of its locks is for (lockwait), and
+    giving up that wait on a stop signal of `run`'s."""
+    q.on_lock_wait = out.err
+    q.stop_requested = _stop_requested
     return q
 
 
@@ -736,7 +750,7 @@ def do_submit(
         raise ManifestError(problems)
     crash_hook = CrashPoints.from_env()
     crash_hook("submit:parsed")
-    q = Queue(queue_path(queue))
+    q = watch_locks(Queue(queue_path(queue)))
     report_quarantines(q)
     if before is not None:
         before(q)
@@ -1079,7 +1093,7 @@ def run(
         ended = ended_earlier(res)
         note_ended(ended)
     else:
-        q = Queue(queue_path(queue))
+        q = watch_locks(Queue(queue_path(queue)))
         report_quarantines(q)
         warn_submit_only(ctx, {"out_dir": "--out", "memory_mb": "--memory-mb",
                                "timeout": "--timeout", "max_attempts": "--max-attempts"})
@@ -1217,6 +1231,14 @@ class _EarlyStop:
             # One the parent left ignored stays so, as in the launcher and the runner (`nohup`)
             if not left_ignored(sig):
                 signal.signal(sig, self._on_signal)
+        global _stop_requested
+        _stop_requested = self.requested
+
+    def requested(self) -> int | None:
+        """The stop signal that came, if one did (a wait for a lock ends on it)."""
+        if self.runner is not None:
+            return self.runner.stop_signal  # type: ignore[no-any-return]
+        return self.signum
 
     def _on_signal(self, signum: int, frame: object) -> None:
         if signum == signal.SIGQUIT:

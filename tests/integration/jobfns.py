@@ -440,8 +440,24 @@ class Runner:
 def _env(extra: Mapping[str, str] | None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "RENDERCTL_CRASH_AT"}
     env["NO_COLOR"] = "1"
+    # Tests freeze processes (SIGSTOP) at named points to order them, some holding a lock
+    # another process then waits for: that wait must not give up on a holder stopped for
+    # 5 s (lockwait) on a busy machine. The tests of giving up set their own.
+    env["RENDERCTL_TEST_LOCK_STOPPED_S"] = "3600"  # (lockwait.STOPPED_PATIENCE_ENV)
     env.update(extra or {})
     return env
+
+
+def waiting_for_a_lock(pid: int) -> bool:
+    """Whether process ``pid`` is blocked waiting for an flock (a "->" line of /proc/locks
+    naming it; a lock tried and given up on at once leaves no trace)."""
+    with open("/proc/locks") as fh:
+        for line in fh:
+            # "2: -> FLOCK  ADVISORY  WRITE 26728 fe:00:2241294 0 EOF"
+            f = line.split()
+            if f[1:3] == ["->", "FLOCK"] and f[5] == str(pid):
+                return True
+    return False
 
 
 def cgroup_v1_writable() -> bool:

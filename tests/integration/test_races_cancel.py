@@ -28,12 +28,12 @@ from jobfns import (
     stopped,
     wait_for_pid,
     wait_until,
+    waiting_for_a_lock,
 )
 
 from renderctl.errors import ExitCode
 
 PAST = "2020-01-01T00:00:00Z"
-FLOCK_SYSCALL = 73  # x86_64
 
 
 def _frozen(args: list[str], point: str) -> subprocess.Popen[str]:
@@ -49,10 +49,7 @@ def _frozen(args: list[str], point: str) -> subprocess.Popen[str]:
 def _exited_or_waiting_for_a_lock(proc: subprocess.Popen[str]) -> bool:
     if proc.poll() is not None:
         return True
-    try:
-        return Path(f"/proc/{proc.pid}/syscall").read_text().split()[0] == str(FLOCK_SYSCALL)
-    except (OSError, IndexError):
-        return False
+    return waiting_for_a_lock(proc.pid)
 
 
 def _finish(proc: subprocess.Popen[str]) -> tuple[int, str, str]:
