@@ -588,7 +588,11 @@ class Runner:
         self.q.write_runner_info(info)
 
     def _shutdown(self) -> None:
-        self._continue_helpers()  # (the joins below wait on the fork server)
+        # (The joins below wait on the fork server.) Never the end of the shutdown: out of
+        # descriptors (a job lowered our RLIMIT_NOFILE), its /proc read failed, the workers
+        # were left alive, and the exit hung for good joining them.
+        with contextlib.suppress(Exception):
+            self._continue_helpers()
         for w in list(self.workers.values()):
             if w.pgid:
                 proctree.kill_group(w.pgid, signal.SIGKILL)
@@ -1099,6 +1103,10 @@ class Runner:
                 self._next_state = now + STATE_INTERVAL_S
                 self._write_state()
                 self._kill_orphans()
+                # A job runs as we do and may SIGSTOP the fork server: stopped, it reports no
+                # worker's death and forks none, and a killed worker's job was never
+                # settled (the run went on until signalled). Within a second, it goes on.
+                self._continue_helpers()
             self.reporter.tick(self)
             self._wait(self._next_deadline(now))
 
@@ -1340,7 +1348,11 @@ class Runner:
             deadlines.append(self._next_sample)
         idle = self._idle()
         for w in self.workers.values():
-            if w.current is not None and w.current.started_mono is not None:
+            if w.current is not None and w.current.started_mono is not None \
+                    and w.kill_reason is None:
+                # (Once killed, what is awaited is its death, which wakes the loop: a passed
+                # timeout kept here made the loop spin, every core's worth, while the death
+                # went unreported.)
                 deadlines.append(w.current.started_mono + w.current.claim.record.spec.timeout_s)
                 if idle and w.queued:
                     deadlines.append(w.current.started_mono + self._steal_after())

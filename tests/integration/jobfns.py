@@ -55,6 +55,13 @@ def write_pdf(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -
     _pdf(Path(output), os.environ["RENDERCTL_JOB_ID"])
 
 
+def stop_parent_then_write(inputs: Sequence[Path], output: Path,
+                           params: Mapping[str, Any]) -> None:
+    """SIGSTOP the worker's parent (the fork server, under forkserver), then write a PDF."""
+    os.kill(os.getppid(), signal.SIGSTOP)
+    write_pdf(inputs, output, params)
+
+
 def copy_via_child(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
     """Have a child process write the output (a copy of the input), as a job driving qpdf or
     Ghostscript does: subprocess closes the worker's descriptors in it."""

@@ -1519,3 +1519,30 @@ def test_a_sigkilled_runner_leaves_no_cgroup_behind_even_if_no_runner_follows(
     finally:
         go.touch()
         runner.close()
+
+
+def test_a_job_that_stops_the_fork_server_does_not_stall_the_run(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given a job that SIGSTOPs the fork server (its worker's parent) and a job that times
+    # out meanwhile, its worker killed
+    stage(tmp_path)
+    manifest = write_manifest([
+        py_job("stopper", "stop_parent_then_write"),
+        {**py_job("slow", "sleep_then_write", s=600), "timeout_s": 2, "max_attempts": 1},
+    ])
+
+    # When they run
+    t0 = time.monotonic()
+    res = run_cli("run", manifest, *cli_args(tmp_path / "q", tmp_path / "out", "--workers",
+                                             "2", "--kill-grace", "0.5",
+                                             "--start-method", "forkserver"), timeout=60)
+
+    # Then the run ends on its own: the stopped fork server, which reports its workers'
+    # deaths, is resumed (the killed worker's job was never settled, the runner spinning
+    # a core, until a signal ended the run), and the timeout is charged as it happened
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert time.monotonic() - t0 < 30
+    view = QueueView(tmp_path / "q")
+    assert view.states_of(["stopper", "slow"]) == {"stopper": ["done"], "slow": ["dead"]}
+    attempt = view.record("dead", "slow")["attempts"][-1]
+    assert attempt["outcome"] == "timeout" and attempt["elapsed_s"] < 5
