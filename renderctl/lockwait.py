@@ -83,17 +83,6 @@ def holders(fd: int, *, exclusive: bool = False) -> list[int]:
     return found
 
 
-def stopped(pid: int) -> bool:
-    """Whether ``pid`` is stopped (Ctrl-Z, SIGSTOP; or held by a debugger)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            stat = fh.read()
-    except OSError:
-        return False
-    # "pid (comm) S ...": comm may hold spaces and parentheses; the state follows the last ")"
-    return stat[stat.rfind(b")") + 2:][:1] in (b"T", b"t")
-
-
 def describe(pid: int) -> str:
     """"pid N (its command line)", the command line shortened."""
     try:
@@ -218,10 +207,12 @@ def wait_for_flock(fd: int, mode: int, path: Path, *, doing: str,
                               f"{path}; {doing}", signum)
         if waited < LOCK_NOTICE_S and waited < max_wait:
             return
+        from renderctl.proctree import is_stopped  # (psutil: only once a wait goes on)
+
         now = time.monotonic()
         pids = holders(fd)
         for pid in pids:
-            if stopped(pid):
+            if _stopped(is_stopped, pid):
                 stopped_since.setdefault(pid, now)
             else:
                 stopped_since.pop(pid, None)
@@ -236,6 +227,13 @@ def wait_for_flock(fd: int, mode: int, path: Path, *, doing: str,
             notice(_notice_message(path, pids, stopped_since, stopped_patience))
 
     flock_waiting(fd, mode, check)
+
+
+def _stopped(is_stopped: Callable[[int], bool], pid: int) -> bool:
+    try:
+        return is_stopped(pid)
+    except (OSError, ValueError):  # unreadable: judged running, waited for
+        return False
 
 
 def _who(pids: list[int]) -> str:
