@@ -20,6 +20,7 @@ The wait blocks in flock(2) (in a helper thread: see flock_waiting); holders are
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import signal
@@ -50,8 +51,6 @@ def open_lock_file(path: Path, *, dir_fd: int | None = None, writable: bool = Tr
     try:
         return os.open(path if dir_fd is None else path.name, flags, 0o600, dir_fd=dir_fd)
     except OSError as exc:
-        import errno
-
         if exc.errno == errno.ELOOP:
             raise QueueIOError(f"{path} is a symlink: renderctl's lock files are its own and "
                                "are never followed; remove it (renderctl makes it anew)"

@@ -455,14 +455,20 @@ def _env(extra: Mapping[str, str] | None) -> dict[str, str]:
     return env
 
 
-def waiting_for_a_lock(pid: int) -> bool:
-    """Whether process ``pid`` is blocked waiting for an flock (a "->" line of /proc/locks
-    naming it; a lock tried and given up on at once leaves no trace)."""
+def waiting_for_a_lock(pid: int, path: Path | None = None) -> bool:
+    """Whether process ``pid`` is blocked waiting for an flock (on ``path``'s file, if
+    given): a "->" line of /proc/locks naming it; a lock tried and given up on at once
+    leaves no trace."""
+    key = None
+    if path is not None:
+        st = os.stat(path)
+        key = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
     with open("/proc/locks") as fh:
         for line in fh:
             # "2: -> FLOCK  ADVISORY  WRITE 26728 fe:00:2241294 0 EOF"
             f = line.split()
-            if f[1:3] == ["->", "FLOCK"] and f[5] == str(pid):
+            if f[1:3] == ["->", "FLOCK"] and f[5] == str(pid) \
+                    and (key is None or f[6] == key):
                 return True
     return False
 

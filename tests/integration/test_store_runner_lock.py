@@ -19,7 +19,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from jobfns import QueueView, Runner, cli_args, py_job, run_cli, stage, wait_for_pid, wait_until
+from jobfns import (
+    QueueView,
+    Runner,
+    cli_args,
+    py_job,
+    run_cli,
+    stage,
+    wait_for_pid,
+    wait_until,
+    waiting_for_a_lock,
+)
 
 from renderctl.errors import ExitCode
 
@@ -89,20 +99,6 @@ def _queue_with_a_job(tmp_path: Path, write_manifest: Any) -> tuple[Path, Path]:
     return queue, out
 
 
-def _blocked_waiter(path: Path, pid: int) -> bool:
-    """Whether process ``pid`` is blocked waiting for an exclusive flock on ``path``: a
-    "->" line of /proc/locks (a lock tried and given up on at once leaves no trace)."""
-    st = os.stat(path)
-    key = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
-    with open("/proc/locks") as fh:
-        for line in fh:
-            # "2: -> FLOCK  ADVISORY  WRITE 26728 fe:00:2241294 0 EOF"
-            f = line.split()
-            if f[1:3] == ["->", "FLOCK"] and f[4] == "WRITE" and f[5:7] == [str(pid), key]:
-                return True
-    return False
-
-
 # What a reader such as `status` holds shared for a moment to ask whether a runner is there:
 # runner.lock and then the folder; only the folder while no runner has made runner.lock yet.
 # A starting runner takes runner.lock and then the folder, so it waits at the first of them.
@@ -125,7 +121,7 @@ def test_a_reader_peeking_at_the_lock_does_not_turn_a_starting_runner_away(
     runner = Runner(*cli_args(queue, out, "--workers", "1"))
     try:
         # Then it is seen blocked, waiting for the lock the reader holds (not gone with 75)
-        wait_until(lambda: _blocked_waiter(queue / held[0], runner.pid)
+        wait_until(lambda: waiting_for_a_lock(runner.pid, queue / held[0])
                    or runner.proc.poll() is not None,
                    what="the runner to wait for the reader's lock")
         assert runner.proc.poll() is None, (runner.wait(), runner.lines, runner.stderr())
