@@ -448,8 +448,12 @@ def _remove_cgroup(path: Path, *, timeout_s: float = 5.0, controller: str = "mem
     while True:
         try:
             pids = _signal_members(path / "cgroup.procs", signal.SIGKILL, controller)
-        except FileNotFoundError:
-            return
+        except OSError as e:
+            # Removed meanwhile, by another runner's start-up cleaning the same dead
+            # runner's folders: ENOENT, or ENODEV when it went between open and read.
+            if e.errno in (errno.ENOENT, errno.ENODEV):
+                return
+            raise
         if pids:
             _wait_pids_gone(pids, min(deadline, time.monotonic() + 0.5))
         try:
@@ -627,11 +631,12 @@ class CgroupGuard:
 
 
 def _remove_runner_dir(parent: Path, *, controller: str = "memory") -> None:
-    if not parent.exists():
-        return
-    for slot in parent.iterdir():
-        if slot.is_dir():
-            _remove_cgroup(slot, controller=controller)
+    try:
+        slots = [slot for slot in parent.iterdir() if slot.is_dir()]
+    except FileNotFoundError:
+        return  # gone already (another runner's start-up removed it)
+    for slot in slots:
+        _remove_cgroup(slot, controller=controller)
     _remove_cgroup(parent, controller=controller)
 
 

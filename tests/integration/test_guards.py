@@ -159,16 +159,22 @@ def test_memsw_follows_the_limit_up_and_down(cgroup_guard, limits_mb):
 
 
 def test_cleanup_stale_removes_a_dead_runners_cgroups_and_kills_leftovers(cgroup_guard, procs):
-    # Given the cgroups of a runner that died, with an orphaned job still inside. (Named by
-    # a pid above pid_max, which no process can have: a dead runner's real pid, reused by a
-    # new process before the cleanup, keeps its folders, by design, and failed this test.)
-    dead_pid = int(Path("/proc/sys/kernel/pid_max").read_text()) + 12345
-    stale = guards.CgroupGuard(cgroup_guard.own_dir, cgroup_guard.v1, dead_pid,
+    # Given the cgroups of a runner that died, with an orphaned job still inside. The runner
+    # is a real process, alive while its folders are set up: every runner's start-up removes
+    # dead runners' cgroups, and a test running alongside once took this one's between
+    # open_slot and adopt. Killed and reaped before the cleanup: its pid is not reused
+    # that fast (pids are handed out in order), and a reused pid keeps its folders by design.
+    runner = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
+                              stdin=subprocess.PIPE, start_new_session=True)
+    procs.append(runner)
+    stale = guards.CgroupGuard(cgroup_guard.own_dir, cgroup_guard.v1, runner.pid,
                                cgroup_guard.own_pids_dir)
     orphan = start_allocator(10)
     procs.append(orphan)
     slot = stale.open_slot("w3")
     slot.adopt(orphan.pid)
+    runner.kill()
+    assert runner.wait(timeout=10) == -signal.SIGKILL
     # When a new runner cleans up
     removed = cgroup_guard.cleanup_stale()
     # Then the orphan is dead and the directories are gone (its pids cgroup too, where the
@@ -180,6 +186,52 @@ def test_cleanup_stale_removes_a_dead_runners_cgroups_and_kills_leftovers(cgroup
     if stale.pids_parent_dir is not None:
         assert slot.pids_dir is not None
         assert not stale.pids_parent_dir.exists(), removed
+
+
+CLEANUP = """
+import sys
+from renderctl import guards
+g = guards.detect_memory_guard(prefer="cgroup-v1")
+sys.stdin.readline()
+g.cleanup_stale()
+"""
+
+
+def test_runners_starting_together_clean_the_same_dead_runners_without_failing(cgroup_guard,
+                                                                               procs):
+    # Given many dead runners' folders, each with a slot (runners on two queues of one
+    # machine start together and both clean them: one removed a folder while the other read
+    # it, and the reader raised ENODEV, skipping every dead runner after that one).
+    stale = []
+    for _ in range(3):
+        placeholders = [subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
+                                         stdin=subprocess.PIPE, start_new_session=True)
+                        for _ in range(15)]
+        procs.extend(placeholders)
+        for runner in placeholders:
+            guard = guards.CgroupGuard(cgroup_guard.own_dir, cgroup_guard.v1, runner.pid,
+                                       cgroup_guard.own_pids_dir)
+            for n in range(4):
+                guard.open_slot(f"w{n}")
+            stale.append(guard)
+            runner.kill()
+            runner.wait(timeout=10)
+        # When two cleanups start at the same moment (a line on stdin releases both)
+        cleaners = [subprocess.Popen([sys.executable, "-c", CLEANUP], stdin=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, start_new_session=True)
+                    for _ in range(2)]
+        procs.extend(cleaners)
+        for c in cleaners:
+            assert c.stdin is not None
+            c.stdin.write("go\n")
+        for c in cleaners:
+            assert c.stdin is not None
+            c.stdin.flush()
+        # Then neither fails, and every dead runner's folders are gone
+        for c in cleaners:
+            _, err = c.communicate(timeout=60)
+            assert c.returncode == 0, err
+        assert [g.parent_dir for g in stale if g.parent_dir.exists()] == []
 
 
 def test_sampling_slot_is_a_no_op():
