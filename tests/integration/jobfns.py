@@ -299,10 +299,25 @@ _HOLD_SPAWNED_WORKERS = '''\
 """Test hook (jobfns.hold_spawned_workers): a worker spawned (`--start-method spawn`) while
 ARMED exists waits, before multiprocessing reads its start data, until RELEASE exists: a
 worker held in its start, still in the runner's process group. With ONCE, only the first;
-with DIE, it exits (status 3) instead."""
+with DIE, it exits (status 3) instead. A worker that takes a pass.N file (renamed: one
+worker each) starts unheld."""
 import os, sys, time
 hold = os.environ.get("RCTL_TEST_HOLD_SPAWN")
-if hold and "--multiprocessing-fork" in sys.orig_argv and os.path.exists(hold + "/armed"):
+
+
+def passed(hold):
+    for name in sorted(os.listdir(hold)):
+        if name.startswith("pass."):
+            try:
+                os.rename(hold + "/" + name, hold + "/taken-" + name)
+                return True
+            except FileNotFoundError:
+                pass  # another worker took it
+    return False
+
+
+if hold and "--multiprocessing-fork" in sys.orig_argv and os.path.exists(hold + "/armed") \
+        and not passed(hold):
     if os.path.exists(hold + "/die"):
         os._exit(3)
     try:
@@ -319,12 +334,14 @@ if hold and "--multiprocessing-fork" in sys.orig_argv and os.path.exists(hold + 
 '''
 
 
-def hold_spawned_workers(folder: Path, *, once: bool = False,
-                         die: bool = False) -> tuple[dict[str, str], Path]:
+def hold_spawned_workers(folder: Path, *, once: bool = False, die: bool = False,
+                         skip: int = 0) -> tuple[dict[str, str], Path]:
     """An environment for a `renderctl run --start-method spawn` whose spawned workers (all,
     or with ``once`` the first) are held in their start once ``hold/armed`` exists, before
     they say Ready, until ``hold/release`` exists (with ``die``, they exit there instead,
-    status 3); the latest held one's pid is in ``hold/starting.pid``. A ``sitecustomize``
+    status 3); the latest held one's pid is in ``hold/starting.pid``. With ``skip``, that
+    many spawned workers start unheld first (armed from the start: arming once a worker
+    was seen raced a successor started meanwhile). A ``sitecustomize``
     on PYTHONPATH: it runs in every new interpreter, before multiprocessing's spawn code.
     Returns (env, hold)."""
     hold = folder / "hold"
@@ -334,6 +351,8 @@ def hold_spawned_workers(folder: Path, *, once: bool = False,
         (hold / "once").touch()
     if die:
         (hold / "die").touch()
+    for n in range(skip):
+        (hold / f"pass.{n}").touch()
     path = os.pathsep.join(p for p in (str(hold), os.environ.get("PYTHONPATH")) if p)
     return {"RCTL_TEST_HOLD_SPAWN": str(hold), "PYTHONPATH": path}, hold
 

@@ -248,10 +248,14 @@ def test_ctrl_z_while_a_spawned_worker_starts_and_kill_cont_of_the_runner_goes_o
         tmp_path: Path, write_manifest: Any) -> None:
     queue, out = tmp_path / "q", tmp_path / "out"
     # Given a run with `--start-method spawn`, whose one worker is replaced after each job,
-    # and a hook that holds a spawned worker in its start once armed (a new interpreter
-    # importing its modules: ~0.1 s or more, in the runner's process group till it has a
-    # group of its own, so a terminal's Ctrl-Z stops it with the runner)
-    env, hold = hold_spawned_workers(tmp_path)
+    # and a hook that holds every spawned worker after the first in its start (a new
+    # interpreter importing its modules: ~0.1 s or more, in the runner's process group till
+    # it has a group of its own, so a terminal's Ctrl-Z stops it with the runner). Armed
+    # from the start: the successor is spawned as the first job is handed out; armed once
+    # that job ran, the successor could pass the hook first, and the hold then waited on
+    # the first job's done record and a third worker's start (20 s once, under load).
+    env, hold = hold_spawned_workers(tmp_path, skip=1)
+    (hold / "armed").touch()
     first, go1 = held_job(tmp_path, "first", timeout_s=30)
     second, go2 = held_job(tmp_path, "second", timeout_s=30)
     go2.touch()
@@ -260,7 +264,6 @@ def test_ctrl_z_while_a_spawned_worker_starts_and_kill_cont_of_the_runner_goes_o
                     write_manifest([first, second]), env=env, own_group=True)
     try:
         wait_for_pid(tmp_path / "first.pid")
-        (hold / "armed").touch()
         go1.touch()
         starting = wait_for_pid(hold / "starting.pid")  # the next worker, held in its start
 
