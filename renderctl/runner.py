@@ -366,6 +366,7 @@ class Runner:
         # itself) is counted at the end as this run's (see _settle_left_pending). Each with
         # how many attempts it had then: whether the end came with an attempt of its own.
         self._left_pending: dict[str, int] = {}
+        self._vanish_check_due = False  # woken in a --follow run: see _tick_follow
         self.stop_signal: int | None = None
         self.stop_deadline: float | None = None
         self.stopped_at: float | None = None  # (monotonic) when the first stop signal came
@@ -1107,6 +1108,8 @@ class Runner:
                 # worker's death and forks none, and a killed worker's job was never
                 # settled (the run went on until signalled). Within a second, it goes on.
                 self._continue_helpers()
+                if self.s.follow:
+                    self._tick_follow()
             self.reporter.tick(self)
             self._wait(self._next_deadline(now))
 
@@ -1915,14 +1918,17 @@ class Runner:
                     else:
                         unlink_quiet(e.path)
 
-    def _in_flight_tokens(self) -> set[str]:
-        """The tokens of every attempt claimed and not yet recorded."""
+    def _in_flight(self) -> list[Assignment]:
+        """Every attempt claimed and not yet recorded."""
         live = [*self.ready, *(a for a, _ in self.completions)]
         for w in self.workers.values():
             live.extend(w.queued)
             if w.current is not None:
                 live.append(w.current)
-        return {a.claim.lease.token for a in live}
+        return live
+
+    def _in_flight_tokens(self) -> set[str]:
+        return {a.claim.lease.token for a in self._in_flight()}
 
     def _drop_moot_logs(self) -> None:
         """Remove dead workers' started logs that no longer prove anything: every attempt
@@ -2586,20 +2592,48 @@ class Runner:
         until their retry time came (up to --backoff-max). Only while nothing is claimable:
         then the run has nothing better to do than a stat per waiting job."""
         if self.s.follow:
-            return  # it never finishes for want of jobs; a claim drops them when due
+            # It never finishes for want of jobs, and its wakes are mostly submits: looked
+            # at once a second at most (_tick_follow), not a stat per waiting job per wake.
+            self._vanish_check_due = True
+            return
+        self._drop_vanished()
+
+    def _drop_vanished(self) -> None:
         for job_id in self.index.waiting_ids(now=self.clock.wall()):
             if not os.path.lexists(self.q.record_path(State.PENDING, job_id)):
                 self.index.discard(job_id)
 
-    def _settle_left_pending(self) -> None:
+    def _tick_follow(self) -> None:
+        """Once a second in a --follow run: the jobs another command ended while they
+        waited out a backoff are reported now, not at the run's end (weeks away, in
+        memory till then), nor when their retry would have come (up to --backoff-max)."""
+        if self._vanish_check_due:
+            self._vanish_check_due = False
+            self._drop_vanished()
+        if self._left_pending:
+            self._settle_left_pending(gone_only=True)
+
+    def _settle_left_pending(self, *, gone_only: bool = False) -> None:
         """Count and report the jobs this run tried and left pending that another command
         ended meanwhile (`cancel` settles a pending job itself; `dead`/`expired` by another
         runner after ours): the run handled them, and DESIGN's exit code is of every job the
         command handled. It exited 0 with such a job cancelled, and its JUnit report had it
-        as `skipped`, unfinished."""
-        for job_id, attempts in sorted(self._left_pending.items()):
+        as `skipped`, unfinished.
+
+        With ``gone_only`` (a --follow run, each second), only those no longer waiting in
+        the index nor in flight."""
+        if gone_only:
+            flying = {a.claim.record.spec.id for a in self._in_flight()}
+            gone = [(job_id, attempts) for job_id, attempts in self._left_pending.items()
+                    if job_id not in self.index and job_id not in flying]
+        else:
+            gone = list(self._left_pending.items())
+        for job_id, attempts in sorted(gone):
             with contextlib.suppress(OSError):
                 view = self.q.find(job_id)
+                if gone_only and view is not None and not view.state.terminal:
+                    continue  # pending again, not yet in the index (or running elsewhere)
+                self._left_pending.pop(job_id, None)
                 if view is not None and view.state.terminal:
                     self.counts[view.state.value] += 1
                     # Ended with no attempt since ours (a cancel while it waited): the last
@@ -2608,7 +2642,8 @@ class Runner:
                     unrun = len(view.record.attempts) <= attempts
                     self.reporter.event(transition_event(
                         Transition(view.record, view.state, unrun=unrun)))
-        self._left_pending.clear()
+        if not gone_only:
+            self._left_pending.clear()
 
     def _report(self, t: Transition) -> None:
         ev = t.event

@@ -638,6 +638,37 @@ def test_a_job_cancelled_while_it_waits_for_its_retry_counts_as_the_runs_cancell
     assert failure is not None and failure.get("type") == "cancelled", ET.tostring(case)
 
 
+def test_a_following_run_reports_a_job_cancelled_during_its_backoff_at_once(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given a --follow run (a service: its end may be weeks away) whose job failed once and
+    # waits about a minute for its retry
+    stage(tmp_path)
+    queue, out = tmp_path / "q", tmp_path / "out"
+    manifest = write_manifest([py_job("flaky", "fail")])
+    runner = Runner(manifest, *cli_args(queue, out, "--workers", "1", "--backoff-base", "60",
+                                        "--follow", "--json"))
+    try:
+        runner.until(lambda ln: '"event": "retry"' in ln and '"job": "flaky"' in ln)
+        # When another command cancels it meanwhile
+        res = run_cli("cancel", "flaky", "--queue", queue)
+        assert res.returncode == 0 and "flaky: cancelled" in res.stdout, res.stderr
+        # Then the run reports it cancelled while it goes on (within its once-a-second
+        # look; it was kept, in memory, with every other such job, till the run ended)
+        line = runner.until(lambda ln: '"event": "cancelled"' in ln, timeout_s=10)
+        assert runner.proc.poll() is None
+        runner.proc.send_signal(signal.SIGTERM)
+        assert runner.wait() == 128 + signal.SIGTERM
+    finally:
+        runner.close()
+    ev = json.loads(line)
+    assert ev["job"] == "flaky" and ev["reason"] == "cancelled while pending", ev
+    # ... once: the summary counts it once, and no second event came at the end
+    events = json_lines("\n".join(runner.lines))
+    assert [e["job"] for e in events if e["event"] == "cancelled"] == ["flaky"], events
+    assert events[-1]["counts"] == {"done": 0, "dead": 0, "cancelled": 1, "expired": 0}, \
+        events[-1]
+
+
 def test_a_retry_scheduled_past_the_calendar_reads_in_days_and_epoch_seconds(
         tmp_path: Path, write_manifest: Any) -> None:
     stage(tmp_path)
