@@ -228,6 +228,40 @@ def wait_for_flock(fd: int, mode: int, path: Path, *, doing: str,
     flock_waiting(fd, mode, check)
 
 
+class HeldOff:
+    """A lock found held on each try of a caller that never blocks on it (a runner's claim:
+    it tries again on its next pass, and must not give up on a queue it serves). After
+    LOCK_NOTICE_S of it, ``notice`` is told whom it waits for, once per set of holders
+    (and again when one of them is stopped or continued)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.since: float | None = None
+        self._told: tuple[int, ...] | None = None
+
+    def held(self, fd: int, notice: Callable[[str], None] | None) -> None:
+        now = time.monotonic()
+        if self.since is None:
+            self.since = now
+        if notice is None or now - self.since < LOCK_NOTICE_S:
+            return
+        from renderctl.proctree import is_stopped
+
+        pids = holders(fd, exclusive=True)
+        halted = [p for p in pids if _stopped(is_stopped, p)]
+        key = (*sorted(pids), -1, *sorted(halted))
+        if key != self._told:
+            self._told = key
+            msg = f"waiting for {self.path}, held by {_who(pids)}"
+            if halted:
+                msg += (f"; pid {halted[0]} is stopped (Ctrl-Z or SIGSTOP): "
+                        f"`kill -CONT {halted[0]}` lets it finish")
+            notice(msg)
+
+    def free(self) -> None:
+        self.since, self._told = None, None
+
+
 def _stopped(is_stopped: Callable[[int], bool], pid: int) -> bool:
     try:
         return is_stopped(pid)

@@ -105,6 +105,7 @@ from renderctl.fsutil import (
 from renderctl.lifecycle import CANCEL_REQUEST_PREFIX, EXPIRED_REASON, State, check_transition
 from renderctl.lockwait import (
     WAITER_THREAD,
+    HeldOff,
     describe,
     flock_within,
     holders,
@@ -523,6 +524,7 @@ class Queue:
         # used, which would then be listed twice and filled for two records.
         self._spare_tag = secrets.token_hex(4)
         self._replace_fd: int | None = None  # REPLACE_LOCK, opened by the first claim
+        self._replace_held = HeldOff(self.path / REPLACE_LOCK)  # claims it held off
         self._runner_fd: int | None = None  # the queue folder, flocked while runner_lock
         # DESIGN: corrupt files are "quarantined and reported": what this object moved, and
         # whom to tell at once.
@@ -1771,7 +1773,12 @@ class Queue:
         loop comes back when the submit wakes it, and a replace takes milliseconds."""
         with self._no_replace() as free:
             if not free:
+                # Said after a second: a replace stopped by Ctrl-Z held the runner's claims
+                # off for good, with nothing said.
+                assert self._replace_fd is not None  # (opened by _no_replace)
+                self._replace_held.held(self._replace_fd, self.on_lock_wait)
                 return [], []
+            self._replace_held.free()
             return self._claim_unlocked(index, holder=holder, lease_s=lease_s, limit=limit,
                                         token_prefix=token_prefix, crash_hook=crash_hook)
 

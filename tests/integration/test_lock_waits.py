@@ -12,6 +12,7 @@ import fcntl
 import os
 import signal
 import subprocess
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,10 +23,12 @@ from jobfns import (
     QueueView,
     _env,
     cli_args,
+    held_job,
     py_job,
     run_cli,
     stage,
     stopped,
+    wait_for_pid,
     wait_until,
     waiting_for_a_lock,
 )
@@ -151,6 +154,65 @@ def test_a_cancel_behind_a_stopped_replace_gives_up_with_75(
     assert QueueView(queue).states_of(["b"]) == {"b": ["pending"]}
     rc, _, err = _resume(held)
     assert rc == 0, err
+
+
+def _stderr_line(proc: subprocess.Popen[str], predicate: Any, timeout_s: float = 20) -> str:
+    """The first line of ``proc``'s stderr satisfying ``predicate``, read in a thread so
+    that a process that never says it fails the test rather than hangs it."""
+    found: list[str] = []
+
+    def read() -> None:
+        assert proc.stderr is not None
+        for ln in proc.stderr:
+            if predicate(ln):
+                found.append(ln)
+                return
+
+    threading.Thread(target=read, daemon=True).start()
+    wait_until(lambda: found, timeout_s=timeout_s, what="the line on stderr")
+    return found[0]
+
+
+def test_a_run_held_off_by_a_stopped_replace_says_whom_it_waits_for(
+        tmp_path: Path, write_manifest: Any, frozen: list[subprocess.Popen[str]]) -> None:
+    # Given a run of one worker busy with a job that holds until told, b pending behind it
+    # (one job a worker: b is not claimed yet), and `submit --replace` of b stopped (Ctrl-Z)
+    # while it holds the replace lock, where no claim may run
+    queue, out = tmp_path / "q", tmp_path / "out"
+    hold, go = held_job(tmp_path, "hold", timeout_s=60)
+    manifest = write_manifest([hold, py_job("b", "write_pdf")])
+    run = _popen(["run", manifest, *cli_args(queue, out), "--workers", "1", "--prefetch", "1"])
+    try:
+        wait_for_pid(tmp_path / "hold.pid")
+        assert QueueView(queue).states_of(["b"]) == {"b": ["pending"]}
+        held = _freeze(frozen, ["submit", "--replace",
+                                write_manifest([py_job("b", "write_pdf", n=2)]),
+                                *cli_args(queue, out)], "submit:staged")
+
+        # When the worker is free for b
+        go.touch()
+
+        # Then the run says, on stderr, whom its claims wait for and how to resume it (it
+        # claimed nothing and said nothing), and waits on: a replace takes milliseconds
+        line = _stderr_line(run, lambda ln: "waiting for" in ln)
+        assert f"waiting for {queue / '.replace.lock'}, held by pid {held.pid} (renderctl " \
+               "submit --replace" in line, line
+        assert f"is stopped (Ctrl-Z or SIGSTOP): `kill -CONT {held.pid}`" in line, line
+        assert run.poll() is None
+        assert QueueView(queue).states_of(["b"]) == {"b": ["pending"]}
+
+        # And once the replace is resumed, the run does b as replaced
+        rc, _, err = _resume(held)
+        assert rc == 0, err
+        _, err = run.communicate(timeout=60)
+        assert run.returncode == 0, err
+    finally:
+        go.touch()
+        if run.poll() is None:
+            run.kill()
+            run.communicate()
+    assert QueueView(queue).states_of(["hold", "b"]) == {"hold": ["done"], "b": ["done"]}
+    assert QueueView(queue).record("done", "b")["spec"]["params"]["n"] == 2
 
 
 def _batch_left_behind(queue: Path, out: Path, write_manifest: Any) -> None:
