@@ -46,7 +46,7 @@ app = typer.Typer(
     help="Crash-safe batch runner for PDF renders: a durable directory queue and a supervised "
     "worker pool with per-job memory ceilings.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
 )
@@ -1871,7 +1871,10 @@ def main() -> None:
     # importing this module; `python -m renderctl.cli.app` starts it here.)
     start_fork_server_early(sys.argv)
     try:
-        app()
+        # One name however started (`python -m renderctl` included): the completion a
+        # user installs is for the `renderctl` command ("python -m renderctl" made a
+        # script bash rejects), and messages and usage lines read the same.
+        app(prog_name="renderctl")
     except KeyboardInterrupt:
         sys.exit(ExitCode.SIGINT)
     except BrokenPipeError:

@@ -320,3 +320,26 @@ def test_a_job_whose_output_exists_already_is_accepted_with_a_warning(
         assert f"warning: {m}: job r: output {out / 'r.pdf'} exists already" in res.stderr
         assert "dead-lettered (output_exists)" in res.stderr
     assert (out / "r.pdf").read_bytes() == b"%PDF-1.4 earlier"
+
+
+def test_shell_completion_completes_commands_and_options(tmp_path: Path) -> None:
+    # What bash's completion function runs (see --show-completion): the program itself,
+    # told by the environment which words are on the line.
+    script = subprocess.run([sys.executable, "-m", "renderctl", "--show-completion", "bash"],
+                            capture_output=True, text=True, timeout=60)
+    assert script.returncode == 0, script.stderr
+    assert "complete -o default -F _renderctl_completion renderctl" in script.stdout
+
+    def complete(line: str) -> list[str]:
+        words = line.split(" ")
+        env = {**os.environ, "_RENDERCTL_COMPLETE": "complete_bash",
+               "COMP_WORDS": line, "COMP_CWORD": str(len(words) - 1)}
+        res = subprocess.run([sys.executable, "-m", "renderctl"], capture_output=True,
+                             text=True, env=env, timeout=60, cwd=tmp_path)
+        assert res.returncode == 0, res.stderr
+        return res.stdout.split()
+
+    assert complete("renderctl st") == ["status"]
+    assert "--start-method" in complete("renderctl run --st")
+    assert complete("renderctl dead re") == ["retry"]
+    assert list(tmp_path.iterdir()) == []  # completing made no queue, started nothing
