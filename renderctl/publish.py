@@ -38,6 +38,11 @@ class OutputEscapes(Exception):
     """The output's folder resolves outside the output root (a symlink on the way)."""
 
 
+class OutputRootUnusable(OSError):
+    """The output root itself cannot be made or opened (a missing mount or symlink target,
+    a file on its way): no job's fault, as a read-only root is not."""
+
+
 def tmp_output_path(final: Path, job_id: str, token: str) -> Path:
     """The temporary name beside ``final`` for one attempt (deterministic, for recovery).
 
@@ -171,10 +176,14 @@ def make_folders(out_root: str, folder: Path) -> None:
     # Modes as mkdir -p's: 0o777 less the umask. 0o755 kept a team's umask 002 from
     # sharing the folders while the files in them (0o666 less the umask) were shared;
     # folders others can write make the worker take its careful path (others_can_write).
-    os.makedirs(out_root, exist_ok=True)  # the root itself: the user's to name
-    root_real = os.path.realpath(out_root)
+    try:
+        os.makedirs(out_root, exist_ok=True)  # the root itself: the user's to name
+        root_real = os.path.realpath(out_root)
+        fd = os.open(root_real, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        # Every job under this root would fail the same way: one job's fault only below.
+        raise OutputRootUnusable(exc.errno, exc.strerror, exc.filename or out_root) from None
     parts = folder.relative_to(out_root).parts
-    fd = os.open(root_real, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     shown = Path(out_root)
     try:
         for part in parts:

@@ -95,6 +95,7 @@ from renderctl.mpstate import mp_temp_dir, prestart
 from renderctl.policy import ClaimIndex, ForeignLeases, after_attempt, compute_backoff
 from renderctl.publish import (
     OutputEscapes,
+    OutputRootUnusable,
     Published,
     check_confined,
     discard,
@@ -1461,7 +1462,8 @@ class Runner:
                 make_folders(spec.out_root, final.parent)
         except (OutputEscapes, OSError) as exc:
             self._confined.discard(key)  # not made: the next claim there checks again
-            if isinstance(exc, OSError) and exc.errno in FOLDER_IO_ERRNOS:
+            if isinstance(exc, OutputRootUnusable) or (
+                    isinstance(exc, OSError) and exc.errno in FOLDER_IO_ERRNOS):
                 # The folder's fault, not the job's: it never ran, so nothing is charged.
                 self._output_io(f"{exc.filename or final.parent}: {exc.strerror}")
                 self._release_unrun(a)

@@ -956,6 +956,49 @@ def test_a_job_whose_output_folder_is_a_file_dead_letters_alone(
     assert (out / "sub").read_text() == "a file, not a folder"
 
 
+@pytest.mark.parametrize("how", ["dangling symlink", "a file on its way"])
+def test_an_output_root_that_cannot_be_made_halts_the_run_charging_nothing(
+        tmp_path: Path, write_manifest: Any, how: str) -> None:
+    # Given jobs submitted under an output root that is gone by the time they run: behind a
+    # symlink to a mount that is not there, or under a folder replaced by a file
+    stage(tmp_path)
+    queue, mount = tmp_path / "q", tmp_path / "mnt"
+    out = mount / "out"
+    manifest = write_manifest([py_job("p1", "write_pdf", output="sub/p1.pdf"),
+                               py_job("p2", "write_pdf")], defaults={"max_attempts": 1})
+    res = run_cli("submit", manifest, *cli_args(queue, out))
+    assert res.returncode == 0, res.stderr
+    target = tmp_path / "not-mounted"
+    if how == "dangling symlink":
+        mount.symlink_to(target)
+    else:
+        mount.write_text("a file, not a folder")
+
+    # When they run
+    res = run_cli("run", "--queue", queue)
+
+    # Then the run halts with 74 naming the root (every job would fail there: the root's
+    # fault, as a read-only one's), and no job was charged or dead-lettered (all of them
+    # were, as invalid_output, a whole batch to `dead retry`)
+    assert res.returncode == ExitCode.IO_ERROR, res.stdout + res.stderr
+    assert f"cannot write outputs: {out}: " in res.stderr, res.stderr
+    view = QueueView(queue)
+    assert view.states_of(["p1", "p2"]) == {"p1": ["pending"], "p2": ["pending"]}
+    for jid in ("p1", "p2"):
+        outcomes = [a["outcome"] for a in view.record("pending", jid).get("attempts", [])]
+        assert set(outcomes) <= {"released"}, (jid, outcomes)
+
+    # And once the root is there, the queue runs to completion
+    if how == "dangling symlink":
+        target.mkdir()
+    else:
+        mount.unlink()
+    res = run_cli("run", "--queue", queue)
+    assert res.returncode == ExitCode.OK, res.stdout + res.stderr
+    assert_pdf(out / "sub" / "p1.pdf", "p1")
+    assert_pdf(out / "p2.pdf", "p2")
+
+
 def test_a_folder_swapped_for_a_symlink_out_of_the_root_while_the_job_runs_gets_nothing(
         tmp_path: Path, write_manifest: Any) -> None:
     # Given a job running, its output folder checked and made when it was claimed
