@@ -20,6 +20,8 @@ import fcntl
 import os
 import struct
 
+from renderctl.fsutil import unlink_quiet, with_name
+
 _LAYOUT = struct.Struct("<qq")  # started, revoked
 
 
@@ -29,7 +31,12 @@ class StartGate:
         flags = os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT | os.O_TRUNC if create else 0)
         self.fd = os.open(path, flags, 0o600)
         if create:
-            os.pwrite(self.fd, _LAYOUT.pack(0, 0), 0)
+            try:
+                os.pwrite(self.fd, _LAYOUT.pack(0, 0), 0)
+            except OSError as exc:
+                os.close(self.fd)
+                unlink_quiet(path)
+                raise with_name(exc, path) from None
 
     def start(self, seq: int) -> bool:
         """Worker side: record that job ``seq`` starts now; False if it was revoked."""

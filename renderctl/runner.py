@@ -66,6 +66,7 @@ from renderctl.errors import (
     QueueIOError,
     RenderctlError,
     UserError,
+    os_error_message,
     signal_exit_code,
 )
 from renderctl.fsutil import sync_filesystems, unlink_quiet
@@ -950,7 +951,16 @@ class Runner:
             with contextlib.suppress(OSError):
                 slot.release_limit()
         self._gates += 1
-        gate = StartGate(os.path.join(self.work_root, f"gate.{self._gates}"), create=True)
+        try:
+            gate = StartGate(os.path.join(self.work_root, f"gate.{self._gates}"), create=True)
+        except OSError as exc:
+            # A job filled the work root's file system (TMPDIR: jobs' working folders are
+            # there): a halt naming it, running jobs finishing. It was an exception out of
+            # the loop, "I/O error: No space left on device", every running job killed.
+            with contextlib.suppress(Exception):
+                slot.close()
+            self._cannot_start_workers(f"cannot start a worker: {os_error_message(exc)}")
+            return
         # A log per worker, not one per runner: it goes soon after its worker (see
         # _drop_moot_logs), where one log grew a line per job for the runner's whole life.
         log = str(self.q.dir("control")

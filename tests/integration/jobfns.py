@@ -908,6 +908,18 @@ def _hold_until_go(params: Mapping[str, Any]) -> None:
         time.sleep(0.005)
 
 
+def fill_workdir_then_hold(inputs: Sequence[Path], output: Path,
+                           params: Mapping[str, Any]) -> None:
+    """Fill the file system of the job's working folder (TMPDIR), then say so in
+    ``params["marker"]``, hold as wait_for_go does, and fail (its file goes with it)."""
+    with contextlib.suppress(OSError), open("fill.bin", "wb", buffering=0) as f:
+        while True:
+            f.write(b"x" * 65536)
+    Path(params["marker"]).write_text("full")
+    _hold_until_go(params)
+    raise RuntimeError("filled its working folder")
+
+
 def write_then_hang(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
     """Write the output, tell ``params["pidfile"]``, then hang (until killed)."""
     write_pdf(inputs, output, params)

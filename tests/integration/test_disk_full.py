@@ -23,6 +23,7 @@ import pytest
 from jobfns import (
     RENDERCTL,
     QueueView,
+    Runner,
     assert_pdf,
     cli_args,
     py_job,
@@ -496,3 +497,44 @@ def test_a_job_that_always_fails_naming_its_output_and_a_full_disk_still_ends_de
     view = QueueView(queue)
     outcomes = [a["outcome"] for a in view.record("dead", "s")["attempts"]]
     assert outcomes == ["released", "failed", "failed"], outcomes
+
+
+def test_a_job_that_fills_tmpdir_halts_the_run_naming_it_and_charges_no_one_else(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given a following run whose TMPDIR (the jobs' working folders, and the runner's work
+    # root) is a small file system, one job per worker (a successor is started as a job is
+    # handed out), and a job that fills it and holds
+    stage(tmp_path)
+    with mounted_tmpfs(tmp_path / "tmpdir", "size=4m") as tmpdir:
+        filled, go = tmp_path / "filled", tmp_path / "go"
+        manifest = write_manifest([
+            {**py_job("filler", "fill_workdir_then_hold", marker=str(filled),
+                      pidfile=str(tmp_path / "filler.pid"), go=str(go)), "max_attempts": 2}])
+        queue, out = tmp_path / "q", tmp_path / "out"
+        runner = Runner(manifest, *cli_args(queue, out, "--workers", "2", "--follow",
+                                            "--max-jobs-per-worker", "1"),
+                        env={"TMPDIR": str(tmpdir)})
+        try:
+            wait_until(filled.exists, what="the file system to be full")
+            # When a job is handed out, and its worker's successor must be started there
+            # (submitted now: nothing that ends frees room meanwhile)
+            res = run_cli("submit", write_manifest([py_job("next", "write_pdf")]),
+                          *cli_args(queue, out))
+            assert res.returncode == 0, res.stderr
+            line = runner.until(lambda ln: ln.startswith("halted "))
+            go.touch()
+            code = runner.wait()
+        finally:
+            go.touch()
+            runner.close()
+    # Then the run halts naming the file it could not make and why, and exits 74 once the
+    # running jobs finished (an exception out of its loop said "I/O error: No space left on
+    # device" and killed them, each charged `crashed` later)
+    assert code == ExitCode.IO_ERROR, runner.lines
+    assert f"cannot start a worker: I/O error ({tmpdir}/" in line, line
+    assert "No space left on device" in line, line
+    view = QueueView(queue)
+    for state, jid in [(s, j) for s in ("pending", "done") for j in view.ids(s)]:
+        outcomes = [a["outcome"] for a in view.record(state, jid).get("attempts", [])]
+        assert "crashed" not in outcomes, (jid, outcomes)
+    assert [a["outcome"] for a in view.record("pending", "filler")["attempts"]] == ["failed"]
