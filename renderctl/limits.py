@@ -17,6 +17,11 @@ from collections.abc import Callable
 from typing import Any
 
 MAX_MEMORY_MB = 1 << 20
+# A job's limits when neither its manifest nor an option, variable or configuration file
+# sets them (manifest.Limits; `--help` shows them).
+DEFAULT_MEMORY_MB = 400
+DEFAULT_TIMEOUT_S = 120.0
+DEFAULT_MAX_ATTEMPTS = 3
 MAX_TIMEOUT_S = 7 * 24 * 3600.0
 MAX_ATTEMPTS = 100
 # `run --workers`: each worker is a process (plus its job's tree) that the runner's one

@@ -25,6 +25,9 @@ from typing import Any
 
 from renderctl.errors import ManifestError, Problem
 from renderctl.limits import (
+    DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_MEMORY_MB,
+    DEFAULT_TIMEOUT_S,
     MAX_ATTEMPTS,
     MAX_MEMORY_MB,
     MAX_TIMEOUT_S,
@@ -71,9 +74,9 @@ TEMP_NAME_BYTES = len(RESERVED_PREFIX) + 16 + 1 + 16 + len(".w.tmp")
 class Limits:
     """Built-in defaults for the limit fields; CLI options replace these (manifests win)."""
 
-    memory_mb: int = 400
-    timeout_s: float = 120.0
-    max_attempts: int = 3
+    memory_mb: int = DEFAULT_MEMORY_MB
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
     priority: int = 0
     group: str = "default"
 

@@ -35,7 +35,15 @@ from renderctl.errors import (
     SubmitIncomplete,
     os_error_message,
 )
-from renderctl.limits import MAX_ATTEMPTS, MAX_MEMORY_MB, MAX_TIMEOUT_S, MAX_WORKERS
+from renderctl.limits import (
+    DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_MEMORY_MB,
+    DEFAULT_TIMEOUT_S,
+    MAX_ATTEMPTS,
+    MAX_MEMORY_MB,
+    MAX_TIMEOUT_S,
+    MAX_WORKERS,
+)
 from renderctl.settings import RunnerSettings  # stdlib only: defaults without the runner
 
 if TYPE_CHECKING:
@@ -523,18 +531,20 @@ def checked_report_file(ctx: typer.Context, param: typer.CallbackParam,
 # (for job limits, the manifest's own), whichever of option, variable or file set it.
 MemOpt = Annotated[int | None, typer.Option("--memory-mb",
                                             help="default memory ceiling (MB, 1-"
-                                            f"{MAX_MEMORY_MB})",
+                                            f"{MAX_MEMORY_MB}) [default {DEFAULT_MEMORY_MB}]",
                                             show_default=False, callback=checked,
                                             parser=AS_INT, metavar="<int>",
                                             envvar="RENDERCTL_MEMORY_MB")]
 TimeoutOpt = Annotated[float | None, typer.Option("--timeout",
                                                   help="default timeout of one attempt (s, "
-                                                  f"> 0, <= {MAX_TIMEOUT_S:g})",
+                                                  f"> 0, <= {MAX_TIMEOUT_S:g}) "
+                                                  f"[default {DEFAULT_TIMEOUT_S:g}]",
                                                   show_default=False, callback=checked,
                                                   parser=AS_FLOAT, metavar="<float>",
                                                   envvar="RENDERCTL_TIMEOUT")]
 AttemptsOpt = Annotated[int | None, typer.Option("--max-attempts",
-                                                 help=f"default attempts (1-{MAX_ATTEMPTS})",
+                                                 help=f"default attempts (1-{MAX_ATTEMPTS}) "
+                                                 f"[default {DEFAULT_MAX_ATTEMPTS}]",
                                                  show_default=False, callback=checked,
                                                  parser=AS_INT, metavar="<int>",
                                                  envvar="RENDERCTL_MAX_ATTEMPTS")]

@@ -343,3 +343,19 @@ def test_shell_completion_completes_commands_and_options(tmp_path: Path) -> None
     assert "--start-method" in complete("renderctl run --st")
     assert complete("renderctl dead re") == ["retry"]
     assert list(tmp_path.iterdir()) == []  # completing made no queue, started nothing
+
+
+@pytest.mark.parametrize("command", ["submit", "run"])
+def test_help_shows_the_job_limits_a_job_gets_when_nothing_sets_them(
+        runner: CliRunner, command: str) -> None:
+    from renderctl.manifest import Limits
+
+    # (DESIGN names the options; --help showed no default for them)
+    res = runner.invoke(app, [command, "--help"])
+    assert res.exit_code == 0, res.output
+    text = " ".join(res.output.split())  # (wrapped to the terminal's width)
+    built_in = Limits()
+    for option, value in [("--memory-mb", built_in.memory_mb),
+                          ("--timeout", f"{built_in.timeout_s:g}"),
+                          ("--max-attempts", built_in.max_attempts)]:
+        assert re.search(rf"{option} <\w+> [^[]*\[default {value}\]", text), text
