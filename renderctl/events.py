@@ -105,7 +105,7 @@ class EventLog:
                 # NULs first: what a power loss leaves of appends whose data never reached
                 # the disk (ext4 without a journal), with the next event appended after them.
                 ev = json.loads(line.lstrip(b"\0"))
-            except ValueError:
+            except (ValueError, RecursionError):  # (nesting a job appended: a traceback)
                 continue
             if isinstance(ev, dict):  # every reader takes events as objects
                 out.append(ev)

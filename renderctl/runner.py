@@ -2608,9 +2608,6 @@ class Runner:
             # at once a second at most (_tick_follow), not a stat per waiting job per wake.
             self._vanish_check_due = True
             return
-        self._drop_vanished()
-
-    def _drop_vanished(self) -> None:
         for job_id in self.index.waiting_ids(now=self.clock.wall()):
             if not os.path.lexists(self.q.record_path(State.PENDING, job_id)):
                 self.index.discard(job_id)
@@ -2621,7 +2618,12 @@ class Runner:
         memory till then), nor when their retry would have come (up to --backoff-max)."""
         if self._vanish_check_due:
             self._vanish_check_due = False
-            self._drop_vanished()
+            # Ours only, and whether or not others are claimable now (waiting_ids is empty
+            # then: a busy run reported such a job only when its retry came): a stat each.
+            for job_id in list(self._left_pending):
+                if job_id in self.index and not os.path.lexists(
+                        self.q.record_path(State.PENDING, job_id)):
+                    self.index.discard(job_id)
         if self._left_pending:
             self._settle_left_pending(gone_only=True)
 

@@ -1728,8 +1728,10 @@ class LogTail:
         self.offset += end
         ids: set[str] = set()
         for line in data[:end].splitlines():
-            with contextlib.suppress(ValueError):
-                ev = json.loads(line)
+            # (RecursionError: a line of 200,000 '[' a job appended; NULs: a power loss
+            # leaves a run of them where unsynced lines were, before the next one)
+            with contextlib.suppress(ValueError, RecursionError):
+                ev = json.loads(line.lstrip(b"\0"))
                 if isinstance(ev, dict) and isinstance(ev.get("job"), str):
                     ids.add(ev["job"])
         return ids

@@ -24,12 +24,14 @@ from jobfns import (
     Runner,
     assert_pdf,
     cli_args,
+    held_job,
     json_lines,
     py_job,
     run_cli,
     sha256_of,
     stage,
     stray_temporaries,
+    wait_for_pid,
 )
 
 FAST = ("--workers", "2", "--backoff-base", "0.01")
@@ -667,6 +669,38 @@ def test_a_following_run_reports_a_job_cancelled_during_its_backoff_at_once(
     assert [e["job"] for e in events if e["event"] == "cancelled"] == ["flaky"], events
     assert events[-1]["counts"] == {"done": 0, "dead": 0, "cancelled": 1, "expired": 0}, \
         events[-1]
+
+
+def test_a_busy_following_run_reports_a_job_cancelled_during_its_backoff_at_once(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given a --follow run of one worker whose first job failed once and waits about a
+    # minute for its retry, while its worker runs a job that holds and another job waits,
+    # claimable, for the worker (the run is busy: a look only at jobs nothing could claim
+    # missed the cancel, reported when the retry would have come)
+    stage(tmp_path)
+    queue, out = tmp_path / "q", tmp_path / "out"
+    hold, go = held_job(tmp_path, "hold", timeout_s=60)
+    manifest = write_manifest([{**py_job("flaky", "fail"), "priority": 10}, hold,
+                               py_job("waiting", "write_pdf")])
+    runner = Runner(manifest, *cli_args(queue, out, "--workers", "1", "--backoff-base", "60",
+                                        "--prefetch", "1", "--follow", "--json"))
+    try:
+        runner.until(lambda ln: '"event": "retry"' in ln and '"job": "flaky"' in ln)
+        wait_for_pid(tmp_path / "hold.pid")
+        # When another command cancels it meanwhile
+        res = run_cli("cancel", "flaky", "--queue", queue)
+        assert res.returncode == 0 and "flaky: cancelled" in res.stdout, res.stderr
+        # Then the run reports it within its once-a-second look, busy as it is
+        line = runner.until(lambda ln: '"event": "cancelled"' in ln, timeout_s=10)
+        assert QueueView(queue).states_of(["waiting"]) == {"waiting": ["pending"]}
+        go.touch()
+        runner.until(lambda ln: '"event": "completed"' in ln and '"job": "waiting"' in ln)
+        runner.proc.send_signal(signal.SIGTERM)
+        assert runner.wait() == 128 + signal.SIGTERM
+    finally:
+        go.touch()
+        runner.close()
+    assert json.loads(line)["job"] == "flaky", line
 
 
 def test_a_retry_scheduled_past_the_calendar_reads_in_days_and_epoch_seconds(

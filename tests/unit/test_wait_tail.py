@@ -100,3 +100,19 @@ def test_a_folder_or_fifo_at_the_log_is_no_log(tmp_path: Path) -> None:
     log.write_bytes(line("a"))
     assert tail.news() is None
     assert tail.news() == {"a"}
+
+
+def test_a_deeply_nested_line_or_a_power_loss_hole_does_not_stop_the_reading(
+        tmp_path: Path) -> None:
+    # (jobs run as the runner's user and can append to the log: 200,000 '[' made json
+    # raise RecursionError, a traceback out of `wait`, `top` and metrics; NULs are what a
+    # power loss leaves where unsynced lines were, before the next line)
+    from renderctl.events import EventLog
+
+    log = tmp_path / "events.jsonl"
+    log.write_bytes(b"")
+    tail = LogTail(log)
+    append(log, b"[" * 200_000 + b"\n" + b"\0" * 64 + line("after-hole"))
+    assert tail.news() == {"after-hole"}
+    events, _ = EventLog(log).read()
+    assert [e["job"] for e in events] == ["after-hole"]
