@@ -16,12 +16,85 @@ import contextlib
 import errno
 import json
 import os
+import stat
 import threading
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from renderctl.fsutil import NOT_REGULAR, open_regular, with_name
+
+
+def parse_lines(data: bytes) -> tuple[list[dict[str, Any]], int]:
+    """The events on ``data``'s whole lines, and where the last of them ends (a half-written
+    last line waits for the next read). A damaged line is skipped."""
+    end = data.rfind(b"\n") + 1
+    out: list[dict[str, Any]] = []
+    for line in data[:end].splitlines():
+        try:
+            # NULs first: what a power loss leaves of appends whose data never reached
+            # the disk (ext4 without a journal), with the next event appended after them.
+            ev = json.loads(line.lstrip(b"\0"))
+        except (ValueError, RecursionError):  # (nesting a job appended: a traceback)
+            continue
+        if isinstance(ev, dict):  # every reader takes events as objects
+            out.append(ev)
+    return out, end
+
+
+class LogTail:
+    """The job ids named by lines appended to the log since the last look (`wait`: every
+    waited-for job looked up each time the log grew made waiting for a batch quadratic).
+
+    ``news()`` returns them, or None when the log was rotated or replaced (what the old
+    one gained since is unknown: look at everything). Whole lines only, as ``read``; at
+    most ``read_max`` bytes a call (a huge backlog: over calls; a longer line is skipped,
+    not read whole: a job can append one)."""
+
+    def __init__(self, path: Path, *, read_max: int = 4 << 20) -> None:
+        self.path = path
+        self.read_max = read_max
+        self.inode: int | None = None
+        self.offset = 0
+        with contextlib.suppress(OSError):
+            st = path.stat()
+            if stat.S_ISREG(st.st_mode):
+                self.inode, self.offset = st.st_ino, st.st_size
+
+    def news(self) -> set[str] | None:
+        try:
+            # (O_NONBLOCK: a FIFO put there by hand would hold open() for good)
+            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+        except OSError:
+            return self._gone()
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                return self._gone()  # a folder or FIFO there is no log (see README)
+            if st.st_ino != self.inode or st.st_size < self.offset:
+                self._restart(st.st_ino)
+                return None
+            if st.st_size == self.offset:
+                return set()
+            data = os.pread(fd, min(st.st_size - self.offset, self.read_max), self.offset)
+        except OSError:
+            return set()  # (unreadable now: the caller's own rechecks look at every job)
+        finally:
+            os.close(fd)
+        events, end = parse_lines(data)
+        if not end and len(data) == self.read_max:
+            end = len(data)  # one line longer than a read: skipped, not stuck
+        self.offset += end
+        return {ev["job"] for ev in events if isinstance(ev.get("job"), str)}
+
+    def _restart(self, inode: int | None) -> None:
+        self.inode, self.offset = inode, 0
+
+    def _gone(self) -> set[str] | None:
+        if self.inode is None:
+            return set()  # none at the last look either
+        self._restart(None)
+        return None
 
 
 class EventLog:
@@ -98,17 +171,7 @@ class EventLog:
                         data += more
         except FileNotFoundError:
             return [], offset
-        end = data.rfind(b"\n") + 1  # a half-written last line waits for the next read
-        out: list[dict[str, Any]] = []
-        for line in data[:end].splitlines():
-            try:
-                # NULs first: what a power loss leaves of appends whose data never reached
-                # the disk (ext4 without a journal), with the next event appended after them.
-                ev = json.loads(line.lstrip(b"\0"))
-            except (ValueError, RecursionError):  # (nesting a job appended: a traceback)
-                continue
-            if isinstance(ev, dict):  # every reader takes events as objects
-                out.append(ev)
+        out, end = parse_lines(data)
         return out, offset + end
 
     def tail_offset(self, max_bytes: int) -> int:

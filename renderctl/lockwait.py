@@ -252,11 +252,7 @@ class HeldOff:
         key = (*sorted(pids), -1, *sorted(halted))
         if key != self._told:
             self._told = key
-            msg = f"waiting for {self.path}, held by {_who(pids)}"
-            if halted:
-                msg += (f"; pid {halted[0]} is stopped (Ctrl-Z or SIGSTOP): "
-                        f"`kill -CONT {halted[0]}` lets it finish")
-            notice(msg)
+            notice(_notice_message(self.path, pids, dict.fromkeys(halted, now), None))
 
     def free(self) -> None:
         self.since, self._told = None, None
@@ -274,12 +270,15 @@ def _who(pids: list[int]) -> str:
 
 
 def _notice_message(path: Path, pids: list[int], stopped_since: dict[int, float],
-                    patience: float) -> str:
+                    patience: float | None) -> str:
+    """What a wait says of its holders; ``patience`` None: it never gives up (a runner)."""
     msg = f"waiting for {path}, held by {_who(pids)}"
     halted = [p for p in pids if p in stopped_since]
     if halted:
         msg += (f"; pid {halted[0]} is stopped (Ctrl-Z or SIGSTOP): `kill -CONT {halted[0]}` "
-                f"lets it finish; giving up if it stays stopped {patience:g} s")
+                "lets it finish")
+        if patience is not None:
+            msg += f"; giving up if it stays stopped {patience:g} s"
     return msg
 
 

@@ -1681,71 +1681,6 @@ def not_nan(value: float | None) -> float | None:
 WAIT_POLL_S = 0.05  # how often the event log is read for what it gained
 WAIT_RECHECK_S = 1.0  # folders re-read even if the log did not grow (it is not fsynced)
 WAIT_SWEEP_SHARE = 0.1  # of the wait's time the full rechecks may take, at most
-WAIT_READ_MAX = 4 << 20  # bytes of the log read per poll (a huge backlog: over polls)
-
-
-class LogTail:
-    """The job ids named by lines appended to the event log since the last look.
-
-    ``news()`` returns them, or None when the log was rotated or replaced (what the old
-    one gained since is unknown: look at everything). Only whole lines are read (the
-    writer appends a line at a time, unsynced: a torn last one is read once complete)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.inode: int | None = None
-        self.offset = 0
-        with contextlib.suppress(OSError):
-            st = path.stat()
-            if stat.S_ISREG(st.st_mode):
-                self.inode, self.offset = st.st_ino, st.st_size
-
-    def news(self) -> set[str] | None:
-        import json
-
-        try:
-            # (O_NONBLOCK: a FIFO put there by hand would hold open() for good)
-            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
-        except OSError:
-            return self._gone()
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                return self._gone()  # a folder or FIFO there is no log (see README)
-            if st.st_ino != self.inode or st.st_size < self.offset:
-                self._restart(st.st_ino)
-                return None
-            if st.st_size == self.offset:
-                return set()
-            data = os.pread(fd, min(st.st_size - self.offset, WAIT_READ_MAX), self.offset)
-        except OSError:
-            return set()  # (unreadable now: the recheck still looks at every job)
-        finally:
-            os.close(fd)
-        end = data.rfind(b"\n") + 1
-        if not end and len(data) == WAIT_READ_MAX:
-            end = len(data)  # one line longer than a poll's read: skipped, not stuck
-        self.offset += end
-        ids: set[str] = set()
-        for line in data[:end].splitlines():
-            # (RecursionError: a line of 200,000 '[' a job appended; NULs: a power loss
-            # leaves a run of them where unsynced lines were, before the next one)
-            with contextlib.suppress(ValueError, RecursionError):
-                ev = json.loads(line.lstrip(b"\0"))
-                if isinstance(ev, dict) and isinstance(ev.get("job"), str):
-                    ids.add(ev["job"])
-        return ids
-
-    def _restart(self, inode: int | None) -> None:
-        self.inode, self.offset = inode, 0
-
-    def _gone(self) -> set[str] | None:
-        if self.inode is None:
-            return set()  # none at the last look either
-        self._restart(None)
-        return None
-
-
 @app.command()
 @handle_errors
 def wait(
@@ -1828,7 +1763,9 @@ def wait(
     # is looked at. Every job is looked at only on the recheck, once a second, or less
     # often when that look is long: every job on every line the log gained made waiting
     # for a batch quadratic (40,000 ids under a live runner: a core, 160,000 stats a poll).
-    tail = LogTail(q.path / "events.jsonl")  # (before the first look: nothing falls between)
+    from renderctl.events import LogTail
+
+    tail = LogTail(q.events.path)  # (before the first look: nothing falls between)
     wanted = set(job_ids)
     next_check = 0.0
     while True:

@@ -7,8 +7,7 @@ import json
 import os
 from pathlib import Path
 
-from renderctl.cli import app
-from renderctl.cli.app import LogTail
+from renderctl.events import EventLog, LogTail
 
 
 def line(job: str, event: str = "completed") -> bytes:
@@ -73,11 +72,10 @@ def test_a_missing_log_at_the_start_is_no_news_until_it_appears(tmp_path: Path) 
 
 
 def test_a_backlog_is_read_over_polls_and_a_huge_line_does_not_stick(
-        tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setattr(app, "WAIT_READ_MAX", 64)
+        tmp_path: Path) -> None:
     log = tmp_path / "events.jsonl"
     log.write_bytes(b"")
-    tail = LogTail(log)
+    tail = LogTail(log, read_max=64)
     append(log, b"x" * 200 + b"\n" + line("after"))
     seen: set[str] = set()
     for _ in range(10):
@@ -107,8 +105,6 @@ def test_a_deeply_nested_line_or_a_power_loss_hole_does_not_stop_the_reading(
     # (jobs run as the runner's user and can append to the log: 200,000 '[' made json
     # raise RecursionError, a traceback out of `wait`, `top` and metrics; NULs are what a
     # power loss leaves where unsynced lines were, before the next line)
-    from renderctl.events import EventLog
-
     log = tmp_path / "events.jsonl"
     log.write_bytes(b"")
     tail = LogTail(log)
