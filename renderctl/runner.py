@@ -2608,7 +2608,11 @@ class Runner:
             # at once a second at most (_tick_follow), not a stat per waiting job per wake.
             self._vanish_check_due = True
             return
-        for job_id in self.index.waiting_ids(now=self.clock.wall()):
+        self._discard_vanished(self.index.waiting_ids(now=self.clock.wall()))
+
+    def _discard_vanished(self, job_ids: Iterable[str]) -> None:
+        """Drop from the index those of ``job_ids`` whose pending record is gone: a stat each."""
+        for job_id in job_ids:
             if not os.path.lexists(self.q.record_path(State.PENDING, job_id)):
                 self.index.discard(job_id)
 
@@ -2619,11 +2623,8 @@ class Runner:
         if self._vanish_check_due:
             self._vanish_check_due = False
             # Ours only, and whether or not others are claimable now (waiting_ids is empty
-            # then: a busy run reported such a job only when its retry came): a stat each.
-            for job_id in list(self._left_pending):
-                if job_id in self.index and not os.path.lexists(
-                        self.q.record_path(State.PENDING, job_id)):
-                    self.index.discard(job_id)
+            # then: a busy run reported such a job only when its retry came).
+            self._discard_vanished([j for j in self._left_pending if j in self.index])
         if self._left_pending:
             self._settle_left_pending(gone_only=True)
 
@@ -2637,9 +2638,12 @@ class Runner:
         With ``gone_only`` (a --follow run, each second), only those no longer waiting in
         the index nor in flight."""
         if gone_only:
-            flying = {a.claim.record.spec.id for a in self._in_flight()}
             gone = [(job_id, attempts) for job_id, attempts in self._left_pending.items()
-                    if job_id not in self.index and job_id not in flying]
+                    if job_id not in self.index]
+            if gone:  # (often none: the in-flight set is built only then)
+                flying = {a.claim.record.spec.id for a in self._in_flight()}
+                gone = [(job_id, attempts) for job_id, attempts in gone
+                        if job_id not in flying]
         else:
             gone = list(self._left_pending.items())
         for job_id, attempts in sorted(gone):
