@@ -1,6 +1,7 @@
 """What must be on disk before a step that depends on it, read from the real system calls.
 
-A power loss cannot be staged here, but what it would undo can be named: anything not synced.
+What a power loss would undo can be named: anything not synced (test_power_loss.py stages
+real cuts; this names the order, for every command, without needing a loop device).
 Each test runs a real renderctl command under strace and checks that the sync comes before
 the step that would otherwise lose, or contradict, what it depends on: the running copy of a
 job unlinked before its later record is durable; a done record placed before the output's
