@@ -65,10 +65,10 @@ FAST = ("--workers", "2", "--backoff-base", "0.01")
 class Disk:
     """An ext4 file system on an image file, mounted at ``mnt``, whose power can be cut."""
 
-    def __init__(self, tmp_path: Path, *, journal: bool) -> None:
-        self.dir = tmp_path / "disk"
+    def __init__(self, tmp_path: Path, *, journal: bool, name: str = "disk") -> None:
+        self.dir = tmp_path / name
         self.dir.mkdir()
-        self.mnt = tmp_path / "mnt"
+        self.mnt = tmp_path / f"{name}-mnt"
         self.mnt.mkdir()
         self.image = self.dir / "0.img"
         self.cuts = 0
@@ -90,11 +90,17 @@ class Disk:
 
     def cut(self) -> None:
         """Cut the power: nothing more reaches the disk; keep what it holds now."""
+        self.shut_down()
+        self.keep()
+
+    def shut_down(self) -> None:
         fd = os.open(self.mnt, os.O_RDONLY)
         try:
             fcntl.ioctl(fd, EXT4_IOC_SHUTDOWN, struct.pack("I", EXT4_GOING_FLAGS_NOLOGFLUSH))
         finally:
             os.close(fd)
+
+    def keep(self) -> None:
         self.cuts += 1
         kept = self.dir / f"{self.cuts}.img"
         # The device as it is now (the loop device has written what it was given into the
@@ -429,3 +435,42 @@ def test_power_cut_after_wait_returns_keeps_every_job_it_waited_for(tmp_path: Pa
     for jid, rel in outputs.items():
         assert qv.record("done", jid)["result"]["sha256"] == sha256_of(out / rel)
         assert_pdf(out / rel, jid)
+
+
+def test_power_cut_with_outputs_on_another_disk_keeps_what_was_reported(
+        tmp_path: Path, disk: Disk) -> None:
+    # Given outputs on a file system of their own (the queue's disk is another), and a
+    # runner working through 40 jobs
+    other = Disk(tmp_path, journal=False, name="outputs")
+    try:
+        manifest, outputs, _ = pdf_jobs(tmp_path / "m", 40)
+        queue, out = disk.mnt / "q", other.mnt / "out"
+        assert run_cli("submit", manifest, *cli_args(queue, out)).returncode == 0
+        runner = Runner(*cli_args(queue, out, *FAST, "--json"))
+        until_completed(runner, 8)
+
+        # When the power of both is cut at once, and the machine comes back
+        os.kill(runner.pid, signal.SIGSTOP)
+        wait_until(lambda: stopped(runner.pid), what="the runner to stop")
+        said = printed(runner)
+        disk.shut_down()
+        other.shut_down()
+        disk.keep()
+        other.keep()
+        runner.kill()
+        runner.close()
+        disk.reboot()
+        other.reboot()
+
+        # Then every completion reported is on both disks: record and output
+        qv = QueueView(queue)
+        reported = assert_reported_on_disk(said, qv)
+        assert len(reported) >= 8
+        hashes = {j: qv.record("done", j)["result"]["sha256"] for j in reported}
+
+        # And a runner settles the rest
+        again = run_cli("run", *cli_args(queue, out, *FAST))
+        assert again.returncode == 0, again.stdout + again.stderr
+        assert_settled_once(qv, out, {j: out / p for j, p in outputs.items()}, hashes)
+    finally:
+        other.close()
