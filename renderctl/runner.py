@@ -429,6 +429,7 @@ class Runner:
         self._prior_handlers: dict[int, Any] = {}  # of STOP_SIGNALS and SIGTSTP, restored
         self._specs = all_specs()
         self._confined: set[tuple[str, str]] = set()  # output folders checked and made
+        # Claims, and starts (a worker's line in its started log), not yet known durable.
         self._unsynced_claims = False
         self._oldest_completion = 0.0
         self._start_failures = 0
@@ -1101,7 +1102,8 @@ class Runner:
                 self._oldest_completion = 0.0
                 continue  # results may have freed room: claim and dispatch before waiting
             if self._unsynced_claims and not self.completions:
-                # No commit is coming soon to carry them: make the claims durable now.
+                # No commit is coming soon to carry them: make the claims (and starts)
+                # durable now.
                 self._sync(())
                 self._unsynced_claims = False
             if self.stop_signal is None and self._finished():
@@ -1714,6 +1716,13 @@ class Runner:
                 else:
                     self._kill_unsupervised(w, msg)
                 return
+            # The worker logged the start before telling us; until that line (and the
+            # claim) is on the disk, a crash of the whole machine (a power cut, or the job
+            # itself bringing the host down) loses the evidence, and recovery returns the
+            # job uncharged: a job that takes the machine down every time it runs would
+            # then never reach max_attempts, and take it down at every boot. Synced with
+            # the next commit, or at once when none is coming (the loop, below _commit).
+            self._unsynced_claims = True
             a.started_mono = time.monotonic()
             a.started_wall = msg.wall
             a.started_worker_mono = msg.mono

@@ -132,6 +132,9 @@ REPLACE_LOCK = ".replace.lock"  # a replace holds it exclusively; a claim batch,
 # takes milliseconds: longer is a runner stopped mid-claim), and how long the replay an open
 # of the queue makes waits for its locks before leaving the batch to its submit or runner.
 CLAIM_LOCK_WAIT_S = 5.0
+# How long a sync of pending/ waits for a claim batch to end (see _fsync_pending): a batch
+# takes milliseconds; one held longer is stopped (Ctrl-Z), renaming nothing meanwhile.
+PENDING_SYNC_LOCK_WAIT_S = 0.25
 OPEN_REPLAY_WAIT_S = 1.0
 # What reading a damaged record can raise; each means "quarantine it", never "crash".
 _CORRUPT = (ValueError, KeyError, TypeError, RecursionError, AttributeError)
@@ -524,6 +527,7 @@ class Queue:
         # used, which would then be listed twice and filled for two records.
         self._spare_tag = secrets.token_hex(4)
         self._replace_fd: int | None = None  # REPLACE_LOCK, opened by the first claim
+        self._replace_excl = 0  # how deep this object holds REPLACE_LOCK exclusively
         self._replace_held = HeldOff(self.path / REPLACE_LOCK)  # claims it held off
         self._runner_fd: int | None = None  # the queue folder, flocked while runner_lock
         # DESIGN: corrupt files are "quarantined and reported": what this object moved, and
@@ -744,6 +748,31 @@ class Queue:
     def record_path(self, state: State | str, job_id: str) -> Path:
         return self.dir(state) / f"{job_id}.json"
 
+    def _fsync_pending(self) -> None:
+        """fsync pending/ (what a submit, a cancel or a retry changed there) without
+        splitting a runner's claim.
+
+        A claim renames pending/x to running/x and leaves the sync to the runner's next
+        group commit (a syncfs: every folder at once). On a file system without a journal
+        (this machine's ext4) each folder's block reaches the disk on its own, so an fsync
+        of pending/ alone between a claim and that commit puts the claim's removal on the
+        disk without its addition, and a power cut then leaves the job in neither folder
+        (fsck hands its file to lost+found): an accepted job lost. So running/ is synced
+        first, with claims held off meanwhile (a claim batch skips its round while a
+        replace lock is held), so that no claim lands between the two.
+        (tests/integration/test_power_loss.py, jobs submitted one by one.)"""
+        running, pending = self.dir(State.RUNNING), self.dir(State.PENDING)
+        if not self._replace_excl:
+            try:
+                with self._lock(REPLACE_LOCK, wait_s=PENDING_SYNC_LOCK_WAIT_S):
+                    fsync_dir(running)
+                    fsync_dir(pending)
+                return
+            except BlockingIOError:
+                pass  # held by a claim batch that is stopped: it renames nothing meanwhile
+        fsync_dir(running)
+        fsync_dir(pending)
+
     @contextlib.contextmanager
     def _lock(self, name: str, *, blocking: bool = True, shared: bool = False,
               wait_s: float | None = None, busy: str = "",
@@ -763,7 +792,12 @@ class Queue:
             if name == SUBMIT_LOCK:
                 folder = self._lock_folder(mode, blocking=blocking, wait_s=wait_s, busy=busy,
                                            doing=doing)
-            yield fd
+            exclusive_replace = name == REPLACE_LOCK and not shared
+            self._replace_excl += exclusive_replace
+            try:
+                yield fd
+            finally:
+                self._replace_excl -= exclusive_replace
         finally:
             for f in (folder, fd):
                 if f >= 0:
@@ -1316,7 +1350,7 @@ class Queue:
         # The job is accepted from here: a runner may claim it at once.
         try:
             # Protects against: power loss losing the rename after we report "accepted".
-            fsync_dir(self.dir(State.PENDING))
+            self._fsync_pending()
         except QueueIOError as exc:
             raise self._incomplete(exc, [rec.spec.id], "in pending/, not known durable"
                                    ) from exc
@@ -1443,7 +1477,7 @@ class Queue:
         if staged:
             # Protects against: power loss losing the renames into pending/ after the
             # journal entry is retired below.
-            fsync_dir(self.dir(State.PENDING))
+            self._fsync_pending()
         if crash_hook is not None:
             crash_hook("submit:placed")
         if replaced:
@@ -1681,7 +1715,7 @@ class Queue:
                     # cancelled/ and pending/ (see cancel_pending): the cancel stands, and
                     # the copy it moved is no damage to report.
                     unlink_quiet(path)
-                    fsync_dir(self.dir(State.PENDING))
+                    self._fsync_pending()
                     continue
                 kept = first.state.value
                 hint = f"; `renderctl dead retry {jid}` runs it again" if kept == "dead" else ""
@@ -1827,7 +1861,8 @@ class Queue:
             claims.append(Claim(rec))
         # No sync here: the caller's next group commit makes claims durable together with
         # the batch it commits. A power loss before that returns the job to pending with
-        # this attempt uncounted (the job is never lost).
+        # this attempt uncounted (the job is never lost: whoever syncs pending/ meanwhile
+        # syncs running/ first, see _fsync_pending).
         if claims:
             self.events.append({"ts": now, "event": "claimed", "job": c.job_id,
                                 "attempt": c.lease.attempt} for c in claims)
@@ -2137,12 +2172,12 @@ class Queue:
                 crash_hook("cancel:moved")
             for tmp, dst in zip(tmps, dsts, strict=True):
                 os.replace(tmp, dst)
-            # Protects against: power loss bringing a cancelled job back to pending after we
-            # report it cancelled. cancelled/ first: a power loss between the two syncs can
-            # then leave a job in both folders (settled by _settle_copies: the cancel
-            # stands), never in neither.
-            fsync_dir(self.dir(State.CANCELLED))
-            fsync_dir(self.dir(State.PENDING))
+        # Protects against: power loss bringing a cancelled job back to pending after we
+        # report it cancelled. cancelled/ first: a power loss between the two syncs can then
+        # leave a job in both folders (settled by _settle_copies: the cancel stands), never
+        # in neither. (After the shared hold: pending/'s sync holds claims off, exclusively.)
+        fsync_dir(self.dir(State.CANCELLED))
+        self._fsync_pending()
         self.events.append({"ts": now, "event": "cancelled", "job": t.job_id} for t in taken)
 
     def live_ids(self, group: str | None = None) -> list[str]:
@@ -2235,7 +2270,7 @@ class Queue:
             # pending/ first: a power loss between the two syncs can then leave a job in
             # both folders (on a file system that does not keep a rename whole), never
             # in neither.
-            fsync_dir(self.dir(State.PENDING))
+            self._fsync_pending()
             fsync_dir(self.dir(State.DEAD))
             bell = self.dir("journal") / f"{time.time_ns():020d}.revive"
             tmp = self._tmp_name("bell")
