@@ -759,19 +759,22 @@ class Queue:
         disk without its addition, and a power cut then leaves the job in neither folder
         (fsck hands its file to lost+found): an accepted job lost. So running/ is synced
         first, with claims held off meanwhile (a claim batch skips its round while a
-        replace lock is held), so that no claim lands between the two.
-        (tests/integration/test_power_loss.py, jobs submitted one by one.)"""
-        running, pending = self.dir(State.RUNNING), self.dir(State.PENDING)
+        replace lock is held), so that no claim lands between the two. The same for a
+        cancel's take (pending/x to cancelled/x, synced when the cancel settles): cancelled/
+        first too, and takes are held off by the same lock.
+        (tests/integration/test_power_loss.py: after claims, or a take, and a command.)"""
         if not self._replace_excl:
             try:
                 with self._lock(REPLACE_LOCK, wait_s=PENDING_SYNC_LOCK_WAIT_S):
-                    fsync_dir(running)
-                    fsync_dir(pending)
+                    self._fsync_out_of_pending_then_pending()
                 return
             except BlockingIOError:
                 pass  # held by a claim batch that is stopped: it renames nothing meanwhile
-        fsync_dir(running)
-        fsync_dir(pending)
+        self._fsync_out_of_pending_then_pending()
+
+    def _fsync_out_of_pending_then_pending(self) -> None:
+        for state in (State.RUNNING, State.CANCELLED, State.PENDING):
+            fsync_dir(self.dir(state))
 
     @contextlib.contextmanager
     def _lock(self, name: str, *, blocking: bool = True, shared: bool = False,
@@ -918,11 +921,13 @@ class Queue:
             os.rename(path, dst)
         except FileNotFoundError:
             return dst
-        # Protects against: power loss keeping the name in corrupt/ but not its removal from
-        # the source folder (each folder's block is written on its own), which would have
-        # the same file quarantined a second time.
-        fsync_dir(path.parent)
+        # Protects against: power loss losing the move (each folder's block is written on
+        # its own). corrupt/ first: synced the other way round, a cut between the two kept
+        # the removal from the source folder and lost the name in corrupt/, and the file
+        # went to lost+found (a quarantined file is never to be lost). This way a cut keeps
+        # it in both at worst, and the next reader quarantines it a second time.
         fsync_dir(self.dir("corrupt"))
+        fsync_dir(path.parent)
         ev = {"ts": self.clock.wall(), "event": "corrupt",
               "file": f"{path.parent.name}/{path.name}", "moved_to": dst.name, "reason": reason}
         self.events.append([ev])

@@ -596,3 +596,40 @@ def test_power_cut_after_claims_and_a_command_that_syncs_pending_keeps_every_job
     assert qv.states_of(cancelled) == {j: ["cancelled"] for j in cancelled}
     assert_settled_once(qv, out, {j: out / "o" / f"{j}.pdf" for j in ids
                                   if j not in cancelled}, {})
+
+
+def test_power_cut_after_a_cancels_take_and_a_submit_keeps_every_job(tmp_path: Path,
+                                                                     disk: Disk) -> None:
+    # Given five jobs, and a cancel of two of them stopped after taking them out of
+    # pending/ (not yet settled nor synced: not reported either)
+    manifest, outputs, folder = pdf_jobs(tmp_path / "m", 5)
+    queue, out = disk.mnt / "q", disk.mnt / "out"
+    assert run_cli("submit", manifest, *cli_args(queue, out)).returncode == 0
+    os.sync()  # (all of it on the disk, the submit's journal entry retired: no replay)
+    proc = subprocess.Popen([*RENDERCTL, "cancel", "j000", "j001", "--queue", str(queue)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**os.environ, "RENDERCTL_STOP_AT": "cancel:moved",
+                                 "NO_COLOR": "1"})
+    try:
+        wait_until(lambda: stopped(proc.pid), what="the cancel to stop")
+
+        # When a one-job submit (which syncs pending/) returns, and the power is cut
+        extra = folder / "extra.json"
+        extra.write_text(json.dumps({"jobs": [py_job("extra", "write_pdf", "o/extra.pdf")]}))
+        res = run_cli("submit", extra, *cli_args(queue, out))
+        assert res.returncode == 0, res.stdout + res.stderr
+        disk.cut()
+    finally:
+        proc.kill()
+        proc.communicate()
+    disk.reboot()
+
+    # Then no job is lost: the two taken are cancelled or (the cancel never said so) run,
+    # the others run
+    again = run_cli("run", *cli_args(queue, out, *FAST))
+    assert again.returncode in (0, 1), again.stdout + again.stderr
+    qv = QueueView(queue)
+    where = qv.states_of([*outputs, "extra"])
+    assert all(len(s) == 1 for s in where.values()), where
+    assert {j for j, s in where.items() if s != ["done"]} <= {"j000", "j001"}, where
+    assert all(s in (["done"], ["cancelled"]) for s in where.values()), where
