@@ -527,7 +527,7 @@ class Queue:
         # used, which would then be listed twice and filled for two records.
         self._spare_tag = secrets.token_hex(4)
         self._replace_fd: int | None = None  # REPLACE_LOCK, opened by the first claim
-        self._replace_excl = 0  # how deep this object holds REPLACE_LOCK exclusively
+        self._replace_holds = 0  # how deep this object holds REPLACE_LOCK (either mode)
         self._replace_held = HeldOff(self.path / REPLACE_LOCK)  # claims it held off
         self._runner_fd: int | None = None  # the queue folder, flocked while runner_lock
         # DESIGN: corrupt files are "quarantined and reported": what this object moved, and
@@ -763,7 +763,9 @@ class Queue:
         cancel's take (pending/x to cancelled/x, synced when the cancel settles): cancelled/
         first too, and takes are held off by the same lock.
         (tests/integration/test_power_loss.py: after claims, or a take, and a command.)"""
-        if not self._replace_excl:
+        # (Held here already, in either mode: taking it again would wait on ourselves; the
+        # folders are still synced in order.)
+        if not self._replace_holds:
             try:
                 with self._lock(REPLACE_LOCK, wait_s=PENDING_SYNC_LOCK_WAIT_S):
                     self._fsync_out_of_pending_then_pending()
@@ -795,12 +797,12 @@ class Queue:
             if name == SUBMIT_LOCK:
                 folder = self._lock_folder(mode, blocking=blocking, wait_s=wait_s, busy=busy,
                                            doing=doing)
-            exclusive_replace = name == REPLACE_LOCK and not shared
-            self._replace_excl += exclusive_replace
+            replace_lock = name == REPLACE_LOCK
+            self._replace_holds += replace_lock
             try:
                 yield fd
             finally:
-                self._replace_excl -= exclusive_replace
+                self._replace_holds -= replace_lock
         finally:
             for f in (folder, fd):
                 if f >= 0:
@@ -927,7 +929,10 @@ class Queue:
         # went to lost+found (a quarantined file is never to be lost). This way a cut keeps
         # it in both at worst, and the next reader quarantines it a second time.
         fsync_dir(self.dir("corrupt"))
-        fsync_dir(path.parent)
+        if path.parent == self.dir(State.PENDING):
+            self._fsync_pending()  # (not to split a runner's claim: see there)
+        else:
+            fsync_dir(path.parent)
         ev = {"ts": self.clock.wall(), "event": "corrupt",
               "file": f"{path.parent.name}/{path.name}", "moved_to": dst.name, "reason": reason}
         self.events.append([ev])
@@ -1832,9 +1837,11 @@ class Queue:
         except BlockingIOError:
             yield False
             return
+        self._replace_holds += 1
         try:
             yield True
         finally:
+            self._replace_holds -= 1
             fcntl.flock(self._replace_fd, fcntl.LOCK_UN)
 
     def _claim_unlocked(

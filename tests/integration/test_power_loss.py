@@ -550,7 +550,7 @@ def test_a_job_that_brings_the_machine_down_every_time_ends_dead(
     assert [a["outcome"] for a in qv.record("dead", "pill")["attempts"]] == ["crashed"] * 3
 
 
-@pytest.mark.parametrize("then", ["submit", "cancel"])
+@pytest.mark.parametrize("then", ["submit", "cancel", "quarantine"])
 def test_power_cut_after_claims_and_a_command_that_syncs_pending_keeps_every_job(
         tmp_path: Path, disk: Disk, then: str) -> None:
     # Given 12 jobs submitted one per command (the journal-free path a web tier's requests
@@ -579,6 +579,12 @@ def test_power_cut_after_claims_and_a_command_that_syncs_pending_keeps_every_job
     if then == "submit":
         for jid in ids[8:]:
             submit(jid)
+    elif then == "quarantine":
+        # (a damaged record a reader finds and moves to corrupt/, syncing pending/)
+        (queue / "pending" / "bad.json").write_text("{not json")
+        res = run_cli("show", "bad", "--queue", queue)
+        assert "corrupt" in res.stdout + res.stderr, res.stdout + res.stderr
+        ids = ids[:8]
     else:
         cancelled = sorted(set(ids[:8]) - claimed)[:2]
         res = run_cli("cancel", *cancelled, "--queue", queue)
