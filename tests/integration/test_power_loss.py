@@ -277,14 +277,23 @@ def test_power_cut_at_each_crash_point_keeps_what_was_reported(
                          indirect=True)
 def test_power_cut_at_random_moments_loses_nothing_reported(tmp_path: Path,
                                                             disk: Disk) -> None:
-    # Given 60 PDF jobs submitted (the submit returned: they are accepted)
-    manifest, outputs, _ = pdf_jobs(tmp_path / "m", 60)
+    # Given 60 PDF jobs and 6 that always fail (two attempts, then dead/) submitted (the
+    # submit returned: they are accepted)
+    manifest, outputs, folder = pdf_jobs(tmp_path / "m", 60)
+    failing = [{**py_job(f"bad{i}", "fail", f"o/bad{i}.pdf"), "max_attempts": 2}
+               for i in range(6)]
+    doc = json.loads(manifest.read_text())
+    # (one every ten, so that each stretch between cuts meets some)
+    doc["jobs"] = [j for i, pdf in enumerate(doc["jobs"])
+                   for j in ([failing[i // 10], pdf] if i % 10 == 0 else [pdf])]
+    manifest.write_text(json.dumps(doc))
     queue, out = disk.mnt / "q", disk.mnt / "out"
     qv = QueueView(queue)
     sub = run_cli("submit", manifest, *cli_args(queue, out))
     assert sub.returncode == 0, sub.stdout + sub.stderr
     rng = random.Random(20_261_204)
     hashes: dict[str, str] = {}
+    dead: set[str] = set()
 
     # When the power is cut three times at seeded moments of a run (counted in jobs
     # reported completed, so that each cut lands mid-run however fast the machine is),
@@ -296,18 +305,28 @@ def test_power_cut_at_random_moments_loses_nothing_reported(tmp_path: Path,
         said = freeze_cut_kill(runner, disk)
         disk.reboot()
 
-        # Then every completion reported before the cut is on the disk, unchanged
+        # Then every completion reported before the cut is on the disk, unchanged, and
+        # every job reported dead-lettered is in dead/
         reported = assert_reported_on_disk(said, qv)
+        dead |= {e["job"] for e in said if e.get("event") == "dead"}
+        assert all("dead" in qv.states_of([j])[j] for j in dead), qv.states_of(dead)
         for jid in reported:
             sha = qv.record("done", jid)["result"]["sha256"]
             assert hashes.setdefault(jid, sha) == sha
         for jid, sha in hashes.items():
             assert qv.record("done", jid)["result"]["sha256"] == sha, f"{jid} changed"
 
-    # And a last runner settles every job once
+    # And a last runner settles every job once, the failing ones dead-lettered
     again = run_cli("run", *cli_args(queue, out, *FAST))
-    assert again.returncode == 0, again.stdout + again.stderr
-    assert_settled_once(qv, out, {j: out / p for j, p in outputs.items()}, hashes)
+    assert again.returncode == 1, again.stdout + again.stderr
+    bad = {j["id"] for j in failing}
+    assert qv.states_of(bad) == {j: ["dead"] for j in bad}
+    assert_settled_once(qv, out, {j: out / p for j, p in outputs.items() if j not in bad},
+                        hashes)
+    # And the tools that read the event log a cut may have left torn still read it
+    for cmd in (["status"], ["metrics"], ["dead", "list"]):
+        res = run_cli(*cmd, "--queue", queue)
+        assert res.returncode == 0 and "Traceback" not in res.stderr, res.stdout + res.stderr
 
 
 def test_power_cut_right_after_submit_returns_keeps_every_job(tmp_path: Path,
