@@ -569,7 +569,7 @@ def test_a_job_that_brings_the_machine_down_every_time_ends_dead(
     assert [a["outcome"] for a in qv.record("dead", "pill")["attempts"]] == ["crashed"] * 3
 
 
-@pytest.mark.parametrize("then", ["submit", "cancel", "quarantine"])
+@pytest.mark.parametrize("then", ["submit", "submit-batch", "cancel", "quarantine"])
 def test_power_cut_after_claims_and_a_command_that_syncs_pending_keeps_every_job(
         tmp_path: Path, disk: Disk, then: str) -> None:
     # Given 12 jobs submitted one per command (the journal-free path a web tier's requests
@@ -598,6 +598,12 @@ def test_power_cut_after_claims_and_a_command_that_syncs_pending_keeps_every_job
     if then == "submit":
         for jid in ids[8:]:
             submit(jid)
+    elif then == "submit-batch":  # (a few jobs: the journal, a fsync per record)
+        manifest = folder / "batch.json"
+        manifest.write_text(json.dumps({"jobs": [py_job(j, "write_pdf", f"o/{j}.pdf")
+                                                 for j in ids[8:]]}))
+        res = run_cli("submit", manifest, *cli_args(queue, out))
+        assert res.returncode == 0, res.stdout + res.stderr
     elif then == "quarantine":
         # (a damaged record a reader finds and moves to corrupt/, syncing pending/)
         (queue / "pending" / "bad.json").write_text("{not json")
