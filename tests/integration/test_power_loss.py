@@ -528,11 +528,11 @@ def cut_power(inputs, output, params):
 
 def test_a_job_that_brings_the_machine_down_every_time_ends_dead(
         tmp_path: Path, disk: Disk) -> None:
-    # Given a job that brings the machine down half a second into each run (a poison pill:
+    # Given a job that brings the machine down a second into each run (a poison pill:
     # a kernel bug it triggers, the host's memory exhausted), beside one ordinary job.
     # (Within the first milliseconds, before the runner has synced its start, the start is
     # lost with the machine and not charged: README, "A job that takes the machine down".)
-    after_s = 0.5
+    after_s = 1.0
     folder = stage(tmp_path / "m")
     (folder / "powerfns.py").write_text(POWER_FNS)
     flag = tmp_path / "went-down"
