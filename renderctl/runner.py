@@ -505,6 +505,11 @@ class Runner:
                 self._start_pool()
                 self._loop()
                 self._settle_left_pending()
+                # The last commit's running copies were retired after its sync (renamed to
+                # tmp/free.*); nothing syncs them after us. A power cut would bring them back
+                # beside their finished records: settled by the next runner, but a replace
+                # replayed meanwhile took such a copy for a running job (store._place_txn).
+                self._sync(())
             finally:
                 self.stopped = True
                 with contextlib.suppress(Exception):

@@ -152,6 +152,9 @@ _OWN_TMP = re.compile(
 PRUNE_BATCH = 256  # records prune (dead retry) judges per hold of submit's lock, at most
 CANCEL_BATCH = 256  # pending jobs a cancel settles with one sync (see settle_cancelled)
 PRUNE_HOLD_S = 0.05  # and prune holds it no longer than this
+# A record that reached its state this close to (or after) prune's sync: its running copy's
+# removal (the runner retires it just after its commit) may not be on the disk yet.
+PRUNE_RECENT_S = 30.0
 SMALL_BATCH = 8  # up to this many files, per-file fsync beats one syncfs of everything
 # A temporary whose writer's pid means nothing here (another host, another pid namespace)
 # is swept only once this old: an in-flight one lives for milliseconds to seconds.
@@ -492,6 +495,26 @@ class NotARecordFile(ValueError):
         self.inode = inode
 
 
+def _stale_name(path: Path) -> bool:
+    """Whether ``path`` (an unreadable journal entry) is a name a power cut brought back
+    for a file since reused: removed if so.
+
+    A committed entry is retired by a rename nothing syncs (a lost rename only means a
+    replay, which is idempotent), and the runner then unlinks the retired name. On a file
+    system without a journal a cut can keep the old name while the freed inode was
+    reused, and made durable, by another file (seen: the runner's holder record, written
+    just after). Such an inode has two names (fsck counts them); an entry is written under
+    a temporary name and renamed, so a real one has one. A quarantine would report damage
+    that is not there, and link a control file into corrupt/."""
+    try:
+        if os.lstat(path).st_nlink < 2:
+            return False
+    except OSError:
+        return False
+    unlink_quiet(path)
+    return True
+
+
 def _read_with_inode(path: Path) -> tuple[bytes, tuple[int, int]]:
     """A file's bytes and the (device, inode) they were read from; NotARecordFile if it is
     not a regular file (O_NONBLOCK: opening a FIFO would wait for a writer, deaf to
@@ -528,6 +551,7 @@ class Queue:
         self._spare_tag = secrets.token_hex(4)
         self._replace_fd: int | None = None  # REPLACE_LOCK, opened by the first claim
         self._replace_holds = 0  # how deep this object holds REPLACE_LOCK (either mode)
+        self._pruned_synced_at = 0.0  # when prune's last sync began (wall clock)
         self._replace_held = HeldOff(self.path / REPLACE_LOCK)  # claims it held off
         self._runner_fd: int | None = None  # the queue folder, flocked while runner_lock
         # DESIGN: corrupt files are "quarantined and reported": what this object moved, and
@@ -1467,9 +1491,15 @@ class Queue:
                 # Every copy, not just the one find() prefers: a replace cut short after
                 # placing ours leaves the old finished copy beside it (see below).
                 copies = self._copies(jid)
-                if any(c.record.seq == rec.seq or c.state is State.RUNNING for c in copies):
-                    # Applied already (and perhaps claimed or finished since), or the copy it
-                    # was to replace is running: placing ours would make two copies.
+                if any(c.record.seq == rec.seq for c in copies):
+                    continue  # applied already (and perhaps claimed or finished since)
+                if any(c.state is State.RUNNING for c in copies):
+                    # The copy it was to replace is running (or a power cut brought back a
+                    # running copy whose removal never reached the disk): placing ours would
+                    # make two copies. Not replaced, then: its finished copy must stay too
+                    # (dropped below, the stale running copy was all that was left, and
+                    # recovery ran the old job again: a cancelled job, say).
+                    replaced = replaced - {jid}
                     continue
                 if any(c.state is not State.PENDING for c in copies) and jid not in replaced:
                     continue  # finished after an earlier roll-forward
@@ -1578,6 +1608,8 @@ class Queue:
                 except FileNotFoundError:
                     continue
                 except _CORRUPT as exc:
+                    if _stale_name(path):
+                        continue
                     self.quarantine(path, f"unreadable journal entry: {exc}")
                     continue
                 self._apply_txn(path, records, replaced=set(txn.get("replace", ())),
@@ -2316,6 +2348,7 @@ class Queue:
             # deletion and outside submit's lock (per batch under it, every submit waited
             # for the sync): a job accepted after this reached its state after the cutoff
             # (or, for `dead purge`, through a runner's commit, which syncs everything).
+            self._pruned_synced_at = self.clock.wall()
             syncfs(self.path)
         counts: dict[str, int] = {}
         for state in states:
@@ -2353,6 +2386,7 @@ class Queue:
             return 0
         folder = os.path.dirname(paths[0])  # one folder's records in each batch
         n = 0
+        recent: list[tuple[str, str]] = []  # (path, job id): judged, deleted after a sync
         with self._lock(SUBMIT_LOCK, doing="the records not removed yet stay"):
             until = time.monotonic() + PRUNE_HOLD_S
             while paths and time.monotonic() < until:
@@ -2376,11 +2410,22 @@ class Queue:
                     # copy: recovery finishes that by the later record. Without it, the
                     # job would look orphaned and run again.
                     continue
-                if not dry_run:
-                    # A request left for a job now forgotten would cancel the next job
-                    # submitted under its id.
-                    self.clear_cancel_request(rec.spec.id)
-                n += 1 if dry_run else unlink_quiet(path)
+                if dry_run:
+                    n += 1
+                elif rec.changed_at >= self._pruned_synced_at - PRUNE_RECENT_S:
+                    recent.append((path, rec.spec.id))
+                else:
+                    n += self._prune_one(path, rec.spec.id)
+            if recent:
+                # Protects against: a power loss after the deletion bringing back the running
+                # copy a runner retired just before we looked (its removal not synced yet:
+                # the runner's next commit does that), beside no later record: recovery
+                # would take the job for orphaned and run it again (`dead purge` right after
+                # a job was dead-lettered by a live runner). Once a batch, only for such.
+                started = self.clock.wall()
+                syncfs(self.path)
+                self._pruned_synced_at = started
+                n += sum(self._prune_one(path, jid) for path, jid in recent)
             if n and not dry_run:
                 # Protects against: power loss bringing back a record whose id a submit,
                 # let in once we release the lock, reads as free and accepts anew: the job
@@ -2388,6 +2433,12 @@ class Queue:
                 # (settle_copies), never run. So the deletions are durable before it can.
                 fsync_dir(folder)
         return n
+
+    def _prune_one(self, path: str, job_id: str) -> int:
+        # A request left for a job now forgotten would cancel the next job submitted under
+        # its id.
+        self.clear_cancel_request(job_id)
+        return unlink_quiet(path)
 
     # -- the runner lock --
     # Two flocks, taken in this order and held together while a runner runs:

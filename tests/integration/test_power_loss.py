@@ -50,6 +50,7 @@ from jobfns import (
     stopped,
     stray_temporaries,
     wait_until,
+    waiting_for_a_lock,
 )
 
 from renderctl.runner import CRASH_POINTS
@@ -182,6 +183,21 @@ def freeze_cut_kill(runner: Runner, disk: Disk, *, stops_itself: bool = False
     runner.kill()
     runner.close()
     return said
+
+
+@contextlib.contextmanager
+def stopped_at(point: str, *args: str | os.PathLike[str]) -> Iterator[None]:
+    """``renderctl ARGS`` started and stopped at ``point`` (RENDERCTL_STOP_AT) for the
+    block (a cut, say), killed after it."""
+    proc = subprocess.Popen([*RENDERCTL, *map(str, args)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE,
+                            env={**os.environ, "RENDERCTL_STOP_AT": point, "NO_COLOR": "1"})
+    try:
+        wait_until(lambda: stopped(proc.pid), what=f"renderctl {args[0]} to stop at {point}")
+        yield
+    finally:
+        proc.kill()
+        proc.communicate()
 
 
 def until_completed(runner: Runner, n: int) -> None:
@@ -367,18 +383,9 @@ def test_power_cut_during_a_submit_keeps_all_of_it_or_none(tmp_path: Path, disk:
     # queue's creation)
     Queue(queue, create=True).close()
     os.sync()
-    proc = subprocess.Popen(
-        [*RENDERCTL, "submit", str(manifest), *cli_args(queue, out)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        env={**os.environ, "RENDERCTL_STOP_AT": point, "NO_COLOR": "1"})
-    try:
-        wait_until(lambda: stopped(proc.pid), what="the submit to stop at " + point)
-
+    with stopped_at(point, "submit", manifest, *cli_args(queue, out)):
         # When the power is cut there, and the machine comes back
         disk.cut()
-    finally:
-        proc.kill()
-        proc.communicate()
     disk.reboot()
 
     # Then the queue holds all of the submit or none of it, and a run settles what it holds
@@ -642,22 +649,13 @@ def test_power_cut_after_a_cancels_take_and_a_submit_keeps_every_job(tmp_path: P
     queue, out = disk.mnt / "q", disk.mnt / "out"
     assert run_cli("submit", manifest, *cli_args(queue, out)).returncode == 0
     os.sync()  # (all of it on the disk, the submit's journal entry retired: no replay)
-    proc = subprocess.Popen([*RENDERCTL, "cancel", "j000", "j001", "--queue", str(queue)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env={**os.environ, "RENDERCTL_STOP_AT": "cancel:moved",
-                                 "NO_COLOR": "1"})
-    try:
-        wait_until(lambda: stopped(proc.pid), what="the cancel to stop")
-
+    with stopped_at("cancel:moved", "cancel", "j000", "j001", "--queue", queue):
         # When a one-job submit (which syncs pending/) returns, and the power is cut
         extra = folder / "extra.json"
         extra.write_text(json.dumps({"jobs": [py_job("extra", "write_pdf", "o/extra.pdf")]}))
         res = run_cli("submit", extra, *cli_args(queue, out))
         assert res.returncode == 0, res.stdout + res.stderr
         disk.cut()
-    finally:
-        proc.kill()
-        proc.communicate()
     disk.reboot()
 
     # Then no job is lost: the two taken are cancelled or (the cancel never said so) run,
@@ -669,3 +667,105 @@ def test_power_cut_after_a_cancels_take_and_a_submit_keeps_every_job(tmp_path: P
     assert all(len(s) == 1 for s in where.values()), where
     assert {j for j, s in where.items() if s != ["done"]} <= {"j000", "j001"}, where
     assert all(s in (["done"], ["cancelled"]) for s in where.values()), where
+
+
+COUNT_FNS = '''
+from pathlib import Path
+import time
+
+
+def count_runs(inputs, output, params):
+    """Log each run's spec version (outside the disk), then write a PDF."""
+    with open(params["log"], "a") as log:
+        log.write(params["version"] + "\\n")
+    time.sleep(params.get("s", 0))
+    from jobfns import write_pdf
+    write_pdf(inputs, output, params)
+'''
+
+
+def test_power_cut_during_a_replace_of_a_cancelled_job_never_runs_it_again(
+        tmp_path: Path, disk: Disk) -> None:
+    # Given a job cancelled while it ran (the cancel returned), its run over, and a submit
+    # --replace of it stopped after its commit point, before it placed the new copy
+    folder = stage(tmp_path / "m")
+    (folder / "countfns.py").write_text(COUNT_FNS)
+    log = tmp_path / "runs.log"
+
+    def version(v: str, s: float) -> dict[str, Any]:
+        return {"id": "x", "kind": "python", "callable": "countfns:count_runs",
+                "output": "o/x.pdf", "max_attempts": 3,
+                "params": {"log": str(log), "version": v, "s": s}}
+
+    (folder / "old.json").write_text(json.dumps({"jobs": [version("v1", 30)]}))
+    (folder / "new.json").write_text(json.dumps({"jobs": [version("v2", 0)]}))
+    queue, out = disk.mnt / "q", disk.mnt / "out"
+    assert run_cli("submit", folder / "old.json", *cli_args(queue, out)).returncode == 0
+    runner = Runner(*cli_args(queue, out, *FAST, "--json"))
+    runner.until(lambda line: '"started"' in line)
+    assert run_cli("cancel", "x", "--queue", queue).returncode == 0
+    assert runner.wait(30) == 1
+    runner.close()
+    with stopped_at("submit:staged", "submit", "--replace", folder / "new.json",
+                    *cli_args(queue, out)):
+        # When the power is cut there, and a runner runs the queue after the reboot
+        disk.cut()
+    disk.reboot()
+    again = run_cli("run", *cli_args(queue, out, *FAST))
+    assert again.returncode in (0, 1), again.stdout + again.stderr
+
+    # Then the cancelled version never ran again: x is cancelled still, or done as v2
+    qv = QueueView(queue)
+    assert log.read_text().split().count("v1") == 1, log.read_text()
+    where = qv.states_of(["x"])["x"]
+    assert where in (["cancelled"], ["done"]), where
+    if where == ["done"]:
+        assert qv.record("done", "x")["spec"]["params"]["version"] == "v2"
+    assert os.listdir(queue / "corrupt") == []
+
+
+
+def test_power_cut_after_dead_purge_of_a_job_just_dead_lettered_never_brings_it_back(
+        tmp_path: Path, disk: Disk) -> None:
+    # Given a following runner stopped just after it dead-lettered a job (the dead record
+    # synced, the running copy not yet retired), and a `dead purge` that has made its
+    # first sync, listed that record and waits for submit's lock (a long submit holds it)
+    folder = stage(tmp_path / "m")
+    (folder / "jobs.json").write_text(json.dumps(
+        {"jobs": [{**py_job("x", "fail", "o/x.pdf"), "max_attempts": 1}]}))
+    queue, out = disk.mnt / "q", disk.mnt / "out"
+    assert run_cli("submit", folder / "jobs.json", *cli_args(queue, out)).returncode == 0
+    runner = Runner(*cli_args(queue, out, *FAST, "--json", "--follow"),
+                    env={"RENDERCTL_STOP_AT": "dead"})
+    wait_until(lambda: stopped(runner.pid), what="the runner to stop after the dead record")
+    held = [os.open(queue / ".submit.lock", os.O_RDWR), os.open(queue / "journal", os.O_RDONLY)]
+    for fd in held:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    purge = subprocess.Popen([*RENDERCTL, "dead", "purge", "--queue", str(queue)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(lambda: waiting_for_a_lock(purge.pid), what="the purge to wait")
+
+        # When the runner goes on (it retires the running copy; nothing syncs that yet),
+        # the purge goes on and returns (it purged the job), and the power is cut
+        os.kill(runner.pid, signal.SIGCONT)
+        wait_until(lambda: not (queue / "running" / "x.json").exists(),
+                   what="the running copy to be retired")
+        for fd in held:
+            os.close(fd)
+        held = []
+        said, err = purge.communicate(timeout=30)
+        assert purge.returncode == 0 and "purged 1" in said, said + err
+        freeze_cut_kill(runner, disk)
+    finally:
+        for fd in held:
+            os.close(fd)
+        purge.kill()
+        runner.close()
+    disk.reboot()
+    again = run_cli("run", *cli_args(queue, out, *FAST))
+
+    # Then the purged job stays gone (its running copy came back beside no record, and
+    # recovery took it for orphaned: dead again, or run again with attempts to spare)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert QueueView(queue).all_ids() == set()

@@ -374,6 +374,28 @@ def test_a_damaged_journal_entry_found_as_the_queue_opens_is_reported(tmp_path: 
     assert "journal/0001.txn" in res.stderr and f"corrupt/{kept}" in res.stderr, res.stderr
 
 
+def test_a_journal_entry_name_a_power_cut_left_on_a_reused_file_is_dropped_not_reported(
+        tmp_path: Path) -> None:
+    # Given a queue whose journal/ holds an entry's name that a power cut brought back
+    # after its file was reused by another (the runner's holder record): one file, two names
+    queue = tmp_path / "q"
+    Queue(queue).close()
+    other = queue / "control" / "holder.1-2.json"
+    other.write_text('{"host": "vm", "pid": 1}')
+    os.link(other, queue / "journal" / "0001.txn")
+
+    # When `status` opens the queue
+    res = run_cli("status", "--queue", str(queue))
+
+    # Then the stale name is gone, nothing is reported or moved to corrupt/, and the
+    # other file is as it was
+    assert res.returncode == ExitCode.OK, res.stdout + res.stderr
+    assert "corrupt" not in res.stderr, res.stderr
+    assert os.listdir(queue / "corrupt") == []
+    assert not (queue / "journal" / "0001.txn").exists()
+    assert other.read_text() == '{"host": "vm", "pid": 1}'
+
+
 def test_control_characters_from_ids_names_and_records_are_shown_not_obeyed(
         tmp_path: Path, write_manifest: Any) -> None:
     # Given a dead job whose record a person edited to hold terminal escapes, and a
