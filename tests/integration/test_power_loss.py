@@ -336,9 +336,10 @@ def test_power_cut_at_random_moments_loses_nothing_reported(tmp_path: Path,
         for jid, sha in hashes.items():
             assert qv.record("done", jid)["result"]["sha256"] == sha, f"{jid} changed"
 
-    # And a last runner settles every job once, the failing ones dead-lettered
+    # And a last runner settles every job once, the failing ones dead-lettered (exit 1 if
+    # it dead-lettered some itself, 0 if the runners before it had)
     again = run_cli("run", *cli_args(queue, out, *FAST))
-    assert again.returncode == 1, again.stdout + again.stderr
+    assert again.returncode in (0, 1), again.stdout + again.stderr
     bad = {j["id"] for j in failing}
     assert qv.states_of(bad) == {j: ["dead"] for j in bad}
     assert_settled_once(qv, out, {j: out / p for j, p in outputs.items() if j not in bad},
