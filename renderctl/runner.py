@@ -751,6 +751,7 @@ class Runner:
             self.guard.cleanup_stale()
         started = started_tokens(self.q)
         now = self.clock.wall()
+        cancels = set(self.q.cancel_requests())
         transitions: list[Transition] = []
         published_tmps: list[Path] = []
         retired: list[dict[str, Any]] = []
@@ -779,7 +780,7 @@ class Runner:
                 self._foreign.observe(jid, lease.token, lease.expires_at, wall=now,
                                       mono=time.monotonic())
                 continue
-            t, tmp = self._recover_one(rec, started, now)
+            t, tmp = self._recover_one(rec, started, now, cancelled=jid in cancels)
             transitions.append(t)
             if tmp is not None:
                 published_tmps.append(tmp)
@@ -860,10 +861,19 @@ class Runner:
                                      start_time=lease.holder.start_time or 0) is False
 
     def _recover_one(self, rec: JobRecord, started: Mapping[str, float | None],
-                     now: float) -> tuple[Transition, Path | None]:
+                     now: float, *, cancelled: bool = False) -> tuple[Transition, Path | None]:
         o = judge_orphan(rec, started=started, now=now, specs=self._specs)
         if o.done is not None:
-            return o.done, o.published_tmp
+            return o.done, o.published_tmp  # (a cancel came too late: it completed)
+        if cancelled:
+            # `cancel` said "cancel requested" and the runner died before acting on it: the
+            # cancel stands, as `cancel` itself settles a job with no runner. Charged and
+            # judged instead, a job on its last attempt went to dead/ (where `dead retry
+            # --all` would have run it again), another back to pending.
+            attempts = rec.attempts + ((o.crashed,) if o.crashed is not None else ())
+            return Transition(replace(rec, attempts=attempts, lease=None,
+                                      reason="cancelled (no runner)", changed_at=now),
+                              State.CANCELLED), None
         if o.crashed is None:
             # It never started (claimed ahead, or the claim was cut short): not charged.
             back = replace(rec, lease=None, reason="returned by recovery (never started)",

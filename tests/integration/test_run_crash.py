@@ -34,11 +34,13 @@ from jobfns import (
     Runner,
     assert_pdf,
     cli_args,
+    held_job,
     kill_mid_job,
     py_job,
     run_cli,
     sha256_of,
     stage,
+    stopped,
     stray_temporaries,
     wait_until,
 )
@@ -606,3 +608,34 @@ def test_recovery_completes_an_output_whose_mtime_the_job_set_in_the_past(
     assert_settled(qv, out, {"keep": final}, dead=set())
     assert qv.record("done", "keep")["result"].get("recovered") is True
     assert inodes([final]) == at_crash
+
+
+def test_a_cancel_its_runner_died_before_acting_on_stands(tmp_path: Path) -> None:
+    # Given a running job on its last attempt, its runner frozen, and a cancel of it that
+    # returned ("cancel requested": the runner is to act on it)
+    job, go = held_job(tmp_path, "x", max_attempts=1)
+    manifest = tmp_path / "jobs.json"
+    manifest.write_text(json.dumps({"jobs": [job]}))
+    queue, out = tmp_path / "q", tmp_path / "out"
+    runner = Runner(manifest, *cli_args(queue, out, "--json"))
+    try:
+        runner.until(lambda line: '"started"' in line)
+        os.kill(runner.pid, signal.SIGSTOP)
+        wait_until(lambda: stopped(runner.pid), what="the runner to stop")
+        res = run_cli("cancel", "x", "--queue", queue)
+        assert res.returncode == 0 and "cancel requested" in res.stdout, res.stdout + res.stderr
+
+        # When the runner is killed before it acted on it, and another runs the queue
+        assert runner.kill() == SIGKILLED
+    finally:
+        runner.close()
+    go.touch()  # (were the job still alive, it would finish now)
+    again = run_cli("run", *cli_args(queue, out))
+
+    # Then the cancel stands: cancelled, with the attempt the runner died in on record
+    # (it went to dead/ as that attempt's failure, where `dead retry --all` would run it)
+    assert again.returncode == 1, again.stdout + again.stderr
+    qv = QueueView(queue)
+    assert qv.states_of(["x"]) == {"x": ["cancelled"]}
+    assert [a["outcome"] for a in qv.record("cancelled", "x")["attempts"]] == ["crashed"]
+    assert not (out / job["output"]).exists()
