@@ -169,17 +169,21 @@ def printed(runner: Runner) -> list[dict[str, Any]]:
     return [json.loads(line) for line in runner.lines if line.startswith("{")]
 
 
-def freeze_cut_kill(runner: Runner, disk: Disk, *, stops_itself: bool = False
+def freeze_cut_kill(runner: Runner, *disks: Disk, stops_itself: bool = False
                     ) -> list[dict[str, Any]]:
     """The runner stopped (where it is, unless it ``stops_itself`` at a point), the power
-    cut, the runner killed; returns what it had printed (all of it said before the cut)."""
+    of ``disks`` cut (of all of them before any is kept: one machine), the runner killed;
+    returns what it had printed (all of it said before the cut)."""
     if not stops_itself:
         os.kill(runner.pid, signal.SIGSTOP)
     wait_until(lambda: runner.proc.poll() is not None or stopped(runner.pid),
                what="the runner to stop")
     assert runner.proc.poll() is None, f"the runner ended ({runner.proc.returncode})"
     said = printed(runner)
-    disk.cut()
+    for d in disks:
+        d.shut_down()
+    for d in disks:
+        d.keep()
     runner.kill()
     runner.close()
     return said
@@ -493,15 +497,7 @@ def test_power_cut_with_outputs_on_another_disk_keeps_what_was_reported(
         until_completed(runner, 8)
 
         # When the power of both is cut at once, and the machine comes back
-        os.kill(runner.pid, signal.SIGSTOP)
-        wait_until(lambda: stopped(runner.pid), what="the runner to stop")
-        said = printed(runner)
-        disk.shut_down()
-        other.shut_down()
-        disk.keep()
-        other.keep()
-        runner.kill()
-        runner.close()
+        said = freeze_cut_kill(runner, disk, other)
         disk.reboot()
         other.reboot()
 
