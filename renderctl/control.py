@@ -6,11 +6,11 @@ import math
 import signal
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from renderctl.errors import QueueIOError, os_error_message
 from renderctl.lifecycle import State
-from renderctl.store import CANCEL_BATCH, JobRecord, Queue, TakenPending, Transition
+from renderctl.store import CANCEL_BATCH, JobRecord, Queue, TakenPending
 
 WAKE_EVERY_S = 0.005
 
@@ -116,7 +116,13 @@ def _cancel_orphan(q: Queue, rec: JobRecord) -> CancelResult:
     output is published and its own, it completed and the cancel came too late; otherwise
     it is cancelled, with the attempt the runner died in (if it had started) on record."""
     # Lazily: it brings psutil (~9 ms), which the usual cancel (a runner alive) never needs.
-    from renderctl.recovery import apply_verdicts, judge_orphan, kill_stale_workers, started_tokens
+    from renderctl.recovery import (
+        apply_verdicts,
+        cancelled_orphan,
+        judge_orphan,
+        kill_stale_workers,
+        started_tokens,
+    )
 
     kill_stale_workers(q)
     now = q.clock.wall()
@@ -125,8 +131,5 @@ def _cancel_orphan(q: Queue, rec: JobRecord) -> CancelResult:
         tmps = [orphan.published_tmp] if orphan.published_tmp is not None else []
         apply_verdicts(q, [orphan.done], tmps)
         return CancelResult(rec.spec.id, f"already {State.DONE.value}")
-    attempts = rec.attempts + ((orphan.crashed,) if orphan.crashed is not None else ())
-    cancelled = replace(rec, attempts=attempts, lease=None, reason="cancelled (no runner)",
-                        changed_at=now)
-    apply_verdicts(q, [Transition(cancelled, State.CANCELLED)], [])
+    apply_verdicts(q, [cancelled_orphan(rec, orphan, now)], [])
     return CancelResult(rec.spec.id, "cancelled")

@@ -56,6 +56,16 @@ class Orphan:
     crashed: Mapping[str, Any] | None = None  # the attempt it died in, if that had started
 
 
+def cancelled_orphan(rec: JobRecord, orphan: Orphan, now: float) -> Transition:
+    """An orphan whose cancel was asked (and not found completed): cancelled, with the
+    attempt its runner died in on record if it had started. `cancel` of a job with no
+    runner, and a runner recovering one whose cancel its dead runner never acted on."""
+    attempts = rec.attempts + ((orphan.crashed,) if orphan.crashed is not None else ())
+    return Transition(replace(rec, attempts=attempts, lease=None,
+                              reason="cancelled (no runner)", changed_at=now),
+                      State.CANCELLED)
+
+
 def started_tokens(q: Queue) -> dict[str, float | None]:
     """Tokens of every attempt a worker of any runner of ``q`` had started, with the time it
     started (None from a line cut short by the crash)."""

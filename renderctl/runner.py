@@ -113,6 +113,7 @@ from renderctl.recovery import (
     STARTED_LOG,
     WORKERS_FILE,
     apply_verdicts,
+    cancelled_orphan,
     judge_orphan,
     kill_stale_workers,
     restore_lost_output,
@@ -870,10 +871,7 @@ class Runner:
             # cancel stands, as `cancel` itself settles a job with no runner. Charged and
             # judged instead, a job on its last attempt went to dead/ (where `dead retry
             # --all` would have run it again), another back to pending.
-            attempts = rec.attempts + ((o.crashed,) if o.crashed is not None else ())
-            return Transition(replace(rec, attempts=attempts, lease=None,
-                                      reason="cancelled (no runner)", changed_at=now),
-                              State.CANCELLED), None
+            return cancelled_orphan(rec, o, now), None
         if o.crashed is None:
             # It never started (claimed ahead, or the claim was cut short): not charged.
             back = replace(rec, lease=None, reason="returned by recovery (never started)",

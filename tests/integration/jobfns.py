@@ -416,6 +416,16 @@ class Runner:
         *complete, self._buf = self._buf.split(b"\n")
         self.lines.extend(c.decode() for c in complete)
 
+    def read_available(self, quiet_s: float = 0.2) -> list[str]:
+        """Read what the runner (stopped or dead) has written so far, until its stdout has
+        been quiet for ``quiet_s``; every line read, all along."""
+        while not self._eof:
+            before = len(self.lines), len(self._buf)
+            self._read_some(quiet_s)
+            if (len(self.lines), len(self._buf)) == before:
+                break
+        return self.lines
+
     def until(self, predicate: Callable[[str], bool], *, timeout_s: float = 30) -> str:
         """Read stdout until a line satisfies ``predicate``; return that line."""
         seen = 0
@@ -906,6 +916,29 @@ def _hold_until_go(params: Mapping[str, Any]) -> None:
     _write_pid(params["pidfile"], os.getpid())
     while not os.path.exists(params["go"]):
         time.sleep(0.005)
+
+
+def count_runs(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
+    """Log the run's ``params["version"]`` to ``params["log"]`` (a file the test keeps off
+    the disk it cuts), sleep ``params["s"]``, write a PDF."""
+    with open(params["log"], "a") as log:
+        log.write(params["version"] + "\n")
+    time.sleep(params.get("s", 0))
+    write_pdf(inputs, output, params)
+
+
+def cut_power(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
+    """Bring the machine down after ``params["after_s"]``, as a job that crashes its host
+    would: shut down the file system mounted at ``params["mnt"]`` (ext4's shutdown ioctl
+    without a log flush, see test_power_loss.py), saying so first in ``params["flag"]``."""
+    import fcntl
+    import struct
+
+    time.sleep(params["after_s"])
+    Path(params["flag"]).touch()
+    fd = os.open(params["mnt"], os.O_RDONLY)
+    fcntl.ioctl(fd, 0x8004587D, struct.pack("I", 2))  # EXT4_IOC_SHUTDOWN, NOLOGFLUSH
+    time.sleep(3600)
 
 
 def fill_workdir_then_hold(inputs: Sequence[Path], output: Path,

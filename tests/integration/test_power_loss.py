@@ -161,11 +161,7 @@ def disk(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Disk]:
 def printed(runner: Runner) -> list[dict[str, Any]]:
     """Everything ``runner`` (stopped or dead) has printed, as JSON objects."""
     with contextlib.suppress(OSError, ValueError):
-        while not runner._eof:
-            before = len(runner.lines), len(runner._buf)
-            runner._read_some(0.2)
-            if (len(runner.lines), len(runner._buf)) == before:
-                break
+        runner.read_available()
     return [json.loads(line) for line in runner.lines if line.startswith("{")]
 
 
@@ -515,21 +511,6 @@ def test_power_cut_with_outputs_on_another_disk_keeps_what_was_reported(
         other.close()
 
 
-POWER_FNS = f'''
-import fcntl, os, struct, time
-from pathlib import Path
-
-
-def cut_power(inputs, output, params):
-    """Bring the machine down (the queue's disk, as a crashing host would) after a while."""
-    time.sleep(params["after_s"])
-    Path(params["flag"]).touch()
-    fd = os.open(params["mnt"], os.O_RDONLY)
-    fcntl.ioctl(fd, {EXT4_IOC_SHUTDOWN}, struct.pack("I", {EXT4_GOING_FLAGS_NOLOGFLUSH}))
-    time.sleep(3600)
-'''
-
-
 def test_a_job_that_brings_the_machine_down_every_time_ends_dead(
         tmp_path: Path, disk: Disk) -> None:
     # Given a job that brings the machine down a second into each run (a poison pill:
@@ -538,9 +519,8 @@ def test_a_job_that_brings_the_machine_down_every_time_ends_dead(
     # lost with the machine and not charged: README, "A job that takes the machine down".)
     after_s = 1.0
     folder = stage(tmp_path / "m")
-    (folder / "powerfns.py").write_text(POWER_FNS)
     flag = tmp_path / "went-down"
-    pill = {"id": "pill", "kind": "python", "callable": "powerfns:cut_power",
+    pill = {"id": "pill", "kind": "python", "callable": "jobfns:cut_power",
             "output": "pill.pdf", "max_attempts": 3, "priority": 5,
             "params": {"after_s": after_s, "mnt": str(disk.mnt), "flag": str(flag)}}
     manifest = folder / "jobs.json"
@@ -666,31 +646,15 @@ def test_power_cut_after_a_cancels_take_and_a_submit_keeps_every_job(tmp_path: P
     assert all(s in (["done"], ["cancelled"]) for s in where.values()), where
 
 
-COUNT_FNS = '''
-from pathlib import Path
-import time
-
-
-def count_runs(inputs, output, params):
-    """Log each run's spec version (outside the disk), then write a PDF."""
-    with open(params["log"], "a") as log:
-        log.write(params["version"] + "\\n")
-    time.sleep(params.get("s", 0))
-    from jobfns import write_pdf
-    write_pdf(inputs, output, params)
-'''
-
-
 def test_power_cut_during_a_replace_of_a_cancelled_job_never_runs_it_again(
         tmp_path: Path, disk: Disk) -> None:
     # Given a job cancelled while it ran (the cancel returned), its run over, and a submit
     # --replace of it stopped after its commit point, before it placed the new copy
     folder = stage(tmp_path / "m")
-    (folder / "countfns.py").write_text(COUNT_FNS)
     log = tmp_path / "runs.log"
 
     def version(v: str, s: float) -> dict[str, Any]:
-        return {"id": "x", "kind": "python", "callable": "countfns:count_runs",
+        return {"id": "x", "kind": "python", "callable": "jobfns:count_runs",
                 "output": "o/x.pdf", "max_attempts": 3,
                 "params": {"log": str(log), "version": v, "s": s}}
 
@@ -719,7 +683,6 @@ def test_power_cut_during_a_replace_of_a_cancelled_job_never_runs_it_again(
     if where == ["done"]:
         assert qv.record("done", "x")["spec"]["params"]["version"] == "v2"
     assert os.listdir(queue / "corrupt") == []
-
 
 
 def test_power_cut_after_dead_purge_of_a_job_just_dead_lettered_never_brings_it_back(
