@@ -216,12 +216,12 @@ FIELDS: tuple[FieldSpec, ...] = (
               _check_kind),
     FieldSpec("input", {"type": "string"}, "one input file, relative to the manifest's folder",
               False, True, _check_any),
-    FieldSpec("inputs", _STR_LIST, "input files, relative to the manifest's folder", False, True,
-              _check_any),
+    FieldSpec("inputs", {**_STR_LIST, "maxItems": MAX_INPUTS},
+              "input files, relative to the manifest's folder", False, True, _check_any),
     FieldSpec("output", {"type": "string"}, "output path relative to the output root",
               False, True, _check_any),
-    FieldSpec("argv", _STR_LIST, "command kind: argv with {input} {inputs} {output}", True,
-              True, _check_any),
+    FieldSpec("argv", {**_STR_LIST, "minItems": 1, "maxItems": MAX_ARGV},
+              "command kind: argv with {input} {inputs} {output}", True, True, _check_any),
     FieldSpec("callable", {"type": "string", "pattern": "^" + CALLABLE_RE.pattern + "$"},
               "python kind: module:function", True, True,
               _check_str(CALLABLE_RE, "must look like package.module:function")),
@@ -832,7 +832,7 @@ def _validate_job(
         if not isinstance(raw["inputs"], list):
             ctx.add(jid, "inputs", f"must be an array of paths, got {type_name(raw['inputs'])}")
         elif len(raw["inputs"]) > MAX_INPUTS:
-            ctx.add(jid, "inputs", f"at most {MAX_INPUTS} inputs")
+            ctx.add(jid, "inputs", f"at most {MAX_INPUTS} inputs, got {len(raw['inputs'])}")
         else:
             for i, item in enumerate(raw["inputs"]):
                 resolved = _resolve_input(ctx, jid, f"inputs[{i}]", base, item)
@@ -856,8 +856,10 @@ def _validate_job(
             ctx.add(jid, "inputs", f"kind {spec.kind!r} takes at most {spec.max_inputs} input(s)")
         _check_params(ctx, jid, spec, params)
         if spec.kind == "command":
-            if not (isinstance(argv, list) and argv and len(argv) <= MAX_ARGV
-                    and all(isinstance(a, str) and "\x00" not in a for a in argv)):
+            if isinstance(argv, list) and len(argv) > MAX_ARGV:
+                ctx.add(jid, "argv", f"at most {MAX_ARGV} arguments, got {len(argv)}")
+            elif not (isinstance(argv, list) and argv
+                      and all(isinstance(a, str) and "\x00" not in a for a in argv)):
                 ctx.add(jid, "argv", "kind 'command' needs argv: a non-empty array of strings")
             else:
                 _check_placeholders(ctx, jid, argv, n_given)

@@ -102,6 +102,11 @@ def test_schema_prints_json(runner: CliRunner) -> None:
     schema = json.loads(res.stdout)
     assert set(schema["properties"]["jobs"]["items"]["properties"]) == {
         f.name for f in FIELDS if f.in_job}
+    # The validator's list limits, so that a manifest built from the schema is not refused
+    # only at validation (tests/unit/test_manifest.py proves the validator enforces them).
+    props = schema["properties"]["jobs"]["items"]["properties"]
+    assert props["inputs"]["maxItems"] == 1000
+    assert (props["argv"]["minItems"], props["argv"]["maxItems"]) == (1, 1000)
 
 
 def test_kinds_lists_the_built_ins(runner: CliRunner) -> None:

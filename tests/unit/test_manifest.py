@@ -159,7 +159,11 @@ JOB_CASES: list[tuple[str, dict[str, Any], str, str]] = [
     ("inputs-item-missing", {"inputs": ["in/a.json", "in/nope.pdf"]}, "inputs[1]",
      "no such file"),
     ("inputs-not-array", {"inputs": {"a": "in/a.json"}}, "inputs", "must be an array of paths"),
-    ("inputs-too-many", {"inputs": ["in/a.json"] * 1001}, "inputs", "at most 1000 inputs"),
+    ("inputs-too-many", {"inputs": ["in/a.json"] * 1001}, "inputs",
+     "at most 1000 inputs, got 1001"),
+    # Said as a limit, not as "needs argv: a non-empty array of strings" (which it is).
+    ("argv-too-many", {"kind": "command", "callable": DROP, "argv": ["echo"] * 1001}, "argv",
+     "at most 1000 arguments, got 1001"),
 ]
 
 
