@@ -8,8 +8,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import IntEnum
+from typing import Any
 
 
 class ExitCode(IntEnum):
@@ -78,8 +80,11 @@ class Problem:
 class ManifestError(UserError):
     """One or more manifests are invalid; every problem is listed, nothing was enqueued."""
 
-    def __init__(self, problems: list[Problem]) -> None:
+    def __init__(self, problems: list[Problem], *, valid: Sequence[Any] = ()) -> None:
         self.problems = list(problems)
+        # The jobs that validated (JobSpecs), for the checks that need a queue: a command
+        # refused already lists their problems with the rest, in one round.
+        self.valid = list(valid)
         super().__init__("\n".join(str(p) for p in self.problems))
 
 

@@ -1107,7 +1107,7 @@ def load_manifests(
         id_files.extend((jid, name) for jid in ids)
     check_unique(jobs, problems, files=files, ids=id_files, aliases=aliases)
     if problems:
-        raise ManifestError(problems)
+        raise ManifestError(problems, valid=jobs)
     return jobs
 
 

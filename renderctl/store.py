@@ -458,6 +458,19 @@ def _holder_alive(info: Mapping[str, Any]) -> bool | None:
         return None
 
 
+def _refusal(spec: JobSpec, view: JobView, replace: bool) -> Problem | None:
+    """Why a submit of ``spec`` is refused, its id found as ``view`` (None: it is not;
+    the same spec is "already accepted", a changed one replaced, if ``replace``)."""
+    if view.record.spec.to_json() == spec.to_json():
+        return None
+    if not replace:
+        return Problem("<queue>", spec.id, None, f"already in the queue ({view.state.value}) "
+                       "with a different spec; use --replace to replace it")
+    if view.state is State.RUNNING:
+        return Problem("<queue>", spec.id, None, "is running; cancel it before replacing it")
+    return None
+
+
 def make_token(prefix: str, job_id: str, attempt: int, claimed_at: float) -> str:
     """An attempt's token: ``<runner prefix>:<job id>:<attempt>:<claimed at, ms>``.
 
@@ -1225,6 +1238,19 @@ class Queue:
             os.close(fd)
         return stamp
 
+    def conflicts(self, specs: Sequence[JobSpec], *, replace: bool) -> list[Problem]:
+        """What a submit of ``specs`` would refuse against what the queue holds now. No
+        lock and nothing written: advice for a command refused already for other problems,
+        so that it lists these with the rest in one round (the submit judges again, under
+        its lock)."""
+        by_id = {s.id: s for s in specs}
+        problems: list[Problem] = []
+        for jid in self._locate_many(list(by_id)):
+            view = self.find(jid)
+            if view is not None and (problem := _refusal(by_id[jid], view, replace)):
+                problems.append(problem)
+        return problems
+
     def _submit_locked(
         self, specs: Sequence[JobSpec], *, replace: bool, max_pending: int | None,
         crash_hook: Callable[[str], None] | None = None,
@@ -1250,13 +1276,8 @@ class Queue:
                 already.append(spec.id)
                 if view.state.terminal:
                     ended[view.state.value] = ended.get(view.state.value, 0) + 1
-            elif not replace:
-                problems.append(Problem("<queue>", spec.id, None,
-                                        f"already in the queue ({view.state.value}) with a "
-                                        "different spec; use --replace to replace it"))
-            elif view.state is State.RUNNING:
-                problems.append(Problem("<queue>", spec.id, None,
-                                        "is running; cancel it before replacing it"))
+            elif (problem := _refusal(spec, view, replace)) is not None:
+                problems.append(problem)
             else:
                 new.append(spec)
                 replaced.append(spec.id)

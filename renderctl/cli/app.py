@@ -175,8 +175,9 @@ def load_all(manifests: list[Path], **kwargs: Any) -> list[Any]:
         jobs = load_manifests([p for p in manifests if p not in stdin], **kwargs)
     except ManifestError as exc:
         problems += exc.problems
+        jobs = exc.valid
     if problems:
-        raise ManifestError(problems)
+        raise ManifestError(problems, valid=jobs)
     return jobs
 
 
@@ -753,7 +754,14 @@ def do_submit(
     from renderctl.store import Queue
 
     origins: dict[str, str] = {}
-    jobs = load_all(manifests, out_root=out_root(out_dir), limits=limits, origins=origins)
+    try:
+        jobs = load_all(manifests, out_root=out_root(out_dir), limits=limits, origins=origins)
+    except ManifestError as exc:
+        # Every problem in one round: the queue's too, for the jobs that validated (a user
+        # fixed one batch and was shown the next).
+        found = outputs_in_queue(exc.valid, queue_path(queue), origins)
+        found += queue_conflicts(exc.valid, queue_path(queue), replace, origins)
+        raise ManifestError(exc.problems + found) from None
     warn_past_deadlines(jobs, origins)
     warn_unfound_programs(jobs, origins)
     if problems := outputs_in_queue(jobs, queue_path(queue), origins):
@@ -780,6 +788,28 @@ def do_submit(
 
 
 DIFFERENT_SPEC = "with a different spec"  # the queue's words for a changed job
+
+
+def queue_conflicts(jobs: list[Any], queue: Path, replace: bool,
+                    origins: dict[str, str]) -> list[Problem]:
+    """What the queue at ``queue`` would refuse of ``jobs`` (a changed spec; a running job
+    to replace), for a command refused already: said with its other problems. Advice only:
+    nothing is created (a missing queue has nothing to refuse), and a queue that cannot be
+    read adds nothing here (the command's own problems are the answer)."""
+    from dataclasses import replace as with_file
+
+    from renderctl.store import Queue
+
+    if not jobs or not is_queue(queue):
+        return []
+    try:
+        q = Queue(queue)
+        problems = q.conflicts(jobs, replace=replace)
+        problems = [with_file(p, file=origins[p.job]) if p.job in origins else p
+                    for p in problems]
+        return name_changed_fields(problems, jobs, q)
+    except (OSError, RenderctlError):
+        return []
 
 
 def name_changed_fields(problems: list[Problem], jobs: list[Any], q: Queue) -> list[Problem]:

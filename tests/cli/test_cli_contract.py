@@ -434,3 +434,46 @@ def test_an_empty_dead_list_prints_no_row(tmp_path: Path) -> None:
     assert dead.returncode == 0, dead.stderr
     assert dead.stdout == "", dead.stdout
     assert "no dead-lettered jobs" in dead.stderr
+
+
+@pytest.mark.parametrize("command", ["submit", "run"])
+def test_a_refusal_lists_the_queues_problems_with_the_manifests(tmp_path: Path,
+                                                                command: str) -> None:
+    # Given a queue holding job `a`, its output root around it
+    folder, q = tmp_path / "m", tmp_path / "q"
+    assert cli("submit", write_jobs(folder, [job("a", "write")]), "--queue", q,
+               "--out", tmp_path, cwd=tmp_path).returncode == 0
+    # And a manifest with a manifest problem (`b`'s unknown field) and two the queue finds:
+    # `a` changed, and `c` publishing among the queue's own files
+    manifest = write_jobs(folder, [job("a", "write", max_attempts=2), job("c", "write")])
+    manifest.write_text(manifest.read_text().replace('output = "c.bin"',
+                                                     'output = "q/pending/c.json"')
+                        + '[[jobs]]\nid = "b"\nkind = "python"\ncallable = "jobsmod:write"\n'
+                        'output = "b.bin"\nmemroy_mb = 1\n')
+
+    # When it is submitted (or run)
+    res = cli(command, manifest, "--json", "--queue", q, "--out", tmp_path, cwd=tmp_path)
+
+    # Then all three are listed in the one refusal (not the queue's only once the manifest
+    # is fixed), each naming the file and job, and nothing is enqueued
+    assert res.returncode == 2, res.stderr
+    problems = json.loads(res.stdout)["problems"]
+    assert {p["job"]: p["file"] for p in problems} == {"a": str(manifest),
+                                                       "b": str(manifest),
+                                                       "c": str(manifest)}, problems
+    by_job = {p["job"]: p["message"] for p in problems}
+    assert "different spec (differs in max_attempts)" in by_job["a"]
+    assert "inside the queue folder" in by_job["c"]
+    assert sorted(os.listdir(q / "pending")) == ["a.json"]
+
+
+def test_a_refusal_creates_no_queue_to_check_against(tmp_path: Path) -> None:
+    # Given no queue yet, and a manifest with a problem
+    manifest = bad_manifest(tmp_path / "m")
+
+    # When it is submitted
+    res = cli("submit", manifest, "--queue", tmp_path / "q", cwd=tmp_path)
+
+    # Then the refusal leaves no queue folder behind (the queue's checks had nothing to ask)
+    assert res.returncode == 2 and "memroy_mb" in res.stderr, res.stderr
+    assert not (tmp_path / "q").exists()
