@@ -346,6 +346,13 @@ def report_unfound(q: Queue, job_ids: list[str], then: str = "") -> None:
         out.err("no such job: " + ", ".join(unknown) + then)
 
 
+def unfound_answer(q: Queue, job_id: str) -> str:
+    """What `--json` answers for an id in no folder: `corrupt` if its record was found
+    damaged and moved to corrupt/ (as `wait` says it: the job was accepted, a script must
+    not take it for never submitted), else `not found`."""
+    return "corrupt" if q.corrupt_copy(job_id) is not None else "not found"
+
+
 def handle_errors(fn: F) -> F:
     """Turn core errors into one message and the contract's exit code."""
 
@@ -1395,10 +1402,10 @@ def show(job_id: Annotated[str, typer.Argument(help="job id")], queue: QueueOpt 
     q = existing_queue(queue, whole=True)
     try:
         view = q.get(job_id)
-    except JobNotFound:
+    except JobNotFound as exc:
         if as_json:  # the shape of `cancel --json` refusing: the id, `not found`
             with stdout_result():
-                out.print_json({job_id: "not found"})
+                out.print_json({job_id: "corrupt" if exc.quarantined else "not found"})
         raise
     with stdout_result():
         if as_json:
@@ -1482,7 +1489,7 @@ def cancel(
         if missing:
             if as_json:
                 with stdout_result():
-                    out.print_json({j: "not found" for j in missing})
+                    out.print_json({j: unfound_answer(q, j) for j in missing})
             report_unfound(q, missing, "; nothing was cancelled")
             raise typer.Exit(ExitCode.USAGE)
     else:
@@ -1576,7 +1583,7 @@ def dead_retry(
             # where it is instead (its state, or `not found`).
             views = {j: q.find(j) for j in missing}
             with stdout_result():
-                out.print_json({j: v.state.value if v is not None else "not found"
+                out.print_json({j: v.state.value if v is not None else unfound_answer(q, j)
                                 for j, v in views.items()})
         # One quarantined earlier (by `dead list`) is named with where it went, as `cancel`
         # and `wait` name it, rather than as simply missing.

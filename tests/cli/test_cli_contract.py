@@ -477,3 +477,25 @@ def test_a_refusal_creates_no_queue_to_check_against(tmp_path: Path) -> None:
     # Then the refusal leaves no queue folder behind (the queue's checks had nothing to ask)
     assert res.returncode == 2 and "memroy_mb" in res.stderr, res.stderr
     assert not (tmp_path / "q").exists()
+
+
+def test_a_quarantined_job_is_corrupt_not_unknown_in_every_json_answer(tmp_path: Path) -> None:
+    # Given two accepted jobs, the record of `b` damaged on disk
+    q = tmp_path / "q"
+    manifest = write_jobs(tmp_path / "m", [job("a", "write"), job("b", "write")])
+    assert cli("submit", manifest, "--queue", q, cwd=tmp_path).returncode == 0
+    (q / "pending" / "b.json").write_text("{garbage")
+
+    # When scripts ask about it with show, cancel, dead retry and wait (the first quarantines)
+    answers = {cmd: cli(*cmd.split(), "b", "--json", "--queue", q, cwd=tmp_path)
+               for cmd in ("show", "cancel", "dead retry", "wait")}
+
+    # Then each says `corrupt` (it was accepted: not an id never submitted), with the usual
+    # exit codes (2 for the refusals, 1 for a wait that ends without completing)
+    assert {cmd: (r.returncode, json.loads(r.stdout)) for cmd, r in answers.items()} == {
+        "show": (2, {"b": "corrupt"}), "cancel": (2, {"b": "corrupt"}),
+        "dead retry": (2, {"b": "corrupt"}), "wait": (1, {"b": "corrupt"})}
+    # And an id never submitted is still `not found`
+    res = cli("show", "zz", "--json", "--queue", q, cwd=tmp_path)
+    assert (res.returncode, json.loads(res.stdout)) == (2, {"zz": "not found"})
+    assert state_of(q, "a", tmp_path) == "pending"
