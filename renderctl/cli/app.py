@@ -1874,8 +1874,29 @@ def main() -> None:
         # (By name: typer vendors its own copy of click.)
         if exc.code == 1 and type(sys.stdout).__name__ == "PacifyFlushWrapper":
             sys.exit(0)
+        if exc.code in out.REFUSALS and (command := json_command(sys.argv[1:])):
+            with contextlib.suppress(OSError):
+                out.json_refusal(exc.code, command)
         exit_without_teardown(exc.code)
         raise
+
+
+def json_command(args: list[str]) -> str | None:
+    """The command (``dead retry`` as ``dead``) if ``args`` ask it for ``--json`` and it
+    has that option; None otherwise (a typo's `--json` gets no document it never had)."""
+    options = args[:args.index("--")] if "--" in args else args
+    if "--json" not in options:
+        return None
+    words = [a for a in options if not a.startswith("-")]
+    cmd: Any = typer.main.get_command(app)
+    for word in words[:2]:
+        sub = getattr(cmd, "commands", {}).get(word)
+        if sub is None:
+            break
+        cmd = sub
+    if not any("--json" in getattr(p, "opts", ()) for p in getattr(cmd, "params", ())):
+        return None
+    return words[0]
 
 
 def exit_without_teardown(code: object) -> None:

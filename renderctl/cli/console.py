@@ -94,6 +94,12 @@ class Room:
         return self._poll is None or bool(self._poll.poll(0))
 
 
+# What this command said, for a --json refusal that printed nothing on stdout (see
+# json_refusal): its error lines, and whether stdout was written at all.
+_errors: list[str] = []
+_stdout_used = False
+
+
 class Stdout:
     """stdout for `run`, whose loop must never wait on its reader: a write that would wait
     keeps its bytes, in order, and a later ``drain`` writes them. The text API (``write``,
@@ -135,6 +141,8 @@ class Stdout:
         return int(self.stream.fileno())
 
     def write(self, text: str) -> int:
+        global _stdout_used
+        _stdout_used = True
         if not self.gone:
             self.pending += text.encode(self.encoding, "backslashreplace")
         return len(text)
@@ -230,6 +238,8 @@ def write_out(text: str) -> None:
     """Write to stdout now. A reader that went away (`renderctl run ... | head -3`) is not an
     error: the rest of the output goes to /dev/null and the command carries on (a run still
     runs every job, and exits with the code its jobs earn)."""
+    global _stdout_used
+    _stdout_used = True
     try:
         sys.stdout.write(text)
         sys.stdout.flush()
@@ -314,6 +324,7 @@ def _displayable_data(data: Any) -> Any:
 
 def err(message: str) -> None:
     """A user-facing error on stderr, no traceback."""
+    _errors.append(one_line(message))
     try:
         # Every control character escaped (one_line): an id, a file name or a record's
         # field holding ESC or BEL reached the terminal raw, and a newline in a manifest's
@@ -324,6 +335,25 @@ def err(message: str) -> None:
         if not reader_gone(exc):
             raise
         silence_stdout(sys.stderr)
+
+
+# A refusal's exit code, as --json names it (DESIGN.md's 2, 74 and 75).
+REFUSALS = {2: "usage", 74: "io_error", 75: "unavailable"}
+
+
+def json_refusal(code: object, command: str) -> None:
+    """The JSON a ``--json`` command owes a script when it was refused (``code`` 2, 74 or
+    75) before it printed anything on stdout: a bad option or queue path, an unreadable
+    queue, a lock held. Without it `renderctl submit --out FILE --json | jq` read an empty
+    document, and the refusals that do print one (a manifest's problems) have the same
+    shape: ``{"error", "message"}``, with ``accepted: []`` (`submit`, `run`) or ``valid:
+    false`` (`validate`) as their other refusals have. ``message``: what stderr said."""
+    if _stdout_used or not isinstance(code, int) or code not in REFUSALS:
+        return
+    doc: dict[str, Any] = {"accepted": []} if command in ("submit", "run") else (
+        {"valid": False} if command == "validate" else {})
+    doc.update(error=REFUSALS[code], message="; ".join(_errors) or "see stderr")
+    print_json(doc)
 
 
 _ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}

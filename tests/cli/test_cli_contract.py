@@ -9,6 +9,7 @@ import signal
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from clihelp import RENDERCTL, cli, env, job, poll, stopped, write_jobs
@@ -499,3 +500,37 @@ def test_a_quarantined_job_is_corrupt_not_unknown_in_every_json_answer(tmp_path:
     res = cli("show", "zz", "--json", "--queue", q, cwd=tmp_path)
     assert (res.returncode, json.loads(res.stdout)) == (2, {"zz": "not found"})
     assert state_of(q, "a", tmp_path) == "pending"
+
+
+@pytest.mark.parametrize(("args", "shape", "said"), [
+    (["submit", "{m}", "--out", "{file}"], {"accepted": []}, "--out: "),
+    (["run", "{m}", "--queue", "{file}"], {"accepted": []}, "--queue: "),
+    (["submit", "{m}", "--memory-mb", "0"], {"accepted": []}, "--memory-mb: "),
+    (["validate", "{m}", "--out", "{file}"], {"valid": False}, "--out: "),
+    (["status", "--queue", "{none}"], {}, "--queue: "),
+    (["dead", "retry", "x", "--queue", "{none}"], {}, "--queue: "),
+])
+def test_a_json_command_refused_before_it_printed_says_so_in_json(
+        tmp_path: Path, args: list[str], shape: dict[str, Any], said: str) -> None:
+    # Given a refusal that comes before the command printed anything (an option, a path)
+    (tmp_path / "file").write_text("")
+    manifest = write_jobs(tmp_path / "m", [job("a", "write")])
+    names = {"{m}": str(manifest), "{file}": str(tmp_path / "file"),
+             "{none}": str(tmp_path / "none")}
+
+    # When it is asked for --json
+    res = cli(*[names.get(a, a) for a in args], "--json", cwd=tmp_path)
+
+    # Then stdout holds one JSON object saying so (what stderr says, as `message`), in the
+    # shape of that command's other refusals, and the exit code is the usage error's
+    assert res.returncode == 2, res.stderr
+    doc = json.loads(res.stdout)
+    assert doc == {**shape, "error": "usage", "message": doc["message"]}
+    assert doc["message"].startswith(said) and doc["message"] in res.stderr
+    assert not (tmp_path / "none").exists() and not (tmp_path / ".renderctl").exists()
+
+
+def test_an_option_a_command_lacks_gets_no_json(tmp_path: Path) -> None:
+    # `top` has no --json: click's usage error, and nothing on stdout for a script to misread
+    res = cli("top", "--json", cwd=tmp_path)
+    assert res.returncode == 2 and res.stdout == "" and "--json" in res.stderr
