@@ -307,6 +307,12 @@ def _json_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return marked
 
 
+# Nested too deep for the parser itself (json's limit is ~1000 levels, tomllib's ~500): no
+# document to name a job or field in, so the message says which rule it likely broke.
+TOO_DEEP_TO_READ = (f"nested too deeply to be read (a job's params may nest at most "
+                    f"{MAX_DEPTH} levels)")
+
+
 def parse_document(raw: bytes, *, name: str) -> Any:
     """Bytes -> a plain document; raises ``_ParseError`` with a human message."""
     try:
@@ -327,7 +333,7 @@ def parse_document(raw: bytes, *, name: str) -> Any:
             raise _ParseError(f"invalid JSON at line {exc.lineno} column {exc.colno}: "
                               f"{exc.msg}") from None
         except RecursionError:
-            raise _ParseError(f"nested deeper than {MAX_DEPTH} levels") from None
+            raise _ParseError(TOO_DEEP_TO_READ) from None
         except ValueError as exc:  # e.g. an integer of more than 4300 digits
             raise _ParseError(f"invalid JSON: {number_text_error(exc)}") from None
     if (line := toml_key_too_long(text)) is not None:
@@ -338,7 +344,7 @@ def parse_document(raw: bytes, *, name: str) -> Any:
     except tomllib.TOMLDecodeError as exc:
         raise _ParseError(f"invalid TOML: {exc}") from None
     except RecursionError:
-        raise _ParseError(f"nested deeper than {MAX_DEPTH} levels") from None
+        raise _ParseError(TOO_DEEP_TO_READ) from None
     except ValueError as exc:  # e.g. an integer of more than 4300 digits
         raise _ParseError(f"invalid TOML: {number_text_error(exc)}") from None
     # (TOML allows nan and inf; validate_document reports each, with the job and field.)
@@ -981,7 +987,10 @@ def validate_document(
             who, fld = _raw_id(jobs[at]) or f"#{at}", _dotted(deep[2:3])
         else:
             who, fld = None, _dotted(deep[:2] if deep[0] == "defaults" else deep[:1])
-        ctx.add(who, _printable(fld), f"nested deeper than {MAX_NESTING} levels")
+        # params have a rule of their own, said the same whatever the depth (a JSON
+        # document nested ~450 levels is refused by it, one nested ~500 only here).
+        limit = MAX_DEPTH if fld.rpartition(".")[2] == "params" else MAX_NESTING
+        ctx.add(who, _printable(fld), f"nested deeper than {limit} levels")
         return []
     _report_scrubbed(ctx, doc, scrubbed)
     for key in doc:

@@ -238,7 +238,11 @@ def test_toml_native_datetimes(folder: Path, out_root: Path) -> None:
 DOC_CASES: list[tuple[str, str, bytes, str | None, str]] = [
     # (case, file name, content, field, message fragment); each is reported with job None
     ("json-syntax", "m.json", b'{"jobs": [', None, "invalid JSON at line 1"),
-    ("json-too-deep", "m.json", b"[" * 100_000 + b"]" * 100_000, None, "nested deeper than"),
+    ("json-too-deep", "m.json", b"[" * 100_000 + b"]" * 100_000, None,
+     "nested too deeply to be read (a job's params may nest at most 8 levels)"),
+    ("toml-too-deep", "m.toml",
+     b'[[jobs]]\nid = "d"\nparams.a = ' + b"[" * 1000 + b"]" * 1000 + b"\n", None,
+     "nested too deeply to be read"),
     ("json-not-object", "m.json", b"[1, 2]", None, "must be a table/object, got an array"),
     ("toml-duplicate-key", "m.toml", b'[[jobs]]\nid = "a"\nid = "b"\n', None, "invalid TOML"),
     ("toml-syntax", "m.toml", b"[[jobs]\n", None, "invalid TOML"),
@@ -1172,7 +1176,7 @@ def test_json_nested_hundreds_of_levels_is_a_problem_not_a_traceback(
         [problem] = json.loads(proc.stdout)["problems"]
         assert (problem["job"], problem["field"], problem["message"]) == (
             ("j1", "params") if where == "job" else (None, "defaults.params")
-        ) + ("nested deeper than 64 levels",), problem
+        ) + ("nested deeper than 8 levels",), problem  # params' own rule, at any depth
     assert not (queue / "pending").exists() or not list((queue / "pending").iterdir())
     # And the Python API, given such params, says the same
     nested: Any = []
