@@ -227,3 +227,34 @@ def test_a_cancel_cut_by_power_loss_between_its_two_syncs_is_settled_without_a_r
     assert not (out / "c1.pdf").exists()
     assert os.listdir(queue / "corrupt") == []
     assert [e for e in _events(queue) if e["event"] == "corrupt"] == []
+
+
+@pytest.mark.parametrize("list_over_probe", [0, 10**9], ids=["probed", "listed"])
+def test_a_runner_start_finds_a_pending_copy_of_a_finished_job_by_either_test(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, list_over_probe: int) -> None:
+    # Given a finished job, a copy of its record in pending/, and other pending jobs
+    stage(tmp_path)
+    queue = tmp_path / "q"
+    _finished(queue, tmp_path, "d1", State.DONE)
+    shutil.copy(queue / "done" / "d1.json", queue / "pending" / "d1.json")
+    q = Queue(queue)
+    q.submit([py_job(f"p{i}", "write_pdf") for i in range(30)], base=tmp_path,
+             out_root=tmp_path / "out")
+    q.close()
+    # (the start tests each pending record against the terminal folders by access(2)
+    # probes, or in one listing of them when that is cheaper: both ways are taken here)
+    import renderctl.store
+
+    monkeypatch.setattr(renderctl.store, "LIST_OVER_PROBE", list_over_probe)
+
+    # When a runner's start indexes pending/ (a Queue that did not submit those jobs itself)
+    index = ClaimIndex()
+    fresh = Queue(queue)
+    n = fresh.load_index(index)
+    fresh.close()
+
+    # Then the copy is not indexed to run again, and is kept in corrupt/, the others indexed
+    assert n == 30 and "d1" not in index
+    assert QueueView(queue).states_of(["d1"]) == {"d1": ["done"]}
+    [kept] = os.listdir(queue / "corrupt")
+    assert kept.startswith("pending.d1.json.")
