@@ -960,7 +960,7 @@ def validate_document(
     limits: Limits = Limits(),
     specs: Mapping[str, RendererSpec] | None = None,
     problems: list[Problem] | None = None,
-    ids: list[str] | None = None,
+    ids: list[tuple[str, int]] | None = None,
     aliases: dict[tuple[str, str], str] | None = None,
 ) -> list[JobSpec]:
     """Validate a parsed document; problems are appended to ``problems``, and the id of
@@ -1054,7 +1054,7 @@ def validate_document(
         if job is not None:
             out.append(job)
         if ids is not None and (jid := _raw_id(raw)) is not None:
-            ids.append(jid)
+            ids.append((jid, i))
     return out
 
 
@@ -1073,7 +1073,8 @@ def load_manifests(
     problems: list[Problem] = []
     jobs: list[JobSpec] = []
     files: list[str] = []  # the manifest of each job in ``jobs``
-    id_files: list[tuple[str, str]] = []  # every well-formed id, valid job or not, and its file
+    # every well-formed id, valid job or not, its file and its place there
+    id_files: list[tuple[str, str, int]] = []
     aliases: dict[tuple[str, str], str] = {}
     specs = all_specs()
     root = os.path.abspath(out_root)
@@ -1106,14 +1107,14 @@ def load_manifests(
             problems.append(Problem(name, None, None, str(exc)))
             continue
         base = Path(os.path.abspath(os.path.dirname(name) or "."))
-        ids: list[str] = []
+        ids: list[tuple[str, int]] = []
         found = validate_document(doc, file=name, base=base, out_root=root, limits=limits,
                                   specs=specs, problems=problems, ids=ids, aliases=aliases)
         if origins is not None:
             origins.update((job.id, name) for job in found)
         jobs.extend(found)
         files.extend(name for _ in found)
-        id_files.extend((jid, name) for jid in ids)
+        id_files.extend((jid, name, i) for jid, i in ids)
     check_unique(jobs, problems, files=files, ids=id_files, aliases=aliases)
     if problems:
         raise ManifestError(problems, valid=jobs)
@@ -1121,27 +1122,29 @@ def load_manifests(
 
 
 def check_unique(jobs: Sequence[JobSpec], problems: list[Problem], *,
-                 files: Sequence[str], ids: Sequence[tuple[str, str]],
+                 files: Sequence[str], ids: Sequence[tuple[str, str, int]],
                  aliases: Mapping[tuple[str, str], str] | None = None) -> None:
     """Ids and output paths must be unique across everything one command submits, and no
     output may be inside another (x/a.pdf and x/a.pdf/b.pdf; a split job's folder).
 
-    ``files[i]`` is the manifest ``jobs[i]`` came from; ``ids`` is every id with its file,
-    invalid jobs' included. A duplicate is reported in the file of its second occurrence
-    (the one to edit, or delete), naming the first when that is another file; an output
+    ``files[i]`` is the manifest ``jobs[i]`` came from; ``ids`` is every id with its file
+    and its index there, invalid jobs' included. A duplicate is reported in the file of its
+    second occurrence (the one to edit, or delete), naming the first: its file if another,
+    else both places in the file (each entry's other problems carry the same id); an output
     inside another at the job inside, whatever the order.
 
     ``aliases`` maps (out_root, output) to that output spelt without the symlinks inside
     the root that its folder goes through (``link/a.pdf`` -> ``real/a.pdf``): outputs are
     compared by that spelling, so two spellings of one file are one output."""
     aliases = aliases or {}
-    first_id: dict[str, str] = {}  # id -> its file
-    for jid, file in ids:
+    first_id: dict[str, tuple[str, int]] = {}  # id -> its file, its index there
+    for jid, file, index in ids:
         if jid in first_id:
-            other = first_id[jid]
-            problems.append(Problem(file, jid, "id", "duplicate job id"
-                                    + ("" if other == file else f" (also in {other})")))
-        first_id.setdefault(jid, file)
+            other, at = first_id[jid]
+            problems.append(Problem(file, jid, "id", "duplicate job id" + (
+                f" (jobs #{at} and #{index} of this file)" if other == file
+                else f" (also in {other})")))
+        first_id.setdefault(jid, (file, index))
     # (out_root, output) -> (job id, its file). The root is absolute and the output
     # normalised (check_output_path), so the pair names one path; its folders are pairs
     # too, looked up with no path joined.
@@ -1189,12 +1192,12 @@ def jobs_from_dicts(
     doc: dict[str, Any] = {"jobs": [dict(i) if isinstance(i, Mapping) else i for i in items]}
     if defaults:
         doc["defaults"] = dict(defaults)
-    ids: list[str] = []
+    ids: list[tuple[str, int]] = []
     aliases: dict[tuple[str, str], str] = {}
     jobs = validate_document(doc, file=source, base=Path(os.path.abspath(base)),
                              out_root=os.path.abspath(out_root), limits=limits,
                              problems=problems, ids=ids, aliases=aliases)
-    check_unique(jobs, problems, files=[source] * len(jobs), ids=[(i, source) for i in ids],
+    check_unique(jobs, problems, files=[source] * len(jobs), ids=[(j, source, i) for j, i in ids],
                  aliases=aliases)
     if problems:
         raise ManifestError(problems)

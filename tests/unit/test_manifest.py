@@ -331,8 +331,11 @@ def test_manifest_missing_or_a_folder(tmp_path: Path, out_root: Path) -> None:
 
 
 def test_duplicate_ids(folder: Path, out_root: Path, write_manifest: Any) -> None:
-    path = write_manifest([job(), job(output="o/other.pdf")], folder=folder)
-    assert_reported(problems([path], out_root), field="id", message="duplicate job id")
+    # (Both places named: each entry's other problems carry the same id, so the id alone
+    # does not say which entry is meant.)
+    path = write_manifest([job(id="j0"), job(), job(output="o/other.pdf")], folder=folder)
+    assert_reported(problems([path], out_root), field="id",
+                    message="duplicate job id (jobs #1 and #2 of this file)")
 
 
 def test_duplicate_ids_across_files(folder: Path, out_root: Path, write_manifest: Any) -> None:
