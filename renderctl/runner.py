@@ -377,6 +377,10 @@ class Runner:
         self._stop_reported = False
         self._suspend_asked = False  # SIGTSTP came: pause the run at the top of the loop
         self._continued = False  # SIGCONT came: continue what a stop of our group stopped
+        # Which of SIGTSTP and SIGCONT came last, in the order they came (read from the
+        # wake-up fd, which the C-level handler writes as each arrives): a SIGCONT after
+        # the Ctrl-Z we have not acted on yet cancels it (see _suspend).
+        self._last_tstp_cont: int | None = None
         self.stopped = False  # the loop has ended (the last snapshot says "finished")
         self.wake_cancel = True
         self._woken = False  # SIGUSR1 came (a submit, a cancel): see _forget_vanished
@@ -1052,7 +1056,10 @@ class Runner:
                 self._continued = False
                 self._continue_helpers()
             if self._suspend_asked:
-                self._suspend()
+                if self._continued_since_tstp():
+                    self._suspend_asked = False  # continued before we could pause: nothing to do
+                else:
+                    self._suspend()
             now = time.monotonic()
             if self.stop_signal is not None:
                 if not self._stop_reported:
@@ -1139,6 +1146,22 @@ class Runner:
             self.reporter.tick(self)
             self._wait(self._next_deadline(now))
 
+    def _read_wake(self) -> None:
+        """Empty the wake-up fd, noting which of SIGTSTP and SIGCONT it saw last."""
+        if self._wake_r < 0:
+            return
+        with contextlib.suppress(OSError):
+            while data := os.read(self._wake_r, 512):
+                for signum in reversed(data):
+                    if signum in (signal.SIGTSTP, signal.SIGCONT):
+                        self._last_tstp_cont = signum
+                        break
+
+    def _continued_since_tstp(self) -> bool:
+        """Whether a SIGCONT came after the last SIGTSTP (read up to now)."""
+        self._read_wake()
+        return self._last_tstp_cont == signal.SIGCONT
+
     def _suspend(self) -> None:
         """Ctrl-Z (SIGTSTP): pause the whole run, jobs included, then stop as asked.
 
@@ -1159,7 +1182,14 @@ class Runner:
                              "running": sum(1 for w in self.workers.values()
                                             if w.current is not None)})
         t0 = time.monotonic()
-        proctree.suspend_self()  # an orphaned process group (a service) goes straight on
+        self.crash_point("suspend:stopping")
+        # A `kill -CONT` (or `fg`) already sent since the Ctrl-Z was for this pause: a stop
+        # now would wait for another that never comes (a SIGCONT 50 ms after a SIGTSTP,
+        # while the loop was busy starting workers, left the run stopped for good, holding
+        # the queue). Then the pause ends at once. (A SIGCONT in the microseconds between
+        # this look and the stop is still lost: `fg` again continues the run.)
+        if not self._continued_since_tstp():
+            proctree.suspend_self()  # an orphaned process group (a service) goes on at once
         paused = time.monotonic() - t0
         # `fg` continues our whole process group; `kill -CONT PID` only us. What else the
         # terminal stopped with us must go on too: multiprocessing's resource tracker, and
@@ -1333,9 +1363,7 @@ class Runner:
         dead: list[WorkerHandle] = []
         for fd, events in ready:
             if fd == self._wake_r:
-                with contextlib.suppress(OSError):
-                    while os.read(self._wake_r, 512):
-                        pass
+                self._read_wake()
                 continue
             entry = self._polled.get(fd)
             if entry is None:

@@ -766,3 +766,36 @@ def test_the_dashboard_counts_jobs_claimed_ahead_and_a_stop_neither_loses_them_n
     assert re.search(r"retries\s+0\b", last), last[:300]  # (it may wrap there)
     assert re.findall(r"\b\d+/\d+ jobs\b", screen)[-1] == "0/4 jobs", screen[-2000:]
     assert QueueView(queue).ids("pending") == {f"h{n}" for n in range(4)}
+
+
+def test_a_sigcont_that_comes_before_the_runner_stops_itself_is_not_lost(
+        tmp_path: Path, write_manifest: Any) -> None:
+    queue, out = tmp_path / "q", tmp_path / "out"
+    # Given a run with a job running, which SIGSTOPs itself at `suspend:stopping` (jobs
+    # paused for a Ctrl-Z, the runner not yet stopped): the moment a SIGCONT sent soon after
+    # the SIGTSTP can reach it (50 ms after, while the loop was busy starting workers, the
+    # run stayed stopped for good, holding the queue)
+    job, go = held_job(tmp_path, "j", timeout_s=60)
+    runner = Runner(*cli_args(queue, out, "--workers", "1"), write_manifest([job]),
+                    env={"RENDERCTL_STOP_AT": "suspend:stopping"}, own_group=True)
+    try:
+        pid = wait_for_pid(tmp_path / "j.pid")
+        os.killpg(runner.pid, signal.SIGTSTP)
+        runner.until(lambda line: line.startswith("suspended"))
+        wait_until(lambda: stopped(runner.pid) and stopped(pid), timeout_s=10,
+                   what="the runner (at its stop point) and the job to be stopped")
+
+        # When the one SIGCONT comes (`kill -CONT PID`), before the runner's own stop
+        os.kill(runner.pid, signal.SIGCONT)
+
+        # Then the pause ends there: the job is continued, and the run finishes it, with no
+        # second SIGCONT
+        runner.until(lambda line: line.startswith("resumed"))
+        wait_until(lambda: not stopped(pid), timeout_s=10, what="the job to be continued")
+        go.touch()
+        assert runner.wait() == 0, (runner.lines, runner.stderr())
+    finally:
+        go.touch()
+        runner.kill()
+    assert QueueView(queue).ids("done") == {"j"}
+    assert_pdf(out / "j.pdf", "j")
