@@ -88,7 +88,11 @@ def start_fork_server_early(argv: Sequence[str]) -> None:
 def main() -> None:
     _fill_closed_standard_fds()
     prior = signal.getsignal(signal.SIGINT)
-    for sig in _EARLY:
+    # `run` takes SIGQUIT as a stop too (exit 131, jobs released); its default action in
+    # the first ~0.2 s killed it with a core file instead. Other commands keep Ctrl-\'s
+    # usual quit-with-core. (First: once the others are caught, so is this one.)
+    quit_too = (signal.SIGQUIT,) if sys.argv[1:2] == ["run"] else ()
+    for sig in (*quit_too, *_EARLY):
         # A stop signal the parent left ignored stays ignored, here and in every later
         # layer (`run`'s early handling, the runner), as coreutils' sort keeps it: `nohup`
         # ignores SIGHUP so that a logout does not stop the run, a script's `cmd &` SIGINT

@@ -643,3 +643,30 @@ def test_a_stop_signal_while_the_command_line_loads_exits_128_plus_n_quietly(
     # printed a KeyboardInterrupt traceback and SIGTERM/SIGHUP killed it by the signal
     assert proc.returncode == 128 + sig, (proc.returncode, err)
     assert "Traceback" not in err, err
+
+
+def test_a_sigquit_while_run_loads_exits_131_quietly_without_a_core(
+        tmp_path: Path, manifest: Path) -> None:
+    # Given `renderctl run` (as the script and `python -m renderctl` start it) caught while
+    # it still imports the command line: the launcher's handlers are in place
+    proc = subprocess.Popen([sys.executable, "-m", "renderctl", "run", str(manifest),
+                             "--queue", str(tmp_path / "q"), "--out", str(tmp_path / "out")],
+                            cwd=tmp_path, env=env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        poll(lambda: _catches(proc.pid, signal.SIGHUP) or None, what="the launcher's handlers")
+        # (installed before SIGHUP's: caught now, not only once `run` set its own)
+        assert _catches(proc.pid, signal.SIGQUIT)
+
+        # When the terminal's quit key sends SIGQUIT
+        proc.send_signal(signal.SIGQUIT)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+        proc.wait()
+
+    # Then it exits 131 as a stopped run does (DESIGN: 128 + n), not by the signal's
+    # default action (which dumped a core file here), and without a traceback
+    assert proc.returncode == 128 + signal.SIGQUIT, (proc.returncode, err)
+    assert "Traceback" not in err, err
+    assert not list(tmp_path.glob("core*"))
