@@ -964,7 +964,8 @@ def validate_document(
     aliases: dict[tuple[str, str], str] | None = None,
 ) -> list[JobSpec]:
     """Validate a parsed document; problems are appended to ``problems``, and the id of
-    every job that has a well-formed one, valid job or not, to ``ids`` (for check_unique:
+    every job that has a well-formed one, valid job or not, to ``ids`` with the job's index
+    in the document (for check_unique:
     a duplicate is a problem of its own, whatever else is wrong with the job); each output
     reached through a symlink inside the root, to ``aliases`` (see check_unique)."""
     ctx = _Ctx(file, problems if problems is not None else [],

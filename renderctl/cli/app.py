@@ -807,14 +807,17 @@ def queue_conflicts(jobs: list[Any], queue: Path, replace: bool,
 
     from renderctl.store import Queue
 
-    if not jobs or not is_queue(queue):
-        return []
     try:
+        if not jobs or not is_queue(queue):
+            return []
         q = Queue(queue)
-        problems = q.conflicts(jobs, replace=replace)
-        problems = [with_file(p, file=origins[p.job]) if p.job in origins else p
-                    for p in problems]
-        return name_changed_fields(problems, jobs, q)
+        try:
+            problems = q.conflicts(jobs, replace=replace)
+            problems = [with_file(p, file=origins[p.job]) if p.job in origins else p
+                        for p in problems]
+            return name_changed_fields(problems, jobs, q)
+        finally:
+            q.close()
     except (OSError, RenderctlError):
         return []
 

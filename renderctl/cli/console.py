@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import errno
 import json
 import math
@@ -95,8 +96,9 @@ class Room:
 
 
 # What this command said, for a --json refusal that printed nothing on stdout (see
-# json_refusal): its error lines, and whether stdout was written at all.
-_errors: list[str] = []
+# json_refusal): its last error lines (bounded: a `run --follow` warns for days), and
+# whether stdout was written at all.
+_errors: collections.deque[str] = collections.deque(maxlen=20)
 _stdout_used = False
 
 
