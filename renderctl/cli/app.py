@@ -349,8 +349,15 @@ def report_unfound(q: Queue, job_ids: list[str], then: str = "") -> None:
 def unfound_answer(q: Queue, job_id: str) -> str:
     """What `--json` answers for an id in no folder: `corrupt` if its record was found
     damaged and moved to corrupt/ (as `wait` says it: the job was accepted, a script must
-    not take it for never submitted), else `not found`."""
-    return "corrupt" if q.corrupt_copy(job_id) is not None else "not found"
+    not take it for never submitted), else `not found`. The queue's own verdict (its
+    JobNotFound), as `show` and `wait` read it."""
+    from renderctl.errors import JobNotFound
+
+    try:
+        q.get(job_id)
+    except JobNotFound as exc:
+        return "corrupt" if exc.quarantined else "not found"
+    return "not found"  # (back meanwhile: a caller found it in no folder a moment ago)
 
 
 def handle_errors(fn: F) -> F:

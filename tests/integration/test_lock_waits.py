@@ -9,6 +9,7 @@ seen in /proc/locks (a blocked flock's "->" line), never guessed with a sleep.
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import signal
 import subprocess
@@ -95,6 +96,25 @@ COMMANDS = {
     "prune": (["prune", "--older-than", "0", "--queue", "{queue}"],
               "the records not removed yet stay"),
 }
+
+
+def test_a_json_command_that_gives_up_on_a_lock_says_so_in_json(
+        tmp_path: Path, write_manifest: Any, frozen: list[subprocess.Popen[str]]) -> None:
+    # Given a submit stopped while it holds the submit lock
+    queue, out = _queue_with_dead_and_done(tmp_path, write_manifest)
+    held = _freeze(frozen, ["submit", write_manifest([py_job("held", "write_pdf")]),
+                            *cli_args(queue, out)], "submit:checked")
+
+    # When `dead purge --json` waits for it and gives up (75, before printing anything)
+    res = run_cli("dead", "purge", "--json", "--queue", str(queue), env=GIVE_UP, timeout=60)
+
+    # Then stdout still holds one JSON object saying so, its message what stderr said
+    assert res.returncode == ExitCode.TEMPFAIL, res.stdout + res.stderr
+    doc = json.loads(res.stdout)
+    assert doc["error"] == "unavailable" and set(doc) == {"error", "message"}
+    last = res.stderr.splitlines()[-1].removeprefix("renderctl: ")
+    assert f"kill -CONT {held.pid}" in last and doc["message"].endswith(last), doc
+    assert QueueView(queue).states_of(["bad"]) == {"bad": ["dead"]}
 
 
 @pytest.mark.parametrize("command", COMMANDS)
