@@ -7,10 +7,13 @@ escalation helper for shutdown paths and tests.
 Who kills whom when the runner dies
 -----------------------------------
 * A worker calls ``set_parent_death_signal()`` first thing: when its parent dies the kernel
-  sends it SIGKILL. Under the *forkserver* start method the worker's parent is the fork
-  server, not the runner; the fork server exits as soon as the runner's end of its "alive"
-  pipe closes (which the kernel does when the runner dies, even by SIGKILL), so the chain
-  runner -> fork server -> worker still ends in SIGKILL, a few ms later.
+  sends it a signal whose handler kills its group. Under the *forkserver* start method the
+  worker's parent is the fork server, not the runner; the fork server exits as soon as the
+  runner's end of its "alive" pipe closes (which the kernel does when the runner dies,
+  even by SIGKILL), so the chain runner -> fork server -> worker still ends in its death, a
+  few ms later. (The runner is a child subreaper: should the fork server alone die, its
+  workers become the runner's children, and the kernel sends them the signal again when
+  the runner dies; the worker's handler lets them live while their parent is the runner.)
 * PR_SET_PDEATHSIG is cleared in a forked child, so a ``command`` child of a worker is not
   covered by it (we set no preexec hook). Such a child outlives a SIGKILLed worker, but it
   stays (1) in the worker's process group, whose id the lease records as the holder pid:
@@ -117,6 +120,16 @@ def _stat_fields(pid: int) -> list[str] | None:
     except (FileNotFoundError, ProcessLookupError):
         return None
     return data[data.rindex(b")") + 2 :].decode().split()
+
+
+def reap(pid: int) -> int | None:
+    """Reap our exited child ``pid`` without waiting: its status as multiprocessing gives
+    it (the exit code, or -N for signal N); None if it has not exited or is not ours."""
+    try:
+        got, status = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return None
+    return os.waitstatus_to_exitcode(status) if got == pid else None
 
 
 def pid_alive(pid: int) -> bool:
@@ -262,6 +275,7 @@ __all__ = [
     "kill_group",
     "pid_alive",
     "process_start_time",
+    "reap",
     "set_child_subreaper",
     "set_oom_score_adj",
     "set_parent_death_signal",

@@ -614,7 +614,11 @@ class Runner:
                 w.proc.kill()  # not Ready yet: no group of its own to kill
         for w in list(self.workers.values()):
             with contextlib.suppress(Exception):
-                w.proc.join(timeout=5)
+                if w.death_fd == w.pidfd is not None and self.s.start_method == "forkserver":
+                    select.select([w.pidfd], [], [], 5)  # (one that outlived its fork server)
+                    self._worker_exit_code(w)
+                else:
+                    w.proc.join(timeout=5)
             with contextlib.suppress(Exception):
                 w.slot.close()
             for tmp in w.discard_at_death:  # its jobs can no longer write them
@@ -990,7 +994,7 @@ class Runner:
                            work_root=self.work_root, gate_path=gate.path,
                            control_dir=str(self.q.dir("control")),
                            reaper=self.reaper.identity if self.reaper else None,
-                           forked=self.s.start_method == "fork")
+                           forked=self.s.start_method == "fork", runner_pid=os.getpid())
         try:
             proc, parent = start_worker(self._ctx, cfg, name=f"renderctl-worker-{index}")
         except WorkerStartError as exc:
@@ -1018,15 +1022,17 @@ class Runner:
         # (A duplicate: closing it leaves the Connection's descriptor alone.)
         w.sock = socket.socket(fileno=os.dup(w.conn.fileno()))
         w.death_fd = w.proc.sentinel
-        if self.s.start_method != "forkserver":
+        with contextlib.suppress(OSError, AttributeError):
+            w.pidfd = os.pidfd_open(w.proc.pid)
+        if self.s.start_method != "forkserver" and w.pidfd is not None:
             # Under fork and spawn the sentinel is a pipe the worker holds the write end of,
             # and so does whatever its job forks or starts: a job that closed it (a
             # daemonizing library) made a live worker look dead, and the join that followed
             # blocked the runner until the job ended; a job's daemon holding it hid a dead
             # worker until the orphan sweep. A pidfd says when the process itself exits.
-            # (Under forkserver the server reports each exit on the sentinel.)
-            with contextlib.suppress(OSError, AttributeError):
-                w.pidfd = w.death_fd = os.pidfd_open(w.proc.pid)
+            # (Under forkserver the server reports each exit on the sentinel, which also
+            # ends when the server dies: then the pidfd takes over, see _outlived_server.)
+            w.death_fd = w.pidfd
         for fd, is_conn in ((w.conn.fileno(), True), (w.death_fd, False)):
             self._poller.register(fd, select.POLLIN)
             self._polled[fd] = (w, is_conn)
@@ -1374,10 +1380,45 @@ class Runner:
                     self._send_unsent(w)
                 if events & ~select.POLLOUT:
                     self._read_messages(w)
-            elif w not in dead:
+            elif w not in dead and not self._outlived_server(w):
                 dead.append(w)
         for w in dead:
             self._on_death(w)
+
+    def _outlived_server(self, w: WorkerHandle) -> bool:
+        """Whether ``w``'s sentinel ended because its fork server died, not it.
+
+        A job can kill the fork server (it is a python job's grandparent). The worker lives
+        on as our child (we are a subreaper; see worker._die_with_group), so its pidfd says
+        when it exits from now on, and we reap it ourselves (``_worker_exit_code``)."""
+        sentinel = w.death_fd
+        if w.pidfd is None or sentinel is None or sentinel == w.pidfd or not self._subreaper:
+            return False
+        if select.select([w.pidfd], [], [], 0)[0]:
+            return False  # it has exited: its death, whatever the server did
+        for poller in (self._poller, self._urgent):
+            with contextlib.suppress(KeyError):
+                poller.unregister(sentinel)
+        self._polled.pop(sentinel, None)
+        w.death_fd = w.pidfd
+        self._poller.register(w.pidfd, select.POLLIN)
+        self._urgent.register(w.pidfd, select.POLLIN)
+        self._polled[w.pidfd] = (w, False)
+        return True
+
+    def _worker_exit_code(self, w: WorkerHandle) -> int | None:
+        """``w``'s exit status, multiprocessing's way (-N for signal N), once it has exited."""
+        if w.death_fd != w.pidfd:
+            w.proc.join(timeout=1)  # (the fork server's report of the exit status)
+            return w.proc.exitcode
+        if self.s.start_method != "forkserver":
+            # With a pidfd the process has exited: exitcode reaps it without waiting (join
+            # would wait on the sentinel, which a job's leftover may hold open).
+            return w.proc.exitcode
+        # It outlived its fork server and is our child: the server cannot tell its status.
+        code = proctree.reap(w.proc.pid)
+        mpstate.settle_exit(w.proc, code)
+        return code
 
     def _nap(self) -> float:
         """How long the loop may leave workers' messages unread, in seconds (0: not at all).
@@ -1895,11 +1936,7 @@ class Runner:
 
     def _on_death(self, w: WorkerHandle) -> None:
         self._read_messages(w)
-        if w.pidfd is None:
-            w.proc.join(timeout=1)  # (the fork server's report of the exit status)
-        # With a pidfd the process has exited: exitcode reaps it without waiting (join
-        # would wait on the sentinel, which a job's leftover may hold open).
-        code = w.proc.exitcode
+        code = self._worker_exit_code(w)
         if w.pid is None:
             # Died (or was killed, stuck) before it could say Ready: the environment, not a
             # job, is broken. Replacing it forever would spin; after a few in a row the run

@@ -145,6 +145,7 @@ class WorkerConfig:
     control_dir: str = ""  # where `cancel` leaves its requests; "" for none
     reaper: tuple[int, int, int] | None = None  # the reaper's pipe (see reaper.close_inherited)
     forked: bool = False  # started by fork from the runner: holds copies of its descriptors
+    runner_pid: int = 0  # the runner's pid, which our parent is unless the fork server is
 
 
 # -- entry point ---------------------------------------------------------------------------
@@ -160,7 +161,18 @@ _RESET_SIGNALS = frozenset({
     signal.SIGALRM, signal.SIGPIPE, signal.SIGTSTP, signal.SIGQUIT})
 
 
+# The runner's pid (WorkerConfig.runner_pid), for _die_with_group; 0 until known.
+_runner_pid = 0
+
+
 def _die_with_group(signum: int, frame: object) -> None:
+    # Under forkserver our parent is the fork server, and a job can kill it (it is a python
+    # job's grandparent: os.kill(os.getppid(), 9)). The runner is a child subreaper, so we
+    # are then its child, and the kernel sends this signal again when it dies (as it does
+    # for each subreaper a process passes to). Our parent's death with the runner as our
+    # parent now was the fork server's alone: the job runs on, supervised as before.
+    if _runner_pid and os.getppid() == _runner_pid:
+        return
     # First what the job left outside our group (setsid() daemons): as a subreaper we are
     # their parent, and must live until they are dead, or they would pass to init.
     with contextlib.suppress(Exception):
@@ -181,6 +193,8 @@ def worker_main(conn: Connection, config: WorkerConfig) -> None:
     # Orphans of a job become ours, so that nothing a job started can outlive it.
     proctree.set_child_subreaper()
     mpstate.drop_inherited_pipes()
+    global _runner_pid
+    _runner_pid = config.runner_pid
     signal.signal(PARENT_DEATH_SIGNAL, _die_with_group)
     try:
         proctree.set_parent_death_signal(PARENT_DEATH_SIGNAL)

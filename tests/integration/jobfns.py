@@ -62,6 +62,26 @@ def stop_parent_then_write(inputs: Sequence[Path], output: Path,
     write_pdf(inputs, output, params)
 
 
+def kill_parent_then_write(inputs: Sequence[Path], output: Path,
+                           params: Mapping[str, Any]) -> None:
+    """Once ``params["wait_for"]`` exists (another job has started), SIGKILL the worker's
+    parent (the fork server, under forkserver), write its pid to ``params["killed"]`` once it
+    is gone, then write a PDF; or, given ``params["hold"]``, write our pid to
+    ``params["pidfile"]`` and hold for good."""
+    while not os.path.exists(params["wait_for"]):
+        time.sleep(0.005)
+    server = os.getppid()
+    os.kill(server, signal.SIGKILL)
+    while os.getppid() == server:  # (until it is gone: then the runner's signal is sent)
+        time.sleep(0.005)
+    _write_pid(params["killed"], server)
+    if params.get("hold"):
+        _write_pid(params["pidfile"], os.getpid())
+        while True:
+            time.sleep(1)
+    write_pdf(inputs, output, params)
+
+
 def copy_via_child(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
     """Have a child process write the output (a copy of the input), as a job driving qpdf or
     Ghostscript does: subprocess closes the worker's descriptors in it."""

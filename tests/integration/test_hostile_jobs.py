@@ -1546,3 +1546,55 @@ def test_a_job_that_stops_the_fork_server_does_not_stall_the_run(
     assert view.states_of(["stopper", "slow"]) == {"stopper": ["done"], "slow": ["dead"]}
     attempt = view.record("dead", "slow")["attempts"][-1]
     assert attempt["outcome"] == "timeout" and attempt["elapsed_s"] < 5
+
+
+@pytest.mark.parametrize("then", ["finish", "kill_waiter"])
+def test_a_job_that_kills_the_fork_server_takes_no_other_job_down(
+        tmp_path: Path, write_manifest: Any, then: str) -> None:
+    # Given jobs of one attempt each (the waiter two): one that waits in its worker for the
+    # test's word, one that SIGKILLs the fork server (its worker's parent, as every worker's
+    # is) once the first has started, and more to run after (on workers from a fork server
+    # started anew)
+    stage(tmp_path)
+    started, go, killed = tmp_path / "waiter.pid", tmp_path / "go", tmp_path / "killed"
+    manifest = write_manifest([
+        {**py_job("waiter", "wait_for_go", pidfile=str(started), go=str(go)),
+         "max_attempts": 2},
+        {**py_job("killer", "kill_parent_then_write", wait_for=str(started),
+                  killed=str(killed)), "max_attempts": 1},
+        *({**py_job(f"after{i}", "write_pdf"), "max_attempts": 1} for i in range(4)),
+    ])
+    runner = Runner(manifest, *cli_args(tmp_path / "q", tmp_path / "out", "--workers", "2",
+                                        "--max-jobs-per-worker", "1",
+                                        "--start-method", "forkserver", "--json"))
+    try:
+        # When the fork server is killed while the waiter runs (and then, in one case, the
+        # waiter's worker is SIGKILLed from outside, as the runner's child it now is)
+        wait_for_pid(killed, what="the job that killed the fork server to outlive it")
+        if then == "kill_waiter":
+            os.kill(wait_for_pid(started), signal.SIGKILL)
+            started.unlink()
+            wait_for_pid(started, what="the waiter's second attempt")
+        go.touch()
+        code = runner.wait(60)
+    finally:
+        go.touch()
+        runner.close()
+
+    # Then every job completes at its first attempt: the workers lived on (before, each
+    # running job died with the server, charged `crashed`, and so was dead-lettered); a
+    # worker killed after is told apart by its real status, reaped by the runner (the dead
+    # server cannot report it), and its job is retried
+    assert code == 0, (runner.lines, runner.stderr())
+    view = QueueView(tmp_path / "q")
+    ids = ["waiter", "killer", *(f"after{i}" for i in range(4))]
+    assert view.states_of(ids) == {i: ["done"] for i in ids}
+    for i in ids:
+        attempts = view.record("done", i)["attempts"]
+        if i == "waiter" and then == "kill_waiter":
+            assert [a["outcome"] for a in attempts] == ["crashed", "completed"]
+            assert attempts[0]["signal"] == signal.SIGKILL, attempts[0]
+            assert "SIGKILL (not sent by renderctl)" in attempts[0]["error"]
+        else:
+            assert [a["outcome"] for a in attempts] == ["completed"]
+        assert_pdf(tmp_path / "out" / f"{i}.pdf", i)

@@ -180,6 +180,41 @@ def test_when_the_runner_dies_its_workers_and_python_jobs_die_with_it(
     assert_tree_dies_with(runner, tree)
 
 
+def test_workers_that_outlive_a_killed_fork_server_still_die_with_the_runner(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given a run whose fork server a job killed: its two workers live on as the runner's
+    # children (one running a long job, one the killer, holding)
+    stage(tmp_path)
+    started, killed, held = tmp_path / "sleeper.pid", tmp_path / "killed", tmp_path / "k.pid"
+    manifest = write_manifest([
+        py_job("sleeper", "sleep_then_write", s=600, pidfile=str(started)),
+        py_job("killer", "kill_parent_then_write", wait_for=str(started), killed=str(killed),
+               hold=True, pidfile=str(held)),
+    ])
+    runner = Runner(manifest, *cli_args(tmp_path / "q", tmp_path / "out", "--workers", "2",
+                                        "--max-jobs-per-worker", "1",
+                                        "--start-method", "forkserver"))
+    try:
+        wait_for_pid(killed, what="the job that killed the fork server to outlive it")
+        jobs = [psutil.Process(wait_for_pid(started)), psutil.Process(wait_for_pid(held))]
+        assert {p.ppid() for p in jobs} == {runner.pid}  # (a python job is its worker)
+        # and the reaper, the runner's backstop, stopped: the workers' own parent-death
+        # signal, which the kernel sends again as their new parent dies, must act
+        reaper = next(p for p in psutil.Process(runner.pid).children()
+                      if p.status() != psutil.STATUS_ZOMBIE  # (the fork server)
+                      and "reaper.py" in " ".join(p.cmdline()))
+        reaper.suspend()
+    except BaseException:
+        runner.close()
+        raise
+    try:
+        # When the runner is SIGKILLed, then both are gone within 2 s
+        assert_tree_dies_with(runner, jobs)
+    finally:
+        with contextlib.suppress(psutil.Error):
+            reaper.kill()
+
+
 @pytest.mark.parametrize("method", ["fork", "forkserver", "spawn"])
 @pytest.mark.parametrize("how", ["c_call", "blocked"])
 def test_when_the_runner_dies_a_job_deaf_to_signal_handlers_dies_with_it_too(
