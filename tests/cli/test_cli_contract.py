@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 from collections.abc import Iterator
@@ -528,6 +529,25 @@ def test_a_json_command_refused_before_it_printed_says_so_in_json(
     assert doc == {**shape, "error": "usage", "message": doc["message"]}
     assert doc["message"].startswith(said) and doc["message"] in res.stderr
     assert not (tmp_path / "none").exists() and not (tmp_path / ".renderctl").exists()
+
+
+def test_a_json_command_that_cannot_read_its_queue_says_io_error_in_json(
+        tmp_path: Path) -> None:
+    # Given a queue whose done/ folder is a file (damage outside renderctl)
+    q = tmp_path / "q"
+    assert cli("submit", str(write_jobs(tmp_path / "m", [job("a", "write")])), "--queue", q,
+               cwd=tmp_path).returncode == 0
+    shutil.rmtree(q / "done")
+    (q / "done").write_text("")
+
+    # When status is asked for --json
+    res = cli("status", "--json", "--queue", q, cwd=tmp_path)
+
+    # Then stdout holds one JSON object naming the I/O error, with the exit code 74
+    assert res.returncode == 74, res.stderr
+    doc = json.loads(res.stdout)
+    assert doc == {"error": "io_error", "message": doc["message"]}
+    assert "done" in doc["message"] and doc["message"] in res.stderr
 
 
 def test_an_option_a_command_lacks_gets_no_json(tmp_path: Path) -> None:
