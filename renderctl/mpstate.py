@@ -82,14 +82,24 @@ def forget_dead_helpers() -> None:
         with contextlib.suppress(OSError, TypeError):
             os.close(tracker._fd)  # type: ignore[attr-defined]
         tracker._fd = tracker._pid = None  # type: ignore[attr-defined]
+    forget_dead_server()
+
+
+def forget_dead_server() -> None:
+    """Reap and forget this process's fork server if it has died (a job killed it; a
+    runner's), so that it is no zombie child of ours until the next start, when CPython
+    would, and a start makes a new one."""
     server = forkserver._forkserver
     pid = getattr(server, "_forkserver_pid", None)
-    if pid is not None and not pid_alive(pid):
-        with contextlib.suppress(OSError, TypeError):
-            os.close(server._forkserver_alive_fd)  # type: ignore[attr-defined]
-        server._forkserver_pid = None  # type: ignore[attr-defined]
-        server._forkserver_address = None  # type: ignore[attr-defined]
-        server._forkserver_alive_fd = None  # type: ignore[attr-defined]
+    if pid is None or pid_alive(pid):
+        return  # (or not yet a zombie: the next worker start reaps it)
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)
+    with contextlib.suppress(OSError, TypeError):
+        os.close(server._forkserver_alive_fd)  # type: ignore[attr-defined]
+    server._forkserver_pid = None  # type: ignore[attr-defined]
+    server._forkserver_address = None  # type: ignore[attr-defined]
+    server._forkserver_alive_fd = None  # type: ignore[attr-defined]
 
 
 def dead_fork_server() -> int | None:

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import math
 import os
 import select
 import signal
@@ -120,6 +121,17 @@ def _stat_fields(pid: int) -> list[str] | None:
     except (FileNotFoundError, ProcessLookupError):
         return None
     return data[data.rindex(b")") + 2 :].decode().split()
+
+
+def pidfd_exited(pidfd: int | None, timeout_s: float = 0) -> bool:
+    """Whether the process of ``pidfd`` has exited (True for none), waiting up to
+    ``timeout_s`` for it. (poll, not select: a runner of a few hundred workers holds
+    descriptors numbered past select's 1024.)"""
+    if pidfd is None:
+        return True
+    p = select.poll()
+    p.register(pidfd, select.POLLIN)
+    return bool(p.poll(math.ceil(timeout_s * 1000)))
 
 
 def reap(pid: int) -> int | None:
@@ -274,6 +286,7 @@ __all__ = [
     "holder_alive",
     "kill_group",
     "pid_alive",
+    "pidfd_exited",
     "process_start_time",
     "reap",
     "set_child_subreaper",

@@ -308,6 +308,7 @@ class WorkerHandle:
     # What says it died: a pidfd under fork and spawn (see Runner._watch), else the sentinel.
     death_fd: int | None = None
     pidfd: int | None = None
+    adopted: bool = False  # it outlived its fork server: our child, its pidfd says its end
     unsent: bytearray = field(default_factory=bytearray)
     inbox: bytearray = field(default_factory=bytearray)
     polling_out: bool = False  # its connection is polled for POLLOUT (unsent waits)
@@ -611,11 +612,17 @@ class Runner:
             if w.pgid:
                 proctree.kill_group(w.pgid, signal.SIGKILL)
             with contextlib.suppress(Exception):
-                w.proc.kill()  # not Ready yet: no group of its own to kill
+                # Not Ready yet: no group of its own to kill. (By its pidfd where it has one:
+                # multiprocessing's kill does nothing once it has taken a dead fork server's
+                # EOF for the worker's exit.)
+                if w.pidfd is not None:
+                    signal.pidfd_send_signal(w.pidfd, signal.SIGKILL)
+                else:
+                    w.proc.kill()
         for w in list(self.workers.values()):
             with contextlib.suppress(Exception):
-                if w.death_fd == w.pidfd is not None and self.s.start_method == "forkserver":
-                    select.select([w.pidfd], [], [], 5)  # (one that outlived its fork server)
+                if w.adopted:
+                    proctree.pidfd_exited(w.pidfd, 5)
                     self._worker_exit_code(w)
                 else:
                     w.proc.join(timeout=5)
@@ -1392,10 +1399,11 @@ class Runner:
         on as our child (we are a subreaper; see worker._die_with_group), so its pidfd says
         when it exits from now on, and we reap it ourselves (``_worker_exit_code``)."""
         sentinel = w.death_fd
-        if w.pidfd is None or sentinel is None or sentinel == w.pidfd or not self._subreaper:
+        if w.pidfd is None or sentinel is None or w.adopted or not self._subreaper:
             return False
-        if select.select([w.pidfd], [], [], 0)[0]:
+        if proctree.pidfd_exited(w.pidfd):
             return False  # it has exited: its death, whatever the server did
+        w.adopted = True
         for poller in (self._poller, self._urgent):
             with contextlib.suppress(KeyError):
                 poller.unregister(sentinel)
@@ -1404,6 +1412,7 @@ class Runner:
         self._poller.register(w.pidfd, select.POLLIN)
         self._urgent.register(w.pidfd, select.POLLIN)
         self._polled[w.pidfd] = (w, False)
+        mpstate.forget_dead_server()  # (else a zombie until the next worker start)
         return True
 
     def _worker_exit_code(self, w: WorkerHandle) -> int | None:
@@ -1411,7 +1420,7 @@ class Runner:
         if w.death_fd != w.pidfd:
             w.proc.join(timeout=1)  # (the fork server's report of the exit status)
             return w.proc.exitcode
-        if self.s.start_method != "forkserver":
+        if not w.adopted:
             # With a pidfd the process has exited: exitcode reaps it without waiting (join
             # would wait on the sentinel, which a job's leftover may hold open).
             return w.proc.exitcode
@@ -2114,7 +2123,8 @@ class Runner:
         elif sig is not None:
             outcome, error = Outcome.CRASHED.value, \
                 f"worker killed by {_signame(sig)} (not sent by renderctl)"
-        elif code == 255 and (server := mpstate.dead_fork_server()) is not None:
+        elif code == 255 and not w.adopted \
+                and (server := mpstate.dead_fork_server()) is not None:
             # The fork server relays its children's exit status; it died (a job signalled
             # its parent?), so this worker died of its parent-death signal, status unknown.
             exit_code = None

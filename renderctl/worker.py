@@ -161,8 +161,11 @@ _RESET_SIGNALS = frozenset({
     signal.SIGALRM, signal.SIGPIPE, signal.SIGTSTP, signal.SIGQUIT})
 
 
-# The runner's pid (WorkerConfig.runner_pid), for _die_with_group; 0 until known.
+# The runner's pid (WorkerConfig.runner_pid), for _die_with_group; 0 until known. And
+# whether we outlived our fork server, our parent now the runner (see Worker.serve).
 _runner_pid = 0
+_adopted = False
+ADOPTED_REASON = "its fork server died; retiring"
 
 
 def _die_with_group(signum: int, frame: object) -> None:
@@ -172,6 +175,8 @@ def _die_with_group(signum: int, frame: object) -> None:
     # for each subreaper a process passes to). Our parent's death with the runner as our
     # parent now was the fork server's alone: the job runs on, supervised as before.
     if _runner_pid and os.getppid() == _runner_pid:
+        global _adopted
+        _adopted = True
         return
     # First what the job left outside our group (setsid() daemons): as a subreaper we are
     # their parent, and must live until they are dead, or they would pass to init.
@@ -349,6 +354,11 @@ class Worker:
                     if self.stopping:
                         return
                     continue
+                if _adopted:
+                    # A job's "parent" (os.getppid(), as in kill -STOP $PPID) is now the
+                    # runner itself: no job starts here after the one that was running.
+                    self._drop_all(DropKind.RETIRE, ADOPTED_REASON)
+                    return
                 job = self.queue.popleft()
                 if self.cancel_requested(job.job_id):
                     # Before the gate records a start: the runner may not have woken to the
@@ -379,6 +389,8 @@ class Worker:
                     # Not the job's failure (execute() keeps those): ours, such as the
                     # started log on a full disk. Say so once, instead of a traceback.
                     self._broken(exc)
+                if _adopted and not self.retire_reason:
+                    self.retire_reason = ADOPTED_REASON  # (see above)
                 if self.retire_reason:
                     # Its jobs go back to the runner, which starts a fresh worker for them.
                     self._drop_all(self.retire_kind, self.retire_reason)

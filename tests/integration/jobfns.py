@@ -66,8 +66,8 @@ def kill_parent_then_write(inputs: Sequence[Path], output: Path,
                            params: Mapping[str, Any]) -> None:
     """Once ``params["wait_for"]`` exists (another job has started), SIGKILL the worker's
     parent (the fork server, under forkserver), write its pid to ``params["killed"]`` once it
-    is gone, then write a PDF; or, given ``params["hold"]``, write our pid to
-    ``params["pidfile"]`` and hold for good."""
+    is gone, then write a PDF; or, given ``params["exit"]``, exit with that status at once;
+    or, given ``params["hold"]``, write our pid to ``params["pidfile"]`` and hold for good."""
     while not os.path.exists(params["wait_for"]):
         time.sleep(0.005)
     server = os.getppid()
@@ -75,6 +75,8 @@ def kill_parent_then_write(inputs: Sequence[Path], output: Path,
     while os.getppid() == server:  # (until it is gone: then the runner's signal is sent)
         time.sleep(0.005)
     _write_pid(params["killed"], server)
+    if "exit" in params:
+        os._exit(params["exit"])
     if params.get("hold"):
         _write_pid(params["pidfile"], os.getpid())
         while True:

@@ -1598,3 +1598,52 @@ def test_a_job_that_kills_the_fork_server_takes_no_other_job_down(
         else:
             assert [a["outcome"] for a in attempts] == ["completed"]
         assert_pdf(tmp_path / "out" / f"{i}.pdf", i)
+
+
+def test_after_a_fork_server_kill_no_job_starts_where_its_parent_is_the_runner(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given one worker (recycled only after 1,000 jobs): a job that kills the fork server,
+    # then one that SIGSTOPs its worker's parent (`kill -STOP $PPID`), then one more
+    stage(tmp_path)
+    manifest = write_manifest([
+        py_job("killer", "kill_parent_then_write", wait_for=str(tmp_path),
+               killed=str(tmp_path / "killed")),
+        py_job("stopper", "stop_parent_then_write"),
+        py_job("after", "write_pdf"),
+    ])
+
+    # When they run
+    res = run_cli("run", manifest, *cli_args(tmp_path / "q", tmp_path / "out", "--workers",
+                                             "1", "--start-method", "forkserver"), timeout=60)
+
+    # Then all complete at their first attempt: the stopper ran in a fresh worker (a new
+    # fork server's child), whose stopped parent the runner resumes as ever; before, it ran
+    # in the first worker, whose parent was the runner by then, and stopped the run for good
+    assert res.returncode == 0, res.stdout + res.stderr
+    view = QueueView(tmp_path / "q")
+    ids = ["killer", "stopper", "after"]
+    assert view.states_of(ids) == {i: ["done"] for i in ids}
+    for i in ids:
+        assert [a["outcome"] for a in view.record("done", i)["attempts"]] == ["completed"]
+        assert_pdf(tmp_path / "out" / f"{i}.pdf", i)
+
+
+def test_a_worker_that_outlived_its_fork_server_exits_with_its_own_status(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given a job that kills the fork server, waits for it to go, then exits with status 255
+    stage(tmp_path)
+    manifest = write_manifest([
+        {**py_job("killer", "kill_parent_then_write", wait_for=str(tmp_path),
+                  killed=str(tmp_path / "killed"), exit=255), "max_attempts": 1},
+    ])
+
+    # When it runs
+    res = run_cli("run", manifest, *cli_args(tmp_path / "q", tmp_path / "out",
+                                             "--start-method", "forkserver"), timeout=60)
+
+    # Then its attempt is that exit (status 255, reaped by the runner), not a death with the
+    # fork server
+    assert res.returncode == 1, res.stdout + res.stderr
+    attempt = QueueView(tmp_path / "q").record("dead", "killer")["attempts"][-1]
+    assert (attempt["outcome"], attempt["exit_code"]) == ("failed", 255), attempt
+    assert attempt["error"] == "worker exited with status 255 during the job"

@@ -174,3 +174,23 @@ def test_descendants_of_a_gone_process_is_empty():
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     proc.wait(timeout=10)
     assert proctree.descendants(proc.pid) == []
+
+
+def test_pidfd_exited_takes_descriptors_past_1024() -> None:
+    # Given a child's pidfd numbered past select()'s limit (a runner of a few hundred
+    # workers holds such descriptors)
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
+                             stdin=subprocess.PIPE)
+    fd = os.pidfd_open(child.pid)
+    high = os.dup2(fd, 1500)
+    os.close(fd)
+    try:
+        # Then it says whether the process has exited, before and after it does
+        assert proctree.pidfd_exited(high) is False
+        assert child.stdin is not None
+        child.stdin.close()
+        assert proctree.pidfd_exited(high, 10) is True
+    finally:
+        os.close(high)
+        child.kill()
+        child.wait()
