@@ -1001,7 +1001,11 @@ class Runner:
                            work_root=self.work_root, gate_path=gate.path,
                            control_dir=str(self.q.dir("control")),
                            reaper=self.reaper.identity if self.reaper else None,
-                           forked=self.s.start_method == "fork", runner_pid=os.getpid())
+                           forked=self.s.start_method == "fork",
+                           # (under fork and spawn we are its parent: its parent's death
+                           # is ours, always)
+                           runner_pid=os.getpid() if self.s.start_method == "forkserver"
+                           else 0)
         try:
             proc, parent = start_worker(self._ctx, cfg, name=f"renderctl-worker-{index}")
         except WorkerStartError as exc:
@@ -2302,6 +2306,7 @@ class Runner:
         by pid: not everything in our process group, which a job's process can join. Reaps
         those that have exited: a --follow runner lives for days. Never waits (a killed one
         is reaped at a later call)."""
+        mpstate.forget_dead_server()  # (one that was still exiting when a worker outlived it)
         keep = {w.proc.pid for w in self.workers.values()}
         server = mpstate.forkserver_pid()
         if server is not None:

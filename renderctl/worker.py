@@ -145,7 +145,7 @@ class WorkerConfig:
     control_dir: str = ""  # where `cancel` leaves its requests; "" for none
     reaper: tuple[int, int, int] | None = None  # the reaper's pipe (see reaper.close_inherited)
     forked: bool = False  # started by fork from the runner: holds copies of its descriptors
-    runner_pid: int = 0  # the runner's pid, which our parent is unless the fork server is
+    runner_pid: int = 0  # under forkserver, the runner's pid (see _die_with_group)
 
 
 # -- entry point ---------------------------------------------------------------------------
@@ -168,13 +168,18 @@ _adopted = False
 ADOPTED_REASON = "its fork server died; retiring"
 
 
+def _outlived_server() -> bool:
+    """Whether our parent is the runner though we are a fork server's child: it died."""
+    return bool(_runner_pid) and os.getppid() == _runner_pid
+
+
 def _die_with_group(signum: int, frame: object) -> None:
     # Under forkserver our parent is the fork server, and a job can kill it (it is a python
     # job's grandparent: os.kill(os.getppid(), 9)). The runner is a child subreaper, so we
     # are then its child, and the kernel sends this signal again when it dies (as it does
     # for each subreaper a process passes to). Our parent's death with the runner as our
     # parent now was the fork server's alone: the job runs on, supervised as before.
-    if _runner_pid and os.getppid() == _runner_pid:
+    if _outlived_server():
         global _adopted
         _adopted = True
         return
@@ -198,13 +203,15 @@ def worker_main(conn: Connection, config: WorkerConfig) -> None:
     # Orphans of a job become ours, so that nothing a job started can outlive it.
     proctree.set_child_subreaper()
     mpstate.drop_inherited_pipes()
-    global _runner_pid
+    global _runner_pid, _adopted
     _runner_pid = config.runner_pid
     signal.signal(PARENT_DEATH_SIGNAL, _die_with_group)
     try:
         proctree.set_parent_death_signal(PARENT_DEATH_SIGNAL)
     except proctree.ParentGone:
         os._exit(0)
+    if _outlived_server():
+        _adopted = True  # (its server died as it started: the signal came before we armed)
     # The runner shields itself from the OOM killer; a worker must be the one to go.
     proctree.set_oom_score_adj(500)
     # Every job starts with default handlers (Python itself ignores SIGPIPE; the fork server
@@ -354,11 +361,6 @@ class Worker:
                     if self.stopping:
                         return
                     continue
-                if _adopted:
-                    # A job's "parent" (os.getppid(), as in kill -STOP $PPID) is now the
-                    # runner itself: no job starts here after the one that was running.
-                    self._drop_all(DropKind.RETIRE, ADOPTED_REASON)
-                    return
                 job = self.queue.popleft()
                 if self.cancel_requested(job.job_id):
                     # Before the gate records a start: the runner may not have woken to the
@@ -371,6 +373,15 @@ class Worker:
                     # fresh worker (in a work root the runner checks) runs it.
                     self.queue.appendleft(job)
                     self._drop_all(DropKind.RETIRE, self.retire_reason)
+                    return
+                if _adopted or _outlived_server():
+                    # A job's "parent" (os.getppid(), as in kill -STOP $PPID) is now the
+                    # runner itself: no job starts here after the one that was running.
+                    # Checked last before the gate records a start, to keep the window in
+                    # which a server's death goes unseen short (a job may still be told
+                    # the runner for its parent if the server dies as it starts).
+                    self.queue.appendleft(job)
+                    self._drop_all(DropKind.RETIRE, ADOPTED_REASON)
                     return
                 if self.gate is not None and job.seq and not self.gate.start(job.seq):
                     # Taken back by the runner for another worker (Runner._rebalance).
