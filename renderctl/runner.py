@@ -305,7 +305,8 @@ class WorkerHandle:
     # _read_messages), what is still to be sent there, in order, and what has come of a
     # message not yet whole.
     sock: socket.socket | None = None
-    # What says it died: a pidfd under fork and spawn (see Runner._watch), else the sentinel.
+    # What says it died: a pidfd under fork and spawn (see Runner._watch), else the sentinel
+    # (and the pidfd once it has outlived its fork server: see Runner._outlived_server).
     death_fd: int | None = None
     pidfd: int | None = None
     adopted: bool = False  # it outlived its fork server: our child, its pidfd says its end

@@ -161,15 +161,15 @@ _RESET_SIGNALS = frozenset({
     signal.SIGALRM, signal.SIGPIPE, signal.SIGTSTP, signal.SIGQUIT})
 
 
-# The runner's pid (WorkerConfig.runner_pid), for _die_with_group; 0 until known. And
-# whether we outlived our fork server, our parent now the runner (see Worker.serve).
+# Under forkserver, the runner's pid (WorkerConfig.runner_pid); 0 until known, and always
+# under fork and spawn.
 _runner_pid = 0
-_adopted = False
 ADOPTED_REASON = "its fork server died; retiring"
 
 
-def _outlived_server() -> bool:
-    """Whether our parent is the runner though we are a fork server's child: it died."""
+def _parent_is_runner() -> bool:
+    """Whether we, a fork server's child, have the runner for parent: our server died (for
+    good: a parent never changes back)."""
     return bool(_runner_pid) and os.getppid() == _runner_pid
 
 
@@ -179,9 +179,7 @@ def _die_with_group(signum: int, frame: object) -> None:
     # are then its child, and the kernel sends this signal again when it dies (as it does
     # for each subreaper a process passes to). Our parent's death with the runner as our
     # parent now was the fork server's alone: the job runs on, supervised as before.
-    if _outlived_server():
-        global _adopted
-        _adopted = True
+    if _parent_is_runner():
         return
     # First what the job left outside our group (setsid() daemons): as a subreaper we are
     # their parent, and must live until they are dead, or they would pass to init.
@@ -203,15 +201,13 @@ def worker_main(conn: Connection, config: WorkerConfig) -> None:
     # Orphans of a job become ours, so that nothing a job started can outlive it.
     proctree.set_child_subreaper()
     mpstate.drop_inherited_pipes()
-    global _runner_pid, _adopted
+    global _runner_pid
     _runner_pid = config.runner_pid
     signal.signal(PARENT_DEATH_SIGNAL, _die_with_group)
     try:
         proctree.set_parent_death_signal(PARENT_DEATH_SIGNAL)
     except proctree.ParentGone:
         os._exit(0)
-    if _outlived_server():
-        _adopted = True  # (its server died as it started: the signal came before we armed)
     # The runner shields itself from the OOM killer; a worker must be the one to go.
     proctree.set_oom_score_adj(500)
     # Every job starts with default handlers (Python itself ignores SIGPIPE; the fork server
@@ -374,7 +370,7 @@ class Worker:
                     self.queue.appendleft(job)
                     self._drop_all(DropKind.RETIRE, self.retire_reason)
                     return
-                if _adopted or _outlived_server():
+                if _parent_is_runner():
                     # A job's "parent" (os.getppid(), as in kill -STOP $PPID) is now the
                     # runner itself: no job starts here after the one that was running.
                     # Checked last before the gate records a start, to keep the window in
@@ -400,7 +396,7 @@ class Worker:
                     # Not the job's failure (execute() keeps those): ours, such as the
                     # started log on a full disk. Say so once, instead of a traceback.
                     self._broken(exc)
-                if _adopted and not self.retire_reason:
+                if not self.retire_reason and _parent_is_runner():
                     self.retire_reason = ADOPTED_REASON  # (see above)
                 if self.retire_reason:
                     # Its jobs go back to the runner, which starts a fresh worker for them.
