@@ -108,14 +108,6 @@ def dead_fork_server() -> int | None:
     return pid if pid is not None and not pid_alive(pid) else None
 
 
-def settle_exit(proc: Any, code: int | None) -> None:
-    """Record ``code`` as ``proc``'s exit status, reaped by us: a fork server's child whose
-    server died (its sentinel would read as status 255, and its status is ours to reap)."""
-    popen = getattr(proc, "_popen", None)
-    if popen is not None and getattr(popen, "returncode", None) is None:
-        popen.returncode = 255 if code is None else code
-
-
 def forkserver_pid() -> int | None:
     pid = getattr(forkserver._forkserver, "_forkserver_pid", None)
     return pid if isinstance(pid, int) else None

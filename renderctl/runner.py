@@ -1430,9 +1430,8 @@ class Runner:
             # would wait on the sentinel, which a job's leftover may hold open).
             return w.proc.exitcode
         # It outlived its fork server and is our child: the server cannot tell its status.
-        code = proctree.reap(w.proc.pid)
-        mpstate.settle_exit(w.proc, code)
-        return code
+        # (multiprocessing, reading the dead server's EOF, takes it for 255: never asked.)
+        return proctree.reap(w.proc.pid)
 
     def _nap(self) -> float:
         """How long the loop may leave workers' messages unread, in seconds (0: not at all).
