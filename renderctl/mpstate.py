@@ -7,11 +7,13 @@ import contextlib
 import multiprocessing
 import multiprocessing.util
 import os
+import signal
 import tempfile
+from collections.abc import Iterator
 from multiprocessing import forkserver, resource_tracker
 from typing import Any
 
-from renderctl.proctree import pid_alive
+from renderctl.proctree import is_stopped, pid_alive
 
 # The modules the fork server imports before it forks any worker, so that a worker starts in
 # milliseconds with the renderers loaded (names only: importing this module loads none).
@@ -118,6 +120,44 @@ def helper_pids() -> list[int]:
     pids = (getattr(forkserver._forkserver, "_forkserver_pid", None),
             getattr(resource_tracker._resource_tracker, "_pid", None))
     return [p for p in pids if isinstance(p, int)]
+
+
+def continue_helpers() -> None:
+    """SIGCONT our fork server and resource tracker where they are stopped (a job can stop
+    the server: it is its worker's parent). ~20 us: a stat of each."""
+    for helper in helper_pids():
+        if is_stopped(helper):
+            with contextlib.suppress(OSError):
+                os.kill(helper, signal.SIGCONT)
+
+
+# How often a start that waits on the fork server resumes it: a job stopping the server
+# again and again still lets each start through within about this long.
+START_WATCH_S = 0.05
+
+
+@contextlib.contextmanager
+def helpers_kept_running() -> Iterator[None]:
+    """Resume the fork server every START_WATCH_S while the block runs (a worker's start).
+
+    The start sends the server a request and blocks reading its answer (the new pid); a job
+    in another worker that SIGSTOPs the server in between (after our check just before)
+    left that read, and so the whole run, waiting for good. SIGALRM interrupts the read;
+    its handler resumes the server, and the read (retried by Python, PEP 475) gets the
+    answer. Main thread only (signal.signal); ~7 us a start (of 2-20 ms)."""
+    def resume(signum: int, frame: object) -> None:
+        # An error raised here would come out of the start instead (out of descriptors,
+        # say: the read of /proc failed): the next tick, or the runner's loop, tries again.
+        with contextlib.suppress(OSError):
+            continue_helpers()
+
+    prior = signal.signal(signal.SIGALRM, resume)
+    signal.setitimer(signal.ITIMER_REAL, START_WATCH_S, START_WATCH_S)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, prior)
 
 
 def prestart(method: str) -> Any:

@@ -581,15 +581,12 @@ class Runner:
         self._continued = True  # (the wake-up fd has the loop see it at once)
 
     def _continue_helpers(self) -> None:
-        """SIGCONT our fork server and resource tracker if stopped: a SIGSTOP of our whole
+        """Resume our fork server and resource tracker if stopped: a SIGSTOP of our whole
         process group, then a `kill -CONT` of the runner alone, left them stopped. The fork
         server reports its children's deaths: stopped, it left every worker's end unheard,
         the drain never ended, and the exit waited on it for good (multiprocessing joins its
-        children at exit). ~20 us: a stat of each."""
-        for helper in mpstate.helper_pids():
-            if proctree.is_stopped(helper):
-                with contextlib.suppress(OSError):
-                    os.kill(helper, signal.SIGCONT)
+        children at exit)."""
+        mpstate.continue_helpers()
 
     def _on_wake_signal(self, signum: int, frame: object) -> None:
         self.wake_cancel = True
@@ -995,8 +992,9 @@ class Runner:
         # _drop_moot_logs), where one log grew a line per job for the runner's whole life.
         log = str(self.q.dir("control")
                   / STARTED_LOG.format(f"{self.token_prefix}.{self._gates}"))
-        # The start below would wait for good on a fork server left stopped. (Ctrl-Z's
-        # SIGTSTP it ignores; see _suspend.) ~20 us per start, of 2-20 ms.
+        # The start below would wait on a fork server left stopped (Ctrl-Z's SIGTSTP it
+        # ignores; see _suspend) until start_worker's watch resumed it. ~20 us per start,
+        # of 2-20 ms.
         self._continue_helpers()
         cfg = WorkerConfig(slot_path=slot.path, started_log=log,
                            work_root=self.work_root, gate_path=gate.path,
@@ -1007,6 +1005,8 @@ class Runner:
                            # is ours, always)
                            runner_pid=os.getpid() if self.s.start_method == "forkserver"
                            else 0)
+        # (A test stops us here, then stops the fork server: a job's act in that window.)
+        self.crash_point("start_worker")
         try:
             proc, parent = start_worker(self._ctx, cfg, name=f"renderctl-worker-{index}")
         except WorkerStartError as exc:
@@ -2779,13 +2779,15 @@ def start_worker(ctx: Any, cfg: WorkerConfig, *, name: str,
     A job can kill the fork server (it is a job's grandparent: ``os.kill(os.getppid(), 9)``).
     A start talking to the dying server then fails with EOFError or a connection error;
     CPython starts a new server at the next start once it has reaped the old one, so try
-    again shortly instead of letting one job's act end the run."""
+    again shortly instead of letting one job's act end the run. A job can also SIGSTOP the
+    server mid-start: the start resumes it (mpstate.helpers_kept_running)."""
     attempt = 0
     while True:
         parent, child = ctx.Pipe(duplex=True)
         proc = ctx.Process(target=worker_main, args=(child, cfg), name=name, daemon=False)
         try:
-            proc.start()
+            with mpstate.helpers_kept_running():
+                proc.start()
         except (EOFError, ConnectionError, FileNotFoundError) as exc:
             parent.close()
             child.close()

@@ -7,6 +7,7 @@ that job its attempt, never another job's, and never the run."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -1546,6 +1547,47 @@ def test_a_job_that_stops_the_fork_server_does_not_stall_the_run(
     assert view.states_of(["stopper", "slow"]) == {"stopper": ["done"], "slow": ["dead"]}
     attempt = view.record("dead", "slow")["attempts"][-1]
     assert attempt["outcome"] == "timeout" and attempt["elapsed_s"] < 5
+
+
+def test_a_fork_server_stopped_while_the_runner_starts_a_worker_does_not_hang_the_run(
+        tmp_path: Path, write_manifest: Any) -> None:
+    from jobfns import stopped
+
+    # Given a run of two jobs on one worker replaced after each job, the runner frozen as it
+    # starts the second worker (start_worker's second pass: the first's successor, started
+    # while the first job runs; after the runner resumed a stopped fork server, before it
+    # asks that server for the worker)
+    stage(tmp_path)
+    manifest = write_manifest([py_job("first", "write_pdf"), py_job("second", "write_pdf")])
+    runner = Runner(manifest, *cli_args(tmp_path / "q", tmp_path / "out", "--workers", "1",
+                                        "--max-jobs-per-worker", "1",
+                                        "--start-method", "forkserver", "--json"),
+                    env={"RENDERCTL_STOP_AT": "start_worker:n=2"})
+    servers: list[Any] = []
+    try:
+        wait_until(lambda: stopped(runner.pid), timeout_s=30, what="the runner to stop")
+        servers = [p for p in psutil.Process(runner.pid).children()
+                   if "multiprocessing.forkserver" in " ".join(p.cmdline())]
+        assert len(servers) == 1, servers
+
+        # When the fork server is SIGSTOPped there (as a job in another worker, its child,
+        # can do at any moment), and the runner goes on
+        servers[0].suspend()
+        os.kill(runner.pid, signal.SIGCONT)
+
+        # Then the run ends on its own, both jobs done: the start resumes the server it
+        # waits on (before, it blocked reading the stopped server's answer, for good)
+        code = runner.wait(30)
+    finally:
+        for server in servers:
+            with contextlib.suppress(psutil.Error):
+                server.resume()
+        runner.close()
+    assert code == 0, (runner.lines, runner.stderr())
+    view = QueueView(tmp_path / "q")
+    assert view.states_of(["first", "second"]) == {"first": ["done"], "second": ["done"]}
+    for i in ("first", "second"):
+        assert_pdf(tmp_path / "out" / f"{i}.pdf", i)
 
 
 @pytest.mark.parametrize("then", ["finish", "kill_waiter"])
