@@ -34,8 +34,9 @@ KNOWN = frozenset({
     "dead_retry:rewritten", "dead_retry:moved",
     # cancel: before each id; a batch of pending ones taken and synced, not yet settled
     "cancel:before", "cancel:moved",
-    # worker: a job ran and its output was checked; its leftover processes not yet removed
-    "worker:checked",
+    # worker: a job ran and its output was checked, its leftover processes not yet removed;
+    # begun, its parent-death signal not yet armed
+    "worker:checked", "worker:born",
 })
 
 

@@ -201,6 +201,9 @@ def worker_main(conn: Connection, config: WorkerConfig) -> None:
     # Orphans of a job become ours, so that nothing a job started can outlive it.
     proctree.set_child_subreaper()
     mpstate.drop_inherited_pipes()
+    # (A test stops us here, and kills our fork server: we begin as the runner's child.)
+    crash_point = CrashPoints.from_env()
+    crash_point("worker:born")
     global _runner_pid
     _runner_pid = config.runner_pid
     signal.signal(PARENT_DEATH_SIGNAL, _die_with_group)
@@ -220,7 +223,7 @@ def worker_main(conn: Connection, config: WorkerConfig) -> None:
     with contextlib.suppress(ValueError):
         signal.set_wakeup_fd(-1)
     sys.excepthook = sys.__excepthook__  # (the fork server's: see forkserver_init)
-    worker = Worker(conn, config)
+    worker = Worker(conn, config, crash_point)
     # What the worker inherited (the fork server's preloaded modules; under fork, the whole
     # runner: every record it held) and its own set-up live as long as it does. Frozen, a
     # collection does not walk them: a job's gc.collect() took ~25-40 ms for them, and
@@ -272,7 +275,8 @@ def _blind_runner_fds(conn_fd: int) -> None:
 class Worker:
     """The worker's loop: a local queue of assigned jobs, served one at a time."""
 
-    def __init__(self, conn: Connection, config: WorkerConfig) -> None:
+    def __init__(self, conn: Connection, config: WorkerConfig,
+                 crash_point: CrashPoints | None = None) -> None:
         self.conn = conn
         self.config = config
         self.queue: deque[RunJob] = deque()
@@ -304,7 +308,7 @@ class Worker:
                                   os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
         self.own_fds = _OwnFds()
         # Stop points for tests (RENDERCTL_STOP_AT=worker:checked), inherited from the runner
-        self.crash_point = CrashPoints.from_env()
+        self.crash_point = crash_point or CrashPoints.from_env()
         self.own_fds.add(self.capture.fd, "its capture of stdout and stderr")
         self.own_fds.add(self.capture.saved[0], "its saved stdout")
         self.own_fds.add(self.capture.saved[1], "its saved stderr")

@@ -55,6 +55,14 @@ def write_pdf(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -
     _pdf(Path(output), os.environ["RENDERCTL_JOB_ID"])
 
 
+def write_pdf_noting_parent(inputs: Sequence[Path], output: Path,
+                            params: Mapping[str, Any]) -> None:
+    """Write the job's pid and its parent's (os.getppid(), as `$PPID`) to
+    ``params["pidfile"]``, then a PDF."""
+    Path(params["pidfile"]).write_text(f"{os.getpid()} {os.getppid()}")
+    write_pdf(inputs, output, params)
+
+
 def stop_parent_then_write(inputs: Sequence[Path], output: Path,
                            params: Mapping[str, Any]) -> None:
     """SIGSTOP the worker's parent (the fork server, under forkserver), then write a PDF."""
@@ -582,6 +590,16 @@ def stopped(pid: int) -> bool:
     import psutil
 
     return bool(psutil.Process(pid).status() == psutil.STATUS_STOPPED)
+
+
+def resume_all(procs: Iterable[Any]) -> None:
+    """SIGCONT each of ``procs`` (psutil handles) still there: a test's finally, so that a
+    failed test leaves nothing stopped behind."""
+    import psutil
+
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            p.resume()
 
 
 def signal_mask(pid: int, field: str = "SigIgn") -> int:

@@ -1551,7 +1551,7 @@ def test_a_job_that_stops_the_fork_server_does_not_stall_the_run(
 
 def test_a_fork_server_stopped_while_the_runner_starts_a_worker_does_not_hang_the_run(
         tmp_path: Path, write_manifest: Any) -> None:
-    from jobfns import stopped
+    from jobfns import resume_all, stopped
 
     # Given a run of two jobs on one worker replaced after each job, the runner frozen as it
     # starts the second worker (start_worker's second pass: the first's successor, started
@@ -1579,9 +1579,7 @@ def test_a_fork_server_stopped_while_the_runner_starts_a_worker_does_not_hang_th
         # waits on (before, it blocked reading the stopped server's answer, for good)
         code = runner.wait(30)
     finally:
-        for server in servers:
-            with contextlib.suppress(psutil.Error):
-                server.resume()
+        resume_all(servers)
         runner.close()
     assert code == 0, (runner.lines, runner.stderr())
     view = QueueView(tmp_path / "q")
@@ -1668,6 +1666,61 @@ def test_after_a_fork_server_kill_no_job_starts_where_its_parent_is_the_runner(
     for i in ids:
         assert [a["outcome"] for a in view.record("done", i)["attempts"]] == ["completed"]
         assert_pdf(tmp_path / "out" / f"{i}.pdf", i)
+
+
+def test_a_worker_whose_fork_server_dies_as_it_begins_runs_no_job(
+        tmp_path: Path, write_manifest: Any) -> None:
+    from jobfns import resume_all, stopped
+
+    # Given one worker, each worker frozen as it begins (worker:born: before it arms its
+    # parent-death signal), and a job that notes its parent
+    stage(tmp_path)
+    pidfile = tmp_path / "job.pid"
+    manifest = write_manifest([{**py_job("job", "write_pdf_noting_parent",
+                                         pidfile=str(pidfile)), "max_attempts": 1}])
+    runner = Runner(manifest, *cli_args(tmp_path / "q", tmp_path / "out", "--workers", "1",
+                                        "--start-method", "forkserver", "--json"),
+                    env={"RENDERCTL_STOP_AT": "worker:born"})
+
+    def frozen_worker(seen: set[int]) -> psutil.Process | None:
+        for p in psutil.Process(runner.pid).children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                if p.pid not in seen and stopped(p.pid):
+                    return p
+        return None
+
+    frozen: list[psutil.Process] = []
+    try:
+        first = wait_until(lambda: frozen_worker(set()), timeout_s=30,
+                           what="the first worker to begin")
+        frozen.append(first)
+
+        # When its fork server dies there (the worker begins as the runner's child, with no
+        # parent-death signal to tell it so), and it goes on; then its successor, from a
+        # new fork server, goes on too
+        first.parent().kill()
+        wait_until(lambda: first.ppid() == runner.pid, timeout_s=30,
+                   what="the runner to adopt the first worker")
+        first.resume()
+        second = wait_until(lambda: frozen_worker({first.pid}) or pidfile.exists(),
+                            timeout_s=30, what="a second worker to begin")
+        if isinstance(second, psutil.Process):
+            frozen.append(second)
+            second.resume()
+        code = runner.wait(30)
+    finally:
+        resume_all(frozen)
+        runner.close()
+
+    # Then the job ran in the second worker, a fork server's child, at its first attempt:
+    # the first handed it back uncharged (before, the job ran there with the runner for its
+    # parent, where a `kill -STOP $PPID` stops the whole run)
+    assert code == 0, (runner.lines, runner.stderr())
+    job_pid, job_parent = map(int, pidfile.read_text().split())
+    assert (job_pid, job_parent != runner.pid) == (frozen[-1].pid, True), (first.pid, job_parent)
+    attempts = QueueView(tmp_path / "q").record("done", "job")["attempts"]
+    assert [a["outcome"] for a in attempts] == ["completed"]
+    assert_pdf(tmp_path / "out" / "job.pdf", "job")
 
 
 def test_a_worker_that_outlived_its_fork_server_exits_with_its_own_status(
