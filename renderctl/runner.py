@@ -2269,8 +2269,11 @@ class Runner:
             in_slot = []
         w.doomed = _tree(w.pid) + _processes(in_slot)
         if graceful:
+            # Once to each process: the group's members have the group's, and the tree and
+            # the slot overlap (a second SIGTERM is "stop now, skip the clean-up" to many
+            # programs: a job was sent up to three, and lost its grace).
             proctree.kill_group(w.pgid, signal.SIGTERM)
-            _signal_all(w.doomed, signal.SIGTERM)
+            _signal_all(_outside_group(w.doomed, w.pgid), signal.SIGTERM)
             w.kill_deadline = time.monotonic() + self.s.kill_grace_s
         else:
             self._kill_now(w)
@@ -2835,6 +2838,23 @@ def _processes(pids: list[int]) -> list[Any]:
         with contextlib.suppress(psutil.Error):
             procs.append(psutil.Process(pid))
     return procs
+
+
+def _outside_group(procs: list[Any], pgid: int) -> list[Any]:
+    """Those of ``procs`` (psutil handles) not in process group ``pgid``, each once."""
+    seen: set[int] = set()
+    out = []
+    for p in procs:
+        if p.pid in seen:
+            continue
+        seen.add(p.pid)
+        try:
+            if os.getpgid(p.pid) == pgid:
+                continue
+        except OSError:
+            continue  # gone
+        out.append(p)
+    return out
 
 
 def _signal_all(procs: list[Any], sig: int) -> None:

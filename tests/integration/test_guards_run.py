@@ -14,6 +14,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -373,6 +374,30 @@ def test_a_timed_out_command_gets_the_kill_grace_to_clean_up(env: Env) -> None:
     assert attempt["outcome"] == "timeout", attempt
     assert 1.3 <= attempt["elapsed_s"] < 5.0, attempt
     assert "got TERM" in (attempt.get("stderr_tail") or ""), attempt
+
+
+@pytest.mark.parametrize("kind", ["python", "command"])
+def test_a_timed_out_job_is_sent_sigterm_once(env: Env, kind: str) -> None:
+    # Given a job that counts the SIGTERMs it is sent (for 0.5 s after the first), then exits
+    count = env.root / "terms"
+    if kind == "python":
+        spec = job("counter", "count_sigterms", params={"countfile": str(count)})
+    else:
+        spec = {"id": "counter", "kind": "command", "output": "counter.pdf",
+                "argv": [sys.executable, str(env.root / "guardfns.py"), "count_sigterms",
+                         str(count), "{output}"]}
+    m = env.manifest([{**spec, "timeout_s": 1, "max_attempts": 1}])
+
+    # When it times out, with a kill grace of 5 s
+    r = env.run(str(m), "--workers", "1", "--kill-grace", "5")
+    assert r.wait_exit(timeout=30) == 1, r.diag()
+
+    # Then it was sent one SIGTERM: before, the group's signal was sent again to each
+    # process of the job's tree and slot, up to three times (a second SIGTERM is "stop
+    # now, skip the clean-up" to many programs)
+    assert count.read_text() == "1"
+    (attempt,) = env.show("counter")["attempts"]
+    assert attempt["outcome"] == "timeout", attempt
 
 
 @pytest.mark.skipif(not cgroup_v1_writable(), reason="cgroup v1 memory controller not writable")
