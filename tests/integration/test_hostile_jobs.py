@@ -1549,22 +1549,31 @@ def test_a_job_that_stops_the_fork_server_does_not_stall_the_run(
     assert attempt["outcome"] == "timeout" and attempt["elapsed_s"] < 5
 
 
+@pytest.mark.parametrize("sigalrm", ["as_is", "blocked"])
 def test_a_fork_server_stopped_while_the_runner_starts_a_worker_does_not_hang_the_run(
-        tmp_path: Path, write_manifest: Any) -> None:
-    from jobfns import resume_all, stopped
+        tmp_path: Path, write_manifest: Any, sigalrm: str) -> None:
+    from jobfns import resume_all, signal_mask, stopped
 
     # Given a run of two jobs on one worker replaced after each job, the runner frozen as it
     # starts the second worker (start_worker's second pass: the first's successor, started
     # while the first job runs; after the runner resumed a stopped fork server, before it
-    # asks that server for the worker)
+    # asks that server for the worker); in one case started with SIGALRM blocked (a signal
+    # mask inherited from whatever started it)
     stage(tmp_path)
     manifest = write_manifest([py_job("first", "write_pdf"), py_job("second", "write_pdf")])
-    runner = Runner(manifest, *cli_args(tmp_path / "q", tmp_path / "out", "--workers", "1",
-                                        "--max-jobs-per-worker", "1",
-                                        "--start-method", "forkserver", "--json"),
-                    env={"RENDERCTL_STOP_AT": "start_worker:n=2"})
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM} if sigalrm == "blocked"
+                                  else set())
+    try:
+        runner = Runner(manifest, *cli_args(tmp_path / "q", tmp_path / "out", "--workers",
+                                            "1", "--max-jobs-per-worker", "1",
+                                            "--start-method", "forkserver", "--json"),
+                        env={"RENDERCTL_STOP_AT": "start_worker:n=2"})
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     servers: list[Any] = []
     try:
+        blocked = bool(signal_mask(runner.pid, "SigBlk") & 1 << (signal.SIGALRM - 1))
+        assert blocked == (sigalrm == "blocked")
         wait_until(lambda: stopped(runner.pid), timeout_s=30, what="the runner to stop")
         servers = [p for p in psutil.Process(runner.pid).children()
                    if "multiprocessing.forkserver" in " ".join(p.cmdline())]
