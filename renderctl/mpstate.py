@@ -144,7 +144,7 @@ def helpers_kept_running() -> Iterator[None]:
     in another worker that SIGSTOPs the server in between (after our check just before)
     left that read, and so the whole run, waiting for good. SIGALRM interrupts the read;
     its handler resumes the server, and the read (retried by Python, PEP 475) gets the
-    answer. Main thread only (signal.signal); ~7 us a start (of 2-20 ms)."""
+    answer. Main thread only (signal.signal); ~9 us a start (of 2-20 ms)."""
     def resume(signum: int, frame: object) -> None:
         # An error raised here would come out of the start instead (out of descriptors,
         # say: the read of /proc failed): the next tick, or the runner's loop, tries again.
