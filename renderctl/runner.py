@@ -1251,9 +1251,12 @@ class Runner:
                     pids = w.slot.pids()
                 except (OSError, ValueError):
                     pids = []
-                found += _processes([p for p in pids if p not in stopped])
+                ours = _processes([p for p in pids if p not in stopped])
                 if w.sampler is not None:
-                    found += [p for p in w.sampler.known_processes() if p.pid not in stopped]
+                    ours += [p for p in w.sampler.known_processes() if p.pid not in stopped]
+                # Not the group's own, which had its signal (and, on `fg`, have their
+                # SIGCONT from it: sent a second, a job's SIGCONT handler ran twice).
+                found += _outside_group(ours, w.pgid)
             if not found:
                 break
             _signal_all(found, signal.SIGSTOP)

@@ -323,6 +323,41 @@ def test_ctrl_z_pauses_a_process_that_left_its_jobs_group(
     assert_pdf(out / "d.pdf", "d")
 
 
+def test_ctrl_z_continues_each_job_process_once(tmp_path: Path, write_manifest: Any) -> None:
+    ROUNDS = 6  # noqa: N806
+    queue, out = tmp_path / "q", tmp_path / "out"
+    # Given a run, in a process group of its own as a shell starts it, whose python job
+    # counts the SIGCONTs it is sent
+    stage(tmp_path)
+    pidfile, go, count = tmp_path / "c.pid", tmp_path / "go", tmp_path / "conts"
+    job = {**py_job("c", "count_sigconts", pidfile=str(pidfile), go=str(go),
+                    countfile=str(count)), "max_attempts": 1}
+    runner = Runner(*cli_args(queue, out, "--workers", "1"), write_manifest([job]),
+                    own_group=True)
+    try:
+        pid = wait_for_pid(pidfile)
+
+        # When the terminal sends SIGTSTP (Ctrl-Z), and the runner is continued, six times
+        # (two SIGCONTs sent microseconds apart to a stopped process are often delivered as
+        # one: six rounds make a double sending show)
+        for n in range(1, ROUNDS + 1):
+            ctrl_z(runner, pid, "the job")
+            continue_runner(runner)
+            # (its SIGCONT taken before the next stop, which would discard it unseen)
+            wait_until(lambda n=n: int(count.read_text()) >= n, timeout_s=10,
+                       what="the job to see its SIGCONT")
+        go.touch()
+        assert runner.wait() == 0, (runner.lines, runner.stderr())
+    finally:
+        go.touch()
+        runner.kill()
+
+    # Then the job was continued once a round: before, its group's SIGCONT was sent again
+    # to each process of its worker's slot (a job's SIGCONT handler ran twice)
+    assert count.read_text() == str(ROUNDS)
+    assert_pdf(out / "c.pdf", "c")
+
+
 @pytest.mark.parametrize("then", ["jobs_end", "sigterm"])
 def test_a_runner_continued_alone_after_a_sigstop_of_its_group_still_ends(
         tmp_path: Path, write_manifest: Any, then: str) -> None:
