@@ -610,13 +610,9 @@ class Runner:
             if w.pgid:
                 proctree.kill_group(w.pgid, signal.SIGKILL)
             with contextlib.suppress(Exception):
-                # Not Ready yet: no group of its own to kill. (By its pidfd where it has one:
-                # multiprocessing's kill does nothing once it has taken a dead fork server's
-                # EOF for the worker's exit.)
-                if w.pidfd is not None:
-                    signal.pidfd_send_signal(w.pidfd, signal.SIGKILL)
-                else:
-                    w.proc.kill()
+                # Not Ready yet: no group of its own to kill. (multiprocessing's kill does
+                # nothing once it has taken a dead fork server's EOF for the worker's exit.)
+                _sigkill_worker(w)
         for w in list(self.workers.values()):
             with contextlib.suppress(Exception):
                 if w.adopted:
@@ -2195,8 +2191,7 @@ class Runner:
         pid = w.proc.pid
         if pid is None:
             return
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGKILL)
+        _sigkill_worker(w)
         with contextlib.suppress(OSError):  # its group, if it got as far as making one
             proctree.kill_group(pid, signal.SIGKILL)
         self.reporter.event({"event": "worker_start_timeout", "worker": pid,
@@ -2231,8 +2226,7 @@ class Runner:
         # No job of its is running: one it starts before the kill lands is released, not
         # charged (see _killed).
         w.kill_reason, w.unresponsive = Outcome.RELEASED, True
-        with contextlib.suppress(OSError):
-            os.kill(w.pid, signal.SIGKILL)
+        _sigkill_worker(w)
         if w.pgid:
             with contextlib.suppress(OSError):
                 proctree.kill_group(w.pgid, signal.SIGKILL)
@@ -2841,6 +2835,17 @@ def _processes(pids: list[int]) -> list[Any]:
         with contextlib.suppress(psutil.Error):
             procs.append(psutil.Process(pid))
     return procs
+
+
+def _sigkill_worker(w: WorkerHandle) -> None:
+    """SIGKILL ``w``'s process: by its pidfd where it has one, which names that process
+    for good (under forkserver the fork server reaps it, and its pid can be another
+    process's before we hear of the death)."""
+    with contextlib.suppress(OSError):
+        if w.pidfd is not None:
+            signal.pidfd_send_signal(w.pidfd, signal.SIGKILL)
+        elif w.proc.pid is not None:
+            os.kill(w.proc.pid, signal.SIGKILL)
 
 
 def _outside_group(procs: list[Any], pgid: int) -> list[Any]:
