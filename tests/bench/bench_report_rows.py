@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import argparse
 import csv
-import tempfile
-import time
 from pathlib import Path
+
+from growth import print_growth
 
 from renderctl.render import report
 
 
-def write_rows(path: Path, count: int) -> Path:
+def write_rows(folder: Path, count: int) -> Path:
+    path = folder / f"{count}.csv"
     with open(path, "w", newline="") as fh:
         w = csv.writer(fh)
         w.writerow(["item", "units", "price"])
@@ -29,19 +30,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--rows", type=int, nargs="+", default=[5_000, 10_000, 20_000, 40_000])
     args = ap.parse_args()
-    previous: tuple[int, float] | None = None
-    with tempfile.TemporaryDirectory() as tmp:
-        for count in args.rows:
-            source = write_rows(Path(tmp) / f"{count}.csv", count)
-            started = time.perf_counter()
-            report.render([source], Path(tmp) / f"{count}.pdf", {"title": "T"})
-            took = time.perf_counter() - started
-            line = f"{count:>8} rows  {took:7.2f} s  {took / count * 1e6:6.1f} us/row"
-            if previous is not None:
-                growth = (took / previous[1]) / (count / previous[0])
-                line += f"  growth vs linear {growth:.2f}x"
-            print(line, flush=True)
-            previous = (count, took)
+    print_growth(args.rows, "rows", write_rows,
+                 lambda source, out: report.render([source], out, {"title": "T"}))
 
 
 if __name__ == "__main__":

@@ -109,6 +109,27 @@ def test_stamp_text_is_on_every_page(tmp_path: Path, b_pdf: Path, position: str)
         assert f"beta page {number}" in text
 
 
+def test_stamp_adds_each_page_a_bounded_set_of_resources(tmp_path: Path) -> None:
+    # Given 60 pages sharing one /Font dictionary (as reportlab writes them)
+    source = make_pdf(tmp_path / "many.pdf", "many", 60)
+    fonts = PdfReader(source).pages
+    assert fonts[0]["/Resources"]["/Font"] is fonts[59]["/Resources"]["/Font"]
+
+    # When they are stamped
+    out = tmp_path / "stamped.pdf"
+    pdfops.stamp([source], out, {"text": "PAID"})
+
+    # Then each page names its own font and the stamp's (before, the shared dictionary got
+    # the stamp's font again under a new name for every page, each merge looking through
+    # all the names before: 121 on every page here, quadratic time), and every page still
+    # shows its text and the stamp
+    reader = PdfReader(out)
+    for number, page in enumerate(reader.pages, 1):
+        assert len(page["/Resources"]["/Font"]) <= 3, (number, page["/Resources"]["/Font"])
+        text = page.extract_text()
+        assert f"many page {number}" in text and "PAID" in text
+
+
 def test_stamp_follows_a_mediabox_that_does_not_start_at_zero(tmp_path: Path, a_pdf: Path) -> None:
     shifted = tmp_path / "shifted.pdf"
     writer = PdfWriter(clone_from=a_pdf)
