@@ -163,8 +163,8 @@ def merge(inputs: list[Path], output: Path, params: Mapping[str, Any]) -> None:
 
 def _sized(page: PageObject, where: str) -> PageObject:
     """``page``, if it has a page size (a /MediaBox of its own or inherited) with an area:
-    split and merge published pages no reader could lay out (pypdf's own `mediabox` raised
-    on them), where stamp refused the same input."""
+    merge, split and stamp published pages no reader could lay out (pypdf's own `mediabox`
+    raised on them)."""
     try:
         box = page.mediabox
     except ValueError as exc:
@@ -214,7 +214,8 @@ def stamp(inputs: list[Path], output: Path, params: Mapping[str, Any]) -> None:
     overlays: dict[tuple[float, float], PageObject] = {}
     with pdf_errors(path.name):
         writer = PdfWriter(clone_from=reader)
-        for page in writer.pages:
+        for number, page in enumerate(writer.pages, start=1):
+            _sized(page, f"{path.name}: page {number}")  # (a 0x0 page was stamped, published)
             # What a viewer shows: the crop box (the media box when there is none), turned
             # clockwise by /Rotate. The stamp is drawn upright in that view, then mapped
             # back into the page's own coordinates.

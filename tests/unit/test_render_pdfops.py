@@ -280,22 +280,23 @@ def _page_with_box(path: Path, box: object) -> Path:
     return path
 
 
-@pytest.mark.parametrize("op", ["merge", "split"])
+@pytest.mark.parametrize("op", ["merge", "split", "stamp"])
 @pytest.mark.parametrize(("box", "message"), [
     (None, "no usable page size (/MediaBox)"),
     (RectangleObject([0, 0, 0, 0]), "has no area"),
 ], ids=["missing", "no-area"])
 def test_a_page_without_a_usable_size_is_invalid_input(
         tmp_path: Path, a_pdf: Path, op: str, box: object, message: str) -> None:
-    # Given an input whose first page has no page size, or one of no area (stamp refused
-    # it; split and merge published it, and pypdf itself could not size the page read back)
+    # Given an input whose first page has no page size, or one of no area (split and merge
+    # published both, stamp the one of no area, and pypdf itself could not size the page
+    # read back)
     bad = _page_with_box(tmp_path / "bad.pdf", box)
-    out = tmp_path / ("merged.pdf" if op == "merge" else "parts")
+    out = tmp_path / ("parts" if op == "split" else "out.pdf")
     if op == "split":
         out.mkdir()
     inputs = [a_pdf, bad] if op == "merge" else [bad]
     with pytest.raises(InvalidInput, match=r"bad\.pdf: page 1: .*" + re.escape(message)):
-        getattr(pdfops, op)(inputs, out, {})
+        getattr(pdfops, op)(inputs, out, {"text": "X"} if op == "stamp" else {})
 
 
 def _raw_pdf(path: Path, objects: list[bytes]) -> Path:
