@@ -9,7 +9,7 @@ from __future__ import annotations
 import io
 import math
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -17,7 +17,7 @@ from typing import Any
 from pypdf import PageObject, PdfReader, PdfWriter, Transformation
 from pypdf.constants import PageAttributes as PG
 from pypdf.errors import DependencyError, LimitReachedError, PyPdfError
-from pypdf.generic import DictionaryObject, NameObject
+from pypdf.generic import DictionaryObject, IndirectObject, NameObject
 from reportlab.lib.colors import Color
 from reportlab.pdfgen.canvas import Canvas
 
@@ -214,6 +214,7 @@ def stamp(inputs: list[Path], output: Path, params: Mapping[str, Any]) -> None:
     overlays: dict[tuple[float, float], PageObject] = {}
     with pdf_errors(path.name):
         writer = PdfWriter(clone_from=reader)
+        shared = _shared_contents(writer.pages)
         for number, page in enumerate(writer.pages, start=1):
             _sized(page, f"{path.name}: page {number}")  # (a 0x0 page was stamped, published)
             # What a viewer shows: the crop box (the media box when there is none), turned
@@ -243,6 +244,14 @@ def stamp(inputs: list[Path], output: Path, params: Mapping[str, Any]) -> None:
             corner = {0: (0.0, 0.0), 90: (width, 0.0), 180: (width, height),
                       90 * 3: (0.0, height)}[turn]
             _own_resources(page)
+            ref = _contents_ref(page)
+            drawn = ref.get_object() if ref is not None and ref.idnum in shared else None
+            if drawn is not None:  # (not its truth: a stream's dictionary may be empty)
+                # pypdf writes the merged content over the page's content stream object:
+                # every page drawing that same object got every page's stamp (n times,
+                # opaque at last), each page's own copy now
+                copy = drawn.clone(writer, force_duplicate=True)
+                page[NameObject(PG.CONTENTS)] = copy.indirect_reference
             page.merge_transformed_page(
                 overlay,
                 Transformation()
@@ -272,6 +281,23 @@ def _own_resources(page: PageObject) -> None:
         if isinstance(inner, DictionaryObject):
             own[NameObject(kind)] = DictionaryObject(inner)
     page[NameObject(PG.RESOURCES)] = own
+
+
+def _contents_ref(page: PageObject) -> IndirectObject | None:
+    """The reference by which ``page`` names its one content stream, if it does so."""
+    ref = page.raw_get(PG.CONTENTS) if PG.CONTENTS in page else None
+    return ref if isinstance(ref, IndirectObject) else None
+
+
+def _shared_contents(pages: Iterable[PageObject]) -> set[int]:
+    """The object numbers of content streams more than one of ``pages`` draws (a file may
+    store identical pages, or a blank one, once)."""
+    seen: set[int] = set()
+    shared: set[int] = set()
+    for page in pages:
+        if (ref := _contents_ref(page)) is not None:
+            (shared if ref.idnum in seen else seen).add(ref.idnum)
+    return shared
 
 
 def _page_turn(page: PageObject) -> int:

@@ -130,6 +130,30 @@ def test_stamp_adds_each_page_a_bounded_set_of_resources(tmp_path: Path) -> None
         assert f"many page {number}" in text and "PAID" in text
 
 
+def test_stamp_draws_once_on_pages_that_share_one_content_stream(tmp_path: Path) -> None:
+    # Given three pages drawn by one content stream object (a file may store identical
+    # pages once)
+    text = b"BT /F1 24 Tf 72 720 Td (same on each) Tj ET"
+    kids = b" ".join(b"%d 0 R" % n for n in (3, 4, 5))
+    page = b"<< /Type /Page /Parent 2 0 R /Contents 6 0 R /Resources << /Font << /F1 7 0 R >> >> >>"
+    source = _raw_pdf(tmp_path / "shared.pdf", [
+        b"<< /Type /Catalog /Pages 2 0 R >>",
+        b"<< /Type /Pages /Kids [" + kids + b"] /Count 3 /MediaBox [0 0 612 792] >>",
+        page, page, page,
+        b"<< /Length %d >>\nstream\n" % len(text) + text + b"\nendstream",
+        b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
+    ])
+
+    # When they are stamped
+    out = tmp_path / "stamped.pdf"
+    pdfops.stamp([source], out, {"text": "PAID"})
+
+    # Then each shows its text and one stamp (before, pypdf wrote each page's merged content
+    # over the shared stream: the pages after the first drew every stamp before theirs)
+    for number, stamped in enumerate(PdfReader(out).pages, 1):
+        assert stamped.extract_text().split() == ["same", "on", "each", "PAID"], number
+
+
 def test_stamp_follows_a_mediabox_that_does_not_start_at_zero(tmp_path: Path, a_pdf: Path) -> None:
     shifted = tmp_path / "shifted.pdf"
     writer = PdfWriter(clone_from=a_pdf)
