@@ -87,6 +87,17 @@ def count_sigconts(inputs: Sequence[Path], output: Path, params: Mapping[str, An
     write_pdf(inputs, output, params)
 
 
+def decode_first_page(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
+    """Decode the content of ``inputs[0]``'s first page with pypdf (as a renderer reading
+    it would), then write a PDF."""
+    from pypdf import PdfReader
+
+    contents = PdfReader(inputs[0]).pages[0].get_contents()
+    assert contents is not None
+    contents.get_data()
+    write_pdf(inputs, output, params)
+
+
 def stop_parent_then_write(inputs: Sequence[Path], output: Path,
                            params: Mapping[str, Any]) -> None:
     """SIGSTOP the worker's parent (the fork server, under forkserver), then write a PDF."""

@@ -946,15 +946,20 @@ def test_memory_a_job_leaves_below_the_allowance_does_not_count_against_the_next
 ])
 def test_memory_a_built_in_renderer_leaves_behind_does_not_kill_the_next_job(
         tmp_path: Path, write_manifest: Any, guard: str) -> None:
-    from jobfns import same_page_pdf
-
-    # Given a built-in stamp of a 5,000-page input (pypdf leaves ~100 MB held in its
-    # worker), then a job needing 365 MB of its 400 MB ceiling
+    # Given a renderer kind from an installed package (as built-in kinds run: no user code
+    # purged after it) that leaves 100 MB held in its worker (malloc'd in C, as a leaking
+    # library would), then a job needing 365 MB of its 400 MB ceiling
     stage(tmp_path)
-    same_page_pdf(tmp_path / "big.pdf", 5000)
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "hoard_plugin.py").write_text(HOARD_PLUGIN)
+    info = site / "hoard_plugin-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: hoard-plugin\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[renderctl.renderers]\nhoard = hoard_plugin:SPEC\n")
     manifest = write_manifest([
-        {"id": "stamp", "kind": "stamp", "input": str(tmp_path / "big.pdf"),
-         "output": "stamped.pdf", "params": {"text": "X"}, "memory_mb": 400, "priority": 2},
+        {"id": "hoard", "kind": "hoard", "output": "hoard.pdf", "memory_mb": 400,
+         "priority": 2},
         {**py_job("innocent", "allocate", mb=365, hold_s=0.3), "memory_mb": 400,
          "priority": 1},
     ], defaults={"max_attempts": 1})
@@ -962,15 +967,41 @@ def test_memory_a_built_in_renderer_leaves_behind_does_not_kill_the_next_job(
 
     # When one worker is to run both
     res = run_cli("run", manifest, *cli_args(queue, tmp_path / "out", "--workers", "1",
-                                             "--json", "--memory-guard", guard), timeout=90)
+                                             "--json", "--memory-guard", guard), timeout=90,
+                  env={"PYTHONPATH": os.pathsep.join([str(site),
+                                                      os.environ.get("PYTHONPATH", "")])})
 
     # Then both complete, the second in a fresh worker (only python and command jobs were
     # judged for what they left: the second was killed at its own ceiling)
     assert res.returncode == 0, res.stdout + res.stderr
     workers = [e["worker"] for e in json_lines(res.stdout) if e["event"] == "started"]
     assert len(set(workers)) == 2, res.stdout
-    assert pdf_text(tmp_path / "out" / "stamped.pdf")[0] == 5000
+    assert_pdf(tmp_path / "out" / "hoard.pdf", "hoard")
     assert_pdf(tmp_path / "out" / "innocent.pdf", "innocent")
+
+
+HOARD_PLUGIN = """
+import ctypes
+import os
+
+from renderctl.render.base import RendererSpec
+
+SPEC = RendererSpec(kind="hoard", target="hoard_plugin:render",
+                    description="Leaves 100 MB held.", min_inputs=0, max_inputs=0, params=())
+
+
+def render(inputs, output, params):
+    from reportlab.pdfgen import canvas
+
+    size = 100 << 20
+    held = ctypes.CDLL(None).malloc
+    held.restype = ctypes.c_void_p
+    ctypes.memset(held(size), 1, size)
+    c = canvas.Canvas(str(output))
+    c.drawString(72, 720, os.environ["RENDERCTL_JOB_ID"])
+    c.showPage()
+    c.save()
+"""
 
 
 @needs_cgroup_v1

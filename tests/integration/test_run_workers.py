@@ -1027,15 +1027,16 @@ def test_the_first_job_of_a_worker_runs_with_the_hardened_libraries(
     source = decompression_bomb
     queue, out = tmp_path / "q", tmp_path / "out"
 
-    # When it is the first job a fresh worker runs, whichever way workers are started
-    res = run_cli("run", write_manifest([{"id": "s", "kind": "stamp", "input": str(source),
-                                          "output": "s.pdf", "params": {"text": "X"},
-                                          "max_attempts": 1}]),
+    # When the first job a fresh worker runs decodes it with pypdf, whichever way workers
+    # are started
+    stage(tmp_path)
+    res = run_cli("run", write_manifest([{**py_job("s", "decode_first_page"),
+                                          "input": str(source), "max_attempts": 1}]),
                   *cli_args(queue, out, "--workers", "1", "--start-method", start_method))
 
-    # Then the limit holds: invalid input, as in every later job (under spawn and fork the
-    # first job of each worker ran before anything was hardened, and the bomb was stamped)
+    # Then the limit holds, as in every later job (under spawn and fork the first job of
+    # each worker ran before anything was hardened, and the bomb was inflated whole)
     assert res.returncode == 1, res.stdout + res.stderr
     attempts = QueueView(queue).record("dead", "s")["attempts"]
-    assert [a["outcome"] for a in attempts] == ["invalid_input"], attempts
+    assert [a["outcome"] for a in attempts] == ["failed"], attempts
     assert "Limit reached" in attempts[0]["error"], attempts
