@@ -1123,6 +1123,17 @@ class Queue:
         counts[State.RUNNING.value] -= len(stale)
         live = in_running - stale
         running = [r for r in running if f"{r.spec.id}.json" in live]
+        # Claimed between the reads above and the listings: read now, so that the count and
+        # the jobs listed agree (`running: 3` beside two running_jobs, audit AX); one gone
+        # again (finished, or quarantined) meanwhile is no longer counted as running.
+        read = {f"{r.spec.id}.json" for r in running}
+        for name in sorted(live - read):
+            rec = self._read_or_quarantine(self.dir(State.RUNNING) / name)
+            if rec is not None:
+                running.append(rec)
+            else:
+                counts[State.RUNNING.value] -= 1
+        running.sort(key=lambda r: r.spec.id)
         return QueueStatus(counts=counts,
                            oldest_pending_age_s=(self.oldest_pending_age_s() if oldest_pending
                                                  else None),

@@ -220,3 +220,36 @@ def test_a_job_moving_back_to_pending_between_the_listings_is_still_counted(
     assert not q.armed, "the move was not made"
     assert sum(st.counts.values()) == 1, st.counts
     assert st.counts["pending"] == 1, st.counts
+
+
+def test_the_running_count_and_the_running_jobs_agree_when_a_claim_lands_mid_status(
+        tmp_path: Path, write_manifest: Any, monkeypatch: Any) -> None:
+    # Given a queue with a job running and one pending
+    queue = tmp_path / "q"
+    (tmp_path / "in.txt").write_text("x")
+    manifest = write_manifest([{"id": j, "kind": "command", "argv": ["cp", "{input}", "{output}"],
+                                "input": str(tmp_path / "in.txt"), "output": f"{j}.txt"}
+                               for j in ("a", "b")])
+    assert run_cli("submit", manifest, "--queue", queue, "--out", tmp_path / "o").returncode == 0
+    os.rename(queue / "pending" / "a.json", queue / "running" / "a.json")
+    q = Queue(queue)
+    try:
+        # When a runner claims the pending one just after status read the running records,
+        # before it lists the folders (the claim made here, as its rename into running/)
+        read = q._read_or_quarantine
+
+        def read_then_claim(path: Path) -> Any:
+            rec = read(path)
+            if (queue / "pending" / "b.json").exists():
+                os.rename(queue / "pending" / "b.json", queue / "running" / "b.json")
+            return rec
+
+        monkeypatch.setattr(q, "_read_or_quarantine", read_then_claim)
+        st = q.status()
+    finally:
+        q.close()
+
+    # Then both are counted as running and both are listed (it said running 2, listing a
+    # alone: `status --json` had `running` above the length of `running_jobs`)
+    assert st.counts[State.RUNNING.value] == len(st.running) == 2, st
+    assert [r.spec.id for r in st.running] == ["a", "b"]
