@@ -1289,8 +1289,10 @@ def _execute(job: RunJob, output: Path, workdir: Path, after_call: Callable[[], 
                     fn = load_callable(spec["callable"], spec.get("pythonpath"))
                     fn(inputs, output, dict(params))
                 else:
+                    from renderctl.render import inputs as render_inputs
                     from renderctl.render.registry import all_specs
 
+                    render_inputs.memory_ceiling_bytes = job.memory_limit_bytes
                     all_specs()[kind].load()(inputs, output, params)
             finally:
                 if after_call is not None and runs_user_code_here(job):

@@ -18,6 +18,22 @@ from typing import BinaryIO
 
 from renderctl.errors import InvalidInput
 
+# The memory ceiling of the job a worker runs (bytes; 0: none known): the worker sets it
+# before each built-in renderer. A PDF is read whole into memory, so an input larger than
+# the ceiling cannot be read within it: said as such at once, where each attempt read until
+# the ceiling killed it (`memory`, retried, naming no file: audit AU, a 3 GiB input).
+memory_ceiling_bytes = 0
+
+
+def refuse_beyond_ceiling(label: str, size: int, what: str) -> None:
+    """InvalidInput if an input of ``size`` bytes, read whole, cannot fit the ceiling."""
+    ceiling = memory_ceiling_bytes
+    if ceiling and size > ceiling:
+        mb = 1 << 20
+        raise InvalidInput(f"{label}: {size / mb:.0f} MB; {what} is read whole, and this job's "
+                           f"memory ceiling is {ceiling / mb:.0f} MB: give the job a larger "
+                           "memory_mb")
+
 
 @contextmanager
 def open_input(path: Path, label: str) -> Iterator[tuple[BinaryIO, int]]:

@@ -32,7 +32,7 @@ from reportlab.pdfgen.canvas import Canvas
 
 from renderctl.errors import InvalidInput
 from renderctl.render import rules
-from renderctl.render.inputs import open_input
+from renderctl.render.inputs import open_input, refuse_beyond_ceiling
 from renderctl.render.registry import MAX_PAGES_PER_PART
 from renderctl.render.text import plain, quoted
 
@@ -103,7 +103,8 @@ def open_pdf(path: Path, label: str | None = None) -> PdfReader:
 
     Messages start with ``label`` (default: the file's name)."""
     label = path.name if label is None else label
-    with open_input(path, label) as (fh, _size):
+    with open_input(path, label) as (fh, size):
+        refuse_beyond_ceiling(label, size, "a PDF")
         head = fh.read(HEADER_WINDOW)
         if not head:
             raise InvalidInput(f"{label}: empty file, not a PDF")

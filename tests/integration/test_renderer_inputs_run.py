@@ -162,3 +162,26 @@ def test_a_chart_of_values_too_small_to_scale_is_dead_at_once(tmp_path: Path) ->
     assert len(reader.pages) == 1
     text = reader.pages[0].extract_text()
     assert "1e-320" in text and "Total" in text
+
+
+def test_a_pdf_larger_than_the_jobs_memory_ceiling_is_dead_at_once(tmp_path: Path) -> None:
+    # Given a 300 MB input (sparse: a header, then nothing) for a stamp under a 100 MB
+    # ceiling, and a sound PDF under the same ceiling
+    with (tmp_path / "big.pdf").open("wb") as fh:
+        fh.write(b"%PDF-1.7\n")
+        fh.truncate(300 << 20)
+    hand_made_pdf(tmp_path / "fine.pdf")
+
+    # When they run
+    qv, out, _ = run_jobs(tmp_path, [
+        {"id": j, "kind": "stamp", "input": f"{j}.pdf", "output": f"{j}.pdf",
+         "params": {"text": "PAID"}, "memory_mb": 100} for j in ("big", "fine")])
+
+    # Then the big one is invalid_input at its first attempt, saying why (each attempt read
+    # it until the ceiling killed it: `memory`, retried, naming no file), and the other is
+    # stamped
+    attempts = qv.record("dead", "big")["attempts"]
+    assert [a["outcome"] for a in attempts] == ["invalid_input"], attempts
+    assert "big.pdf: 300 MB; a PDF is read whole, and this job's memory ceiling is 100 MB" \
+        in attempts[0]["error"], attempts
+    assert qv.states_of(["fine"]) == {"fine": ["done"]}

@@ -538,3 +538,20 @@ def test_a_page_in_a_filter_this_installation_cannot_decode_is_stamped_all_the_s
     streams = [s.get_object() for s in page["/Contents"]]
     assert streams[1]["/Filter"] == codec and streams[1]._data == b"\x0b\x02\x80hello\x03"
     assert "X" in page["/Resources"]["/XObject"]["/RctlStamp"].get_data().decode()
+
+
+def test_a_pdf_larger_than_the_jobs_memory_ceiling_is_refused_before_it_is_read(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from renderctl.render import inputs
+
+    # Given a job whose memory ceiling is 1 MB, and a 2 MB input (sparse: a header, then
+    # nothing), which would be read whole
+    monkeypatch.setattr(inputs, "memory_ceiling_bytes", 1 << 20)
+    big = tmp_path / "big.pdf"
+    with big.open("wb") as fh:
+        fh.write(b"%PDF-1.7\n")
+        fh.truncate(2 << 20)
+    # When it is opened, Then it is refused, naming the file, its size and the ceiling
+    with pytest.raises(InvalidInput, match=r"big\.pdf: 2 MB; a PDF is read whole, and this "
+                                           r"job's memory ceiling is 1 MB"):
+        pdfops.open_pdf(big)
