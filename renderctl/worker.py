@@ -276,7 +276,7 @@ class Worker:
     """The worker's loop: a local queue of assigned jobs, served one at a time."""
 
     def __init__(self, conn: Connection, config: WorkerConfig,
-                 crash_point: CrashPoints | None = None) -> None:
+                 crash_point: CrashPoints) -> None:
         self.conn = conn
         self.config = config
         self.queue: deque[RunJob] = deque()
@@ -308,7 +308,7 @@ class Worker:
                                   os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
         self.own_fds = _OwnFds()
         # Stop points for tests (RENDERCTL_STOP_AT=worker:checked), inherited from the runner
-        self.crash_point = crash_point or CrashPoints.from_env()
+        self.crash_point = crash_point
         self.own_fds.add(self.capture.fd, "its capture of stdout and stderr")
         self.own_fds.add(self.capture.saved[0], "its saved stdout")
         self.own_fds.add(self.capture.saved[1], "its saved stderr")

@@ -25,12 +25,12 @@ from renderctl.errors import InvalidInput
 memory_ceiling_bytes = 0
 
 
-def refuse_beyond_ceiling(label: str, size: int, what: str) -> None:
-    """InvalidInput if an input of ``size`` bytes, read whole, cannot fit the ceiling."""
+def refuse_beyond_ceiling(label: str, size: int) -> None:
+    """InvalidInput if a PDF of ``size`` bytes, read whole, cannot fit the ceiling."""
     ceiling = memory_ceiling_bytes
     if ceiling and size > ceiling:
         mb = 1 << 20
-        raise InvalidInput(f"{label}: {size / mb:.0f} MB; {what} is read whole, and this job's "
+        raise InvalidInput(f"{label}: {size / mb:.0f} MB; a PDF is read whole, and this job's "
                            f"memory ceiling is {ceiling / mb:.0f} MB: give the job a larger "
                            "memory_mb")
 

@@ -104,7 +104,7 @@ def open_pdf(path: Path, label: str | None = None) -> PdfReader:
     Messages start with ``label`` (default: the file's name)."""
     label = path.name if label is None else label
     with open_input(path, label) as (fh, size):
-        refuse_beyond_ceiling(label, size, "a PDF")
+        refuse_beyond_ceiling(label, size)
         head = fh.read(HEADER_WINDOW)
         if not head:
             raise InvalidInput(f"{label}: empty file, not a PDF")
