@@ -318,8 +318,14 @@ def test_power_cut_at_random_moments_loses_nothing_reported(tmp_path: Path,
     # When the power is cut three times at seeded moments of a run (counted in jobs
     # reported completed, so that each cut lands mid-run however fast the machine is),
     # each time after a reboot a new runner goes on
-    for _ in range(3):
+    for cut in range(3):
         need = rng.randint(3, 12)
+        left = sum(1 for j in outputs if "done" not in qv.states_of([j])[j])
+        if cut and left < need + 6:
+            # A loaded machine's runner ran far ahead of the reading of its lines before
+            # an earlier cut (jobs of milliseconds): no moment mid-run is left to cut at
+            # (CI once had 3 to complete where the next cut waited for more).
+            break
         runner = Runner(*cli_args(queue, out, *FAST, "--json"))
         until_completed(runner, need)
         said = freeze_cut_kill(runner, disk)

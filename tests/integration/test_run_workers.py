@@ -516,16 +516,21 @@ def test_a_command_job_does_not_inherit_an_earlier_jobs_bare_putenv(
     assert (out / "seen.txt").read_text().strip() == "unset"
 
 
-def test_a_worker_starts_although_the_fork_server_dies_during_its_start(tmp_path: Path) -> None:
+def test_a_worker_starts_although_the_fork_server_dies_during_its_start(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import threading
     from multiprocessing import forkserver
 
+    from renderctl import mpstate
     from renderctl.messages import Ready, Stop
     from renderctl.runner import prestart, start_worker
     from renderctl.worker import WorkerConfig
 
     # Given a fork server that will die while a worker's start waits on it (as when a job
-    # kills its worker's parent): frozen now, killed 0.3 s into the start
+    # kills its worker's parent): frozen now, killed 0.3 s into the start (the start's
+    # watch, which resumes a stopped server every 50 ms, held off: it would let the start
+    # through the old server before the kill)
+    monkeypatch.setattr(mpstate, "START_WATCH_S", 3600.0)
     ctx = prestart("forkserver")
     server = forkserver._forkserver._forkserver_pid  # type: ignore[attr-defined]
     os.kill(server, signal.SIGSTOP)
