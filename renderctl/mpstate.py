@@ -123,8 +123,12 @@ def helper_pids() -> list[int]:
 
 
 def continue_helpers() -> None:
-    """SIGCONT our fork server and resource tracker where they are stopped (a job can stop
-    the server: it is its worker's parent). ~20 us: a stat of each."""
+    """SIGCONT our fork server and resource tracker where they are stopped. A job can stop
+    the server (it is its worker's parent), and a SIGSTOP of the runner's whole process
+    group, then a `kill -CONT` of the runner alone, left both stopped. The fork server
+    reports its children's deaths: stopped, it left every worker's end unheard, the drain
+    never ended, and the exit waited on it for good (multiprocessing joins its children at
+    exit). ~20 us: a stat of each."""
     for helper in helper_pids():
         if is_stopped(helper):
             with contextlib.suppress(OSError):

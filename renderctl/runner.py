@@ -580,14 +580,6 @@ class Runner:
     def _on_continue_signal(self, signum: int, frame: object) -> None:
         self._continued = True  # (the wake-up fd has the loop see it at once)
 
-    def _continue_helpers(self) -> None:
-        """Resume our fork server and resource tracker if stopped: a SIGSTOP of our whole
-        process group, then a `kill -CONT` of the runner alone, left them stopped. The fork
-        server reports its children's deaths: stopped, it left every worker's end unheard,
-        the drain never ended, and the exit waited on it for good (multiprocessing joins its
-        children at exit)."""
-        mpstate.continue_helpers()
-
     def _on_wake_signal(self, signum: int, frame: object) -> None:
         self.wake_cancel = True
         self._woken = True
@@ -605,7 +597,7 @@ class Runner:
         # descriptors (a job lowered our RLIMIT_NOFILE), its /proc read failed, the workers
         # were left alive, and the exit hung for good joining them.
         with contextlib.suppress(Exception):
-            self._continue_helpers()
+            mpstate.continue_helpers()
         for w in list(self.workers.values()):
             if w.pgid:
                 proctree.kill_group(w.pgid, signal.SIGKILL)
@@ -991,7 +983,7 @@ class Runner:
         # The start below would wait on a fork server left stopped (Ctrl-Z's SIGTSTP it
         # ignores; see _suspend) until start_worker's watch resumed it. ~20 us per start,
         # of 2-20 ms.
-        self._continue_helpers()
+        mpstate.continue_helpers()
         cfg = WorkerConfig(slot_path=slot.path, started_log=log,
                            work_root=self.work_root, gate_path=gate.path,
                            control_dir=str(self.q.dir("control")),
@@ -1068,7 +1060,7 @@ class Runner:
         while True:
             if self._continued:
                 self._continued = False
-                self._continue_helpers()
+                mpstate.continue_helpers()
             if self._suspend_asked:
                 if self._continued_since_tstp():
                     self._suspend_asked = False  # continued before we could pause: nothing to do
@@ -1154,7 +1146,7 @@ class Runner:
                 # A job runs as we do and may SIGSTOP the fork server: stopped, it reports no
                 # worker's death and forks none, and a killed worker's job was never
                 # settled (the run went on until signalled). Within a second, it goes on.
-                self._continue_helpers()
+                mpstate.continue_helpers()
                 if self.s.follow:
                     self._tick_follow()
             self.reporter.tick(self)
