@@ -83,12 +83,21 @@ def numbered_canvas(footer_left: str) -> Callable[..., Canvas]:
             self._saved_pages: list[dict[str, Any]] = []
 
         def showPage(self) -> None:  # noqa: N802 (reportlab's name)
-            self._saved_pages.append(dict(self.__dict__))
+            state = dict(self.__dict__)
+            if self._code:
+                # The page's operators joined as reportlab will join them at the end
+                # ("\n"), in one string: kept as the list of one string per operator, a
+                # page of a long report held ~1.5 KB of small strings per table row until
+                # the save, and a 7 MB CSV ran out of a 400 MB ceiling.
+                state["_code"] = ["\n".join(self._code)]
+            self._saved_pages.append(state)
             self._startPage()
 
         def save(self) -> None:
-            total = len(self._saved_pages)
-            for state in self._saved_pages:
+            pages, self._saved_pages = self._saved_pages, []
+            total = len(pages)
+            for i, state in enumerate(pages):
+                pages[i] = {}  # its content now lives in the document's page: not twice
                 self.__dict__.update(state)
                 self._draw_footer(total)
                 super().showPage()
