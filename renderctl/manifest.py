@@ -16,6 +16,7 @@ import math
 import os
 import re
 import stat
+import sys
 import tomllib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -532,6 +533,19 @@ def _long_string(v: Any) -> str | None:
     return None
 
 
+def unencodable_name(value: str) -> str | None:
+    """Why ``value`` cannot be a file name on this system, or None: under a locale whose
+    file name encoding is not UTF-8 (C with UTF-8 mode off, ISO-8859-1), a name in other
+    characters reached os.stat as a UnicodeEncodeError traceback (audit AZ)."""
+    try:
+        os.fsencode(value)
+    except UnicodeEncodeError as exc:
+        return (f"{value}: {value[exc.start:exc.end]!r} cannot be written in this "
+                f"system's file name encoding ({sys.getfilesystemencoding()}); run renderctl "
+                "under a UTF-8 locale (LANG=C.UTF-8, or PYTHONUTF8=1)")
+    return None
+
+
 def check_output_path(value: Any) -> str | None:
     """Why ``value`` is not an acceptable output path, or None (pure: no file system)."""
     if not isinstance(value, str):
@@ -542,6 +556,8 @@ def check_output_path(value: Any) -> str | None:
         return "must not contain NUL"
     if "\\" in value:
         return "must use '/' separators (no backslashes)"
+    if (why := unencodable_name(value)) is not None:
+        return why
     if value.startswith("/") or re.match(r"^[A-Za-z]:", value):
         return "must be relative to the output root, not absolute"
     if len(value.encode()) > MAX_PATH_BYTES:
@@ -631,6 +647,9 @@ def _resolve_input(ctx: _Ctx, jid: str, fld: str, base: Path, value: Any) -> str
         return None
     if "\x00" in value:
         ctx.add(jid, fld, "must not contain NUL")
+        return None
+    if (why := unencodable_name(value)) is not None:
+        ctx.add(jid, fld, why)
         return None
     path = (base / value) if not os.path.isabs(value) else Path(value)
     try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import functools
+import io
 import json
 import os
 import re
@@ -1698,7 +1699,8 @@ def top(queue: QueueOpt = None,
     # A terminal gets the live view; NO_COLOR keeps it, without colour.
     console = (Console(highlight=False, no_color=out.no_color()) if out.is_tty()
                else out.console())
-    run_top(q, console, once=once)
+    with stdout_result():
+        run_top(q, console, once=once)
 
 
 @app.command()
@@ -1866,6 +1868,11 @@ def main() -> None:
     # (Started already when this runs from the script's entry point, which does it before
     # importing this module; `python -m renderctl.cli.app` starts it here.)
     start_fork_server_early(sys.argv)
+    if isinstance(sys.stdout, io.TextIOWrapper):
+        # A stdout that is not UTF-8 (an ISO-8859 locale, PYTHONIOENCODING) cannot take a
+        # job's CJK error text or an emoji id: escaped, as `run` escapes its lines, where
+        # `show`, `dead list` and `top` ended in a UnicodeEncodeError traceback (audit AZ).
+        sys.stdout.reconfigure(errors="backslashreplace")
     try:
         # One name however started (`python -m renderctl` included): the completion a
         # user installs is for the `renderctl` command ("python -m renderctl" made a

@@ -95,6 +95,21 @@ def test_a_status_whose_stdout_is_full_names_stdout(tmp_path: Path, buffering: s
 
 
 @pytest.mark.parametrize("buffering", sorted(BUFFERING))
+def test_top_whose_stdout_is_full_names_stdout(tmp_path: Path, buffering: str) -> None:
+    # Given a queue
+    manifest = write_jobs(tmp_path / "m", [job("a", "write")])
+    queue = tmp_path / "q"
+    assert cli("submit", manifest, "--queue", queue, cwd=tmp_path).returncode == 0
+
+    # When one frame of top is asked for with stdout on a full disk
+    res = to_full_disk("top", "--once", "--queue", queue, cwd=tmp_path, buffering=buffering)
+
+    # Then it says it was stdout, as status does (before: "I/O error: No space left on
+    # device", read as the queue's)
+    said_only(res, "cannot write stdout: No space left on device")
+
+
+@pytest.mark.parametrize("buffering", sorted(BUFFERING))
 def test_a_refused_submit_whose_stdout_is_full_keeps_its_refusal_and_exit_code(
         tmp_path: Path, buffering: str) -> None:
     # Given a job in the queue, and a manifest giving the same id another spec
