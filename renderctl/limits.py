@@ -105,8 +105,12 @@ def type_name(v: Any) -> str:
         return "a string"
     if isinstance(v, int | float):
         return "a number"
-    if isinstance(v, dt.datetime | dt.date | dt.time):
-        return "a date/time"
+    if isinstance(v, dt.datetime):
+        return "a date-time"
+    if isinstance(v, dt.date):
+        return "a date"  # (TOML's 2030-01-01: a deadline needs its time and zone too)
+    if isinstance(v, dt.time):
+        return "a time"
     return type(v).__name__
 
 

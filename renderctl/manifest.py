@@ -533,6 +533,10 @@ def _long_string(v: Any) -> str | None:
     return None
 
 
+# C0 and C1 control characters and DEL (NUL is refused on its own, with its own words).
+_CONTROL = re.compile("[\x01-\x1f\x7f-\x9f]")
+
+
 def unencodable_name(value: str) -> str | None:
     """Why ``value`` cannot be a file name on this system, or None: under a locale whose
     file name encoding is not UTF-8 (C with UTF-8 mode off, ISO-8859-1), a name in other
@@ -558,6 +562,10 @@ def check_output_path(value: Any) -> str | None:
         return "must use '/' separators (no backslashes)"
     if (why := unencodable_name(value)) is not None:
         return why
+    if bad := _CONTROL.search(value):
+        # A newline or an escape in a file name is published faithfully, and then misread
+        # by every line-based tool and terminal that lists the folder (audit BA).
+        return f"must not contain control characters, got {bad.group()!r}"
     if value.startswith("/") or re.match(r"^[A-Za-z]:", value):
         return "must be relative to the output root, not absolute"
     if len(value.encode()) > MAX_PATH_BYTES:

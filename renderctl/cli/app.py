@@ -846,7 +846,9 @@ def name_changed_fields(problems: list[Problem], jobs: list[Any], q: Queue) -> l
             old, new = view.record.spec.to_json(), specs[p.job].to_json()
             fields = [k for k in {**old, **new} if old.get(k) != new.get(k)]
             if fields:
-                p = with_message(p, message=p.message.replace(
+                # The fields in the problem's field too: a script reading --json finds them
+                # where every other problem names its field (audit BA: it was null).
+                p = with_message(p, field=", ".join(fields), message=p.message.replace(
                     DIFFERENT_SPEC, f"{DIFFERENT_SPEC} (differs in {', '.join(fields)})", 1))
         named.append(p)
     return named
@@ -913,9 +915,15 @@ def warn_existing_outputs(jobs: list[Any], hit: set[str], origins: dict[str, str
     the render. ``hit``: the accepted jobs whose output existed before the submit."""
     hits = [j for j in jobs if j.id in hit]
     for job in hits[:5]:
+        if os.path.islink(job.output_path):
+            # Never published through (publish refuses a symlink): the job's own outcome.
+            fate = "is a symlink; renderctl never publishes through one, so the job will " \
+                   "be dead-lettered (invalid_output) unless that symlink is removed first"
+        else:
+            fate = "exists already; renderctl never overwrites, so the job will be " \
+                   "dead-lettered (output_exists) unless that file is removed first"
         out.err(f"warning: {origins.get(job.id, '?')}: job {job.id}: output "
-                f"{job.output_path} exists already; renderctl never overwrites, so the job "
-                "will be dead-lettered (output_exists) unless that file is removed first")
+                f"{job.output_path} {fate}")
     if len(hits) > 5:
         out.err(f"warning: {len(hits) - 5} more accepted job(s) whose output exists")
 

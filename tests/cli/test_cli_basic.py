@@ -327,6 +327,25 @@ def test_a_job_whose_output_exists_already_is_accepted_with_a_warning(
     assert (out / "r.pdf").read_bytes() == b"%PDF-1.4 earlier"
 
 
+def test_a_job_whose_output_is_a_symlink_is_warned_of_its_real_outcome(
+        runner: CliRunner, write_manifest: Any, queue_dir: Path, tmp_path: Path) -> None:
+    # Given an output root where the output's name is a symlink (to a folder)
+    out = tmp_path / "out"
+    (out / "elsewhere").mkdir(parents=True)
+    (out / "lnk").symlink_to(out / "elsewhere")
+    m = write_manifest([{"id": "s", "kind": "python", "callable": "m:f", "output": "lnk"}])
+
+    # When a job naming it is submitted
+    res = runner.invoke(app, ["submit", str(m), "--queue", str(queue_dir), "--out", str(out)])
+
+    # Then the warning foretells what the runner does with a symlink (invalid_output: it
+    # never publishes through one), not output_exists (audit BA)
+    assert res.exit_code == 0, res.stderr
+    assert (f"warning: {m}: job s: output {out / 'lnk'} is a symlink; renderctl never "
+            "publishes through one, so the job will be dead-lettered (invalid_output)") \
+        in res.stderr, res.stderr
+
+
 def test_shell_completion_completes_commands_and_options(tmp_path: Path) -> None:
     # What bash's completion function runs (see --show-completion): the program itself,
     # told by the environment which words are on the line.

@@ -351,10 +351,12 @@ def test_a_changed_spec_says_which_fields_differ(tmp_path: Path, manifest: Path,
     res = cli(command, manifest, "--queue", q, "--out", tmp_path / "elsewhere",
               "--memory-mb", "123", "--json", cwd=tmp_path)
     assert res.returncode == 2, res.stderr
-    assert (f"{manifest}: job j1: already in the queue (pending) with a different spec "
-            "(differs in out_root, memory_mb)") in res.stderr, res.stderr
+    assert (f"{manifest}: job j1: out_root, memory_mb: already in the queue (pending) with "
+            "a different spec (differs in out_root, memory_mb)") in res.stderr, res.stderr
     problems = json.loads(res.stdout)["problems"]
     assert "(differs in out_root, memory_mb)" in problems[0]["message"]
+    # (The field too, where every problem names its own: it was null.)
+    assert problems[0]["field"] == "out_root, memory_mb"
 
 
 # -- a bad configuration file stops only the commands that read it ---------------------------
