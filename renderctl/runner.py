@@ -1847,7 +1847,9 @@ class Runner:
                 w.mark = w.slot.mark()
             if fin.peak_memory_bytes is None and w.sampler is not None:
                 fin = replace(fin, peak_memory_bytes=_own_peak(a, w.sampler.peak_bytes))
-            self._observe_exec(fin.elapsed_s)
+            # Without the time the run was suspended (Ctrl-Z): the dashboard's execution
+            # percentiles and the prefetch depth are of the job's work, as the metric's.
+            self._observe_exec(max(0.0, fin.elapsed_s - a.paused_s))
             a.read_mono = time.monotonic()
             self._complete(a, fin)
         elif isinstance(msg, Dropped):

@@ -846,10 +846,10 @@ def name_changed_fields(problems: list[Problem], jobs: list[Any], q: Queue) -> l
             old, new = view.record.spec.to_json(), specs[p.job].to_json()
             fields = [k for k in {**old, **new} if old.get(k) != new.get(k)]
             if fields:
-                # The fields in the problem's field too: a script reading --json finds them
-                # where every other problem names its field (audit BA: it was null).
-                p = with_message(p, field=", ".join(fields), message=p.message.replace(
-                    DIFFERENT_SPEC, f"{DIFFERENT_SPEC} (differs in {', '.join(fields)})", 1))
+                # As the problem's field, where every other problem names its own: a script
+                # reading --json finds them there (audit BA: it was null, the fields named
+                # only inside the message), and the line reads "job a: memory_mb: ...".
+                p = with_message(p, field=", ".join(fields))
         named.append(p)
     return named
 
@@ -1705,7 +1705,7 @@ def top(queue: QueueOpt = None,
 
     q = existing_queue(queue, report_corrupt=False)  # its frames count corrupt/
     # A terminal gets the live view; NO_COLOR keeps it, without colour.
-    console = (Console(highlight=False, no_color=out.no_color()) if out.is_tty()
+    console = (Console(highlight=False, emoji=False, no_color=out.no_color()) if out.is_tty()
                else out.console())
     with stdout_result():
         run_top(q, console, once=once)

@@ -44,7 +44,8 @@ def console(*, stderr: bool = False, file: Any = None) -> Console:
     if plain():
         return Console(stderr=stderr, file=file, no_color=True, color_system=None,
                        highlight=False, force_terminal=False, soft_wrap=True, emoji=False)
-    return Console(stderr=stderr, file=file, highlight=False)
+    # emoji=False: a job's error or an output named ":smile:" is shown as written.
+    return Console(stderr=stderr, file=file, highlight=False, emoji=False)
 
 
 def table_width(columns: Any) -> int:

@@ -31,6 +31,7 @@ from renderctl.cli.console import (
     Stdout,
     human_bytes,
     human_duration,
+    no_controls,
     one_line,
     reader_gone,
     silence_stdout,
@@ -77,8 +78,10 @@ def _progress(snap: Mapping[str, Any]) -> tuple[int, int, int]:
 
 def _header_rows(snap: Mapping[str, Any]) -> list[tuple[str, str, str]]:
     """(label, text, style) of each header line, for the frame and its plain form alike."""
-    rows = [("queue", str(snap.get("queue") or "-"), ""),
-            ("output root", str(snap.get("out_root") or "-"), "")]
+    # Escaped like a job's text: a folder named with an escape sequence (a title-setting
+    # OSC, a screen clear) was sent to the terminal in every frame (audit BC).
+    rows = [("queue", no_controls(str(snap.get("queue") or "-")), ""),
+            ("output root", no_controls(str(snap.get("out_root") or "-")), "")]
     if snap.get("runner_alive") is False:
         rows.append(("runner", "no runner is alive for this queue (counts are from its "
                                "folders)", "bold yellow"))

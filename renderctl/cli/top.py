@@ -108,9 +108,11 @@ class TopFeed:
         snap["out_root"] = ", ".join(sorted(roots)) if roots else self._last_root()
         if state is None:
             snap["retries"] = self.retries
-        if not snap.get("running") and st.running:
+        if "running" not in (state or {}) and st.running:
             # No runner snapshot (none alive, or not written yet): the leases tell enough,
             # except the worker: a lease names its runner, whose pid is not a worker's.
+            # (Only then: a runner's snapshot that caught no job mid-run is right, and
+            # every lease would list its prefetched claims as running: audit BC.)
             snap["running"] = [
                 {"id": r.spec.id, "kind": r.spec.kind, "pid": None,
                  "attempt": r.lease.attempt if r.lease else None,

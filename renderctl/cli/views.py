@@ -91,7 +91,8 @@ def render_status(c: Console, q: Queue, st: QueueStatus) -> None:
                      f"elapsed={human_duration(j['elapsed_s'])} holder_pid={j['holder_pid'] or '-'}"
                      for j in data["running_jobs"]]
     if plain():
-        print(f"queue {q.path}: " + " ".join(f"{k}={v}" for k, v in counts))
+        print(f"queue {no_controls(str(q.path))}: "
+              + " ".join(f"{k}={v}" for k, v in counts))
         print(f"oldest pending: {human_duration(st.oldest_pending_age_s)}; {runner_line}")
         for line in running_lines:
             print(line)
@@ -99,14 +100,15 @@ def render_status(c: Console, q: Queue, st: QueueStatus) -> None:
     # Text, not str: rich would read "[...]" in a folder's name as markup. A table wider
     # than the terminal would be cut ("pe…"): its lines instead, which wrap.
     if table_width(counts) <= c.width:
-        c.print(Text(f"queue {q.path}"))
+        c.print(Text(f"queue {no_controls(str(q.path))}"))
         t = Table(show_header=True)
         for name, _ in counts:
             t.add_column(name, justify="right")
         t.add_row(*[n for _, n in counts])
         c.print(t)
     else:
-        c.print(Text(f"queue {q.path}: " + " ".join(f"{k}={v}" for k, v in counts)))
+        c.print(Text(f"queue {no_controls(str(q.path))}: "
+                     + " ".join(f"{k}={v}" for k, v in counts)))
     c.print(Text(f"oldest pending: {human_duration(st.oldest_pending_age_s)}; {runner_line}"))
     if not data["running_jobs"]:
         return

@@ -286,3 +286,18 @@ def test_a_plain_line_shows_bidirectional_controls_rather_than_obeying_them() ->
     line = one_line("error: \u202edesab\u2066x\u2069 done")
     assert line == "error: \\u202edesab\\u2066x\\u2069 done"
     assert one_line("ordinary text, accents é and 株") == "ordinary text, accents é and 株"
+
+
+def test_a_queue_or_output_root_named_with_escapes_cannot_drive_the_terminal(
+        snapshot: dict[str, Any]) -> None:
+    # Given folders whose names hold a title-setting OSC and a screen clear
+    snapshot["queue"] = "/srv/q\x1b]0;pwned\x07"
+    snapshot["out_root"] = "/srv/o\x1b[2J"
+    # When the frame and its plain lines are drawn
+    frame = record(snapshot).export_text()
+    lines = dashboard_lines(snapshot)
+    # Then the names are shown escaped, as a job's text is (before: sent raw in every
+    # frame: audit BC)
+    for text in (frame, "\n".join(lines)):
+        assert "\x1b" not in text and "\x07" not in text
+        assert "/srv/q\\x1b]0;pwned\\x07" in text and "/srv/o\\x1b[2J" in text

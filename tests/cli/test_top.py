@@ -285,6 +285,35 @@ def test_top_with_a_runner_takes_the_oldest_pending_age_from_it(
         feed.snapshot()
 
 
+def test_top_with_a_runner_lists_only_the_jobs_its_snapshot_says_run(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from renderctl.cli import top
+    from renderctl.policy import ClaimIndex
+    from renderctl.store import Holder, Queue
+
+    # Given a queue with three jobs claimed (a runner's prefetch: leases in running/)
+    q = Queue(tmp_path / "q")
+    q.submit([{"id": j, "kind": "python", "callable": "m:f", "output": f"{j}.bin"}
+              for j in ("a", "b", "c")], base=tmp_path, out_root=tmp_path / "out")
+    index = ClaimIndex()
+    q.load_index(index)
+    claims, _ = q.claim(index, holder=Holder("h", "b", os.getpid(), None), lease_s=60,
+                        limit=3, token_prefix="t")
+    assert len(claims) == 3
+
+    # When the runner's snapshot caught no job mid-run (millisecond jobs, between them)
+    monkeypatch.setattr(top, "read_runner_state",
+                        lambda queue: {"pid": 1, "running": [], "oldest_pending_age_s": 0})
+    snap = top.TopFeed(q).snapshot()
+
+    # Then top lists none running (before: every lease, prefetched claims included, as
+    # "running" beside "workers 2/2 alive": audit BC)
+    assert snap["running"] == []
+    # (without a runner, the leases are all there is to show)
+    monkeypatch.setattr(top, "read_runner_state", lambda queue: None)
+    assert sorted(j["id"] for j in top.TopFeed(q).snapshot()["running"]) == ["a", "b", "c"]
+
+
 def test_top_lists_a_folder_that_is_slow_to_list_less_often_than_each_frame(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from renderctl.cli import top

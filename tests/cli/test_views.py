@@ -6,6 +6,7 @@ columns; on a terminal that narrow the views print lines instead, which wrap who
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -80,6 +81,38 @@ def test_status_on_a_terminal_shows_a_queue_path_with_brackets_as_written(
     c = terminal(200)
     views.render_status(c, q, q.status())
     assert f"queue {tmp_path / folder / 'q'}" in c.export_text(clear=False)
+
+
+@pytest.mark.parametrize("on_terminal", [True, False])
+def test_status_shows_a_queue_path_with_escapes_escaped(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        on_terminal: bool) -> None:
+    # Given a queue inside a folder whose name holds a title-setting OSC
+    q = Queue(tmp_path / "q\x1b]0;pwned\x07")
+    monkeypatch.setattr(views, "plain", lambda: not on_terminal)
+
+    # When status draws it, on a terminal or as plain lines
+    c = terminal(200)
+    views.render_status(c, q, q.status())
+
+    # Then the name is shown escaped, never sent raw (audit BC)
+    text = c.export_text(clear=False) + capsys.readouterr().out
+    assert "\x1b" not in text and "\x07" not in text, text
+    assert "q\\x1b]0;pwned\\x07" in text, text
+
+
+def test_a_terminals_console_shows_emoji_codes_as_written(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from renderctl.cli import console as out
+
+    # Given the console a command draws on a terminal with
+    monkeypatch.setattr(out, "plain", lambda: False)
+    buf = io.StringIO()
+    c = out.console(file=buf)
+    # When a job's error holding rich's emoji codes is shown (as `show` does)
+    c.print("    error: :smile: :thumbs_up:", markup=False)
+    # Then it reads as the job wrote it (before: a smiley, on a terminal only: audit BC)
+    assert ":smile: :thumbs_up:" in buf.getvalue()
 
 
 @pytest.fixture
