@@ -310,6 +310,21 @@ def _failures(fails: Sequence[Mapping[str, Any]], *, width: int) -> RenderableTy
     return t
 
 
+def redraw(live: Live, console: Console, frame: RenderableType, last_width: int | None) -> int:
+    """Redraw ``live`` with ``frame``, from a cleared screen if the terminal's width is no
+    longer ``last_width`` (that of the last frame; None: none drawn yet); the width now.
+
+    Most terminals (tmux, VTE, iTerm2) reflow what they show to a new width: the last
+    frame's lines wrap into more rows, or join, and rich, erasing as many rows as that frame
+    had, left pieces of it above the new one (and then above the final frame)."""
+    width = console.width
+    if last_width not in (None, width):
+        console.control(Control.home(), Control.clear())
+        live._live_render._shape = None  # drawn from the top: nothing above to erase
+    live.update(frame, refresh=True)
+    return width
+
+
 def render_dashboard(snapshot: Mapping[str, Any], *, width: int = 120) -> RenderableType:
     """The whole dashboard for one snapshot; pure (no I/O), ``width`` sizes the bars."""
     parts: list[RenderableType] = [_header(snapshot), _progress_row(snapshot, width)]
@@ -433,17 +448,7 @@ class DashboardReporter:
             self._draw(lambda: self._update(live, self.frame(runner, now)))
 
     def _update(self, live: Live, frame: RenderableType) -> None:
-        """Redraw ``live`` with ``frame``; from a cleared screen if the width changed.
-
-        Most terminals (tmux, VTE, iTerm2) reflow what they show to a new width: the last
-        frame's lines wrap into more rows, or join, and rich, erasing as many rows as that
-        frame had, left pieces of it above the new one (and then above the final frame)."""
-        width = self.console.width
-        if self._width not in (None, width):
-            self.console.control(Control.home(), Control.clear())
-            live._live_render._shape = None  # drawn from the top: nothing above to erase
-        self._width = width
-        live.update(frame, refresh=True)
+        self._width = redraw(live, self.console, frame, self._width)
 
     def frame(self, runner: Any, now: float) -> RenderableType:
         snap = dict(runner.snapshot())

@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.live import Live
 
 from renderctl.cli.console import write_out
-from renderctl.cli.dashboard import dashboard_lines, render_dashboard
+from renderctl.cli.dashboard import dashboard_lines, redraw, render_dashboard
 from renderctl.cli.views import runner_json
 from renderctl.metrics import read_runner_state
 from renderctl.proctree import suspend_self
@@ -147,9 +147,11 @@ def run_top(queue: Queue, console: Console, *, once: bool, interval_s: float = 0
         while True:
             with Live(console=console, auto_refresh=False, transient=False,
                       redirect_stdout=False, redirect_stderr=False) as live:
+                width = None  # (a new live view, below what is on the screen)
                 while True:
-                    live.update(render_dashboard(feed.snapshot(), width=console.width),
-                                refresh=True)
+                    # As the run's dashboard: from a cleared screen after a width change
+                    width = redraw(live, console,
+                                   render_dashboard(feed.snapshot(), width=console.width), width)
                     # A display refresh period, not a wait on a condition
                     if signal.sigtimedwait({signal.SIGTSTP}, interval_s) is not None:
                         break

@@ -58,14 +58,18 @@ def quits_quietly_on_ctrl_c(top: subprocess.Popen[bytes], master: int) -> None:
 
 
 def top_on_a_pty(q: Path, cwd: Path, *, term: str = "xterm-256color", columns: int = 140,
-                 own_group: bool = False) -> tuple[subprocess.Popen[bytes], int]:
+                 own_group: bool = False,
+                 sized: bool = False) -> tuple[subprocess.Popen[bytes], int]:
     """``renderctl top --queue Q`` writing to a pseudo-terminal (colour allowed): the process
     and the terminal's master end to read. own_group: a process group of its own, as a
-    shell's job control starts a command (so that Ctrl-Z can stop it)."""
+    shell's job control starts a command (so that Ctrl-Z can stop it); sized: its width
+    from the terminal, not from $COLUMNS (which rich prefers)."""
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, columns, 0, 0))
     top_env = {**env(), "TERM": term}
     top_env.pop("NO_COLOR")
+    if sized:
+        top_env.pop("COLUMNS")
     top = subprocess.Popen([*RENDERCTL, "top", "--queue", str(q)], cwd=cwd, env=top_env,
                            stdin=slave, stdout=slave, stderr=subprocess.PIPE, close_fds=True,
                            process_group=0 if own_group else None)
@@ -111,6 +115,31 @@ def test_top_shows_the_running_job_and_leaves_cleanly_on_ctrl_c(tmp_path: Path) 
     assert "no runner is alive" in once.stdout
     assert "pending 1" in once.stdout  # released on SIGTERM, not lost
     assert "\x1b[" not in once.stdout  # plain text on a pipe
+
+
+def test_top_after_the_terminal_changed_width_draws_from_a_cleared_screen(
+        tmp_path: Path) -> None:
+    # Given top drawing a queue on a 140-column terminal, frame after frame
+    manifest = write_jobs(tmp_path / "m", [job("a", "write")])
+    q = tmp_path / "q"
+    assert cli("submit", manifest, "--queue", q, cwd=tmp_path).returncode == 0
+    top, master = top_on_a_pty(q, tmp_path, sized=True)
+    try:
+        screen = read_pty_until(master, b"pending")
+        screen += read_pty_until(master, b"\x1b[1A")  # a second frame, over the first
+        assert b"\x1b[2J" not in screen  # (same width: only the last frame is erased)
+
+        # When the terminal is narrowed to 60 columns (reflowing what it shows)
+        fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 60, 0, 0))
+
+        # Then the next frame starts from a cleared screen, as the run's dashboard does
+        # (before: rich erased the old frame's rows, leaving its reflowed pieces: audit BC)
+        read_pty_until(master, b"\x1b[H\x1b[2J")
+        quits_quietly_on_ctrl_c(top, master)
+    finally:
+        if top.poll() is None:
+            top.kill()
+        os.close(master)
 
 
 def test_top_once_on_a_pipe_prints_whole_plain_lines(tmp_path: Path) -> None:
