@@ -1310,9 +1310,10 @@ def _execute(job: RunJob, output: Path, workdir: Path, after_call: Callable[[], 
             fields["owner_tagged"] = tag_output(output, job.token)
         return fields
     except InvalidInput as exc:
-        return {"outcome": Outcome.INVALID_INPUT.value, "error": _message(exc)}
+        return {"outcome": Outcome.INVALID_INPUT.value, "error": _message(exc, InvalidInput)}
     except InvalidOutput as exc:
-        fields = {"outcome": Outcome.INVALID_OUTPUT.value, "error": _message(exc)}
+        fields = {"outcome": Outcome.INVALID_OUTPUT.value,
+                  "error": _message(exc, InvalidOutput)}
         if spec["kind"] == "command":  # what it said is what explains a bad output
             fields["stderr_tail"] = read_tail(str(workdir / COMMAND_LOG))
         return fields
@@ -1360,12 +1361,18 @@ def _copy_all(src: int, dst: int) -> None:
             view = view[os.write(dst, view):]
 
 
-def _message(exc: BaseException) -> str:
+def _message(exc: BaseException, said_by: type[BaseException] | None = None) -> str:
+    """``exc`` as an attempt's error: its type and text, or only its text if it is exactly
+    ``said_by``, the type its outcome names already ("invalid_input: InvalidInput: ..."
+    said it twice; a job's own subclass keeps its name, which may tell more)."""
     try:
         text = str(exc)
     except BaseException:  # a job's exception whose __str__ raises is still its failure
         text = "<str() of the exception failed>"
-    return _cut(f"{type(exc).__name__}: {text}" if text else type(exc).__name__, ERROR_CHARS)
+    name = type(exc).__name__
+    if type(exc) is said_by and text:
+        return _cut(text, ERROR_CHARS)
+    return _cut(f"{name}: {text}" if text else name, ERROR_CHARS)
 
 
 def _traceback_tail() -> str:

@@ -130,7 +130,7 @@ def snapshot() -> dict[str, Any]:
         ],
         "recent_failures": [
             {"event": "dead", "job": "inv-bad", "attempt": 3, "outcome": "invalid_input",
-             "error": "InvalidInput: broken.pdf: truncated PDF"},
+             "error": "broken.pdf: truncated PDF"},
         ],
     }
 
@@ -148,5 +148,5 @@ def test_dashboard_shows_each_running_job_and_failure_whole_at_any_width(
     assert "…" not in text, c.export_text()
     for needle in ("inv-0001", LONG_ID, "invoice", "report", "101", "102", "1.5s", "2.0m",
                    "9.0s", "60.0s", "40.0MiB/400.0MiB", "360.0MiB/400.0MiB", "inv-bad",
-                   "invalid_input", "InvalidInput: broken"):
+                   "invalid_input", "broken.pdf: truncated"):
         assert needle in text, (needle, c.export_text())

@@ -267,7 +267,21 @@ def test_invalid_input_is_dead_after_one_attempt(failing_run: dict[str, Any]) ->
     attempts = failing_run["queue"].record("dead", "bad-input")["attempts"]
     assert len(attempts) == 1
     assert attempts[0]["outcome"] == "invalid_input"
-    assert "row 3 has no amount" in attempts[0]["error"]
+    # (its text alone: "InvalidInput: " said again what the outcome says)
+    assert attempts[0]["error"] == "row 3 has no amount"
+
+
+def test_an_invalid_input_subclass_keeps_its_name_in_the_error() -> None:
+    from renderctl.errors import InvalidInput, InvalidOutput
+    from renderctl.worker import _message
+
+    class MissingColumn(InvalidInput):
+        pass
+
+    assert _message(InvalidInput("x.csv: no header"), InvalidInput) == "x.csv: no header"
+    assert _message(MissingColumn("amount"), InvalidInput) == "MissingColumn: amount"
+    assert _message(InvalidOutput(""), InvalidOutput) == "InvalidOutput"  # (no text)
+    assert _message(ValueError("bad")) == "ValueError: bad"
 
 
 def test_a_command_job_copies_its_input(failing_run: dict[str, Any]) -> None:
