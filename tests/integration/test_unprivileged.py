@@ -230,6 +230,14 @@ def test_commands_of_a_running_queue_as_nobody(nobody: Nobody, manifest: Manifes
     try:
         wait_for_pid(pidfile)
         runner.until(lambda line: '"dead"' in line and '"f1"' in line)
+
+        def in_snapshot() -> bool:  # (top shows the runner's, written once a second)
+            with contextlib.suppress(OSError, ValueError):
+                state = json.loads((q / "runner.state.json").read_text())
+                return any(j["id"] == "c1" for j in state["running"])
+            return False
+
+        wait_until(in_snapshot, timeout_s=10, what="the runner's snapshot to list c1")
         # When nobody looks at it and acts on it, then each command does its work, quietly
         for args, code, expect in (
                 (("status",), 0, "running c1"),
