@@ -206,6 +206,15 @@ def _no_room(exc: BaseException) -> bool:
         isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT))
 
 
+# The <n> of temporaries' names: one count for the process, not per Queue object. Two
+# objects in one process (a web tier's threads each opening the queue) counted from 1 alike
+# and named their temporaries and cancel intents the same: one's O_EXCL create failed, its
+# clean-up removed the other's file, and cancels half done went unsettled (audit BD).
+# next() of an itertools.count is one C call, atomic under the GIL: threads never get one
+# number twice, as ``+= 1`` then a read did.
+_TMP_COUNTER = itertools.count(1)
+
+
 @functools.cache
 def _owner_tag() -> str:
     """8 hex digits naming this host's boot and this process's pid namespace: a pid in a
@@ -557,9 +566,7 @@ class Queue:
         self.path = _queue_path(path)
         self.clock = clock
         self.events = EventLog(self.path / "events.jsonl")
-        # next() of an itertools.count is one C call, atomic under the GIL: threads sharing
-        # this object (a web tier's) never get one number twice, as ``+= 1`` then a read did.
-        self._tmp_counter = itertools.count(1)
+        self._tmp_counter = _TMP_COUNTER
         # In spare names: another Queue object in a process of the same pid (a restarted
         # container's runner is pid 1 every time; tests reopen queues in one process) would
         # count from 0 again, and rename a record over a spare it had adopted and not yet

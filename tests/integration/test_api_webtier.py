@@ -179,30 +179,66 @@ def _paused_at_the_end_of(fn: Any, parties: int) -> Any:
     return trace
 
 
-def test_threads_writing_control_files_at_once_never_share_a_temporary(
-        queue_dir: Path) -> None:
-    # Given one Queue object, and two threads each asking the runner to cancel a job at
-    # the same moment: both have taken a temporary's name before either uses it
-    q = Queue(queue_dir)
-    errors: list[str] = []
-    threading.settrace(_paused_at_the_end_of(Queue._tmp_name, 2))
+def together_past_tmp_name(fn: Any, ids: list[str]) -> None:
+    """Call ``fn(id)`` for each id in a thread of its own, each held where Queue._tmp_name
+    returns until all are there: every one has named its temporary before any uses it."""
+    threading.settrace(_paused_at_the_end_of(Queue._tmp_name, len(ids)))
     try:
-        def ask(jid: str) -> None:
-            try:
-                q.request_cancel(jid)
-            except OSError as exc:
-                errors.append(repr(exc))
-
-        threads = [threading.Thread(target=ask, args=(j,)) for j in ("a", "b")]
+        threads = [threading.Thread(target=fn, args=(j,)) for j in ids]
         for th in threads:
             th.start()
         for th in threads:
             th.join()
     finally:
         threading.settrace(None)  # type: ignore[arg-type]
+
+
+def test_threads_writing_control_files_at_once_never_share_a_temporary(
+        queue_dir: Path) -> None:
+    # Given one Queue object, and two threads each asking the runner to cancel a job at
+    # the same moment: both have taken a temporary's name before either uses it
+    q = Queue(queue_dir)
+    errors: list[str] = []
+
+    def ask(jid: str) -> None:
+        try:
+            q.request_cancel(jid)
+        except OSError as exc:
+            errors.append(repr(exc))
+
+    together_past_tmp_name(ask, ["a", "b"])
     # Then each request was written through a temporary of its own: both are in place
     assert errors == []
     assert sorted(q.cancel_requests()) == ["a", "b"]
+
+
+def test_threads_each_with_a_queue_object_of_their_own_cancel_at_once(
+        queue_dir: Path, tmp_path: Path) -> None:
+    # Given two pending jobs, and two threads of one process each cancelling one through a
+    # Queue object of its own, at the same moment: both have named their cancel's intent
+    # before either writes it
+    Queue(queue_dir).submit([pyjob("a"), pyjob("b")], base=tmp_path, out_root=tmp_path / "o")
+    results: dict[str, Any] = {}
+
+    def cancel(jid: str) -> None:
+        try:
+            results[jid] = [r.outcome for r in cancel_jobs(Queue(queue_dir), [jid])]
+        except RenderctlError as exc:
+            results[jid] = repr(exc)
+
+    together_past_tmp_name(cancel, ["a", "b"])
+
+    # Then both cancels are done and settled, each with its reason and event, and no intent
+    # is left (before: the objects counted their temporaries alike, one create failed with
+    # "File exists" and its clean-up removed the other's file: audit BD)
+    assert results == {"a": ["cancelled"], "b": ["cancelled"]}
+    q = Queue(queue_dir)
+    for jid in ("a", "b"):
+        view = q.get(jid)
+        assert view.state is State.CANCELLED and view.record.reason, view
+    assert list((queue_dir / "journal").glob("*.cancel")) == []
+    events = [json.loads(line) for line in (queue_dir / "events.jsonl").read_text().splitlines()]
+    assert sorted(e["job"] for e in events if e["event"] == "cancelled") == ["a", "b"]
 
 
 def test_threads_sharing_a_queue_log_events_through_a_rotation_without_touching_other_files(
