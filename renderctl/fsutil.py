@@ -269,3 +269,53 @@ def unlink_quiet(path: str | os.PathLike[str]) -> bool:
     except (FileNotFoundError, NotADirectoryError):
         return False
     return True
+
+
+def not_a_folder(path: Path) -> str | None:
+    """What ``path`` is when it is something other than a folder and can never become one
+    (``a file``, ``a path through a file (x)``, ``a symlink loop``); None when it is a
+    folder or is missing (a missing folder can be created). Unreadable is left to the
+    command: its I/O error (74) says more than a guess would."""
+    try:
+        mode = path.stat().st_mode
+    except NotADirectoryError:
+        for parent in path.parents:
+            try:
+                if not stat.S_ISDIR(parent.stat().st_mode):
+                    return f"a path through a file ({parent})"
+            except OSError:
+                continue
+        return "a path through a file"
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            # Not a missing folder to create: mkdir() there fails with EEXIST, forever.
+            return "a symlink loop"
+        if exc.errno == errno.ENOENT:
+            return _dangling(path)
+        return None
+    if stat.S_ISDIR(mode):
+        return None
+    if stat.S_ISREG(mode):
+        return "a file"
+    # Named: the caller's sentence goes on ", not a folder".
+    kinds = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+             (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+    return "a special file" + next((f" ({name})" for test, name in kinds if test(mode)), "")
+
+
+def _dangling(path: Path) -> str | None:
+    """How a missing ``path`` goes through a symlink to nothing, if it does: mkdir() fails
+    there with EEXIST, and creating the symlink's target instead could write into the
+    folder a file system is meant to be mounted on (the usual reason a target is gone)."""
+    for p in (path, *path.parents):
+        try:
+            if p.is_symlink():
+                if p.exists():
+                    return None
+                gone = f"a symlink to {os.readlink(p)}, which does not exist"
+                return gone if p == path else f"a path through {p}, {gone}"
+            if p.exists():
+                return None
+        except OSError:  # unreadable: left to the command (see not_a_folder)
+            return None
+    return None

@@ -1230,3 +1230,30 @@ def jobs_from_dicts(
     if problems:
         raise ManifestError(problems)
     return jobs
+
+
+def outputs_in_queue(jobs: Sequence[Any], queue: Path, origins: Mapping[str, str], *,
+                     where: str = "--out") -> list[Problem]:
+    """Outputs that would land in the queue's own folder (`--out` naming the queue, or a
+    job's output under the queue inside the output root): a published file in pending/ was
+    quarantined as a damaged record, and one named like a record would be taken for it.
+    Free unless the queue lies inside the output root (then a realpath per job)."""
+    if not jobs:
+        return []
+    qroot = os.path.realpath(queue)
+    # Per distinct root: a batch shares one or two (a realpath per job was ~0.1 ms each).
+    roots = {os.path.realpath(r) for r in {j.out_root for j in jobs}}
+    inside = [r for r in roots if r == qroot or r.startswith(qroot + os.sep)]
+    if inside:
+        return [Problem(where, None, None, f"the output root {inside[0]} is inside the "
+                        f"queue folder {qroot}: outputs must not go among the queue's files")]
+    if not any(qroot.startswith(r + os.sep) for r in roots):
+        return []
+    problems = []
+    for j in jobs:
+        final = os.path.realpath(j.output_path)
+        if final == qroot or final.startswith(qroot + os.sep):
+            problems.append(Problem(origins.get(j.id, "?"), j.id, "output",
+                                    f"{final} is inside the queue folder {qroot}: outputs "
+                                    "must not go among the queue's files"))
+    return problems

@@ -96,6 +96,7 @@ from renderctl.fsutil import (
     fill_file,
     fsync_dir,
     fsync_fd,
+    not_a_folder,
     read_file,
     remove_quiet,
     syncfs,
@@ -112,7 +113,7 @@ from renderctl.lockwait import (
     open_lock_file,
     wait_for_flock,
 )
-from renderctl.manifest import JobSpec, Limits, is_job_id, jobs_from_dicts
+from renderctl.manifest import JobSpec, Limits, is_job_id, jobs_from_dicts, outputs_in_queue
 from renderctl.policy import ClaimIndex, Entry
 
 FORMAT_VERSION = 1
@@ -1179,6 +1180,8 @@ class Queue:
                                     limits=limits)
         else:
             specs = list(jobs)  # type: ignore[arg-type]
+        if problems := self._placement_problems(specs):
+            raise ManifestError(problems)
         try:
             with self._lock(SUBMIT_LOCK, doing="nothing was enqueued"):
                 res = self._submit_locked(specs, replace=replace, max_pending=max_pending,
@@ -1192,6 +1195,20 @@ class Queue:
             self._after_acceptance(notes, "waking the runner", self.wake_runner)
             res = dataclasses.replace(res, warnings=tuple(notes))
         return res
+
+    def _placement_problems(self, specs: Sequence[JobSpec]) -> list[Problem]:
+        """Where the jobs' outputs would go that no run could publish to: an output root
+        that is a file (or a path through one), or outputs among the queue's own files.
+        `submit` and `run` say so first, naming --out; a web tier's submit was accepted,
+        and then one such job stopped every run of the queue (exit 74, at every restart),
+        or had its output taken for a damaged record (audit BD)."""
+        problems = []
+        for root in sorted({s.out_root for s in specs}):
+            what = not_a_folder(Path(root))
+            if what is not None:
+                problems.append(Problem("<api>", None, "out_root",
+                                        f"{root} is {what}, not a folder (the output root)"))
+        return problems or outputs_in_queue(specs, self.path, {}, where="<api>")
 
     @staticmethod
     def _after_acceptance(notes: list[str], step: str, fn: Callable[[], object]) -> None:

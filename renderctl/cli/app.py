@@ -8,7 +8,6 @@ are printed as one clear message, never as a traceback.
 from __future__ import annotations
 
 import contextlib
-import errno
 import functools
 import io
 import json
@@ -82,61 +81,13 @@ def non_empty_path(option: str, *, folder: bool = True) -> Callable[[str], Path]
     return parse
 
 
-def not_a_folder(path: Path) -> str | None:
-    """What ``path`` is when it is something other than a folder and can never become one
-    (``a file``, ``a path through a file (x)``, ``a symlink loop``); None when it is a
-    folder or is missing (a missing folder can be created). Unreadable is left to the
-    command: its I/O error (74) says more than a guess would."""
-    try:
-        mode = path.stat().st_mode
-    except NotADirectoryError:
-        for parent in path.parents:
-            try:
-                if not stat.S_ISDIR(parent.stat().st_mode):
-                    return f"a path through a file ({parent})"
-            except OSError:
-                continue
-        return "a path through a file"
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            # Not a missing folder to create: mkdir() there fails with EEXIST, forever.
-            return "a symlink loop"
-        if exc.errno == errno.ENOENT:
-            return _dangling(path)
-        return None
-    if stat.S_ISDIR(mode):
-        return None
-    if stat.S_ISREG(mode):
-        return "a file"
-    # Named: the caller's sentence goes on ", not a folder".
-    kinds = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
-             (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
-    return "a special file" + next((f" ({name})" for test, name in kinds if test(mode)), "")
-
-
-def _dangling(path: Path) -> str | None:
-    """How a missing ``path`` goes through a symlink to nothing, if it does: mkdir() fails
-    there with EEXIST, and creating the symlink's target instead could write into the
-    folder a file system is meant to be mounted on (the usual reason a target is gone)."""
-    for p in (path, *path.parents):
-        try:
-            if p.is_symlink():
-                if p.exists():
-                    return None
-                gone = f"a symlink to {os.readlink(p)}, which does not exist"
-                return gone if p == path else f"a path through {p}, {gone}"
-            if p.exists():
-                return None
-        except OSError:  # unreadable: left to the command (see not_a_folder)
-            return None
-    return None
-
-
 def checked_out(ctx: typer.Context, param: typer.CallbackParam,
                 value: Path | None) -> Path | None:
     """``--out`` (or its defaults) must be a folder or missing (then it is created): a file
     there would pass every manifest check and then dead-letter each job at run time with
     ``invalid_output``. Exit 2 naming the option, variable or key, before anything else."""
+    from renderctl.fsutil import not_a_folder
+
     config_gate(ctx)
     path = value if value is not None else out_root(None)
     what = not_a_folder(path)
@@ -204,6 +155,8 @@ def queue_problem(path: Path, *, creating: bool) -> str | None:
     creates queues takes a missing or empty folder; any other folder that is not a queue is
     the user's (a project folder, the wrong cwd), and laying the queue's folders out among
     its files would be hard to undo."""
+    from renderctl.fsutil import not_a_folder
+
     what = not_a_folder(path)
     if what is not None:
         return f"is {what}, not a queue folder"
@@ -766,6 +719,7 @@ def do_submit(
     from dataclasses import replace as with_file
 
     from renderctl.crashpoints import CrashPoints
+    from renderctl.manifest import outputs_in_queue
     from renderctl.store import Queue
 
     origins: dict[str, str] = {}
@@ -874,32 +828,6 @@ def note_ended(counts: dict[str, int]) -> None:
     hint = (" (renderctl dead list; renderctl dead retry --all to run them again)"
             if counts["dead"] else "")
     out.err(f"note: {total} of these jobs ended earlier: {detail}{hint}")
-
-
-def outputs_in_queue(jobs: list[Any], queue: Path, origins: dict[str, str]) -> list[Problem]:
-    """Outputs that would land in the queue's own folder (`--out` naming the queue, or a
-    job's output under the queue inside the output root): a published file in pending/ was
-    quarantined as a damaged record, and one named like a record would be taken for it.
-    Free unless the queue lies inside the output root (then a realpath per job)."""
-    if not jobs:
-        return []
-    qroot = os.path.realpath(queue)
-    # Per distinct root: a batch shares one or two (a realpath per job was ~0.1 ms each).
-    roots = {os.path.realpath(r) for r in {j.out_root for j in jobs}}
-    inside = [r for r in roots if r == qroot or r.startswith(qroot + os.sep)]
-    if inside:
-        return [Problem("--out", None, None, f"the output root {inside[0]} is inside the "
-                        f"queue folder {qroot}: outputs must not go among the queue's files")]
-    if not any(qroot.startswith(r + os.sep) for r in roots):
-        return []
-    problems = []
-    for j in jobs:
-        final = os.path.realpath(j.output_path)
-        if final == qroot or final.startswith(qroot + os.sep):
-            problems.append(Problem(origins.get(j.id, "?"), j.id, "output",
-                                    f"{final} is inside the queue folder {qroot}: outputs "
-                                    "must not go among the queue's files"))
-    return problems
 
 
 def existing_outputs(jobs: list[Any]) -> set[str]:

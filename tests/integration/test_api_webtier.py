@@ -118,6 +118,35 @@ def test_jobs_that_are_not_a_list_of_jobs_are_one_manifest_error_naming_what_was
     assert q.list_ids(State.PENDING) == []
 
 
+@pytest.mark.parametrize("where", ["a file", "a path through a file", "the queue",
+                                   "inside the queue", "outputs in the queue"])
+def test_a_submit_whose_outputs_no_run_could_publish_is_refused(
+        queue_dir: Path, tmp_path: Path, where: str) -> None:
+    # Given a queue with a job already accepted, and an output root a run cannot publish
+    # into: a file, a path through one, the queue folder itself or a folder in it, or an
+    # output that lands among the queue's files
+    q = Queue(queue_dir)
+    q.submit([pyjob("ok")], base=tmp_path, out_root=tmp_path / "out")
+    (tmp_path / "afile").write_text("x")
+    job = pyjob("bad")
+    out_root = {"a file": tmp_path / "afile", "a path through a file": tmp_path / "afile" / "o",
+                "the queue": queue_dir, "inside the queue": queue_dir / "pending",
+                "outputs in the queue": tmp_path}[where]
+    if where == "outputs in the queue":
+        job["output"] = f"{queue_dir.name}/done/bad.json"
+
+    # When a web tier submits a job there
+    with pytest.raises(ManifestError) as refused:
+        q.submit([job], base=tmp_path, out_root=out_root)
+
+    # Then it is refused, naming why, and nothing is enqueued (before: accepted, and then
+    # every run of the queue stopped on it, exit 74, or its output was filed as a record)
+    message = str(refused.value)
+    assert ("not a folder (the output root)" in message if "file" in where
+            else "queue folder" in message), message
+    assert q.list_ids(State.PENDING) == ["ok"]
+
+
 def test_jobs_given_as_a_generator_are_all_submitted(queue_dir: Path, tmp_path: Path) -> None:
     # Given jobs made on the fly, as a generator
     q = Queue(queue_dir)
