@@ -1020,6 +1020,16 @@ class Queue:
         return views
 
     def get(self, job_id: str) -> JobView:
+        """The job's view; JobNotFound (saying where a damaged record went), or, for a
+        queue that cannot be read (its folder removed, a folder of it replaced by a file),
+        QueueIOError, as status() and submit() raise: a bare OSError reached the API's
+        callers from deep inside (audit BD)."""
+        try:
+            return self._get(job_id)
+        except OSError as exc:
+            raise QueueIOError(os_error_message(exc)) from exc
+
+    def _get(self, job_id: str) -> JobView:
         seen = len(self.quarantined)
         view = self.find(job_id)
         if view is None:

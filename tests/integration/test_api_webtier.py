@@ -69,7 +69,7 @@ def test_a_submit_into_a_removed_queue_folder_is_a_queue_error_naming_it(
     assert not queue_dir.exists()
 
 
-@pytest.mark.parametrize("call", ["status", "cancel_jobs"])
+@pytest.mark.parametrize("call", ["status", "cancel_jobs", "get"])
 def test_status_and_cancel_on_a_removed_queue_folder_are_a_queue_error_naming_it(
         queue_dir: Path, tmp_path: Path, call: str) -> None:
     # Given a live Queue object, holding a pending job, whose folder someone removed
@@ -80,6 +80,8 @@ def test_status_and_cancel_on_a_removed_queue_folder_are_a_queue_error_naming_it
     with pytest.raises(RenderctlError) as caught:
         if call == "status":
             q.status()
+        elif call == "get":  # (a bare FileNotFoundError before: audit BD)
+            q.get("a")
         else:
             cancel_jobs(q, ["a"])
     # Then it is renderctl's I/O error naming the queue, as a submit's is
