@@ -271,6 +271,11 @@ def unlink_quiet(path: str | os.PathLike[str]) -> bool:
     return True
 
 
+# What a fresh file system (lost+found: a queue on its own disk) or a folder kept in version
+# control (.gitkeep) holds: a folder of only these is empty of a user's files.
+NOT_CONTENT = frozenset({"lost+found", ".gitkeep", ".keep", ".DS_Store"})
+
+
 def not_a_folder(path: Path) -> str | None:
     """What ``path`` is when it is something other than a folder and can never become one
     (``a file``, ``a path through a file (x)``, ``a symlink loop``); None when it is a

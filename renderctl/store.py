@@ -88,10 +88,12 @@ from renderctl.errors import (
     QueueIOError,
     Saturated,
     SubmitIncomplete,
+    UserError,
     os_error_message,
 )
 from renderctl.events import EventLog
 from renderctl.fsutil import (
+    NOT_CONTENT,
     atomic_write,
     fill_file,
     fsync_dir,
@@ -564,6 +566,11 @@ class Queue:
 
     def __init__(self, path: str | os.PathLike[str], *, clock: Clock = SYSTEM_CLOCK,
                  create: bool = True) -> None:
+        if not os.fspath(path):
+            # Path("") is the current folder: its files would get the queue's folders among
+            # them (audit BD), where the command line refuses --queue "".
+            raise UserError("Queue(''): the queue's path is empty; name its folder "
+                            "(e.g. '.renderctl')")
         self.path = _queue_path(path)
         self.clock = clock
         self.events = EventLog(self.path / "events.jsonl")
@@ -606,6 +613,7 @@ class Queue:
         # batch needs); `run` and `submit` refuse with it (see unplaced_error).
         self.unplaced: str | None = None
         if create:
+            self._refuse_a_users_folder()
             self._create()
         elif not (self.path / "pending").is_dir():
             raise QueueIOError(f"{self.path} is not a renderctl queue (no pending/ folder)")
@@ -690,6 +698,22 @@ class Queue:
         if d is None:  # a Path per call was a visible share of the runner's per-job CPU
             d = self._dirs[key] = self.path / key
         return d
+
+    def _refuse_a_users_folder(self) -> None:
+        """A new queue takes a missing or empty folder, as the command line's does: laid out
+        among a project's files (the wrong folder named), it would be hard to undo."""
+        try:
+            if (self.path / "pending").is_dir():
+                return
+            with os.scandir(self.path) as entries:
+                if all(e.name in NOT_CONTENT for e in entries):
+                    return
+        except (FileNotFoundError, NotADirectoryError):
+            return  # to be made (or _create says what is in the way)
+        except OSError as exc:
+            raise QueueIOError(os_error_message(exc)) from exc
+        raise UserError(f"{self.path} is not a renderctl queue and not empty (a new queue "
+                        "needs a missing or empty folder)")
 
     def _create(self) -> None:
         # The folders mkdir(parents=True) is about to make, the queue's own included.

@@ -147,15 +147,13 @@ def is_queue(path: Path) -> bool:
         return False  # anything else (EACCES, EIO) is a real I/O error: exit 74
 
 
-NOT_CONTENT = frozenset({"lost+found", ".gitkeep", ".keep", ".DS_Store"})
-
 
 def queue_problem(path: Path, *, creating: bool) -> str | None:
     """What is wrong with ``path`` as a command's queue (None: nothing). A command that
     creates queues takes a missing or empty folder; any other folder that is not a queue is
     the user's (a project folder, the wrong cwd), and laying the queue's folders out among
     its files would be hard to undo."""
-    from renderctl.fsutil import not_a_folder
+    from renderctl.fsutil import NOT_CONTENT, not_a_folder
 
     what = not_a_folder(path)
     if what is not None:

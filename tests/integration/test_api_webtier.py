@@ -149,6 +149,26 @@ def test_a_submit_whose_outputs_no_run_could_publish_is_refused(
     assert q.list_ids(State.PENDING) == ["ok"]
 
 
+def test_a_queue_is_not_made_in_an_empty_path_or_among_a_users_files(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given a project folder with files of its own, as the current folder
+    (tmp_path / "app.py").write_text("print('hi')\n")
+    monkeypatch.chdir(tmp_path)
+
+    # When a web tier opens a queue at "" (the current folder) or at that folder
+    # Then each is refused as the command line refuses it, and the folder is left as it was
+    # (before: the queue's folders were laid out among its files: audit BD)
+    for path in ("", tmp_path):
+        with pytest.raises(RenderctlError, match="queue"):
+            Queue(path)
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["app.py"]
+    # (a missing folder, or one holding only .gitkeep, becomes a queue as before)
+    (tmp_path / "q").mkdir()
+    (tmp_path / "q" / ".gitkeep").touch()
+    assert (Queue(tmp_path / "q").path / "pending").is_dir()
+    assert (Queue(tmp_path / "new").path / "pending").is_dir()
+
+
 def test_jobs_given_as_a_generator_are_all_submitted(queue_dir: Path, tmp_path: Path) -> None:
     # Given jobs made on the fly, as a generator
     q = Queue(queue_dir)
