@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from renderctl.errors import QueueIOError, os_error_message
+from renderctl.errors import QueueIOError, UserError, os_error_message
 from renderctl.lifecycle import State
 from renderctl.store import CANCEL_BATCH, JobRecord, Queue, TakenPending
 
@@ -30,6 +30,10 @@ def cancel_jobs(q: Queue, job_ids: Sequence[str], *,
     A queue that cannot be used (its folder removed, unwritable) raises ``QueueIOError``,
     as a submit does; the ids before the one that failed are cancelled (those of its
     batch of pending ones, moved to cancelled/ but perhaps not yet durable, may be either)."""
+    if isinstance(job_ids, str | bytes):
+        # Each character would be an id: cancel_jobs(q, "inv-1") cancelled "i", "n", ...
+        raise UserError(f"cancel_jobs() takes a list of ids, got the string {job_ids!r}; "
+                        "put it in a list")
     try:
         # Named first: a cancel killed between taking jobs from pending/ and settling them
         # leaves them in cancelled/ unsettled (no reason, no event, not synced); the next

@@ -594,8 +594,10 @@ def _check_params(
         for name in params:
             if name not in by_name:
                 known = ", ".join(sorted(by_name)) or "none"
+                hint = _suggest(name, by_name) if isinstance(name, str) else None
                 ctx.add(jid, f"params.{name}", f"unknown param for kind {spec.kind!r} "
-                                               f"(known: {known})")
+                        + (f"(did you mean {hint!r}? known: {known})" if hint
+                           else f"(known: {known})"))
     for p in spec.params:
         if p.name not in params:
             if p.required:
@@ -827,6 +829,9 @@ def _validate_job(
     jid = _raw_id(raw) or label
     before = len(ctx.problems)
     for key in raw:
+        if not isinstance(key, str):  # (a dict from the API; difflib raised a TypeError)
+            ctx.add(jid, repr(key), f"a field's name must be a string, got {type_name(key)}")
+            continue
         if key not in JOB_FIELDS:
             hint = _suggest(key, JOB_FIELDS)
             ctx.add(jid, key, "unknown field" + (f" (did you mean {hint!r}?)" if hint else ""))
@@ -852,7 +857,10 @@ def _validate_job(
     if kind is None:
         ctx.add(jid, "kind", "is required (in the job or in [defaults])")
     elif isinstance(kind, str) and spec is None:
-        ctx.add(jid, "kind", f"unknown kind {kind!r} (known: {', '.join(sorted(specs))})")
+        hint = _suggest(kind, specs)
+        ctx.add(jid, "kind", f"unknown kind {kind!r} ("
+                + (f"did you mean {hint!r}? " if hint else "")
+                + f"known: {', '.join(sorted(specs))})")
 
     inputs: list[str] = []
     if "input" in raw and "inputs" in raw:

@@ -1205,6 +1205,11 @@ class Queue:
             raise ManifestError([Problem(
                 "<api>", None, None, "submit() takes a list of jobs (dicts or JobSpecs), got "
                 f"{type(jobs).__name__} {reprlib.repr(jobs)}{hint}")])
+        if max_pending is not None and (isinstance(max_pending, bool)
+                                        or not isinstance(max_pending, int) or max_pending < 0):
+            # (a TypeError from deep inside, for "5")
+            raise UserError(f"max_pending must be a whole number >= 0 or None, got "
+                            f"{reprlib.repr(max_pending)}")
         jobs = list(jobs)  # once: a generator's first job was taken by the check below
         if any(not isinstance(j, JobSpec) for j in jobs):
             # Anything else (a str, None) goes to validation, which names it: "job #1: a

@@ -169,6 +169,23 @@ def test_a_queue_is_not_made_in_an_empty_path_or_among_a_users_files(
     assert (Queue(tmp_path / "new").path / "pending").is_dir()
 
 
+def test_arguments_of_the_wrong_type_are_renderctls_errors_and_change_nothing(
+        queue_dir: Path, tmp_path: Path) -> None:
+    q = Queue(queue_dir)
+    q.submit([pyjob("keep")], base=tmp_path, out_root=tmp_path / "out")
+    # A field named by a number, a max_pending given as a string, an id where a list of
+    # ids belongs: each was a TypeError from deep inside, and the last cancelled one job
+    # per character of the id (audit BD)
+    with pytest.raises(ManifestError, match="a field's name must be a string"):
+        q.submit([{**pyjob("a"), 1: 2}], base=tmp_path, out_root=tmp_path / "out")
+    with pytest.raises(RenderctlError, match="max_pending must be a whole number"):
+        q.submit([pyjob("b")], base=tmp_path, out_root=tmp_path / "out",
+                 max_pending="5")  # type: ignore[arg-type]
+    with pytest.raises(RenderctlError, match="takes a list of ids"):
+        cancel_jobs(q, "keep")  # type: ignore[arg-type]
+    assert q.list_ids(State.PENDING) == ["keep"]
+
+
 def test_jobs_given_as_a_generator_are_all_submitted(queue_dir: Path, tmp_path: Path) -> None:
     # Given jobs made on the fly, as a generator
     q = Queue(queue_dir)
