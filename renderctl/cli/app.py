@@ -161,6 +161,10 @@ def queue_problem(path: Path, *, creating: bool) -> str | None:
     if is_queue(path):
         return None
     if not creating:
+        if not os.path.lexists(path):
+            # (A first-hour user in the wrong folder, or before any submit: audit BE.)
+            return ("does not exist: no queue there yet (`renderctl submit MANIFEST` or "
+                    "`renderctl run MANIFEST` makes it; --queue names another)")
         return "is not a renderctl queue (no pending/ folder)"
     try:
         with os.scandir(path) as entries:
@@ -1584,7 +1588,8 @@ def parse_age(text: str, option: str) -> float:
 @handle_errors
 def prune(
     older_than: Annotated[str, typer.Option(
-        "--older-than", help="age at which a finished record goes: 90s, 30m, 12h, 7d, 2w",
+        "--older-than", help="age at which a finished record goes: 90s, 30m, 12h, 7d, 2w "
+                             "(a bare number is seconds)",
         metavar="<age>", show_default=False)],
     states: Annotated[list[str] | None, typer.Option(
         "--state", help="a terminal state to prune (repeatable) [default: done, cancelled, "

@@ -131,7 +131,7 @@ def test_queue_folder_that_cannot_be_created_exits_74(runner: CliRunner, good: P
 
 def test_status_of_a_missing_queue_exits_2(runner: CliRunner, tmp_path: Path) -> None:
     res = runner.invoke(app, ["status", "--queue", str(tmp_path / "none")])
-    assert res.exit_code == 2 and "not a renderctl queue" in res.stderr  # usage, not I/O
+    assert res.exit_code == 2 and "does not exist: no queue there yet" in res.stderr  # usage
     assert not (tmp_path / "none").exists()  # status never creates a queue
 
 

@@ -133,7 +133,9 @@ def test_a_queue_path_error_names_its_source(tmp_path: Path, manifest: Path, how
 
 def test_a_missing_default_queue_says_it_is_the_default(tmp_path: Path) -> None:
     res = cli("status", cwd=tmp_path)
-    one_line_usage_error(res, "--queue (default): .renderctl is not a renderctl queue")
+    one_line_usage_error(res, "--queue (default): .renderctl does not exist: no queue there "
+                              "yet (`renderctl submit MANIFEST` or `renderctl run MANIFEST` "
+                              "makes it; --queue names another)")
 
 
 def test_a_folder_that_is_not_a_queue_names_the_variable(tmp_path: Path) -> None:

@@ -228,7 +228,7 @@ def test_a_value_that_is_not_a_number_is_one_line_naming_where_it_came_from(
 def test_a_queue_that_does_not_exist_is_a_usage_error(tmp_path: Path, args: list[str]) -> None:
     missing = tmp_path / "nonexistent"
     res = cli(*args, "--queue", missing, cwd=tmp_path)
-    one_line_usage_error(res, str(missing), "is not a renderctl queue")
+    one_line_usage_error(res, str(missing), "does not exist: no queue there yet")
     assert not missing.exists()  # reading commands never create a queue
 
 
