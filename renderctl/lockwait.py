@@ -20,6 +20,7 @@ The wait blocks in flock(2) (in a helper thread: see flock_waiting); holders are
 
 from __future__ import annotations
 
+import _thread
 import errno
 import fcntl
 import os
@@ -116,13 +117,14 @@ def _bound(env: str, default: float) -> float:
 WAITER_THREAD = "renderctl-lock-wait"  # the helper thread that blocks in flock (tests)
 # A waiter given up on stays blocked in flock, holding a descriptor, until the holder lets
 # go: a web tier whose every request gave up on a stopped holder kept a thread and an fd
-# per request (audit BD: 50 requests, 50 of each). At most this many per lock file; past
-# them a wait polls instead (LOCK_NB each tick), which leaves nothing behind.
-MAX_ABANDONED_WAITERS = 4
-# (st_dev, st_ino) of the lock file: one item per waiter abandoned and still blocked. A
-# list's append and pop (and dict.setdefault) are one C call each, atomic under the GIL:
-# waits in several threads count right without a lock.
-_abandoned: dict[tuple[int, int], list[None]] = {}
+# per request (audit BD: 50 requests, 50 of each). So at most this many such threads block
+# on one lock file at a time, waiting or given up on; past them a wait polls instead
+# (LOCK_NB each tick), which leaves nothing behind. Counted while they live, not once
+# given up: requests that began waiting together all saw none given up yet (audit BH: 30
+# at once left 30).
+MAX_BLOCKED_WAITERS = 4
+_blocked: dict[tuple[int, int], int] = {}  # (st_dev, st_ino) of the lock file: how many
+_blocked_lock = _thread.allocate_lock()  # (_thread: threading is imported only to wait)
 
 
 class _GiveUp(Exception):
@@ -144,10 +146,18 @@ def flock_waiting(fd: int, mode: int, check: Callable[[float], None]) -> None:
 
     st = os.fstat(fd)
     key = (st.st_dev, st.st_ino)
-    if len(_abandoned.get(key, ())) >= MAX_ABANDONED_WAITERS:
+    with _blocked_lock:
+        full = _blocked.get(key, 0) >= MAX_BLOCKED_WAITERS
+        if not full:
+            _blocked[key] = _blocked.get(key, 0) + 1
+    if full:
         _poll_flock(fd, mode, check)
         return
-    dup = os.dup(fd)
+    try:
+        dup = os.dup(fd)
+    except BaseException:
+        _unblocked(key)
+        raise
     cond = threading.Condition()
     state: dict[str, Any] = {"ended": False, "error": None, "abandoned": False}
 
@@ -158,16 +168,20 @@ def flock_waiting(fd: int, mode: int, check: Callable[[float], None]) -> None:
         except OSError as exc:
             error = exc
         with cond:
-            if state["abandoned"]:
-                if error is None:
-                    fcntl.flock(dup, fcntl.LOCK_UN)
-                _abandoned[key].pop()
+            if state["abandoned"] and error is None:
+                fcntl.flock(dup, fcntl.LOCK_UN)
             state.update(ended=True, error=error)
             cond.notify()
         os.close(dup)
+        _unblocked(key)
 
     thread = threading.Thread(target=wait, name=WAITER_THREAD, daemon=True)
-    thread.start()
+    try:
+        thread.start()
+    except BaseException:
+        os.close(dup)
+        _unblocked(key)
+        raise
     start = time.monotonic()
     with cond:
         while not state["ended"]:
@@ -175,7 +189,6 @@ def flock_waiting(fd: int, mode: int, check: Callable[[float], None]) -> None:
                 check(time.monotonic() - start)
             except BaseException:
                 state["abandoned"] = True
-                _abandoned.setdefault(key, []).append(None)
                 raise
             # (A signal's handler runs meanwhile: the wait resumes, at most a tick late.)
             cond.wait(timeout=_TICK_S)
@@ -184,9 +197,16 @@ def flock_waiting(fd: int, mode: int, check: Callable[[float], None]) -> None:
         raise state["error"]
 
 
+def _unblocked(key: tuple[int, int]) -> None:
+    with _blocked_lock:
+        _blocked[key] -= 1
+        if not _blocked[key]:
+            del _blocked[key]
+
+
 def _poll_flock(fd: int, mode: int, check: Callable[[float], None]) -> None:
     """flock_waiting without a thread: a non-blocking try each tick (see
-    MAX_ABANDONED_WAITERS)."""
+    MAX_BLOCKED_WAITERS)."""
     start = time.monotonic()
     while True:
         try:
