@@ -406,7 +406,12 @@ def _scrub(v: Any, path: _Path, found: list[tuple[_Path, str]]) -> Any:
             found.extend(((*path, _printable(k)), REPEATED) for k in v.repeated)
         out = {}
         for k, x in v.items():
-            if isinstance(k, str) and _has_surrogate(k):
+            if not isinstance(k, str):
+                # (A dict from the API: a number key was stored as its string, and the same
+                # submit again refused as "a different spec"; a tuple key broke json.)
+                found.append(((*path, repr(k)), f"a key must be a string, got {type_name(k)}"))
+                continue
+            if _has_surrogate(k):
                 k = _printable(k)
                 found.append(((*path, k), NOT_UNICODE))
             before = len(found)
@@ -414,9 +419,13 @@ def _scrub(v: Any, path: _Path, found: list[tuple[_Path, str]]) -> Any:
             if len(found) == before or y is not None:  # else x itself was nan or inf
                 out[k] = y
         return out
-    if isinstance(v, list):
+    if isinstance(v, list | tuple):  # (a tuple from the API: stored, it is a list)
         return [_scrub(x, (*path, i), found) for i, x in enumerate(v)]
-    return v
+    if v is None or isinstance(v, bool | int | float | dt.date | dt.time):
+        return v  # (a date outside params is its field's: a deadline's own check names it)
+    # What the API may pass that the queue's JSON cannot hold (a set, a Path, bytes).
+    found.append((path, f"cannot be stored in the queue: {type_name(v)}"))
+    return None
 
 
 # The deepest a document may nest (params' MAX_DEPTH, under the document, jobs, a job and
@@ -548,6 +557,14 @@ def unencodable_name(value: str) -> str | None:
                 f"system's file name encoding ({sys.getfilesystemencoding()}); run renderctl "
                 "under a UTF-8 locale (LANG=C.UTF-8, or PYTHONUTF8=1)")
     return None
+
+
+def _bad_folder_name(value: str | bytes) -> str | None:
+    if isinstance(value, bytes):
+        return "must be a str or a path, not bytes"
+    if "\x00" in value:
+        return "must not contain NUL"
+    return unencodable_name(value)
 
 
 def check_output_path(value: Any) -> str | None:
@@ -829,9 +846,6 @@ def _validate_job(
     jid = _raw_id(raw) or label
     before = len(ctx.problems)
     for key in raw:
-        if not isinstance(key, str):  # (a dict from the API; difflib raised a TypeError)
-            ctx.add(jid, repr(key), f"a field's name must be a string, got {type_name(key)}")
-            continue
         if key not in JOB_FIELDS:
             hint = _suggest(key, JOB_FIELDS)
             ctx.add(jid, key, "unknown field" + (f" (did you mean {hint!r}?)" if hint else ""))
@@ -1224,6 +1238,13 @@ def jobs_from_dicts(
     source: str = "<api>",
 ) -> list[JobSpec]:
     """The Python API's entry: plain dicts validated exactly like a manifest's jobs."""
+    # The two folders as the command line's options would be checked (a NUL, a name this
+    # system cannot spell): else a ValueError or UnicodeEncodeError from deep inside.
+    folders = [Problem(source, None, name, why) for name, value in
+               (("base", base), ("out_root", out_root))
+               if (why := _bad_folder_name(os.fspath(value))) is not None]
+    if folders:
+        raise ManifestError(folders)
     problems: list[Problem] = []
     doc: dict[str, Any] = {"jobs": [dict(i) if isinstance(i, Mapping) else i for i in items]}
     if defaults:

@@ -708,6 +708,11 @@ class Queue:
             with os.scandir(self.path) as entries:
                 if all(e.name in NOT_CONTENT for e in entries):
                     return
+            # Another thread or process making this queue meanwhile made pending/ first:
+            # what the listing found is the queue's own (review BH: 76 of 1,200 opens of
+            # new queues by four threads at once were refused).
+            if (self.path / "pending").is_dir():
+                return
         except (FileNotFoundError, NotADirectoryError):
             return  # to be made (or _create says what is in the way)
         except OSError as exc:
@@ -1247,7 +1252,8 @@ class Queue:
             if what is not None:
                 problems.append(Problem("<api>", None, "out_root",
                                         f"{root} is {what}, not a folder (the output root)"))
-        return problems or outputs_in_queue(specs, self.path, {}, where="<api>")
+        return problems or outputs_in_queue(specs, self.path, dict.fromkeys(
+            (s.id for s in specs), "<api>"), where="<api>")
 
     @staticmethod
     def _after_acceptance(notes: list[str], step: str, fn: Callable[[], object]) -> None:

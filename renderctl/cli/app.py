@@ -173,6 +173,8 @@ def queue_problem(path: Path, *, creating: bool) -> str | None:
             empty = all(e.name in NOT_CONTENT for e in entries)
     except FileNotFoundError:
         return None
+    if not empty and is_queue(path):
+        return None  # made meanwhile by another command (pending/ first: what we listed)
     return None if empty else ("is not a renderctl queue and not empty (a new queue needs a "
                                "missing or empty folder)")
 
@@ -802,10 +804,10 @@ def name_changed_fields(problems: list[Problem], jobs: list[Any], q: Queue) -> l
             old, new = view.record.spec.to_json(), specs[p.job].to_json()
             fields = [k for k in {**old, **new} if old.get(k) != new.get(k)]
             if fields:
-                # As the problem's field, where every other problem names its own: a script
-                # reading --json finds them there (audit BA: it was null, the fields named
-                # only inside the message), and the line reads "job a: memory_mb: ...".
-                p = with_message(p, field=", ".join(fields))
+                # In the message, the field staying null as README documents for a problem of
+                # the whole job (several fields may differ; the API's is the same).
+                p = with_message(p, message=p.message.replace(
+                    DIFFERENT_SPEC, f"{DIFFERENT_SPEC} (differs in {', '.join(fields)})", 1))
         named.append(p)
     return named
 

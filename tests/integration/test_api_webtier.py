@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import json
+import linecache
 import os
 import shutil
 import sys
@@ -176,14 +177,63 @@ def test_arguments_of_the_wrong_type_are_renderctls_errors_and_change_nothing(
     # A field named by a number, a max_pending given as a string, an id where a list of
     # ids belongs: each was a TypeError from deep inside, and the last cancelled one job
     # per character of the id (audit BD)
-    with pytest.raises(ManifestError, match="a field's name must be a string"):
+    with pytest.raises(ManifestError, match="a key must be a string, got a number"):
         q.submit([{**pyjob("a"), 1: 2}], base=tmp_path, out_root=tmp_path / "out")
     with pytest.raises(RenderctlError, match="max_pending must be a whole number"):
         q.submit([pyjob("b")], base=tmp_path, out_root=tmp_path / "out",
                  max_pending="5")  # type: ignore[arg-type]
     with pytest.raises(RenderctlError, match="takes a list of ids"):
         cancel_jobs(q, "keep")  # type: ignore[arg-type]
+    # Params the queue's JSON cannot hold as given: a number key (stored as "1", and the
+    # same submit again refused as "a different spec"), a set; a NUL in a folder's name
+    # (a ValueError from deep inside: review BH)
+    with pytest.raises(ManifestError) as refused:
+        q.submit([{**pyjob("c"), "params": {1: "x", "s": {1, 2}}}], base=tmp_path,
+                 out_root=tmp_path / "out")
+    assert {(p.field, p.message) for p in refused.value.problems} == {
+        ("params.1", "a key must be a string, got a number"),
+        ("params.s", "cannot be stored in the queue: set")}
+    for folder in ("base", "out_root"):
+        with pytest.raises(ManifestError, match=f"{folder}: must not contain NUL"):
+            q.submit([pyjob("d")], **{"base": tmp_path, "out_root": tmp_path / "out",
+                                      folder: "x\x00y"})
     assert q.list_ids(State.PENDING) == ["keep"]
+    # (a tuple is stored as the list it becomes, and the same submit again is "already")
+    first = q.submit([{**pyjob("t"), "params": {"t": (1, 2)}}], base=tmp_path,
+                     out_root=tmp_path / "out")
+    again = q.submit([{**pyjob("t"), "params": {"t": (1, 2)}}], base=tmp_path,
+                     out_root=tmp_path / "out")
+    assert (first.accepted, again.already) == (("t",), ("t",))
+
+
+def test_a_queue_made_by_another_opener_between_its_looks_is_opened(tmp_path: Path) -> None:
+    # Given a Queue being opened on a new folder, at the moment it has found no pending/
+    # and is about to list the folder for a user's files, another thread (or process)
+    # makes the queue there
+    where = tmp_path / "q"
+    where.mkdir()
+    code = Queue._refuse_a_users_folder.__code__
+    listing = next(line for _, _, line in code.co_lines()
+                   if line and "os.scandir" in linecache.getline(code.co_filename, line))
+    made: list[Queue] = []
+
+    def trace(frame: Any, event: str, arg: Any) -> Any:
+        if frame.f_code is not code:
+            return None
+        if event == "line" and frame.f_lineno == listing and not made:
+            made.append(Queue(where))  # (its own open runs through here too: once)
+        return trace
+
+    sys.settrace(trace)
+    try:
+        # When the first opener goes on
+        q = Queue(where)
+    finally:
+        sys.settrace(None)
+
+    # Then it opens the queue the other made (before: it found the queue's folders, took
+    # them for a user's files and refused: 76 of 1,200 opens by four threads, review BH)
+    assert made and q.path == made[0].path and (where / "pending").is_dir()
 
 
 def test_jobs_given_as_a_generator_are_all_submitted(queue_dir: Path, tmp_path: Path) -> None:
