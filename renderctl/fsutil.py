@@ -283,6 +283,15 @@ def not_a_folder(path: Path) -> str | None:
     command: its I/O error (74) says more than a guess would."""
     try:
         mode = path.stat().st_mode
+    except UnicodeEncodeError as exc:
+        # (A configuration file's `queue = "株q"` under a C locale with UTF-8 mode off: a
+        # traceback from stat before.)
+        import sys
+
+        return (f"a name this system's file name encoding ({sys.getfilesystemencoding()}) "
+                f"cannot hold ({str(path)[exc.start:exc.end]!r}; run under a UTF-8 locale)")
+    except ValueError:
+        return "a name with a NUL byte"
     except NotADirectoryError:
         for parent in path.parents:
             try:

@@ -916,6 +916,11 @@ def _validate_job(
             elif not (isinstance(argv, list) and argv
                       and all(isinstance(a, str) and "\x00" not in a for a in argv)):
                 ctx.add(jid, "argv", "kind 'command' needs argv: a non-empty array of strings")
+            elif (bad := next((i for i, a in enumerate(argv)
+                               if unencodable_name(a) is not None), None)) is not None:
+                # A program's arguments are bytes in this encoding too: the job failed with
+                # a UnicodeEncodeError at every attempt (review BH).
+                ctx.add(jid, f"argv[{bad}]", str(unencodable_name(argv[bad])))
             else:
                 _check_placeholders(ctx, jid, argv, n_given)
         elif "argv" in raw:

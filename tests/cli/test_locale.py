@@ -73,3 +73,31 @@ def test_a_file_name_the_system_cannot_spell_is_a_named_problem(
     assert mine[0]["job"] == "a"
     assert "file name encoding (ascii)" in mine[0]["message"]
     assert "UTF-8 locale" in mine[0]["message"]
+
+
+def test_a_configured_queue_the_system_cannot_spell_is_a_usage_error(tmp_path: Path) -> None:
+    # Given a renderctl.toml naming a queue in CJK, where file names are ASCII
+    (tmp_path / "renderctl.toml").write_text('queue = "株q"\n', encoding="utf-8")
+    # When status runs there
+    res = subprocess.run([*RENDERCTL, "status"], capture_output=True, cwd=tmp_path,
+                         env=env(ASCII_NAMES), timeout=60)
+    # Then it is refused (exit 2) naming the key and the way out (before: a traceback)
+    stderr = res.stderr.decode("ascii", "backslashreplace")
+    assert res.returncode == ExitCode.USAGE, stderr
+    assert "Traceback" not in stderr
+    assert "key 'queue'" in stderr and "file name encoding (ascii)" in stderr, stderr
+
+
+def test_a_command_argument_the_system_cannot_pass_is_a_named_problem(tmp_path: Path) -> None:
+    # Given a command job with a CJK argument, where the system's encoding is ASCII
+    manifest = tmp_path / "m.toml"
+    manifest.write_text('[[jobs]]\nid = "c"\nkind = "command"\n'
+                        'argv = ["echo", "株", "{output}"]\noutput = "c.txt"\n', encoding="utf-8")
+    # When it is validated
+    res = cli("validate", manifest, "--json", cwd=tmp_path, extra_env=ASCII_NAMES)
+    # Then the argument is the problem, at once (before: accepted, and every attempt
+    # failed with a UnicodeEncodeError, retried)
+    assert res.returncode == ExitCode.USAGE, res.stderr
+    [problem] = json.loads(res.stdout)["problems"]
+    assert (problem["job"], problem["field"]) == ("c", "argv[1]")
+    assert "UTF-8 locale" in problem["message"]
