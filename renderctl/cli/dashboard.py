@@ -19,6 +19,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from rich.cells import cell_len, set_cell_size
 from rich.console import Console, Group, RenderableType
 from rich.control import Control
 from rich.live import Live
@@ -284,7 +285,9 @@ def _failure_line(f: Mapping[str, Any]) -> str:
 
 
 def _cut(text: str, width: int) -> str:
-    return text if len(text) <= width else text[: width - 3] + "..."
+    """``text`` in at most ``width`` cells of the terminal: a CJK character takes two, and
+    cut by characters such a cause took twice the rows meant for it (audit BC)."""
+    return text if cell_len(text) <= width else set_cell_size(text, width - 3) + "..."
 
 
 def _failures(fails: Sequence[Mapping[str, Any]], *, width: int) -> RenderableType:
@@ -296,7 +299,7 @@ def _failures(fails: Sequence[Mapping[str, Any]], *, width: int) -> RenderableTy
         lines = [Text("last failures", style="italic")]
         for f, row in zip(list(fails)[-5:], rows, strict=True):
             line = _failure_line(f)
-            lines.append(Text(_cut(line, max(len(line) - len(row[4]) + MIN_CAUSE,
+            lines.append(Text(_cut(line, max(cell_len(line) - cell_len(row[4]) + MIN_CAUSE,
                                              3 * width - 1))))
         return Group(*lines)
     t = Table(title="last failures", title_justify="left", expand=False)

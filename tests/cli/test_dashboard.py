@@ -301,3 +301,17 @@ def test_a_queue_or_output_root_named_with_escapes_cannot_drive_the_terminal(
     for text in (frame, "\n".join(lines)):
         assert "\x1b" not in text and "\x07" not in text
         assert "/srv/q\\x1b]0;pwned\\x07" in text and "/srv/o\\x1b[2J" in text
+
+
+@pytest.mark.parametrize("width", [120, 40])
+def test_a_wide_character_cause_takes_no_more_rows_than_a_narrow_one(
+        snapshot: dict[str, Any], width: int) -> None:
+    # Given two failures' causes of 600 characters: ASCII, and CJK (two cells each)
+    def rows(cause: str) -> int:
+        snapshot["recent_failures"] = [{"event": "dead", "job": "j", "attempt": 1,
+                                        "outcome": "failed", "error": cause}]
+        return len(record(snapshot, width).export_text().splitlines())
+
+    # When each is drawn in the table (120 columns) or as lines (40), then the CJK one is
+    # cut to as many rows (before: cut by characters, twice the rows: audit BC)
+    assert rows("错" * 600) == rows("x" * 600)
