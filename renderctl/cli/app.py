@@ -821,6 +821,15 @@ def ended_earlier(res: SubmitResult) -> dict[str, int]:
     return {state: res.already_ended.get(state, 0) for state in ENDED}
 
 
+def holds_no_job(q: Queue) -> bool:
+    """Whether ``q`` has no pending or running job (stops at the first one found)."""
+    for state in ("pending", "running"):
+        with os.scandir(q.dir(state)) as entries:
+            if any(e.name.endswith(".json") for e in entries):
+                return False
+    return True
+
+
 def note_ended(counts: dict[str, int]) -> None:
     """Say that jobs "already accepted" ended earlier: a cron job re-running its manifest
     after they were dead-lettered exits 0 (nothing it handled failed, as GNU parallel
@@ -1095,6 +1104,11 @@ def run(
         report_quarantines(q)
         warn_submit_only(ctx, {"out_dir": "--out", "memory_mb": "--memory-mb",
                                "timeout": "--timeout", "max_attempts": "--max-attempts"})
+        if not follow and holds_no_job(q):
+            # A first `renderctl run` with no manifest made an empty queue and said only
+            # "done 0", exit 0 (audit BE).
+            out.err(f"note: no manifest given, and the queue {q.path} holds no job to run "
+                    "(`renderctl run MANIFEST` submits one and runs it)")
     settings = RunnerSettings(
         workers=workers, start_method=start_method, max_jobs_per_worker=max_jobs_per_worker,
         backoff_base_s=backoff_base, backoff_max_s=backoff_max, kill_grace_s=kill_grace,

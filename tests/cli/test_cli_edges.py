@@ -675,3 +675,19 @@ def test_a_sigquit_while_run_loads_exits_131_quietly_without_a_core(
     assert proc.returncode == 128 + signal.SIGQUIT, (proc.returncode, err)
     assert "Traceback" not in err, err
     assert not list(tmp_path.glob("core*"))
+
+
+def test_a_run_with_no_manifest_and_nothing_queued_says_so(tmp_path: Path) -> None:
+    # Given a folder with no queue yet (a first `renderctl run`, the manifest forgotten)
+    # When run is asked to drain it
+    res = cli("run", cwd=tmp_path)
+    # Then it still succeeds, and says there was nothing to run and how to run a manifest
+    # (before: "done 0", exit 0, nothing else: audit BE)
+    assert res.returncode == 0, res.stderr
+    assert ("note: no manifest given, and the queue "
+            f"{tmp_path / '.renderctl'} holds no job to run") in res.stderr, res.stderr
+    # (but not when there is something to run)
+    manifest = write_jobs(tmp_path / "m", [job("a", "write")])
+    assert cli("submit", manifest, cwd=tmp_path).returncode == 0
+    again = cli("run", cwd=tmp_path)
+    assert again.returncode == 0 and "note" not in again.stderr, again.stderr
