@@ -410,10 +410,19 @@ def _stamp_page(
     buf = io.BytesIO()
     canvas = Canvas(buf, pagesize=size, invariant=True)
     font = "Helvetica-Bold"
-    # Never wider than 90% of the page, whatever font_size asks for.
+    # Never more than 90% of the page across or down, whatever font_size asks for, judged
+    # by the box the text takes once rotated: fitted to the width before the rotation, a
+    # long stamp at 45 degrees ran off the top and bottom of any page wider than ~1.5:1
+    # (a 16:9 slide, a banner), its middle all that showed (audit BI).
     text_width = canvas.stringWidth(text, font, font_size)
-    if text_width > 0.9 * width:
-        font_size *= 0.9 * width / text_width
+    turn = math.radians(rotation)
+    cos, sin = abs(math.cos(turn)), abs(math.sin(turn))
+    across = text_width * cos + font_size * sin
+    down = text_width * sin + font_size * cos
+    fit = min(1.0, *(0.9 * room / span for room, span in ((width, across), (height, down))
+                     if span > 0))
+    if fit < 1.0:
+        font_size *= fit
         text_width = canvas.stringWidth(text, font, font_size)
     margin = max(18.0, font_size * 0.6)
     vertical, _, horizontal = position.partition("-")

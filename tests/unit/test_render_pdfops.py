@@ -215,6 +215,35 @@ def _shown_stamp(page: Any, word: str) -> tuple[float, float, float, float, floa
     return x, y, dx, dy, w, h
 
 
+@pytest.mark.parametrize("size", [(842, 200), (960, 540), (540, 960), (595, 842)],
+                         ids=["banner", "slide", "portrait-slide", "A4"])
+@pytest.mark.parametrize("rotation", [45.0, 0.0, 90.0, -30.0])
+def test_a_long_stamp_fits_the_page_whatever_its_turn(tmp_path: Path, size: tuple[int, int],
+                                                      rotation: float) -> None:
+    from reportlab.pdfbase.pdfmetrics import stringWidth
+
+    # Given a page of this shape, and a long centred stamp at this angle
+    text = "CONFIDENTIAL - INTERNAL USE ONLY"
+    src = make_pdf(tmp_path / "in.pdf", "in", 1, sizes=(size,))
+
+    # When it is stamped
+    out = tmp_path / "out.pdf"
+    pdfops.stamp([src], out, {"text": text, "rotation": rotation})
+
+    # Then both ends of the stamp's line of text lie on the page (before: fitted to the
+    # width before it was turned, a 45-degree stamp ran off a banner's and a slide's top
+    # and bottom, its middle all that showed: audit BI)
+    page = PdfReader(out).pages[0]
+    sizes: list[float] = []
+    page.extract_text(visitor_text=lambda t, cm, tm, font, fs: sizes.append(
+        fs * (tm[0] ** 2 + tm[1] ** 2) ** 0.5) if "CONFIDENTIAL" in t else None)
+    x, y, dx, dy = _stamp_at(page, "CONFIDENTIAL")
+    length = stringWidth(text, "Helvetica-Bold", sizes[0])
+    norm = (dx * dx + dy * dy) ** 0.5
+    for px, py in ((x, y), (x + dx / norm * length, y + dy / norm * length)):
+        assert 0 <= px <= size[0] and 0 <= py <= size[1], (px, py, size)
+
+
 def test_stamp_lands_upright_where_asked_on_turned_and_cropped_pages(tmp_path: Path) -> None:
     # Given pages turned 0, 90, 180 and 270 degrees by /Rotate, and one whose crop box is
     # a window well inside its media box
