@@ -1,8 +1,9 @@
 """The ``invoice`` renderer: a JSON invoice document to a paginated PDF.
 
 Money is ``Decimal`` end to end (JSON floats are parsed as ``Decimal``): each line's net is
-quantity x unit price rounded half-up to cents; tax is computed per rate on the sum of that
-rate's nets, rounded half-up; the total is net plus tax. ``compute_totals`` and
+quantity x unit price rounded half-up to the currency's minor unit (cents, or whole yen, or
+thousandths of a dinar); tax is computed per rate on the sum of that rate's nets, rounded
+half-up the same; the total is net plus tax. ``compute_totals`` and
 ``format_money`` hold that arithmetic and are tested on their own.
 """
 
@@ -54,7 +55,14 @@ from renderctl.render.text import (
     undrawable,
 )
 
-CENT = Decimal("0.01")
+# ISO 4217 currencies whose minor unit is not the cent (the rest have two decimals): a yen
+# invoice printed 'JPY 1,122.03', a dinar one rounded 0.125 to 0.13 (audit BI).
+MINOR_UNIT_PLACES = {
+    **dict.fromkeys(("BIF", "CLP", "DJF", "GNF", "ISK", "JPY", "KMF", "KRW", "PYG", "RWF",
+                     "UGX", "UYI", "VND", "VUV", "XAF", "XOF", "XPF"), 0),
+    **dict.fromkeys(("BHD", "IQD", "JOD", "KWD", "LYD", "OMR", "TND"), 3),
+    **dict.fromkeys(("CLF", "UYW"), 4),
+}
 # Money is computed in this context, never the thread's: Decimal's default 28 digits round a
 # product of two allowed numbers (36 digits) before it is rounded to cents, which can move
 # the cent; and a python job earlier in the same worker may have changed the thread's
@@ -138,9 +146,17 @@ class Totals:
 # -- arithmetic ----------------------------------------------------------------------------
 
 
-def round_cents(amount: Decimal) -> Decimal:
-    """Round to cents, half away from zero (0.005 -> 0.01, -0.005 -> -0.01)."""
-    return amount.quantize(CENT, rounding=ROUND_HALF_UP, context=MONEY)
+def places_of(currency: str) -> int:
+    """The decimals of ``currency``'s minor unit (2 unless MINOR_UNIT_PLACES says)."""
+    return MINOR_UNIT_PLACES.get(currency, 2)
+
+
+def round_money(amount: Decimal, currency: str) -> Decimal:
+    """Round to the currency's minor unit, half away from zero (EUR 0.005 -> 0.01, -0.005
+    -> -0.01; JPY 0.5 -> 1); a zero is never negative ("-0.00" for a tiny credit)."""
+    rounded = amount.quantize(Decimal(1).scaleb(-places_of(currency)), rounding=ROUND_HALF_UP,
+                              context=MONEY)
+    return rounded if rounded else abs(rounded)
 
 
 def compute_totals(doc: Invoice) -> Totals:
@@ -155,7 +171,7 @@ def _compute_totals(doc: Invoice) -> Totals:
     nets_list: list[Decimal] = []
     running = Decimal(0)
     for i, item in enumerate(doc.items):
-        line_net = round_cents(item.quantity * item.unit_price)
+        line_net = round_money(item.quantity * item.unit_price, doc.currency)
         running += line_net
         if abs(running) >= MAX_AMOUNT:
             raise InvalidInput(
@@ -170,7 +186,7 @@ def _compute_totals(doc: Invoice) -> Totals:
         rate = item.tax_rate.normalize()
         base_by_rate[rate] = base_by_rate.get(rate, Decimal(0)) + line_net
     taxes = tuple(
-        TaxLine(rate=rate, base=base, tax=round_cents(base * rate))
+        TaxLine(rate=rate, base=base, tax=round_money(base * rate, doc.currency))
         for rate, base in sorted(base_by_rate.items())
     )
     net = sum(nets, Decimal(0))
@@ -195,8 +211,9 @@ def format_amount(amount: Decimal, *, min_places: int = 2) -> str:
 
 
 def format_money(currency: str, amount: Decimal) -> str:
-    """``EUR 1,234.56``: the currency code, then the amount rounded half-up to cents."""
-    return f"{currency} {round_cents(amount):,.2f}"
+    """``EUR 1,234.56``: the currency code, then the amount rounded half-up to its minor
+    unit (``JPY 1,122``, ``BHD 4.240``)."""
+    return f"{currency} {round_money(amount, currency):,.{places_of(currency)}f}"
 
 
 def format_rate(rate: Decimal) -> str:
@@ -633,9 +650,9 @@ def _item_rows(doc: Invoice, totals: Totals) -> list[list[Any]]:
                 str(i),
                 Paragraph(para(item.description), st.cell),
                 format_quantity(item.quantity),
-                format_amount(item.unit_price),
+                format_amount(item.unit_price, min_places=places_of(doc.currency)),
                 format_rate(item.tax_rate),
-                format_amount(line_net),
+                format_amount(line_net, min_places=places_of(doc.currency)),
             ]
         )
     return rows

@@ -129,6 +129,29 @@ def test_format_money(amount: str, text: str) -> None:
     assert format_money("EUR", Decimal(amount)) == text
 
 
+@pytest.mark.parametrize(
+    ("currency", "items", "total", "text"),
+    [
+        # Yen have no minor unit: 0.333 x 100 is 33 yen, not 33.30 (audit BI).
+        ("JPY", [("100", "0.333", "0.1"), ("1", "1000", "0.1")], "1136", "JPY 1,136"),
+        # A dinar has 1,000 fils: 0.125 stays 0.125 (it was rounded to 0.13).
+        ("BHD", [("1", "0.125", "0.1"), ("3", "1.235", "0.1")], "4.213", "BHD 4.213"),
+        # A credit that rounds to nothing is 0.00, not -0.00.
+        ("EUR", [("-1", "0.004", "0")], "0.00", "EUR 0.00"),
+    ],
+)
+def test_money_is_rounded_to_the_currencys_minor_unit(
+    currency: str, items: list[tuple[str, str, str]], total: str, text: str
+) -> None:
+    doc = parse_invoice(make_doc(currency=currency, items=[
+        {"description": "x", "quantity": q, "unit_price": p, "tax_rate": r}
+        for q, p, r in items]))
+    totals = compute_totals(doc)
+    assert str(totals.total) == total
+    assert format_money(currency, totals.total) == text
+    assert not any(str(net).startswith("-") for net in totals.line_nets if not net)
+
+
 # -- the PDF -------------------------------------------------------------------------------
 
 
