@@ -68,9 +68,15 @@ ROW_PADDING = 2
 # would (leading 1.2 x size, then the paddings). Given up front, reportlab no longer
 # re-measures every remaining row at each page break, which made long reports quadratic.
 ROW_HEIGHT = FONT_SIZE * 1.2 + (ROW_PADDING + ROW_PADDING)
+# The smallest a table's text is set to make its numbers fit across the page (6 pt is what
+# a printed timetable uses); past it the report is refused, naming params.columns.
+MIN_FONT_SIZE = 5.5
 # A cell is clipped with an ellipsis beyond this share of the page, so one long value
 # cannot squeeze every other column to nothing.
 MAX_COLUMN_SHARE = 0.45
+# How narrow a text column may be squeezed when the columns do not fit at their widths (a
+# few characters and an ellipsis); numbers are never clipped.
+TEXT_COLUMN_MIN = 36.0
 # Beyond this a "number" is a typo or hostile (1e999999 prints a million digits as a total,
 # and a chart of it overflows the float range): such a cell is text.
 MAX_MAGNITUDE = Decimal("1e30")
@@ -196,7 +202,9 @@ def format_total(data: Dataset, column: Column, total: Decimal) -> str:
             exponent = value.as_tuple().exponent
             if isinstance(exponent, int):
                 places = max(places, -exponent)
-    return f"{total:,.{min(places, 10)}f}"
+    # (Up to the 30 decimals a cell may have below MAX_MAGNITUDE: capped at 10, a total of
+    # 0.1 + 0.000000000001 + 0.2 printed 0.3000000000: audit BI.)
+    return f"{total:,.{min(places, 30)}f}"
 
 
 def render(inputs: list[Path], output: Path, params: Mapping[str, Any]) -> None:
@@ -373,10 +381,10 @@ def build_pdf(
         raise InvalidInput(f"content does not fit on a page: {str(exc)[:200]}") from exc
 
 
-def _clip(text: str, font: str, limit: float) -> str:
-    if stringWidth(text, font, FONT_SIZE) <= limit:
+def _clip(text: str, font: str, limit: float, size: float = FONT_SIZE) -> str:
+    if stringWidth(text, font, size) <= limit:
         return text
-    while text and stringWidth(text + "…", font, FONT_SIZE) > limit:
+    while text and stringWidth(text + "…", font, size) > limit:
         text = text[: max(0, min(len(text) - 1, int(len(text) * 0.9)))]
     return text + "…"
 
@@ -392,22 +400,15 @@ def _table(data: Dataset, shown: Sequence[Column], width: float) -> Flowable:
         ]
         if not shown[0].numeric:
             totals_row[0] = "Total"
-    cap = width * MAX_COLUMN_SHARE
-    natural = []
-    for i in range(len(shown)):
-        cells = [header[i], *(r[i] for r in body), *([totals_row[i]] if totals_row else [])]
-        widest = max(stringWidth(s, FONT_BOLD, FONT_SIZE) for s in cells)
-        natural.append(min(cap, widest + 2 * CELL_PADDING))
-    scale = width / sum(natural)
-    widths = [w * scale for w in natural]
+    widths, size = _layout(shown, header, body, totals_row, width)
     for i in range(len(shown)):
         limit = widths[i] - 2 * CELL_PADDING
-        header[i] = _clip(header[i], FONT_BOLD, limit)
-        for row in body:
-            row[i] = _clip(row[i], FONT, limit)
+        header[i] = _clip(header[i], FONT_BOLD, limit, size)
+        for row in (*body, *([totals_row] if totals_row else [])):
+            row[i] = _clip(row[i], FONT, limit, size)
     commands: list[tuple[Any, ...]] = [
-        ("FONT", (0, 0), (-1, 0), FONT_BOLD, FONT_SIZE),
-        ("FONT", (0, 1), (-1, -1), FONT, FONT_SIZE),
+        ("FONT", (0, 0), (-1, 0), FONT_BOLD, size),
+        ("FONT", (0, 1), (-1, -1), FONT, size),
         ("TEXTCOLOR", (0, 0), (-1, -1), INK),
         ("BACKGROUND", (0, 0), (-1, 0), BAND),
         ("LINEBELOW", (0, 0), (-1, 0), 0.8, INK),
@@ -424,13 +425,61 @@ def _table(data: Dataset, shown: Sequence[Column], width: float) -> Flowable:
     last: list[tuple[Any, ...]]
     if totals_row:
         last = [
-            ("FONT", (0, -1), (-1, -1), FONT_BOLD, FONT_SIZE),
+            ("FONT", (0, -1), (-1, -1), FONT_BOLD, size),
             ("LINEABOVE", (0, -1), (-1, -1), 0.8, INK),
             ("BACKGROUND", (0, -1), (-1, -1), colors.white),
         ]
     else:
         last = [("LINEBELOW", (0, -1), (-1, -1), 0.25, RULE)]
-    return _PagedTable(header, body, totals_row, widths, commands, last)
+    return _PagedTable(header, body, totals_row, widths, commands, last,
+                       row_height=size * 1.2 + (ROW_PADDING + ROW_PADDING))
+
+
+def _layout(shown: Sequence[Column], header: list[str], body: list[list[str]],
+            totals_row: list[str] | None, width: float) -> tuple[list[float], float]:
+    """Each column's width across ``width``, and the table's font size.
+
+    A column is as wide as its widest cell (at most MAX_COLUMN_SHARE of the page), spread to
+    fill the page. When they do not fit, text columns give way down to TEXT_COLUMN_MIN and
+    numeric ones down to their widest number (their headers may be clipped, a number
+    never); when even that does not fit, the text gets smaller, down to MIN_FONT_SIZE; past
+    that, InvalidInput. Shrunk all alike, 20 numeric columns printed '1296...', 40 printed
+    '...', and their totals, never clipped, ran into each other and past the margin
+    (audit BI)."""
+    # Each column's widest value and its header in 1 pt type: a string's width is linear
+    # in the size, so every size below is judged without measuring a cell again.
+    values = [max((stringWidth(s, FONT_BOLD, 1.0) for s in
+                   (*(r[i] for r in body), *([totals_row[i]] if totals_row else []))),
+                  default=0.0) for i in range(len(shown))]
+    heads = [stringWidth(h, FONT_BOLD, 1.0) for h in header]
+    cap = width * MAX_COLUMN_SHARE
+
+    def widths_at(size: float) -> tuple[list[float], list[float]]:
+        natural = [min(cap, max(v, h) * size + 2 * CELL_PADDING)
+                   for v, h in zip(values, heads, strict=True)]
+        least = [min(n, v * size + 2 * CELL_PADDING) if c.numeric else min(n, TEXT_COLUMN_MIN)
+                 for n, v, c in zip(natural, values, shown, strict=True)]
+        return natural, least
+
+    size = FONT_SIZE
+    natural, least = widths_at(size)
+    if sum(least) > width:
+        need = sum(least)
+        if sum(widths_at(MIN_FONT_SIZE)[1]) > width:
+            raise InvalidInput(
+                f"params.columns: {len(shown)} columns do not fit across the page even in "
+                f"{MIN_FONT_SIZE:g} pt type (their numbers alone need {need:.0f} pt of "
+                f"{width:.0f} at {FONT_SIZE:g} pt); choose fewer with params.columns")
+        low, high = MIN_FONT_SIZE, FONT_SIZE  # the largest size whose numbers fit
+        for _ in range(24):
+            mid = (low + high) / 2
+            low, high = (mid, high) if sum(widths_at(mid)[1]) <= width else (low, mid)
+        size = low
+        natural, least = widths_at(size)
+    if sum(natural) <= width:
+        return [w * width / sum(natural) for w in natural], size
+    give = (width - sum(least)) / (sum(natural) - sum(least))
+    return [lo + (hi - lo) * give for lo, hi in zip(least, natural, strict=True)], size
 
 
 class _PagedTable(Flowable):
@@ -452,10 +501,12 @@ class _PagedTable(Flowable):
         commands: list[tuple[Any, ...]],
         last: list[tuple[Any, ...]],
         start: int = 0,
+        row_height: float = ROW_HEIGHT,
     ) -> None:
         super().__init__()
         self._parts = (header, body, totals_row, widths, commands, last)
         self._start = start
+        self._row_height = row_height
         self._piece: Table | None = None
         self.hAlign = "CENTER"  # as Table's default, so the frame places it the same
 
@@ -463,7 +514,7 @@ class _PagedTable(Flowable):
         header, body, totals_row, widths, commands, last = self._parts
         # Two rows more than can fit, so a piece that is not the end always overflows and
         # reportlab splits it exactly where it would have split the whole table.
-        end = self._start + int(avail_height // ROW_HEIGHT) + 2
+        end = self._start + int(avail_height // self._row_height) + 2
         rows = [header, *body[self._start : end]]
         style = list(commands)
         if end >= len(body):
@@ -473,7 +524,7 @@ class _PagedTable(Flowable):
         return Table(
             rows,
             colWidths=widths,
-            rowHeights=[ROW_HEIGHT] * len(rows),
+            rowHeights=[self._row_height] * len(rows),
             repeatRows=1,
             style=TableStyle(style),
         )
@@ -494,7 +545,8 @@ class _PagedTable(Flowable):
         if self._start + taken >= len(body):
             return parts  # only the totals row moves on: reportlab's own second piece
         rest = _PagedTable(
-            header, body, totals_row, widths, commands, last, start=self._start + taken
+            header, body, totals_row, widths, commands, last, start=self._start + taken,
+            row_height=self._row_height,
         )
         return [parts[0], rest]
 

@@ -212,3 +212,43 @@ def test_a_long_report_pages_its_rows_at_a_fixed_height(tmp_path: Path) -> None:
     report.render([source], tmp_path / "r.pdf", {"title": "T"})
     # 49 rows a page, 45 on the first (under the title), then the totals row
     assert len(PdfReader(tmp_path / "r.pdf").pages) == 1 + math.ceil((count + 1 - 45) / 49)
+
+
+def test_many_numeric_columns_print_every_number_and_total_whole(tmp_path: Path) -> None:
+    # Given a label and 19 columns of amounts (a year by month and then some)
+    header = ["region", *(f"m{i:02d}" for i in range(1, 20))]
+    rows = [[f"region {r}", *(f"{(r * 7919 + c * 104729) % 10000}.{c:02d}"
+                              for c in range(1, 20))] for r in range(30)]
+    source = write_csv(tmp_path / "wide.csv", header, rows)
+
+    # When it is rendered
+    text = "\n".join(render_pages(source, tmp_path / "r.pdf"))
+
+    # Then every amount and every column's total is there whole (before: the columns were
+    # shrunk alike until each cell read "1296...", and the totals, never clipped, ran into
+    # each other: audit BI)
+    assert "…" not in text
+    for row in rows:
+        for cell in row[1:]:
+            assert cell in text
+    for c in range(1, 20):
+        total = sum(decimal.Decimal(row[c]) for row in rows)
+        assert f"{total:,.2f}" in text
+
+
+def test_columns_that_cannot_fit_even_in_small_type_are_refused_naming_params_columns(
+        tmp_path: Path) -> None:
+    header = ["region", *(f"c{i:02d}" for i in range(1, 40))]
+    rows = [[f"r{r}", *(f"{r * 1000003 + c}.25" for c in range(1, 40))] for r in range(5)]
+    source = write_csv(tmp_path / "wider.csv", header, rows)
+    with pytest.raises(InvalidInput, match=r"params\.columns: 40 columns do not fit"):
+        render_pages(source, tmp_path / "r.pdf")
+    # (chosen fewer, it renders)
+    assert render_pages(source, tmp_path / "r.pdf", columns=["region", "c01", "c02"])
+
+
+def test_a_total_keeps_every_decimal_its_cells_have(tmp_path: Path) -> None:
+    source = write_csv(tmp_path / "p.csv", ["name", "x"],
+                       [["a", "0.1"], ["b", "0.000000000001"], ["c", "0.2"]])
+    # (it was cut to 10 decimals: 0.3000000000, audit BI)
+    assert "Total\n0.300000000001" in render_pages(source, tmp_path / "r.pdf")[0]
