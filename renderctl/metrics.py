@@ -49,6 +49,9 @@ TOTALS_VERSION = 1
 # an hour) whole took ~10x its size in memory (1.2 GB for 116 MB).
 READ_CHUNK = 4 << 20
 TICK_FOLD_BYTES = 1 << 20  # per textfile write in a runner (~0.1 s here)
+# How often a runner keeps its folded totals for the next one (caught up with the log): a
+# runner killed later leaves its successor at most this much of the log to fold again.
+TOTALS_SAVE_S = 60.0
 STATUS_COST_FACTOR = 50  # a runner lists the folders for metrics <= ~2% of its time
 WAIT_BUCKETS_S = (0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
 EXEC_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
@@ -348,6 +351,13 @@ class MetricsTextfile:
         # From where the last `renderctl metrics` (or runner) got to in this same log: a
         # week's log is hundreds of MB, folded at ~10 MB/s on the runner's one thread.
         self.totals = load_totals(queue)
+        # Whether the fold has reached the log's end once: until then a textfile already
+        # there (a killed runner's, its counters as far as it got) is left as it is. A
+        # successor writing as it folded from the totals last saved showed counters lower
+        # than those, then rising again: to Prometheus a reset, and every attempt in
+        # between counted twice (audit BJ: 450 failed attempts, 234, then 450).
+        self._caught_up = False
+        self._save_due = 0.0
         self._due = 0.0
         self._status: QueueStatus | None = None
         self._status_due = 0.0
@@ -372,6 +382,9 @@ class MetricsTextfile:
         if runner is None:  # the last write: everything, exact
             m = collect(self.queue, self.totals)
         else:
+            self._caught_up |= self.totals.update(self.queue, budget_bytes=TICK_FOLD_BYTES)
+            if not self._caught_up and self.path.exists():
+                return
             # On the runner's thread, which claims and finishes every job: a bounded share.
             # The log is folded TICK_FOLD_BYTES a tick (a long one catches up over ticks,
             # its counters rising), and the folders (done/ holds every job until pruned:
@@ -386,7 +399,10 @@ class MetricsTextfile:
             snap = runner.snapshot() if hasattr(runner, "snapshot") else {}
             st = dataclasses.replace(self._status,
                                      oldest_pending_age_s=snap.get("oldest_pending_age_s"))
-            m = collect(self.queue, self.totals, status=st, budget_bytes=TICK_FOLD_BYTES)
+            m = collect(self.queue, self.totals, status=st, budget_bytes=0)  # (folded above)
+            if self._caught_up and now >= self._save_due:
+                self._save_due = now + TOTALS_SAVE_S
+                save_totals(self.queue, self.totals)
         write_textfile(self.path, exposition(m))
 
     def close(self) -> None:
