@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import IntEnum
@@ -179,3 +180,14 @@ def os_error_message(exc: OSError) -> str:
     if exc.filename2:
         where = f" ({exc.filename} -> {exc.filename2})"
     return f"I/O error{where}: {exc.strerror or exc}"
+
+
+def text_lines(text: str) -> list[str]:
+    """``text``'s lines as a terminal ends them (LF, CRLF, CR), not as str.splitlines does:
+    that also ends one at a form feed, VT, NEL or U+2028, and a tool writing a form feed
+    between pages (pdftotext) had its last 20 lines come out as its last 5 (audit BJ)."""
+    lines = _LINE_ENDS.split(text)
+    return lines[:-1] if lines and not lines[-1] else lines
+
+
+_LINE_ENDS = re.compile(r"\r\n|\r|\n")

@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from renderctl.errors import text_lines
 from renderctl.fsutil import replace_beside
 from renderctl.store import Queue
 
@@ -103,6 +104,10 @@ class JUnitCollector:
             return
         prev = self.last.pop(job, {})
         merged = {**prev, **ev}
+        if name in TERMINAL_EVENTS and "error" not in ev:
+            # An ending of its own (cancelled while it waited for its retry): not the error
+            # of the attempt before, which read as the failure's message (audit BJ).
+            merged.pop("error", None)
         if name in ("started", "retry") or (name == "released" and "attempt" in ev):
             self.ran.add(job)
         if name == "started":
@@ -156,7 +161,7 @@ def _detail(attempt: Mapping[str, Any], reason: str) -> str:
                 lines.append(f"{key}: {attempt[key]}")
     if reason:
         lines.append(f"reason: {reason}")
-    tail = str(attempt.get("stderr_tail") or "").splitlines()[-STDERR_TAIL_LINES:]
+    tail = text_lines(str(attempt.get("stderr_tail") or ""))[-STDERR_TAIL_LINES:]
     if tail:
         lines.append("stderr (last lines):")
         lines.extend(tail)

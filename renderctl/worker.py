@@ -48,7 +48,13 @@ from typing import Any, BinaryIO, NoReturn
 from renderctl import mpstate
 from renderctl.cleanslate import Baseline, threads_left
 from renderctl.crashpoints import CrashPoints
-from renderctl.errors import ExitCode, InvalidInput, InvalidOutput, os_error_message
+from renderctl.errors import (
+    ExitCode,
+    InvalidInput,
+    InvalidOutput,
+    os_error_message,
+    text_lines,
+)
 from renderctl.fsutil import with_name
 from renderctl.gate import StartGate
 from renderctl.guards import (
@@ -1129,8 +1135,9 @@ def read_tail(path: str) -> str | None:
 def _tail_lines(data: bytes) -> str | None:
     if not data:
         return None
-    lines = data.decode("utf-8", "replace").splitlines()[-TAIL_LINES:]
+    lines = text_lines(data.decode("utf-8", "replace"))[-TAIL_LINES:]
     return "\n".join(lines)
+
 
 
 # -- executing one attempt -----------------------------------------------------------------

@@ -530,6 +530,35 @@ def test_junit_cases_are_the_jobs_the_run_started_or_ended() -> None:
     assert cases == {"mid": ("python", "unfinished"), "ok": ("invoice", "done")}, cases
 
 
+def test_junit_message_of_a_job_cancelled_while_it_waited_to_retry_is_the_cancel() -> None:
+    from renderctl.junit import JUnitCollector
+
+    # Given a job that failed its first attempt, then was cancelled while it waited
+    c = JUnitCollector()
+    for ev in ({"event": "started", "job": "j", "attempt": 1},
+               {"event": "retry", "job": "j", "kind": "python", "state": "pending",
+                "attempt": 1, "outcome": "failed", "error": "RuntimeError: boom"},
+               {"event": "cancelled", "job": "j", "state": "cancelled",
+                "reason": "cancelled while pending"}):
+        c.event(ev)
+
+    # Then its failure says it was cancelled (before: the first attempt's error: audit BJ)
+    [case] = c.cases()
+    assert (case.state, case.message) == ("cancelled", "cancelled while pending")
+
+
+def test_the_stderr_tail_ends_lines_only_where_a_terminal_would() -> None:
+    from renderctl.junit import _detail
+
+    # Given a tool's last 25 lines, each holding a form feed, a VT and a NEL (pdftotext
+    # writes a form feed between pages)
+    tail = "\n".join(f"line {i}\f\v\x85 end" for i in range(25))
+    # When the JUnit report's detail shows the last lines, then they are lines, whole
+    # (before: each control character ended a "line", and 20 showed as 5: audit BJ)
+    shown = _detail({"n": 1, "outcome": "failed", "stderr_tail": tail}, "").split("\n")
+    assert shown[-20:] == [f"line {i}\f\v\x85 end" for i in range(5, 25)]
+
+
 def test_junit_class_of_a_job_recovered_to_done_is_its_kind(tmp_path: Path) -> None:
     # Given a runner killed after it published a job's output, before its done record
     manifest = write_jobs(tmp_path / "m", [job("j1", "write")])

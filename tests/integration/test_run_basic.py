@@ -292,6 +292,23 @@ def test_a_command_job_copies_its_input(failing_run: dict[str, Any]) -> None:
     assert result["pages"] == 1
 
 
+def test_a_stderr_tail_is_the_last_20_lines_as_a_terminal_ends_them(tmp_path: Path) -> None:
+    # Given a command writing 25 lines to stderr, each with a form feed, a VT and a NEL
+    folder = stage(tmp_path)
+    script = 'for i in $(seq 0 24); do printf "line %d\\f\\v\\302\\205 end\\n" $i >&2; done; exit 3'
+    manifest = folder / "jobs.json"
+    manifest.write_text(json.dumps({"jobs": [
+        {"id": "ff", "kind": "command", "argv": ["sh", "-c", script, "sh", "{output}"],
+         "output": "never.pdf", "max_attempts": 1}]}))
+    res = run_cli("run", manifest, *cli_args(folder / "q", folder / "out", *FAST))
+    assert res.returncode == 1, res.stderr
+    # Then the attempt keeps its last 20 lines whole (before: each control character ended
+    # a line, and the last 20 "lines" were its last 5: audit BJ)
+    [attempt] = QueueView(folder / "q").record("dead", "ff")["attempts"]
+    assert attempt["stderr_tail"].split("\n") == [
+        f"line {i}\f\v\x85 end" for i in range(5, 25)], attempt
+
+
 def test_a_command_exiting_3_fails_with_its_exit_code_and_stderr_tail(
         failing_run: dict[str, Any]) -> None:
     attempts = failing_run["queue"].record("dead", "cmd-exit3")["attempts"]
