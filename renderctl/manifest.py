@@ -947,6 +947,11 @@ def _validate_job(
 
     if len(ctx.problems) > before:
         return None
+    if ctx.scrubbed and any(j in (jid, label) for j, _ in ctx.scrubbed):
+        # A value of this job that no job may carry was dropped and reported already (an
+        # output that is a Path, or nan): its later checks were silenced, and a KeyError
+        # came from reading it here (review BK).
+        return None
     return JobSpec(
         id=raw["id"],
         kind=str(kind),

@@ -1495,7 +1495,7 @@ def run_command(argv: list[str], inputs: list[Path], output: Path,
 
 def _last_line(tail: str | None, limit: int = 200) -> str:
     """': <the last non-blank line of a tail>' (shortened), or '' if there is none."""
-    for line in reversed((tail or "").splitlines()):
+    for line in reversed(text_lines(tail or "")):
         line = line.strip()
         if line:
             return ": " + (line if len(line) <= limit else line[:limit - 3] + "...")

@@ -20,6 +20,7 @@ from renderctl.cli.console import (
     plain,
     table_width,
 )
+from renderctl.errors import text_lines
 from renderctl.lifecycle import State
 from renderctl.store import JobView, Queue, QueueStatus
 
@@ -194,7 +195,7 @@ def render_job(c: Console, view: JobView) -> None:
             # A job's text may hold newlines and escape codes: shown, not obeyed.
             lines.append(f"    error: {one_line(a['error'])}")
         if a.get("stderr_tail"):
-            for ln in str(a["stderr_tail"]).splitlines()[-5:]:
+            for ln in text_lines(str(a["stderr_tail"]))[-5:]:
                 lines.append(f"    | {one_line(ln)}")
     # Every field of a hand-edited record may hold ESC or BEL (an attempt's outcome, the
     # lease's host): shown, not obeyed.

@@ -7,6 +7,7 @@ columns; on a terminal that narrow the views print lines instead, which wrap who
 from __future__ import annotations
 
 import io
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -150,3 +151,27 @@ def test_dashboard_shows_each_running_job_and_failure_whole_at_any_width(
                    "9.0s", "60.0s", "40.0MiB/400.0MiB", "360.0MiB/400.0MiB", "inv-bad",
                    "invalid_input", "broken.pdf: truncated"):
         assert needle in text, (needle, c.export_text())
+
+
+def test_show_keeps_a_stderr_line_holding_a_form_feed_whole(tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str],
+                                                            monkeypatch: pytest.MonkeyPatch
+                                                            ) -> None:
+    from renderctl.lifecycle import State
+    from renderctl.store import JobView
+
+    # Given a dead job whose stderr's last lines hold form feeds (pdftotext's page breaks)
+    q = Queue(tmp_path / "q")
+    q.submit([{"id": "j", "kind": "python", "callable": "m:f", "output": "j.bin"}],
+             base=tmp_path, out_root=tmp_path / "out")
+    view = q.get("j")
+    tail = "\n".join(f"line {i}\fpage" for i in range(20))
+    rec = replace(view.record, attempts=({"n": 1, "outcome": "failed", "stderr_tail": tail},))
+    monkeypatch.setattr(views, "plain", lambda: True)
+
+    # When show prints it
+    views.render_job(terminal(200), JobView(State.DEAD, rec, view.path))
+
+    # Then its last five lines are five whole lines (before: the form feeds cut them: BK)
+    shown = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("    | ")]
+    assert shown == [f"    | line {i}\\x0cpage" for i in range(15, 20)], shown

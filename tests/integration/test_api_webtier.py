@@ -193,6 +193,12 @@ def test_arguments_of_the_wrong_type_are_renderctls_errors_and_change_nothing(
     assert {(p.field, p.message) for p in refused.value.problems} == {
         ("params.1", "a key must be a string, got a number"),
         ("params.s", "cannot be stored in the queue: set")}
+    # An output or id given as a Path (a web tier's likeliest slip), a TOML nan: refused
+    # (a KeyError from deep inside before: review BK)
+    for bad in ({**pyjob("e"), "output": Path("e.pdf")}, {**pyjob("f"), "id": Path("f")},
+                {**pyjob("g"), "output": float("nan")}):
+        with pytest.raises(ManifestError):
+            q.submit([bad], base=tmp_path, out_root=tmp_path / "out")
     for folder in ("base", "out_root"):
         with pytest.raises(ManifestError, match=f"{folder}: must not contain NUL"):
             q.submit([pyjob("d")], **{"base": tmp_path, "out_root": tmp_path / "out",
