@@ -146,13 +146,18 @@ def flock_waiting(fd: int, mode: int, check: Callable[[float], None]) -> None:
 
     st = os.fstat(fd)
     key = (st.st_dev, st.st_ino)
-    with _blocked_lock:
-        full = _blocked.get(key, 0) >= MAX_BLOCKED_WAITERS
-        if not full:
-            _blocked[key] = _blocked.get(key, 0) + 1
-    if full:
-        _poll_flock(fd, mode, check)
-        return
+    start = time.monotonic()
+    # Past the bound, poll, and block as soon as a slot frees: a poller that only polled
+    # was overtaken by every later request taking the freed slot, and starved behind a
+    # holder that lets go and takes the lock again at once (review BK).
+    while not _take_slot(key):
+        try:
+            fcntl.flock(fd, mode | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            pass
+        check(time.monotonic() - start)
+        time.sleep(_TICK_S)
     try:
         dup = os.dup(fd)
     except BaseException:
@@ -182,7 +187,6 @@ def flock_waiting(fd: int, mode: int, check: Callable[[float], None]) -> None:
         os.close(dup)
         _unblocked(key)
         raise
-    start = time.monotonic()
     with cond:
         while not state["ended"]:
             try:
@@ -197,25 +201,30 @@ def flock_waiting(fd: int, mode: int, check: Callable[[float], None]) -> None:
         raise state["error"]
 
 
+def _take_slot(key: tuple[int, int]) -> bool:
+    with _blocked_lock:
+        if _blocked.get(key, 0) >= MAX_BLOCKED_WAITERS:
+            return False
+        _blocked[key] = _blocked.get(key, 0) + 1
+        return True
+
+
+def _forget_waiters() -> None:
+    """In a forked child: the parent's waiter threads are not here (their slots would
+    be taken for good), and its count's lock may have been held at the fork."""
+    global _blocked_lock
+    _blocked.clear()
+    _blocked_lock = _thread.allocate_lock()
+
+
+os.register_at_fork(after_in_child=_forget_waiters)
+
+
 def _unblocked(key: tuple[int, int]) -> None:
     with _blocked_lock:
         _blocked[key] -= 1
         if not _blocked[key]:
             del _blocked[key]
-
-
-def _poll_flock(fd: int, mode: int, check: Callable[[float], None]) -> None:
-    """flock_waiting without a thread: a non-blocking try each tick (see
-    MAX_BLOCKED_WAITERS)."""
-    start = time.monotonic()
-    while True:
-        try:
-            fcntl.flock(fd, mode | fcntl.LOCK_NB)
-            return
-        except BlockingIOError:
-            pass
-        check(time.monotonic() - start)
-        time.sleep(_TICK_S)
 
 
 def flock_within(fd: int, mode: int, timeout_s: float) -> bool:

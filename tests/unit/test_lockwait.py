@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import fcntl
 import os
+import subprocess
+import sys
+import textwrap
 import threading
+import time
 from pathlib import Path
 
 from renderctl.lockwait import MAX_BLOCKED_WAITERS, WAITER_THREAD, flock_within
@@ -57,3 +61,67 @@ def test_waits_given_up_on_a_held_lock_leave_a_bounded_number_of_waiters(
         assert flock_within(fd, fcntl.LOCK_EX, 5.0)
     finally:
         os.close(fd)
+
+
+def test_waiters_past_the_bound_are_not_starved_by_a_busy_holder(tmp_path: Path) -> None:
+    # Given a lock that another process takes back a moment after each time it lets go
+    # (a `dead retry --all`'s batches), for 8 s
+    lock = tmp_path / ".submit.lock"
+    lock.touch()
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import fcntl, os, time
+        fd = os.open({str(lock)!r}, os.O_RDWR)
+        end = time.monotonic() + 8
+        while time.monotonic() < end:
+            fcntl.flock(fd, fcntl.LOCK_EX); time.sleep(0.03); fcntl.flock(fd, fcntl.LOCK_UN)
+        """)])
+    took: dict[int, float] = {}
+
+    def wait(i: int) -> None:
+        fd = os.open(lock, os.O_RDWR)
+        started = time.monotonic()
+        try:
+            if flock_within(fd, fcntl.LOCK_EX, 20):
+                took[i] = time.monotonic() - started
+                time.sleep(0.1)  # (the work the lock was for)
+        finally:
+            os.close(fd)
+
+    # When twice the bound of waiters wait for it at once
+    waiting = [threading.Thread(target=wait, args=(i,)) for i in range(2 * MAX_BLOCKED_WAITERS)]
+    try:
+        for t in waiting:
+            t.start()
+        for t in waiting:
+            t.join()
+    finally:
+        holder.wait(timeout=30)
+    # Then each gets it while the holder is still busy, those past the bound too (before:
+    # they only polled, every later waiter took the freed slots first, and they waited
+    # until the holder stopped: review BK)
+    assert len(took) == len(waiting) and max(took.values()) < 7.5, took
+
+
+def test_a_forked_child_starts_with_no_waiters_counted(tmp_path: Path) -> None:
+    # Given waiters given up on a held lock, still blocked behind its holder
+    lock = tmp_path / ".submit.lock"
+    lock.touch()
+    holder = os.open(lock, os.O_RDWR)
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    try:
+        for _ in range(MAX_BLOCKED_WAITERS):
+            fd = os.open(lock, os.O_RDWR)
+            assert not flock_within(fd, fcntl.LOCK_EX, 0.01)
+            os.close(fd)
+        # When the process forks (a preforking web server), then the child counts none of
+        # them: their threads are not in it (before: its every wait on that lock polled)
+        pid = os.fork()
+        if pid == 0:
+            from renderctl import lockwait
+            os._exit(0 if not lockwait._blocked else 1)
+        assert os.waitpid(pid, 0)[1] == 0
+    finally:
+        fcntl.flock(holder, fcntl.LOCK_UN)
+        os.close(holder)
+    for t in waiters():
+        t.join(timeout=10)
