@@ -52,6 +52,10 @@ TICK_FOLD_BYTES = 1 << 20  # per textfile write in a runner (~0.1 s here)
 # How often a runner keeps its folded totals for the next one (caught up with the log): a
 # runner killed later leaves its successor at most this much of the log to fold again.
 TOTALS_SAVE_S = 60.0
+# The longest a successor holds a killed runner's textfile while its fold catches up: a
+# log growing faster than the fold's share (an incident's flood of failures) would hold it
+# for good, gauges and all (review BK).
+HOLD_MAX_S = 300.0
 STATUS_COST_FACTOR = 50  # a runner lists the folders for metrics <= ~2% of its time
 WAIT_BUCKETS_S = (0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
 EXEC_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
@@ -357,7 +361,9 @@ class MetricsTextfile:
         # than those, then rising again: to Prometheus a reset, and every attempt in
         # between counted twice (audit BJ: 450 failed attempts, 234, then 450).
         self._caught_up = False
+        self._hold_until = time.monotonic() + HOLD_MAX_S
         self._save_due = 0.0
+        self._saved_offset = self.totals.offset
         self._due = 0.0
         self._status: QueueStatus | None = None
         self._status_due = 0.0
@@ -383,7 +389,8 @@ class MetricsTextfile:
             m = collect(self.queue, self.totals)
         else:
             self._caught_up |= self.totals.update(self.queue, budget_bytes=TICK_FOLD_BYTES)
-            if not self._caught_up and self.path.exists():
+            if not self._caught_up and self.path.exists() \
+                    and time.monotonic() < self._hold_until:
                 return
             # On the runner's thread, which claims and finishes every job: a bounded share.
             # The log is folded TICK_FOLD_BYTES a tick (a long one catches up over ticks,
@@ -400,9 +407,15 @@ class MetricsTextfile:
             st = dataclasses.replace(self._status,
                                      oldest_pending_age_s=snap.get("oldest_pending_age_s"))
             m = collect(self.queue, self.totals, status=st, budget_bytes=0)  # (folded above)
-            if self._caught_up and now >= self._save_due:
-                self._save_due = now + TOTALS_SAVE_S
+            if self._caught_up and now >= self._save_due \
+                    and self.totals.offset != self._saved_offset:
+                began = time.monotonic()
                 save_totals(self.queue, self.totals)
+                # Its cost grows with the jobs accepted and not yet claimed (300,000: 0.25 s
+                # on the runner's thread): at most a 50th of the time, as for the listings.
+                self._save_due = now + max(TOTALS_SAVE_S,
+                                           STATUS_COST_FACTOR * (time.monotonic() - began))
+                self._saved_offset = self.totals.offset
         write_textfile(self.path, exposition(m))
 
     def close(self) -> None:

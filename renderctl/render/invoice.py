@@ -80,7 +80,8 @@ MAX_INPUT_BYTES = 20_000_000
 # limit inside the parser, which is a property of the file, not a retryable failure.
 MAX_NESTING = 100
 # Sums (net, tax, total) stay below 10^26: with cents that is the 28 digits anyone checking
-# the invoice with Decimal's default context can reproduce exactly; no real invoice nears it.
+# the invoice with Decimal's default context can reproduce exactly (30 for a 4-decimal
+# currency; MONEY's 50 keep ours exact either way); no real invoice nears it.
 MAX_AMOUNT = Decimal("1e26")
 
 _CURRENCY = re.compile(r"[A-Z]{3}")
@@ -207,7 +208,7 @@ def format_amount(amount: Decimal, *, min_places: int = 2) -> str:
         amount = amount.quantize(
             Decimal(1).scaleb(-places), rounding=ROUND_HALF_UP, context=MONEY
         )
-    return f"{amount:,.{places}f}"
+    return f"{amount if amount else abs(amount):,.{places}f}"  # (never "-0.00")
 
 
 def format_money(currency: str, amount: Decimal) -> str:
@@ -223,7 +224,7 @@ def format_rate(rate: Decimal) -> str:
 
 def format_quantity(quantity: Decimal) -> str:
     """A quantity without exponent notation or trailing zeros: 2.50 -> ``2.5``."""
-    return f"{quantity.normalize(MONEY):f}"
+    return f"{quantity.normalize(MONEY) if quantity else Decimal(0):f}"  # (never "-0")
 
 
 # -- parsing and validation ----------------------------------------------------------------

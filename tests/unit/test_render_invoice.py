@@ -17,7 +17,7 @@ from pypdf import PdfReader
 
 from renderctl.errors import InvalidInput
 from renderctl.render import invoice, safety
-from renderctl.render.invoice import compute_totals, format_money, parse_invoice
+from renderctl.render.invoice import compute_totals, format_amount, format_money, parse_invoice
 
 HOSTILE = (
     '<img src="file:///etc/passwd"/>',
@@ -150,6 +150,7 @@ def test_money_is_rounded_to_the_currencys_minor_unit(
     assert str(totals.total) == total
     assert format_money(currency, totals.total) == text
     assert not any(str(net).startswith("-") for net in totals.line_nets if not net)
+    assert format_amount(Decimal("-0.0"), min_places=2) == "0.00"  # (a unit price: BK)
 
 
 # -- the PDF -------------------------------------------------------------------------------
