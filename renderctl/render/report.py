@@ -64,10 +64,6 @@ FONT_BOLD = "Helvetica-Bold"
 FONT_SIZE = 8.5
 CELL_PADDING = 4
 ROW_PADDING = 2
-# Every cell is one line of plain text, so every row is this tall, computed as reportlab
-# would (leading 1.2 x size, then the paddings). Given up front, reportlab no longer
-# re-measures every remaining row at each page break, which made long reports quadratic.
-ROW_HEIGHT = FONT_SIZE * 1.2 + (ROW_PADDING + ROW_PADDING)
 # The smallest a table's text is set to make its numbers fit across the page (6 pt is what
 # a printed timetable uses); past it the report is refused, naming params.columns.
 MIN_FONT_SIZE = 5.5
@@ -355,6 +351,17 @@ def build_pdf(
     """Lay out the report: title, summary line, optional chart, then the table with totals."""
     st = styles()
     pagesize = landscape(PAGE_SIZE) if len(shown) > 6 else PAGE_SIZE
+    try:
+        table = _table(data, shown, pagesize[0] - 2 * MARGIN)
+        if pagesize is PAGE_SIZE and table.font_size < FONT_SIZE:
+            raise _DoesNotFit("")
+    except _DoesNotFit:
+        if pagesize is not PAGE_SIZE:
+            raise
+        # Few columns, but wide numbers: across a landscape page before smaller type, or
+        # a refusal (review BK: five columns of 28-digit sums were refused upright).
+        pagesize = landscape(PAGE_SIZE)
+        table = _table(data, shown, pagesize[0] - 2 * MARGIN)
     width = pagesize[0] - 2 * MARGIN
     story: list[Any] = [
         Paragraph(para(title), st.title),
@@ -364,7 +371,7 @@ def build_pdf(
     ]
     if chart is not None and data.rows:
         story += [_bar_chart(data, chart, label, width), Spacer(1, 6 * mm)]
-    story.append(_table(data, shown, width))
+    story.append(table)
     pdf = SimpleDocTemplate(
         str(output),
         pagesize=pagesize,
@@ -389,7 +396,11 @@ def _clip(text: str, font: str, limit: float, size: float = FONT_SIZE) -> str:
     return text + "…"
 
 
-def _table(data: Dataset, shown: Sequence[Column], width: float) -> Flowable:
+class _DoesNotFit(InvalidInput):
+    """The columns' numbers do not fit across the page at MIN_FONT_SIZE."""
+
+
+def _table(data: Dataset, shown: Sequence[Column], width: float) -> _PagedTable:
     # Plain strings, not Paragraphs: reportlab draws them verbatim (no markup) and fast.
     header = [plain(c.name) for c in shown]
     body = [[plain(row[c.index]) for c in shown] for row in data.rows]
@@ -431,8 +442,7 @@ def _table(data: Dataset, shown: Sequence[Column], width: float) -> Flowable:
         ]
     else:
         last = [("LINEBELOW", (0, -1), (-1, -1), 0.25, RULE)]
-    return _PagedTable(header, body, totals_row, widths, commands, last,
-                       row_height=size * 1.2 + (ROW_PADDING + ROW_PADDING))
+    return _PagedTable(header, body, totals_row, widths, commands, last, font_size=size)
 
 
 def _layout(shown: Sequence[Column], header: list[str], body: list[list[str]],
@@ -455,21 +465,23 @@ def _layout(shown: Sequence[Column], header: list[str], body: list[list[str]],
     cap = width * MAX_COLUMN_SHARE
 
     def widths_at(size: float) -> tuple[list[float], list[float]]:
-        natural = [min(cap, max(v, h) * size + 2 * CELL_PADDING)
-                   for v, h in zip(values, heads, strict=True)]
-        least = [min(n, v * size + 2 * CELL_PADDING) if c.numeric else min(n, TEXT_COLUMN_MIN)
-                 for n, v, c in zip(natural, values, shown, strict=True)]
+        # A number's own width is never capped (review BK: a 27-digit total was clipped).
+        least = [v * size + 2 * CELL_PADDING if c.numeric else 0.0
+                 for v, c in zip(values, shown, strict=True)]
+        natural = [max(lo, min(cap, max(v, h) * size + 2 * CELL_PADDING))
+                   for lo, v, h in zip(least, values, heads, strict=True)]
+        least = [lo if c.numeric else min(n, TEXT_COLUMN_MIN)
+                 for lo, n, c in zip(least, natural, shown, strict=True)]
         return natural, least
 
     size = FONT_SIZE
     natural, least = widths_at(size)
     if sum(least) > width:
-        need = sum(least)
-        if sum(widths_at(MIN_FONT_SIZE)[1]) > width:
-            raise InvalidInput(
+        if (need := sum(widths_at(MIN_FONT_SIZE)[1])) > width:
+            raise _DoesNotFit(
                 f"params.columns: {len(shown)} columns do not fit across the page even in "
-                f"{MIN_FONT_SIZE:g} pt type (their numbers alone need {need:.0f} pt of "
-                f"{width:.0f} at {FONT_SIZE:g} pt); choose fewer with params.columns")
+                f"{MIN_FONT_SIZE:g} pt type (they need {need:.0f} pt of {width:.0f}); "
+                "choose fewer with params.columns")
         low, high = MIN_FONT_SIZE, FONT_SIZE  # the largest size whose numbers fit
         for _ in range(24):
             mid = (low + high) / 2
@@ -501,12 +513,16 @@ class _PagedTable(Flowable):
         commands: list[tuple[Any, ...]],
         last: list[tuple[Any, ...]],
         start: int = 0,
-        row_height: float = ROW_HEIGHT,
+        font_size: float = FONT_SIZE,
     ) -> None:
         super().__init__()
         self._parts = (header, body, totals_row, widths, commands, last)
         self._start = start
-        self._row_height = row_height
+        self.font_size = font_size
+        # Every cell is one line of plain text, so every row is this tall, computed as
+        # reportlab would (leading 1.2 x size, then the paddings). Given up front, reportlab
+        # no longer re-measures every remaining row at each page break (quadratic).
+        self._row_height = font_size * 1.2 + (ROW_PADDING + ROW_PADDING)
         self._piece: Table | None = None
         self.hAlign = "CENTER"  # as Table's default, so the frame places it the same
 
@@ -546,7 +562,7 @@ class _PagedTable(Flowable):
             return parts  # only the totals row moves on: reportlab's own second piece
         rest = _PagedTable(
             header, body, totals_row, widths, commands, last, start=self._start + taken,
-            row_height=self._row_height,
+            font_size=self.font_size,
         )
         return [parts[0], rest]
 

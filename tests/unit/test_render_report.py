@@ -252,3 +252,25 @@ def test_a_total_keeps_every_decimal_its_cells_have(tmp_path: Path) -> None:
                        [["a", "0.1"], ["b", "0.000000000001"], ["c", "0.2"]])
     # (it was cut to 10 decimals: 0.3000000000, audit BI)
     assert "Total\n0.300000000001" in render_pages(source, tmp_path / "r.pdf")[0]
+
+
+def test_a_number_wider_than_its_share_of_the_page_is_still_whole(tmp_path: Path) -> None:
+    # Given a long text column and a column whose total has 27 digits and 27 decimals
+    rows = [["x" * 300, "999999999999999999999999999"], ["y", "0.000000000000000000000000001"]]
+    source = write_csv(tmp_path / "w.csv", ["note", "amount"], rows)
+    # When it is rendered, then the total is there whole (the text column clipped), where
+    # it was cut with an ellipsis to its column's share of the page (review BK)
+    text = render_pages(source, tmp_path / "r.pdf")[0]
+    assert "999,999,999,999,999,999,999,999,999.000000000000000000000000001" in text
+
+
+def test_few_columns_of_wide_numbers_go_landscape_before_smaller_type(tmp_path: Path) -> None:
+    # Given five columns of 28-digit sums: too wide upright, in full-size type
+    rows = [[f"{(r + 1) * 10 ** 27 + c}" for c in range(5)] for r in range(9)]
+    source = write_csv(tmp_path / "five.csv", [f"c{i}" for i in range(5)], rows)
+    out = tmp_path / "r.pdf"
+    # When it is rendered, then the page is turned rather than the report refused or its
+    # type shrunk (review BK: refused upright, naming params.columns)
+    render_pages(source, out)
+    page = PdfReader(out).pages[0]
+    assert page.mediabox.width > page.mediabox.height
