@@ -414,26 +414,31 @@ def _stamp_page(
     # by the box the text takes once rotated: fitted to the width before the rotation, a
     # long stamp at 45 degrees ran off the top and bottom of any page wider than ~1.5:1
     # (a 16:9 slide, a banner), its middle all that showed (audit BI).
+    # A stamp at an edge or corner keeps a margin (a tenth of a small page at most) and is
+    # placed by that same box: placed as if unturned, a turned corner stamp ran off the
+    # page (review BK: A4 bottom-right at 45 degrees drew up to y = 872 of 842).
+    margin = 0.0 if position == "center" else min(max(18.0, font_size * 0.6),
+                                                  0.1 * min(width, height))
     text_width = canvas.stringWidth(text, font, font_size)
     turn = math.radians(rotation)
     cos, sin = abs(math.cos(turn)), abs(math.sin(turn))
     across = text_width * cos + font_size * sin
     down = text_width * sin + font_size * cos
-    fit = min(1.0, *(0.9 * room / span for room, span in ((width, across), (height, down))
-                     if span > 0))
+    fit = min(1.0, *(min(0.9 * room, room - 2 * margin) / span
+                     for room, span in ((width, across), (height, down)) if span > 0))
     if fit < 1.0:
         font_size *= fit
-        text_width = canvas.stringWidth(text, font, font_size)
-    margin = max(18.0, font_size * 0.6)
+        across, down = across * fit, down * fit
     vertical, _, horizontal = position.partition("-")
+    # (x, y): the middle of the turned text's box, which the text is drawn about.
     if position == "center":
         x, y = width / 2, height / 2
     else:
-        y = height - margin - font_size * 0.8 if vertical == "top" else margin
+        y = height - margin - down / 2 if vertical == "top" else margin + down / 2
         if horizontal == "left":
-            x = margin + text_width / 2
+            x = margin + across / 2
         elif horizontal == "right":
-            x = width - margin - text_width / 2
+            x = width - margin - across / 2
         else:
             x = width / 2
     canvas.setFillColor(Color(0.75, 0.1, 0.1, alpha=opacity))

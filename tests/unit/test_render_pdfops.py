@@ -215,11 +215,12 @@ def _shown_stamp(page: Any, word: str) -> tuple[float, float, float, float, floa
     return x, y, dx, dy, w, h
 
 
-@pytest.mark.parametrize("size", [(842, 200), (960, 540), (540, 960), (595, 842)],
-                         ids=["banner", "slide", "portrait-slide", "A4"])
+@pytest.mark.parametrize("size", [(842, 200), (960, 540), (540, 960), (595, 842), (60, 40)],
+                         ids=["banner", "slide", "portrait-slide", "A4", "tiny"])
 @pytest.mark.parametrize("rotation", [45.0, 0.0, 90.0, -30.0])
+@pytest.mark.parametrize("position", ["center", "bottom-right", "top-left", "bottom"])
 def test_a_long_stamp_fits_the_page_whatever_its_turn(tmp_path: Path, size: tuple[int, int],
-                                                      rotation: float) -> None:
+                                                      rotation: float, position: str) -> None:
     from reportlab.pdfbase.pdfmetrics import stringWidth
 
     # Given a page of this shape, and a long centred stamp at this angle
@@ -228,11 +229,12 @@ def test_a_long_stamp_fits_the_page_whatever_its_turn(tmp_path: Path, size: tupl
 
     # When it is stamped
     out = tmp_path / "out.pdf"
-    pdfops.stamp([src], out, {"text": text, "rotation": rotation})
+    pdfops.stamp([src], out, {"text": text, "rotation": rotation, "position": position})
 
     # Then both ends of the stamp's line of text lie on the page (before: fitted to the
     # width before it was turned, a 45-degree stamp ran off a banner's and a slide's top
-    # and bottom, its middle all that showed: audit BI)
+    # and bottom, its middle all that showed: audit BI; placed at an edge or corner as if
+    # unturned, it ran off there: review BK)
     page = PdfReader(out).pages[0]
     sizes: list[float] = []
     page.extract_text(visitor_text=lambda t, cm, tm, font, fs: sizes.append(
