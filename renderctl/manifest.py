@@ -474,6 +474,7 @@ def _report_scrubbed(ctx: _Ctx, doc: dict[str, Any], found: list[tuple[_Path, st
         where.append((job, fld))
     # Only now: one may be inside another (a repeated key whose first value holds a nan).
     ctx.scrubbed.update(where)
+    ctx.scrubbed_jobs.update(job for job, _ in where)
 
 
 # -- validation ---------------------------------------------------------------------------
@@ -487,6 +488,7 @@ class _Ctx:
     # checks then find there ("is required", "must be str") is about the stand-in, not
     # about what the manifest says, and is left out, as is anything inside it.
     scrubbed: set[tuple[str | None, str]] = field(default_factory=set)
+    scrubbed_jobs: set[str | None] = field(default_factory=set)  # the jobs of those
     # The output root as given (normalised by Path, as messages show it; ending in "/") and
     # resolved (None: there is none yet); each output folder's verdict, and each of its
     # prefixes' (see _folder_escapes).
@@ -947,7 +949,7 @@ def _validate_job(
 
     if len(ctx.problems) > before:
         return None
-    if ctx.scrubbed and any(j in (jid, label) for j, _ in ctx.scrubbed):
+    if jid in ctx.scrubbed_jobs or label in ctx.scrubbed_jobs:
         # A value of this job that no job may carry was dropped and reported already (an
         # output that is a Path, or nan): its later checks were silenced, and a KeyError
         # came from reading it here (review BK).
