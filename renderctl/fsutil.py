@@ -276,20 +276,31 @@ def unlink_quiet(path: str | os.PathLike[str]) -> bool:
 NOT_CONTENT = frozenset({"lost+found", ".gitkeep", ".keep", ".DS_Store"})
 
 
+def unspellable(name: str) -> str | None:
+    """The first character of ``name`` this system's file name encoding cannot hold (under
+    a C locale with UTF-8 mode off, an ISO-8859 one), as a phrase naming the encoding and
+    the way out; None if it has none. Reached os.stat, such a name was a traceback."""
+    try:
+        os.fsencode(name)
+    except UnicodeEncodeError as exc:
+        import sys
+
+        return (f"{name[exc.start:exc.end]!r} cannot be written in this system's file name "
+                f"encoding ({sys.getfilesystemencoding()}); run renderctl under a UTF-8 "
+                "locale (LANG=C.UTF-8, or PYTHONUTF8=1)")
+    return None
+
+
 def not_a_folder(path: Path) -> str | None:
     """What ``path`` is when it is something other than a folder and can never become one
     (``a file``, ``a path through a file (x)``, ``a symlink loop``); None when it is a
     folder or is missing (a missing folder can be created). Unreadable is left to the
     command: its I/O error (74) says more than a guess would."""
+    if (why := unspellable(str(path))) is not None:
+        # (A configuration file's `queue = "株q"`: a traceback from stat before.)
+        return f"a name where {why}"
     try:
         mode = path.stat().st_mode
-    except UnicodeEncodeError as exc:
-        # (A configuration file's `queue = "株q"` under a C locale with UTF-8 mode off: a
-        # traceback from stat before.)
-        import sys
-
-        return (f"a name this system's file name encoding ({sys.getfilesystemencoding()}) "
-                f"cannot hold ({str(path)[exc.start:exc.end]!r}; run under a UTF-8 locale)")
     except ValueError:
         return "a name with a NUL byte"
     except NotADirectoryError:

@@ -16,7 +16,6 @@ import math
 import os
 import re
 import stat
-import sys
 import tomllib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -549,16 +548,12 @@ _CONTROL = re.compile("[\x01-\x1f\x7f-\x9f]")
 
 
 def unencodable_name(value: str) -> str | None:
-    """Why ``value`` cannot be a file name on this system, or None: under a locale whose
-    file name encoding is not UTF-8 (C with UTF-8 mode off, ISO-8859-1), a name in other
-    characters reached os.stat as a UnicodeEncodeError traceback (audit AZ)."""
-    try:
-        os.fsencode(value)
-    except UnicodeEncodeError as exc:
-        return (f"{value}: {value[exc.start:exc.end]!r} cannot be written in this "
-                f"system's file name encoding ({sys.getfilesystemencoding()}); run renderctl "
-                "under a UTF-8 locale (LANG=C.UTF-8, or PYTHONUTF8=1)")
-    return None
+    """Why ``value`` cannot be a file name (or a program's argument) on this system, or
+    None (audit AZ: a traceback from os.stat under a C or ISO-8859 locale)."""
+    from renderctl.fsutil import unspellable  # (ctypes and all: not for every command)
+
+    why = unspellable(value)
+    return None if why is None else f"{value}: {why}"
 
 
 def _bad_folder_name(value: str | bytes) -> str | None:
