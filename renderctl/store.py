@@ -93,11 +93,11 @@ from renderctl.errors import (
 )
 from renderctl.events import EventLog
 from renderctl.fsutil import (
-    NOT_CONTENT,
     atomic_write,
     fill_file,
     fsync_dir,
     fsync_fd,
+    holds_users_files,
     not_a_folder,
     read_file,
     remove_quiet,
@@ -700,21 +700,10 @@ class Queue:
         return d
 
     def _refuse_a_users_folder(self) -> None:
-        """A new queue takes a missing or empty folder, as the command line's does: laid out
-        among a project's files (the wrong folder named), it would be hard to undo."""
+        """A new queue takes a missing or empty folder, as the command line's does."""
         try:
-            if (self.path / "pending").is_dir():
+            if not holds_users_files(self.path):
                 return
-            with os.scandir(self.path) as entries:
-                if all(e.name in NOT_CONTENT for e in entries):
-                    return
-            # Another thread or process making this queue meanwhile made pending/ first:
-            # what the listing found is the queue's own (review BH: 76 of 1,200 opens of
-            # new queues by four threads at once were refused).
-            if (self.path / "pending").is_dir():
-                return
-        except (FileNotFoundError, NotADirectoryError):
-            return  # to be made (or _create says what is in the way)
         except OSError as exc:
             raise QueueIOError(os_error_message(exc)) from exc
         raise UserError(f"{self.path} is not a renderctl queue and not empty (a new queue "

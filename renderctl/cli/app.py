@@ -138,22 +138,12 @@ def queue_path(opt: Path | None) -> Path:
     return opt if opt is not None else Path(os.environ.get("RENDERCTL_QUEUE") or ".renderctl")
 
 
-def is_queue(path: Path) -> bool:
-    """Whether ``path`` is a queue: it has ``pending/``, the first folder a new queue gets
-    (so a creation cut short leaves an empty folder or a queue, nothing in between)."""
-    try:
-        return stat.S_ISDIR((path / "pending").stat().st_mode)
-    except (FileNotFoundError, NotADirectoryError):
-        return False  # anything else (EACCES, EIO) is a real I/O error: exit 74
-
-
-
 def queue_problem(path: Path, *, creating: bool) -> str | None:
     """What is wrong with ``path`` as a command's queue (None: nothing). A command that
     creates queues takes a missing or empty folder; any other folder that is not a queue is
     the user's (a project folder, the wrong cwd), and laying the queue's folders out among
     its files would be hard to undo."""
-    from renderctl.fsutil import NOT_CONTENT, not_a_folder
+    from renderctl.fsutil import holds_users_files, is_queue, not_a_folder
 
     what = not_a_folder(path)
     if what is not None:
@@ -166,17 +156,9 @@ def queue_problem(path: Path, *, creating: bool) -> str | None:
             return ("does not exist: no queue there yet (`renderctl submit MANIFEST` or "
                     "`renderctl run MANIFEST` makes it; --queue names another)")
         return "is not a renderctl queue (no pending/ folder)"
-    try:
-        with os.scandir(path) as entries:
-            # What a fresh file system (lost+found: a queue on its own disk) or a folder kept
-            # in version control (.gitkeep) holds still counts as empty: no user files.
-            empty = all(e.name in NOT_CONTENT for e in entries)
-    except FileNotFoundError:
+    if not holds_users_files(path):
         return None
-    if not empty and is_queue(path):
-        return None  # made meanwhile by another command (pending/ first: what we listed)
-    return None if empty else ("is not a renderctl queue and not empty (a new queue needs a "
-                               "missing or empty folder)")
+    return "is not a renderctl queue and not empty (a new queue needs a missing or empty folder)"
 
 
 def check_queue(ctx: typer.Context, param: typer.CallbackParam, value: Path | None, *,
@@ -771,6 +753,7 @@ def queue_conflicts(jobs: list[Any], queue: Path, replace: bool,
     read adds nothing here (the command's own problems are the answer)."""
     from dataclasses import replace as with_file
 
+    from renderctl.fsutil import is_queue
     from renderctl.store import Queue
 
     try:

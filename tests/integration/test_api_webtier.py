@@ -218,7 +218,9 @@ def test_a_queue_made_by_another_opener_between_its_looks_is_opened(tmp_path: Pa
     # makes the queue there
     where = tmp_path / "q"
     where.mkdir()
-    code = Queue._refuse_a_users_folder.__code__
+    from renderctl.fsutil import holds_users_files
+
+    code = holds_users_files.__code__
     listing = next(line for _, _, line in code.co_lines()
                    if line and "os.scandir" in linecache.getline(code.co_filename, line))
     made: list[Queue] = []
