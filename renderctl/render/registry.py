@@ -42,6 +42,10 @@ BUILTIN: tuple[RendererSpec, ...] = (
             ParamSpec("sort_by", "str", description="column to sort rows by"),
             ParamSpec("descending", "bool", description="sort descending"),
             ParamSpec("chart", "str", description="numeric column drawn as a bar chart"),
+            ParamSpec("totals", "list[str]",
+                      description="numeric columns to total, [] for none; default every"
+                                  " numeric column but identifiers (id, number, code, year...)",
+                      check=rules.total_names),
         ),
     ),
     RendererSpec(

@@ -9,7 +9,7 @@ from __future__ import annotations
 import csv
 import io
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Context, Decimal, InvalidOperation
 from pathlib import Path
@@ -212,6 +212,7 @@ def render(inputs: list[Path], output: Path, params: Mapping[str, Any]) -> None:
     data = load_csv(inputs[0])
     all_columns = {c.name: c for c in columns_of(data)}
     shown = _pick_columns(params.get("columns"), all_columns)
+    totalled = _pick_totals(params.get("totals"), all_columns, shown, data, inputs[0].name)
     rows = _sorted_rows(data, params, all_columns)
     chart_column = _chart_column(params.get("chart"), all_columns, data, inputs[0].name)
     if chart_column is not None:
@@ -223,6 +224,7 @@ def render(inputs: list[Path], output: Path, params: Mapping[str, Any]) -> None:
         source=drawable(inputs[0].name),
         data=Dataset(header=data.header, rows=rows),
         shown=shown,
+        totalled=totalled,
         chart=chart_column,
         label=next((c for c in shown if not c.numeric), None),
         output=output,
@@ -244,6 +246,47 @@ def _pick_columns(value: Any, have: Mapping[str, Column]) -> tuple[Column, ...]:
         if name not in have:
             raise _missing("columns", name, have)
     return tuple(have[name] for name in value)
+
+
+# A numeric column headed so is a key, not a quantity: its total (of invoice numbers, zip
+# codes, years) is a meaningless figure printed as if it were one (audit BI). Matched
+# against a header's last word, so "Number of orders" is still totalled.
+IDENTIFIER_WORDS = frozenset({
+    "id", "ids", "no", "nr", "num", "number", "code", "year", "zip", "zipcode", "postcode",
+    "ref", "reference", "sku", "ean", "isbn", "phone", "key",
+})
+
+
+def is_identifier(name: str) -> bool:
+    """Whether a column's header names an identifier (``customer_id``, ``Invoice No.``,
+    ``customerId``, ``#``)."""
+    words = re.findall(r"[^\W_]+", name)
+    if not words:
+        return name.strip() == "#"
+    last = words[-1]
+    camel = re.findall(r"[A-Z][a-z]+|[a-z]+|[A-Z]+(?![a-z])", last)
+    return last.casefold() in IDENTIFIER_WORDS or (
+        len(camel) > 1 and camel[-1].casefold() in IDENTIFIER_WORDS)
+
+
+def _pick_totals(
+    value: Any, have: Mapping[str, Column], shown: Sequence[Column], data: Dataset,
+    source: str,
+) -> frozenset[Column]:
+    if value is None:
+        return frozenset(c for c in shown if c.numeric and not is_identifier(c.name))
+    rules.require("totals", value, rules.total_names)
+    for name in value:
+        if name not in have:
+            raise _missing("totals", name, have)
+        column = have[name]
+        if column not in shown:
+            raise InvalidInput(f"params.totals: column {quoted(name)} is not among"
+                               " params.columns")
+        if not column.numeric and data.rows:
+            raise InvalidInput(f"params.totals: column {quoted(name)} is not numeric"
+                               f"{_why(data, column, source)}")
+    return frozenset(have[name] for name in value if have[name].numeric)
 
 
 def _sorted_rows(
@@ -344,6 +387,7 @@ def build_pdf(
     source: str,
     data: Dataset,
     shown: Sequence[Column],
+    totalled: Collection[Column],
     chart: Column | None,
     label: Column | None,
     output: Path,
@@ -352,7 +396,7 @@ def build_pdf(
     st = styles()
     pagesize = landscape(PAGE_SIZE) if len(shown) > 6 else PAGE_SIZE
     try:
-        table = _table(data, shown, pagesize[0] - 2 * MARGIN)
+        table = _table(data, shown, totalled, pagesize[0] - 2 * MARGIN)
         if pagesize is PAGE_SIZE and table.font_size < FONT_SIZE:
             raise _DoesNotFit("")
     except _DoesNotFit:
@@ -361,7 +405,7 @@ def build_pdf(
         # Few columns, but wide numbers: across a landscape page before smaller type, or
         # a refusal (review BK: five columns of 28-digit sums were refused upright).
         pagesize = landscape(PAGE_SIZE)
-        table = _table(data, shown, pagesize[0] - 2 * MARGIN)
+        table = _table(data, shown, totalled, pagesize[0] - 2 * MARGIN)
     width = pagesize[0] - 2 * MARGIN
     story: list[Any] = [
         Paragraph(para(title), st.title),
@@ -400,16 +444,18 @@ class _DoesNotFit(InvalidInput):
     """The columns' numbers do not fit across the page at MIN_FONT_SIZE."""
 
 
-def _table(data: Dataset, shown: Sequence[Column], width: float) -> _PagedTable:
+def _table(data: Dataset, shown: Sequence[Column], totalled: Collection[Column],
+           width: float) -> _PagedTable:
     # Plain strings, not Paragraphs: reportlab draws them verbatim (no markup) and fast.
     header = [plain(c.name) for c in shown]
     body = [[plain(row[c.index]) for c in shown] for row in data.rows]
     totals_row: list[str] | None = None
-    if data.rows and any(c.numeric for c in shown):
+    if data.rows and any(c in totalled for c in shown):
         totals_row = [
-            format_total(data, c, column_total(data, c)) if c.numeric else "" for c in shown
+            format_total(data, c, column_total(data, c)) if c in totalled else ""
+            for c in shown
         ]
-        if not shown[0].numeric:
+        if shown[0] not in totalled:
             totals_row[0] = "Total"
     widths, size = _layout(shown, header, body, totals_row, width)
     for i in range(len(shown)):

@@ -47,6 +47,13 @@ def column_names(value: Any) -> str | None:
     return None
 
 
+def total_names(value: Any) -> str | None:
+    """A report's totalled columns: a list of names, empty for no totals row."""
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        return "expected a list of column names ([] for no totals row)"
+    return None
+
+
 def require(name: str, value: Any, rule: Callable[[Any], str | None]) -> None:
     """Raise InvalidInput naming ``params.<name>`` if ``rule`` finds ``value`` wrong."""
     problem = rule(value)

@@ -274,3 +274,46 @@ def test_few_columns_of_wide_numbers_go_landscape_before_smaller_type(tmp_path: 
     render_pages(source, out)
     page = PdfReader(out).pages[0]
     assert page.mediabox.width > page.mediabox.height
+
+
+def test_identifier_columns_get_no_total_by_default(tmp_path: Path) -> None:
+    # Given an export whose numeric columns include keys: an invoice number, a customer id,
+    # a year (audit BI: their "totals" were printed, 3,000,006 beside the amounts' sum)
+    source = write_csv(
+        tmp_path / "inv.csv", ["Invoice No.", "customerId", "year", "Number of items", "amount"],
+        [[1_000_001, 17, 2026, 3, "10.50"], [1_000_002, 18, 2026, 4, "2.25"]])
+    # When it is rendered with the default totals
+    text = render_pages(source, tmp_path / "r.pdf")[-1]
+    # Then the quantities are totalled, the keys are not
+    last = text.split("\n")
+    assert last[last.index("Total"):last.index("Total") + 3] == ["Total", "7", "12.75"]
+    assert "2,000,003" not in text and "4,052" not in text and "35" not in text
+
+
+def test_totals_param_names_the_columns_to_total_or_none(tmp_path: Path, sales: Path) -> None:
+    # Given the sales export: units and revenue are numeric
+    # When only revenue is to be totalled, then units has no total
+    text = render_pages(sales, tmp_path / "a.pdf", totals=["revenue"])[-1]
+    assert "Total\n73,326.00" in text and "7,260" not in text
+    # When no totals are wanted, then there is no totals row at all
+    assert all("Total" not in page for page in render_pages(sales, tmp_path / "b.pdf", totals=[]))
+    # When an identifier-looking column is asked for by name, then it is totalled
+    source = write_csv(tmp_path / "y.csv", ["region", "year"], [["N", 2025], ["S", 2026]])
+    assert "Total\n4,051" in render_pages(source, tmp_path / "c.pdf", totals=["year"])[-1]
+
+
+@pytest.mark.parametrize(
+    ("totals", "message"),
+    [
+        ("revenue", "params.totals: expected a list of column names"),
+        (["profit"], "params.totals: no column 'profit'"),
+        (["region"], "params.totals: column 'region' is not numeric"),
+        (["revenue", "units"], "params.totals: column 'revenue' is not among params.columns"),
+    ],
+)
+def test_bad_totals_name_the_param_and_column(
+    tmp_path: Path, sales: Path, totals: Any, message: str
+) -> None:
+    with pytest.raises(InvalidInput, match=message):
+        report.render([sales], tmp_path / "r.pdf",
+                      {"title": "T", "columns": ["region", "units"], "totals": totals})
