@@ -649,6 +649,9 @@ def _bar_chart(data: Dataset, column: Column, label: Column | None, width: float
     chart.categoryAxis.labels.fontSize = 6
     chart.categoryAxis.labels.angle = 45
     chart.categoryAxis.labels.boxAnchor = "ne"
+    # Below the lowest value, not at the zero line: drawn there, the names of negative bars
+    # were printed over the bars (audit BI).
+    chart.categoryAxis.labelAxisMode = "low"
     chart.categoryAxis.strokeColor = RULE
     drawing.add(chart)
     caption = (

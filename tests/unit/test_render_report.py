@@ -317,3 +317,20 @@ def test_bad_totals_name_the_param_and_column(
     with pytest.raises(InvalidInput, match=message):
         report.render([sales], tmp_path / "r.pdf",
                       {"title": "T", "columns": ["region", "units"], "totals": totals})
+
+
+def test_chart_names_are_printed_below_negative_bars_not_over_them(tmp_path: Path) -> None:
+    # Given a charted column running from -600 to 500
+    source = write_csv(tmp_path / "p.csv", ["product", "profit"],
+                       [[f"Product {i}", (i - 6) * 100] for i in range(12)])
+    report.render([source], tmp_path / "r.pdf", {"title": "P", "chart": "profit"})
+    heights: dict[str, float] = {}
+
+    def seen(text: str, cm: Any, tm: Any, font: Any, size: Any) -> None:
+        if text.strip():
+            heights.setdefault(text.strip(), cm[5] + tm[5] * cm[3])
+
+    PdfReader(tmp_path / "r.pdf").pages[0].extract_text(visitor_text=seen)
+    # Then every bar's name lies below the value axis' lowest label (before: on the zero
+    # line, across the negative bars)
+    assert max(heights[f"Product {i}"] for i in range(12)) < heights["-600"]
