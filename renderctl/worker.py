@@ -389,6 +389,17 @@ class Worker:
                     self.queue.appendleft(job)
                     self._drop_all(DropKind.RETIRE, ADOPTED_REASON)
                     return
+                if job.spec.get("kind") != "command" and _renderers_missing():
+                    # Before the gate records a start: a renderer that cannot be imported
+                    # (a broken Pillow, a partial site-packages) fails every job here alike.
+                    # After it, each job was charged and dead-lettered as "worker exited
+                    # with status 1", or, under fork and spawn, workers were replaced
+                    # forever (audit BL). The environment's fault: the run halts (74).
+                    try:
+                        self._load_renderers()
+                    except Exception as exc:  # noqa: BLE001 (any import-time failure)
+                        self.queue.appendleft(job)
+                        self._unloadable(exc)
                 if self.gate is not None and job.seq and not self.gate.start(job.seq):
                     # Taken back by the runner for another worker (Runner._rebalance).
                     self._send(Dropped((job.seq,), DropKind.SKIP, "taken back"))
@@ -396,8 +407,6 @@ class Worker:
                 if job.expires_at is not None and time.time() > job.expires_at:
                     self._send(Dropped((job.seq,), DropKind.EXPIRED, EXPIRED_REASON))
                     continue
-                if "pypdf" not in sys.modules and job.spec.get("kind") != "command":
-                    self._load_renderers()
                 if not self._apply_limit(job):
                     return
                 try:
@@ -456,6 +465,14 @@ class Worker:
     def cancel_requested(self, job_id: str) -> bool:
         return bool(self.control_dir) and os.path.exists(
             f"{self.control_dir}/{CANCEL_REQUEST_PREFIX}{job_id}")
+
+    def _unloadable(self, exc: BaseException) -> NoReturn:
+        """Say the renderers cannot be imported here (Broken), then exit: what we hold goes
+        back to pending, uncharged, and the runner halts as for workers that cannot start."""
+        with contextlib.suppress(OSError):
+            self._flush()
+            self.conn.send(Broken(f"cannot import the renderers: {_message(exc)}"))
+        os._exit(ExitCode.IO_ERROR)
 
     def _broken(self, exc: OSError | GuardError, doing: str = "") -> NoReturn:
         said = os_error_message(exc) if isinstance(exc, OSError) else str(exc)
@@ -1366,6 +1383,14 @@ def _copy_all(src: int, dst: int) -> None:
         view = memoryview(chunk)
         while view:
             view = view[os.write(dst, view):]
+
+
+def _renderers_missing() -> bool:
+    """Whether a module the fork server preloads is not loaded here: under fork and spawn
+    none is, and a fork server whose preload failed on one (it skips an ImportError)
+    loaded the rest."""
+    return any(name not in sys.modules for name in mpstate.PRELOAD
+               if name != "renderctl.forkserver_init")
 
 
 def _message(exc: BaseException, said_by: type[BaseException] | None = None) -> str:

@@ -275,6 +275,39 @@ def test_every_start_method_completes_a_small_batch(
 
 
 @pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
+def test_renderers_that_cannot_be_imported_halt_the_run_charging_no_job(
+        tmp_path: Path, write_manifest: Any, method: str) -> None:
+    # Given an environment where reportlab fails to import (a broken or partial install)
+    stage(tmp_path)
+    shadow = tmp_path / "shadow" / "reportlab"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text('raise ImportError("simulated broken reportlab")\n')
+    path = os.pathsep.join(p for p in (str(shadow.parent), os.environ.get("PYTHONPATH")) if p)
+    sample = Path(__file__).resolve().parents[2] / "sample-inputs" / "invoices" / "0001.json"
+    manifest = write_manifest([
+        {"id": "inv", "kind": "invoice", "input": str(sample), "output": "inv.pdf"},
+        py_job("py", "write_pdf")])
+    queue, out = tmp_path / "q", tmp_path / "out"
+
+    # When a run starts its workers there
+    res = run_cli("run", manifest, *cli_args(queue, out, *FAST, "--start-method", method),
+                  env={"PYTHONPATH": path}, timeout=60)
+
+    # Then it halts with 74 naming the cause, and both jobs stay pending, uncharged (before:
+    # each job was charged "worker exited with status 1" until dead, or, under fork and
+    # spawn, workers were replaced without end)
+    assert res.returncode == 74, res.stdout + res.stderr
+    assert "cannot import the renderers: ImportError: simulated broken reportlab" in res.stderr
+    view = QueueView(queue)
+    assert view.ids("pending") == {"inv", "py"}
+    assert all(not view.record("pending", j).get("attempts") for j in ("inv", "py"))
+    # And a run in a sound environment completes them, each at its first attempt
+    res = run_cli("run", *cli_args(queue, out, *FAST, "--start-method", method))
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert [len(view.record("done", j)["attempts"]) for j in ("inv", "py")] == [1, 1]
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
 def test_a_workers_first_job_is_not_charged_for_loading_the_renderers(
         tmp_path: Path, write_manifest: Any, method: str) -> None:
     # Given three invoices for one worker
