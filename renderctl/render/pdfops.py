@@ -233,6 +233,22 @@ def stamp(inputs: list[Path], output: Path, params: Mapping[str, Any]) -> None:
             writer.write(fh)
 
 
+def _shown_box(page: PageObject) -> tuple[float, float, float, float]:
+    """The part of ``page`` a viewer shows, as (left, bottom, width, height): its crop box
+    (written from any corner) cut to its media box, as the PDF standard says (14.11.2); a
+    crop box with no area inside the media box gives the media box, as pdf.js and pdfium
+    show such a page. (The crop box as written: a stamp centred on one twice the page's
+    width was half off the page, one outside it could not be seen at all: audit BL.)"""
+    mx0, my0, mx1, my1 = (float(v) for v in page.mediabox)
+    cx0, cy0, cx1, cy1 = (float(v) for v in page.cropbox)
+    media = (min(mx0, mx1), min(my0, my1), max(mx0, mx1), max(my0, my1))
+    left, bottom = max(media[0], min(cx0, cx1)), max(media[1], min(cy0, cy1))
+    right, top = min(media[2], max(cx0, cx1)), min(media[3], max(cy0, cy1))
+    if right <= left or top <= bottom:
+        left, bottom, right, top = media
+    return left, bottom, right - left, top - bottom
+
+
 class _Stamper:
     """Draws the stamp on pages of ``writer`` as a Form XObject: one per page size, added to
     each page's resources and drawn after the page's own content, which is left as it is.
@@ -293,9 +309,7 @@ class _Stamper:
         # into the page's own coordinates. The box may be written from any corner to the
         # opposite one: normalise it, or a negative width turns into a mirrored stamp of
         # negative size.
-        x0, y0, x1, y1 = (float(v) for v in page.cropbox)
-        left, bottom = min(x0, x1), min(y0, y1)
-        width, height = abs(x1 - x0), abs(y1 - y0)
+        left, bottom, width, height = _shown_box(page)
         turn = _page_turn(page)
         shown = (width, height) if turn in (0, 180) else (height, width)
         form = self._form((round(shown[0], 2), round(shown[1], 2)))

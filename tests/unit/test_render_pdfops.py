@@ -269,6 +269,34 @@ def test_stamp_lands_upright_where_asked_on_turned_and_cropped_pages(tmp_path: P
         assert w / 2 < x < w and h / 2 < y < h, (number, x, y, w, h)
 
 
+@pytest.mark.parametrize("crop", [(0, 0, 1224, 792), (700, 0, 1300, 792), (10, 10, 10, 10),
+                                  (-300, 100, 400, 700)],
+                         ids=["twice-as-wide", "outside", "no-area", "overhanging-left"])
+def test_stamp_lands_in_what_a_viewer_shows_when_the_crop_box_overhangs_the_media_box(
+        tmp_path: Path, a_pdf: Path, crop: tuple[int, int, int, int]) -> None:
+    # Given a letter page (612 x 792) whose crop box reaches past its media box, lies
+    # outside it, or has no area: a viewer shows the two boxes' intersection (the media box
+    # when that is empty)
+    writer = PdfWriter(clone_from=a_pdf)
+    writer.pages[0].mediabox = RectangleObject((0, 0, 612, 792))
+    writer.pages[0].cropbox = RectangleObject(crop)
+    writer.write(tmp_path / "cropped.pdf")
+    x0, y0, x1, y1 = crop
+    left, bottom, right, top = max(0, x0), max(0, y0), min(612, x1), min(792, y1)
+    if right <= left or top <= bottom:
+        left, bottom, right, top = 0, 0, 612, 792
+
+    # When it is stamped in the centre, unturned
+    out = tmp_path / "stamped.pdf"
+    pdfops.stamp([tmp_path / "cropped.pdf"], out, {"text": "OK", "rotation": 0})
+
+    # Then the stamp starts inside what is shown, and is centred there (before: centred on
+    # the crop box as written, half off the page, or off it altogether: audit BL)
+    x, y, dx, dy = _stamp_at(PdfReader(out).pages[0], "OK")
+    assert left < x < (left + right) / 2 < right and bottom < y < top, (x, y)
+    assert dx > 0 and abs(dy) < 1e-6 * dx
+
+
 def test_stamp_lands_upright_on_a_page_whose_box_is_written_corner_to_corner_reversed(
     tmp_path: Path, a_pdf: Path
 ) -> None:
