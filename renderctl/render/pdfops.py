@@ -24,6 +24,7 @@ from pypdf.generic import (
     FloatObject,
     IndirectObject,
     NameObject,
+    NumberObject,
     PdfObject,
     StreamObject,
 )
@@ -229,6 +230,9 @@ def stamp(inputs: list[Path], output: Path, params: Mapping[str, Any]) -> None:
         for number, page in enumerate(writer.pages, start=1):
             _sized(page, f"{path.name}: page {number}")  # (a 0x0 page was stamped, published)
             stamper.stamp(page)
+        pages = writer._root_object["/Pages"].get_object()
+        if isinstance(pages, DictionaryObject):
+            _recount(pages, set())
         with output.open("wb") as fh:
             writer.write(fh)
 
@@ -247,6 +251,28 @@ def _shown_box(page: PageObject) -> tuple[float, float, float, float]:
     if right <= left or top <= bottom:
         left, bottom, right, top = media
     return left, bottom, right - left, top - bottom
+
+
+def _recount(node: DictionaryObject, seen: set[int]) -> int:
+    """Set each page tree node's /Count to the pages under it; that number. The clone keeps
+    the input's counts, and one that lied (3 pages, /Count 1) was published so: a reader
+    that trusts /Count (pdf.js) shows one page, where our check walks the tree (audit BL).
+    A page listed twice counts twice, as readers show it; an inner node met again counts
+    nothing (open_pdf refused the trees that loop, this is not trusted to have)."""
+    if node.get("/Type") != "/Pages":
+        return 1
+    if id(node) in seen:
+        return 0
+    seen.add(id(node))
+    kids = node.get("/Kids")
+    kids = kids.get_object() if kids is not None else None
+    count = 0
+    for kid in kids if isinstance(kids, ArrayObject) else ():
+        kid = kid.get_object()
+        if isinstance(kid, DictionaryObject):
+            count += _recount(kid, seen)
+    node[NameObject("/Count")] = NumberObject(count)
+    return count
 
 
 class _Stamper:

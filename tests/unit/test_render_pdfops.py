@@ -8,7 +8,13 @@ from typing import Any
 
 import pytest
 from pypdf import PdfReader, PdfWriter
-from pypdf.generic import ContentStream, NameObject, RectangleObject, StreamObject
+from pypdf.generic import (
+    ContentStream,
+    NameObject,
+    NumberObject,
+    RectangleObject,
+    StreamObject,
+)
 from reportlab.lib.pagesizes import A4, landscape, letter
 from reportlab.pdfgen.canvas import Canvas
 
@@ -295,6 +301,25 @@ def test_stamp_lands_in_what_a_viewer_shows_when_the_crop_box_overhangs_the_medi
     x, y, dx, dy = _stamp_at(PdfReader(out).pages[0], "OK")
     assert left < x < (left + right) / 2 < right and bottom < y < top, (x, y)
     assert dx > 0 and abs(dy) < 1e-6 * dx
+
+
+@pytest.mark.parametrize(("pages", "said"), [(3, 1), (1, 5), (2, 999_999_999)])
+def test_stamp_publishes_the_true_page_count_where_the_input_lied(
+        tmp_path: Path, pages: int, said: int) -> None:
+    # Given a PDF whose page tree says /Count N but holds another number of pages
+    writer = PdfWriter(clone_from=make_pdf(tmp_path / "in.pdf", "page", pages))
+    writer._root_object["/Pages"].get_object()[NameObject("/Count")] = NumberObject(said)
+    writer.write(tmp_path / "lying.pdf")
+
+    # When it is stamped
+    out = tmp_path / "stamped.pdf"
+    pdfops.stamp([tmp_path / "lying.pdf"], out, {"text": "SEEN"})
+
+    # Then the output's /Count is its real number of pages, each stamped (before: the lie
+    # was copied, and a viewer trusting /Count showed 1 of 3 stamped pages: audit BL)
+    reader = PdfReader(out)
+    assert reader.trailer["/Root"]["/Pages"]["/Count"] == pages == len(reader.pages)
+    assert all("SEEN" in page.extract_text() for page in reader.pages)
 
 
 def test_stamp_lands_upright_on_a_page_whose_box_is_written_corner_to_corner_reversed(
