@@ -46,7 +46,11 @@ EOF_WINDOW = 2048
 EOF_SEARCH = 1 << 20
 # A cut-off file can still hold an earlier %%EOF (an incremental update's base, or a
 # linearized file's first-page section): then what follows it is PDF structure, never padding.
-_PDF_STRUCTURE = re.compile(rb"\bobj\b|\bendobj\b|\bstream\b|\bxref\b|\btrailer\b|startxref")
+# Matched as syntax ("12 0 obj", "trailer <<"), not as words: a mail trailer saying "sent
+# from the stream of my obj phone" after a whole file was refused as truncated (audit BL).
+_PDF_STRUCTURE = re.compile(
+    rb"\d+\s+\d+\s+obj\b|\bendobj\b|\bendstream\b|(?:^|[\r\n])xref\s"
+    rb"|\btrailer\s*<<|\bstartxref\s+\d")
 
 POSITIONS = ("center", "top", "bottom", "top-left", "top-right", "bottom-left", "bottom-right")
 

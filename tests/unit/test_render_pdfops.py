@@ -550,17 +550,33 @@ def _updated(path: Path, source: Path) -> Path:
     return path
 
 
-def test_a_pdf_cut_inside_an_appended_update_stays_truncated(tmp_path: Path, a_pdf: Path) -> None:
+@pytest.mark.parametrize("after", [16, 40, 300, 3000])
+def test_a_pdf_cut_inside_an_appended_update_stays_truncated(
+        tmp_path: Path, a_pdf: Path, after: int) -> None:
     whole = _updated(tmp_path / "whole.pdf", a_pdf)
     data = whole.read_bytes()
     first_eof = data.index(b"%%EOF")
     assert data.count(b"%%EOF") == 2 and len(data) - first_eof > 4096
     cut = tmp_path / "cut.pdf"
-    # Cut after the base file's %%EOF, inside the update, more than 2 KB after the marker
-    cut.write_bytes(data[: first_eof + 3000])
+    # Cut after the base file's %%EOF, inside the update (3000: more than 2 KB after it)
+    cut.write_bytes(data[: first_eof + after])
     with pytest.raises(InvalidInput, match="cut.pdf: truncated"):
         pdfops.open_pdf(cut)
     assert len(pdfops.open_pdf(whole).pages) == 2
+
+
+@pytest.mark.parametrize("trailer", [
+    b"\n-- \nSent from the stream of my obj phone; see the trailer and xref below\n",
+    b"\r\n\r\n[attachment: scan 12 of 40, object 3 obj-free]\r\n",
+], ids=["signature", "attachment-note"])
+def test_a_whole_pdf_followed_by_a_mail_trailer_is_read(
+        tmp_path: Path, a_pdf: Path, trailer: bytes) -> None:
+    # Given a whole PDF after whose %%EOF a mail system appended a signature that uses
+    # words PDF syntax uses too (before: refused as "truncated PDF": audit BL)
+    mailed = tmp_path / "mailed.pdf"
+    mailed.write_bytes(a_pdf.read_bytes() + trailer)
+    # When it is opened, then all its pages are there
+    assert len(pdfops.open_pdf(mailed).pages) == 2
 
 
 def test_padding_beyond_the_search_window_is_refused(tmp_path: Path, a_pdf: Path) -> None:
