@@ -102,7 +102,8 @@ def type_name(v: Any) -> str:
     if isinstance(v, list):
         return "an array"
     if isinstance(v, str):
-        return "a string"
+        return "a string" if v else "an empty string"  # ("must be a non-empty string, got a
+        # string" read as a contradiction: audit BL)
     if isinstance(v, int | float):
         return "a number"
     if isinstance(v, dt.datetime):

@@ -107,6 +107,7 @@ JOB_CASES: list[tuple[str, dict[str, Any], str, str]] = [
     ("timeout-zero", {"timeout_s": 0}, "timeout_s", "must be > 0"),
     ("attempts-high", {"max_attempts": 101}, "max_attempts", "must be between 1 and 100"),
     ("priority-string", {"priority": "high"}, "priority", "must be an integer, got a string"),
+    ("input-empty", {"input": ""}, "input", "must be a non-empty string, got an empty string"),
     ("group-charset", {"group": "a b"}, "group", "must match [A-Za-z0-9._:@-]{1,128}"),
     ("deadline-naive", {"deadline": "2026-12-01T09:00:00"}, "deadline", "must carry a timezone"),
     ("deadline-garbage", {"deadline": "tomorrow"}, "deadline", "must be an RFC 3339 date-time"),
