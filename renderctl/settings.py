@@ -200,8 +200,16 @@ def load_config_file(cwd: str | os.PathLike[str]) -> tuple[Path | None, dict[str
     path, table = found
     values: dict[str, Any] = {}
     problems: list[str] = []
+    spelled: dict[str, str] = {}
     for raw_key, value in table.items():
         key = raw_key.replace("-", "_")
+        if key in spelled:
+            # memory_mb and memory-mb both: which one applied hung on their order in the
+            # file (audit BN). Refused, as a manifest refuses a field given twice.
+            problems.append(f"{path}: {raw_key!r} and {spelled[key]!r} are the same setting;"
+                            " keep one")
+            continue
+        spelled[key] = raw_key
         try:
             values[key] = check_value(key, value, where=str(path))
         except ConfigError as exc:

@@ -56,8 +56,11 @@ def test_pyproject_table_and_queue_default(tmp_path: Path) -> None:
     ("a" + ".a" * 40_000 + " = 1\n", "a key of more than 64 dotted parts"),  # (was 43 s)
     ("workers = 2\0\n", "contains a NUL character"),
     (".".join(['"\\""'] * 20_000) + " = 1\n", "a key of more than 64 dotted parts"),
+    # (audit BN: which one applied hung on the order of the lines)
+    ("memory_mb = 111\nmemory-mb = 222\n",
+     "'memory-mb' and 'memory_mb' are the same setting; keep one"),
 ], ids=["unknown", "zero", "string", "guard", "syntax", "not-utf8", "deep", "huge-int",
-        "long-dotted-key", "nul", "long-key-of-escaped-quotes"])
+        "long-dotted-key", "nul", "long-key-of-escaped-quotes", "both-spellings"])
 def test_bad_config_exits_2_naming_file_and_key(tmp_path: Path, text: str,
                                                 needle: str) -> None:
     path = tmp_path / "renderctl.toml"
