@@ -377,6 +377,10 @@ class Runner:
         self.stopped_at: float | None = None  # (monotonic) when the first stop signal came
         self.stop_grace_s = 0.0  # what running jobs get from it to finish (--grace; SIGQUIT: 0)
         self._stop_reported = False
+        # A second stop signal that cut a grace short, until reported: a run whose jobs
+        # were killed 10 s into a 30 s grace said nothing of why (audit BM).
+        self.skip_signal: int | None = None
+        self._skip_reported = False
         self._suspend_asked = False  # SIGTSTP came: pause the run at the top of the loop
         self._continued = False  # SIGCONT came: continue what a stop of our group stopped
         # Which of SIGTSTP and SIGCONT came last, in the order they came (read from the
@@ -572,7 +576,11 @@ class Runner:
             self.stop_grace_s = 0.0 if signum == signal.SIGQUIT else self.s.grace_s
             self.stop_deadline = self.stopped_at + self.stop_grace_s
         else:
-            self.stop_deadline = time.monotonic()  # a second signal skips the grace
+            now = time.monotonic()
+            if self.skip_signal is None and self.stop_deadline is not None \
+                    and self.stop_deadline > now:
+                self.skip_signal = signum
+            self.stop_deadline = now  # a second signal skips the grace
 
     def _on_suspend_signal(self, signum: int, frame: object) -> None:
         self._suspend_asked = True  # acted on between steps of the loop, not inside one
@@ -1072,6 +1080,12 @@ class Runner:
                     self._stop_reported = True
                     self.reporter.event({"event": "stopping", "signal": _signame(self.stop_signal),
                                          "grace_s": self.stop_grace_s,
+                                         "running": sum(1 for w in self.workers.values()
+                                                        if w.current is not None)})
+                if self.skip_signal is not None and not self._skip_reported:
+                    self._skip_reported = True
+                    self.reporter.event({"event": "stopping", "signal": _signame(self.skip_signal),
+                                         "grace_s": 0.0, "again": True,
                                          "running": sum(1 for w in self.workers.values()
                                                         if w.current is not None)})
                 self._drain(now)

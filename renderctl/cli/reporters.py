@@ -138,6 +138,9 @@ def format_event(ev: Mapping[str, Any]) -> str:
                 "attempt the runner did not hold): killed; its jobs run elsewhere, uncharged")
     if name == "halted":
         return f"halted    {one_line(ev['reason'])}"
+    if name == "stopping" and ev.get("again"):
+        return (f"stopping on {ev['signal']} again: the grace is skipped; {ev['running']} running"
+                " job(s) killed now and returned to pending uncharged")
     if name == "stopping" and ev["signal"] == "SIGQUIT":
         return (f"stopping on SIGQUIT: no new jobs; {ev['running']} running job(s) killed now "
                 "and returned to pending uncharged (SIGQUIT again quits at once)")

@@ -175,3 +175,15 @@ def test_show_keeps_a_stderr_line_holding_a_form_feed_whole(tmp_path: Path,
     # Then its last five lines are five whole lines (before: the form feeds cut them: BK)
     shown = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("    | ")]
     assert shown == [f"    | line {i}\\x0cpage" for i in range(15, 20)], shown
+
+
+def test_a_stop_signal_and_a_second_one_each_say_what_happens_to_running_jobs() -> None:
+    from renderctl.cli.reporters import format_event
+
+    first = {"event": "stopping", "signal": "SIGTERM", "grace_s": 30.0, "running": 2}
+    again = {**first, "grace_s": 0.0, "again": True}
+    assert format_event(first) == ("stopping on SIGTERM: no new jobs; 2 running job(s) get 30s "
+                                   "to finish (signal again to skip)")
+    # (a second signal was silent: the jobs were killed with the grace not out, unexplained)
+    assert format_event(again) == ("stopping on SIGTERM again: the grace is skipped; 2 running "
+                                   "job(s) killed now and returned to pending uncharged")

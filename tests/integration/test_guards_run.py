@@ -753,6 +753,13 @@ def test_second_sigint_skips_the_grace(env: Env) -> None:
     print(f"\n[drain] second SIGINT -> exit {rc} in {took:.2f}s (grace was 30s)")
     assert rc == 130, r.diag()
     assert took < 2.0
+    # And the run said why its job was killed before the grace was out (before: nothing,
+    # and a run's jobs killed 10 s into a 30 s grace were a mystery: audit BM)
+    r._reader.join(timeout=5)
+    said = [{k: e.get(k) for k in ("signal", "grace_s", "again", "running")}
+            for e in r.find("stopping")]
+    assert said == [{"signal": "SIGINT", "grace_s": 30.0, "again": None, "running": 1},
+                    {"signal": "SIGINT", "grace_s": 0.0, "again": True, "running": 1}], said
     assert env.state_of("first") == ["pending"] and env.state_of("second") == ["pending"]
     assert [a["outcome"] for a in env.record("pending", "first")["attempts"]] == ["released"]
     assert env.record("pending", "second")["attempts"] == []
