@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import importlib
 import os
 import signal
 import sys
@@ -66,6 +67,19 @@ def _quiet_abandoned_start(exc_type: type[BaseException], exc: BaseException,
     sys.__excepthook__(exc_type, exc, tb)
 
 
+def _preload_the_rest() -> None:
+    """Import the rest of PRELOAD in the server, skipping each that fails, whatever it
+    raises (a reportlab too old, a broken Pillow): the server keeps forking workers, and a
+    worker, finding a module missing, imports it itself and reports why it cannot (the
+    run halts, 74, naming the error) instead of the server dying with it unsaid."""
+    from renderctl.mpstate import PRELOAD
+
+    for name in PRELOAD:
+        if name != __name__:
+            with contextlib.suppress(Exception):
+                importlib.import_module(name)
+
+
 def _in_fork_server() -> bool:
     # The server runs as `python -c "from multiprocessing.forkserver import main; ..."`;
     # importing this module anywhere else (a test, a tool) must change nothing.
@@ -86,3 +100,4 @@ if _in_fork_server():
     # Registered after multiprocessing's own exit hook, so it runs first (atexit is LIFO):
     # that hook only runs finalizers the server has none of.
     atexit.register(_exit_without_teardown, os.getpid())
+    _preload_the_rest()

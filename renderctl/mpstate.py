@@ -179,7 +179,11 @@ def prestart(method: str) -> Any:
     mp_temp_dir()
     no_resource_tracker()
     if method == "forkserver":
-        ctx.set_forkserver_preload(list(PRELOAD))
+        # Only the first: it imports the rest itself, each failure skipped whatever it
+        # raises (multiprocessing skips an ImportError only; any other error at import
+        # killed the server, and the run said "the fork server keeps failing (EOFError)":
+        # audit BQ). A worker then imports what is missing and names what fails.
+        ctx.set_forkserver_preload(list(PRELOAD[:1]))
         forkserver.ensure_running()
     return ctx
 
