@@ -1383,7 +1383,7 @@ def kinds(as_json: JsonOpt = False) -> None:
     # A plugin that could not be loaded is not silently missing from the list (stderr: the
     # list on stdout stays what scripts read)
     for why in broken_plugins():
-        out.err(f"warning: renderer plugin {why[:300]}; its kind is not available")
+        out.err(f"warning: renderer plugin {why}")
     if as_json:
         with stdout_result():
             out.print_json({k: {"description": s.description,

@@ -100,3 +100,35 @@ def test_kinds_names_a_plugin_that_cannot_be_loaded(tmp_path: Path) -> None:
     assert "warning: renderer plugin broken (broken_plugin:SPEC): ImportError: needs " \
         "libfoo; its kind is not available" in res.stderr, res.stderr
 
+
+
+def test_kinds_names_a_plugin_whose_kind_is_taken(tmp_path: Path) -> None:
+    # Given a plugin that registers "invoice" (a built-in's kind), and two that register
+    # "hello"
+    site = tmp_path / "site"
+    site.mkdir()
+    install_plugin(site)
+    for name, kind in (("shadow", "invoice"), ("again", "hello")):
+        (site / f"{name}_plugin.py").write_text(PLUGIN.replace('kind="hello"', f'kind="{kind}"'))
+        info = site / f"{name}_plugin-0.1.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}-plugin\n"
+                                       "Version: 0.1\n")
+        (info / "entry_points.txt").write_text(
+            f"[renderctl.renderers]\n{name} = {name}_plugin:SPEC\n")
+    env = {**os.environ, "NO_COLOR": "1",
+           "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
+
+    # When the renderers are listed
+    res = cli("kinds", "--json", env=env)
+
+    # Then the built-in keeps its kind, one "hello" is registered, and the plugins left
+    # out are named on stderr with why (before: ignored without a word, audit BQ)
+    assert res.returncode == 0, res.stderr
+    kinds = json.loads(res.stdout)
+    assert kinds["invoice"]["description"].startswith("An invoice from a JSON document")
+    assert "warning: renderer plugin shadow (shadow_plugin:SPEC): kind 'invoice' is a " \
+        "built-in renderer's already; this one is not registered" in res.stderr, res.stderr
+    assert res.stderr.count("kind 'hello' is another plugin (hello_plugin:render)'s already"
+                            ) + res.stderr.count("kind 'hello' is another plugin "
+                                                 "(again_plugin:render)'s already") == 1, res.stderr
