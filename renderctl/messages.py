@@ -100,6 +100,9 @@ class Finished:
     pages: int | None = None
     peak_memory_bytes: int | None = None
     owner_tagged: bool = False  # the output file carries this attempt's token (xattr)
+    # The output's file system was full (or unwritable) as the attempt failed saying a disk
+    # was full, with why (publish.output_folder_problem): the folder's fault, not the job's.
+    output_full: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     # The assignment's RunJob.seq (a worker's message); 0 in a result the runner made
     # itself (a kill, a death), which is matched to nothing.

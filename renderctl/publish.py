@@ -17,6 +17,7 @@ import errno
 import functools
 import hashlib
 import os
+import stat
 from enum import StrEnum
 from pathlib import Path
 
@@ -278,3 +279,38 @@ def discard(tmp: Path) -> None:
     remove_quiet(tmp)
     if not tmp.name.endswith(".w.tmp"):  # and what its killed job left in its staging folder
         shutil.rmtree(tmp.with_name(staging_name(tmp.name)), ignore_errors=True)
+
+
+FULL_DISK_BYTES = 1 << 20  # free space below which a failed write is blamed on the disk
+
+
+def output_folder_problem(final: Path) -> str | None:
+    """Why nothing can be written beside ``final`` (None if something can): asked after a
+    job failed, to tell a folder's fault (read-only, not writable to us, full) from the
+    job's. A folder that does not exist is not such a fault: the next claim makes it."""
+    folder = final.parent
+    try:
+        if not stat.S_ISDIR(os.stat(folder).st_mode):
+            return None  # a file where the folder should be: the job's path, not the disk
+        st = os.statvfs(folder)
+    except OSError:
+        return None
+    if st.f_flag & os.ST_RDONLY:
+        return f"{folder}: {os.strerror(errno.EROFS)}"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"{folder}: {os.strerror(errno.EACCES)}"
+    # root may use the blocks reserved for it; everyone else only f_bavail
+    free = st.f_bfree if os.geteuid() == 0 else st.f_bavail
+    if free * st.f_frsize < FULL_DISK_BYTES or (st.f_files and st.f_ffree == 0):
+        return f"{folder}: {os.strerror(errno.ENOSPC)}"
+    return None
+
+
+# What a job says when the output's file system refused its writes (C's and Python's
+# wording: "cp: error writing 'x': No space left on device", "[Errno 28] ...: 'x'").
+FULL_ERRORS = (os.strerror(errno.ENOSPC), os.strerror(errno.EDQUOT))
+
+
+def says_full(*said: str | None) -> bool:
+    """Whether an attempt's error, stderr or traceback says a disk was full."""
+    return any(why in text for text in said if text for why in FULL_ERRORS)

@@ -95,6 +95,7 @@ from renderctl.messages import (
 from renderctl.mpstate import mp_temp_dir, prestart
 from renderctl.policy import ClaimIndex, ForeignLeases, after_attempt, compute_backoff
 from renderctl.publish import (
+    FULL_ERRORS,
     OutputEscapes,
     OutputRootUnusable,
     Published,
@@ -102,8 +103,10 @@ from renderctl.publish import (
     discard,
     make_folders,
     output_folder,
+    output_folder_problem,
     owner_token,
     publish,
+    says_full,
     tmp_output_path,
     tmp_outputs,
 )
@@ -394,6 +397,9 @@ class Runner:
         # Why the output folder cannot be written (DESIGN: exit 74, stop, lose nothing): set
         # by the first job that could not be given, or could not write, its output there.
         self.output_io_error: str | None = None
+        # Output file systems (st_dev) found full or unwritable this run, with why: see
+        # _folder_faults.
+        self._faulty_devices: dict[int, str] = {}
         # Workers keep failing to start (WorkerStartError's message): halted like the above.
         self.worker_start_error: str | None = None
         self._gates = 0  # start gates made (each worker gets a fresh one)
@@ -2481,15 +2487,13 @@ class Runner:
         now = self.clock.wall()
         transitions: list[Transition] = []
         to_link: list[tuple[Assignment, int, Finished]] = []  # index: in transitions
+        faults = self._folder_faults(batch)
         for a, fin in batch:
             outcome = fin.outcome
             problem = None
             if a.cancel_requested:
                 outcome = Outcome.CANCELLED.value
-            elif outcome in (Outcome.FAILED.value, Outcome.INVALID_OUTPUT.value) \
-                    and a.started_wall is not None \
-                    and (problem := output_folder_problem(a.final)
-                         or _full_writing_output(a.tmp, a.final, fin, a.claim.record)):
+            elif (problem := faults.get(id(a))):
                 # It failed where nothing could have succeeded: not charged, and the run
                 # stops (exit 74) rather than spend every job's attempts on the folder.
                 # (Only a job that ran: what _accept_claim refused, such as a path out of
@@ -2604,6 +2608,36 @@ class Runner:
             self._count(t)
             self._report(t)
         self._drop_moot_logs()
+
+    def _folder_faults(self, batch: list[tuple[Assignment, Finished]]) -> dict[int, str]:
+        """The attempts of ``batch`` (by id of their Assignment) that failed where nothing
+        could have succeeded, with why: judged for the whole batch before any of its
+        temporaries is removed. One by one, the first job released had its partial output
+        discarded, and the room that gave back made every later failure of the batch on
+        that full disk look like the job's own: charged, and with max_attempts 1, 6 of 12
+        jobs dead-lettered for the disk's fault (audit BV). So a failure that says the disk
+        is full ("No space left on device", which Python's write error says without the
+        file's name) is the disk's too, when its output's file system was found full or
+        unwritable in this batch or earlier in this run (which is halting for it: one such
+        release per job and run; see _full_writing_output for one that never fits)."""
+        ran = [(a, fin) for a, fin in batch if not a.cancel_requested
+               and fin.outcome in (Outcome.FAILED.value, Outcome.INVALID_OUTPUT.value)
+               and a.started_wall is not None]
+        faults: dict[int, str] = {}
+        for a, fin in ran:
+            # (output_full: the worker found the disk full as the job failed, before the
+            # partial output in its private folder was removed.)
+            problem = fin.output_full or output_folder_problem(a.final) \
+                or _full_writing_output(a.tmp, a.final, fin, a.claim.record)
+            if problem:
+                faults[id(a)] = problem
+                if (dev := _device_of(a.final.parent)) is not None:
+                    self._faulty_devices.setdefault(dev, problem)
+        for a, fin in ran:
+            if id(a) not in faults and says_full(fin.error, fin.stderr_tail, fin.traceback_tail) \
+                    and (dev := _device_of(a.final.parent)) in self._faulty_devices:
+                faults[id(a)] = self._faulty_devices[dev]
+        return faults
 
     def _publish_refused(self, a: Assignment, exc: OSError,
                          *, linking: bool) -> tuple[Outcome, str]:
@@ -2904,34 +2938,11 @@ def _exists_message(final: Path, job_id: str) -> str:
 FOLDER_IO_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC,
                               errno.EDQUOT, errno.EIO})
 NO_LINK_ERRNOS = frozenset({errno.EOPNOTSUPP, errno.ENOSYS})  # link(2) not supported at all
-FULL_DISK_BYTES = 1 << 20  # free space below which a failed write is blamed on the disk
-
-
-def output_folder_problem(final: Path) -> str | None:
-    """Why nothing can be written beside ``final`` (None if something can): asked after a
-    job failed, to tell a folder's fault (read-only, not writable to us, full) from the
-    job's. A folder that does not exist is not such a fault: the next claim makes it."""
-    folder = final.parent
+def _device_of(folder: Path) -> int | None:
     try:
-        if not stat.S_ISDIR(os.stat(folder).st_mode):
-            return None  # a file where the folder should be: the job's path, not the disk
-        st = os.statvfs(folder)
+        return os.stat(folder).st_dev
     except OSError:
         return None
-    if st.f_flag & os.ST_RDONLY:
-        return f"{folder}: {os.strerror(errno.EROFS)}"
-    if not os.access(folder, os.W_OK | os.X_OK):
-        return f"{folder}: {os.strerror(errno.EACCES)}"
-    # root may use the blocks reserved for it; everyone else only f_bavail
-    free = st.f_bfree if os.geteuid() == 0 else st.f_bavail
-    if free * st.f_frsize < FULL_DISK_BYTES or (st.f_files and st.f_ffree == 0):
-        return f"{folder}: {os.strerror(errno.ENOSPC)}"
-    return None
-
-
-# What a job says when the output's file system refused its writes (C's and Python's
-# wording: "cp: error writing 'x': No space left on device", "[Errno 28] ...: 'x'").
-_FULL_ERRORS = (os.strerror(errno.ENOSPC), os.strerror(errno.EDQUOT))
 
 
 def _full_writing_output(tmp: Path, final: Path, fin: Finished,
@@ -2947,7 +2958,7 @@ def _full_writing_output(tmp: Path, final: Path, fin: Finished,
     # (The worker's messages call the temporary by the output's own name.)
     names = (tmp.name, final.name)
     for line in said.splitlines():
-        why = next((w for w in _FULL_ERRORS if w in line), None)
+        why = next((w for w in FULL_ERRORS if w in line), None)
         if why is None or not any(f"/{n}" in line or f"'{n}" in line for n in names):
             continue
         mark = f"(writing {final.name})"

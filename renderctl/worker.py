@@ -87,6 +87,8 @@ from renderctl.publish import (
     OutputEscapes,
     others_can_write,
     output_folder,
+    output_folder_problem,
+    says_full,
     staging_name,
     tag_output,
 )
@@ -1179,7 +1181,7 @@ def execute(job: RunJob, workdir: Path, after_call: Callable[[], None] | None = 
     spec = job.spec
     tmp = Path(job.tmp_output)
     if not others_can_write(os.path.realpath(spec.get("out_root") or tmp.parent), tmp.parent):
-        return _execute(job, tmp, workdir, after_call, before_check, ())
+        return _judge_full(_execute(job, tmp, workdir, after_call, before_check, ()), tmp)
     try:
         staging = _Staging(Path(job.tmp_output), spec)
     except OutputEscapes as exc:
@@ -1187,7 +1189,8 @@ def execute(job: RunJob, workdir: Path, after_call: Callable[[], None] | None = 
     except OSError as exc:
         return {"outcome": Outcome.FAILED.value, "error": _message(exc)}
     try:
-        fields = _execute(job, staging.output, workdir, after_call, before_check, staging.fds)
+        fields = _judge_full(
+            _execute(job, staging.output, workdir, after_call, before_check, staging.fds), tmp)
         if fields["outcome"] == Outcome.COMPLETED.value:
             try:
                 staging.commit()
@@ -1196,6 +1199,22 @@ def execute(job: RunJob, workdir: Path, after_call: Callable[[], None] | None = 
         return fields
     finally:
         staging.close()
+
+
+def _judge_full(fields: dict[str, Any], tmp: Path) -> dict[str, Any]:
+    """``fields``, with ``output_full`` if the attempt failed saying a disk was full and the
+    output's own file system is (or cannot be written): judged here, with the partial
+    output still there. The runner, judging later, found room: the private folder was
+    emptied, or a tool removed its partial file, and Python's "[Errno 28] No space left on
+    device" names no file, so two jobs failing on a full disk were charged, dead with
+    one attempt each (audit BV)."""
+    if fields["outcome"] in (Outcome.FAILED.value, Outcome.INVALID_OUTPUT.value) and \
+            says_full(fields.get("error"), fields.get("stderr_tail"),
+                      fields.get("traceback_tail")):
+        problem = output_folder_problem(tmp)
+        if problem:
+            fields["output_full"] = problem
+    return fields
 
 
 # Descriptors of the job being run's private output folder: a job that leaves too many

@@ -1028,6 +1028,21 @@ def fill_workdir_then_hold(inputs: Sequence[Path], output: Path,
     raise RuntimeError("filled its working folder")
 
 
+def grow_output_after_go(inputs: Sequence[Path], output: Path,
+                         params: Mapping[str, Any]) -> None:
+    """Write ``params["mb"]`` MB of the output, say so in ``params["marker"]``, hold as
+    wait_for_go does, then keep writing it until the disk refuses: Python's own
+    "[Errno 28] No space left on device", which names no file."""
+    with open(output, "wb") as f:
+        f.write(b"x" * (int(params["mb"]) << 20))
+        f.flush()
+        Path(params["marker"]).write_text("written")
+        _hold_until_go(params)
+        while True:
+            f.write(b"x" * 65536)
+            f.flush()
+
+
 def write_then_hang(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
     """Write the output, tell ``params["pidfile"]``, then hang (until killed)."""
     write_pdf(inputs, output, params)

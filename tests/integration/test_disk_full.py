@@ -475,6 +475,46 @@ def test_a_job_that_fails_on_a_full_output_disk_and_removes_its_partial_file_is_
         assert os.listdir(out) == []
 
 
+@pytest.mark.parametrize("mode", ["1777", "0755"], ids=["private-folder", "beside-output"])
+def test_jobs_failing_together_on_a_full_output_disk_are_none_of_them_charged(
+        tmp_path: Path, write_manifest: Any, mode: str) -> None:
+    # Given an output root on a 6 MB disk and two one-attempt jobs, each holding 2 MB of its
+    # output written, and the rest of the disk filled from outside (1777: others can write
+    # there, so each job writes in a private folder the worker empties when it fails; 0755:
+    # at its temporary name, which the runner removes)
+    stage(tmp_path)
+    with mounted_tmpfs(tmp_path / "out", f"size=6m,mode={mode}") as out:
+        go = tmp_path / "go"
+        marks = {j: tmp_path / f"{j}.written" for j in ("a", "b")}
+        manifest = write_manifest(
+            [py_job(j, "grow_output_after_go", f"{j}.bin", mb=2, marker=str(marks[j]),
+                    go=str(go), pidfile=str(tmp_path / f"{j}.pid")) for j in marks],
+            defaults={"max_attempts": 1})
+        queue = tmp_path / "q"
+        runner = Runner(manifest, *cli_args(queue, out, "--workers", "2"))
+        try:
+            wait_until(lambda: all(m.exists() for m in marks.values()),
+                       what="both jobs to have written their first 2 MB")
+            filler = fill(out / "filler")
+            # When both go on writing, and fail ("No space left on device", no file named)
+            go.touch()
+            code = runner.wait()
+            said = f"{runner.lines} {runner.stderr()}"
+            os.close(filler)
+        finally:
+            go.touch()
+            runner.close()
+        # Then the run halts (74) and neither job is charged: both pending, released
+        # (before: the first one judged was released, its partial output removed, and
+        # the room that freed made the other's failure look like its own: dead)
+        assert code == ExitCode.IO_ERROR, said
+        view = QueueView(queue)
+        assert view.ids("dead") == set() and view.ids("pending") == {"a", "b"}, said
+        for jid in marks:
+            assert [a["outcome"] for a in view.record("pending", jid)["attempts"]] \
+                == ["released"], (jid, view.record("pending", jid)["attempts"])
+
+
 def test_a_job_that_always_fails_naming_its_output_and_a_full_disk_still_ends_dead(
         tmp_path: Path, write_manifest) -> None:
     # Given a job that fails every time saying "No space left on device" about a scratch
