@@ -1201,6 +1201,18 @@ def execute(job: RunJob, workdir: Path, after_call: Callable[[], None] | None = 
         staging.close()
 
 
+def _ident_of(path: Path) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+class OutputFolderGone(Exception):
+    """The output's folder went away while the job ran: a failure a retry can mend."""
+
+
 def _judge_full(fields: dict[str, Any], tmp: Path) -> dict[str, Any]:
     """``fields``, with ``output_full`` if the attempt failed saying a disk was full and the
     output's own file system is (or cannot be written): judged here, with the partial
@@ -1318,6 +1330,7 @@ def _execute(job: RunJob, output: Path, workdir: Path, after_call: Callable[[], 
     spec = job.spec
     inputs = [Path(p) for p in spec.get("inputs", ())]
     params: Mapping[str, Any] = spec.get("params", {})
+    folder_before = _ident_of(Path(job.tmp_output).parent)  # (see check_output)
     try:
         if job.output_kind == "dir":
             output.mkdir()
@@ -1348,7 +1361,8 @@ def _execute(job: RunJob, output: Path, workdir: Path, after_call: Callable[[], 
             # published file, under the hash its done record gives. What is checked and
             # published is a copy made now; the thread keeps the original, unlinked.
             _detach(output)
-        fields = {"outcome": Outcome.COMPLETED.value, **check_output(output, job)}
+        fields = {"outcome": Outcome.COMPLETED.value,
+                  **check_output(output, job, folder_before)}
         if job.output_kind == "file":
             fields["owner_tagged"] = tag_output(output, job.token)
         return fields
@@ -1554,8 +1568,10 @@ def _last_line(tail: str | None, limit: int = 200) -> str:
 CHECK_IN_MEMORY_MAX = 8 * MB
 
 
-def check_output(output: Path, job: RunJob) -> dict[str, Any]:
-    """The output exists and is what it claims (a PDF opens and has a page); hash it."""
+def check_output(output: Path, job: RunJob,
+                 folder_before: tuple[int, int] | None = None) -> dict[str, Any]:
+    """The output exists and is what it claims (a PDF opens and has a page); hash it.
+    ``folder_before``: its folder's identity as the job started, if it was there."""
     if job.output_kind == "dir":
         if not output.is_dir():
             raise InvalidOutput("the job did not produce its output folder")
@@ -1577,6 +1593,14 @@ def check_output(output: Path, job: RunJob) -> dict[str, Any]:
     try:
         os.lstat(output)
     except FileNotFoundError:
+        folder = Path(job.tmp_output).parent
+        if folder_before is not None and _ident_of(folder) != folder_before:
+            # Removed with its folder while the job ran (an `rm -rf` of the output tree;
+            # another job's claim may have made the folder again since): invalid_output
+            # said the job wrote nothing, and dead-lettered at once a job a retry
+            # completes, as the next claim makes the folder again (audit BV).
+            raise OutputFolderGone(f"its output folder {folder} was removed while the job "
+                                   "ran") from None
         raise InvalidOutput("the job did not write its output file") from None
     if not os.path.isfile(output) or os.path.islink(output):
         raise InvalidOutput("the output is not a regular file")

@@ -987,6 +987,16 @@ def wait_for_go(inputs: Sequence[Path], output: Path, params: Mapping[str, Any])
     write_pdf(inputs, output, params)
 
 
+def write_then_hold_first_time(inputs: Sequence[Path], output: Path,
+                               params: Mapping[str, Any]) -> None:
+    """Write a PDF; the first time (no ``params["marker"]`` yet), make the marker, then hold
+    as wait_for_go does before returning."""
+    write_pdf(inputs, output, params)
+    if not os.path.exists(params["marker"]):
+        Path(params["marker"]).write_text("held")
+        _hold_until_go(params)
+
+
 def _hold_until_go(params: Mapping[str, Any]) -> None:
     _write_pid(params["pidfile"], os.getpid())
     while not os.path.exists(params["go"]):

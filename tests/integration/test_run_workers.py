@@ -274,6 +274,35 @@ def test_every_start_method_completes_a_small_batch(
         assert_pdf(out / f"{j}.pdf", j)
 
 
+def test_an_output_folder_removed_while_its_job_runs_is_retried_not_dead(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given a job that has written its output into out/sub and holds
+    stage(tmp_path)
+    marker, go = tmp_path / "held", tmp_path / "go"
+    manifest = write_manifest([py_job("j", "write_then_hold_first_time", "sub/j.pdf",
+                                      marker=str(marker), go=str(go),
+                                      pidfile=str(tmp_path / "j.pid"))])
+    queue, out = tmp_path / "q", tmp_path / "out"
+    runner = Runner(manifest, *cli_args(queue, out, *FAST))
+    try:
+        wait_until(marker.exists, what="the job to have written its output")
+        # When its output folder is removed with what is in it (rm -rf), then it returns
+        shutil.rmtree(out / "sub")
+        go.touch()
+        code = runner.wait()
+    finally:
+        go.touch()
+        runner.close()
+    # Then that attempt failed, saying why, and the retry completed it (before: dead at
+    # once, invalid_output "the job did not write its output file")
+    assert code == 0, runner.lines
+    attempts = QueueView(queue).record("done", "j")["attempts"]
+    assert [a["outcome"] for a in attempts] == ["failed", "completed"], attempts
+    assert attempts[0]["error"] == (f"OutputFolderGone: its output folder {out / 'sub'} was "
+                                    "removed while the job ran")
+    assert_pdf(out / "sub" / "j.pdf", "j")
+
+
 @pytest.mark.parametrize("error", ["ImportError", "AttributeError"])
 @pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
 def test_renderers_that_cannot_be_imported_halt_the_run_charging_no_job(
