@@ -605,7 +605,14 @@ class _PagedTable(Flowable):
         taken = len(parts[0]._cellvalues) - 1  # body rows on this page, without the header
         header, body, totals_row, widths, commands, last = self._parts
         if self._start + taken >= len(body):
-            return parts  # only the totals row moves on: reportlab's own second piece
+            if not totals_row or taken < 2:
+                return parts  # only the totals row moves on: reportlab's own second piece
+            # The totals row alone on the last page, under a repeated header, read as a
+            # report of no rows (audit BS): the last body row goes on with it.
+            taken -= 1
+            rows = [header, *body[self._start : self._start + taken]]
+            parts = [Table(rows, colWidths=widths, rowHeights=[self._row_height] * len(rows),
+                           repeatRows=1, style=TableStyle(list(commands)))]
         rest = _PagedTable(
             header, body, totals_row, widths, commands, last, start=self._start + taken,
             font_size=self.font_size,

@@ -199,6 +199,8 @@ def test_long_table_pages_hold_every_row_once_with_header_and_totals_last(
         seen += [int(line[5:]) for line in lines[table:] if line.startswith("Item ")]
         assert ("Total" in lines) == (number == len(pages))
     assert seen == list(range(1, count + 1))
+    # and the totals row never alone on its page (a body row goes on with it)
+    assert any(line.startswith("Item ") for line in pages[-1].split("\n"))
     units = count * (count + 1) // 2
     assert f"Total\n{units:,}\n{units / 100:,.2f}\n" in pages[-1]
 
@@ -334,3 +336,19 @@ def test_chart_names_are_printed_below_negative_bars_not_over_them(tmp_path: Pat
     # Then every bar's name lies below the value axis' lowest label (before: on the zero
     # line, across the negative bars)
     assert max(heights[f"Product {i}"] for i in range(12)) < heights["-600"]
+
+
+@pytest.mark.parametrize("count", [44, 45, 46, 93, 94, 95])
+def test_the_totals_row_never_stands_alone_on_the_last_page(tmp_path: Path, count: int) -> None:
+    # Given as many rows as fill the pages exactly, so that only the totals row is left
+    # over (45 and 94 rows without a chart: audit BS)
+    source = _numbered_rows(tmp_path / "rows.csv", count)
+    # When it is rendered
+    pages = render_pages(source, tmp_path / "r.pdf")
+    # Then the last page holds a row of the table above the totals, and every row is there
+    # once, in order
+    last = pages[-1].split("\n")
+    assert "Total" in last and any(line.startswith("Item ") for line in last), last
+    seen = [int(line[5:]) for page in pages for line in page.split("\n")
+            if line.startswith("Item ")]
+    assert seen == list(range(1, count + 1))
