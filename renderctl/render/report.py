@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 import re
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
@@ -410,7 +411,8 @@ def build_pdf(
     story: list[Any] = [
         Paragraph(para(title), st.title),
         Spacer(1, 2 * mm),
-        Paragraph(para(f"{len(data.rows)} rows from {source}"), st.small),
+        Paragraph(para(f"{len(data.rows)} {'row' if len(data.rows) == 1 else 'rows'} from "
+                       f"{source}"), st.small),
         Spacer(1, 6 * mm),
     ]
     if chart is not None and data.rows:
@@ -633,19 +635,27 @@ class _PagedTable(Flowable):
 def _bar_chart(data: Dataset, column: Column, label: Column | None, width: float) -> Drawing:
     rows = data.rows[:CHART_ROWS]
     values = [float(to_decimal(row[column.index]) or 0) for row in rows]
-    names = [
-        _clip(plain(row[label.index]), FONT, 60) if label else str(i)
-        for i, row in enumerate(rows, 1)
-    ]
+    names = _chart_names([plain(row[label.index]) for row in rows] if label else [])
     height = 70 * mm
     drawing = Drawing(width, height)
     chart = VerticalBarChart()
-    chart.x, chart.y = 40, 45
-    chart.width, chart.height = width - 50, height - 65
+    low, high = min(0.0, min(values)), max(0.0, max(values))
+    # Room on the left for the widest value label (a fixed 40 pt: "500,000,000,000" ran
+    # into the margin, and past the page at 1e28: audit BS). Ticks round outwards, to the
+    # next power of ten at most.
+    widest = max(stringWidth(_axis_label(_rounded_out(v)), FONT, 7) for v in (low, high))
+    chart.x, chart.y = max(40.0, widest + 8), 45
+    chart.width, chart.height = width - chart.x - 10, height - 65
     chart.data = [values]
     chart.bars[0].fillColor = colors.HexColor("#3e4c59")
     chart.bars[0].strokeColor = None
-    chart.valueAxis.valueMin = min(0.0, min(values))
+    # Zero on the axis whatever the values' sign: bars of negative values only hung from
+    # the highest of them, their lengths out of proportion, the smallest one not drawn
+    # (audit BS).
+    chart.valueAxis.valueMin = low
+    if high == 0.0 and low < 0.0:
+        chart.valueAxis.valueMax = 0.0
+    chart.valueAxis.labelTextFormat = _axis_label
     chart.valueAxis.labels.fontName = FONT
     chart.valueAxis.labels.fontSize = 7
     chart.valueAxis.strokeColor = RULE
@@ -664,7 +674,69 @@ def _bar_chart(data: Dataset, column: Column, label: Column | None, width: float
     caption = (
         f"{column.name}, first {len(rows)} rows" if len(data.rows) > len(rows) else column.name
     )
-    drawing.add(
-        String(0, height - 10, plain(caption), fontName=FONT_BOLD, fontSize=8, fillColor=MUTED)
-    )
+    drawing.add(String(0, height - 10, _clip(plain(caption), FONT_BOLD, width, size=8),
+                       fontName=FONT_BOLD, fontSize=8, fillColor=MUTED))
     return drawing
+
+
+CHART_NAME_WIDTH = 60  # points a bar's name may take, under the chart
+
+
+def _chart_names(full: list[str]) -> list[str]:
+    """The bars' names as printed: each cut to CHART_NAME_WIDTH at its end; where that
+    makes different names alike ("Region num…" for every "Region number N with a longer
+    label": audit BS), cut in the middle instead ("Regi…label 17"), and where even that
+    does not tell them apart, the rows' numbers in the table."""
+    if not full:
+        return []
+    for names in ([_clip(n, FONT, CHART_NAME_WIDTH) for n in full],
+                  [_clip_middle(n, FONT, CHART_NAME_WIDTH) for n in full],
+                  [_clip(n, FONT, CHART_NAME_WIDTH) for n in _without_common_words(full)]):
+        if len(set(names)) == len(set(full)):
+            return names
+    return [str(i) for i in range(1, len(full) + 1)]
+
+
+def _without_common_words(names: list[str]) -> list[str]:
+    """``names`` without the words they all start and all end with, marked by an ellipsis:
+    "Region number 7 with a longer label" -> "…7…"."""
+    split = [n.split(" ") for n in names]
+    shortest = min(len(w) for w in split)
+    head = 0
+    while head < shortest - 1 and len({tuple(w[: head + 1]) for w in split}) == 1:
+        head += 1
+    tail = 0
+    while tail < shortest - head - 1 and len({tuple(w[len(w) - tail - 1 :]) for w in split}) == 1:
+        tail += 1
+    return [("…" if head else "") + " ".join(w[head : len(w) - tail]) + ("…" if tail else "")
+            for w in split]
+
+
+def _clip_middle(text: str, font: str, limit: float, size: float = FONT_SIZE) -> str:
+    """``text`` cut in its middle (its start and its end kept) to fit ``limit``."""
+    if stringWidth(text, font, size) <= limit:
+        return text
+    keep = len(text)
+    while keep > 1:
+        keep -= 1
+        head, tail = text[: (keep + 1) // 2], text[len(text) - keep // 2 :]
+        if stringWidth(f"{head}…{tail}", font, size) <= limit:
+            return f"{head}…{tail}"
+    return "…"
+
+
+def _axis_label(value: float) -> str:
+    """A value axis label: grouped, with the decimals it has (reportlab's "%s" printed
+    500000000000, and float noise such as 999999999999166239473664 for 1e24)."""
+    if value and not 1e-6 <= abs(value) < 1e15:
+        return f"{value:.3g}"
+    if float(value).is_integer():
+        return f"{value:,.0f}"
+    return f"{value:,.6f}".rstrip("0").rstrip(".")
+
+
+def _rounded_out(value: float) -> float:
+    """``value`` rounded away from zero to a power of ten (what a tick can reach)."""
+    if value == 0:
+        return 0.0
+    return math.copysign(10 ** math.ceil(math.log10(abs(value))), value)

@@ -352,3 +352,56 @@ def test_the_totals_row_never_stands_alone_on_the_last_page(tmp_path: Path, coun
     seen = [int(line[5:]) for page in pages for line in page.split("\n")
             if line.startswith("Item ")]
     assert seen == list(range(1, count + 1))
+
+
+def _words_at(path: Path) -> list[tuple[str, float, float]]:
+    """Each piece of text on the first page with where it starts (x, y), in page space."""
+    found: list[tuple[str, float, float]] = []
+
+    def seen(text: str, cm: Any, tm: Any, font: Any, size: Any) -> None:
+        if text.strip():
+            found.append((text.strip(), cm[4] + tm[4] * cm[0] + tm[5] * cm[2],
+                          cm[5] + tm[4] * cm[1] + tm[5] * cm[3]))
+
+    PdfReader(path).pages[0].extract_text(visitor_text=seen)
+    return found
+
+
+def test_a_chart_of_negative_values_only_measures_its_bars_from_zero(tmp_path: Path) -> None:
+    # Given a charted column whose values are all below zero
+    source = write_csv(tmp_path / "n.csv", ["name", "delta"],
+                       [[f"R{i}", -5_000 - 7_000 * i] for i in range(12)])
+    report.render([source], tmp_path / "r.pdf", {"title": "N", "chart": "delta"})
+    # Then the value axis reaches 0 (before: its top was the highest value, about -10,000,
+    # the bars hung from there, and the smallest one was not drawn: audit BS), and its
+    # labels are grouped
+    labels = {t for t, _, _ in _words_at(tmp_path / "r.pdf")}
+    assert "0" in labels and "-20,000" in labels, labels
+
+
+def test_chart_names_that_end_alike_are_told_apart(tmp_path: Path) -> None:
+    # Given rows named alike in their first 60 points ("Region number N with a longer
+    # label": each was printed "Region num…" under its bar, audit BS)
+    source = write_csv(tmp_path / "l.csv", ["region", "v"],
+                       [[f"Region number {i} with a longer label", i] for i in range(1, 21)])
+    report.render([source], tmp_path / "r.pdf", {"title": "L", "chart": "v"})
+    # Then each bar's name is its own
+    labels = [t for t, _, _ in _words_at(tmp_path / "r.pdf") if t.startswith("…")]
+    assert labels == [f"…{i}…" for i in range(1, 21)], labels
+
+
+def test_a_chart_of_huge_values_keeps_its_labels_and_caption_on_the_page(tmp_path: Path) -> None:
+    # Given values of 5e11 and more, and a column named at great length
+    name = " ".join(["Revenue in the reporting currency"] * 6)
+    source = write_csv(tmp_path / "b.csv", ["name", name], [[f"R{i}", i * 5e11] for i in range(8)])
+    report.render([source], tmp_path / "r.pdf", {"title": "B", "chart": name})
+    words = _words_at(tmp_path / "r.pdf")
+    # Then the axis labels are grouped and start inside the page's margin (before:
+    # "3500000000000" ran into it), and the caption is clipped like the header
+    axis = [(t, x) for t, x, _ in words if t.replace(",", "").isdigit() and "," in t]
+    assert "3,000,000,000,000" in dict(axis), axis
+    assert all(x >= report.MARGIN for _, x in axis), axis
+    caption = next(t for t, _, _ in words if t.startswith("Revenue in the reporting"))
+    assert caption.endswith("…")
+    assert "1 row from" in render_pages(write_csv(tmp_path / "one.csv", ["a", "b"], [["x", 1]]),
+                                        tmp_path / "one.pdf")[0]
