@@ -187,7 +187,7 @@ def test_report_file_name_it_cannot_draw_is_shown_with_question_marks(tmp_path: 
     source.write_text("region,sales\nA,5\n", encoding="utf-8")
     report.render([source], tmp_path / "r.pdf", {"title": "T"})
     text = PdfReader(tmp_path / "r.pdf").pages[0].extract_text()
-    assert "1 rows from ??.csv" in text and "■" not in text
+    assert "1 row from ??.csv" in text and "■" not in text
 
 
 @pytest.mark.parametrize(
