@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from reportlab.lib import colors
+from reportlab.lib.enums import TA_RIGHT
+from reportlab.lib.styles import ParagraphStyle
 from reportlab.lib.units import mm
 from reportlab.pdfbase.pdfmetrics import stringWidth
 from reportlab.platypus import (
@@ -477,6 +479,12 @@ _HEADER_STYLE = TableStyle(
         ("VALIGN", (0, 0), (-1, -1), "TOP"),
         ("LEFTPADDING", (0, 0), (-1, -1), 0),
         ("RIGHTPADDING", (0, 0), (-1, -1), 0),
+        # A gutter: a seller's long name ran up to the title, 5 pt away, and read as one
+        # line with it (audit BS).
+        ("RIGHTPADDING", (0, 0), (0, 0), 12),
+        # The number, dates and currency flush with the right margin, as the amounts are
+        # (a Table in a cell goes where the cell aligns it, not by its own hAlign).
+        ("ALIGN", (1, 0), (1, 0), "RIGHT"),
     ]
 )
 _META_STYLE = TableStyle(
@@ -488,6 +496,9 @@ _META_STYLE = TableStyle(
         ("TOPPADDING", (0, 0), (-1, -1), 1),
         ("BOTTOMPADDING", (0, 0), (-1, -1), 1),
         ("RIGHTPADDING", (1, 0), (1, -1), 0),
+        # A label beside the first line of a value that wraps (a long invoice number),
+        # not its last.
+        ("VALIGN", (0, 0), (-1, -1), "TOP"),
     ]
 )
 
@@ -626,7 +637,8 @@ def _title_block(doc: Invoice, title: str) -> list[Any]:
     meta = Table(
         meta_rows, colWidths=[25 * mm, _META_VALUE_WIDTH], style=_META_STYLE, hAlign="RIGHT"
     )
-    return [Paragraph(para(title), st.title), Spacer(1, 3 * mm), meta]
+    title_style = ParagraphStyle("title-right", parent=st.title, alignment=TA_RIGHT)
+    return [Paragraph(para(title), title_style), Spacer(1, 3 * mm), meta]
 
 
 def _customer_cell(doc: Invoice) -> list[Any]:
@@ -634,10 +646,12 @@ def _customer_cell(doc: Invoice) -> list[Any]:
 
 
 def _customer_block(doc: Invoice) -> Table:
+    # As wide as the header and the items, and placed as they are: a half-width table set
+    # to the left started at the frame's padding, 6 pt right of the seller (audit BS).
+    half = _CONTENT_WIDTH / 2
     return Table(
-        [[_customer_cell(doc)]],
-        colWidths=[_CONTENT_WIDTH / 2],
-        hAlign="LEFT",
+        [[_customer_cell(doc), ""]],
+        colWidths=[half, half],
         style=TableStyle([("LEFTPADDING", (0, 0), (-1, -1), 0)]),
     )
 

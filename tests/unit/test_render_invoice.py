@@ -176,7 +176,8 @@ def test_a_title_that_prints_as_nothing_falls_back_to_invoice(tmp_path: Path, ti
     invoice.render([source], output, {"title": title})
     # Then it is headed, and its metadata titled, as an invoice without a title param is
     reader = PdfReader(output)
-    assert "Invoice" in reader.pages[0].extract_text().splitlines()  # the heading line
+    lines = [line.strip() for line in reader.pages[0].extract_text().splitlines()]
+    assert "Invoice" in lines  # the heading line
     assert reader.metadata is not None and reader.metadata.title == "Invoice INV-2025-0042"
 
 
@@ -431,3 +432,24 @@ def test_printed_total_equals_decimal_arithmetic(
     _, pages = render_text(tmp_path, doc)
     assert f"Total due\n{currency} {expected:,.2f}" in pages[-1]
     assert compute_totals(parse_invoice(doc)).total == expected
+
+
+def test_the_header_lines_up_with_the_page_and_its_labels_with_their_values(
+        tmp_path: Path) -> None:
+    # Given an invoice number long enough to wrap
+    number = "INV-2025-LONG-NUMBER-WITH-MANY-CHARACTERS-0000000000000000001"
+    source = write_doc(tmp_path / "in.json", make_doc(number=number))
+    invoice.render([source], tmp_path / "out.pdf", {})
+    at: dict[str, list[tuple[float, float]]] = {}
+
+    def seen(text: str, cm: Any, tm: Any, font: Any, size: Any) -> None:
+        if text.strip():
+            at.setdefault(text.strip(), []).append((cm[4] + tm[4], cm[5] + tm[5]))
+
+    PdfReader(tmp_path / "out.pdf").pages[0].extract_text(visitor_text=seen)
+    # Then BILL TO starts where the seller does (it was 6 pt to the right: audit BS)
+    assert abs(at["BILL TO"][0][0] - at["Acme Tools GmbH"][0][0]) < 0.5, at
+    # And "Invoice no." is level with the number's first line, not its last
+    first_line = max(y for text, spots in at.items() if text.startswith("INV-2025")
+                     for _, y in spots)
+    assert abs(at["Invoice no."][0][1] - first_line) < 2, at
