@@ -284,10 +284,12 @@ def discard(tmp: Path) -> None:
 FULL_DISK_BYTES = 1 << 20  # free space below which a failed write is blamed on the disk
 
 
-def output_folder_problem(final: Path) -> str | None:
+def output_folder_problem(final: Path, own: Path | None = None) -> str | None:
     """Why nothing can be written beside ``final`` (None if something can): asked after a
     job failed, to tell a folder's fault (read-only, not writable to us, full) from the
-    job's. A folder that does not exist is not such a fault: the next claim makes it."""
+    job's. A folder that does not exist is not such a fault: the next claim makes it.
+    ``own``: the job's partial output, whose room counts as free (a job that filled the
+    disk with an output that can never fit is not the disk's fault at every run)."""
     folder = final.parent
     try:
         if not stat.S_ISDIR(os.stat(folder).st_mode):
@@ -300,8 +302,11 @@ def output_folder_problem(final: Path) -> str | None:
     if not os.access(folder, os.W_OK | os.X_OK):
         return f"{folder}: {os.strerror(errno.EACCES)}"
     # root may use the blocks reserved for it; everyone else only f_bavail
-    free = st.f_bfree if os.geteuid() == 0 else st.f_bavail
-    if free * st.f_frsize < FULL_DISK_BYTES or (st.f_files and st.f_ffree == 0):
+    free = (st.f_bfree if os.geteuid() == 0 else st.f_bavail) * st.f_frsize
+    if own is not None:
+        with contextlib.suppress(OSError):
+            free += os.lstat(own).st_blocks * 512
+    if free < FULL_DISK_BYTES or (st.f_files and st.f_ffree == 0):
         return f"{folder}: {os.strerror(errno.ENOSPC)}"
     return None
 

@@ -397,9 +397,8 @@ class Runner:
         # Why the output folder cannot be written (DESIGN: exit 74, stop, lose nothing): set
         # by the first job that could not be given, or could not write, its output there.
         self.output_io_error: str | None = None
-        # Output file systems (st_dev) found full or unwritable this run, with why: see
-        # _folder_faults.
-        self._faulty_devices: dict[int, str] = {}
+        # Output file systems (st_dev) found full this run, with why: see _folder_faults.
+        self._full_devices: dict[int, str] = {}
         # Workers keep failing to start (WorkerStartError's message): halted like the above.
         self.worker_start_error: str | None = None
         self._gates = 0  # start gates made (each worker gets a fresh one)
@@ -2615,28 +2614,36 @@ class Runner:
         temporaries is removed. One by one, the first job released had its partial output
         discarded, and the room that gave back made every later failure of the batch on
         that full disk look like the job's own: charged, and with max_attempts 1, 6 of 12
-        jobs dead-lettered for the disk's fault (audit BV). So a failure that says the disk
-        is full ("No space left on device", which Python's write error says without the
-        file's name) is the disk's too, when its output's file system was found full or
-        unwritable in this batch or earlier in this run (which is halting for it: one such
-        release per job and run; see _full_writing_output for one that never fits)."""
+        jobs dead-lettered for the disk's fault (audit BV).
+
+        Released at every failure: a folder read-only or not writable to us, or a disk
+        full even without this job's own partial output. Released once per job (since its
+        last `dead retry`), then charged like any failure: a job that failed saying a disk
+        was full when its worker found the output's disk full (``output_full``, judged with
+        the partial output there), or that named its output with it (_full_writing_output),
+        or that said so where its output's disk was found full in this run. The job may
+        have filled the disk itself, with an output that can never fit: released at every
+        run it never ended (review BW)."""
         ran = [(a, fin) for a, fin in batch if not a.cancel_requested
                and fin.outcome in (Outcome.FAILED.value, Outcome.INVALID_OUTPUT.value)
                and a.started_wall is not None]
         faults: dict[int, str] = {}
         for a, fin in ran:
-            # (output_full: the worker found the disk full as the job failed, before the
-            # partial output in its private folder was removed.)
-            problem = fin.output_full or output_folder_problem(a.final) \
-                or _full_writing_output(a.tmp, a.final, fin, a.claim.record)
+            problem = output_folder_problem(a.final, own=a.tmp)
+            if problem is None:
+                full = fin.output_full or _full_writing_output(a.tmp, a.final, fin)
+                problem = _once_per_job(full, a.final, a.claim.record)
             if problem:
                 faults[id(a)] = problem
-                if (dev := _device_of(a.final.parent)) is not None:
-                    self._faulty_devices.setdefault(dev, problem)
+                if says_full(problem) and (dev := _device_of(a.final.parent)) is not None:
+                    self._full_devices.setdefault(dev, problem)
         for a, fin in ran:
-            if id(a) not in faults and says_full(fin.error, fin.stderr_tail, fin.traceback_tail) \
-                    and (dev := _device_of(a.final.parent)) in self._faulty_devices:
-                faults[id(a)] = self._faulty_devices[dev]
+            if id(a) not in faults \
+                    and says_full(fin.error, fin.stderr_tail, fin.traceback_tail) \
+                    and (dev := _device_of(a.final.parent)) in self._full_devices:
+                problem = _once_per_job(self._full_devices[dev], a.final, a.claim.record)
+                if problem:
+                    faults[id(a)] = problem
         return faults
 
     def _publish_refused(self, a: Assignment, exc: OSError,
@@ -2945,27 +2952,33 @@ def _device_of(folder: Path) -> int | None:
         return None
 
 
-def _full_writing_output(tmp: Path, final: Path, fin: Finished,
-                         rec: JobRecord) -> str | None:
+def _full_writing_output(tmp: Path, final: Path, fin: Finished) -> str | None:
     """The folder's fault for a job that failed writing its own output (its temporary
     name and "No space left on device" on one line), though the folder has room by now: a
     tool that removes its partial file on error (cp, most do) gives that room back before
     we look. Charged, every job of a batch of outputs larger than the room left was
-    dead-lettered. Once per job (since its last `dead retry`): the line may be about
-    another disk (a scratch file in a full /tmp named after the output), and an output
-    that can never fit must still end dead, not be released at every run."""
+    dead-lettered. (Released once per job: the line may be about another disk, a scratch
+    file in a full /tmp named after the output; see _once_per_job.)"""
     said = "\n".join(t for t in (fin.error, fin.stderr_tail, fin.traceback_tail) if t)
     # (The worker's messages call the temporary by the output's own name.)
     names = (tmp.name, final.name)
     for line in said.splitlines():
         why = next((w for w in FULL_ERRORS if w in line), None)
-        if why is None or not any(f"/{n}" in line or f"'{n}" in line for n in names):
-            continue
-        mark = f"(writing {final.name})"
-        if any(mark in str(att.get("error", "")) for att in rec.attempts[rec.attempt_base:]):
-            return None
-        return f"{final.parent}: {why} {mark}"
+        if why is not None and any(f"/{n}" in line or f"'{n}" in line for n in names):
+            return f"{final.parent}: {why}"
     return None
+
+
+def _once_per_job(problem: str | None, final: Path, rec: JobRecord) -> str | None:
+    """``problem``, marked as a full disk's release of this job, unless this job had one
+    since its last `dead retry` (then None: charged like any failure, so that an output
+    that can never fit still ends dead)."""
+    if problem is None:
+        return None
+    mark = f"(writing {final.name})"
+    if any(mark in str(att.get("error", "")) for att in rec.attempts[rec.attempt_base:]):
+        return None
+    return f"{problem} {mark}"
 
 
 def _path_problem(exc: Exception, final: Path) -> str:

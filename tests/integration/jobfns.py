@@ -1053,6 +1053,14 @@ def grow_output_after_go(inputs: Sequence[Path], output: Path,
             f.flush()
 
 
+def write_until_full(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
+    """Write the output until its disk refuses (an output that can never fit)."""
+    with open(output, "wb") as f:
+        while True:
+            f.write(b"x" * 65536)
+            f.flush()
+
+
 def write_then_hang(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
     """Write the output, tell ``params["pidfile"]``, then hang (until killed)."""
     write_pdf(inputs, output, params)

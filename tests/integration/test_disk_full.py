@@ -515,6 +515,27 @@ def test_jobs_failing_together_on_a_full_output_disk_are_none_of_them_charged(
                 == ["released"], (jid, view.record("pending", jid)["attempts"])
 
 
+@pytest.mark.parametrize("mode", ["1777", "0755"], ids=["private-folder", "beside-output"])
+def test_an_output_that_can_never_fit_ends_dead_not_released_at_every_run(
+        tmp_path: Path, write_manifest: Any, mode: str) -> None:
+    # Given an output root on a 4 MB disk, and a job whose output fills any disk
+    stage(tmp_path)
+    with mounted_tmpfs(tmp_path / "out", f"size=4m,mode={mode}") as out:
+        manifest = write_manifest([py_job("hog", "write_until_full", "hog.bin")],
+                                  defaults={"max_attempts": 2})
+        queue = tmp_path / "q"
+        # When it is run, and run again after the run halts on it
+        first = run_cli("run", manifest, *cli_args(queue, out, "--backoff-base", "0.01"))
+        second = run_cli("run", *cli_args(queue, out, "--backoff-base", "0.01"))
+    # Then the disk is blamed once (released, 74), and after that the job is charged like
+    # any failure: dead after its two attempts (before: released at every run, for ever,
+    # with the full disk judged while its own partial output filled it: review BW)
+    assert first.returncode == ExitCode.IO_ERROR, first.stdout + first.stderr
+    assert second.returncode == ExitCode.JOBS_FAILED, second.stdout + second.stderr
+    outcomes = [a["outcome"] for a in QueueView(queue).record("dead", "hog")["attempts"]]
+    assert outcomes == ["released", "failed", "failed"], outcomes
+
+
 def test_a_job_that_always_fails_naming_its_output_and_a_full_disk_still_ends_dead(
         tmp_path: Path, write_manifest) -> None:
     # Given a job that fails every time saying "No space left on device" about a scratch
