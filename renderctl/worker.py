@@ -1201,12 +1201,59 @@ def execute(job: RunJob, workdir: Path, after_call: Callable[[], None] | None = 
         staging.close()
 
 
-def _ident_of(path: Path) -> tuple[int, int] | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return st.st_dev, st.st_ino
+class _HeldFolder:
+    """An output's folder as a job starts, held open (O_PATH) for the check after it: one
+    removed while the job ran is told from one the job never wrote into even if a folder
+    of the same name was made since (on ext4 a folder removed and made again at once got
+    the same inode number, when nothing held the old one: review BW)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.fd = -1
+        self.ident: tuple[int, int] | None = None
+        try:
+            self.fd = os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+            st = os.fstat(self.fd)
+            self.ident = (st.st_dev, st.st_ino)
+        except OSError:
+            self.close()
+            return
+        _staging_fds.add(self.fd)  # not one a job's leftovers are closed with
+
+    def gone(self) -> bool:
+        """Whether the folder was removed, or replaced, since the job started."""
+        if self.ident is None:
+            return False
+        try:
+            st = os.fstat(self.fd)
+            held = (st.st_dev, st.st_ino) == self.ident
+        except OSError:
+            held = False  # the job closed it (and maybe reused its number)
+        if held and st.st_nlink == 0:
+            return True
+        try:
+            now = os.stat(self.path)
+        except OSError:
+            return True
+        return (now.st_dev, now.st_ino) != self.ident
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            _staging_fds.discard(self.fd)
+            with contextlib.suppress(OSError):
+                st = os.fstat(self.fd)
+                if (st.st_dev, st.st_ino) == self.ident:
+                    os.close(self.fd)
+            self.fd = -1
+
+
+def _unless_folder_gone(folder: _HeldFolder | None) -> None:
+    """Raise OutputFolderGone if ``folder`` was removed while the job ran (an `rm -rf` of
+    the output tree): invalid_output said the job wrote nothing, and dead-lettered at once
+    a job a retry completes, as the next claim makes the folder again (audit BV)."""
+    if folder is not None and folder.gone():
+        raise OutputFolderGone(f"its output folder {folder.path} was removed while the job "
+                               "ran")
 
 
 class OutputFolderGone(Exception):
@@ -1327,10 +1374,21 @@ def _empty_fd(fd: int) -> None:
 def _execute(job: RunJob, output: Path, workdir: Path, after_call: Callable[[], None] | None,
              before_check: Callable[[], None] | None,
              pass_fds: tuple[int, ...]) -> dict[str, Any]:
+    folder = _HeldFolder(Path(job.tmp_output).parent)  # (see check_output)
+    try:
+        return _execute_held(job, output, workdir, after_call, before_check, pass_fds,
+                             folder)
+    finally:
+        folder.close()
+
+
+def _execute_held(job: RunJob, output: Path, workdir: Path,
+                  after_call: Callable[[], None] | None,
+                  before_check: Callable[[], None] | None, pass_fds: tuple[int, ...],
+                  folder: _HeldFolder) -> dict[str, Any]:
     spec = job.spec
     inputs = [Path(p) for p in spec.get("inputs", ())]
     params: Mapping[str, Any] = spec.get("params", {})
-    folder_before = _ident_of(Path(job.tmp_output).parent)  # (see check_output)
     try:
         if job.output_kind == "dir":
             output.mkdir()
@@ -1362,7 +1420,7 @@ def _execute(job: RunJob, output: Path, workdir: Path, after_call: Callable[[], 
             # published is a copy made now; the thread keeps the original, unlinked.
             _detach(output)
         fields = {"outcome": Outcome.COMPLETED.value,
-                  **check_output(output, job, folder_before)}
+                  **check_output(output, job, folder)}
         if job.output_kind == "file":
             fields["owner_tagged"] = tag_output(output, job.token)
         return fields
@@ -1569,11 +1627,12 @@ CHECK_IN_MEMORY_MAX = 8 * MB
 
 
 def check_output(output: Path, job: RunJob,
-                 folder_before: tuple[int, int] | None = None) -> dict[str, Any]:
+                 folder: _HeldFolder | None = None) -> dict[str, Any]:
     """The output exists and is what it claims (a PDF opens and has a page); hash it.
-    ``folder_before``: its folder's identity as the job started, if it was there."""
+    ``folder``: the output's folder as the job started, held open since."""
     if job.output_kind == "dir":
         if not output.is_dir():
+            _unless_folder_gone(folder)
             raise InvalidOutput("the job did not produce its output folder")
         digest = hashlib.sha256()
         total = 0
@@ -1593,14 +1652,7 @@ def check_output(output: Path, job: RunJob,
     try:
         os.lstat(output)
     except FileNotFoundError:
-        folder = Path(job.tmp_output).parent
-        if folder_before is not None and _ident_of(folder) != folder_before:
-            # Removed with its folder while the job ran (an `rm -rf` of the output tree;
-            # another job's claim may have made the folder again since): invalid_output
-            # said the job wrote nothing, and dead-lettered at once a job a retry
-            # completes, as the next claim makes the folder again (audit BV).
-            raise OutputFolderGone(f"its output folder {folder} was removed while the job "
-                                   "ran") from None
+        _unless_folder_gone(folder)
         raise InvalidOutput("the job did not write its output file") from None
     if not os.path.isfile(output) or os.path.islink(output):
         raise InvalidOutput("the output is not a regular file")

@@ -274,8 +274,9 @@ def test_every_start_method_completes_a_small_batch(
         assert_pdf(out / f"{j}.pdf", j)
 
 
+@pytest.mark.parametrize("made_again", [False, True], ids=["removed", "removed-and-made"])
 def test_an_output_folder_removed_while_its_job_runs_is_retried_not_dead(
-        tmp_path: Path, write_manifest: Any) -> None:
+        tmp_path: Path, write_manifest: Any, made_again: bool) -> None:
     # Given a job that has written its output into out/sub and holds
     stage(tmp_path)
     marker, go = tmp_path / "held", tmp_path / "go"
@@ -288,6 +289,8 @@ def test_an_output_folder_removed_while_its_job_runs_is_retried_not_dead(
         wait_until(marker.exists, what="the job to have written its output")
         # When its output folder is removed with what is in it (rm -rf), then it returns
         shutil.rmtree(out / "sub")
+        if made_again:  # (ext4 gave it the same inode number when nothing held the old)
+            (out / "sub").mkdir()
         go.touch()
         code = runner.wait()
     finally:

@@ -8,6 +8,8 @@ the tree's declared /Count published PDFs that a downstream merge then refused).
 from __future__ import annotations
 
 import io
+import shutil
+from pathlib import Path
 
 import pytest
 from pypdf import PdfWriter
@@ -97,3 +99,38 @@ def test_not_a_pdf() -> None:
         pdf_pages(b"hello", "out.pdf")
     with pytest.raises(InvalidOutput, match="out.pdf: not a readable PDF"):
         pdf_pages(b"%PDF-1.7\nnothing else", "out.pdf")
+
+
+@pytest.mark.parametrize("kind", ["file", "dir"])
+@pytest.mark.parametrize("made_again", [False, True], ids=["removed", "removed-and-made"])
+def test_an_output_missing_because_its_folder_went_is_not_blamed_on_the_job(
+        tmp_path: Path, kind: str, made_again: bool) -> None:
+    from renderctl.messages import RunJob
+    from renderctl.worker import OutputFolderGone, _HeldFolder, check_output
+
+    # Given a job's output folder, held as its job starts
+    folder = tmp_path / "sub"
+    folder.mkdir()
+    tmp = folder / (".rctl-x.tmp" if kind == "file" else ".rctl-x.d.tmp")
+    job = RunJob("x", 1, "t-1", {"id": "x", "output": "sub/x"}, str(tmp), kind, 1 << 30)
+    held = _HeldFolder(folder)
+    try:
+        # When the folder is removed while the job runs (and made again: ext4 can give the
+        # new one the old one's inode number when nothing holds the old one, review BW)
+        shutil.rmtree(folder)
+        if made_again:
+            folder.mkdir()
+        # Then the missing output is the folder's going, not the job's fault (invalid
+        # output, dead at once); a folder output too (it was not looked at)
+        with pytest.raises(OutputFolderGone, match="was removed while the job ran"):
+            check_output(tmp, job, held)
+    finally:
+        held.close()
+    # And where the folder stayed, a missing output is the job's own
+    folder.mkdir(exist_ok=True)
+    held = _HeldFolder(folder)
+    try:
+        with pytest.raises(InvalidOutput, match="did not"):
+            check_output(tmp, job, held)
+    finally:
+        held.close()
