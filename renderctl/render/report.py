@@ -258,16 +258,32 @@ IDENTIFIER_WORDS = frozenset({
 })
 
 
+# A word before which the identifier word is a unit or a period, not a key: "Sales per
+# year", "Units sold this year", "Minutes on phone", "Total number" (review BW).
+NOT_BEFORE_IDENTIFIER = frozenset({"per", "this", "each", "on", "of", "by", "total", "a", "an"})
+
+
 def is_identifier(name: str) -> bool:
     """Whether a column's header names an identifier (``customer_id``, ``Invoice No.``,
-    ``customerId``, ``#``)."""
+    ``customerId``, ``#``); not one in parentheses ("Orders (number)": a unit)."""
     words = re.findall(r"[^\W_]+", name)
     if not words:
         return name.strip() == "#"
+    if name.rstrip().endswith(")"):
+        return False
     last = words[-1]
     camel = re.findall(r"[A-Z][a-z]+|[a-z]+|[A-Z]+(?![a-z])", last)
+    if len(words) > 1 and words[-2].casefold() in NOT_BEFORE_IDENTIFIER:
+        return False
     return last.casefold() in IDENTIFIER_WORDS or (
         len(camel) > 1 and camel[-1].casefold() in IDENTIFIER_WORDS)
+
+
+def _holds_keys(data: Dataset, column: Column) -> bool:
+    """Whether every filled cell of ``column`` is a whole number written as digits only, as
+    keys are (a cell with decimals, a sign or a thousands separator is a quantity)."""
+    return all(re.fullmatch(r"\s*\d+\s*", row[column.index]) or not row[column.index].strip()
+               for row in data.rows)
 
 
 def _pick_totals(
@@ -275,7 +291,8 @@ def _pick_totals(
     source: str,
 ) -> frozenset[Column]:
     if value is None:
-        return frozenset(c for c in shown if c.numeric and not is_identifier(c.name))
+        return frozenset(c for c in shown if c.numeric
+                         and not (is_identifier(c.name) and _holds_keys(data, c)))
     rules.require("totals", value, rules.total_names)
     for name in value:
         if name not in have:
@@ -713,16 +730,25 @@ def _without_common_words(names: list[str]) -> list[str]:
 
 
 def _clip_middle(text: str, font: str, limit: float, size: float = FONT_SIZE) -> str:
-    """``text`` cut in its middle (its start and its end kept) to fit ``limit``."""
+    """``text`` cut in its middle (its start and its end kept) to fit ``limit``: the most
+    characters kept that fit, found by bisection (one at a time, a label of 8,000
+    characters took a minute: review BW)."""
     if stringWidth(text, font, size) <= limit:
         return text
-    keep = len(text)
-    while keep > 1:
-        keep -= 1
-        head, tail = text[: (keep + 1) // 2], text[len(text) - keep // 2 :]
-        if stringWidth(f"{head}…{tail}", font, size) <= limit:
-            return f"{head}…{tail}"
-    return "…"
+
+    def kept(keep: int) -> str:
+        return f"{text[: (keep + 1) // 2]}…{text[len(text) - keep // 2 :]}"
+
+    low, high = 0, len(text) - 1  # kept(low) fits (or nothing does); kept(high + 1) is text
+    if stringWidth(kept(0), font, size) > limit:
+        return "…"
+    while low < high:
+        mid = (low + high + 1) // 2
+        if stringWidth(kept(mid), font, size) <= limit:
+            low = mid
+        else:
+            high = mid - 1
+    return kept(low)
 
 
 def _axis_label(value: float) -> str:

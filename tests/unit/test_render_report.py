@@ -405,3 +405,16 @@ def test_a_chart_of_huge_values_keeps_its_labels_and_caption_on_the_page(tmp_pat
     assert caption.endswith("…")
     assert "1 row from" in render_pages(write_csv(tmp_path / "one.csv", ["a", "b"], [["x", 1]]),
                                         tmp_path / "one.pdf")[0]
+
+
+def test_quantities_named_like_identifiers_keep_their_totals(tmp_path: Path) -> None:
+    # Given quantity columns whose last word is an identifier word, and an "id" column of
+    # amounts (review BW: each lost its total, silently)
+    header = ["region", "Sales per year", "Units sold this year", "Orders (number)",
+              "Total number", "refund_id"]
+    source = write_csv(tmp_path / "q.csv", header,
+                       [["N", "10.50", 3, 4, 5, "1.25"], ["S", "2.25", 1, 2, 3, "2.5"]])
+    # When it is rendered with the default totals, then each is totalled
+    text = render_pages(source, tmp_path / "r.pdf")[-1].split("\n")
+    at = text.index("Total")
+    assert text[at:at + 6] == ["Total", "12.75", "4", "6", "8", "3.75"], text
