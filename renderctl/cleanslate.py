@@ -25,12 +25,20 @@ job that needs that isolation is a
 library and, in the same job, sets that library's loggers or filters its warning categories
 be told from the library's own set-up at import: that stays, as the library does.
 
-Cost on the common path (nothing changed): ~27 us per job here, ~17 before the import
-machinery, scheduling policy, identity and no_new_privs were checked (only after jobs that
-run the user's code in the worker: python callables, plugin renderers). Signal handlers and
-the C environment are compared only after a job called ``signal.signal``,
-``os.putenv``/``unsetenv`` or ``random.seed``/``setstate`` (the functions are wrapped to
-say so): comparing 60 handlers every time cost ~30 us. Resource limits and scheduling are
+Also fd 0 and the standard streams' settings, gc's debug flags and callbacks, tracemalloc,
+``sys.dont_write_bytecode`` and the dlopen flags, finders cached per ``sys.path`` entry that
+no standard hook made, and logging's record factory, logger class and level names (audit
+BY: each reached the next job; a cached finder of a job's ran its code for the next job's
+imports, which published a forged output as completed). Modules a job replaced in
+``sys.modules`` are put back by the worker (``Worker._restore_modules``).
+
+Cost on the common path (nothing changed): ~32 us per job here (27 before audit BY's
+additions, ~17 before the import machinery, scheduling policy, identity and no_new_privs
+were checked; only after jobs that run the user's code in the worker: python callables,
+plugin renderers). Signal handlers and the C environment are compared only after a job
+called ``signal.signal`` (or ``_signal.signal``), ``os.putenv``/``unsetenv`` (or
+``posix``'s) or ``random.seed``/``setstate`` (the functions are wrapped to say so):
+comparing 60 handlers every time cost ~30 us. Resource limits and scheduling are
 compared after every job that ran the user's code, commands too (~11 us): a process the
 job started can change them from outside (``prlimit --pid``, ``renice``, ``taskset``),
 which no wrapper sees. Other changes made below Python (ctypes, C extensions) are not seen.
@@ -38,6 +46,7 @@ which no wrapper sees. Other changes made below Python (ctypes, C extensions) ar
 
 from __future__ import annotations
 
+import _signal
 import builtins
 import contextlib
 import csv
@@ -49,6 +58,7 @@ import locale
 import logging
 import operator
 import os
+import posix
 import random
 import resource
 import signal
@@ -56,6 +66,7 @@ import socket
 import sys
 import threading
 import time
+import tracemalloc
 import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -138,6 +149,26 @@ class Baseline:
         self.argv = list(sys.argv)
         self.hooks = _hooks()
         self.gc = (gc.isenabled(), gc.get_threshold())
+        # A job's gc.set_debug(DEBUG_SAVEALL) kept every later job's garbage: one that ran
+        # in 80 MB alone was killed at its 200 MB ceiling after it (audit BY).
+        self.gc_debug = gc.get_debug()
+        self.gc_callbacks = list(gc.callbacks)
+        self.tracing = tracemalloc.is_tracing()  # (left on, it slowed and charged the next)
+        self.flags = (sys.dont_write_bytecode, sys.getdlopenflags())
+        # The standard streams' settings: a job's sys.stdout.reconfigure(encoding="ascii")
+        # made the next job's print() of an accent a UnicodeEncodeError (audit BY).
+        self.stream_settings = tuple(_stream_settings(s) for s in self.stdio)
+        # fd 0, kept: a job that dup2()s a file over it handed that file to the next job's
+        # reads of stdin (audit BY). (Made before the worker lists its own descriptors.)
+        self.stdin_ident = _ident(0)
+        self.stdin_copy = os.dup(0) if self.stdin_ident is not None else -1
+        # Finders cached per sys.path entry: a job's own one there ran its code for every
+        # later job's imports from that folder (audit BY: a forged output, completed).
+        self.finder_types = frozenset(type(f) for f in sys.path_importer_cache.values()) \
+            | _standard_finder_types()
+        # Logging's process-wide factories and names: a job's record factory saw every
+        # later job's log records (audit BY).
+        self.logging_globals = _logging_globals()
         self.int_digits = sys.get_int_max_str_digits()
         self.affinity = os.sched_getaffinity(0)
         self.priority = os.getpriority(os.PRIO_PROCESS, 0)
@@ -173,8 +204,11 @@ class Baseline:
         for name in ("putenv", "unsetenv"):
             # os.environ calls these too (keeping its own mapping in step): only a call from
             # anywhere else changes the C environment alone, which subprocesses inherit.
+            # The same functions are posix's, where a job reaches them past os (audit BY).
             self._watch(os, name, "environ", unless_from="os")
+            self._watch(posix, name, "environ", unless_from="os")
         self._watch(signal, "signal", "signals")
+        self._watch(_signal, "signal", "signals")  # (signal.signal's own, reached directly)
         for name in ("seed", "setstate"):
             self._watch(random, name, "random")
         for name in ("enable", "dump_traceback_later", "register"):
@@ -232,6 +266,25 @@ class Baseline:
         if (gc.isenabled(), gc.get_threshold()) != self.gc:
             gc.set_threshold(*self.gc[1])
             (gc.enable if self.gc[0] else gc.disable)()
+        if gc.get_debug() != self.gc_debug:
+            gc.set_debug(self.gc_debug)
+            gc.garbage.clear()  # what DEBUG_SAVEALL kept of the job's
+        if gc.callbacks != self.gc_callbacks:
+            gc.callbacks[:] = self.gc_callbacks
+        if tracemalloc.is_tracing() != self.tracing:
+            (tracemalloc.start if self.tracing else tracemalloc.stop)()
+        if (sys.dont_write_bytecode, sys.getdlopenflags()) != self.flags:
+            sys.dont_write_bytecode = self.flags[0]
+            sys.setdlopenflags(self.flags[1])
+        for stream, settings in zip(self.stdio, self.stream_settings, strict=True):
+            if settings is not None and _stream_settings(stream) != settings:
+                text: Any = stream
+                with contextlib.suppress(Exception):  # a stream the job closed
+                    text.reconfigure(encoding=settings[0], errors=settings[1],
+                                     line_buffering=settings[2], write_through=settings[3])
+        if self.stdin_copy >= 0 and _ident(0) != self.stdin_ident:
+            with contextlib.suppress(OSError):
+                os.dup2(self.stdin_copy, 0)
         if sys.get_int_max_str_digits() != self.int_digits:
             sys.set_int_max_str_digits(self.int_digits)
         problems.extend(self._restore_scheduling())
@@ -271,6 +324,11 @@ class Baseline:
         sys.meta_path = self.meta_path_list
         if _restore_list(self.path_hooks_list, self.path_hooks, self.initial_modules):
             sys.path_importer_cache.clear()  # finders the job's hooks made
+        cache = sys.path_importer_cache
+        if not all(type(f) in self.finder_types for f in cache.values()):
+            for entry, finder in list(cache.items()):
+                if type(finder) not in self.finder_types:
+                    del cache[entry]
         sys.path_hooks = self.path_hooks_list
         if "faulthandler" in self.touched:
             faulthandler.cancel_dump_traceback_later()
@@ -344,6 +402,15 @@ class Baseline:
     def _restore_logging(self) -> None:
         if logging.root.manager.disable != self.logging_disable:
             logging.disable(self.logging_disable)
+        if _logging_globals() != self.logging_globals:
+            factory, logger_class, raise_exc, level_names = self.logging_globals
+            logging.setLogRecordFactory(factory)
+            logging.setLoggerClass(logger_class)
+            logging.raiseExceptions = raise_exc
+            logging._levelToName.clear()
+            logging._levelToName.update(level_names)
+            logging._nameToLevel.clear()
+            logging._nameToLevel.update({v: k for k, v in level_names.items()})
         now = _loggers()
         for name, lg in now.items():
             known = self.loggers.get(name)
@@ -365,6 +432,37 @@ class Baseline:
                 lg.handlers[:] = state[1]
                 lg.filters[:] = state[2]
                 lg.propagate, lg.disabled = state[3], state[4]
+
+
+def _stream_settings(stream: Any) -> tuple[Any, ...] | None:
+    """A text stream's encoding, errors, line buffering and write-through (None: not one
+    that can be reconfigured)."""
+    if not hasattr(stream, "reconfigure"):
+        return None
+    try:
+        return (stream.encoding, stream.errors, stream.line_buffering, stream.write_through)
+    except (AttributeError, ValueError):
+        return None
+
+
+def _ident(fd: int) -> tuple[int, int] | None:
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _standard_finder_types() -> frozenset[type]:
+    import zipimport
+    from importlib.machinery import FileFinder
+
+    return frozenset({FileFinder, zipimport.zipimporter, type(None)})
+
+
+def _logging_globals() -> tuple[Any, ...]:
+    return (logging.getLogRecordFactory(), logging.getLoggerClass(), logging.raiseExceptions,
+            dict(logging._levelToName))
 
 
 def _scheduler() -> tuple[int, int]:

@@ -26,6 +26,7 @@ import hashlib
 import importlib.abc
 import importlib.machinery
 import io
+import operator
 import os
 import resource
 import select
@@ -295,6 +296,11 @@ class Worker:
         self.environ = _Environ(os.environ)
         self.base_path = list(sys.path)
         self.base_modules = set(sys.modules)
+        # Which module object each of those names is (in step, for a check at C speed,
+        # ~20 us): a job that put its own object under a name already loaded
+        # (sys.modules["json"] = fake) had the next job use it (audit BY).
+        self.kept_names = list(sys.modules)
+        self.kept_modules = [sys.modules[n] for n in self.kept_names]
         # Whether reportlab's and pypdf's settings are as harden() left them: no job that
         # runs someone's code here has run since (our renderers change none of them).
         self.render_settings_clean = False
@@ -798,6 +804,8 @@ class Worker:
                 # none: with the count unchanged there is nothing to forget, and the set
                 # difference over ~1,000 names was ~0.1 ms of every invoice.)
                 self._forget_user_modules()
+            if runs_user_code_here(job):
+                self._restore_modules()
             self.baseline.restore_environ()
             self.environ.set({})  # before the time zone is judged (TZ)
             problems: list[str] = []
@@ -815,15 +823,29 @@ class Worker:
             mod = sys.modules.get(name)
             if name == "renderctl" or name.startswith("renderctl."):
                 # Our own code is not the job's: keep it (re-importing costs ms).
-                self.base_modules.add(name)
+                self._keep_module(name, mod)
                 continue
             origin = getattr(mod, "__file__", None)
             if origin and origin.startswith(self.library_roots):
                 # Libraries stay loaded (re-importing C extensions is unsafe). Remembered,
                 # so the next jobs do not judge reportlab's lazy imports again (~0.15 ms).
-                self.base_modules.add(name)
+                self._keep_module(name, mod)
                 continue
             sys.modules.pop(name, None)
+
+    def _keep_module(self, name: str, mod: Any) -> None:
+        self.base_modules.add(name)
+        self.kept_names.append(name)
+        self.kept_modules.append(mod)
+
+    def _restore_modules(self) -> None:
+        """Put back each kept module a job replaced or removed in sys.modules."""
+        if not any(map(operator.is_not, map(sys.modules.get, self.kept_names),
+                       self.kept_modules)):
+            return
+        for name, mod in zip(self.kept_names, self.kept_modules, strict=True):
+            if sys.modules.get(name) is not mod:
+                sys.modules[name] = mod
 
 
 class _CachedSourceLoader(importlib.machinery.SourceFileLoader):

@@ -1139,10 +1139,13 @@ def observe_process(inputs: Sequence[Path], output: Path, params: Mapping[str, A
     import random
     import resource
     import socket
+    import tracemalloc
     import warnings
 
-    child = subprocess.run(["sh", "-c", 'echo "$RCTL_TEST_PUTENV"; grep -E "^Sig(Ign|Blk)" '
-                            '/proc/self/status'], capture_output=True, text=True, check=True)
+    child = subprocess.run(["sh", "-c", 'echo "$RCTL_TEST_PUTENV $RCTL_TEST_POSIX"; '
+                            'grep -E "^Sig(Ign|Blk)" /proc/self/status'],
+                           capture_output=True, text=True, check=True)
+    stdin = os.fstat(0)
     seen = {
         "pid": os.getpid(),
         "threads": len(sys._current_frames()),
@@ -1182,6 +1185,18 @@ def observe_process(inputs: Sequence[Path], output: Path, params: Mapping[str, A
         "environ_type": type(os.environ).__name__,
         # C threads too (a faulthandler watchdog), which "threads" does not count
         "tasks": len(os.listdir("/proc/self/task")),
+        # (audit BY)
+        "json_module": getattr(sys.modules.get("json"), "__name__", None),
+        "spy_finder": any(type(f).__name__ == "_SpyFinder"
+                          for f in sys.path_importer_cache.values()),
+        "stdout_settings": [sys.stdout.encoding, sys.stdout.errors],
+        "gc_debug": [gc.get_debug(), len(gc.callbacks)],
+        "tracing": tracemalloc.is_tracing(),
+        "dont_write_bytecode": sys.dont_write_bytecode,
+        "stdin": [stdin.st_dev, stdin.st_ino],
+        "logging_globals": [logging.getLogRecordFactory().__name__,
+                            logging.getLoggerClass().__name__, logging.getLevelName(5),
+                            logging.raiseExceptions],
     }
     os.umask(seen["umask"])
     with open(params["report"], "a") as fh:
@@ -1255,6 +1270,31 @@ def pollute_process(inputs: Sequence[Path], output: Path, params: Mapping[str, A
     faulthandler.dump_traceback_later(30, exit=True)
     os.environ = dict(os.environ)  # type: ignore[assignment]  # noqa: B003
     csv.field_size_limit(5)
+    # Past the watchers and the module table (audit BY): a finder of its own cached for a
+    # sys.path entry, a module replaced, signal and environment set through their C
+    # modules, stdout's settings, gc debugging, tracemalloc, bytecode writing, stdin, and
+    # logging's factories and level names
+    import _signal
+    import posix
+    import tracemalloc
+    import types
+
+    sys.path_importer_cache[os.getcwd()] = _SpyFinder()
+    sys.modules["json"] = types.ModuleType("json-forged")
+    _signal.signal(_signal.SIGUSR1, _signal.SIG_IGN)
+    posix.putenv("RCTL_TEST_POSIX", "leaked")
+    sys.__stdout__.reconfigure(encoding="ascii", errors="strict")  # type: ignore[union-attr]
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    gc.callbacks.append(lambda *a: None)
+    tracemalloc.start()
+    sys.dont_write_bytecode = not sys.dont_write_bytecode
+    secret = os.open(__file__, os.O_RDONLY)
+    os.dup2(secret, 0)
+    os.close(secret)
+    logging.setLogRecordFactory(lambda *a, **k: logging.LogRecord(*a, **k))
+    logging.setLoggerClass(type("JobLogger", (logging.Logger,), {}))
+    logging.addLevelName(5, "JOB-SECRET")
+    logging.raiseExceptions = not logging.raiseExceptions
 
 
 class _SpyFinder:
