@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import math
 import os
 import select
@@ -69,6 +70,23 @@ def set_parent_death_signal(
         raise OSError(err, f"prctl(PR_SET_PDEATHSIG): {os.strerror(err)}")
     if os.getppid() != parent or parent == 1:
         raise ParentGone(f"parent {parent} died before PR_SET_PDEATHSIG was set")
+
+
+_PR_GET_PDEATHSIG = 2
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def parent_death_signal() -> int:
+    """The parent-death signal armed for this process (0: none). A change of effective
+    user clears it (the kernel does, even for seteuid(65534) then seteuid(0))."""
+    sig = ctypes.c_int(0)
+    if _libc().prctl(_PR_GET_PDEATHSIG, ctypes.byref(sig), 0, 0, 0) != 0:
+        return 0
+    return sig.value
 
 
 def set_child_subreaper(on: bool = True) -> None:

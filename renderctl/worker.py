@@ -813,6 +813,12 @@ class Worker:
                 problems = self.baseline.restore()
                 if threads_left():
                     problems.append(f"the job left {threads_left()} thread(s) running")
+                from renderctl import proctree
+
+                if proctree.parent_death_signal() != PARENT_DEATH_SIGNAL:
+                    # seteuid() there and back cleared it (the identity is the same): the
+                    # worker would outlive its parent but for the reaper (audit BY).
+                    problems.append("the job cleared its worker's parent-death signal")
             elif job.spec.get("kind") == "command":
                 problems = self.baseline.restore_from_outside()
             if problems and not self.retire_reason:

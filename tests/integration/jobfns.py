@@ -1339,6 +1339,9 @@ def taint_worker(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]
         os.setgroups([])
         os.setgid(65534)
         os.setuid(65534)
+    elif what == "seteuid":
+        os.seteuid(65534)
+        os.seteuid(0)
 
 
 def hardlink_output(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:

@@ -1141,11 +1141,13 @@ def test_a_fork_bomb_meets_its_slots_task_limit_and_the_other_jobs_flow_on(
 # -- what no job's end can undo, and what a job does to its worker's surroundings ----------
 
 
-@pytest.mark.parametrize("what", ["audithook", "no_new_privs", "setuid"])
+@pytest.mark.parametrize("what", ["audithook", "no_new_privs", "setuid", "seteuid"])
 def test_a_job_that_changes_its_worker_for_good_retires_it(
         tmp_path: Path, write_manifest: Any, what: str) -> None:
     # Given, for one worker, a job that leaves a change nothing can take back (an audit
-    # hook, no_new_privs, root given up for nobody), then a job that records its pid
+    # hook, no_new_privs, root given up for nobody; seteuid to nobody and back, which
+    # leaves the identity as it was and clears the parent-death signal: audit BY), then a
+    # job that records its pid
     stage(tmp_path)
     report, log = tmp_path / "seen.jsonl", tmp_path / "audit.log"
     manifest = write_manifest([
