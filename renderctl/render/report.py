@@ -474,8 +474,11 @@ def _table(data: Dataset, shown: Sequence[Column], totalled: Collection[Column],
             format_total(data, c, column_total(data, c)) if c in totalled else ""
             for c in shown
         ]
-        if shown[0] not in totalled:
-            totals_row[0] = "Total"
+        # Labelled in the first column without a total (the first column when it has
+        # none): with a number there, the row had no label at all (audit BS).
+        first_free = next((i for i, c in enumerate(shown) if c not in totalled), None)
+        if first_free is not None:
+            totals_row[first_free] = "Total"
     widths, size = _layout(shown, header, body, totals_row, width)
     for i in range(len(shown)):
         limit = widths[i] - 2 * CELL_PADDING

@@ -418,3 +418,14 @@ def test_quantities_named_like_identifiers_keep_their_totals(tmp_path: Path) -> 
     text = render_pages(source, tmp_path / "r.pdf")[-1].split("\n")
     at = text.index("Total")
     assert text[at:at + 6] == ["Total", "12.75", "4", "6", "8", "3.75"], text
+
+
+def test_a_totals_row_is_labelled_even_when_its_first_column_has_a_total(
+        tmp_path: Path) -> None:
+    # Given a report whose first column is a quantity and whose second is text
+    source = write_csv(tmp_path / "u.csv", ["units", "product", "price"],
+                       [[3, "Bolt", "1.50"], [4, "Nut", "0.25"]])
+    # When it is rendered, then its totals row says what it is, in the text column
+    last = render_pages(source, tmp_path / "r.pdf")[-1].split("\n")
+    at = last.index("Total")
+    assert last[at - 1:at + 2] == ["7", "Total", "1.75"], last
