@@ -69,6 +69,7 @@ import time
 import tracemalloc
 import warnings
 from collections.abc import Callable, Mapping
+from importlib.machinery import FileFinder
 from typing import Any
 
 _RLIMITS = tuple(getattr(resource, n) for n in dir(resource) if n.startswith("RLIMIT_"))
@@ -129,7 +130,8 @@ def restore_mapping(live: dict[Any, Any], then: Mapping[Any, Any]) -> None:
 class Baseline:
     """The worker's state as every job must find it, captured once at worker start."""
 
-    def __init__(self) -> None:
+    def __init__(self, library_roots: tuple[str, ...] = ()) -> None:
+        self.library_roots = library_roots  # where libraries' modules are (see restore)
         self.umask = os.umask(0o022)
         os.umask(self.umask)
         self.signals: dict[int, Any] = {}
@@ -164,8 +166,8 @@ class Baseline:
         self.stdin_copy = os.dup(0) if self.stdin_ident is not None else -1
         # Finders cached per sys.path entry: a job's own one there ran its code for every
         # later job's imports from that folder (audit BY: a forged output, completed).
-        self.finder_types = frozenset(type(f) for f in sys.path_importer_cache.values()) \
-            | _standard_finder_types()
+        self.finders = set(sys.path_importer_cache.items())
+        self.standard_loaders = _standard_loaders()
         # Logging's process-wide factories and names: a job's record factory saw every
         # later job's log records (audit BY).
         self.logging_globals = _logging_globals()
@@ -228,8 +230,14 @@ class Baseline:
 
         setattr(module, name, watched)
 
-    def restore(self) -> list[str]:
-        """Put everything back (call once os.environ is the job's); returns what could not be."""
+    def restore(self, *, libraries_loaded: bool = False) -> list[str]:
+        """Put everything back (call once os.environ is the job's); returns what could not be.
+
+        What a library sets up as it is imported stays, as the library stays loaded and
+        would not set it up again for a later job (review CA: undone, a later job's logger
+        of pip's had no .verbose()): a logger class, record factory or gc callback defined
+        in a library's module (``library_roots``), and, when the job imported a library
+        (``libraries_loaded``), logging's level names. The rest is the job's, put back."""
         problems: list[str] = []
         os.umask(self.umask)
         signal.alarm(0)
@@ -270,6 +278,9 @@ class Baseline:
             gc.set_debug(self.gc_debug)
             gc.garbage.clear()  # what DEBUG_SAVEALL kept of the job's
         if gc.callbacks != self.gc_callbacks:
+            known = set(map(id, self.gc_callbacks))
+            self.gc_callbacks += [c for c in gc.callbacks
+                                  if id(c) not in known and self.from_library(c)]
             gc.callbacks[:] = self.gc_callbacks
         if tracemalloc.is_tracing() != self.tracing:
             (tracemalloc.start if self.tracing else tracemalloc.stop)()
@@ -298,7 +309,7 @@ class Baseline:
         if socket.getdefaulttimeout() != self.socket_timeout:
             socket.setdefaulttimeout(self.socket_timeout)
         self._restore_warnings()
-        self._restore_logging()
+        self._restore_logging(libraries_loaded)
         self._restore_builtins()
         if csv.field_size_limit() != self.csv_field_limit:
             csv.field_size_limit(self.csv_field_limit)
@@ -324,11 +335,19 @@ class Baseline:
         sys.meta_path = self.meta_path_list
         if _restore_list(self.path_hooks_list, self.path_hooks, self.initial_modules):
             sys.path_importer_cache.clear()  # finders the job's hooks made
+        # A finder cached since, by a standard hook or not: kept only if it is what the
+        # standard hook makes (a FileFinder with the standard loaders, or None); a job's
+        # own (its class, or a FileFinder with a loader of its own: review CA) is dropped,
+        # and the hooks make a fresh one when it is needed (~5 us). A library's hook's too:
+        # its hook stays (path_hooks), and makes its finder again.
         cache = sys.path_importer_cache
-        if not all(type(f) in self.finder_types for f in cache.values()):
-            for entry, finder in list(cache.items()):
-                if type(finder) not in self.finder_types:
+        new = cache.items() - self.finders
+        if new:
+            for entry, finder in new:
+                if finder is not None and not (type(finder) is FileFinder and getattr(
+                        finder, "_loaders", None) == self.standard_loaders):
                     del cache[entry]
+            self.finders = set(cache.items())
         sys.path_hooks = self.path_hooks_list
         if "faulthandler" in self.touched:
             faulthandler.cancel_dump_traceback_later()
@@ -399,18 +418,37 @@ class Baseline:
             _filters_changed()  # invalidates the "already warned" registries the job filled
         warnings.showwarning, warnings.formatwarning = show, fmt
 
-    def _restore_logging(self) -> None:
+    def from_library(self, obj: Any) -> bool:
+        """Whether ``obj`` (a class, a function) was defined in a library's module."""
+        module = sys.modules.get(getattr(obj, "__module__", None) or "")
+        origin = getattr(module, "__file__", None)
+        return isinstance(origin, str) and origin.startswith(self.library_roots)
+
+    def _restore_logging(self, libraries_loaded: bool = False) -> None:
         if logging.root.manager.disable != self.logging_disable:
             logging.disable(self.logging_disable)
         if _logging_globals() != self.logging_globals:
-            factory, logger_class, raise_exc, level_names = self.logging_globals
+            factory, logger_class, raise_exc, to_name, to_level = self.logging_globals
+            live = _logging_globals()
+            if live[0] is not factory and self.from_library(live[0]):
+                factory = live[0]
+            if live[1] is not logger_class and self.from_library(live[1]):
+                logger_class = live[1]
+            if libraries_loaded:
+                # Levels added (a library's VERBOSE): kept; a level renamed stays put back.
+                to_name = {**live[3], **to_name}
+                to_level = {**{n: v for n, v in live[4].items() if v not in to_name
+                               or to_name[v] == n}, **to_level}
+            self.logging_globals = (factory, logger_class, raise_exc, to_name, to_level)
             logging.setLogRecordFactory(factory)
             logging.setLoggerClass(logger_class)
             logging.raiseExceptions = raise_exc
+            # (Each its own copy: WARN and FATAL are names of levels named otherwise, and
+            # rebuilt as the inverse they were gone for every later job: review CA.)
             logging._levelToName.clear()
-            logging._levelToName.update(level_names)
+            logging._levelToName.update(to_name)
             logging._nameToLevel.clear()
-            logging._nameToLevel.update({v: k for k, v in level_names.items()})
+            logging._nameToLevel.update(to_level)
         now = _loggers()
         for name, lg in now.items():
             known = self.loggers.get(name)
@@ -453,16 +491,18 @@ def _ident(fd: int) -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
-def _standard_finder_types() -> frozenset[type]:
-    import zipimport
-    from importlib.machinery import FileFinder
+def _standard_loaders() -> list[tuple[str, Any]]:
+    """The (suffix, loader) pairs of a FileFinder the standard path hook makes."""
+    from importlib import _bootstrap_external
 
-    return frozenset({FileFinder, zipimport.zipimporter, type(None)})
+    supported: Any = getattr(_bootstrap_external, "_get_supported_file_loaders")  # noqa: B009
+    finder: Any = FileFinder("", *supported())
+    return list(finder._loaders)
 
 
 def _logging_globals() -> tuple[Any, ...]:
     return (logging.getLogRecordFactory(), logging.getLoggerClass(), logging.raiseExceptions,
-            dict(logging._levelToName))
+            dict(logging._levelToName), dict(logging._nameToLevel))
 
 
 def _scheduler() -> tuple[int, int]:

@@ -39,6 +39,7 @@ import sysconfig
 import tempfile
 import time
 import traceback
+import types
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -310,7 +311,7 @@ class Worker:
         })
         # Jobs' own modules are imported afresh for every job; their compiled code need not be.
         sys.meta_path.insert(0, _UserCodeCache(self.library_roots))
-        self.baseline = Baseline()  # puts back whatever a job changes (see worker_main)
+        self.baseline = Baseline(self.library_roots)  # puts back what a job changes
         self.neutral_cwd = config.work_root
         # Each job gets its own empty working directory: the previous one, emptied and renamed
         # (a rename costs ~0.02 ms here, a mkdir/rmdir pair ~1 ms of journal work).
@@ -793,6 +794,7 @@ class Worker:
         self.render_settings_clean = "reportlab" in sys.modules \
             and not runs_user_code_here(job)
         capture = self.capture
+        kept_before = len(self.kept_names)
         try:
             with capture:
                 yield capture
@@ -804,13 +806,16 @@ class Worker:
                 # none: with the count unchanged there is nothing to forget, and the set
                 # difference over ~1,000 names was ~0.1 ms of every invoice.)
                 self._forget_user_modules()
+            # A library imported by this job stays loaded, with what its import set up
+            # (see Baseline.restore): that becomes the baseline.
+            libraries = len(self.kept_names) > kept_before
             if runs_user_code_here(job):
                 self._restore_modules()
             self.baseline.restore_environ()
             self.environ.set({})  # before the time zone is judged (TZ)
             problems: list[str] = []
             if runs_user_code_here(job):
-                problems = self.baseline.restore()
+                problems = self.baseline.restore(libraries_loaded=libraries)
                 if threads_left():
                     problems.append(f"the job left {threads_left()} thread(s) running")
                 from renderctl import proctree
@@ -845,12 +850,21 @@ class Worker:
         self.kept_modules.append(mod)
 
     def _restore_modules(self) -> None:
-        """Put back each kept module a job replaced or removed in sys.modules."""
+        """Put back each kept module a job replaced or removed in sys.modules, but where a
+        library's module took its place (a library that swaps one in as it is imported, as
+        pysqlite3's users do for sqlite3: that stays, as the library does; review CA)."""
         if not any(map(operator.is_not, map(sys.modules.get, self.kept_names),
                        self.kept_modules)):
             return
-        for name, mod in zip(self.kept_names, self.kept_modules, strict=True):
-            if sys.modules.get(name) is not mod:
+        for i, (name, mod) in enumerate(zip(self.kept_names, self.kept_modules, strict=True)):
+            now = sys.modules.get(name)
+            if now is mod:
+                continue
+            origin = getattr(now, "__file__", None)
+            if isinstance(now, types.ModuleType) and origin \
+                    and origin.startswith(self.library_roots):
+                self.kept_modules[i] = now
+            else:
                 sys.modules[name] = mod
 
 

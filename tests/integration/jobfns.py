@@ -1188,14 +1188,18 @@ def observe_process(inputs: Sequence[Path], output: Path, params: Mapping[str, A
         # (audit BY)
         "json_module": getattr(sys.modules.get("json"), "__name__", None),
         "spy_finder": any(type(f).__name__ == "_SpyFinder"
+                          or any(getattr(loader, "__name__", "") == "_SpyLoader"
+                                 for _, loader in getattr(f, "_loaders", ()))
                           for f in sys.path_importer_cache.values()),
+        "level_aliases": [logging.getLevelName("WARN"), logging.getLevelName("FATAL")],
         "stdout_settings": [sys.stdout.encoding, sys.stdout.errors],
         "gc_debug": [gc.get_debug(), len(gc.callbacks)],
         "tracing": tracemalloc.is_tracing(),
         "dont_write_bytecode": sys.dont_write_bytecode,
         "stdin": [stdin.st_dev, stdin.st_ino],
         "logging_globals": [logging.getLogRecordFactory().__name__,
-                            logging.getLoggerClass().__name__, logging.getLevelName(5),
+                            logging.getLoggerClass().__name__,
+                            logging.getLevelName(logging.INFO),
                             logging.raiseExceptions],
     }
     os.umask(seen["umask"])
@@ -1280,6 +1284,11 @@ def pollute_process(inputs: Sequence[Path], output: Path, params: Mapping[str, A
     import types
 
     sys.path_importer_cache[os.getcwd()] = _SpyFinder()
+    from importlib.machinery import FileFinder, SourceFileLoader
+
+    spy_loader = type("_SpyLoader", (SourceFileLoader,), {})
+    sys.path_importer_cache[os.path.dirname(__file__)] = FileFinder(
+        os.path.dirname(__file__), (spy_loader, [".py"]))
     sys.modules["json"] = types.ModuleType("json-forged")
     _signal.signal(_signal.SIGUSR1, _signal.SIG_IGN)
     posix.putenv("RCTL_TEST_POSIX", "leaked")
@@ -1293,7 +1302,7 @@ def pollute_process(inputs: Sequence[Path], output: Path, params: Mapping[str, A
     os.close(secret)
     logging.setLogRecordFactory(lambda *a, **k: logging.LogRecord(*a, **k))
     logging.setLoggerClass(type("JobLogger", (logging.Logger,), {}))
-    logging.addLevelName(5, "JOB-SECRET")
+    logging.addLevelName(logging.INFO, "JOB-SECRET")
     logging.raiseExceptions = not logging.raiseExceptions
 
 
