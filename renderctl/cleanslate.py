@@ -166,7 +166,7 @@ class Baseline:
         self.stdin_copy = os.dup(0) if self.stdin_ident is not None else -1
         # Finders cached per sys.path entry: a job's own one there ran its code for every
         # later job's imports from that folder (audit BY: a forged output, completed).
-        self.finders = set(sys.path_importer_cache.items())
+        self.finders = dict(sys.path_importer_cache)
         self.standard_loaders = _standard_loaders()
         # Logging's process-wide factories and names: a job's record factory saw every
         # later job's log records (audit BY).
@@ -341,13 +341,14 @@ class Baseline:
         # and the hooks make a fresh one when it is needed (~5 us). A library's hook's too:
         # its hook stays (path_hooks), and makes its finder again.
         cache = sys.path_importer_cache
-        new = cache.items() - self.finders
-        if new:
-            for entry, finder in new:
-                if finder is not None and not (type(finder) is FileFinder and getattr(
-                        finder, "_loaders", None) == self.standard_loaders):
+        if cache != self.finders:  # (~3 us: the common case, nothing cached since)
+            for entry, finder in list(cache.items()):
+                if finder is None or self.finders.get(entry, None) is finder:
+                    continue
+                if not (type(finder) is FileFinder
+                        and getattr(finder, "_loaders", None) == self.standard_loaders):
                     del cache[entry]
-            self.finders = set(cache.items())
+            self.finders = dict(cache)
         sys.path_hooks = self.path_hooks_list
         if "faulthandler" in self.touched:
             faulthandler.cancel_dump_traceback_later()
@@ -427,8 +428,11 @@ class Baseline:
     def _restore_logging(self, libraries_loaded: bool = False) -> None:
         if logging.root.manager.disable != self.logging_disable:
             logging.disable(self.logging_disable)
-        if _logging_globals() != self.logging_globals:
-            factory, logger_class, raise_exc, to_name, to_level = self.logging_globals
+        factory, logger_class, raise_exc, to_name, to_level = self.logging_globals
+        if (logging.getLogRecordFactory() is not factory
+                or logging.getLoggerClass() is not logger_class
+                or logging.raiseExceptions != raise_exc or logging._levelToName != to_name
+                or logging._nameToLevel != to_level):
             live = _logging_globals()
             if live[0] is not factory and self.from_library(live[0]):
                 factory = live[0]
