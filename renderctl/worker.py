@@ -28,6 +28,7 @@ import importlib.machinery
 import io
 import operator
 import os
+import re
 import resource
 import select
 import shutil
@@ -1581,13 +1582,16 @@ def expand_argv(argv: list[str], inputs: list[Path], output: Path) -> list[str]:
         if arg == "{inputs}":
             out.extend(str(p) for p in inputs)
             continue
-        arg = arg.replace("{output}", str(output))
-        if "{input}" in arg:
-            if not inputs:
-                raise InvalidInput("argv uses {input} but the job has no input")
-            arg = arg.replace("{input}", str(inputs[0]))
-        out.append(arg)
+        if "{input}" in arg and not inputs:
+            raise InvalidInput("argv uses {input} but the job has no input")
+        # One pass: a path substituted is never looked at again (an output root or name
+        # holding "{input}" had the input's path put inside the output's: audit CB).
+        out.append(_PLACEHOLDER.sub(
+            lambda m: str(output) if m[1] == "output" else str(inputs[0]), arg))
     return out
+
+
+_PLACEHOLDER = re.compile(r"\{(output|input)\}")
 
 
 def _child_setup() -> None:

@@ -30,3 +30,13 @@ def test_inputs_becomes_one_argument_per_input_even_with_spaces() -> None:
 def test_input_without_any_input_is_the_jobs_invalid_input() -> None:
     with pytest.raises(InvalidInput, match="no input"):
         expand_argv(["cat", "{input}"], [], OUT)
+
+
+def test_a_substituted_path_is_never_substituted_again() -> None:
+    # Given an output (or output root) whose path holds "{input}", and an input whose path
+    # holds "{output}" (audit CB: the input's path was put inside the output's)
+    out = Path("/o/{input}/.rctl-ab-1.tmp")
+    inputs = [Path("/i/{output}.pdf")]
+    # Then each placeholder is replaced once, by its own value
+    assert expand_argv(["cp", "{input}", "{output}", "--to={output}"], inputs, out) == [
+        "cp", "/i/{output}.pdf", str(out), f"--to={out}"]
