@@ -99,7 +99,11 @@ from renderctl.reaper import close_inherited
 from renderctl.render.registry import BUILTIN
 
 TAIL_LINES = 20
-COMMAND_LOG = ".command-output"  # a command job's stdout and stderr, in its working folder
+# A command job's stderr, and its stdout, each in a file of its own in its working folder:
+# merged, the last line shown as its error was its stdout's ("Processed 3 pages" after the
+# error it gave on stderr), and a tool writing its PDF to stdout filled the tail (audit CB).
+COMMAND_LOG = ".command-output"
+COMMAND_STDOUT = ".command-stdout"
 TAIL_BYTES = 4096
 ERROR_CHARS = 4096  # an exception's message as recorded: its start and end beyond this
 MB = 1024 * 1024
@@ -1176,10 +1180,17 @@ def last_words(work_root: str, pid: int, kind: str) -> str | None:
     with contextlib.suppress(OSError):
         for entry in os.scandir(work_root):  # its one working folder, w<pid>.<jobs run>
             if entry.name.startswith(f"w{pid}.") and entry.is_dir(follow_symlinks=False):
-                tail = read_tail(os.path.join(entry.path, COMMAND_LOG))
+                tail = command_tail(entry.path)
                 if tail:
                     return tail
     return None
+
+
+def command_tail(folder: str | Path) -> str | None:
+    """The tail of what a command said on stderr, or, if nothing, on stdout (a tool that
+    reports its errors there)."""
+    return read_tail(os.path.join(folder, COMMAND_LOG)) \
+        or read_tail(os.path.join(folder, COMMAND_STDOUT))
 
 
 def read_tail(path: str) -> str | None:
@@ -1473,7 +1484,7 @@ def _execute_held(job: RunJob, output: Path, workdir: Path,
         fields = {"outcome": Outcome.INVALID_OUTPUT.value,
                   "error": _message(exc, InvalidOutput)}
         if spec["kind"] == "command":  # what it said is what explains a bad output
-            fields["stderr_tail"] = read_tail(str(workdir / COMMAND_LOG))
+            fields["stderr_tail"] = command_tail(workdir)
         return fields
     except BaseException as exc:  # a job's SystemExit or KeyboardInterrupt is its failure
         return {"outcome": Outcome.FAILED.value, "error": _message(exc),
@@ -1606,13 +1617,12 @@ def run_command(argv: list[str], inputs: list[Path], output: Path,
                 workdir: Path, pass_fds: tuple[int, ...] = ()) -> dict[str, Any] | None:
     """Run an argv (never a shell); None means it exited 0 and the output is to be checked."""
     args = expand_argv(argv, inputs, output)
-    log = workdir / COMMAND_LOG
-    with open(log, "wb") as fh:
+    with open(workdir / COMMAND_LOG, "wb") as fh, open(workdir / COMMAND_STDOUT, "wb") as out:
         try:
             # env: exactly the job's os.environ (see _Environ), not the C-level environment,
             # where an earlier job's bare os.putenv() would otherwise survive.
-            proc = subprocess.Popen(args, cwd=workdir, stdin=subprocess.DEVNULL, stdout=fh,
-                                    stderr=subprocess.STDOUT, preexec_fn=_child_setup,
+            proc = subprocess.Popen(args, cwd=workdir, stdin=subprocess.DEVNULL, stdout=out,
+                                    stderr=fh, preexec_fn=_child_setup,
                                     close_fds=True, pass_fds=pass_fds,
                                     env=dict(os.environ))
         except FileNotFoundError:
@@ -1630,6 +1640,7 @@ def run_command(argv: list[str], inputs: list[Path], output: Path,
             try:
                 while not select.select([pidfd], [], [], CAPTURE_CHECK_S)[0]:
                     bound_capture(fh.fileno())
+                    bound_capture(out.fileno())
             finally:
                 os.close(pidfd)
             code = proc.wait()
@@ -1642,7 +1653,7 @@ def run_command(argv: list[str], inputs: list[Path], output: Path,
             with contextlib.suppress(Exception):
                 remove_leftovers(_children_of_threads, LEFTOVER_BOUND_S / 2)
             os.kill(os.getpid(), signal.SIGTERM)
-    tail = read_tail(str(log))
+    tail = command_tail(workdir)
     if code == 0:
         return None  # the output is checked next; a success keeps no log in the record
     # The tool's own last words, in the error every report shows (run's lines and events,

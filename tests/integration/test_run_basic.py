@@ -757,3 +757,27 @@ def test_a_retry_scheduled_past_the_calendar_reads_in_days_and_epoch_seconds(
     assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
     assert re.search(r"next attempt not before \d(\.\d+)?e\+(299|300) \(epoch seconds\)",
                      res.stdout), res.stdout
+
+
+def test_a_commands_error_is_its_last_word_on_stderr_not_stdout(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given a tool that says why it failed on stderr, then prints progress on stdout, and
+    # one that says nothing on stderr
+    manifest = write_manifest([
+        {"id": "both", "kind": "command", "output": "b.pdf", "argv": [
+            "sh", "-c", "echo 'error: disk quota exceeded' >&2; echo 'Processed 3 pages'; "
+            "exit 3", "sh", "{output}"]},
+        {"id": "quiet", "kind": "command", "output": "q.pdf", "argv": [
+            "sh", "-c", "echo 'only here'; exit 4", "sh", "{output}"]}],
+        defaults={"max_attempts": 1})
+    queue, out = tmp_path / "q", tmp_path / "out"
+    res = run_cli("run", manifest, *cli_args(queue, out))
+    # Then the error and the tail are stderr's (before: the last stdout line, audit CB),
+    # and stdout's only where stderr had nothing
+    assert res.returncode == 1, res.stdout + res.stderr
+    view = QueueView(queue)
+    both = view.record("dead", "both")["attempts"][-1]
+    assert both["error"] == "command exited with status 3: error: disk quota exceeded"
+    assert "Processed" not in both["stderr_tail"], both
+    quiet = view.record("dead", "quiet")["attempts"][-1]
+    assert quiet["error"] == "command exited with status 4: only here"
