@@ -2284,6 +2284,11 @@ class Runner:
             # programs: a job was sent up to three, and lost its grace).
             proctree.kill_group(w.pgid, signal.SIGTERM)
             _signal_all(_outside_group(w.doomed, w.pgid), signal.SIGTERM)
+            # Then SIGCONT, as coreutils' timeout does: a stopped process (kill -STOP $$)
+            # acts on its SIGTERM only once continued, and waited out the whole grace
+            # (audit CB). Continued, it gets the grace to clean up that it is given for.
+            proctree.kill_group(w.pgid, signal.SIGCONT)
+            _signal_all(_outside_group(w.doomed, w.pgid), signal.SIGCONT)
             w.kill_deadline = time.monotonic() + self.s.kill_grace_s
         else:
             self._kill_now(w)

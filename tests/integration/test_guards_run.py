@@ -376,6 +376,26 @@ def test_a_timed_out_command_gets_the_kill_grace_to_clean_up(env: Env) -> None:
     assert "got TERM" in (attempt.get("stderr_tail") or ""), attempt
 
 
+def test_a_stopped_command_that_times_out_is_continued_to_clean_up(env: Env) -> None:
+    # Given a command that cleans up on SIGTERM, but has stopped itself (kill -STOP $$)
+    marker = env.root / "cleaned-up"
+    script = f"trap 'touch {marker}; exit 1' TERM; kill -STOP $$; sleep 60"
+    m = env.manifest([{"id": "halt", "kind": "command", "output": "halt.pdf",
+                       "argv": ["sh", "-c", script, "sh", "{output}"], "timeout_s": 1,
+                       "max_attempts": 1}])
+
+    # When it times out with a kill grace of 30 s
+    r = env.run(str(m), "--workers", "1", "--kill-grace", "30")
+    assert r.wait_exit(timeout=60) == 1, r.diag()
+
+    # Then it was continued after its SIGTERM, cleaned up and ended long before the grace
+    # was out (before: it stayed stopped, the SIGTERM pending, until the SIGKILL 30 s on:
+    # audit CB)
+    assert marker.exists(), "the command never ran its clean-up"
+    (attempt,) = env.show("halt")["attempts"]
+    assert attempt["outcome"] == "timeout" and attempt["elapsed_s"] < 20, attempt
+
+
 @pytest.mark.parametrize("kind", ["python", "command"])
 def test_a_timed_out_job_is_sent_sigterm_once(env: Env, kind: str) -> None:
     # Given a job that counts the SIGTERMs it is sent (for 0.5 s after the first), then exits
