@@ -1629,6 +1629,17 @@ def run_command(argv: list[str], inputs: list[Path], output: Path,
             return {"outcome": Outcome.FAILED.value, "error": f"command not found: {args[0]}"}
         except PermissionError:
             return {"outcome": Outcome.FAILED.value, "error": f"not executable: {args[0]}"}
+        except OSError as exc:
+            if exc.errno not in (errno.E2BIG, errno.ENOEXEC):
+                raise
+            # The job's argv itself, the same at every attempt (audit CB: retried until
+            # dead with a bare OSError): arguments past the kernel's limit, a script with
+            # no #! line.
+            why = (f"its arguments are too long for the system ({sum(map(len, args)):,} "
+                   "characters; pass a list file instead)" if exc.errno == errno.E2BIG
+                   else f"{args[0]} is not a program the system can run (a script needs a "
+                   "#! line)")
+            return {"outcome": Outcome.INVALID_INPUT.value, "error": f"command: {why}"}
         # The runner ends a command's attempt (timeout, cancel) with SIGTERM to our whole
         # group, the command included, and SIGKILL after --kill-grace. Dying of it at once
         # would take the command with us (its parent-death signal is SIGKILL) and cut its

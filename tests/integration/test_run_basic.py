@@ -781,3 +781,28 @@ def test_a_commands_error_is_its_last_word_on_stderr_not_stdout(
     assert "Processed" not in both["stderr_tail"], both
     quiet = view.record("dead", "quiet")["attempts"][-1]
     assert quiet["error"] == "command exited with status 4: only here"
+
+
+def test_a_command_the_system_cannot_start_is_invalid_input_at_once(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given a script without a #! line, and an argument past the kernel's limit
+    script = tmp_path / "noshebang.sh"
+    script.write_text("echo hi > \"$1\"\n")
+    script.chmod(0o755)
+    manifest = write_manifest([
+        {"id": "script", "kind": "command", "output": "s.pdf", "argv": [str(script), "{output}"]},
+        {"id": "long", "kind": "command", "output": "l.pdf",
+         "argv": ["cp", "x" * 200_000, "{output}"]}])
+    queue, out = tmp_path / "q", tmp_path / "out"
+    res = run_cli("run", manifest, *cli_args(queue, out, "--backoff-base", "0.01"))
+    # Then each is invalid_input at its first attempt, saying why (before: a bare OSError,
+    # retried until dead: audit CB)
+    assert res.returncode == 1, res.stdout + res.stderr
+    view = QueueView(queue)
+    [script_attempt] = view.record("dead", "script")["attempts"]
+    assert script_attempt["outcome"] == "invalid_input"
+    assert "not a program the system can run (a script needs a #! line)" in \
+        script_attempt["error"]
+    [long_attempt] = view.record("dead", "long")["attempts"]
+    assert long_attempt["outcome"] == "invalid_input"
+    assert "arguments are too long for the system" in long_attempt["error"]
