@@ -17,6 +17,7 @@ import errno
 import functools
 import hashlib
 import os
+import re
 import stat
 from enum import StrEnum
 from pathlib import Path
@@ -72,8 +73,9 @@ def tmp_outputs(final: Path, job_id: str) -> list[Path]:
         if exc.errno == errno.ENAMETOOLONG:
             return []  # a folder that cannot be named holds nothing we made through it
         raise
-    prefix = f"{RESERVED_PREFIX}{tag}-"
-    return [final.parent / n for n in names if n.startswith(prefix) and n.endswith(".tmp")]
+    # An attempt's temporary, and what a tool named after it (".tmp-1.png", ".tmp.log")
+    attempt = re.compile(rf"{re.escape(RESERVED_PREFIX)}{tag}-[0-9a-f]{{16}}(\.w)?\.tmp")
+    return [final.parent / n for n in names if attempt.match(n)]
 
 
 def check_confined(root: Path, final: Path) -> None:
@@ -279,6 +281,18 @@ def discard(tmp: Path) -> None:
     remove_quiet(tmp)
     if not tmp.name.endswith(".w.tmp"):  # and what its killed job left in its staging folder
         shutil.rmtree(tmp.with_name(staging_name(tmp.name)), ignore_errors=True)
+    # And files a tool named after its output (pdftoppm's <output>-1.png, a script's
+    # <output>.log): the attempt's token is in the name, so they are its own and no one
+    # else's (audit CB: left in the output folder for good). Listed only on this path, a
+    # failed or released attempt's.
+    with contextlib.suppress(OSError):
+        for name in os.listdir(tmp.parent):
+            if name.startswith(tmp.name) and name != tmp.name:
+                sidecar = tmp.parent / name
+                if sidecar.is_dir() and not sidecar.is_symlink():
+                    shutil.rmtree(sidecar, ignore_errors=True)
+                else:
+                    remove_quiet(sidecar)
 
 
 FULL_DISK_BYTES = 1 << 20  # free space below which a failed write is blamed on the disk

@@ -806,3 +806,19 @@ def test_a_command_the_system_cannot_start_is_invalid_input_at_once(
     [long_attempt] = view.record("dead", "long")["attempts"]
     assert long_attempt["outcome"] == "invalid_input"
     assert "arguments are too long for the system" in long_attempt["error"]
+
+
+def test_files_a_failed_command_named_after_its_output_are_removed(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given a tool that writes files named after its output ({output}.log, {output}-1.png,
+    # a folder {output}.d) and fails
+    script = 'echo log > "$1.log"; echo png > "$1-1.png"; mkdir "$1.d"; echo x > "$1.d/x"; exit 1'
+    manifest = write_manifest([{"id": "tool", "kind": "command", "output": "sub/t.pdf",
+                                "argv": ["sh", "-c", script, "sh", "{output}"]}],
+                              defaults={"max_attempts": 1})
+    queue, out = tmp_path / "q", tmp_path / "out"
+    res = run_cli("run", manifest, *cli_args(queue, out))
+    # Then nothing of it is left in the output folder (before: hidden .rctl-... files, for
+    # good: audit CB)
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert os.listdir(out / "sub") == []
