@@ -88,6 +88,7 @@ from renderctl.messages import (
 from renderctl.publish import (
     DIR_MARKER,
     OutputEscapes,
+    discard_sidecars,
     others_can_write,
     output_folder,
     output_folder_problem,
@@ -1235,7 +1236,10 @@ def execute(job: RunJob, workdir: Path, after_call: Callable[[], None] | None = 
     spec = job.spec
     tmp = Path(job.tmp_output)
     if not others_can_write(os.path.realpath(spec.get("out_root") or tmp.parent), tmp.parent):
-        return _judge_full(_execute(job, tmp, workdir, after_call, before_check, ()), tmp)
+        fields = _judge_full(_execute(job, tmp, workdir, after_call, before_check, ()), tmp)
+        if fields["outcome"] != Outcome.COMPLETED.value:
+            discard_sidecars(tmp)  # (in a private folder, they go with it: _Staging.close)
+        return fields
     try:
         staging = _Staging(Path(job.tmp_output), spec)
     except OutputEscapes as exc:
@@ -1605,6 +1609,18 @@ def expand_argv(argv: list[str], inputs: list[Path], output: Path) -> list[str]:
 _PLACEHOLDER = re.compile(r"\{(output|input)\}")
 
 
+def _is_script_without_interpreter(program: str) -> bool:
+    """Whether ``program`` (found as exec would, on PATH) is text with no #! line."""
+    path = program if "/" in program else shutil.which(program) or program
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(512)
+    except OSError:
+        return False
+    return bool(head) and not head.startswith(b"#!") and b"\0" not in head \
+        and not head.startswith(b"\x7fELF")
+
+
 def _child_setup() -> None:
     # Runs in the forked child before exec: die with the worker (a runner's SIGKILL of the
     # worker must not leave the command running unsupervised).
@@ -1630,16 +1646,22 @@ def run_command(argv: list[str], inputs: list[Path], output: Path,
         except PermissionError:
             return {"outcome": Outcome.FAILED.value, "error": f"not executable: {args[0]}"}
         except OSError as exc:
-            if exc.errno not in (errno.E2BIG, errno.ENOEXEC):
+            if exc.errno == errno.E2BIG:
+                # The job's argv, the same at every attempt (audit CB: retried until dead
+                # with a bare OSError).
+                return {"outcome": Outcome.INVALID_INPUT.value,
+                        "error": "command: its arguments are too long for the system (an "
+                                 "argument over 128 KiB, or all of them past the limit; "
+                                 "pass a list file instead)"}
+            if exc.errno != errno.ENOEXEC:
                 raise
-            # The job's argv itself, the same at every attempt (audit CB: retried until
-            # dead with a bare OSError): arguments past the kernel's limit, a script with
-            # no #! line.
-            why = (f"its arguments are too long for the system ({sum(map(len, args)):,} "
-                   "characters; pass a list file instead)" if exc.errno == errno.E2BIG
-                   else f"{args[0]} is not a program the system can run (a script needs a "
-                   "#! line)")
-            return {"outcome": Outcome.INVALID_INPUT.value, "error": f"command: {why}"}
+            if _is_script_without_interpreter(args[0]):
+                return {"outcome": Outcome.INVALID_INPUT.value,
+                        "error": f"command: {args[0]} is a script without a #! line"}
+            # A binary half copied, or for another machine: perhaps mended by the next
+            # attempt (review CC), so failed, saying what it is.
+            return {"outcome": Outcome.FAILED.value,
+                    "error": f"command: {args[0]} is not a format this system can run"}
         # The runner ends a command's attempt (timeout, cancel) with SIGTERM to our whole
         # group, the command included, and SIGKILL after --kill-grace. Dying of it at once
         # would take the command with us (its parent-death signal is SIGKILL) and cut its

@@ -789,10 +789,15 @@ def test_a_command_the_system_cannot_start_is_invalid_input_at_once(
     script = tmp_path / "noshebang.sh"
     script.write_text("echo hi > \"$1\"\n")
     script.chmod(0o755)
+    half = tmp_path / "halfcp"  # a binary cut short: perhaps whole at the next attempt
+    half.write_bytes(Path("/bin/cp").read_bytes()[:100])
+    half.chmod(0o755)
     manifest = write_manifest([
         {"id": "script", "kind": "command", "output": "s.pdf", "argv": [str(script), "{output}"]},
         {"id": "long", "kind": "command", "output": "l.pdf",
-         "argv": ["cp", "x" * 200_000, "{output}"]}])
+         "argv": ["cp", "x" * 200_000, "{output}"]},
+        {"id": "half", "kind": "command", "output": "h.pdf", "argv": [str(half), "{output}"],
+         "max_attempts": 2}])
     queue, out = tmp_path / "q", tmp_path / "out"
     res = run_cli("run", manifest, *cli_args(queue, out, "--backoff-base", "0.01"))
     # Then each is invalid_input at its first attempt, saying why (before: a bare OSError,
@@ -801,11 +806,14 @@ def test_a_command_the_system_cannot_start_is_invalid_input_at_once(
     view = QueueView(queue)
     [script_attempt] = view.record("dead", "script")["attempts"]
     assert script_attempt["outcome"] == "invalid_input"
-    assert "not a program the system can run (a script needs a #! line)" in \
-        script_attempt["error"]
+    assert "is a script without a #! line" in script_attempt["error"]
     [long_attempt] = view.record("dead", "long")["attempts"]
     assert long_attempt["outcome"] == "invalid_input"
     assert "arguments are too long for the system" in long_attempt["error"]
+    # (review CC: a binary the system cannot run is no script: failed, retried)
+    half_attempts = view.record("dead", "half")["attempts"]
+    assert [a["outcome"] for a in half_attempts] == ["failed", "failed"]
+    assert "is not a format this system can run" in half_attempts[-1]["error"]
 
 
 def test_files_a_failed_command_named_after_its_output_are_removed(
