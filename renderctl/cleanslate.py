@@ -343,10 +343,20 @@ class Baseline:
         cache = sys.path_importer_cache
         if cache != self.finders:  # (~3 us: the common case, nothing cached since)
             for entry, finder in list(cache.items()):
-                if finder is None or self.finders.get(entry, None) is finder:
+                before = self.finders.get(entry)
+                if before is finder:
                     continue
-                if not (type(finder) is FileFinder
-                        and getattr(finder, "_loaders", None) == self.standard_loaders):
+                # Kept only as the standard hook makes it: a FileFinder of this very
+                # entry with the standard loaders (one of another folder under the
+                # stdlib's entry served a job's file for `import colorsys`: review CC),
+                # or None for a new entry; a baseline entry the job replaced, even with
+                # None (the next job's `import pypdf` failed), gets its finder back.
+                if before is not None:
+                    cache[entry] = before
+                elif finder is not None and not (
+                        type(finder) is FileFinder
+                        and getattr(finder, "_loaders", None) == self.standard_loaders
+                        and getattr(finder, "path", None) == _finder_path(entry)):
                     del cache[entry]
             self.finders = dict(cache)
         sys.path_hooks = self.path_hooks_list
@@ -493,6 +503,11 @@ def _ident(fd: int) -> tuple[int, int] | None:
     except OSError:
         return None
     return st.st_dev, st.st_ino
+
+
+def _finder_path(entry: str) -> str:
+    """The folder a standard FileFinder made for sys.path entry ``entry`` looks in."""
+    return os.getcwd() if entry in ("", ".") else os.path.abspath(entry)
 
 
 def _standard_loaders() -> list[tuple[str, Any]]:
