@@ -354,46 +354,46 @@ def test_a_timed_out_attempt_keeps_the_tail_of_what_the_job_said(env: Env) -> No
         assert said in (attempt.get("stderr_tail") or ""), attempt
 
 
-def test_a_timed_out_command_gets_the_kill_grace_to_clean_up(env: Env) -> None:
-    # Given a command that cleans up for 0.3 s on SIGTERM (a tool removing its lock files)
-    marker = env.root / "cleaned-up"
-    script = (f"trap 'echo got TERM >&2; sleep 0.3; touch {marker}; exit 1' TERM; "
-              "echo working >&2; sleep 60 & wait")
-    m = env.manifest([{"id": "tidy", "kind": "command", "output": "tidy.pdf",
+def _time_out_command(env: Env, script: str, grace_s: int) -> dict[str, Any]:
+    """Run the shell ``script`` as a command job with a 1 s timeout and a kill grace of
+    ``grace_s``; the attempt it ends with (a timeout, exit 1)."""
+    m = env.manifest([{"id": "cmd", "kind": "command", "output": "cmd.pdf",
                        "argv": ["sh", "-c", script, "sh", "{output}"], "timeout_s": 1,
                        "max_attempts": 1}])
+    r = env.run(str(m), "--workers", "1", "--kill-grace", str(grace_s))
+    assert r.wait_exit(timeout=grace_s * 2) == 1, r.diag()
+    (attempt,) = env.show("cmd")["attempts"]
+    assert attempt["outcome"] == "timeout", attempt
+    return attempt
 
-    # When it times out with a kill grace of 5 s
-    r = env.run(str(m), "--workers", "1", "--kill-grace", "5")
-    assert r.wait_exit(timeout=30) == 1, r.diag()
+
+def test_a_timed_out_command_gets_the_kill_grace_to_clean_up(env: Env) -> None:
+    # Given a command that cleans up for 0.3 s on SIGTERM (a tool removing its lock files),
+    # when it times out with a kill grace of 5 s
+    marker = env.root / "cleaned-up"
+    attempt = _time_out_command(
+        env, f"trap 'echo got TERM >&2; sleep 0.3; touch {marker}; exit 1' TERM; "
+             "echo working >&2; sleep 60 & wait", grace_s=5)
 
     # Then it got SIGTERM and the time to finish its clean-up, well before the SIGKILL,
     # and the attempt is a timeout that kept what it said
     assert marker.exists(), "the command was killed before it could clean up"
-    (attempt,) = env.show("tidy")["attempts"]
-    assert attempt["outcome"] == "timeout", attempt
     assert 1.3 <= attempt["elapsed_s"] < 5.0, attempt
     assert "got TERM" in (attempt.get("stderr_tail") or ""), attempt
 
 
 def test_a_stopped_command_that_times_out_is_continued_to_clean_up(env: Env) -> None:
-    # Given a command that cleans up on SIGTERM, but has stopped itself (kill -STOP $$)
+    # Given a command that cleans up on SIGTERM, but has stopped itself (kill -STOP $$),
+    # when it times out with a kill grace of 30 s
     marker = env.root / "cleaned-up"
-    script = f"trap 'touch {marker}; exit 1' TERM; kill -STOP $$; sleep 60"
-    m = env.manifest([{"id": "halt", "kind": "command", "output": "halt.pdf",
-                       "argv": ["sh", "-c", script, "sh", "{output}"], "timeout_s": 1,
-                       "max_attempts": 1}])
-
-    # When it times out with a kill grace of 30 s
-    r = env.run(str(m), "--workers", "1", "--kill-grace", "30")
-    assert r.wait_exit(timeout=60) == 1, r.diag()
+    attempt = _time_out_command(
+        env, f"trap 'touch {marker}; exit 1' TERM; kill -STOP $$; sleep 60", grace_s=30)
 
     # Then it was continued after its SIGTERM, cleaned up and ended long before the grace
     # was out (before: it stayed stopped, the SIGTERM pending, until the SIGKILL 30 s on:
     # audit CB)
     assert marker.exists(), "the command never ran its clean-up"
-    (attempt,) = env.show("halt")["attempts"]
-    assert attempt["outcome"] == "timeout" and attempt["elapsed_s"] < 20, attempt
+    assert attempt["elapsed_s"] < 20, attempt
 
 
 @pytest.mark.parametrize("kind", ["python", "command"])
