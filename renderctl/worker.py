@@ -1248,7 +1248,8 @@ def execute(job: RunJob, workdir: Path, after_call: Callable[[], None] | None = 
         return {"outcome": Outcome.FAILED.value, "error": _message(exc)}
     try:
         fields = _judge_full(
-            _execute(job, staging.output, workdir, after_call, before_check, staging.fds), tmp)
+            _execute(job, staging.output, workdir, after_call, before_check, staging.fds,
+                     held=(staging.folder_fd, staging.folder_ident)), tmp)
         if fields["outcome"] == Outcome.COMPLETED.value:
             try:
                 staging.commit()
@@ -1265,10 +1266,17 @@ class _HeldFolder:
     of the same name was made since (on ext4 a folder removed and made again at once got
     the same inode number, when nothing held the old one: review BW)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path,
+                 borrowed: tuple[int, tuple[int, int]] | None = None) -> None:
         self.path = path
         self.fd = -1
         self.ident: tuple[int, int] | None = None
+        self.owned = borrowed is None
+        if borrowed is not None:
+            # The private folder's own descriptor of it (_Staging), held for as long: not
+            # opened a second time (before-stop review).
+            self.fd, self.ident = borrowed
+            return
         try:
             self.fd = os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
             st = os.fstat(self.fd)
@@ -1296,7 +1304,7 @@ class _HeldFolder:
         return (now.st_dev, now.st_ino) != self.ident
 
     def close(self) -> None:
-        if self.fd >= 0:
+        if self.fd >= 0 and self.owned:
             _staging_fds.discard(self.fd)
             with contextlib.suppress(OSError):
                 st = os.fstat(self.fd)
@@ -1430,9 +1438,9 @@ def _empty_fd(fd: int) -> None:
 
 
 def _execute(job: RunJob, output: Path, workdir: Path, after_call: Callable[[], None] | None,
-             before_check: Callable[[], None] | None,
-             pass_fds: tuple[int, ...]) -> dict[str, Any]:
-    folder = _HeldFolder(Path(job.tmp_output).parent)  # (see check_output)
+             before_check: Callable[[], None] | None, pass_fds: tuple[int, ...],
+             held: tuple[int, tuple[int, int]] | None = None) -> dict[str, Any]:
+    folder = _HeldFolder(Path(job.tmp_output).parent, held)  # (see check_output)
     try:
         return _execute_held(job, output, workdir, after_call, before_check, pass_fds,
                              folder)

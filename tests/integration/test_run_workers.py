@@ -274,9 +274,10 @@ def test_every_start_method_completes_a_small_batch(
         assert_pdf(out / f"{j}.pdf", j)
 
 
+@pytest.mark.parametrize("shared", [False, True], ids=["own-folder", "shared-folder"])
 @pytest.mark.parametrize("made_again", [False, True], ids=["removed", "removed-and-made"])
 def test_an_output_folder_removed_while_its_job_runs_is_retried_not_dead(
-        tmp_path: Path, write_manifest: Any, made_again: bool) -> None:
+        tmp_path: Path, write_manifest: Any, made_again: bool, shared: bool) -> None:
     # Given a job that has written its output into out/sub and holds
     stage(tmp_path)
     marker, go = tmp_path / "held", tmp_path / "go"
@@ -284,6 +285,10 @@ def test_an_output_folder_removed_while_its_job_runs_is_retried_not_dead(
                                       marker=str(marker), go=str(go),
                                       pidfile=str(tmp_path / "j.pid"))])
     queue, out = tmp_path / "q", tmp_path / "out"
+    if shared:  # others can write there: the job writes in a private folder (_Staging)
+        (out / "sub").mkdir(parents=True)
+        for folder in (tmp_path, out, out / "sub"):
+            folder.chmod(0o1777)
     runner = Runner(manifest, *cli_args(queue, out, *FAST))
     try:
         wait_until(marker.exists, what="the job to have written its output")
