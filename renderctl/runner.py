@@ -587,6 +587,13 @@ class Runner:
                 self.skip_signal = signum
             self.stop_deadline = now  # a second signal skips the grace
 
+    def _report_stopping(self, signum: int, grace_s: float, *, again: bool = False) -> None:
+        """The ``stopping`` event: a stop signal, and a second one that cut the grace."""
+        self.reporter.event({"event": "stopping", "signal": _signame(signum),
+                             "grace_s": grace_s, **({"again": True} if again else {}),
+                             "running": sum(1 for w in self.workers.values()
+                                            if w.current is not None)})
+
     def _on_suspend_signal(self, signum: int, frame: object) -> None:
         self._suspend_asked = True  # acted on between steps of the loop, not inside one
 
@@ -1083,16 +1090,10 @@ class Runner:
             if self.stop_signal is not None:
                 if not self._stop_reported:
                     self._stop_reported = True
-                    self.reporter.event({"event": "stopping", "signal": _signame(self.stop_signal),
-                                         "grace_s": self.stop_grace_s,
-                                         "running": sum(1 for w in self.workers.values()
-                                                        if w.current is not None)})
+                    self._report_stopping(self.stop_signal, self.stop_grace_s)
                 if self.skip_signal is not None and not self._skip_reported:
                     self._skip_reported = True
-                    self.reporter.event({"event": "stopping", "signal": _signame(self.skip_signal),
-                                         "grace_s": 0.0, "again": True,
-                                         "running": sum(1 for w in self.workers.values()
-                                                        if w.current is not None)})
+                    self._report_stopping(self.skip_signal, 0.0, again=True)
                 self._drain(now)
                 if now >= self._next_poll:
                     self._next_poll = now + self.s.poll_interval_s
@@ -2950,6 +2951,8 @@ def _exists_message(final: Path, job_id: str) -> str:
 FOLDER_IO_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC,
                               errno.EDQUOT, errno.EIO})
 NO_LINK_ERRNOS = frozenset({errno.EOPNOTSUPP, errno.ENOSYS})  # link(2) not supported at all
+
+
 def _device_of(folder: Path) -> int | None:
     try:
         return os.stat(folder).st_dev
