@@ -667,7 +667,13 @@ def warn_unfound_programs(jobs: list[Any], origins: dict[str, str]) -> None:
             continue
         missing.setdefault(key, []).append(job)
     for (fld, _, name), hit in missing.items():
-        what = f"'{name}' not found on PATH" if fld == "argv[0]" else f"module '{name}' not found"
+        if fld != "argv[0]":
+            what = f"module '{name}' not found"
+        elif "/" not in name:
+            what = f"'{name}' not found on PATH"
+        else:  # (an absolute path: a relative one is never judged here)
+            what = f"'{name}' " + ("is not executable" if os.path.exists(name)
+                                   else "does not exist")
         more = len(hit) - 1
         also = f" (and {more} more job{'' if more == 1 else 's'})" if more else ""
         out.err(f"warning: {origins.get(hit[0].id, '?')}: job {hit[0].id}: {fld}: {what} "

@@ -691,3 +691,29 @@ def test_a_run_with_no_manifest_and_nothing_queued_says_so(tmp_path: Path) -> No
     assert cli("submit", manifest, cwd=tmp_path).returncode == 0
     again = cli("run", cwd=tmp_path)
     assert again.returncode == 0 and "note" not in again.stderr, again.stderr
+
+
+# -- a program or module that is not there is said so at submit, truthfully -------------------
+
+
+def test_submit_warns_of_each_program_that_cannot_run_here_saying_why(tmp_path: Path) -> None:
+    script = tmp_path / "render.sh"
+    script.write_text("#!/bin/sh\nexit 0\n")  # there, but not executable (mode 0644)
+    lines = ["[defaults]", 'kind = "command"']
+    for jid, prog in (("a", "no-such-renderctl-tool"), ("b", str(tmp_path / "absent.sh")),
+                      ("c", str(script))):
+        lines += ["[[jobs]]", f'id = "{jid}"', f'argv = ["{prog}", "{{output}}"]',
+                  f'output = "{jid}.pdf"']
+    lines += ["[[jobs]]", 'id = "d"', 'kind = "python"', 'callable = "nosuchmod_rc:f"',
+              'output = "d.bin"']
+    m = tmp_path / "jobs.toml"
+    m.write_text("\n".join(lines) + "\n")
+    res = cli("submit", m, "--queue", tmp_path / "q", "--out", tmp_path / "o", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr  # valid: the runner's PATH may differ
+    warnings = {ln.split(": job ")[1].split(":")[0]: ln for ln in res.stderr.splitlines()
+                if ln.startswith("renderctl: warning:")}
+    assert "'no-such-renderctl-tool' not found on PATH here" in warnings["a"]
+    assert f"'{tmp_path / 'absent.sh'}' does not exist here" in warnings["b"]
+    assert f"'{script}' is not executable here" in warnings["c"]
+    assert "module 'nosuchmod_rc' not found here" in warnings["d"]
+    assert all(w.endswith("each attempt would fail") for w in warnings.values())
