@@ -1632,7 +1632,10 @@ class Runner:
             total = sum(w.reserved_mb() for w in self.workers.values())
             best: WorkerHandle | None = None
             for w in self.workers.values():
-                if w.pid is None or w.retiring or w.load() >= depth:
+                if w.pid is None or w.retiring or w.load() >= depth \
+                        or w.kill_reason is not None:
+                    # (Doomed: a job sent there ran until the kill landed, up to the whole
+                    # kill grace, and was then released and run again; audit CD.)
                     continue
                 if not w.load() and busy >= self.n_workers:
                     continue
@@ -1709,6 +1712,21 @@ class Runner:
         taken = [a for a in w.queued if a.seq > started]
         w.queued = deque(a for a in w.queued if a.seq <= started)
         return taken
+
+    def _take_back_doomed(self, w: WorkerHandle, now: float) -> None:
+        """A worker we are killing keeps none of the jobs queued in it that it has not
+        started: they go to another worker now. A job that handles the SIGTERM of a
+        timeout survives it (so does its worker, until the grace ends), and the worker then
+        started the next queued job, which was killed with it after up to the whole grace
+        and run again, its effects twice (audit CD)."""
+        taken = self._take_back(w, now)
+        if not taken:
+            return
+        self.ready.extendleft(reversed(taken))
+        for a in taken:
+            self.reporter.event({"event": "requeued", "job": a.job_id, "worker": w.pid,
+                                 "reason": "its worker is being killed"})
+        self._dispatch()
 
     def _send(self, w: WorkerHandle, a: Assignment) -> None:
         spec = a.claim.record.spec
@@ -1858,6 +1876,12 @@ class Runner:
                                   stderr_tail=msg.stderr_tail)
                 self._complete(a, verdict)
                 w.kill_target = None  # recorded: a later job of this worker is not it
+                if w.kill_deadline is not None:
+                    # A timeout's grace is the job's, to clean up, and it has ended (what it
+                    # left running the worker killed before it reported): the worker, which
+                    # survived because the job handled the SIGTERM, need not be waited for.
+                    self._kill_now(w)
+                    w.kill_deadline = None
                 return
             fin = msg
             if w.mark is not None and w.slot.oom_killed_since(w.mark):
@@ -2112,7 +2136,8 @@ class Runner:
                 else "for starting a job the runner did not hold" if w.unsupervised \
                 else f"({w.kill_reason.value}) for another job"
             return Finished(a.job_id, token, Outcome.RELEASED.value, elapsed,
-                            error=f"its worker was killed {why} as it started; not charged")
+                            error=f"its worker was killed {why}, which it started after "
+                                  "that kill was decided; not charged")
         oom = w.mark is not None and w.slot.oom_killed_since(w.mark)
         reason = Outcome.MEMORY if oom else w.kill_reason
         peak = w.slot.peak_bytes()
@@ -2169,6 +2194,8 @@ class Runner:
             if w.kill_deadline is not None and now >= w.kill_deadline and w.pgid:
                 self._kill_now(w)
                 w.kill_deadline = None
+            if w.kill_reason is not None and w.queued and now >= w.gate_retry:
+                self._take_back_doomed(w, now)
             a = w.current
             if a is None or a.started_mono is None or w.kill_reason is not None:
                 continue
@@ -2179,6 +2206,7 @@ class Runner:
                 self._read_messages(w)
                 if w.current is a and w.kill_reason is None:
                     self._kill(w, Outcome.TIMEOUT, graceful=True)
+                    self._take_back_doomed(w, now)
                 continue
             if sample and sampling and w.sampler is not None:
                 try:

@@ -248,6 +248,17 @@ def count_sigterms(inputs: list[Path], output: Path, params: Mapping[str, Any]) 
     os._exit(1)
 
 
+def leave_on_sigterm(inputs: list[Path], output: Path, params: Mapping[str, Any]) -> None:
+    """Hang until SIGTERM, then raise out of the job (its worker survives the signal)."""
+
+    def leave(signum: int, frame: object) -> None:
+        raise RuntimeError("told to stop")
+
+    signal.signal(signal.SIGTERM, leave)
+    while True:
+        time.sleep(3600)
+
+
 if __name__ == "__main__":
     import sys
 

@@ -335,6 +335,31 @@ def test_timeout_escalates_to_sigkill_and_leaves_no_grandchild(env: Env) -> None
         kill_leftovers(pids())
 
 
+def test_a_job_queued_behind_a_timed_out_one_that_survives_sigterm_runs_once(env: Env) -> None:
+    # Given one worker, a job that leaves when SIGTERMed (its worker survives the signal),
+    # and a job queued behind it that records each start
+    log = env.root / "starts.txt"
+    # (quick jobs first: with short recent jobs the runner queues the next job in the worker
+    # behind the running one, rather than keep it)
+    m = env.manifest([*(job(f"quick{i}", "write_pdf", priority=20) for i in range(5)),
+                      job("stays", "leave_on_sigterm", timeout_s=1, max_attempts=1,
+                          priority=10),
+                      job("next", "record_times", params={"file": str(log), "s": 2.5})])
+    # When the first times out, with a kill grace shorter than the second job
+    r = env.run(str(m), "--workers", "1", "--kill-grace", "1.5", "--backoff-base", "0")
+    assert r.wait_exit(timeout=20) == 1, r.diag()
+    # Then the second ran once, in a fresh worker: it was not started in the doomed worker,
+    # killed with it at the end of the grace, released and run again (its effects twice)
+    assert env.show("stays")["attempts"][0]["outcome"] == "timeout"
+    rec = env.show("next")
+    assert rec["state"] == "done", rec
+    assert [a["outcome"] for a in rec["attempts"]] == ["completed"], rec["attempts"]
+    assert len(log.read_text().splitlines()) == 1
+    assert pdf_ok(env.out / "next.pdf")
+    requeued = r.find("requeued", "next")
+    assert [e["reason"] for e in requeued] == ["its worker is being killed"], r.diag()
+
+
 def test_a_timed_out_attempt_keeps_the_tail_of_what_the_job_said(env: Env) -> None:
     # Given a python job and a command job that each say something, then hang
     m = env.manifest([job("py", "say_then_hang", params={"say": "python job was here"}),

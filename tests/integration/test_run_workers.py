@@ -1092,7 +1092,8 @@ def test_a_job_an_unresponsive_worker_starts_as_it_is_killed_is_released_uncharg
         runner.close()
     attempts = QueueView(queue).record("done", "a")["attempts"]
     assert [a["outcome"] for a in attempts] == ["released", "completed"], attempts
-    assert "killed as unresponsive as it started; not charged" in attempts[0]["error"]
+    assert ("killed as unresponsive, which it started after that kill was decided; "
+            "not charged") in attempts[0]["error"]
     assert_pdf(out / "a.pdf", "a")
 
 
