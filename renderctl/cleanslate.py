@@ -18,7 +18,8 @@ builtins
 replaced, ``open`` or ``print``, is everyone's). A job that
 leaves a thread running, or a limit or priority it cannot be given back, cannot be undone:
 the worker retires instead, as it does after an audit hook (which cannot be removed),
-no_new_privs, or a change of the process's user or groups. Monkeypatched library
+no_new_privs, a fork handler (``os.register_at_fork``, but a library's), or a change of the
+process's user or groups. Monkeypatched library
 functions are not detected (that would mean comparing every module's namespace per job); a
 job that needs that isolation is a
 ``command`` job, or runs with ``--max-jobs-per-worker 1``. Nor can a job that first imports a
@@ -219,12 +220,22 @@ class Baseline:
             self._watch(faulthandler, name, "faulthandler")
         # An audit hook cannot be removed, and it sees every later job's opens and imports.
         self._watch(sys, "addaudithook", "audithook")
+        # Nor can a fork handler, which ran in every later fork of the worker: a command
+        # job's child (before its exec) exited 7 by a handler an earlier job left, every
+        # attempt, and a later job's multiprocessing pool broke (audit CD). One a library
+        # registers (concurrent.futures.thread as it is imported) stays, as the library does.
+        for module in (os, posix):
+            self._watch(module, "register_at_fork", "atfork", unless_library=True)
 
-    def _watch(self, module: Any, name: str, kind: str, unless_from: str = "") -> None:
+    def _watch(self, module: Any, name: str, kind: str, unless_from: str = "",
+               unless_library: bool = False) -> None:
         real: Callable[..., Any] = getattr(module, name)
 
         def watched(*args: Any, **kwargs: Any) -> Any:
-            if not unless_from or sys._getframe(1).f_globals.get("__name__") != unless_from:
+            caller = sys._getframe(1).f_globals
+            exempt = (unless_from and caller.get("__name__") == unless_from) or (
+                unless_library and str(caller.get("__file__")).startswith(self.library_roots))
+            if not exempt:
                 self.touched.add(kind)
             return real(*args, **kwargs)
 
@@ -370,6 +381,9 @@ class Baseline:
             (faulthandler.enable if self.faulthandler else faulthandler.disable)()
         if "audithook" in self.touched:
             problems.append("the job added an audit hook, which cannot be removed")
+        if "atfork" in self.touched:
+            problems.append("the job registered a fork handler (os.register_at_fork), which "
+                            "cannot be removed")
         if _identity() != self.identity:
             problems.append("the job changed its worker's user or groups")
         if _no_new_privs() != self.no_new_privs:

@@ -1320,7 +1320,8 @@ def _spy_path_hook(path: str) -> Any:
 def taint_worker(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
     """Write the output, record our pid, then change the worker in a way no job's end can
     undo (``params["what"]``): an audit hook (logging each event, with the job id, to
-    ``params["log"]``), no_new_privs, or its user (root gives itself up for nobody)."""
+    ``params["log"]``), a fork handler, no_new_privs, or its user (root gives itself up for
+    nobody); or import a library that registers a fork handler of its own."""
     write_pdf(inputs, output, params)
     with open(params["report"], "a") as fh:
         fh.write(json.dumps({"pid": os.getpid()}) + "\n")
@@ -1340,6 +1341,16 @@ def taint_worker(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]
                     busy.clear()
 
         sys.addaudithook(hook)
+    elif what == "atfork":
+        # Every later fork of the worker: a command's child exited 7 before its exec.
+        os.register_at_fork(after_in_child=lambda: os._exit(7))
+    elif what == "atfork_posix":
+        import posix
+
+        posix.register_at_fork(after_in_child=lambda: os._exit(7))
+    elif what == "library_atfork":
+        # A library's own, as it is imported: stays, and the worker with it.
+        import concurrent.futures.thread  # noqa: F401
     elif what == "no_new_privs":
         import ctypes
 

@@ -1141,13 +1141,15 @@ def test_a_fork_bomb_meets_its_slots_task_limit_and_the_other_jobs_flow_on(
 # -- what no job's end can undo, and what a job does to its worker's surroundings ----------
 
 
-@pytest.mark.parametrize("what", ["audithook", "no_new_privs", "setuid", "seteuid"])
+@pytest.mark.parametrize("what", ["audithook", "atfork", "atfork_posix", "no_new_privs",
+                                  "setuid", "seteuid", "library_atfork"])
 def test_a_job_that_changes_its_worker_for_good_retires_it(
         tmp_path: Path, write_manifest: Any, what: str) -> None:
     # Given, for one worker, a job that leaves a change nothing can take back (an audit
-    # hook, no_new_privs, root given up for nobody; seteuid to nobody and back, which
-    # leaves the identity as it was and clears the parent-death signal: audit BY), then a
-    # job that records its pid
+    # hook, a fork handler, no_new_privs, root given up for nobody; seteuid to nobody and
+    # back, which leaves the identity as it was and clears the parent-death signal: audit
+    # BY), or imports a library that registers a fork handler (which is no such change),
+    # then a job that records its pid
     stage(tmp_path)
     report, log = tmp_path / "seen.jsonl", tmp_path / "audit.log"
     manifest = write_manifest([
@@ -1171,6 +1173,9 @@ def test_a_job_that_changes_its_worker_for_good_retires_it(
         assert result.returncode == 0, result.stdout + result.stderr
         assert view.ids("done") == {"taint", "after"}
     first, second = (json.loads(line)["pid"] for line in report.read_text().splitlines())
+    if what == "library_atfork":
+        assert first == second, "a library's own set-up retired its worker"
+        return
     assert first != second, "the tainted worker ran the next job"
     assert_pdf(tmp_path / "out" / "after.pdf", "after")
     if what == "audithook":
