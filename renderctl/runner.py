@@ -1689,13 +1689,7 @@ class Runner:
             if not self._stuck(w, now):
                 continue
             self.crash_point("rebalance")
-            taken = self._take_back(w, now)
-            if not taken:
-                continue
-            self.ready.extendleft(reversed(taken))
-            for a in taken:
-                self.reporter.event({"event": "requeued", "job": a.job_id, "worker": w.pid,
-                                     "reason": "queued behind a long job"})
+            self._requeue(w, now, "queued behind a long job")
         if self.ready:
             self._dispatch()
 
@@ -1713,20 +1707,25 @@ class Runner:
         w.queued = deque(a for a in w.queued if a.seq <= started)
         return taken
 
+    def _requeue(self, w: WorkerHandle, now: float, reason: str) -> bool:
+        """Take back what ``w`` has queued and not started, first in line for the others."""
+        taken = self._take_back(w, now)
+        if not taken:
+            return False
+        self.ready.extendleft(reversed(taken))
+        for a in taken:
+            self.reporter.event({"event": "requeued", "job": a.job_id, "worker": w.pid,
+                                 "reason": reason})
+        return True
+
     def _take_back_doomed(self, w: WorkerHandle, now: float) -> None:
         """A worker we are killing keeps none of the jobs queued in it that it has not
         started: they go to another worker now. A job that handles the SIGTERM of a
         timeout survives it (so does its worker, until the grace ends), and the worker then
         started the next queued job, which was killed with it after up to the whole grace
         and run again, its effects twice (audit CD)."""
-        taken = self._take_back(w, now)
-        if not taken:
-            return
-        self.ready.extendleft(reversed(taken))
-        for a in taken:
-            self.reporter.event({"event": "requeued", "job": a.job_id, "worker": w.pid,
-                                 "reason": "its worker is being killed"})
-        self._dispatch()
+        if self._requeue(w, now, "its worker is being killed"):
+            self._dispatch()
 
     def _send(self, w: WorkerHandle, a: Assignment) -> None:
         spec = a.claim.record.spec
