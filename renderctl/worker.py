@@ -174,7 +174,7 @@ PARENT_DEATH_SIGNAL = signal.SIGRTMIN + 3
 # Put back to SIG_DFL in each worker even where ignored (as inherited): see worker_main.
 _RESET_SIGNALS = frozenset({
     signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP, signal.SIGCHLD,
-    signal.SIGALRM, signal.SIGPIPE, signal.SIGTSTP, signal.SIGQUIT})
+    signal.SIGALRM, signal.SIGTSTP, signal.SIGQUIT})
 
 
 # Under forkserver, the runner's pid (WorkerConfig.runner_pid); 0 until known, and always
@@ -236,6 +236,12 @@ def worker_main(conn: Connection, config: WorkerConfig) -> None:
     for sig in signal.valid_signals() - {signal.SIGKILL, signal.SIGSTOP, PARENT_DEATH_SIGNAL}:
         if sig in _RESET_SIGNALS or callable(signal.getsignal(sig)):
             signal.signal(sig, signal.SIG_DFL)
+    # But SIGPIPE ignored, as every Python program has it (a write to a closed pipe raises
+    # BrokenPipeError): at its default, a pool a job left running killed the worker as its
+    # processes were killed after the job (its threads wrote to their pipes), and the job,
+    # which had completed, was recorded crashed, every attempt (audit CD). A command's
+    # program gets it at its default again (Popen's restore_signals).
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     with contextlib.suppress(ValueError):
         signal.set_wakeup_fd(-1)
     sys.excepthook = sys.__excepthook__  # (the fork server's: see forkserver_init)

@@ -1464,6 +1464,20 @@ def use_multiprocessing(inputs: Sequence[Path], output: Path, params: Mapping[st
     write_pdf(inputs, output, params)
 
 
+def leave_a_pool(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
+    """Start a multiprocessing pool (its processes and its handler threads), use it, and
+    return with it running, referenced from a global, after writing the output."""
+    import multiprocessing
+
+    global _POOL
+    _POOL = multiprocessing.get_context(params["ctx"]).Pool(2)
+    assert _POOL.map(abs, [-1, -2]) == [1, 2]
+    write_pdf(inputs, output, params)
+
+
+_POOL: Any = None
+
+
 def set_decimal_precision(inputs: Sequence[Path], output: Path,
                           params: Mapping[str, Any]) -> None:
     """Set the thread's decimal precision to ``params["prec"]`` (and leave it), then write a

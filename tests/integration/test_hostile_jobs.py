@@ -703,13 +703,15 @@ def test_a_job_starts_with_default_signal_handlers_whatever_the_start_method(
                                              "1", "--start-method", start_method))
 
     # Then every handler is the default (under fork, SIGCONT's was the runner's own), but
-    # SIGXFSZ, which Python itself ignores, and the worker's parent-death signal
+    # SIGXFSZ and SIGPIPE, which Python itself ignores (a python job sees what it would
+    # under `python`), and the worker's parent-death signal
     assert res.returncode == 0, res.stdout + res.stderr
     handlers = json.loads(report.read_text())["handlers"]
     from renderctl.worker import PARENT_DEATH_SIGNAL
 
     odd = {int(s): h for s, h in handlers.items() if h != str(signal.SIG_DFL)}
     assert odd.pop(int(signal.SIGXFSZ)) == str(signal.SIG_IGN)
+    assert odd.pop(int(signal.SIGPIPE)) == str(signal.SIG_IGN)
     assert "_die_with_group" in odd.pop(int(PARENT_DEATH_SIGNAL))
     assert odd == {}
 
@@ -1069,6 +1071,31 @@ def test_jobs_may_use_multiprocessing_one_after_another_in_one_worker(
     assert res.returncode == 0, res.stdout + res.stderr
     for n in (1, 2):
         assert_pdf(out / f"{ctx}-{n}.pdf", f"{ctx}-{n}")
+
+
+@pytest.mark.parametrize("ctx", ["fork", "spawn"])
+def test_a_job_that_leaves_its_pool_running_completes(
+        tmp_path: Path, write_manifest: Any, ctx: str) -> None:
+    # Given a job that writes its output and returns with a multiprocessing pool running
+    # (whose processes the worker kills after the job, as leftovers, while the pool's
+    # threads still write to them), then an ordinary job, on one worker
+    stage(tmp_path)
+    manifest = write_manifest([
+        {**py_job("pool", "leave_a_pool", ctx=ctx), "priority": 2},
+        {**py_job("next", "write_pdf"), "priority": 1},
+    ], defaults={"max_attempts": 1})
+    queue, out = tmp_path / "q", tmp_path / "out"
+
+    # When one worker runs them
+    res = run_cli("run", manifest, *cli_args(queue, out, "--workers", "1"))
+
+    # Then both complete: the first was not recorded crashed (its worker killed by SIGPIPE)
+    assert res.returncode == 0, res.stdout + res.stderr
+    view = QueueView(queue)
+    assert view.ids("done") == {"pool", "next"}, res.stdout
+    assert [a["outcome"] for a in view.record("done", "pool")["attempts"]] == ["completed"]
+    for jid in ("pool", "next"):
+        assert_pdf(out / f"{jid}.pdf", jid)
 
 
 def test_a_job_that_leaves_a_non_daemon_thread_does_not_hold_up_the_run(
