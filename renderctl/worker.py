@@ -314,6 +314,12 @@ class Worker:
         # (sys.modules["json"] = fake) had the next job use it (audit BY).
         self.kept_names = list(sys.modules)
         self.kept_modules = [sys.modules[n] for n in self.kept_names]
+        self.first_kept = len(self.kept_names)  # those kept since are libraries jobs loaded
+        # Top-level packages of the callables (and plugin renderers) run here: the user's
+        # code even where installed (site-packages), imported afresh for every job. Kept as
+        # libraries, an installed package's module globals reached the next job: DESIGN's
+        # own `callable = "mypkg.render:build"` counted its calls across jobs (audit CD).
+        self.user_packages: set[str] = set()
         # Whether reportlab's and pypdf's settings are as harden() left them: no job that
         # runs someone's code here has run since (our renderers change none of them).
         self.render_settings_clean = False
@@ -806,6 +812,8 @@ class Worker:
         self.render_settings_clean = "reportlab" in sys.modules \
             and not runs_user_code_here(job)
         capture = self.capture
+        if runs_user_code_here(job):
+            self._note_user_package(job)
         kept_before = len(self.kept_names)
         try:
             with capture:
@@ -841,6 +849,43 @@ class Worker:
             if problems and not self.retire_reason:
                 self.retire_reason = "; ".join(problems) + "; retiring"
 
+    def _note_user_package(self, job: RunJob) -> None:
+        """Count the package of the job's code as the user's from now on; if an earlier
+        job loaded it as a library (kept), forget it now, so that this job imports it
+        afresh."""
+        spec = job.spec
+        if spec.get("kind") == "python":
+            target = str(spec.get("callable", ""))
+        else:
+            from renderctl.render.registry import all_specs
+
+            plugin = all_specs().get(str(spec.get("kind")))
+            target = plugin.target if plugin is not None else ""
+        package = target.partition(":")[0].split(".")[0]
+        if not package or package == "renderctl" or package in self.user_packages:
+            return
+        self.user_packages.add(package)
+        pairs = list(zip(self.kept_names, self.kept_modules, strict=True))
+        first, later = pairs[:self.first_kept], pairs[self.first_kept:]
+        stay = [(name, mod) for name, mod in later if not self._is_users(name, mod)]
+        if len(stay) == len(later):
+            return
+        for name, mod in later:
+            if (name, mod) not in stay:
+                self.base_modules.discard(name)
+                if sys.modules.get(name) is mod:
+                    del sys.modules[name]
+        self.kept_names = [name for name, _ in first + stay]
+        self.kept_modules = [mod for _, mod in first + stay]
+
+    def _is_users(self, name: str, mod: Any) -> bool:
+        """Whether module ``name`` is of a package of the user's code (see user_packages),
+        and Python source: an extension module stays loaded (one cannot be re-imported)."""
+        if name.partition(".")[0] not in self.user_packages:
+            return False
+        origin = getattr(mod, "__file__", None)
+        return not origin or not origin.endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES))
+
     def _forget_user_modules(self) -> None:
         for name in sys.modules.keys() - self.base_modules:
             mod = sys.modules.get(name)
@@ -849,7 +894,8 @@ class Worker:
                 self._keep_module(name, mod)
                 continue
             origin = getattr(mod, "__file__", None)
-            if origin and origin.startswith(self.library_roots):
+            if origin and origin.startswith(self.library_roots) \
+                    and not (self.user_packages and self._is_users(name, mod)):
                 # Libraries stay loaded (re-importing C extensions is unsafe). Remembered,
                 # so the next jobs do not judge reportlab's lazy imports again (~0.15 ms).
                 self._keep_module(name, mod)

@@ -1464,6 +1464,15 @@ def use_multiprocessing(inputs: Sequence[Path], output: Path, params: Mapping[st
     write_pdf(inputs, output, params)
 
 
+def call_installed(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
+    """Import the module of ``params["target"]`` (module:function) and call the function,
+    as code of the job's own that uses an installed package."""
+    import importlib
+
+    module, _, fn = params["target"].partition(":")
+    getattr(importlib.import_module(module), fn)(inputs, output, {"who": "uses"})
+
+
 def leave_a_pool(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
     """Start a multiprocessing pool (its processes and its handler threads), use it, and
     return with it running, referenced from a global, after writing the output."""

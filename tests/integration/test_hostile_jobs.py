@@ -1073,6 +1073,62 @@ def test_jobs_may_use_multiprocessing_one_after_another_in_one_worker(
         assert_pdf(out / f"{ctx}-{n}.pdf", f"{ctx}-{n}")
 
 
+INSTALLED_RENDER = """
+from pathlib import Path
+
+CALLS = []
+
+
+def build(inputs, output, params):
+    CALLS.append(params.get("who"))
+    Path(output).write_text(" ".join(map(str, CALLS)))
+"""
+
+
+@pytest.fixture
+def installed_package() -> Iterator[str]:
+    """A package of the user's installed where libraries are (site-packages), as a user's
+    own code is when deployed with pip; removed after the test."""
+    import sysconfig
+    import uuid
+
+    name = f"rctl_installed_{uuid.uuid4().hex[:12]}"
+    pkg = Path(sysconfig.get_paths()["purelib"]) / name
+    pkg.mkdir()
+    try:
+        (pkg / "__init__.py").write_text("")
+        (pkg / "render.py").write_text(INSTALLED_RENDER)
+        yield name
+    finally:
+        import shutil
+
+        shutil.rmtree(pkg, ignore_errors=True)
+
+
+@pytest.mark.parametrize("uses_at", [11, 8], ids=["other-code-first", "other-code-second"])
+def test_an_installed_package_of_the_users_is_imported_afresh_for_each_job(
+        tmp_path: Path, write_manifest: Any, installed_package: str, uses_at: int) -> None:
+    # Given jobs calling a function of an installed package that counts its calls in a module
+    # global, and a job of other code that imports that package (first: it is then loaded
+    # as a library would be, before any job names it; or second)
+    stage(tmp_path)
+    call = f"{installed_package}.render:build"
+    jobs = [{"id": f"j{i}", "kind": "python", "callable": call, "output": f"j{i}.txt",
+             "params": {"who": f"j{i}"}, "priority": 10 - i} for i in (1, 3, 4)]
+    jobs.append({**py_job("uses", "call_installed", output="uses.txt", target=call),
+                 "priority": uses_at})
+    manifest = write_manifest(jobs, defaults={"max_attempts": 1})
+
+    # When one worker runs them one after another
+    result, view = run_in_one_worker(tmp_path, manifest)
+
+    # Then each job saw only its own call: the package was not kept as a library would be
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = tmp_path / "out"
+    assert {i: (out / f"{i}.txt").read_text() for i in ("j1", "uses", "j3", "j4")} == {
+        "j1": "j1", "uses": "uses", "j3": "j3", "j4": "j4"}
+
+
 @pytest.mark.parametrize("ctx", ["fork", "spawn"])
 def test_a_job_that_leaves_its_pool_running_completes(
         tmp_path: Path, write_manifest: Any, ctx: str) -> None:
