@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 import typer
 
 from renderctl.cli import console as out
-from renderctl.cli.launch import start_fork_server_early
+from renderctl.cli.launch import fill_closed_standard_fds, start_fork_server_early
 from renderctl.errors import (
     ExitCode,
     Interrupted,
@@ -1809,8 +1809,9 @@ def wait(
 
 
 def main() -> None:
-    # (Started already when this runs from the script's entry point, which does it before
-    # importing this module; `python -m renderctl.cli.app` starts it here.)
+    # (Done already when this runs from the script's entry point, which does both before
+    # importing this module; `python -m renderctl.cli.app` does them here.)
+    fill_closed_standard_fds()
     start_fork_server_early(sys.argv)
     if isinstance(sys.stdout, io.TextIOWrapper):
         # A stdout that is not UTF-8 (an ISO-8859 locale, PYTHONIOENCODING) cannot take a

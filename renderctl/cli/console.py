@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import errno
 import json
 import math
@@ -334,10 +335,13 @@ def err(message: str) -> None:
         # name split one problem's line in two.
         sys.stderr.write(f"renderctl: {one_line(message)}\n")
         sys.stderr.flush()
-    except OSError as exc:
-        if not reader_gone(exc):
-            raise
-        silence_stdout(sys.stderr)
+    except OSError:
+        # Gone, full (cron's `>>log 2>&1` on a full disk) or read-only (a shim's fd 2):
+        # nothing can be said there, and raising made every message a failure (exit 1; a
+        # `run` left its jobs pending after a warning; audit CE). Said on stdout's side
+        # where the command says anything (--json's objects and exit codes stand).
+        with contextlib.suppress(OSError):
+            silence_stdout(sys.stderr)
 
 
 # A refusal's exit code, as --json names it (DESIGN.md's 2, 74 and 75).

@@ -23,7 +23,7 @@ def _exit_early(signum: int, frame: FrameType | None) -> None:
     raise SystemExit(128 + signum)
 
 
-def _fill_closed_standard_fds() -> None:
+def fill_closed_standard_fds() -> None:
     """Open /dev/null on whichever of descriptors 0, 1 and 2 the caller left closed (`>&-`,
     `2>&-`, some daemons and cron setups).
 
@@ -86,7 +86,7 @@ def start_fork_server_early(argv: Sequence[str]) -> None:
 
 
 def main() -> None:
-    _fill_closed_standard_fds()
+    fill_closed_standard_fds()
     prior = signal.getsignal(signal.SIGINT)
     # `run` takes SIGQUIT as a stop too (exit 131, jobs released); its default action in
     # the first ~0.2 s killed it with a core file instead. Other commands keep Ctrl-\'s

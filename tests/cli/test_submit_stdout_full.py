@@ -127,3 +127,43 @@ def test_a_refused_submit_whose_stdout_is_full_keeps_its_refusal_and_exit_code(
     assert res.returncode == ExitCode.USAGE, res.stderr
     assert "cannot write stdout: No space left on device" in res.stderr, res.stderr
     assert "different spec" in res.stderr and "Traceback" not in res.stderr, res.stderr
+
+
+# -- stderr that cannot be written: a message lost, never the work --------------------------
+
+
+@pytest.mark.parametrize("stderr", ["full", "read-only", "closed"])
+def test_a_stderr_that_cannot_be_written_costs_the_messages_not_the_work(
+        tmp_path: Path, stderr: str) -> None:
+    # Given a manifest of two jobs, one with a deadline long past (a warning on stderr, which
+    # then failed the run: exit 1, the jobs left pending; audit CE), and a usage error's
+    # command
+    m = write_jobs(tmp_path / "m", [job("a", "write"), job("b", "write")])
+    m.write_text(m.read_text() + 'deadline = "2001-01-01T00:00:00Z"\n')
+    queue = tmp_path / "q"
+    files = {"full": ("/dev/full", "w"), "read-only": ("/dev/null", "r")}
+
+    def run(*args: object) -> subprocess.CompletedProcess[str]:
+        cmd = [*RENDERCTL, *map(str, args)]
+        if stderr == "closed":
+            return subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                  text=True, cwd=tmp_path, env=env(), timeout=60,
+                                  preexec_fn=lambda: __import__("os").close(2))
+        name, mode = files[stderr]
+        with open(name, mode) as fh:
+            return subprocess.run(cmd, stdout=subprocess.PIPE, stderr=fh, text=True,
+                                  cwd=tmp_path, env=env(), timeout=60)
+
+    # When `run --json` runs it with stderr unwritable
+    res = run("run", m, "--queue", queue, "--out", tmp_path / "out", "--json")
+
+    # Then every job ran (one expired, as its deadline says) and the exit code is the run's
+    assert res.returncode == ExitCode.JOBS_FAILED, res.stdout
+    summary = json.loads(res.stdout.splitlines()[-1])
+    assert summary["counts"] == {"done": 1, "dead": 0, "cancelled": 0, "expired": 1}
+    assert (tmp_path / "out" / "a.bin").read_text() == "x"
+
+    # And a refusal keeps its exit code and its JSON object
+    bad = run("status", "--queue", tmp_path / "nowhere", "--json")
+    assert bad.returncode == ExitCode.USAGE, bad.stdout
+    assert json.loads(bad.stdout)["error"] == "usage"
