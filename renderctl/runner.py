@@ -178,6 +178,10 @@ NAP_MAX_S = 0.02  # the longest the loop leaves workers' messages unread (see _n
 # _on_stop_signal); it used to kill the runner like a crash, charging every running job
 # an attempt at the next start for a quit the user chose.
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+# The same stop signal again this soon is the same stop: coreutils' timeout passes a signal
+# on to its child and to the process group both (a Ctrl-C reaches us a third time, from the
+# terminal), and the "second" signal cut the grace of every run under timeout (audit CE).
+SAME_STOP_S = 0.2
 STOPPED_TOO = "it ended after the runner's stop signal"  # (see Runner._failed_of_stop)
 # Jobs queued behind one that has run this long (at least; or STEAL_FACTOR x the recent
 # job time) are taken back for an idle worker (see _rebalance).
@@ -582,6 +586,9 @@ class Runner:
             self.stop_deadline = self.stopped_at + self.stop_grace_s
         else:
             now = time.monotonic()
+            if signum == self.stop_signal and self.stopped_at is not None \
+                    and now - self.stopped_at < SAME_STOP_S:
+                return
             if self.skip_signal is None and self.stop_deadline is not None \
                     and self.stop_deadline > now:
                 self.skip_signal = signum
