@@ -180,6 +180,8 @@ _RESET_SIGNALS = frozenset({
 # Under forkserver, the runner's pid (WorkerConfig.runner_pid); 0 until known, and always
 # under fork and spawn.
 _runner_pid = 0
+# This worker's pid, to tell a job's fork that returned into our code (see _call).
+_worker_pid = 0
 ADOPTED_REASON = "its fork server died; retiring"
 
 
@@ -222,6 +224,8 @@ def worker_main(conn: Connection, config: WorkerConfig) -> None:
     crash_point("worker:born")
     global _runner_pid
     _runner_pid = config.runner_pid
+    global _worker_pid
+    _worker_pid = os.getpid()
     signal.signal(PARENT_DEATH_SIGNAL, _die_with_group)
     try:
         proctree.set_parent_death_signal(PARENT_DEATH_SIGNAL)
@@ -1519,13 +1523,13 @@ def _execute_held(job: RunJob, output: Path, workdir: Path,
             try:
                 if kind == "python":
                     fn = load_callable(spec["callable"], spec.get("pythonpath"))
-                    fn(inputs, output, dict(params))
+                    _call(fn, inputs, output, dict(params))
                 else:
                     from renderctl.render import inputs as render_inputs
                     from renderctl.render.registry import all_specs
 
                     render_inputs.memory_ceiling_bytes = job.memory_limit_bytes
-                    all_specs()[kind].load()(inputs, output, params)
+                    _call(all_specs()[kind].load(), inputs, output, params)
             finally:
                 if after_call is not None and runs_user_code_here(job):
                     after_call()
@@ -1552,7 +1556,31 @@ def _execute_held(job: RunJob, output: Path, workdir: Path,
         return fields
     except BaseException as exc:  # a job's SystemExit or KeyboardInterrupt is its failure
         return {"outcome": Outcome.FAILED.value, "error": _message(exc),
-                "traceback_tail": _traceback_tail()}
+                "traceback_tail": _traceback_tail(exc)}
+
+
+def _call(fn: Callable[..., Any], inputs: list[Path], output: Path,
+          params: Mapping[str, Any]) -> None:
+    """Call a job's function; what it returns must not be work left undone."""
+    try:
+        result = fn(inputs, output, params)
+    finally:
+        if _worker_pid and os.getpid() != _worker_pid:
+            # A process the job forked (os.fork()) that returned instead of exiting: in our
+            # code it went on as a second worker, and its clean-up killed the real one
+            # (the attempt was recorded "worker killed by SIGKILL", falsely; audit CD).
+            os._exit(0)
+    if isinstance(result, types.CoroutineType | types.GeneratorType | types.AsyncGeneratorType):
+        # Nothing would run: the job "completed" without its output ("did not write its
+        # output file"), the reason only in a RuntimeWarning on stderr (audit CD).
+        if not isinstance(result, types.AsyncGeneratorType):
+            with contextlib.suppress(Exception):
+                result.close()  # never started: no "was never awaited" warning
+        what = ("an async function: it returned a coroutine, which renderctl does not await"
+                if isinstance(result, types.CoroutineType) else
+                "a generator function: it returned a generator, which renderctl does not run")
+        raise TypeError(f"the job's function is {what}; call it from a plain function "
+                        "(for an async one, with asyncio.run)")
 
 
 def _detach(output: Path) -> None:
@@ -1616,8 +1644,28 @@ def _message(exc: BaseException, said_by: type[BaseException] | None = None) -> 
     return _cut(f"{name}: {text}" if text else name, ERROR_CHARS)
 
 
-def _traceback_tail() -> str:
-    lines = traceback.format_exc().splitlines()[-TAIL_LINES:]
+# Links of an exception's chain (__cause__/__context__) formatted: a tail of TAIL_LINES
+# lines needs far fewer, and formatting a chain 100,000 deep took minutes (quadratic in
+# Python's own code), so a job that raised at once was recorded as a timeout (audit CD).
+CHAIN_LINKS = 8
+
+
+def _traceback_tail(exc: BaseException) -> str:
+    try:
+        link, links = exc, 0
+        while (up := link.__cause__ or (None if link.__suppress_context__
+                                        else link.__context__)) is not None:
+            link, links = up, links + 1
+            if links == CHAIN_LINKS:
+                # (The job is over: its exception is ours to cut.)
+                link.__cause__ = link.__context__ = None
+                break
+        text = "".join(traceback.format_exception(exc))
+    except BaseException as err:  # noqa: BLE001 - a job's exception can break anything
+        # One whose __traceback__ or __context__ itself raises: the worker died formatting
+        # it, and the job's own error was lost ("worker exited with status 1"; audit CD).
+        return f"<the traceback could not be formatted: {type(err).__name__}>\n"
+    lines = text.splitlines()[-TAIL_LINES:]
     return "\n".join(_cut(line, ERROR_CHARS // 4) for line in lines) + "\n"
 
 

@@ -26,7 +26,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -1471,6 +1471,51 @@ def call_installed(inputs: Sequence[Path], output: Path, params: Mapping[str, An
 
     module, _, fn = params["target"].partition(":")
     getattr(importlib.import_module(module), fn)(inputs, output, {"who": "uses"})
+
+
+def fork_child_returns(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
+    """Fork; the child writes the output and returns (into the worker's code, not exiting),
+    the parent waits for it, then returns."""
+    pid = os.fork()
+    if pid == 0:
+        write_pdf(inputs, output, params)
+        return
+    os.waitpid(pid, 0)
+
+
+async def async_job(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
+    """An async function: called plainly, it returns a coroutine and does nothing."""
+    write_pdf(inputs, output, params)
+
+
+def generator_job(inputs: Sequence[Path], output: Path,
+                  params: Mapping[str, Any]) -> Iterator[None]:
+    """A generator function: called plainly, it returns a generator and does nothing."""
+    write_pdf(inputs, output, params)
+    yield
+
+
+class _Evasive(Exception):
+    """An exception that will not say where it came from."""
+
+    def __getattribute__(self, name: str) -> Any:
+        if name in ("__traceback__", "__cause__", "__context__", "__suppress_context__"):
+            raise RuntimeError(f"no {name} for you")
+        return object.__getattribute__(self, name)
+
+
+def raise_evasive(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
+    raise _Evasive("evasive")
+
+
+def raise_deep_chain(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
+    """Raise the last of ``params["links"]`` exceptions, each the context of the next."""
+    exc = ValueError("root")
+    for k in range(int(params["links"])):
+        nxt = ValueError(f"link {k}")
+        nxt.__context__ = exc
+        exc = nxt
+    raise exc
 
 
 def leave_a_pool(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:

@@ -1073,6 +1073,43 @@ def test_jobs_may_use_multiprocessing_one_after_another_in_one_worker(
         assert_pdf(out / f"{ctx}-{n}.pdf", f"{ctx}-{n}")
 
 
+def test_jobs_that_misuse_the_call_get_a_true_outcome_and_spare_their_worker(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given, for one worker: a job whose forked child returns instead of exiting; an async
+    # and a generator function; an exception that breaks traceback formatting; a chain of
+    # 100,000 exceptions; then an ordinary job
+    stage(tmp_path)
+    manifest = write_manifest([
+        {**py_job("forks", "fork_child_returns"), "priority": 9},
+        {**py_job("async", "async_job"), "priority": 8},
+        {**py_job("gen", "generator_job"), "priority": 7},
+        {**py_job("evasive", "raise_evasive"), "priority": 6},
+        {**py_job("deep", "raise_deep_chain", links=100_000), "timeout_s": 20, "priority": 5},
+        {**py_job("last", "write_pdf"), "priority": 1},
+    ], defaults={"max_attempts": 1})
+
+    # When one worker runs them
+    t0 = time.monotonic()
+    result, view = run_in_one_worker(tmp_path, manifest)
+    took = time.monotonic() - t0
+
+    # Then each outcome says what happened (none "crashed": the worker outlived them all)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert view.ids("done") == {"forks", "last"}, result.stdout
+    attempts = {j: view.record("dead", j)["attempts"][-1]
+                for j in ("async", "gen", "evasive", "deep")}
+    assert all(a["outcome"] == "failed" for a in attempts.values()), attempts
+    assert "is an async function: it returned a coroutine" in attempts["async"]["error"]
+    assert "is a generator function" in attempts["gen"]["error"]
+    assert attempts["evasive"]["error"] == "_Evasive: evasive"
+    assert "could not be formatted" in attempts["evasive"]["traceback_tail"]
+    assert attempts["deep"]["error"] == "ValueError: link 99999"
+    assert attempts["deep"]["elapsed_s"] < 5, attempts["deep"]
+    assert_pdf(tmp_path / "out" / "forks.pdf", "forks")
+    assert_pdf(tmp_path / "out" / "last.pdf", "last")
+    print(f"\n[misuse] {took:.1f}s")
+
+
 INSTALLED_RENDER = """
 from pathlib import Path
 
