@@ -1669,12 +1669,23 @@ def _traceback_tail(exc: BaseException) -> str:
     return "\n".join(_cut(line, ERROR_CHARS // 4) for line in lines) + "\n"
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")  # (in a str, every one is lone)
+
+
 def _cut(text: str, limit: int) -> str:
-    """``text`` kept to about ``limit`` characters: its start and its end, saying what went.
+    """``text`` kept to about ``limit`` characters: its start and its end, saying what went;
+    a lone surrogate written as its escape.
 
     A message is copied into every attempt of the record, the event log, the run's line and
-    the JUnit report: one exception of megabytes made each of them that big.
+    the JUnit report: one exception of megabytes made each of them that big. A lone
+    surrogate (an undecodable byte of a file name, in Python) went into events.jsonl and
+    the dead/ record as JSON's "\\udcff", which strict decoders (jq, Go) refuse: the whole
+    log was unreadable to them (audit CD).
     """
+    if _SURROGATE.search(text):
+        # (As the command line shows them: a file name's undecodable byte as \xff.)
+        text = _SURROGATE.sub(lambda m: f"\\x{ord(m[0]) - 0xDC00:02x}"
+                              if 0xDC80 <= ord(m[0]) <= 0xDCFF else f"\\u{ord(m[0]):04x}", text)
     if len(text) <= limit:
         return text
     head = limit * 3 // 4

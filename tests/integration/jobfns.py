@@ -1508,6 +1508,13 @@ def raise_evasive(inputs: Sequence[Path], output: Path, params: Mapping[str, Any
     raise _Evasive("evasive")
 
 
+def raise_surrogates(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
+    """Raise with lone surrogates in the message: an undecodable byte of a file name (as
+    Python keeps it) and a bare one."""
+    undecodable = b"\xff".decode("utf-8", "surrogateescape")
+    raise ValueError("bad " + undecodable + " byte \ud800 here")
+
+
 def raise_deep_chain(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
     """Raise the last of ``params["links"]`` exceptions, each the context of the next."""
     exc = ValueError("root")

@@ -1085,6 +1085,7 @@ def test_jobs_that_misuse_the_call_get_a_true_outcome_and_spare_their_worker(
         {**py_job("gen", "generator_job"), "priority": 7},
         {**py_job("evasive", "raise_evasive"), "priority": 6},
         {**py_job("deep", "raise_deep_chain", links=100_000), "timeout_s": 20, "priority": 5},
+        {**py_job("surrogates", "raise_surrogates"), "priority": 4},
         {**py_job("last", "write_pdf"), "priority": 1},
     ], defaults={"max_attempts": 1})
 
@@ -1097,7 +1098,7 @@ def test_jobs_that_misuse_the_call_get_a_true_outcome_and_spare_their_worker(
     assert result.returncode == 1, result.stdout + result.stderr
     assert view.ids("done") == {"forks", "last"}, result.stdout
     attempts = {j: view.record("dead", j)["attempts"][-1]
-                for j in ("async", "gen", "evasive", "deep")}
+                for j in ("async", "gen", "evasive", "deep", "surrogates")}
     assert all(a["outcome"] == "failed" for a in attempts.values()), attempts
     assert "is an async function: it returned a coroutine" in attempts["async"]["error"]
     assert "is a generator function" in attempts["gen"]["error"]
@@ -1105,6 +1106,12 @@ def test_jobs_that_misuse_the_call_get_a_true_outcome_and_spare_their_worker(
     assert "could not be formatted" in attempts["evasive"]["traceback_tail"]
     assert attempts["deep"]["error"] == "ValueError: link 99999"
     assert attempts["deep"]["elapsed_s"] < 5, attempts["deep"]
+    # (escaped: JSON's "\udcff" for a lone surrogate made jq refuse the whole event log)
+    assert attempts["surrogates"]["error"] == "ValueError: bad \\xff byte \\ud800 here"
+    for raw in (tmp_path / "q" / "events.jsonl", tmp_path / "q" / "dead" / "surrogates.json"):
+        for line in raw.read_text().splitlines():
+            # (A strict decoder's view: no lone surrogate anywhere, which UTF-8 cannot hold.)
+            json.dumps(json.loads(line), ensure_ascii=False).encode("utf-8")
     assert_pdf(tmp_path / "out" / "forks.pdf", "forks")
     assert_pdf(tmp_path / "out" / "last.pdf", "last")
     print(f"\n[misuse] {took:.1f}s")
