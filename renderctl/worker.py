@@ -319,6 +319,7 @@ class Worker:
         self.kept_names = list(sys.modules)
         self.kept_modules = [sys.modules[n] for n in self.kept_names]
         self.first_kept = len(self.kept_names)  # those kept since are libraries jobs loaded
+        self.preloaded = frozenset(self.kept_names)
         # Top-level packages of the callables (and plugin renderers) run here: the user's
         # code even where installed (site-packages), imported afresh for every job. Kept as
         # libraries, an installed package's module globals reached the next job: DESIGN's
@@ -866,7 +867,10 @@ class Worker:
             plugin = all_specs().get(str(spec.get("kind")))
             target = plugin.target if plugin is not None else ""
         package = target.partition(":")[0].split(".")[0]
-        if not package or package == "renderctl" or package in self.user_packages:
+        if not package or package in self.user_packages or package in self.preloaded:
+            # (Loaded before any job, renderctl's own and the renderers' libraries: a
+            # library's, whatever names it; imported again in part, its modules would
+            # disagree about which of each other they hold.)
             return
         self.user_packages.add(package)
         pairs = list(zip(self.kept_names, self.kept_modules, strict=True))
