@@ -14,7 +14,7 @@ import ctypes
 import errno
 import os
 import stat
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from renderctl.errors import QueueIOError
@@ -133,14 +133,18 @@ def remove_quiet(path: str | os.PathLike[str]) -> None:
         with contextlib.suppress(OSError):
             os.unlink(path)
 
-def write_file(path: str | os.PathLike[str], data: bytes, *, fsync: bool) -> None:
-    """Create ``path`` exclusively (it must be a fresh temporary name) and write ``data``."""
+def write_file(path: str | os.PathLike[str], data: bytes | Sequence[bytes], *,
+               fsync: bool) -> None:
+    """Create ``path`` exclusively (it must be a fresh temporary name) and write ``data``
+    (or each of its parts in turn: a batch's journal entry is its records, never joined
+    into one more copy of them all)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     try:
-        view = memoryview(data)
-        while view:
-            n = os.write(fd, view)
-            view = view[n:]
+        for part in (data,) if isinstance(data, bytes) else data:
+            view = memoryview(part)
+            while view:
+                n = os.write(fd, view)
+                view = view[n:]
         if fsync:
             # Protects against: power loss after the rename that follows, which would
             # otherwise leave a renamed but empty (or partial) file.

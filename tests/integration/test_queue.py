@@ -79,6 +79,25 @@ def test_submit_writes_one_file_per_job_into_pending(q: Queue, tmp_path: Path) -
     assert all(n.endswith(".new") for n in files(q, "journal"))
 
 
+@pytest.mark.parametrize("n", [1, 5])
+def test_a_doorbell_names_the_new_jobs_without_their_records(q: Queue, tmp_path: Path,
+                                                             n: int) -> None:
+    # Given jobs with big params (one alone, or a batch through the journal)
+    big = {f"part{k}": "x" * 10_000 for k in range(20)}
+    submit(q, [pyjob(f"j{i}", params=big, priority=i) for i in range(n)], tmp_path)
+    # Then the runner's doorbell is small: the records are in pending/ only (the whole batch
+    # kept as the doorbell until a runner came doubled the queue on disk; audit CF)
+    bells = files(q, "journal")
+    assert len(bells) == 1 and bells[0].endswith(".new")
+    assert (q.dir("journal") / bells[0]).stat().st_size < 200 * n
+    # And a runner indexes from it every job, ordered as their records say
+    index = ClaimIndex()
+    assert q.poll_new(index) == n
+    claims, _ = q.claim(index, holder=HOLDER, lease_s=60, limit=n, token_prefix="t")
+    assert [c.job_id for c in claims] == [f"j{i}" for i in reversed(range(n))]
+    assert claims[0].record.spec.params == big
+
+
 def test_queue_folders_are_private(q: Queue) -> None:
     assert stat.S_IMODE(q.path.stat().st_mode) == 0o700
     for name in [s.value for s in State] + ["corrupt", "tmp"]:

@@ -253,7 +253,8 @@ def test_a_copy_of_a_dead_record_under_a_name_no_job_has_is_quarantined_not_a_bl
 
 @pytest.mark.parametrize(("suffix", "bell"), [
     ("new", b"[1, 2]"), ("new", b'{"records": [{"spec": 5}]}'), ("new", b'{"records": 7}'),
-    ("revive", b"7")])
+    ("new", b'{"entries": 7}'), ("new", b'{"entries": [["s", 5, 0, "g", 0, 0, null]]}'),
+    ("new", b'{"entries": [["s", "x"]]}'), ("revive", b"7")])
 def test_a_hand_made_doorbell_that_is_json_but_not_a_batch_does_not_stop_a_runner(
         tmp_path: Path, write_manifest: Any, suffix: str, bell: bytes) -> None:
     # Given a runner following a queue, and in journal/ a doorbell (`<seq>.new`: "these ids
