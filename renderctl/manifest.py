@@ -503,9 +503,18 @@ class _Ctx:
     # (out_root, output) -> the same output spelt without symlinks, for check_unique: two
     # jobs of one command writing one file through two spellings would dead-letter one.
     aliases: dict[tuple[str, str], str] | None = None
+    # [defaults] fields reported bad once (defaults.<field>), and the job being validated:
+    # a job that takes such a field from [defaults] is not told again (50,000 jobs repeated
+    # a bad default deadline 50,000 times, as their own field; audit CF).
+    bad_defaults: set[str] = field(default_factory=set)
+    raw_job: Mapping[str, Any] | None = None
+    root_said: bool = False  # the output root itself too long: said once (see below)
 
     def add(self, job: str | None, fld: str | None, msg: str) -> None:
         if self.scrubbed and fld is not None and self._in_scrubbed(job, fld):
+            return
+        if fld in self.bad_defaults and job is not None and self.raw_job is not None \
+                and fld not in self.raw_job:
             return
         self.problems.append(Problem(self.file, job, fld, msg))
 
@@ -719,6 +728,17 @@ def _whole_path_problem(ctx: _Ctx, output: str) -> str | None:
         len(name.encode()), TEMP_NAME_BYTES)
     if longest < _PATH_MAX:
         return None
+    root = len(os.fsencode(ctx.out_root)) + 1 + TEMP_NAME_BYTES
+    if root >= _PATH_MAX:
+        # The root's own problem, said once, not with each job (50,000 lines of 5 KB each,
+        # 259 MB of stderr; audit CF).
+        if not ctx.root_said:
+            ctx.root_said = True
+            ctx.problems.append(Problem(
+                "--out", None, None, f"the output root {ctx.out_root} is too long: "
+                f"{root} bytes with an output's temporary name in it, where a path holds "
+                f"at most {_PATH_MAX - 1}"))
+        return None
     return (f"is too long under the output root {ctx.out_root}: {longest} bytes with its "
             f"temporary's name, where a path holds at most {_PATH_MAX - 1}")
 
@@ -836,6 +856,7 @@ def _validate_job(
     limits: Limits,
     specs: Mapping[str, RendererSpec],
 ) -> JobSpec | None:
+    ctx.raw_job = raw if isinstance(raw, dict) else None
     label = f"#{index}"
     if not isinstance(raw, dict):
         ctx.add(label, None, f"a job must be a table, got {type_name(raw)}")
@@ -1069,16 +1090,26 @@ def validate_document(
         elif key == "params":
             if not isinstance(value, dict):
                 ctx.add(None, "defaults.params", f"must be a table, got {type_name(value)}")
+                ctx.bad_defaults.add(key)
                 bad_defaults = True
         else:
             msg = FIELD_BY_NAME[key].check(value)
+            if not msg and key == "kind" and value not in specs:
+                hint = _suggest(value, specs)
+                msg = (f"unknown kind {value!r} (" + (f"did you mean {hint!r}? " if hint else "")
+                       + f"known: {', '.join(sorted(specs))})")
+            elif not msg and key == "deadline" and isinstance(
+                    parsed := _parse_deadline(value), str):
+                msg = parsed
             if msg:
                 ctx.add(None, f"defaults.{key}", msg)
+                ctx.bad_defaults.add(key)
                 bad_defaults = True
     if bad_defaults:
         # Each job would repeat the same defaults problem; report it once.
         defaults = {k: v for k, v in defaults.items()
-                    if k in DEFAULT_FIELDS and k != "params" and not FIELD_BY_NAME[k].check(v)}
+                    if k in DEFAULT_FIELDS and k not in ctx.bad_defaults
+                    and (k == "params" or not FIELD_BY_NAME[k].check(v))}
     jobs = doc.get("jobs")
     if jobs is None:
         ctx.add(None, "jobs", "is required: at least one [[jobs]] entry")

@@ -427,6 +427,39 @@ def test_defaults_apply_and_jobs_override(folder: Path, out_root: Path,
                                         {"a": 1, "b": 3})
 
 
+@pytest.mark.parametrize(("key", "value", "message"), [
+    ("kind", "invoce", "unknown kind 'invoce' (did you mean 'invoice'?"),
+    ("kind", 5, "must be a string"),
+    ("deadline", "tomorrow", "must be an RFC 3339 date-time"),
+])
+def test_a_bad_default_is_said_once_as_the_defaults(folder: Path, out_root: Path,
+                                                     write_manifest: Any, key: str,
+                                                     value: Any, message: str) -> None:
+    # Given a bad [defaults] field, taken by two jobs, and given bad by a third itself
+    defaults = {"kind": "python", "callable": "m:f", key: value}
+    own = {"kind": "invoce"} if key == "kind" else {"deadline": "never"}
+    path = write_manifest([{"id": "a", "output": "a.pdf"}, {"id": "b", "output": "b.pdf"},
+                           {"id": "c", "output": "c.pdf", **own}],
+                          defaults=defaults, folder=folder)
+    found = problems([path], out_root)
+    # Then it is reported once, as defaults.<field> (each job repeated it as its own field:
+    # 50,000 lines for 50,000 jobs, and "kind: is required" for a kind that was not a
+    # string; audit CF), and the job's own bad value as the job's
+    assert_reported(found, field=f"defaults.{key}", message=message, job_id=None)
+    assert [(p.job, p.field) for p in found if p.job in ("a", "b")] == []
+    assert [(p.job, p.field) for p in found if p.job == "c"] == [("c", key)]
+
+
+def test_an_output_root_too_long_for_any_output_is_said_once(tmp_path: Path,
+                                                            write_manifest: Any) -> None:
+    root = tmp_path.joinpath(*["r" * 250] * 17)  # past PATH_MAX whatever the output
+    path = write_manifest([{"id": f"j{i}", "kind": "python", "callable": "m:f",
+                            "output": f"{i}.pdf"} for i in range(50)], folder=tmp_path / "m")
+    found = problems([path], root)
+    assert [(p.file, p.job, p.field) for p in found] == [("--out", None, None)], found
+    assert "is too long" in found[0].message
+
+
 def test_built_in_limits_apply_without_defaults(folder: Path, out_root: Path,
                                                 write_manifest: Any) -> None:
     [spec] = load_manifests([write_manifest([job()], folder=folder)], out_root=out_root)
