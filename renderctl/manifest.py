@@ -318,7 +318,11 @@ def parse_document(raw: bytes, *, name: str) -> Any:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise _ParseError(f"not UTF-8 (byte {exc.start})") from None
+        # (Where, as every other parse error says it: a line and column, not a byte.)
+        at = exc.start
+        lineno, column = raw.count(b"\n", 0, at) + 1, at - raw.rfind(b"\n", 0, at)
+        raise _ParseError(f"not UTF-8 at line {lineno} column {column} (byte {at}: "
+                          f"0x{raw[at]:02x})") from None
     if "\x00" in text:
         raise _ParseError("contains a NUL character")
     # A byte-order mark, as Windows editors (Notepad) start UTF-8 files with: not content.
@@ -552,8 +556,10 @@ def _long_string(v: Any) -> str | None:
     return None
 
 
-# C0 and C1 control characters and DEL (NUL is refused on its own, with its own words).
-_CONTROL = re.compile("[\x01-\x1f\x7f-\x9f]")
+# C0 and C1 control characters and DEL (NUL is refused on its own, with its own words);
+# the line and paragraph separators (str.splitlines breaks on them) and the bidirectional
+# overrides and isolates, which show a name other than it is ("x\u202efdp.exe"; audit CF).
+_CONTROL = re.compile("[\x01-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 
 
 def unencodable_name(value: str) -> str | None:
@@ -589,8 +595,12 @@ def check_output_path(value: Any) -> str | None:
         # A newline or an escape in a file name is published faithfully, and then misread
         # by every line-based tool and terminal that lists the folder (audit BA).
         return f"must not contain control characters, got {bad.group()!r}"
-    if value.startswith("/") or re.match(r"^[A-Za-z]:", value):
+    if value.startswith("/"):
         return "must be relative to the output root, not absolute"
+    if re.match(r"^[A-Za-z]:", value):
+        # (Not "absolute": "Q:3 report.pdf" is not; but such a manifest means another
+        # system's drive, and on that one it would be a drive.)
+        return "must be relative to the output root, not start with a drive letter ('C:')"
     if len(value.encode()) > MAX_PATH_BYTES:
         return f"is longer than {MAX_PATH_BYTES} bytes"
     for seg in value.split("/"):
@@ -598,6 +608,10 @@ def check_output_path(value: Any) -> str | None:
             return "has an empty segment ('//' or a trailing '/')"
         if seg == "..":
             return "must not contain '..' segments (it would leave the output root)"
+        if seg != seg.strip():
+            # "g.pdf " (a paste) is not a .pdf: its PDF check was skipped, and the space
+            # does not show in a listing or a message (audit CF).
+            return f"a name must not begin or end with a space, got {seg!r}"
         if seg == ".":
             # Harmless, but one output would have two spellings, and duplicate outputs
             # are found by comparing them.

@@ -369,6 +369,8 @@ _CONTROL.update({0x2028: "\\u2028", 0x2029: "\\u2029"})  # line breaks to str.sp
 # Bidirectional overrides and isolates: a job's message holding U+202E would show the rest
 # of its line (and what the runner printed after it) reversed on a terminal.
 _CONTROL.update({c: f"\\u{c:04x}" for c in [*range(0x202A, 0x202F), *range(0x2066, 0x206A)]})
+# Invisible: "inv\u200b.pdf" and "inv.pdf" were shown alike (audit CF).
+_CONTROL.update({c: f"\\u{c:04x}" for c in (0x200B, 0x2060, 0xFEFF)})
 # Lone surrogates: a file name's bytes that are not UTF-8 (decoded with surrogateescape)
 # would go out as those raw bytes, and the line would not be valid UTF-8 for a reader.
 _CONTROL.update({c: f"\\x{c - 0xDC00:02x}" if 0xDC80 <= c < 0xDD00 else f"\\u{c:04x}"

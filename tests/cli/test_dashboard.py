@@ -288,6 +288,12 @@ def test_a_plain_line_shows_bidirectional_controls_rather_than_obeying_them() ->
     assert one_line("ordinary text, accents é and 株") == "ordinary text, accents é and 株"
 
 
+def test_a_plain_line_shows_invisible_characters() -> None:
+    # "inv\u200b.pdf" and "inv.pdf" were shown alike (audit CF)
+    assert one_line("inv\u200b.pdf inv\u2060.pdf \ufeffx") == \
+        "inv\\u200b.pdf inv\\u2060.pdf \\ufeffx"
+
+
 def test_a_queue_or_output_root_named_with_escapes_cannot_drive_the_terminal(
         snapshot: dict[str, Any]) -> None:
     # Given folders whose names hold a title-setting OSC and a screen clear
