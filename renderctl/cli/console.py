@@ -13,6 +13,7 @@ import signal
 import stat
 import sys
 import termios
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -46,7 +47,27 @@ def console(*, stderr: bool = False, file: Any = None) -> Console:
         return Console(stderr=stderr, file=file, no_color=True, color_system=None,
                        highlight=False, force_terminal=False, soft_wrap=True, emoji=False)
     # emoji=False: a job's error or an output named ":smile:" is shown as written.
-    return Console(stderr=stderr, file=file, highlight=False, emoji=False)
+    return Console(stderr=stderr, file=file, highlight=False, emoji=False,
+                   _environ=_terminal_environ(sys.stderr if stderr else file or sys.stdout))
+
+
+def _terminal_environ(stream: Any) -> Mapping[str, str]:
+    """The environment rich sizes a terminal's output by: without COLUMNS where it says the
+    terminal is wider than it is. rich takes COLUMNS over the real size, for good: a
+    COLUMNS=300 exported in an 80-column terminal drew each dashboard frame over ~25 rows
+    of which rich erased 15, and stale frames piled up (audit CE). A narrower COLUMNS, a
+    choice, stays."""
+    env = os.environ
+    columns = env.get("COLUMNS", "")
+    if not columns.isdigit():
+        return env
+    try:
+        real = os.get_terminal_size(stream.fileno()).columns
+    except (OSError, ValueError, AttributeError):
+        return env
+    if not real or int(columns) <= real:
+        return env
+    return {k: v for k, v in env.items() if k != "COLUMNS"}
 
 
 def table_width(columns: Any) -> int:

@@ -424,6 +424,28 @@ def on_a_terminal(*args: object, cwd: Path, no_color: str | None) -> str:
     return b"".join(chunks).decode("utf-8", "replace")
 
 
+@pytest.mark.parametrize(("columns", "width"), [("300", 80), ("60", 60), (None, 80)])
+def test_a_terminal_is_drawn_no_wider_than_it_is(columns: str | None, width: int) -> None:
+    # Given an 80-column terminal and COLUMNS exported wider (a dashboard's frames wrapped
+    # and piled up: audit CE), narrower (a choice), or not at all
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+    e = {**env(), "TERM": "xterm-256color"}
+    e.pop("NO_COLOR")
+    e.pop("COLUMNS")
+    if columns is not None:
+        e["COLUMNS"] = columns
+    code = "from renderctl.cli.console import console; print(console().width, file=sys.stderr)"
+    try:
+        res = subprocess.run([sys.executable, "-c", "import sys; " + code], stdout=slave,
+                             stderr=subprocess.PIPE, text=True, env=e, timeout=30)
+    finally:
+        os.close(slave)
+        os.close(master)
+    # Then output is sized to the narrower of the two
+    assert res.stderr.strip() == str(width), res.stderr
+
+
 @pytest.fixture
 def a_queue(tmp_path: Path, manifest: Path) -> Path:
     q = tmp_path / "q"
