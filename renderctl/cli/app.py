@@ -1391,9 +1391,15 @@ def kinds(as_json: JsonOpt = False) -> None:
     for why in broken_plugins():
         out.err(f"warning: renderer plugin {why}")
     if as_json:
+        from renderctl.manifest import MAX_INPUTS
+
         with stdout_result():
+            # (A renderer's own limit, else a job's: null said "no limit" where a job takes
+            # at most MAX_INPUTS; audit CE.)
             out.print_json({k: {"description": s.description,
-                                "inputs": [s.min_inputs, s.max_inputs], "output": s.output,
+                                "inputs": [s.min_inputs, min(s.max_inputs or MAX_INPUTS,
+                                                             MAX_INPUTS)],
+                                "output": s.output,
                                 "params": [{"name": p.name, "type": p.type,
                                             "required": p.required,
                                             "description": p.description} for p in s.params]}

@@ -116,6 +116,9 @@ def test_kinds_lists_the_built_ins(runner: CliRunner) -> None:
     assert {"invoice", "report", "merge", "stamp", "split", "command", "python"} <= set(kinds)
     assert {"name": "title", "type": "str", "required": True,
             "description": "report title"} in kinds["report"]["params"]
+    # Each kind's input limits as a job meets them (null read as "no limit": audit CE)
+    assert kinds["invoice"]["inputs"] == [1, 1]
+    assert kinds["merge"]["inputs"][1] == kinds["command"]["inputs"][1] == 1000
 
 
 @pytest.mark.skipif(not Path("/sys/kernel").is_dir(), reason="needs sysfs mounted at /sys")
