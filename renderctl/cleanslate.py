@@ -133,6 +133,8 @@ class Baseline:
 
     def __init__(self, library_roots: tuple[str, ...] = ()) -> None:
         self.library_roots = library_roots  # where libraries' modules are (see restore)
+        # Which modules are the user's code even where libraries are (the worker says).
+        self.user_code: Callable[[str], bool] = lambda name: False
         self.umask = os.umask(0o022)
         os.umask(self.umask)
         self.signals: dict[int, Any] = {}
@@ -234,7 +236,8 @@ class Baseline:
         def watched(*args: Any, **kwargs: Any) -> Any:
             caller = sys._getframe(1).f_globals
             exempt = (unless_from and caller.get("__name__") == unless_from) or (
-                unless_library and str(caller.get("__file__")).startswith(self.library_roots))
+                unless_library and str(caller.get("__file__")).startswith(self.library_roots)
+                and not self.user_code(str(caller.get("__name__"))))
             if not exempt:
                 self.touched.add(kind)
             return real(*args, **kwargs)

@@ -325,6 +325,11 @@ class Worker:
         # libraries, an installed package's module globals reached the next job: DESIGN's
         # own `callable = "mypkg.render:build"` counted its calls across jobs (audit CD).
         self.user_packages: set[str] = set()
+        # Of those, the ones found to hold an extension module: libraries after all. Their
+        # Python modules imported afresh would hold new classes the extension, which stays
+        # loaded (it cannot be imported again), does not know: isinstance failed from the
+        # second job on (review CG).
+        self.native_packages: set[str] = set()
         # Whether reportlab's and pypdf's settings are as harden() left them: no job that
         # runs someone's code here has run since (our renderers change none of them).
         self.render_settings_clean = False
@@ -335,6 +340,9 @@ class Worker:
         # Jobs' own modules are imported afresh for every job; their compiled code need not be.
         sys.meta_path.insert(0, _UserCodeCache(self.library_roots))
         self.baseline = Baseline(self.library_roots)  # puts back what a job changes
+        # (A fork handler the user's installed package registers as it is imported again
+        # for each job is the job's, not a library's: they piled up, one a job; review CG.)
+        self.baseline.user_code = lambda name: name.partition(".")[0] in self.user_packages
         self.neutral_cwd = config.work_root
         # Each job gets its own empty working directory: the previous one, emptied and renamed
         # (a rename costs ~0.02 ms here, a mkdir/rmdir pair ~1 ms of journal work).
@@ -867,17 +875,22 @@ class Worker:
             plugin = all_specs().get(str(spec.get("kind")))
             target = plugin.target if plugin is not None else ""
         package = target.partition(":")[0].split(".")[0]
-        if not package or package in self.user_packages or package in self.preloaded:
+        if not package or package in self.user_packages or package in self.preloaded \
+                or package in self.native_packages:
             # (Loaded before any job, renderctl's own and the renderers' libraries: a
             # library's, whatever names it; imported again in part, its modules would
             # disagree about which of each other they hold.)
             return
-        self.user_packages.add(package)
         pairs = list(zip(self.kept_names, self.kept_modules, strict=True))
         first, later = pairs[:self.first_kept], pairs[self.first_kept:]
-        stay = [(name, mod) for name, mod in later if not self._is_users(name, mod)]
-        if len(stay) == len(later):
+        mine = [(name, mod) for name, mod in later if name.partition(".")[0] == package]
+        if any(map(_is_extension, (mod for _, mod in mine))):
+            self.native_packages.add(package)
             return
+        self.user_packages.add(package)
+        if not mine:
+            return
+        stay = [(name, mod) for name, mod in later if name.partition(".")[0] != package]
         for name, mod in later:
             if (name, mod) not in stay:
                 self.base_modules.discard(name)
@@ -886,16 +899,15 @@ class Worker:
         self.kept_names = [name for name, _ in first + stay]
         self.kept_modules = [mod for _, mod in first + stay]
 
-    def _is_users(self, name: str, mod: Any) -> bool:
-        """Whether module ``name`` is of a package of the user's code (see user_packages),
-        and Python source: an extension module stays loaded (one cannot be re-imported)."""
-        if name.partition(".")[0] not in self.user_packages:
-            return False
-        origin = getattr(mod, "__file__", None)
-        return not origin or not origin.endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES))
-
     def _forget_user_modules(self) -> None:
-        for name in sys.modules.keys() - self.base_modules:
+        new = sys.modules.keys() - self.base_modules
+        if self.user_packages:
+            for name in new:
+                top = name.partition(".")[0]
+                if top in self.user_packages and _is_extension(sys.modules.get(name)):
+                    self.user_packages.discard(top)  # a library's after all (see above)
+                    self.native_packages.add(top)
+        for name in new:
             mod = sys.modules.get(name)
             if name == "renderctl" or name.startswith("renderctl."):
                 # Our own code is not the job's: keep it (re-importing costs ms).
@@ -903,7 +915,7 @@ class Worker:
                 continue
             origin = getattr(mod, "__file__", None)
             if origin and origin.startswith(self.library_roots) \
-                    and not (self.user_packages and self._is_users(name, mod)):
+                    and name.partition(".")[0] not in self.user_packages:
                 # Libraries stay loaded (re-importing C extensions is unsafe). Remembered,
                 # so the next jobs do not judge reportlab's lazy imports again (~0.15 ms).
                 self._keep_module(name, mod)
@@ -932,6 +944,12 @@ class Worker:
                 self.kept_modules[i] = now
             else:
                 sys.modules[name] = mod
+
+
+def _is_extension(mod: Any) -> bool:
+    origin = getattr(mod, "__file__", None)
+    return isinstance(origin, str) and origin.endswith(
+        tuple(importlib.machinery.EXTENSION_SUFFIXES))
 
 
 class _CachedSourceLoader(importlib.machinery.SourceFileLoader):

@@ -1149,6 +1149,64 @@ def installed_package() -> Iterator[str]:
         shutil.rmtree(pkg, ignore_errors=True)
 
 
+def test_an_installed_package_with_an_extension_module_stays_loaded(
+        tmp_path: Path, write_manifest: Any, installed_package: str) -> None:
+    # Given the user's installed package with an extension module of its own (a copy of
+    # the standard library's _bisect: its init function is named for it), which its Python
+    # code imports; re-imported for each job, the package's new classes would not be the
+    # ones the extension keeps (review CG: isinstance failed from the second job on)
+    import importlib.util
+    import shutil
+    import sysconfig
+
+    origin = importlib.util.find_spec("_bisect").origin
+    if not origin or not origin.endswith(".so"):
+        pytest.skip("_bisect is built into this interpreter")
+    pkg = Path(sysconfig.get_paths()["purelib"]) / installed_package
+    shutil.copy(origin, pkg / Path(origin).name)
+    (pkg / "render.py").write_text("from . import _bisect\n" + INSTALLED_RENDER)
+    stage(tmp_path)
+    call = f"{installed_package}.render:build"
+    manifest = write_manifest([{"id": f"j{i}", "kind": "python", "callable": call,
+                                "output": f"j{i}.txt", "params": {"who": f"j{i}"},
+                                "priority": 10 - i} for i in (1, 2, 3)],
+                              defaults={"max_attempts": 1})
+
+    # When one worker runs three jobs calling it
+    result, _ = run_in_one_worker(tmp_path, manifest)
+
+    # Then it is a library's, loaded once, state and all, as before (README says so)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert (tmp_path / "out" / "j3.txt").read_text() == "j1 j2 j3"
+
+
+def test_a_fork_handler_of_the_users_installed_package_retires_its_worker(
+        tmp_path: Path, write_manifest: Any, installed_package: str) -> None:
+    # Given the user's installed package registering a fork handler as it is imported
+    # (again for each job: a library's would stay, one; these piled up, one a job, and ran
+    # in every later fork of the worker: review CG)
+    import sysconfig
+
+    pkg = Path(sysconfig.get_paths()["purelib"]) / installed_package
+    (pkg / "__init__.py").write_text("import os\nos.register_at_fork(after_in_child=int)\n")
+    (pkg / "render.py").write_text(
+        "import os\nfrom pathlib import Path\n\n\ndef build(inputs, output, params):\n"
+        "    Path(output).write_text(str(os.getpid()))\n")
+    stage(tmp_path)
+    call = f"{installed_package}.render:build"
+    manifest = write_manifest([{"id": f"j{i}", "kind": "python", "callable": call,
+                                "output": f"j{i}.txt", "priority": 10 - i} for i in (1, 2, 3)],
+                              defaults={"max_attempts": 1})
+
+    # When one worker at a time runs three jobs calling it
+    result, _ = run_in_one_worker(tmp_path, manifest)
+
+    # Then each ran in a fresh worker (the one before it retired)
+    assert result.returncode == 0, result.stdout + result.stderr
+    pids = {(tmp_path / "out" / f"j{i}.txt").read_text() for i in (1, 2, 3)}
+    assert len(pids) == 3, pids
+
+
 @pytest.mark.parametrize("uses_at", [11, 8], ids=["other-code-first", "other-code-second"])
 def test_an_installed_package_of_the_users_is_imported_afresh_for_each_job(
         tmp_path: Path, write_manifest: Any, installed_package: str, uses_at: int) -> None:
