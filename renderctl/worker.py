@@ -25,6 +25,7 @@ import gc
 import hashlib
 import importlib.abc
 import importlib.machinery
+import inspect
 import io
 import operator
 import os
@@ -1586,15 +1587,18 @@ def _call(fn: Callable[..., Any], inputs: list[Path], output: Path,
     """Call a job's function; what it returns must not be work left undone."""
     try:
         result = fn(inputs, output, params)
-    finally:
+    except BaseException as exc:
         if _worker_pid and os.getpid() != _worker_pid:
-            # A process the job forked (os.fork()) that returned instead of exiting: in our
-            # code it went on as a second worker, and its clean-up killed the real one
-            # (the attempt was recorded "worker killed by SIGKILL", falsely; audit CD).
-            os._exit(0)
-    if isinstance(result, types.CoroutineType | types.GeneratorType | types.AsyncGeneratorType):
+            _end_fork(exc)
+        raise
+    if _worker_pid and os.getpid() != _worker_pid:
+        _end_fork(None)
+    if isinstance(result, types.CoroutineType) or (
+            isinstance(result, types.GeneratorType | types.AsyncGeneratorType)
+            and (inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn))):
         # Nothing would run: the job "completed" without its output ("did not write its
-        # output file"), the reason only in a RuntimeWarning on stderr (audit CD).
+        # output file"), the reason only in a RuntimeWarning on stderr (audit CD). (A
+        # plain function that did its work and returned a generator is not one.)
         if not isinstance(result, types.AsyncGeneratorType):
             with contextlib.suppress(Exception):
                 result.close()  # never started: no "was never awaited" warning
@@ -1603,6 +1607,23 @@ def _call(fn: Callable[..., Any], inputs: list[Path], output: Path,
                 "a generator function: it returned a generator, which renderctl does not run")
         raise TypeError(f"the job's function is {what}; call it from a plain function "
                         "(for an async one, with asyncio.run)")
+
+
+def _end_fork(exc: BaseException | None) -> NoReturn:
+    """End a process the job forked (os.fork()) that returned from the job's function
+    instead of exiting: in our code it went on as a second worker, and its clean-up killed
+    the real one (recorded "worker killed by SIGKILL", falsely; audit CD). With the status
+    a script's child would end with: 0, its SystemExit's, or 1 after an exception's
+    traceback (a plain 0 hid a child's failure from the parent waiting for it; review CG)."""
+    code = 0
+    if isinstance(exc, SystemExit):
+        code = exc.code if isinstance(exc.code, int) else (exc.code is not None)
+    elif exc is not None:
+        with contextlib.suppress(BaseException):
+            traceback.print_exception(exc)
+            sys.stderr.flush()
+        code = 1
+    os._exit(code)
 
 
 def _detach(output: Path) -> None:

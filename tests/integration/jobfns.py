@@ -1483,6 +1483,27 @@ def fork_child_returns(inputs: Sequence[Path], output: Path, params: Mapping[str
     os.waitpid(pid, 0)
 
 
+def fork_child_fails(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
+    """Fork a child that raises (``params["how"]``: an exception, or sys.exit(5)) out of
+    the job's function; fail if its exit status says it failed, else write the output."""
+    pid = os.fork()
+    if pid == 0:
+        if params["how"] == "exit":
+            sys.exit(5)
+        raise ValueError("the child failed")
+    status = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    if status != 0:
+        raise RuntimeError(f"child exited {status}")
+    write_pdf(inputs, output, params)
+
+
+def returns_a_generator(inputs: Sequence[Path], output: Path,
+                        params: Mapping[str, Any]) -> Iterator[int]:
+    """A plain function that does its work, then returns a generator (not one itself)."""
+    write_pdf(inputs, output, params)
+    return (i for i in range(3))
+
+
 async def async_job(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
     """An async function: called plainly, it returns a coroutine and does nothing."""
     write_pdf(inputs, output, params)

@@ -1075,9 +1075,10 @@ def test_jobs_may_use_multiprocessing_one_after_another_in_one_worker(
 
 def test_jobs_that_misuse_the_call_get_a_true_outcome_and_spare_their_worker(
         tmp_path: Path, write_manifest: Any) -> None:
-    # Given, for one worker: a job whose forked child returns instead of exiting; an async
-    # and a generator function; an exception that breaks traceback formatting; a chain of
-    # 100,000 exceptions; then an ordinary job
+    # Given, for one worker: a job whose forked child returns instead of exiting (or fails:
+    # raises, exits 5); an async and a generator function, and a plain one that returns a
+    # generator; an exception that breaks traceback formatting; a chain of 100,000
+    # exceptions; then an ordinary job
     stage(tmp_path)
     manifest = write_manifest([
         {**py_job("forks", "fork_child_returns"), "priority": 9},
@@ -1086,6 +1087,9 @@ def test_jobs_that_misuse_the_call_get_a_true_outcome_and_spare_their_worker(
         {**py_job("evasive", "raise_evasive"), "priority": 6},
         {**py_job("deep", "raise_deep_chain", links=100_000), "timeout_s": 20, "priority": 5},
         {**py_job("surrogates", "raise_surrogates"), "priority": 4},
+        {**py_job("child-raises", "fork_child_fails", how="raise"), "priority": 3},
+        {**py_job("child-exits", "fork_child_fails", how="exit"), "priority": 3},
+        {**py_job("genexpr", "returns_a_generator"), "priority": 2},
         {**py_job("last", "write_pdf"), "priority": 1},
     ], defaults={"max_attempts": 1})
 
@@ -1096,9 +1100,10 @@ def test_jobs_that_misuse_the_call_get_a_true_outcome_and_spare_their_worker(
 
     # Then each outcome says what happened (none "crashed": the worker outlived them all)
     assert result.returncode == 1, result.stdout + result.stderr
-    assert view.ids("done") == {"forks", "last"}, result.stdout
+    assert view.ids("done") == {"forks", "genexpr", "last"}, result.stdout
     attempts = {j: view.record("dead", j)["attempts"][-1]
-                for j in ("async", "gen", "evasive", "deep", "surrogates")}
+                for j in ("async", "gen", "evasive", "deep", "surrogates", "child-raises",
+                          "child-exits")}
     assert all(a["outcome"] == "failed" for a in attempts.values()), attempts
     assert "is an async function: it returned a coroutine" in attempts["async"]["error"]
     assert "is a generator function" in attempts["gen"]["error"]
@@ -1106,6 +1111,9 @@ def test_jobs_that_misuse_the_call_get_a_true_outcome_and_spare_their_worker(
     assert "could not be formatted" in attempts["evasive"]["traceback_tail"]
     assert attempts["deep"]["error"] == "ValueError: link 99999"
     assert attempts["deep"]["elapsed_s"] < 5, attempts["deep"]
+    # (a forked child's own failure shows in its exit status, as a script's would)
+    assert attempts["child-raises"]["error"] == "RuntimeError: child exited 1"
+    assert attempts["child-exits"]["error"] == "RuntimeError: child exited 5"
     # (escaped: JSON's "\udcff" for a lone surrogate made jq refuse the whole event log)
     assert attempts["surrogates"]["error"] == "ValueError: bad \\xff byte \\ud800 here"
     for raw in (tmp_path / "q" / "events.jsonl", tmp_path / "q" / "dead" / "surrogates.json"):
