@@ -382,6 +382,7 @@ class Runner:
         self.stop_signal: int | None = None
         self.stop_deadline: float | None = None
         self.stopped_at: float | None = None  # (monotonic) when the first stop signal came
+        self._quit_settles_at: float | None = None  # SIGQUIT blocked until then (see above)
         self.stop_grace_s = 0.0  # what running jobs get from it to finish (--grace; SIGQUIT: 0)
         self._stop_reported = False
         # A second stop signal that cut a grace short, until reported: a run whose jobs
@@ -574,25 +575,46 @@ class Runner:
         self._on_stop_signal(signum, None)
 
     def _on_stop_signal(self, signum: int, frame: object) -> None:
+        now = time.monotonic()
+        if self.stopped_at is not None and now - self.stopped_at < SAME_STOP_S \
+                and (signum == self.stop_signal
+                     or signal.SIGQUIT not in (signum, self.stop_signal)):
+            # The same stop delivered again (coreutils' timeout: to us and to the group), or
+            # two stops at once (systemd's SIGTERM and, with SendSIGHUP=yes, SIGHUP): one.
+            return
         if signum == signal.SIGQUIT:
             # Quit now: running jobs are killed and released (uncharged) without the grace.
             # A second Ctrl-\ takes the default action at once (quit, core): it stays the
-            # way out of a run that does not respond.
-            signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+            # way out of a run that does not respond. Not for a copy of the first, within
+            # SAME_STOP_S (above): under timeout, the copy it passes on killed the runner,
+            # its jobs left in running/ and charged (review CG). So this handler stays
+            # until then (_settle_quit puts the default action in its place).
+            if self._quit_settles_at is not None and now < self._quit_settles_at:
+                return  # a copy of the one that set it
+            if self._quit_settles_at is not None or self.stop_signal == signal.SIGQUIT:
+                signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+                os.kill(os.getpid(), signal.SIGQUIT)
+                return
+            self._quit_settles_at = now + SAME_STOP_S
         if self.stop_signal is None:
             self.stop_signal = signum
-            self.stopped_at = time.monotonic()
+            self.stopped_at = now
             self.stop_grace_s = 0.0 if signum == signal.SIGQUIT else self.s.grace_s
             self.stop_deadline = self.stopped_at + self.stop_grace_s
         else:
-            now = time.monotonic()
-            if signum == self.stop_signal and self.stopped_at is not None \
-                    and now - self.stopped_at < SAME_STOP_S:
-                return
             if self.skip_signal is None and self.stop_deadline is not None \
                     and self.stop_deadline > now:
                 self.skip_signal = signum
             self.stop_deadline = now  # a second signal skips the grace
+
+    def _settle_quit(self, now: float, *, at_once: bool = False) -> None:
+        """After a Ctrl-\\, once its copies have had their time (see _on_stop_signal): the
+        default action for the next, which then quits even while the loop is busy."""
+        if self._quit_settles_at is None or (now < self._quit_settles_at and not at_once):
+            return
+        self._quit_settles_at = None
+        if signal.getsignal(signal.SIGQUIT) == self._on_stop_signal:
+            signal.signal(signal.SIGQUIT, signal.SIG_DFL)
 
     def _report_stopping(self, signum: int, grace_s: float, *, again: bool = False) -> None:
         """The ``stopping`` event: a stop signal, and a second one that cut the grace."""
@@ -620,6 +642,7 @@ class Runner:
         self.q.write_runner_info(info)
 
     def _shutdown(self) -> None:
+        self._settle_quit(time.monotonic(), at_once=True)  # a Ctrl-\ must work from here on
         # (The joins below wait on the fork server.) Never the end of the shutdown: out of
         # descriptors (a job lowered our RLIMIT_NOFILE), its /proc read failed, the workers
         # were left alive, and the exit hung for good joining them.
@@ -1095,6 +1118,7 @@ class Runner:
                     self._suspend()
             now = time.monotonic()
             if self.stop_signal is not None:
+                self._settle_quit(now)
                 if not self._stop_reported:
                     self._stop_reported = True
                     self._report_stopping(self.stop_signal, self.stop_grace_s)
@@ -1492,6 +1516,8 @@ class Runner:
                 deadlines.append(w.gate_retry)
         if self.stop_deadline is not None:
             deadlines.append(self.stop_deadline)
+        if self._quit_settles_at is not None:
+            deadlines.append(self._quit_settles_at)
         if self.completions and self._oldest_completion:
             deadlines.append(self._oldest_completion + self._commit_window())
         deadline = self.index.next_deadline()

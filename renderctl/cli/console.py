@@ -356,6 +356,8 @@ def err(message: str) -> None:
         # name split one problem's line in two.
         sys.stderr.write(f"renderctl: {one_line(message)}\n")
         sys.stderr.flush()
+    except BlockingIOError:
+        pass  # a non-blocking stderr, full for now: this message is lost, not the next
     except OSError:
         # Gone, full (cron's `>>log 2>&1` on a full disk) or read-only (a shim's fd 2):
         # nothing can be said there, and raising made every message a failure (exit 1; a
