@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import errno
 import json
+import keyword
 import math
 import os
 import re
@@ -177,6 +178,25 @@ def _check_str(pattern: re.Pattern[str], what: str) -> Check:
     return check
 
 
+def _check_callable(v: Any) -> str | None:
+    """A python job's ``module:function`` (dotted names, as Python spells them: non-ASCII
+    letters too; no keyword, which no def or import can name)."""
+    if not isinstance(v, str):
+        return f"must be a string, got {type_name(v)}"
+    module, colon, attr = v.partition(":")
+    parts = [*module.split("."), *attr.split(".")]
+    if colon and module.endswith(".py") and all(p.isidentifier() for p in parts):
+        # (Imported as package "mod", submodule "py": mod's code ran, then "No module named
+        # 'mod.py'"; audit CD.)
+        return f"names a file, not a module: {module[:-3]}:{attr}, not {v[:80]!r}"
+    if not colon or ":" in attr or not all(p.isidentifier() for p in parts):
+        return f"must look like package.module:function, got {v[:80]!r}"
+    if kw := next((p for p in parts if keyword.iskeyword(p)), None):
+        return f"{kw!r} is a Python keyword, which no module or function can be named, " \
+               f"got {v[:80]!r}"
+    return None
+
+
 def _check_kind(v: Any) -> str | None:
     if not isinstance(v, str):
         return f"must be a string, got {type_name(v)}"
@@ -224,7 +244,7 @@ FIELDS: tuple[FieldSpec, ...] = (
               "command kind: argv with {input} {inputs} {output}", True, True, _check_any),
     FieldSpec("callable", {"type": "string", "pattern": "^" + CALLABLE_RE.pattern + "$"},
               "python kind: module:function", True, True,
-              _check_str(CALLABLE_RE, "must look like package.module:function")),
+              _check_callable),
     FieldSpec("params", {"type": "object"}, "renderer params", True, True, _check_any),
     FieldSpec("memory_mb", {"type": "integer", "minimum": 1, "maximum": MAX_MEMORY_MB},
               "memory ceiling of the job's process tree (MB)", True, True, check_memory_mb),

@@ -128,6 +128,8 @@ JOB_CASES: list[tuple[str, dict[str, Any], str, str]] = [
     ("python-needs-callable", {"callable": DROP}, "callable", "kind 'python' needs callable"),
     ("callable-shape", {"callable": "not callable"}, "callable",
      "must look like package.module:function"),
+    ("callable-file", {"callable": "mod.py:f"}, "callable", "names a file, not a module: mod:f"),
+    ("callable-keyword", {"callable": "mod:class"}, "callable", "'class' is a Python keyword"),
     ("argv-only-command", {"argv": ["x"]}, "argv", "only for kind 'command'"),
     ("command-needs-argv", {"kind": "command", "callable": DROP}, "argv",
      "kind 'command' needs argv"),
@@ -467,6 +469,17 @@ def test_an_output_root_too_long_for_any_output_is_said_once(tmp_path: Path,
     found = problems([path], root)
     assert [(p.file, p.job, p.field) for p in found] == [("--out", None, None)], found
     assert "is too long" in found[0].message
+
+
+def test_a_callable_is_named_as_python_spells_names(folder: Path, out_root: Path,
+                                                   write_manifest: Any) -> None:
+    # Non-ASCII letters are Python's too (módulo:f was refused: audit CD); nested attributes
+    path = write_manifest([{"id": "a", "kind": "python", "callable": "módulo:función",
+                            "output": "a.pdf"},
+                           {"id": "b", "kind": "python", "callable": "pkg.sub:Cls.meth",
+                            "output": "b.pdf"}], folder=folder)
+    a, b = load_manifests([path], out_root=out_root)
+    assert (a.callable, b.callable) == ("módulo:función", "pkg.sub:Cls.meth")
 
 
 def test_built_in_limits_apply_without_defaults(folder: Path, out_root: Path,
