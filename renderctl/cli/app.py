@@ -833,9 +833,20 @@ def note_ended(counts: dict[str, int]) -> None:
 
 
 def existing_outputs(jobs: list[Any]) -> set[str]:
-    """The ids of the jobs whose output path holds something now."""
-    # A string join, not j.output_path: a Path per job cost more than the lstat.
-    return {j.id for j in jobs if os.path.lexists(os.path.join(j.out_root, j.output))}
+    """The ids of the jobs whose output path holds something now, or cannot (a file where
+    one of its folders should be)."""
+    hit = set()
+    for j in jobs:
+        try:
+            # A string join, not j.output_path: a Path per job cost more than the lstat.
+            os.lstat(os.path.join(j.out_root, j.output))
+        except NotADirectoryError:
+            hit.add(j.id)
+        except OSError:
+            continue
+        else:
+            hit.add(j.id)
+    return hit
 
 
 def warn_existing_outputs(jobs: list[Any], hit: set[str], origins: dict[str, str]) -> None:
@@ -845,13 +856,19 @@ def warn_existing_outputs(jobs: list[Any], hit: set[str], origins: dict[str, str
     the render. ``hit``: the accepted jobs whose output existed before the submit."""
     hits = [j for j in jobs if j.id in hit]
     for job in hits[:5]:
-        if os.path.islink(job.output_path):
+        if not os.path.lexists(job.output_path):
+            # (A file where one of its folders should be: audit CF, said only at run.)
+            fate = "cannot be made: a file is where one of its folders should be, so the " \
+                   "job will be dead-lettered (invalid_output) unless that file is removed " \
+                   "first"
+        elif os.path.islink(job.output_path):
             # Never published through (publish refuses a symlink): the job's own outcome.
             fate = "is a symlink; renderctl never publishes through one, so the job will " \
                    "be dead-lettered (invalid_output) unless that symlink is removed first"
         else:
+            what = "folder" if os.path.isdir(job.output_path) else "file"
             fate = "exists already; renderctl never overwrites, so the job will be " \
-                   "dead-lettered (output_exists) unless that file is removed first"
+                   f"dead-lettered (output_exists) unless that {what} is removed first"
         out.err(f"warning: {origins.get(job.id, '?')}: job {job.id}: output "
                 f"{job.output_path} {fate}")
     if len(hits) > 5:

@@ -330,6 +330,28 @@ def test_a_job_whose_output_exists_already_is_accepted_with_a_warning(
     assert (out / "r.pdf").read_bytes() == b"%PDF-1.4 earlier"
 
 
+def test_a_job_whose_output_cannot_be_made_or_is_a_folder_is_warned(
+        runner: CliRunner, write_manifest: Any, queue_dir: Path, tmp_path: Path) -> None:
+    # Given an output root holding a file where a job's folder should be, and a folder
+    # where another job's output should be (audit CF: the first was said only at run, the
+    # second told to remove "that file")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "afile").write_text("x")
+    (out / "isdir.pdf").mkdir()
+    m = write_manifest([{"id": "a", "kind": "python", "callable": "json:dumps",
+                         "output": "afile/x.pdf"},
+                        {"id": "b", "kind": "python", "callable": "json:dumps",
+                         "output": "isdir.pdf"}], name="m.toml")
+    res = runner.invoke(app, ["submit", str(m), "--queue", str(queue_dir), "--out", str(out)])
+    # Then both are accepted, each with a warning saying what is in the way
+    assert res.exit_code == 0, res.stderr
+    assert (f"job a: output {out / 'afile' / 'x.pdf'} cannot be made: a file is where one "
+            "of its folders should be") in res.stderr
+    assert f"job b: output {out / 'isdir.pdf'} exists already" in res.stderr
+    assert "unless that folder is removed first" in res.stderr
+
+
 def test_a_job_whose_output_is_a_symlink_is_warned_of_its_real_outcome(
         runner: CliRunner, write_manifest: Any, queue_dir: Path, tmp_path: Path) -> None:
     # Given an output root where the output's name is a symlink (to a folder)
