@@ -349,7 +349,9 @@ def _displayable_data(data: Any) -> Any:
 
 def err(message: str) -> None:
     """A user-facing error on stderr, no traceback."""
-    _errors.append(one_line(message))
+    if not message.startswith(("note: ", "warning: ")):
+        # (What a refusal's JSON says: a note said on the way is not its reason; audit CE.)
+        _errors.append(one_line(message))
     try:
         # Every control character escaped (one_line): an id, a file name or a record's
         # field holding ESC or BEL reached the terminal raw, and a newline in a manifest's

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 import pty
 import select
@@ -18,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -195,3 +197,22 @@ def test_writes_and_reads_in_any_order_arrive_as_written(
     finally:
         stream.close()
         os.close(r)
+
+
+def test_a_refusals_json_message_is_its_reason_not_the_notes_said_before(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from renderctl.cli import console
+
+    # Given a note and a warning said on the way, then the error that refuses the command
+    monkeypatch.setattr(console, "_errors", console.collections.deque(maxlen=20))
+    monkeypatch.setattr(console, "_stdout_used", False)
+    console.err("note: no manifest given, and the queue holds no job to run")
+    console.err("warning: --out only applies to jobs this command submits")
+    console.err("cannot open the lock file q/runner.lock: Permission denied")
+    capsys.readouterr()
+    # When the refusal's JSON is printed
+    console.json_refusal(74, "run")
+    # Then its message is the error alone (audit CE: the note came first in it)
+    doc = json.loads(capsys.readouterr().out)
+    assert doc == {"accepted": [], "error": "io_error",
+                   "message": "cannot open the lock file q/runner.lock: Permission denied"}
