@@ -558,13 +558,23 @@ def _depth(v: Any, depth: int = 0) -> int:
     return depth
 
 
+def _key_shown(key: Any) -> str:
+    """A params key as a message shows it: cut (a key of 1 MB was printed whole, on one
+    line, in every message naming its field; audit CF)."""
+    text = str(key)
+    return text if len(text) <= 80 else f"{text[:60]}...({len(text)} characters)"
+
+
 def _long_string(v: Any) -> str | None:
-    """The path of the first string longer than MAX_STRING, if any."""
+    """The path of the first string (value or key) longer than MAX_STRING, if any."""
     if isinstance(v, str):
         return "" if len(v) > MAX_STRING else None
     items: Iterable[tuple[str, Any]]
     if isinstance(v, dict):
-        items = ((f".{k}", x) for k, x in v.items())
+        for k in v:
+            if isinstance(k, str) and len(k) > MAX_STRING:
+                return f".{_key_shown(k)}"  # (the key itself)
+        items = ((f".{_key_shown(k)}", x) for k, x in v.items())
     elif isinstance(v, list):
         items = ((f"[{i}]", x) for i, x in enumerate(v))
     else:
@@ -652,7 +662,8 @@ def _check_params(
             if name not in by_name:
                 known = ", ".join(sorted(by_name)) or "none"
                 hint = _suggest(name, by_name) if isinstance(name, str) else None
-                ctx.add(jid, f"params.{name}", f"unknown param for kind {spec.kind!r} "
+                ctx.add(jid, f"params.{_key_shown(name)}",
+                        f"unknown param for kind {spec.kind!r} "
                         + (f"(did you mean {hint!r}? known: {known})" if hint
                            else f"(known: {known})"))
     for p in spec.params:

@@ -471,6 +471,21 @@ def test_an_output_root_too_long_for_any_output_is_said_once(tmp_path: Path,
     assert "is too long" in found[0].message
 
 
+def test_a_params_key_is_bounded_and_shown_cut(folder: Path, out_root: Path,
+                                              write_manifest: Any) -> None:
+    # A 1 MB key was accepted, and printed whole in each message naming it (audit CF)
+    path = write_manifest([{"id": "j1", "kind": "python", "callable": "m:f", "output": "a.pdf",
+                            "params": {"k" * 20_000: 1}},
+                           {"id": "j2", "kind": "invoice", "input": "in/a.json",
+                            "output": "b.pdf", "params": {"z" * 500: 1}}], folder=folder)
+    found = problems([path], out_root)
+    long_key, unknown = sorted(found, key=lambda p: p.job or "")
+    assert long_key.job == "j1" and long_key.message == "string longer than 16384 characters"
+    assert unknown.job == "j2" and unknown.message.startswith("unknown param for kind")
+    for p in (long_key, unknown):
+        assert p.field is not None and len(p.field) < 100 and "characters)" in p.field
+
+
 def test_a_callable_is_named_as_python_spells_names(folder: Path, out_root: Path,
                                                    write_manifest: Any) -> None:
     # Non-ASCII letters are Python's too (módulo:f was refused: audit CD); nested attributes
