@@ -2237,8 +2237,12 @@ class Runner:
                 # ended in time. Such a job is done, not charged a timeout and run again.
                 self._read_messages(w)
                 if w.current is a and w.kill_reason is None:
-                    self._kill(w, Outcome.TIMEOUT, graceful=True)
+                    # Doomed first (sent nothing more), its queued jobs taken back, then
+                    # the SIGTERM: a job that handles it may end at once, and its worker
+                    # then started the next one before the take-back (seen in CI).
+                    w.kill_target, w.kill_reason = a, Outcome.TIMEOUT
                     self._take_back_doomed(w, now)
+                    self._kill(w, Outcome.TIMEOUT, graceful=True)
                 continue
             if sample and sampling and w.sampler is not None:
                 try:
