@@ -1527,8 +1527,12 @@ class Runner:
         watch = self._foreign.next_due()
         if watch is not None:
             deadlines.append(watch)
-        if due is not None:
-            deadlines.append(max(now, due))  # (monotonic, as ``now``: see ClaimIndex)
+        if due is not None and due > now:  # (monotonic, as ``now``: see ClaimIndex)
+            # One due already was left by this round's claim: no room for it now, and what
+            # makes room (a worker's result, its death) wakes the loop. Waited for here,
+            # the loop spun, a core's worth, while a retry's backoff ended behind busy
+            # workers (audit CH: 3 s of runner CPU in a 6 s run).
+            deadlines.append(due)
         return max(0.0, min(deadlines) - now)
 
     # -- claiming and dispatch --
@@ -2180,6 +2184,11 @@ class Runner:
         exit_code = code if code is not None and code >= 0 else None
         if reason is not None:
             outcome, error = reason.value, _kill_message(reason, a, peak)
+            if reason is Outcome.TIMEOUT and sig == signal.SIGKILL:
+                # (It said "terminated" of a job that ignored the SIGTERM and was killed
+                # after the whole grace; audit CI.)
+                error += (f", and killed (SIGKILL) when the {self.s.kill_grace_s:g} s kill "
+                          "grace ended")
         elif sig is not None and sig == self.stop_signal \
                 and not _stopped_with_runner_before(a.claim.record):
             # The signal that stops us reached the worker too: sent to every process of the

@@ -94,6 +94,27 @@ def test_twenty_python_jobs_publish_real_pdfs_with_honest_records(
     assert [a["outcome"] for a in shown["attempts"]] == ["completed"]
 
 
+def test_a_retry_due_behind_busy_workers_does_not_spin_the_runner(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given one worker, a job failing at once (its retry due 0.2 s later) and a 4 s job
+    stage(tmp_path)
+    manifest = write_manifest([
+        {**py_job("fails", "fail", "fails.pdf"), "max_attempts": 2, "priority": 10},
+        py_job("slow", "sleep_then_write", "slow.pdf", s=4)])
+    queue, out = tmp_path / "q", tmp_path / "out"
+
+    # When they run
+    res = run_cli("run", manifest, *cli_args(queue, out, "--workers", "1", "--backoff-base",
+                                             "0.2", "--json"))
+
+    # Then the runner waits for the worker while the retry is due, rather than loop: its
+    # CPU was 3 s of a 6 s run (audit CH); ~0.2 s is its start, submit and supervision
+    assert res.returncode == 1, res.stderr
+    summary = json_lines(res.stdout)[-1]
+    assert summary["counts"]["done"] == 1 and summary["counts"]["dead"] == 1, summary
+    assert summary["runner_cpu_s"] < 0.25 * summary["wall_s"], summary
+
+
 def test_the_summary_counts_the_runners_own_cpu_not_the_jobs(
         tmp_path: Path, write_manifest: Any) -> None:
     # Given four jobs that each spend 0.4 s of CPU in the worker
