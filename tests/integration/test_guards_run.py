@@ -329,6 +329,9 @@ def test_timeout_escalates_to_sigkill_and_leaves_no_grandchild(env: Env) -> None
             # timeout_s, then the full kill grace (SIGTERM is ignored), then SIGKILL
             assert 1.0 <= a["elapsed_s"] < 1.0 + 0.5 + 1.0, a
             assert a.get("signal") == signal.SIGKILL, a
+            # (said so: "terminated" alone hid that it had ignored the SIGTERM; audit CI)
+            assert a["error"] == ("exceeded timeout_s=1; process group terminated, and killed "
+                                  "(SIGKILL) when the 0.5 s kill grace ended"), a
         print(f"\n[timeout] attempt elapsed: {[a['elapsed_s'] for a in rec['attempts']]}")
         assert all(pid_gone(p) for p in pids())
     finally:
