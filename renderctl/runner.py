@@ -1168,6 +1168,7 @@ class Runner:
                 due = self.index.next_deadline()
                 if due is not None and due < self.clock.wall():
                     self._expire_past_deadline()
+                self._rebalance(now)  # (jobs stuck behind a long one go before new claims)
                 self._claim()
             self._dispatch()
             self._rebalance(now)
@@ -1499,7 +1500,7 @@ class Runner:
         deadlines = [self._next_renew, now + self.s.poll_interval_s, self._next_state]
         if any(w.current for w in self.workers.values()):
             deadlines.append(self._next_sample)
-        idle = self._idle()
+        room: bool | None = None  # (asked only when a worker holds a queue: ~3 us)
         for w in self.workers.values():
             if w.current is not None and w.current.started_mono is not None \
                     and w.kill_reason is None:
@@ -1507,8 +1508,12 @@ class Runner:
                 # timeout kept here made the loop spin, every core's worth, while the death
                 # went unreported.)
                 deadlines.append(w.current.started_mono + w.current.claim.record.spec.timeout_s)
-                if idle and w.queued:
-                    deadlines.append(w.current.started_mono + self._steal_after())
+                steal = w.current.started_mono + self._steal_after()
+                if w.queued and steal > now and room is None:
+                    room = self._room_elsewhere(now)
+                if room and w.queued and steal > now:
+                    # (Passed, _rebalance had its chance: what changes that wakes the loop.)
+                    deadlines.append(steal)
             for d in (w.kill_deadline, w.start_deadline, w.answer_deadline):
                 if d is not None:
                     deadlines.append(d)
@@ -1701,20 +1706,29 @@ class Runner:
         return bool(w.queued) and w.current is not None and w.kill_reason is None \
             and self._overdue(w.current, now)
 
-    def _idle(self) -> bool:
-        return any(w.pid is not None and not w.retiring and not w.load()
+    def _room_elsewhere(self, now: float) -> bool:
+        """Whether some worker not stuck on an overdue job could take one more now."""
+        depth = self._prefetch_depth()
+        return any(w.pid is not None and not w.retiring and w.kill_reason is None
+                   and w.load() < depth
+                   and not (w.current is not None and self._overdue(w.current, now))
                    for w in self.workers.values())
 
     def _rebalance(self, now: float) -> None:
-        """Take jobs queued in a worker stuck on a long job back for an idle one.
+        """Take jobs queued in a worker stuck on a long job back for one with room.
 
         Prefetching short jobs (see _prefetch_depth) bets that the running one is short too;
         when it turns out long, the jobs behind it would wait for it while another worker
-        has nothing to do. The worker reads messages only between jobs, so the two settle
+        could run them. The worker reads messages only between jobs, so the two settle
         which queued jobs it has started through its start gate (renderctl.gate): those
-        stay, the rest are ours, and it will never start them. No job runs twice.
+        stay, the rest are ours, and it will never start them. No job runs twice. Called
+        before each claim too: taken back, they go first (they are older), where a worker
+        with room only when idle left them behind a backlog's newer jobs, for the whole of
+        the long one (audit CI: 5 s behind a 5 s job while the other worker took newer).
         Not when halted: no worker may start them, and _halt takes them back for pending."""
-        if self.stop_signal is not None or self.halted or self.ready or not self._idle():
+        if self.stop_signal is not None or self.halted or self.ready \
+                or not any(self._stuck(w, now) for w in self.workers.values()) \
+                or not self._room_elsewhere(now):
             return
         for w in self.workers.values():
             if not self._stuck(w, now):

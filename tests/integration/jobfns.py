@@ -874,9 +874,11 @@ def leak_and_tidy(inputs: Sequence[Path], output: Path, params: Mapping[str, Any
 
 def logged_write(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
     """Append "<job id> <pid>" to ``params["log"]`` (one line per execution), then write a
-    PDF: a test counts executions, whatever the queue recorded."""
+    PDF (after ``params["s"]`` seconds, if given): a test counts executions, whatever the
+    queue recorded."""
     with open(params["log"], "a") as fh:
         fh.write(f"{os.environ['RENDERCTL_JOB_ID']} {os.getpid()}\n")
+    time.sleep(float(params.get("s", 0)))
     write_pdf(inputs, output, params)
 
 

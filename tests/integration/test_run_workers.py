@@ -676,6 +676,35 @@ def test_jobs_queued_behind_a_long_job_move_to_an_idle_worker(
     _done_once(queue, ["long", *SHORTS], out, runner.lines)
 
 
+def test_jobs_queued_behind_a_long_job_go_before_a_backlog_of_newer_ones(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given a long job and six short ones, some of them prefetched behind the long one, and
+    # then a backlog of 40 newer jobs of 50 ms each, which keeps the other worker from ever
+    # being idle
+    manifest, queue, out, go = _long_and_shorts(tmp_path, write_manifest)
+    backlog = [{**py_job(f"b{n}", "logged_write", log=str(tmp_path / "exec.log"), s=0.05),
+                "priority": -1} for n in range(40)]
+    extra = write_manifest(backlog, name="backlog.toml")
+    runner = Runner(manifest, extra, *cli_args(queue, out, "--workers", "2", "--prefetch",
+                                               "4", "--json"))
+    try:
+        wait_for_pid(tmp_path / "long.pid", what="long to start")
+
+        # When the long job keeps running
+        # Then the short jobs behind it run on the other worker before the backlog is done
+        # (they waited for the whole backlog: a worker with room took newer jobs, and only
+        # an idle one took them back; audit CI)
+        wait_until(lambda: QueueView(queue).ids("done") >= set(SHORTS), timeout_s=30,
+                   what=lambda: f"the short jobs to complete: {runner.lines}")
+        ran = [ln.split()[0] for ln in (tmp_path / "exec.log").read_text().splitlines()]
+        assert sum(j.startswith("b") for j in ran) < 30, ran
+        go.touch()
+        assert runner.wait() == 0, runner.lines
+    finally:
+        runner.close()
+    assert any('"requeued"' in ln for ln in runner.lines), "nothing was queued behind it"
+
+
 def test_a_job_its_stuck_worker_starts_as_it_is_taken_back_runs_once(
         tmp_path: Path, write_manifest: Any) -> None:
     from jobfns import stopped
