@@ -1507,7 +1507,9 @@ class Queue:
         batch of 950 MB held 1.9 GB; audit CF)."""
         # No fsync: a lost doorbell (or one never rung: the submit was killed before it)
         # only delays a running runner until its next rescan of pending/ (Runner._rescan).
-        entries = [dataclasses.astuple(r.entry()) for r in records]
+        # (Tuples by hand: dataclasses.astuple took 0.32 s for 50,000; review CJ.)
+        entries = [(e.seq, e.job_id, e.priority, e.group, e.accepted_at, e.not_before,
+                    e.deadline) for e in map(JobRecord.entry, records)]
         payload = json.dumps({"entries": entries}, separators=(",", ":")).encode()
         tmp = self._tmp_name("bell")
         write_file(tmp, payload, fsync=False)
@@ -1572,7 +1574,15 @@ class Queue:
         """A placed batch's journal entry gives way to the runner's doorbell: "these jobs
         are new in pending/". No fsync: if the removal is lost, the next open replays the
         .txn, which is idempotent (and rings again: a runner indexes a job once)."""
-        self._ring_doorbell(journal.stem, records)
+        try:
+            self._ring_doorbell(journal.stem, records)
+        except OSError:
+            # No room for the small doorbell (a disk full to its last inode, a batch that
+            # filled it): the entry itself becomes it, as before (a rename needs none).
+            # Left, the .txn was replayed, and its jobs said "not yet in pending/", at every
+            # open (review CJ).
+            os.replace(journal, journal.with_suffix(".new"))
+            return
         unlink_quiet(journal)
 
     def _apply_txn(self, journal: Path, records: Sequence[JobRecord], *,

@@ -447,6 +447,32 @@ def test_a_submit_of_more_jobs_than_the_file_system_has_inodes_is_refused_whole(
     assert ran.returncode == ExitCode.OK and view.ids("done") == {"a"}, ran.stderr
 
 
+def test_a_batch_that_takes_the_last_inodes_is_placed_and_its_doorbell_rung(
+        few_inodes: Path, tmp_path: Path, write_manifest) -> None:
+    # Given a queue on a file system with room for exactly one more batch's job files (and
+    # its journal entry), none for the runner's small doorbell after them
+    stage(tmp_path)
+    queue, out = few_inodes / "q", tmp_path / "out"
+    first = run_cli("submit", write_manifest([py_job("a", "write_one_byte", output="a.bin")]),
+                    *cli_args(queue, out))
+    assert first.returncode == ExitCode.OK, first.stderr
+    free = os.statvfs(queue).f_ffree
+    jobs = [py_job(f"j{i}", "write_one_byte", output=f"j{i}.bin") for i in range(free - 1)]
+
+    # When that batch is submitted
+    r = run_cli("submit", write_manifest(jobs, name="fill.toml"), *cli_args(queue, out))
+
+    # Then it is accepted and placed, its journal entry becoming the doorbell (as before the
+    # doorbell was a file of its own): no entry is left to replay at every open, saying its
+    # jobs are not in pending/ (review CJ)
+    assert r.returncode == ExitCode.OK, r.stdout + r.stderr
+    assert [n for n in os.listdir(queue / "journal") if n.endswith(".txn")] == []
+    shown = run_cli("show", "j0", "--queue", queue)
+    assert shown.returncode == ExitCode.OK and "not yet in pending" not in shown.stderr, \
+        shown.stderr
+    assert QueueView(queue).ids("pending") == {"a", *(f"j{i}" for i in range(free - 1))}
+
+
 def test_a_job_that_fails_on_a_full_output_disk_and_removes_its_partial_file_is_not_charged(
         tmp_path: Path, write_manifest) -> None:
     # Given an output root on a 2 MB disk, and jobs copying a 3 MB file there with cp, which
