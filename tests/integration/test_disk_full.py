@@ -419,14 +419,20 @@ def few_inodes(tmp_path: Path) -> Iterator[Path]:
         yield mnt
 
 
-def test_a_submit_of_more_jobs_than_the_file_system_has_inodes_is_refused_whole(
-        few_inodes: Path, tmp_path: Path, write_manifest) -> None:
-    # Given a queue on a file system with room for a few dozen more files
+def _queue_with_one_job(fs: Path, tmp_path: Path, write_manifest: Any) -> tuple[Path, Path]:
+    """(queue, output root): a queue on ``fs`` holding job ``a`` pending."""
     stage(tmp_path)
-    queue, out = few_inodes / "q", tmp_path / "out"
+    queue, out = fs / "q", tmp_path / "out"
     first = run_cli("submit", write_manifest([py_job("a", "write_one_byte", output="a.bin")]),
                     *cli_args(queue, out))
     assert first.returncode == ExitCode.OK, first.stderr
+    return queue, out
+
+
+def test_a_submit_of_more_jobs_than_the_file_system_has_inodes_is_refused_whole(
+        few_inodes: Path, tmp_path: Path, write_manifest) -> None:
+    # Given a queue on a file system with room for a few dozen more files
+    queue, out = _queue_with_one_job(few_inodes, tmp_path, write_manifest)
 
     # When a batch of 100 jobs (a file each) is submitted
     big = write_manifest([py_job(f"j{i}", "write_one_byte", output=f"j{i}.bin")
@@ -451,11 +457,7 @@ def test_a_batch_that_takes_the_last_inodes_is_placed_and_its_doorbell_rung(
         few_inodes: Path, tmp_path: Path, write_manifest) -> None:
     # Given a queue on a file system with room for exactly one more batch's job files (and
     # its journal entry), none for the runner's small doorbell after them
-    stage(tmp_path)
-    queue, out = few_inodes / "q", tmp_path / "out"
-    first = run_cli("submit", write_manifest([py_job("a", "write_one_byte", output="a.bin")]),
-                    *cli_args(queue, out))
-    assert first.returncode == ExitCode.OK, first.stderr
+    queue, out = _queue_with_one_job(few_inodes, tmp_path, write_manifest)
     free = os.statvfs(queue).f_ffree
     jobs = [py_job(f"j{i}", "write_one_byte", output=f"j{i}.bin") for i in range(free - 1)]
 
