@@ -1595,7 +1595,7 @@ def _call(fn: Callable[..., Any], inputs: list[Path], output: Path,
         _end_fork(None)
     if isinstance(result, types.CoroutineType) or (
             isinstance(result, types.GeneratorType | types.AsyncGeneratorType)
-            and (inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn))):
+            and _makes_generators(fn)):
         # Nothing would run: the job "completed" without its output ("did not write its
         # output file"), the reason only in a RuntimeWarning on stderr (audit CD). (A
         # plain function that did its work and returned a generator is not one.)
@@ -1607,6 +1607,15 @@ def _call(fn: Callable[..., Any], inputs: list[Path], output: Path,
                 "a generator function: it returned a generator, which renderctl does not run")
         raise TypeError(f"the job's function is {what}; call it from a plain function "
                         "(for an async one, with asyncio.run)")
+
+
+def _makes_generators(fn: Callable[..., Any]) -> bool:
+    """Whether ``fn`` is a generator function (or an async one): through functools.wraps
+    decorators, and a callable object's __call__ (review CJ)."""
+    target: Any = inspect.unwrap(fn)
+    if not inspect.isfunction(target) and not inspect.ismethod(target) and callable(target):
+        target = inspect.unwrap(type(target).__call__)
+    return inspect.isgeneratorfunction(target) or inspect.isasyncgenfunction(target)
 
 
 def _end_fork(exc: BaseException | None) -> NoReturn:

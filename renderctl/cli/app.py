@@ -1414,8 +1414,8 @@ def kinds(as_json: JsonOpt = False) -> None:
             # (A renderer's own limit, else a job's: null said "no limit" where a job takes
             # at most MAX_INPUTS; audit CE.)
             out.print_json({k: {"description": s.description,
-                                "inputs": [s.min_inputs, min(s.max_inputs or MAX_INPUTS,
-                                                             MAX_INPUTS)],
+                                "inputs": [s.min_inputs, MAX_INPUTS if s.max_inputs is None
+                                           else min(s.max_inputs, MAX_INPUTS)],
                                 "output": s.output,
                                 "params": [{"name": p.name, "type": p.type,
                                             "required": p.required,

@@ -1084,6 +1084,7 @@ def test_jobs_that_misuse_the_call_get_a_true_outcome_and_spare_their_worker(
         {**py_job("forks", "fork_child_returns"), "priority": 9},
         {**py_job("async", "async_job"), "priority": 8},
         {**py_job("gen", "generator_job"), "priority": 7},
+        {**py_job("wrapped-gen", "wrapped_generator_job"), "priority": 7},
         {**py_job("evasive", "raise_evasive"), "priority": 6},
         {**py_job("deep", "raise_deep_chain", links=100_000), "timeout_s": 20, "priority": 5},
         {**py_job("surrogates", "raise_surrogates"), "priority": 4},
@@ -1102,11 +1103,12 @@ def test_jobs_that_misuse_the_call_get_a_true_outcome_and_spare_their_worker(
     assert result.returncode == 1, result.stdout + result.stderr
     assert view.ids("done") == {"forks", "genexpr", "last"}, result.stdout
     attempts = {j: view.record("dead", j)["attempts"][-1]
-                for j in ("async", "gen", "evasive", "deep", "surrogates", "child-raises",
-                          "child-exits")}
+                for j in ("async", "gen", "wrapped-gen", "evasive", "deep", "surrogates",
+                          "child-raises", "child-exits")}
     assert all(a["outcome"] == "failed" for a in attempts.values()), attempts
     assert "is an async function: it returned a coroutine" in attempts["async"]["error"]
     assert "is a generator function" in attempts["gen"]["error"]
+    assert "is a generator function" in attempts["wrapped-gen"]["error"]
     assert attempts["evasive"]["error"] == "_Evasive: evasive"
     assert "could not be formatted" in attempts["evasive"]["traceback_tail"]
     assert attempts["deep"]["error"] == "ValueError: link 99999"

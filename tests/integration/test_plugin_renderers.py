@@ -59,6 +59,7 @@ def test_a_plugin_renderer_is_listed_validated_and_run(tmp_path: Path) -> None:
     # Then `kinds` lists it with its params
     kinds = json.loads(cli("kinds", "--json", env=env).stdout)
     assert kinds["hello"]["params"][0]["name"] == "name"
+    assert kinds["hello"]["inputs"] == [0, 0]  # (its own limit; review CJ: [0, 1000])
 
     # And a manifest that forgets its required param is refused, naming the field
     bad = tmp_path / "bad.toml"
