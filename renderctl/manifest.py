@@ -63,6 +63,8 @@ MAX_ARGV = 1000
 ID_RE = re.compile(r"[A-Za-z0-9._-]{1,128}")
 GROUP_RE = re.compile(r"[A-Za-z0-9._:@-]{1,128}")
 _IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
+# The schema's shape of a callable, ASCII (JSON Schema's patterns know no Unicode letters);
+# validate also takes names in other scripts, as Python does (see _check_callable).
 CALLABLE_RE = re.compile(rf"{_IDENT}(\.{_IDENT})*:{_IDENT}(\.{_IDENT})*")
 # Temporaries beside outputs start with this; a user output must not look like one.
 RESERVED_PREFIX = ".rctl-"
@@ -340,7 +342,9 @@ def parse_document(raw: bytes, *, name: str) -> Any:
     except UnicodeDecodeError as exc:
         # (Where, as every other parse error says it: a line and column, not a byte.)
         at = exc.start
-        lineno, column = raw.count(b"\n", 0, at) + 1, at - raw.rfind(b"\n", 0, at)
+        start = raw.rfind(b"\n", 0, at) + 1
+        # (In characters, as the other parse errors count them: the line is UTF-8 up to it.)
+        lineno, column = raw.count(b"\n", 0, at) + 1, len(raw[start:at].decode()) + 1
         raise _ParseError(f"not UTF-8 at line {lineno} column {column} (byte {at}: "
                           f"0x{raw[at]:02x})") from None
     if "\x00" in text:

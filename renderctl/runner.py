@@ -298,6 +298,7 @@ class WorkerHandle:
     # before the kill lands: that one is not the kill's target and must not get its verdict.
     kill_target: Assignment | None = None
     kill_deadline: float | None = None
+    grace_ran_out: bool = False  # SIGKILLed because the kill grace ended (see _killed)
     drain_sent: bool = False
     # Skipped (recorded cancelled) while queued: token -> its output's temporary, removed
     # once the worker is dead if it started the job before reading the Skip.
@@ -2198,7 +2199,7 @@ class Runner:
         exit_code = code if code is not None and code >= 0 else None
         if reason is not None:
             outcome, error = reason.value, _kill_message(reason, a, peak)
-            if reason is Outcome.TIMEOUT and sig == signal.SIGKILL:
+            if reason is Outcome.TIMEOUT and sig == signal.SIGKILL and w.grace_ran_out:
                 # (It said "terminated" of a job that ignored the SIGTERM and was killed
                 # after the whole grace; audit CI.)
                 error += (f", and killed (SIGKILL) when the {self.s.kill_grace_s:g} s kill "
@@ -2249,6 +2250,7 @@ class Runner:
             if w.kill_deadline is not None and now >= w.kill_deadline and w.pgid:
                 self._kill_now(w)
                 w.kill_deadline = None
+                w.grace_ran_out = True
             if w.kill_reason is not None and w.queued and now >= w.gate_retry:
                 self._take_back_doomed(w, now)
             a = w.current

@@ -58,16 +58,17 @@ def _terminal_environ(stream: Any) -> Mapping[str, str]:
     of which rich erased 15, and stale frames piled up (audit CE). A narrower COLUMNS, a
     choice, stays."""
     env = os.environ
-    columns = env.get("COLUMNS", "")
-    if not columns.isdigit():
+    given = {k: env[k] for k in ("COLUMNS", "LINES") if env.get(k, "").isdigit()}
+    if not given:
         return env
     try:
-        real = os.get_terminal_size(stream.fileno()).columns
+        size = os.get_terminal_size(stream.fileno())
     except (OSError, ValueError, AttributeError):
         return env
-    if not real or int(columns) <= real:
-        return env
-    return {k: v for k, v in env.items() if k != "COLUMNS"}
+    real = {"COLUMNS": size.columns, "LINES": size.lines}
+    # (LINES too: taller than the terminal, frames are cut at its height, not the real.)
+    over = {k for k, v in given.items() if real[k] and int(v) > real[k]}
+    return {k: v for k, v in env.items() if k not in over} if over else env
 
 
 def table_width(columns: Any) -> int:

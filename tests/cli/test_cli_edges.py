@@ -425,7 +425,8 @@ def on_a_terminal(*args: object, cwd: Path, no_color: str | None) -> str:
 
 
 @pytest.mark.parametrize(("columns", "width"), [("300", 80), ("60", 60), (None, 80)])
-def test_a_terminal_is_drawn_no_wider_than_it_is(columns: str | None, width: int) -> None:
+def test_a_terminal_is_drawn_no_wider_or_taller_than_it_is(columns: str | None,
+                                                           width: int) -> None:
     # Given an 80-column terminal and COLUMNS exported wider (a dashboard's frames wrapped
     # and piled up: audit CE), narrower (a choice), or not at all
     master, slave = pty.openpty()
@@ -435,15 +436,18 @@ def test_a_terminal_is_drawn_no_wider_than_it_is(columns: str | None, width: int
     e.pop("COLUMNS")
     if columns is not None:
         e["COLUMNS"] = columns
-    code = "from renderctl.cli.console import console; print(console().width, file=sys.stderr)"
+        e["LINES"] = str(int(columns) // 2)  # (taller than the terminal's 24, or not)
+    code = ("from renderctl.cli.console import console; c = console(); "
+            "print(c.width, c.height, file=sys.stderr)")
     try:
         res = subprocess.run([sys.executable, "-c", "import sys; " + code], stdout=slave,
                              stderr=subprocess.PIPE, text=True, env=e, timeout=30)
     finally:
         os.close(slave)
         os.close(master)
-    # Then output is sized to the narrower of the two
-    assert res.stderr.strip() == str(width), res.stderr
+    # Then output is sized to the narrower (and the shorter) of the two
+    height = 24 if columns is None else min(24, int(columns) // 2)
+    assert res.stderr.split() == [str(width), str(height)], res.stderr
 
 
 @pytest.fixture

@@ -716,8 +716,13 @@ def test_ctrl_backslash_releases_the_running_jobs_at_once_uncharged(
         # When the terminal's quit key (Ctrl-backslash) sends SIGQUIT to that group, and
         # a copy follows once the runner has taken it (as coreutils' timeout passes one
         # on to its child and to the group both)
+        from renderctl.runner import SAME_STOP_S
+
+        t_first = time.monotonic()
         os.killpg(runner.pid, signal.SIGQUIT)
         runner.until(lambda ln: '"stopping"' in ln)
+        if time.monotonic() - t_first > SAME_STOP_S * 0.75:
+            pytest.skip("the machine took too long to report the first signal")
         os.kill(runner.pid, signal.SIGQUIT)
         # Then the run stops at once, not after the grace (it died of the signal, leaving
         # the job to be charged `crashed` at the next start: dead-lettered, at one attempt;
