@@ -356,7 +356,7 @@ def parse_document(raw: bytes, *, name: str) -> Any:
         try:
             # NaN and Infinity parse to floats, as TOML's nan and inf do: both are reported
             # by validate_document, at their job and field.
-            return json.loads(text, object_pairs_hook=_json_object)
+            return json.loads(text, object_pairs_hook=_json_object, parse_float=_json_float)
         except json.JSONDecodeError as exc:
             raise _ParseError(f"invalid JSON at line {exc.lineno} column {exc.colno}: "
                               f"{exc.msg}") from None
@@ -380,6 +380,22 @@ def parse_document(raw: bytes, *, name: str) -> Any:
 
 
 NON_FINITE = "nan and inf are not allowed in a manifest"
+
+
+class _Overflowed(float):
+    """A JSON number too big for a float (1e400), which json reads as inf: said as what the
+    manifest wrote, not as "nan and inf" (audit CF)."""
+
+    text: str
+
+
+def _json_float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        big = _Overflowed(value)
+        big.text = text
+        return big
+    return value
 REPEATED = "duplicate key"
 DATE_TIME = "a date/time cannot be passed to a job; write it as a string"
 NOT_UNICODE = "is not valid Unicode: it holds a lone surrogate"
@@ -422,7 +438,8 @@ def _scrub(v: Any, path: _Path, found: list[tuple[_Path, str]]) -> Any:
             return _printable(v)
         return v
     if isinstance(v, float) and not math.isfinite(v):
-        found.append((path, NON_FINITE))
+        found.append((path, f"{v.text} is beyond what a number can hold"
+                      if isinstance(v, _Overflowed) else NON_FINITE))
         return None
     if isinstance(v, dt.date | dt.time) and _in_params(path):
         text = v.isoformat()

@@ -763,6 +763,17 @@ def test_json_nan_infinity_and_duplicate_keys_are_reported_at_their_job_and_fiel
     assert any(j == "b" and f == "output" for j, f, _ in found)
 
 
+def test_a_json_number_too_big_for_a_float_is_said_as_written(tmp_path: Path,
+                                                              out_root: Path) -> None:
+    # (json reads 1e400 as inf: it was "nan and inf are not allowed"; audit CF)
+    path = tmp_path / "m.json"
+    path.write_text('{"jobs": [{"id": "a", "kind": "python", "callable": "m:f", "output": '
+                    '"a.pdf", "memory_mb": 1e400, "params": {"x": [-1E999]}}]}')
+    found = {(p.job, p.field, p.message) for p in problems([path], out_root)}
+    assert found == {("a", "memory_mb", "1e400 is beyond what a number can hold"),
+                     ("a", "params.x[0]", "-1E999 is beyond what a number can hold")}, found
+
+
 def test_a_date_or_time_in_params_is_a_problem_not_a_crash_at_submit(
         folder: Path, out_root: Path) -> None:
     # Given TOML date/time values in params: open ones (command, python), a renderer's own
