@@ -191,3 +191,18 @@ def text_lines(text: str) -> list[str]:
 
 
 _LINE_ENDS = re.compile(r"\r\n|\r|\n")
+
+
+def displayable(text: str) -> str:
+    """``text`` with each lone surrogate escaped: an undecodable byte of a file name (kept
+    by Python as U+DC80-U+DCFF) as ``\\xff``, the byte it stands for, as a terminal would
+    be shown it; any other as ``\\udxxx``. UTF-8 has no such characters, and JSON's escape
+    for one (``\\udcff``) is refused by strict decoders (jq, Go). For what is printed
+    (the command line) and what is stored (a job's error, the event log)."""
+    if text.isascii() or not _SURROGATE.search(text):
+        return text
+    return _SURROGATE.sub(lambda m: f"\\x{ord(m[0]) - 0xDC00:02x}"
+                          if 0xDC80 <= ord(m[0]) <= 0xDCFF else f"\\u{ord(m[0]):04x}", text)
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")  # (in a str, every one is lone)

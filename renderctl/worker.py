@@ -56,6 +56,7 @@ from renderctl.errors import (
     ExitCode,
     InvalidInput,
     InvalidOutput,
+    displayable,
     os_error_message,
     text_lines,
 )
@@ -1733,9 +1734,6 @@ def _cut_chains(exc: BaseException, depth: int) -> None:
             return
 
 
-_SURROGATE = re.compile("[\ud800-\udfff]")  # (in a str, every one is lone)
-
-
 def _cut(text: str, limit: int) -> str:
     """``text`` kept to about ``limit`` characters: its start and its end, saying what went;
     a lone surrogate written as its escape.
@@ -1746,10 +1744,7 @@ def _cut(text: str, limit: int) -> str:
     the dead/ record as JSON's "\\udcff", which strict decoders (jq, Go) refuse: the whole
     log was unreadable to them (audit CD).
     """
-    if _SURROGATE.search(text):
-        # (As the command line shows them: a file name's undecodable byte as \xff.)
-        text = _SURROGATE.sub(lambda m: f"\\x{ord(m[0]) - 0xDC00:02x}"
-                              if 0xDC80 <= ord(m[0]) <= 0xDCFF else f"\\u{ord(m[0]):04x}", text)
+    text = displayable(text)  # (as the command line shows them)
     if len(text) <= limit:
         return text
     head = limit * 3 // 4

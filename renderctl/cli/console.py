@@ -16,6 +16,8 @@ import termios
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from renderctl.errors import displayable
+
 if TYPE_CHECKING:
     from rich.console import Console
 
@@ -317,22 +319,6 @@ def dumps(data: Any, **kwargs: Any) -> str:
 
 def _as_text(obj: object) -> str:
     return displayable(str(obj))
-
-
-def displayable(text: str) -> str:
-    """``text`` with each lone surrogate escaped: an undecodable byte of a file name
-    (kept by Python as U+DC80-U+DCFF) as ``\\xff``, the byte it stands for, as a terminal
-    would be shown it; any other lone surrogate as ``\\udxxx``. UTF-8 has no such
-    characters."""
-    try:
-        text.encode("utf-8")
-        return text
-    except UnicodeEncodeError:
-        pass
-    try:
-        return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-    except UnicodeEncodeError:  # a surrogate no file name decodes to
-        return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _displayable_data(data: Any) -> Any:
