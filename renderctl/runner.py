@@ -2262,11 +2262,6 @@ class Runner:
                 # ended in time. Such a job is done, not charged a timeout and run again.
                 self._read_messages(w)
                 if w.current is a and w.kill_reason is None:
-                    # Doomed first (sent nothing more), its queued jobs taken back, then
-                    # the SIGTERM: a job that handles it may end at once, and its worker
-                    # then started the next one before the take-back (seen in CI).
-                    w.kill_target, w.kill_reason = a, Outcome.TIMEOUT
-                    self._take_back_doomed(w, now)
                     self._kill(w, Outcome.TIMEOUT, graceful=True)
                 continue
             if sample and sampling and w.sampler is not None:
@@ -2358,7 +2353,12 @@ class Runner:
             return
         if w.kill_reason is None:
             w.kill_target = w.current
-        w.kill_reason = reason
+        w.kill_reason = reason  # doomed: sent nothing more (_dispatch_ready)
+        if graceful:
+            # Its queued jobs taken back before the SIGTERM: a job that handles it may end
+            # at once, and its worker then started the next one before the take-back, which
+            # was killed with it at the grace's end and run again (seen in CI; audit CD).
+            self._take_back_doomed(w, time.monotonic())
         # A grandchild that called setsid() has left the group, and a python job can even move
         # its worker into another group: remember the worker and its whole tree now, while
         # it can still be found, plus whatever else is in its slot's cgroup, and kill them
