@@ -892,12 +892,11 @@ class Worker:
         self.user_packages.add(package)
         if not mine:
             return
+        for name, mod in mine:
+            self.base_modules.discard(name)
+            if sys.modules.get(name) is mod:
+                del sys.modules[name]
         stay = [(name, mod) for name, mod in later if name.partition(".")[0] != package]
-        for name, mod in later:
-            if (name, mod) not in stay:
-                self.base_modules.discard(name)
-                if sys.modules.get(name) is mod:
-                    del sys.modules[name]
         self.kept_names = [name for name, _ in first + stay]
         self.kept_modules = [mod for _, mod in first + stay]
 
