@@ -1627,6 +1627,10 @@ def _end_fork(exc: BaseException | None) -> NoReturn:
     code = 0
     if isinstance(exc, SystemExit):
         code = exc.code if isinstance(exc.code, int) else (exc.code is not None)
+        if code is True:
+            # sys.exit("message"): Python prints the message, as a script's child would.
+            with contextlib.suppress(BaseException):
+                print(exc.code, file=sys.stderr, flush=True)
     elif exc is not None:
         with contextlib.suppress(BaseException):
             traceback.print_exception(exc)

@@ -1486,12 +1486,15 @@ def fork_child_returns(inputs: Sequence[Path], output: Path, params: Mapping[str
 
 
 def fork_child_fails(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
-    """Fork a child that raises (``params["how"]``: an exception, or sys.exit(5)) out of
+    """Fork a child that raises (``params["how"]``: an exception, sys.exit(5) or
+    sys.exit("a message")) out of
     the job's function; fail if its exit status says it failed, else write the output."""
     pid = os.fork()
     if pid == 0:
         if params["how"] == "exit":
             sys.exit(5)
+        if params["how"] == "message":
+            sys.exit("the child gave up")
         raise ValueError("the child failed")
     status = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
     if status != 0:

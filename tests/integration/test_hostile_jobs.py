@@ -1090,6 +1090,7 @@ def test_jobs_that_misuse_the_call_get_a_true_outcome_and_spare_their_worker(
         {**py_job("surrogates", "raise_surrogates"), "priority": 4},
         {**py_job("child-raises", "fork_child_fails", how="raise"), "priority": 3},
         {**py_job("child-exits", "fork_child_fails", how="exit"), "priority": 3},
+        {**py_job("child-says", "fork_child_fails", how="message"), "priority": 3},
         {**py_job("genexpr", "returns_a_generator"), "priority": 2},
         {**py_job("last", "write_pdf"), "priority": 1},
     ], defaults={"max_attempts": 1})
@@ -1104,7 +1105,7 @@ def test_jobs_that_misuse_the_call_get_a_true_outcome_and_spare_their_worker(
     assert view.ids("done") == {"forks", "genexpr", "last"}, result.stdout
     attempts = {j: view.record("dead", j)["attempts"][-1]
                 for j in ("async", "gen", "wrapped-gen", "evasive", "deep", "surrogates",
-                          "child-raises", "child-exits")}
+                          "child-raises", "child-exits", "child-says")}
     assert all(a["outcome"] == "failed" for a in attempts.values()), attempts
     assert "is an async function: it returned a coroutine" in attempts["async"]["error"]
     assert "is a generator function" in attempts["gen"]["error"]
@@ -1116,6 +1117,9 @@ def test_jobs_that_misuse_the_call_get_a_true_outcome_and_spare_their_worker(
     # (a forked child's own failure shows in its exit status, as a script's would)
     assert attempts["child-raises"]["error"] == "RuntimeError: child exited 1"
     assert attempts["child-exits"]["error"] == "RuntimeError: child exited 5"
+    # (sys.exit("message"): exit 1 and the message on stderr, as Python does)
+    assert attempts["child-says"]["error"] == "RuntimeError: child exited 1"
+    assert "the child gave up" in (attempts["child-says"]["stderr_tail"] or ""), attempts
     # (escaped: JSON's "\udcff" for a lone surrogate made jq refuse the whole event log)
     assert attempts["surrogates"]["error"] == "ValueError: bad \\xff byte \\ud800 here"
     for raw in (tmp_path / "q" / "events.jsonl", tmp_path / "q" / "dead" / "surrogates.json"):
