@@ -770,6 +770,8 @@ class Runner:
             + len(self.completions),
             "stopped": self.stopped,
             "claimed_waiting": len(self.ready),
+            # Finished, waiting for the group commit that records their outcome.
+            "finishing": len(self.completions),
             # Claimed, not started: waiting for a worker or queued in one (prefetched).
             "not_started": len(self.ready) + sum(len(w.queued) for w in self.workers.values()),
             "running": running,
@@ -2911,7 +2913,9 @@ class Runner:
 
     def _report(self, t: Transition) -> None:
         ev = t.event
-        if t.dst is State.DEAD or ev.get("outcome") not in (None, "completed"):
+        # (A release, on a stop or a lost worker's take-back, is not a failure: `top`'s
+        # FAILURE_EVENTS leave it out too; audit CN.)
+        if t.dst is State.DEAD or ev.get("outcome") not in (None, "completed", "released"):
             self.recent_failures.append(ev)
         self.reporter.event(ev)
 

@@ -122,8 +122,13 @@ def _progress_text(snap: Mapping[str, Any]) -> str:
     finished, remaining, total = _progress(snap)
     uptime = float(snap.get("uptime_s") or 0.0)
     rate = finished / uptime if uptime > 0 else 0.0
-    eta = human_duration(remaining / rate) if rate > 0 and remaining else ("-" if remaining
-                                                                          else "0s")
+    if snap.get("stopped"):
+        # The run's last frame: what it left pending is no longer coming (audit CN: "ETA
+        # 2.1m" under "ended", after a Ctrl-C).
+        eta = "-" if remaining else "0s"
+    else:
+        eta = human_duration(remaining / rate) if rate > 0 and remaining else (
+            "-" if remaining else "0s")
     return f"{finished}/{total} jobs  {rate:.1f} jobs/s  ETA {eta}"
 
 
@@ -227,7 +232,11 @@ def _count_parts(snap: Mapping[str, Any]) -> tuple[str, dict[str, Any], Any]:
         # waiting for one) included; they are in running/, but ran nowhere so far.
         shown = {"pending": int(snap.get("pending_known") or 0)
                  + int(snap.get("not_started") or 0),
-                 "running": len(snap.get("running") or ()),
+                 # (Finished and waiting for the group commit too: still in running/
+                 # until it, and left out they made the counts add up short of the
+                 # progress line's total, by up to a batch; audit CN.)
+                 "running": len(snap.get("running") or ())
+                 + int(snap.get("finishing") or 0),
                  **{s: counts.get(s, 0) for s in TERMINAL}}
         whose = "this run"
     dead = snap.get("dead_depth")

@@ -234,6 +234,9 @@ def test_the_last_frame_of_a_run_says_it_finished_and_raises_no_alarm(
     assert "pid 4242, up 20.0s - ended" in c.export_text(clear=False)
     assert not any("yellow" in s for s in style_of(c, "0/4 alive"))
     assert "runner pid 4242, up 20.0s - ended" in dashboard_lines(snap)
+    # (and gives no time left for the jobs it leaves pending: no run is coming for them;
+    # "ETA 42.5s" under "ended", audit CN)
+    assert "progress 32/100 jobs  1.6 jobs/s  ETA -" in dashboard_lines(snap)
     # (while it runs, fewer workers than wanted are)
     assert any("yellow" in s for s in style_of(record(snapshot), "3/4 alive"))
 
