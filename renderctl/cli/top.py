@@ -158,3 +158,12 @@ def run_top(queue: Queue, console: Console, *, once: bool, interval_s: float = 0
             suspend_self()  # `fg` draws a fresh live view below the shell's lines
     except KeyboardInterrupt:
         pass
+    except OSError as exc:
+        # The live view's last writes failed on a terminal that is gone, as a stop signal's
+        # exit left it (SIGHUP: the window closed; EIO since): the signal's exit stands,
+        # not "I/O error" (74), which tells a script the queue is at fault (audit CN).
+        stop = exc.__context__
+        if isinstance(stop, SystemExit):
+            raise stop from None
+        if not isinstance(stop, KeyboardInterrupt):
+            raise

@@ -10,6 +10,7 @@ import select
 import signal
 import struct
 import subprocess
+import sys
 import termios
 import time
 from pathlib import Path
@@ -58,8 +59,8 @@ def quits_quietly_on_ctrl_c(top: subprocess.Popen[bytes], master: int) -> None:
 
 
 def top_on_a_pty(q: Path, cwd: Path, *, term: str = "xterm-256color", columns: int = 140,
-                 own_group: bool = False,
-                 sized: bool = False) -> tuple[subprocess.Popen[bytes], int]:
+                 own_group: bool = False, sized: bool = False,
+                 launcher: list[str] = RENDERCTL) -> tuple[subprocess.Popen[bytes], int]:
     """``renderctl top --queue Q`` writing to a pseudo-terminal (colour allowed): the process
     and the terminal's master end to read. own_group: a process group of its own, as a
     shell's job control starts a command (so that Ctrl-Z can stop it); sized: its width
@@ -70,7 +71,7 @@ def top_on_a_pty(q: Path, cwd: Path, *, term: str = "xterm-256color", columns: i
     top_env.pop("NO_COLOR")
     if sized:
         top_env.pop("COLUMNS")
-    top = subprocess.Popen([*RENDERCTL, "top", "--queue", str(q)], cwd=cwd, env=top_env,
+    top = subprocess.Popen([*launcher, "top", "--queue", str(q)], cwd=cwd, env=top_env,
                            stdin=slave, stdout=slave, stderr=subprocess.PIPE, close_fds=True,
                            process_group=0 if own_group else None)
     os.close(slave)
@@ -140,6 +141,33 @@ def test_top_after_the_terminal_changed_width_draws_from_a_cleared_screen(
         if top.poll() is None:
             top.kill()
         os.close(master)
+
+
+def test_top_whose_terminal_closes_exits_129_as_a_hangup(tmp_path: Path) -> None:
+    # Given top drawing a queue on a terminal
+    manifest = write_jobs(tmp_path / "m", [job("a", "write")])
+    q = tmp_path / "q"
+    assert cli("submit", manifest, "--queue", q, cwd=tmp_path).returncode == 0
+    # (through the installed script's entry point, whose early handlers make a stop
+    # signal an exit code)
+    top, master = top_on_a_pty(q, tmp_path, launcher=[sys.executable, "-m", "renderctl"])
+    try:
+        read_pty_until(master, b"pending")
+        # When the terminal goes away (its window closed): every write fails (EIO), and
+        # the kernel sends SIGHUP
+        os.close(master)
+        top.send_signal(signal.SIGHUP)
+        code = top.wait(timeout=10)
+    finally:
+        if top.poll() is None:
+            top.kill()
+    # Then it exits 129, the hangup README's table says, quietly (the live view's last
+    # write to the closed terminal made it "I/O error", exit 74: a script took a hangup
+    # for a broken queue; audit CN)
+    assert top.stderr is not None
+    stderr = top.stderr.read().decode()
+    assert code == 129, stderr
+    assert "error" not in stderr.lower(), stderr
 
 
 def test_top_once_on_a_pipe_prints_whole_plain_lines(tmp_path: Path) -> None:
