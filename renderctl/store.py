@@ -74,7 +74,7 @@ import signal
 import socket
 import stat
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -2477,15 +2477,18 @@ class Queue:
         return self.prune([State.DEAD], -math.inf)[State.DEAD.value]
 
     def prune(self, states: Sequence[State], older_than_s: float, *,
-              dry_run: bool = False) -> dict[str, int]:
+              dry_run: bool = False,
+              only: Collection[str] | None = None) -> dict[str, int]:
         """Delete the records in the terminal folders ``states`` that reached them more than
-        ``older_than_s`` ago (their ``changed_at``); returns how many per state.
+        ``older_than_s`` ago (their ``changed_at``); returns how many per state. With
+        ``only``, of those job ids alone (to render one done job afresh).
 
         Only file modification times older than the cutoff are read: a record is written
         when it reaches its state, so a newer file cannot hold an old enough record."""
         if any(not s.terminal for s in states):
             raise ValueError("only terminal records can be pruned")
         cutoff = self.clock.wall() - older_than_s
+        only = None if only is None else frozenset(only)
         if not dry_run:
             # Protects against: a power loss after the deletions bringing back a journal
             # entry whose retirement was never synced (it is not: replays are idempotent
@@ -2506,7 +2509,8 @@ class Queue:
             # lock, never the whole folder: a submit waited for all of it (9 s at 300,000).
             with os.scandir(folder) as it:
                 for e in it:
-                    if not e.name.endswith(".json"):
+                    if not e.name.endswith(".json") or (
+                            only is not None and e.name[:-5] not in only):
                         continue
                     try:
                         if e.stat().st_mtime >= cutoff:

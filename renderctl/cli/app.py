@@ -1624,6 +1624,9 @@ def prune(
                         "expired; dead-lettered jobs only when named]", metavar="<state>",
         show_default=False)
     ] = None,
+    job_ids: Annotated[list[str] | None, typer.Argument(
+        help="only these jobs (e.g. to render one done job afresh)", show_default=False)
+    ] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="count, delete nothing")] = False,
     queue: QueueOpt = None,
     as_json: JsonOpt = False,
@@ -1640,16 +1643,42 @@ def prune(
         what = "is not a finished state" if len(bad) == 1 else "are not finished states"
         raise UserError(f"--state: {', '.join(map(repr, bad))} {what} "
                         f"(one of {', '.join(allowed)})")
-    counts = existing_queue(queue).prune([State(s) for s in names], age, dry_run=dry_run)
+    q = existing_queue(queue)
+    ids = unique(job_ids) if job_ids else None
+    if ids is not None:
+        # As `dead retry ID`: an id in none of the folders named is a usage error, and
+        # nothing is pruned (exit 2 promises nothing changed).
+        elsewhere = {}
+        for j in ids:
+            if not any(q.has_record(State(s), j) for s in names):
+                view = q.find(j)
+                elsewhere[j] = view.state.value if view is not None else unfound_answer(q, j)
+        if elsewhere:
+            if as_json:
+                with stdout_result():
+                    out.print_json(elsewhere)
+            where = "/, ".join(names) + "/"
+            raise UserError(f"not in {where}: " + ", ".join(
+                f"{j} ({state})" for j, state in sorted(elsewhere.items()))
+                + "; nothing was pruned")
+    counts = q.prune([State(s) for s in names], age, dry_run=dry_run, only=ids)
     total = sum(counts.values())
+    # Named and left: it finished less than the age ago, or a runner killed mid-commit left
+    # a running copy of it for recovery.
+    kept = ([] if ids is None or dry_run else
+            [j for j in ids if any(q.has_record(State(s), j) for s in names)])
     with stdout_result("" if dry_run else f"the {total} record(s) were pruned all the same"):
         if as_json:
             out.print_json({"pruned": counts, "total": total, "dry_run": dry_run,
-                            "older_than_s": age})
-            return
-        detail = ", ".join(f"{s} {n}" for s, n in counts.items())
-        verb = "would prune" if dry_run else "pruned"
-        print(f"{verb} {total} record(s) older than {older_than.strip()}: {detail}")
+                            "older_than_s": age, **({"kept": kept} if ids else {})})
+        else:
+            detail = ", ".join(f"{s} {n}" for s, n in counts.items())
+            verb = "would prune" if dry_run else "pruned"
+            print(f"{verb} {total} record(s) older than {older_than.strip()}: {detail}")
+    if kept:
+        out.err(f"not pruned (finished less than {older_than.strip()} ago, or left for "
+                "recovery by a runner that died): " + ", ".join(kept))
+        raise typer.Exit(ExitCode.JOBS_FAILED)
 
 
 @app.command()

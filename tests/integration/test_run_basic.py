@@ -600,6 +600,46 @@ def test_prune_forgets_old_finished_jobs_and_keeps_their_outputs(
     assert_pdf(out / "ok.pdf", "ok")
 
 
+def test_prune_of_one_done_job_lets_the_manifest_render_it_afresh(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given a batch of three that completed
+    stage(tmp_path)
+    queue, out = tmp_path / "q", tmp_path / "out"
+    manifest = write_manifest([py_job(j, "write_pdf") for j in ("a", "b", "c")])
+    assert run_cli("run", manifest, *cli_args(queue, out)).returncode == 0
+    view = QueueView(queue)
+
+    # When a job no folder named holds is named, or one newer than the age
+    missing = run_cli("prune", "--older-than", "0", "--state", "done", "b", "nope", "--json",
+                      "--queue", queue)
+    young = run_cli("prune", "--older-than", "1h", "b", "--json", "--queue", queue)
+
+    # Then the first is refused whole (nothing pruned), the second prunes nothing, saying so
+    assert missing.returncode == 2, missing.stderr
+    assert json.loads(missing.stdout) == {"nope": "not found"}
+    assert "not in done/: nope (not found); nothing was pruned" in missing.stderr
+    assert young.returncode == 1, young.stderr
+    assert json.loads(young.stdout)["kept"] == ["b"]
+    assert view.states_of(["a", "b", "c"]) == {"a": ["done"], "b": ["done"], "c": ["done"]}
+
+    # When README's recipe renders b afresh: its output removed, b alone forgotten (the
+    # recipe's `prune --older-than 0 --state done` forgot every done job, and the rerun
+    # dead-lettered all the others as output_exists; audit CK), the manifest run again
+    (out / "b.pdf").unlink()
+    res = run_cli("prune", "--older-than", "0", "--state", "done", "b", "--queue", queue)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "pruned 1 record(s) older than 0: done 1"
+    again = run_cli("run", manifest, *cli_args(queue, out))
+
+    # Then b alone ran again; a and c keep their records (one attempt each)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert [ln.split()[1] for ln in again.stdout.splitlines()
+            if ln.startswith("completed")] == ["b"]
+    for j in ("a", "b", "c"):
+        assert len(view.record("done", j)["attempts"]) == 1
+        assert_pdf(out / f"{j}.pdf", j)
+
+
 @pytest.mark.parametrize("method", ["forkserver", "spawn"])
 def test_a_long_tmpdir_does_not_stop_the_pool_from_starting(
         tmp_path: Path, write_manifest: Any, method: str) -> None:
