@@ -2114,7 +2114,8 @@ class Runner:
             return  # (its pid reused by a worker started since: those are that one's)
         with contextlib.suppress(OSError), os.scandir(dead.work_root or self.work_root) as it:
             for e in it:
-                if e.name.startswith(f"w{pid}."):  # worker.py: w<pid>.<n> and w<pid>.out
+                # worker.py: w<pid>.<n>, its command logs w<pid>.<n>.std*, and w<pid>.out
+                if e.name.startswith(f"w{pid}."):
                     if e.is_dir(follow_symlinks=False):
                         shutil.rmtree(e.path, ignore_errors=True)
                     else:

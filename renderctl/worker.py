@@ -105,8 +105,6 @@ TAIL_LINES = 20
 # A command job's stderr, and its stdout, each in a file of its own in its working folder:
 # merged, the last line shown as its error was its stdout's ("Processed 3 pages" after the
 # error it gave on stderr), and a tool writing its PDF to stdout filled the tail (audit CB).
-COMMAND_LOG = ".command-output"
-COMMAND_STDOUT = ".command-stdout"
 TAIL_BYTES = 4096
 ERROR_CHARS = 4096  # an exception's message as recorded: its start and end beyond this
 MB = 1024 * 1024
@@ -663,6 +661,9 @@ class Worker:
             with contextlib.suppress(OSError):
                 os.chdir(self.neutral_cwd)
             emptied = _empty_dir(workdir)
+            for log in command_logs(workdir):
+                with contextlib.suppress(OSError):
+                    os.unlink(log)
             self.jobs_run += 1
             self.workdir = os.path.join(self.config.work_root,
                                         f"w{os.getpid()}.{self.jobs_run}")
@@ -1266,11 +1267,19 @@ def last_words(work_root: str, pid: int, kind: str) -> str | None:
     return None
 
 
-def command_tail(folder: str | Path) -> str | None:
+def command_logs(workdir: str | Path) -> tuple[str, str]:
+    """Where a command run in ``workdir`` has its stderr and stdout captured: beside that
+    folder, not in it. (In it, the job's "fresh empty working directory" held two files of
+    renderctl's, which a `zip -r {output} .` or a `ls` took for the job's own; audit CK.)
+    Named after it, so the runner's removal of a dead worker's w<pid>.* takes them too."""
+    return f"{os.fspath(workdir)}.stderr", f"{os.fspath(workdir)}.stdout"
+
+
+def command_tail(workdir: str | Path) -> str | None:
     """The tail of what a command said on stderr, or, if nothing, on stdout (a tool that
     reports its errors there)."""
-    return read_tail(os.path.join(folder, COMMAND_LOG)) \
-        or read_tail(os.path.join(folder, COMMAND_STDOUT))
+    err, out = command_logs(workdir)
+    return read_tail(err) or read_tail(out)
 
 
 def read_tail(path: str) -> str | None:
@@ -1814,7 +1823,8 @@ def run_command(argv: list[str], inputs: list[Path], output: Path,
                 workdir: Path, pass_fds: tuple[int, ...] = ()) -> dict[str, Any] | None:
     """Run an argv (never a shell); None means it exited 0 and the output is to be checked."""
     args = expand_argv(argv, inputs, output)
-    with open(workdir / COMMAND_LOG, "wb") as fh, open(workdir / COMMAND_STDOUT, "wb") as out:
+    err_log, out_log = command_logs(workdir)
+    with open(err_log, "wb") as fh, open(out_log, "wb") as out:
         try:
             # env: exactly the job's os.environ (see _Environ), not the C-level environment,
             # where an earlier job's bare os.putenv() would otherwise survive.

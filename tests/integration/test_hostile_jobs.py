@@ -580,7 +580,7 @@ def test_what_a_job_writes_to_stdout_takes_bounded_disk_space(
         # glob of every /tmp/renderctl-work-* also matched a killed runner's left by an
         # earlier test whose worker had the same pid.
         capture = Path(psutil.Process(py_worker).cwd()).parent / f"w{py_worker}.out"
-        log = Path(shell.cwd()) / ".command-stdout"
+        log = Path(f"{shell.cwd()}.stdout")
         assert capture.exists() and log.exists(), (capture, log)
 
         # Then what their output takes on disk is bounded (the tail stays): one job cannot

@@ -512,6 +512,25 @@ def test_a_reused_worker_shows_no_job_what_an_earlier_job_changed(
     assert [s["cwd_entries"] for s in seen] == [[]] * len(seen)
 
 
+def test_a_command_job_starts_in_an_empty_working_folder(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given command jobs, one after another in a single worker, that list their working
+    # folder into their output (and leave a scratch file there, and say something)
+    listing = 'ls -A > "$0"; echo said; echo "said too" >&2; : > scratch'
+    manifest = write_manifest([
+        {"id": f"ls-{n}", "kind": "command", "output": f"ls-{n}.txt", "priority": -n,
+         "argv": ["sh", "-c", listing, "{output}"]} for n in range(3)])
+    queue, out = tmp_path / "q", tmp_path / "out"
+
+    # When they run
+    res = run_cli("run", manifest, *cli_args(queue, out, "--workers", "1"))
+
+    # Then each found it empty: renderctl's captures of the command's stdout and stderr
+    # are kept elsewhere (they were .command-output and .command-stdout, in it; audit CK)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert [(out / f"ls-{n}.txt").read_text() for n in range(3)] == [""] * 3
+
+
 def test_a_file_a_job_made_undeletable_does_not_reach_the_next_job(
         tmp_path: Path, write_manifest: Any) -> None:
     # Given jobs that each leave an immutable file (chattr +i: not even root can unlink it)
