@@ -2504,7 +2504,16 @@ class Runner:
                 self._kill(w, Outcome.RELEASED)
 
     # -- recording outcomes --
+    def _fenced(self, a: Assignment) -> None:
+        """Drop an attempt whose lease another holder has taken over: nothing of it is
+        published or recorded (its temporary output goes)."""
+        discard(a.tmp)
+        self.reporter.event({"event": "fenced", "job": a.job_id})
+
     def _release_unrun(self, a: Assignment) -> None:
+        if not self.q.holds(a.claim):
+            self._fenced(a)  # (its record, put back in pending/, would run it twice)
+            return
         now = self.clock.wall()
         rec = replace(a.claim.record, lease=None, reason="released before it started",
                       changed_at=now)
@@ -2514,6 +2523,9 @@ class Runner:
         self.reporter.event({"event": "released", "job": a.job_id})
 
     def _finish_unrun(self, a: Assignment, dst: State, reason: str) -> None:
+        if not self.q.holds(a.claim):
+            self._fenced(a)
+            return
         now = self.clock.wall()
         rec = replace(a.claim.record, lease=None, reason=reason, changed_at=now)
         t = Transition(rec, dst, unrun=True)
@@ -2588,6 +2600,13 @@ class Runner:
         for a, fin in batch:
             outcome = fin.outcome
             problem = None
+            if not self.q.holds(a.claim):
+                # Fenced: our lease was taken over (we were stopped or cut off past its
+                # expiry); the new holder decides, whatever this attempt's outcome. Checked
+                # for completions only, a failure recorded over the new holder's claim put
+                # the job in dead/ beside its done record, or ran it again (audit CL).
+                self._fenced(a)
+                continue
             if a.cancel_requested:
                 outcome = Outcome.CANCELLED.value
             elif (problem := faults.get(id(a))):
@@ -2602,11 +2621,6 @@ class Runner:
                 outcome = Outcome.RELEASED.value
                 fin = replace(fin, error=f"{STOPPED_TOO} ({_signame(self.stop_signal or 0)}) "
                                          f"and failed; not charged ({fin.error})")
-            elif outcome == Outcome.COMPLETED.value and not self.q.holds(a.claim):
-                # Fenced: our lease was taken over; the new holder decides. Never publish.
-                discard(a.tmp)
-                self.reporter.event({"event": "fenced", "job": a.job_id})
-                continue
             t = self._transition(a, fin, outcome, now)
             if problem:  # not "released by a stopping runner": the folder stopped it
                 t = replace(t, record=replace(t.record,

@@ -211,6 +211,12 @@ def invalid(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> 
     raise InvalidInput(params.get("message", "the input is unusable"))
 
 
+def sleep_then_fail(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
+    """Sleep ``params["s"]``, then fail."""
+    time.sleep(float(params["s"]))
+    raise RuntimeError("failed after its sleep")
+
+
 def sleep_then_write(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
     """Write our pid to ``params["pidfile"]`` (if given), sleep ``params["s"]``, write a PDF.
 

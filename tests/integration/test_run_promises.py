@@ -427,26 +427,37 @@ def test_an_output_root_made_a_symlink_loop_after_submit_dead_letters_its_job(
     assert rec["attempts"][-1].get("started_at") is None
 
 
+@pytest.mark.parametrize("how", ["completes", "fails"])
 def test_a_runner_whose_lease_was_taken_over_does_not_publish(
-        tmp_path: Path, write_manifest: Any) -> None:
-    # Given a runner running a job that takes a moment
+        tmp_path: Path, write_manifest: Any, how: str) -> None:
+    # Given a runner running a job that takes a moment (and then completes, or fails for
+    # good), and another queued behind it in the same worker
     stage(tmp_path)
     queue, out = tmp_path / "q", tmp_path / "out"
-    manifest = write_manifest([py_job("slow", "sleep_then_write", s=1.5)])
-    runner = Runner(manifest, *cli_args(queue, out, "--workers", "1", "--json"))
+    fn = "sleep_then_write" if how == "completes" else "sleep_then_fail"
+    manifest = write_manifest([{**py_job("slow", fn, s=1.5), "max_attempts": 1,
+                                "priority": 1},
+                               py_job("next", "write_pdf")])
+    runner = Runner(manifest, *cli_args(queue, out, "--workers", "1", "--prefetch", "2",
+                                        "--json"))
     try:
         runner.until(lambda ln: '"started"' in ln and '"slow"' in ln)
 
-        # When another holder takes the job's lease over while it runs (as a runner on
-        # another host would after the lease expired)
+        # When another holder takes both jobs' leases over while the first runs (as a
+        # runner on another host would after the leases expired: this one stopped, say)
         from renderctl.store import LEASE_XATTR
 
-        running = queue / "running" / "slow.json"
-        # "<token prefix> <attempt> <claimed_at> <expires_at>": the same attempt, another holder
-        _, rest = os.getxattr(running, LEASE_XATTR).split(b" ", 1)
-        os.setxattr(running, LEASE_XATTR, b"another-holder " + rest)
+        for jid in ("slow", "next"):
+            running = queue / "running" / f"{jid}.json"
+            # "<token prefix> <attempt> <claimed_at> <expires_at>": the same attempt, another
+            # holder
+            _, rest = os.getxattr(running, LEASE_XATTR).split(b" ", 1)
+            os.setxattr(running, LEASE_XATTR, b"another-holder " + rest)
 
-        # Then the fenced runner reports it and never publishes the output
+        # Then the fenced runner reports it and records nothing of the attempt: neither its
+        # output nor its failure (a failure was recorded over the new holder's claim: the
+        # job in dead/ beside the new holder's done record; audit CL); nor does the stop
+        # put the queued job back in pending/ (it would run twice)
         runner.until(lambda ln: '"fenced"' in ln and '"slow"' in ln)
         runner.proc.send_signal(signal.SIGTERM)
         runner.wait()
@@ -454,6 +465,9 @@ def test_a_runner_whose_lease_was_taken_over_does_not_publish(
         runner.close()
     assert not (out / "slow.pdf").exists()
     assert not list(out.glob(".rctl-*"))  # its temporary output is gone too
+    assert '"fenced"' in "".join(ln for ln in runner.lines if '"next"' in ln), runner.lines
+    view = QueueView(queue)
+    assert view.states_of(["slow", "next"]) == {"slow": ["running"], "next": ["running"]}
 
 
 def _signal_frozen(runner: Runner, sig: int) -> tuple[int, str]:
