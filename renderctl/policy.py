@@ -32,7 +32,12 @@ def compute_backoff(
     # Cap the exponent first: 2**1100 as a float overflows long before max_s matters.
     delay = min(max_s, base_s * (2.0 ** min(attempts - 1, 64)))
     r = (rng or random).random()
-    return min(max_s, max(0.0, delay * (1 - jitter / 2 + jitter * r)))
+    # Drawn over the window that lies under the cap: clipped after the draw instead, about
+    # half of the capped delays were the cap exactly (audit CL: 50.3% at 300 s from the
+    # 10th attempt), and the jobs failing together retried together again.
+    lo = max(0.0, delay * (1 - jitter / 2))
+    hi = min(max_s, delay * (1 + jitter / 2))
+    return lo + (hi - lo) * r
 
 
 @dataclass(frozen=True)

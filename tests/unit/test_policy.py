@@ -286,6 +286,18 @@ def test_backoff_jitter_bounds(attempts: int, nominal: float, jitter: float) -> 
     assert min(draws) < lo + 0.05 * (hi - lo) and max(draws) > hi - 0.05 * (hi - lo)
 
 
+def test_capped_backoffs_spread_below_the_cap_rather_than_pile_up_at_it() -> None:
+    # Given retries far past the cap (attempt 10 and on, with the defaults)
+    rng = random.Random(99)
+    draws = [compute_backoff(n, base_s=1.0, max_s=300.0, rng=rng)
+             for n in range(10, 30) for _ in range(100)]
+    # Then they spread over the quarter below it: next to none at the cap itself (half
+    # were exactly 300 s when the jitter was clipped after the draw; audit CL)
+    assert all(225.0 <= d <= 300.0 for d in draws)
+    assert sum(d == 300.0 for d in draws) <= len(draws) // 100
+    assert sum(d < 262.5 for d in draws) > len(draws) // 3  # (the lower half has its share)
+
+
 def test_backoff_is_reproducible_with_a_seeded_rng() -> None:
     a = [compute_backoff(4, base_s=1, max_s=60, rng=random.Random(7)) for _ in range(3)]
     b = [compute_backoff(4, base_s=1, max_s=60, rng=random.Random(7)) for _ in range(3)]
