@@ -668,16 +668,20 @@ def warn_unfound_programs(jobs: list[Any], origins: dict[str, str]) -> None:
         missing.setdefault(key, []).append(job)
     for (fld, _, name), hit in missing.items():
         if fld != "argv[0]":
-            what = f"module '{name}' not found"
+            what = f"module '{name}' not found here"
         elif "/" not in name:
-            what = f"'{name}' not found on PATH"
-        else:  # (an absolute path: a relative one is never judged here)
+            what = f"'{name}' not found on PATH here"
+        elif not os.path.isabs(name):
+            what = (f"'{name}' is a relative path: a command starts in a fresh, empty "
+                    "working folder, where it cannot be (give it absolute, or put its "
+                    "folder on PATH)")
+        else:
             what = f"'{name}' " + ("is not executable" if os.path.exists(name)
-                                   else "does not exist")
+                                   else "does not exist") + " here"
         more = len(hit) - 1
         also = f" (and {more} more job{'' if more == 1 else 's'})" if more else ""
-        out.err(f"warning: {origins.get(hit[0].id, '?')}: job {hit[0].id}: {fld}: {what} "
-                f"here{also}; each attempt would fail")
+        out.err(f"warning: {origins.get(hit[0].id, '?')}: job {hit[0].id}: {fld}: {what}"
+                f"{also}; each attempt would fail")
 
 
 def _program_found(field: str, pythonpath: str, name: str) -> bool:
@@ -685,8 +689,9 @@ def _program_found(field: str, pythonpath: str, name: str) -> bool:
         import shutil
 
         if "/" in name:
-            # A path: a relative one is to the job's own working folder, unknown here.
-            return not os.path.isabs(name) or os.access(name, os.X_OK)
+            # A relative path is to the job's working folder, empty when the command starts:
+            # never there (audit CK: validated quietly, failed at every attempt).
+            return os.path.isabs(name) and os.access(name, os.X_OK)
         return shutil.which(name) is not None
     import importlib.util
 
