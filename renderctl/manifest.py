@@ -45,7 +45,7 @@ from renderctl.limits import (
     type_name,
 )
 from renderctl.render.base import ParamSpec, RendererSpec
-from renderctl.render.registry import all_specs
+from renderctl.render.registry import all_specs, unknown_kind_note
 
 MAX_MANIFEST_BYTES = 8 * 1024 * 1024
 MIB = 1024 * 1024
@@ -959,7 +959,7 @@ def _validate_job(
         hint = _suggest(kind, specs)
         ctx.add(jid, "kind", f"unknown kind {kind!r} ("
                 + (f"did you mean {hint!r}? " if hint else "")
-                + f"known: {', '.join(sorted(specs))})")
+                + f"known: {', '.join(sorted(specs))}){unknown_kind_note()}")
 
     inputs: list[str] = []
     if "input" in raw and "inputs" in raw:
@@ -1164,7 +1164,7 @@ def validate_document(
             if not msg and key == "kind" and value not in specs:
                 hint = _suggest(value, specs)
                 msg = (f"unknown kind {value!r} (" + (f"did you mean {hint!r}? " if hint else "")
-                       + f"known: {', '.join(sorted(specs))})")
+                       + f"known: {', '.join(sorted(specs))}){unknown_kind_note()}")
             elif not msg and key == "deadline" and isinstance(
                     parsed := _parse_deadline(value), str):
                 msg = parsed

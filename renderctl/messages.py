@@ -35,6 +35,10 @@ class RunJob:
     # this assignment names it by, and its number at the start gate (renderctl.gate). 0:
     # no gate, always start (a worker driven without a runner, in tests).
     seq: int = 0
+    # A renderer kind's "module:function", as the runner's catalogue has it: the worker
+    # imports that alone, not every installed plugin's entry point (a slow or large one
+    # was charged to whichever job first asked the catalogue; audit CS).
+    target: str = ""
 
 
 @dataclass(frozen=True)

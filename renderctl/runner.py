@@ -123,7 +123,7 @@ from renderctl.recovery import (
     retired_event,
     started_tokens,
 )
-from renderctl.render.registry import all_specs
+from renderctl.render.registry import all_specs, rescanned_specs, unknown_kind_note
 from renderctl.settings import RunnerSettings
 from renderctl.store import (
     Claim,
@@ -1602,6 +1602,12 @@ class Runner:
         spec = c.record.spec
         final = spec.output_path
         kind = self._specs.get(spec.kind)
+        if kind is None:
+            # A plugin installed since this runner read the catalogue (a --follow runner
+            # lives for days; `submit` validated the job against what is installed now):
+            # read it again. Unread, the job failed every attempt with a KeyError (audit CS).
+            self._specs = rescanned_specs()
+            kind = self._specs.get(spec.kind)
         output_kind = kind.output if kind is not None else "file"
         a = Assignment(c, final, tmp_output_path(final, spec.id, c.lease.token), output_kind,
                        spec.memory_mb)
@@ -1609,6 +1615,15 @@ class Runner:
             self._finish_unrun(a, State.DEAD,
                                f"memory_mb {spec.memory_mb} can never fit the memory budget "
                                f"of {self.budget_mb} MB (--memory-budget)")
+            return
+        if kind is None:
+            # No renderer of that kind here (uninstalled since the submit, or a queue shared
+            # with a host that has it): no attempt can succeed until it is installed.
+            self._record_now(a, {"outcome": Outcome.INVALID_INPUT.value,
+                                 "error": f"kind {spec.kind!r}: no renderer of that kind is "
+                                          "installed where this runner runs (`renderctl "
+                                          f"kinds` lists them){unknown_kind_note()}; "
+                                          "`renderctl dead retry` once it is"})
             return
         key = (spec.out_root, str(final.parent))
         try:
@@ -1783,10 +1798,11 @@ class Runner:
 
     def _send(self, w: WorkerHandle, a: Assignment) -> None:
         spec = a.claim.record.spec
+        kind = self._specs.get(spec.kind)
         msg = RunJob(job_id=spec.id, attempt=a.claim.lease.attempt, token=a.claim.lease.token,
                      spec=spec.to_json(), tmp_output=str(a.tmp), output_kind=a.output_kind,
                      memory_limit_bytes=spec.memory_mb * MB, expires_at=_expires_at(a),
-                     seq=w.assigned_total + 1)
+                     seq=w.assigned_total + 1, target=kind.target if kind is not None else "")
         a.seq = msg.seq
         w.queued.append(a)
         w.assigned_total += 1

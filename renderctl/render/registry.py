@@ -7,10 +7,12 @@ entry point must load to a ``RendererSpec``. Nothing here imports reportlab or p
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Iterator, Mapping
+from typing import get_args
 
 from renderctl.render import rules
-from renderctl.render.base import ParamSpec, RendererSpec
+from renderctl.render.base import ParamSpec, ParamType, RendererSpec
 
 MAX_PAGES_PER_PART = 100_000
 
@@ -112,6 +114,67 @@ def all_specs() -> Mapping[str, RendererSpec]:
     return _Specs()
 
 
+def rescanned_specs() -> Mapping[str, RendererSpec]:
+    """The catalogue read afresh: for a long-lived runner meeting a kind it does not know
+    (a plugin installed since it started, which `submit` already validated against)."""
+    import importlib
+
+    all_specs.cache_clear()
+    importlib.invalidate_caches()
+    return all_specs()
+
+
+def unknown_kind_note() -> str:
+    """What to add to "unknown kind": the plugins that failed to load, whose kind it may
+    be (said only by `kinds` before: audit CS)."""
+    broken = broken_plugins()
+    if not broken:
+        return ""
+    return "; renderer plugins that failed to load: " + "; ".join(broken)
+
+
+_KIND = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+_TARGET = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*")
+_PARAM_TYPES = frozenset(get_args(ParamType))
+
+
+def _spec_problem(spec: RendererSpec) -> str | None:
+    """What makes a plugin's spec unusable, checked once at registration: a malformed one
+    made `kinds` and validation end in a traceback for every kind (audit CS)."""
+    if not isinstance(spec.kind, str) or not _KIND.fullmatch(spec.kind):
+        return (f"kind {spec.kind!r} is not a name of letters, digits, '.', '_' or '-' (at "
+                "most 64)")
+    if not isinstance(spec.target, str) or not _TARGET.fullmatch(spec.target):
+        return f"target {spec.target!r} is not 'package.module:function'"
+    if not isinstance(spec.description, str):
+        return f"description is a {type(spec.description).__name__}, not a str"
+    lo, hi = spec.min_inputs, spec.max_inputs
+    if type(lo) is not int or lo < 0 or (hi is not None and (type(hi) is not int or hi < lo)):
+        return f"min_inputs {lo!r} and max_inputs {hi!r} are not 0 <= min <= max"
+    if spec.output not in ("file", "dir"):
+        return f"output {spec.output!r} is neither 'file' nor 'dir'"
+    if not isinstance(spec.params, tuple | list):
+        return f"params is a {type(spec.params).__name__}, not a tuple of ParamSpec"
+    names: set[str] = set()
+    for p in spec.params:
+        if not isinstance(p, ParamSpec):
+            return f"params holds a {type(p).__name__}, not a ParamSpec"
+        if not isinstance(p.name, str) or not p.name.isidentifier():
+            return f"param name {p.name!r} is not an identifier"
+        if p.name in names:
+            return f"param {p.name!r} is declared twice"
+        names.add(p.name)
+        if p.type not in _PARAM_TYPES:
+            return (f"param {p.name!r}: type {p.type!r} is not one of "
+                    f"{', '.join(sorted(_PARAM_TYPES))}")
+        if not isinstance(p.choices, tuple | list) or not all(
+                isinstance(c, str) for c in p.choices):
+            return f"param {p.name!r}: choices must be strings"
+        if p.check is not None and not callable(p.check):
+            return f"param {p.name!r}: check is not callable"
+    return None
+
+
 def broken_plugins() -> list[str]:
     """Each renderer plugin whose entry point could not be loaded, as "name (value): why"
     (scanning the installed plugins, once per process, if that was not done yet)."""
@@ -151,13 +214,19 @@ class _Specs(Mapping[str, RendererSpec]):
             for ep in entry_points(group=ENTRY_POINT_GROUP):
                 try:
                     spec = ep.load()
-                except Exception as exc:  # a broken plugin must not break the CLI
+                except (Exception, SystemExit) as exc:  # a broken plugin must not break
+                    # the CLI, nor a runner (a sys.exit() at import ended a run midway,
+                    # nothing said of which plugin; audit CS). (A KeyboardInterrupt is the
+                    # user's Ctrl-C.)
                     self.broken.append(f"{ep.name} ({ep.value}): {type(exc).__name__}: "
                                        f"{str(exc)[:250]}; its kind is not available")
                     continue
                 if not isinstance(spec, RendererSpec):
                     self.broken.append(f"{ep.name} ({ep.value}): not a RendererSpec, a "
                                        f"{type(spec).__name__}; its kind is not available")
+                elif (problem := _spec_problem(spec)) is not None:
+                    self.broken.append(f"{ep.name} ({ep.value}): {problem}; its kind is not "
+                                       "available")
                 elif spec.kind in specs:
                     # (Ignored without a word, its author never learnt why it never ran:
                     # audit BQ.) The first keeps the kind: a built-in, or the plugin

@@ -43,18 +43,46 @@ def install_plugin(site: Path) -> None:
     (info / "entry_points.txt").write_text("[renderctl.renderers]\nhello = hello_plugin:SPEC\n")
 
 
+def add_plugin(site: Path, name: str, module_text: str, value: str | None = None) -> None:
+    """Another installed distribution ``name``: module ``{name}_plugin`` and its entry point
+    (``value``, default ``{name}_plugin:SPEC``)."""
+    (site / f"{name}_plugin.py").write_text(module_text)
+    info = site / f"{name}_plugin-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}-plugin\n"
+                                   "Version: 0.1\n")
+    (info / "entry_points.txt").write_text(
+        f"[renderctl.renderers]\n{name} = {value or f'{name}_plugin:SPEC'}\n")
+
+
+def site_with_hello(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    """A folder with the "hello" plugin installed, and an environment that finds it."""
+    site = tmp_path / "site"
+    site.mkdir()
+    install_plugin(site)
+    return site, {**os.environ, "NO_COLOR": "1",
+                  "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
+
+
 def cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "renderctl.cli.app", *args],
                           capture_output=True, text=True, env=env, timeout=120)
 
 
+def runs_hello(tmp_path: Path, env: dict[str, str], extra: str = "") -> None:
+    """A "hello" job (with ``extra`` TOML lines) runs and publishes a real PDF."""
+    good = tmp_path / "good.toml"
+    good.write_text('[[jobs]]\nid = "h"\nkind = "hello"\noutput = "h.pdf"\n' + extra
+                    + 'params = { name = "plugins" }\n')
+    res = cli("run", str(good), "--queue", str(tmp_path / "q"), "--out", str(tmp_path / "out"),
+              "--workers", "1", env=env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "Hello, plugins" in PdfReader(tmp_path / "out" / "h.pdf").pages[0].extract_text()
+
+
 def test_a_plugin_renderer_is_listed_validated_and_run(tmp_path: Path) -> None:
     # Given a package that registers the kind "hello"
-    site = tmp_path / "site"
-    site.mkdir()
-    install_plugin(site)
-    env = {**os.environ, "NO_COLOR": "1",
-           "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
+    site, env = site_with_hello(tmp_path)
 
     # Then `kinds` lists it with its params
     kinds = json.loads(cli("kinds", "--json", env=env).stdout)
@@ -68,28 +96,17 @@ def test_a_plugin_renderer_is_listed_validated_and_run(tmp_path: Path) -> None:
     assert res.returncode == 2 and "params.name" in res.stderr
 
     # And a good one runs in the workers and publishes a real PDF
-    good = tmp_path / "good.toml"
-    good.write_text('[[jobs]]\nid = "h"\nkind = "hello"\noutput = "h.pdf"\n'
-                    'params = { name = "plugins" }\n')
-    res = cli("run", str(good), "--queue", str(tmp_path / "q"), "--out", str(tmp_path / "out"),
-              "--workers", "1", env=env)
-    assert res.returncode == 0, res.stdout + res.stderr
-    text = PdfReader(tmp_path / "out" / "h.pdf").pages[0].extract_text()
-    assert "Hello, plugins" in text
+    runs_hello(tmp_path, env)
 
 
 def test_kinds_names_a_plugin_that_cannot_be_loaded(tmp_path: Path) -> None:
     # Given an installed plugin whose module fails to import, and a working one
-    site = tmp_path / "site"
-    site.mkdir()
-    install_plugin(site)
+    site, env = site_with_hello(tmp_path)
     (site / "broken_plugin.py").write_text("raise ImportError('needs libfoo')\n")
     info = site / "broken_plugin-0.1.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-plugin\nVersion: 0.1\n")
     (info / "entry_points.txt").write_text("[renderctl.renderers]\nbroken = broken_plugin:SPEC\n")
-    env = {**os.environ, "NO_COLOR": "1",
-           "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
 
     # When the renderers are listed
     res = cli("kinds", "--json", env=env)
@@ -106,19 +123,9 @@ def test_kinds_names_a_plugin_that_cannot_be_loaded(tmp_path: Path) -> None:
 def test_kinds_names_a_plugin_whose_kind_is_taken(tmp_path: Path) -> None:
     # Given a plugin that registers "invoice" (a built-in's kind), and two that register
     # "hello"
-    site = tmp_path / "site"
-    site.mkdir()
-    install_plugin(site)
+    site, env = site_with_hello(tmp_path)
     for name, kind in (("shadow", "invoice"), ("again", "hello")):
-        (site / f"{name}_plugin.py").write_text(PLUGIN.replace('kind="hello"', f'kind="{kind}"'))
-        info = site / f"{name}_plugin-0.1.dist-info"
-        info.mkdir()
-        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}-plugin\n"
-                                       "Version: 0.1\n")
-        (info / "entry_points.txt").write_text(
-            f"[renderctl.renderers]\n{name} = {name}_plugin:SPEC\n")
-    env = {**os.environ, "NO_COLOR": "1",
-           "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
+        add_plugin(site, name, PLUGIN.replace('kind="hello"', f'kind="{kind}"'))
 
     # When the renderers are listed
     res = cli("kinds", "--json", env=env)
@@ -133,3 +140,79 @@ def test_kinds_names_a_plugin_whose_kind_is_taken(tmp_path: Path) -> None:
     assert res.stderr.count("kind 'hello' is another plugin (hello_plugin:render)'s already"
                             ) + res.stderr.count("kind 'hello' is another plugin "
                                                  "(again_plugin:render)'s already") == 1, res.stderr
+
+
+def test_broken_and_slow_plugins_cost_other_kinds_nothing(tmp_path: Path) -> None:
+    # Given, beside the "hello" plugin: one that calls sys.exit() as it is imported, one
+    # whose spec is malformed (its params as strings), and one
+    # that takes 1.5 s to import
+    site, env = site_with_hello(tmp_path)
+    add_plugin(site, "quits", "import sys\nsys.exit('no licence found')\n")
+    add_plugin(site, "bent", PLUGIN.replace('kind="hello"', 'kind="bent"')
+               .replace('params=(ParamSpec("name", "str", required=True, '
+                        'description="who to greet"),),', 'params=("name",),'))
+    add_plugin(site, "slow", "import time\ntime.sleep(1.5)\n"
+               + PLUGIN.replace('kind="hello"', 'kind="slow"'))
+
+    # When the kinds are listed, and a job names the kind of the one that quit
+    kinds = cli("kinds", "--json", env=env)
+    quits = tmp_path / "quits.toml"
+    quits.write_text('[[jobs]]\nid = "q"\nkind = "quits"\noutput = "q.pdf"\n')
+    validate = cli("validate", str(quits), env=env)
+
+    # Then each broken one is named with why, the others listed (a sys.exit ended the
+    # command, and the malformed spec made `kinds` a traceback: audit CS); the unknown
+    # kind's error says which plugins failed to load
+    assert kinds.returncode == 0, kinds.stderr
+    assert {"hello", "slow"} <= set(json.loads(kinds.stdout))
+    assert "renderer plugin quits (quits_plugin:SPEC): SystemExit: no licence found; its " \
+           "kind is not available" in kinds.stderr, kinds.stderr
+    assert "renderer plugin bent (bent_plugin:SPEC): params holds a str, not a ParamSpec; " \
+           "its kind is not available" in kinds.stderr, kinds.stderr
+    assert validate.returncode == 2, validate.stderr
+    assert "unknown kind 'quits'" in validate.stderr
+    assert "renderer plugins that failed to load: quits (quits_plugin:SPEC): SystemExit" \
+           in validate.stderr, validate.stderr
+
+    # When a "hello" job with a 1 s timeout runs in a fresh worker, then it completes: it
+    # is not charged the other plugins' imports (the worker scanned every entry point
+    # inside the job's time: the slow one's 1.5 s timed it out)
+    runs_hello(tmp_path, env, 'timeout_s = 1\nmax_attempts = 1\n')
+
+
+def test_a_follow_runner_runs_a_plugin_installed_after_it_started(tmp_path: Path) -> None:
+    # Given a --follow runner, started before the "late" plugin is installed
+    site, env = site_with_hello(tmp_path)
+    queue, out = tmp_path / "q", tmp_path / "out"
+    first = tmp_path / "first.toml"
+    first.write_text('[[jobs]]\nid = "h"\nkind = "hello"\noutput = "h.pdf"\n'
+                     'params = { name = "first" }\n')
+    runner = subprocess.Popen([sys.executable, "-m", "renderctl.cli.app", "run", str(first),
+                               "--follow", "--queue", str(queue), "--out", str(out),
+                               "--workers", "1"], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        assert runner.stdout is not None
+        for line in runner.stdout:  # its catalogue read, its first job done
+            if line.startswith("completed h "):
+                break
+
+        # When the plugin is installed, and a job of its kind submitted (validated against
+        # what is installed now)
+        add_plugin(site, "late", PLUGIN.replace('kind="hello"', 'kind="late"'))
+        late = tmp_path / "late.toml"
+        late.write_text('[[jobs]]\nid = "l"\nkind = "late"\noutput = "l.pdf"\n'
+                        'params = { name = "late" }\nmax_attempts = 1\n')
+        sub = cli("submit", str(late), "--queue", str(queue), "--out", str(out), env=env)
+        assert sub.returncode == 0, sub.stderr
+
+        # Then the runner runs it (it failed every attempt with KeyError: 'late', and was
+        # dead-lettered: audit CS)
+        for line in runner.stdout:
+            if " l " in f" {line} ":
+                assert line.startswith("completed l "), line
+                break
+    finally:
+        runner.terminate()
+        runner.wait(timeout=30)
+    assert "Hello, late" in PdfReader(out / "l.pdf").pages[0].extract_text()
