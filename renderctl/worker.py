@@ -1654,9 +1654,11 @@ def _end_fork(exc: BaseException | None) -> NoReturn:
     traceback (a plain 0 hid a child's failure from the parent waiting for it; review CG)."""
     code = 0
     if isinstance(exc, SystemExit):
-        code = exc.code if isinstance(exc.code, int) else (exc.code is not None)
-        if code is True:
+        if isinstance(exc.code, int):  # (sys.exit(True) too: 1, and nothing printed)
+            code = int(exc.code)
+        elif exc.code is not None:
             # sys.exit("message"): Python prints the message, as a script's child would.
+            code = 1
             with contextlib.suppress(BaseException):
                 print(exc.code, file=sys.stderr, flush=True)
     elif exc is not None:
