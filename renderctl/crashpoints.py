@@ -25,7 +25,8 @@ STOP_ENV = "RENDERCTL_STOP_AT"
 KNOWN = frozenset({
     # runner
     "locked", "claim", "claim:expiring", "lease", "folders", "start", "commit",
-    "publish:before_link", "publish:after_link", "commit:placed", "publish:after_done",
+    "commit:synced", "publish:before_link", "publish:after_link", "commit:placed",
+    "publish:after_done",
     "dead", "rebalance",
     "unresponsive", "released", "shutdown", "suspend:stopping", "start_worker",
     # store: submit, finish, dead retry

@@ -2522,32 +2522,48 @@ class Runner:
     # -- recording outcomes --
     def _fenced(self, a: Assignment) -> None:
         """Drop an attempt whose lease another holder has taken over: nothing of it is
-        published or recorded (its temporary output goes)."""
+        published or recorded (its temporary output goes). The job is watched as any
+        other's lease (the run waits for it, and takes it over if its new holder dies
+        too: review CM, a run exited 0 with it left in running/), and a cancel asked of
+        it is asked again, for its new holder (it was consumed here, and lost)."""
         discard(a.tmp)
         self.reporter.event({"event": "fenced", "job": a.job_id})
+        if a.cancel_requested:
+            with contextlib.suppress(OSError):
+                self.q.request_cancel(a.job_id)
+        with contextlib.suppress(QueueIOError):
+            lease = self.q.lease_on_disk(a.job_id)
+            if lease is not None and lease.token != a.claim.lease.token:
+                self._foreign.observe(a.job_id, lease.token, lease.expires_at,
+                                      wall=self.clock.wall(), mono=time.monotonic())
+
+    def _finish_claim(self, a: Assignment, t: Transition) -> bool:
+        """Record an unrun claim's transition unless its lease was taken over (before, or
+        during the sync: checked again right before the record is placed; the record, put
+        back in pending/ say, would run the job twice). Whether it was recorded."""
+        if not self.q.holds(a.claim) or self.q.finish(
+                [t], crash_hook=self._finish_hook([t]),
+                held=lambda _: self.q.holds(a.claim)):
+            self._fenced(a)
+            return False
+        return True
 
     def _release_unrun(self, a: Assignment) -> None:
-        if not self.q.holds(a.claim):
-            self._fenced(a)  # (its record, put back in pending/, would run it twice)
-            return
         now = self.clock.wall()
         rec = replace(a.claim.record, lease=None, reason="released before it started",
                       changed_at=now)
         t = Transition(rec, State.PENDING, unrun=True)
-        self.q.finish([t])
-        self._count(t)  # pending again: the dashboard's pending count and total include it
-        self.reporter.event({"event": "released", "job": a.job_id})
+        if self._finish_claim(a, t):
+            self._count(t)  # pending again: the dashboard's pending count and total include it
+            self.reporter.event({"event": "released", "job": a.job_id})
 
     def _finish_unrun(self, a: Assignment, dst: State, reason: str) -> None:
-        if not self.q.holds(a.claim):
-            self._fenced(a)
-            return
         now = self.clock.wall()
         rec = replace(a.claim.record, lease=None, reason=reason, changed_at=now)
         t = Transition(rec, dst, unrun=True)
-        self.q.finish([t], crash_hook=self._finish_hook([t]))
-        self._count(t)
-        self._report(t)
+        if self._finish_claim(a, t):
+            self._count(t)
+            self._report(t)
 
     def _complete(self, a: Assignment, fin: Finished) -> None:
         """A finished attempt, for the next group commit; one that will dead-letter its job
@@ -2611,6 +2627,7 @@ class Runner:
         self._dead_ahead = 0  # counted for real below
         now = self.clock.wall()
         transitions: list[Transition] = []
+        owners: list[Assignment] = []  # whose each transition is
         to_link: list[tuple[Assignment, int, Finished]] = []  # index: in transitions
         faults = self._folder_faults(batch)
         for a, fin in batch:
@@ -2646,12 +2663,26 @@ class Runner:
             else:
                 discard(a.tmp)
             transitions.append(t)
+            owners.append(a)
         staged = self.q.stage(transitions)
         # Protects against: power loss after the links and renames below exposing an empty
         # output or an empty record (data must reach the disk before the names do).
         self._sync(a.final.parent for a, _, _ in to_link)
+        self.crash_point("commit:synced")
         if to_link:
             self.crash_point("publish:before_link")
+        # Fenced again, right before anything is published or placed: a runner stopped
+        # during the sync (or a slow one: seconds on a loaded disk) past its leases' expiry
+        # came back and wrote over the claims of the runner that took them over (audit CO:
+        # a job in done/ and dead/ both, run three times). What is left is the few
+        # syscalls from here to the renames, the limit of fencing by a check on a file
+        # system with no compare-and-swap.
+        lost = {i for i, a in enumerate(owners) if not self.q.holds(a.claim)}
+        if lost:
+            for i in sorted(lost):
+                unlink_quiet(staged[i][0])
+                self._fenced(owners[i])
+            to_link = [x for x in to_link if x[1] not in lost]
         linked: list[Assignment] = []
         restaged = False
         # Each output folder opened once per commit and judged by where its descriptor
@@ -2709,6 +2740,9 @@ class Runner:
             self.crash_point("publish:after_link")
         if restaged:
             self._sync(())
+        if lost:
+            staged = [x for i, x in enumerate(staged) if i not in lost]
+            transitions = [t for i, t in enumerate(transitions) if i not in lost]
         self.q.place(staged)
         self.crash_point("commit:placed")
         # Protects against: power loss forgetting a link or a record after we report it, or

@@ -456,7 +456,8 @@ class QueueBackend(Protocol):
     def holds(self, claim: Claim) -> bool: ...
 
     def finish(self, transitions: Sequence[Transition], *,
-               crash_hook: Callable[[str], None] | None = None) -> None: ...
+               crash_hook: Callable[[str], None] | None = None,
+               held: Callable[[Transition], bool] | None = None) -> list[Transition]: ...
 
     def cancel_pending(self, job_id: str) -> bool: ...
 
@@ -2206,24 +2207,61 @@ class Queue:
         return out
 
     def holds(self, claim: Claim) -> bool:
-        """Fencing: is ``claim``'s lease still the one on disk? (Checked before publishing.)"""
-        path = self._rpath(State.RUNNING, claim.job_id)
-        lease = read_lease(path)
-        if lease is None and not self._xattrs:
-            try:
-                lease = self.read_record(Path(path)).lease
-            except (OSError, *_CORRUPT):
-                return False
+        """Fencing: is ``claim``'s lease still the one on disk? False when another's is, or
+        the job has left running/ (settled by whoever took it over). A lease that cannot be
+        read is the queue's I/O error (QueueIOError), not a takeover: read as one, a failed
+        attempt was dropped and its job left in running/ under our own lease (review CM)."""
+        lease = self.lease_on_disk(claim.job_id)
         return lease is not None and lease.token == claim.lease.token
 
+    def lease_on_disk(self, job_id: str) -> Lease | None:
+        """The lease of ``job_id``'s running record as it is on disk now (None: no running
+        record, or none set); QueueIOError if it cannot be read."""
+        path = self._rpath(State.RUNNING, job_id)
+        try:
+            raw: bytes | None = os.getxattr(path, LEASE_XATTR)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            if exc.errno not in (errno.ENODATA, errno.ENOTSUP, errno.EOPNOTSUPP):
+                raise QueueIOError(os_error_message(exc)) from exc
+            raw = None
+        if raw is not None:
+            return _parse_lease(path, raw)
+        if self._xattrs:
+            return None
+        try:
+            return self.read_record(Path(path)).lease
+        except FileNotFoundError:
+            return None
+        except _CORRUPT:
+            return None
+        except OSError as exc:
+            raise QueueIOError(os_error_message(exc)) from exc
+
     def finish(self, transitions: Sequence[Transition], *,
-               crash_hook: Callable[[str], None] | None = None) -> None:
-        """Move a batch of jobs to their next folders with two syncs for the whole batch."""
+               crash_hook: Callable[[str], None] | None = None,
+               held: Callable[[Transition], bool] | None = None) -> list[Transition]:
+        """Move a batch of jobs to their next folders with two syncs for the whole batch.
+
+        ``held``: asked of each transition after the first sync, right before its record is
+        placed; one it answers False for (its lease taken over by another runner while
+        this one was stopped, in the sync or before) is dropped and returned."""
         if not transitions:
-            return
+            return []
         staged = self.stage(transitions)
         # Protects against: power loss after the renames below exposing empty records.
         syncfs(self.path)
+        dropped: list[Transition] = []
+        if held is not None:
+            keep = []
+            for tmp, t in staged:
+                if held(t):
+                    keep.append((tmp, t))
+                else:
+                    unlink_quiet(tmp)
+                    dropped.append(t)
+            staged = keep
         self.place(staged)
         # Protects against: power loss forgetting a record after we report it (and after
         # the running copy is unlinked below, which would lose the job entirely).
@@ -2231,6 +2269,7 @@ class Queue:
         if crash_hook is not None:
             crash_hook("finish:before_unlink")
         self.retire(staged)
+        return dropped
 
     def stage(self, transitions: Sequence[Transition]) -> list[tuple[str, Transition]]:
         """Phase 1 of finish: write each new record under tmp/ (the caller syncs next)."""
@@ -2901,6 +2940,11 @@ def read_lease(path: str | os.PathLike[str]) -> Lease | None:
         raw = os.getxattr(path, LEASE_XATTR)
     except OSError:
         return None
+    return _parse_lease(path, raw)
+
+
+def _parse_lease(path: str | os.PathLike[str], raw: bytes) -> Lease | None:
+    """A lease xattr's value (JSON, or the compact form: see Queue._write_lease)."""
     try:
         if raw.startswith(b"{"):
             return Lease.from_json(json.loads(raw))

@@ -36,7 +36,7 @@ from jobfns import (
 )
 
 from renderctl.errors import ExitCode
-from renderctl.runner import RESCAN_FULL_S
+from renderctl.runner import LEASE_ENV, RESCAN_FULL_S
 from renderctl.store import Queue
 
 
@@ -468,6 +468,54 @@ def test_a_runner_whose_lease_was_taken_over_does_not_publish(
     assert '"fenced"' in "".join(ln for ln in runner.lines if '"next"' in ln), runner.lines
     view = QueueView(queue)
     assert view.states_of(["slow", "next"]) == {"slow": ["running"], "next": ["running"]}
+
+
+@pytest.mark.parametrize("how", ["completes", "fails"])
+def test_a_runner_taken_over_during_its_commits_sync_records_nothing(
+        tmp_path: Path, write_manifest: Any, how: str) -> None:
+    from jobfns import stopped, wait_until
+
+    # Given a runner (2 s leases) frozen in a group commit, after its sync (the records of
+    # the job's attempt written, nothing yet placed): the attempt completed, or failed for
+    # good
+    stage(tmp_path)
+    queue, out = tmp_path / "q", tmp_path / "out"
+    fn = "write_pdf" if how == "completes" else "fail"
+    manifest = write_manifest([{**py_job("j", fn), "max_attempts": 1}])
+    runner = Runner(manifest, *cli_args(queue, out, "--workers", "1", "--json"),
+                    env={"RENDERCTL_STOP_AT": "commit:synced", LEASE_ENV: "2"})
+    try:
+        wait_until(lambda: stopped(runner.pid), what="the runner to freeze after its sync")
+
+        # When another holder takes the job's lease over meanwhile (as a runner on another
+        # host does once the lease expired), and the frozen runner goes on
+        from renderctl.store import LEASE_XATTR
+
+        running = queue / "running" / "j.json"
+        _, rest = os.getxattr(running, LEASE_XATTR).split(b" ", 1)
+        os.setxattr(running, LEASE_XATTR, b"another-holder " + rest)
+        os.kill(runner.pid, signal.SIGCONT)
+
+        # Then it records nothing of its attempt (it was fenced before the sync only: the
+        # record it had staged was placed over the new holder's claim; audit CO), waits for
+        # the new holder's lease, and, that holder gone silent, takes the job over and runs
+        # it: one terminal state, the output published once
+        code = runner.wait(60)
+    finally:
+        runner.close()
+    events = [json.loads(ln) for ln in runner.lines if ln.startswith("{")]
+    mine = [e["event"] for e in events if e.get("job") == "j"]
+    assert mine[:2] == ["started", "fenced"], mine
+    view = QueueView(queue)
+    if how == "completes":
+        assert code == 0, runner.lines
+        assert view.states_of(["j"]) == {"j": ["done"]}
+        assert_pdf(out / "j.pdf", "j")
+    else:
+        assert code == 1, runner.lines
+        assert view.states_of(["j"]) == {"j": ["dead"]}
+        assert not (out / "j.pdf").exists()
+    assert not list(out.glob(".rctl-*"))
 
 
 def _signal_frozen(runner: Runner, sig: int) -> tuple[int, str]:
