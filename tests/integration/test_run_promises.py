@@ -427,14 +427,29 @@ def test_an_output_root_made_a_symlink_loop_after_submit_dead_letters_its_job(
     assert rec["attempts"][-1].get("started_at") is None
 
 
+def _staged(tmp_path: Path, how: str, completes: str, fails: str) -> tuple[Path, Path, str]:
+    """Job functions staged; the queue, the output root, and the function for ``how``."""
+    stage(tmp_path)
+    return tmp_path / "q", tmp_path / "out", completes if how == "completes" else fails
+
+
+def _take_lease_over(queue: Path, job_id: str) -> None:
+    """Put another holder's lease on the running job (as a runner on another host does once
+    the lease expired): "<token prefix> <attempt> <claimed_at> <expires_at>", the same
+    attempt under another prefix."""
+    from renderctl.store import LEASE_XATTR
+
+    running = queue / "running" / f"{job_id}.json"
+    _, rest = os.getxattr(running, LEASE_XATTR).split(b" ", 1)
+    os.setxattr(running, LEASE_XATTR, b"another-holder " + rest)
+
+
 @pytest.mark.parametrize("how", ["completes", "fails"])
 def test_a_runner_whose_lease_was_taken_over_does_not_publish(
         tmp_path: Path, write_manifest: Any, how: str) -> None:
     # Given a runner running a job that takes a moment (and then completes, or fails for
     # good), and another queued behind it in the same worker
-    stage(tmp_path)
-    queue, out = tmp_path / "q", tmp_path / "out"
-    fn = "sleep_then_write" if how == "completes" else "sleep_then_fail"
+    queue, out, fn = _staged(tmp_path, how, "sleep_then_write", "sleep_then_fail")
     manifest = write_manifest([{**py_job("slow", fn, s=1.5), "max_attempts": 1,
                                 "priority": 1},
                                py_job("next", "write_pdf")])
@@ -445,14 +460,8 @@ def test_a_runner_whose_lease_was_taken_over_does_not_publish(
 
         # When another holder takes both jobs' leases over while the first runs (as a
         # runner on another host would after the leases expired: this one stopped, say)
-        from renderctl.store import LEASE_XATTR
-
         for jid in ("slow", "next"):
-            running = queue / "running" / f"{jid}.json"
-            # "<token prefix> <attempt> <claimed_at> <expires_at>": the same attempt, another
-            # holder
-            _, rest = os.getxattr(running, LEASE_XATTR).split(b" ", 1)
-            os.setxattr(running, LEASE_XATTR, b"another-holder " + rest)
+            _take_lease_over(queue, jid)
 
         # Then the fenced runner reports it and records nothing of the attempt: neither its
         # output nor its failure (a failure was recorded over the new holder's claim: the
@@ -478,9 +487,7 @@ def test_a_runner_taken_over_during_its_commits_sync_records_nothing(
     # Given a runner (2 s leases) frozen in a group commit, after its sync (the records of
     # the job's attempt written, nothing yet placed): the attempt completed, or failed for
     # good
-    stage(tmp_path)
-    queue, out = tmp_path / "q", tmp_path / "out"
-    fn = "write_pdf" if how == "completes" else "fail"
+    queue, out, fn = _staged(tmp_path, how, "write_pdf", "fail")
     manifest = write_manifest([{**py_job("j", fn), "max_attempts": 1}])
     runner = Runner(manifest, *cli_args(queue, out, "--workers", "1", "--json"),
                     env={"RENDERCTL_STOP_AT": "commit:synced", LEASE_ENV: "2"})
@@ -489,11 +496,7 @@ def test_a_runner_taken_over_during_its_commits_sync_records_nothing(
 
         # When another holder takes the job's lease over meanwhile (as a runner on another
         # host does once the lease expired), and the frozen runner goes on
-        from renderctl.store import LEASE_XATTR
-
-        running = queue / "running" / "j.json"
-        _, rest = os.getxattr(running, LEASE_XATTR).split(b" ", 1)
-        os.setxattr(running, LEASE_XATTR, b"another-holder " + rest)
+        _take_lease_over(queue, "j")
         os.kill(runner.pid, signal.SIGCONT)
 
         # Then it records nothing of its attempt (it was fenced before the sync only: the
