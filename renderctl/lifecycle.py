@@ -74,3 +74,20 @@ class Outcome(StrEnum):
 
 
 RETRYABLE = frozenset({Outcome.FAILED, Outcome.CRASHED, Outcome.MEMORY, Outcome.TIMEOUT})
+
+
+# A running record's lease, as an extended attribute (see store.Queue._write_lease): here,
+# where a worker can read it without importing the store.
+LEASE_XATTR = "user.renderctl.lease"
+
+
+def make_token(prefix: str, job_id: str, attempt: int, claimed_at: float) -> str:
+    """An attempt's token: ``<runner prefix>:<job id>:<attempt>:<claimed at, ms>``.
+
+    Unique per claim, not just per attempt number: attempt numbers restart when a job is
+    replaced, or resubmitted after its done record was deleted, and a claim released before
+    its attempt started (prefetched, never run: nothing recorded) is claimed again under the
+    same number (an attempt that started and was released is recorded, so the next claim is
+    the next number); the claim time (the lease keeps it, so the compact xattr needs no new
+    field) tells those lives apart. Job ids hold no ':'."""
+    return f"{prefix}:{job_id}:{attempt}:{round(claimed_at * 1000)}"

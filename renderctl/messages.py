@@ -123,6 +123,9 @@ class DropKind(StrEnum):
     RETIRE = "retire"  # the worker is leaving now (a job broke it, or left a thread...)
     LEAKED = "leaked"  # retiring: a job left memory charged to its slot (replace the slot)
     ABOVE_CEILING = "above_ceiling"  # retiring: its slot holds more than the next ceiling
+    # Its lease on disk is not this claim's any more, or has run out (the runner stopped
+    # renewing it: frozen, and perhaps taken over): the runner, which knows, decides.
+    LEASE = "lease"
 
 
 @dataclass(frozen=True)

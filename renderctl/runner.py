@@ -1988,7 +1988,11 @@ class Runner:
                 a = self._pop_queued(w, seq)
                 if a is None:
                     continue
-                if a.cancel_requested or msg.kind is DropKind.CANCELLED:
+                if msg.kind is DropKind.LEASE and not self.q.renew(
+                        [a.claim], lease_s=self.s.lease_s):
+                    self._fenced(a)  # (renewed if still ours: run out by a wall-clock
+                    # step or our own stop, the worker would hand it back again and again)
+                elif a.cancel_requested or msg.kind is DropKind.CANCELLED:
                     self._finish_unrun(a, State.CANCELLED, "cancelled before it started")
                 elif msg.kind is DropKind.EXPIRED:
                     self._finish_unrun(a, State.EXPIRED, EXPIRED_REASON)

@@ -105,7 +105,14 @@ from renderctl.fsutil import (
     unlink_quiet,
     write_file,
 )
-from renderctl.lifecycle import CANCEL_REQUEST_PREFIX, EXPIRED_REASON, State, check_transition
+from renderctl.lifecycle import (
+    CANCEL_REQUEST_PREFIX,
+    EXPIRED_REASON,
+    LEASE_XATTR,
+    State,
+    check_transition,
+    make_token,
+)
 from renderctl.lockwait import (
     WAITER_THREAD,
     HeldOff,
@@ -119,7 +126,6 @@ from renderctl.manifest import JobSpec, Limits, is_job_id, jobs_from_dicts, outp
 from renderctl.policy import ClaimIndex, Entry
 
 FORMAT_VERSION = 1
-LEASE_XATTR = "user.renderctl.lease"
 SEQ_FILE = "seq"  # control/seq: the last acceptance stamp given (see _next_stamp)
 FREE_PREFIX = "free."  # tmp/free.*: retired record files kept for reuse
 HOLDER_FILE = "holder.{}.json"  # control/: who a token prefix is (see _write_lease)
@@ -496,18 +502,6 @@ def _refusal(spec: JobSpec, view: JobView, replace: bool) -> Problem | None:
     if view.state is State.RUNNING:
         return Problem("<queue>", spec.id, None, "is running; cancel it before replacing it")
     return None
-
-
-def make_token(prefix: str, job_id: str, attempt: int, claimed_at: float) -> str:
-    """An attempt's token: ``<runner prefix>:<job id>:<attempt>:<claimed at, ms>``.
-
-    Unique per claim, not just per attempt number: attempt numbers restart when a job is
-    replaced, or resubmitted after its done record was deleted, and a claim released before
-    its attempt started (prefetched, never run: nothing recorded) is claimed again under the
-    same number (an attempt that started and was released is recorded, so the next claim is
-    the next number); the claim time (the lease keeps it, so the compact xattr needs no new
-    field) tells those lives apart. Job ids hold no ':'."""
-    return f"{prefix}:{job_id}:{attempt}:{round(claimed_at * 1000)}"
 
 
 def parse_token(token: str) -> tuple[str, str, str]:

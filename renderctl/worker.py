@@ -27,6 +27,7 @@ import importlib.abc
 import importlib.machinery
 import inspect
 import io
+import json
 import operator
 import os
 import re
@@ -74,7 +75,13 @@ from renderctl.guards import (
     slot_held_bytes,
     slot_peak_bytes,
 )
-from renderctl.lifecycle import CANCEL_REQUEST_PREFIX, EXPIRED_REASON, Outcome
+from renderctl.lifecycle import (
+    CANCEL_REQUEST_PREFIX,
+    EXPIRED_REASON,
+    LEASE_XATTR,
+    Outcome,
+    make_token,
+)
 from renderctl.messages import (
     Broken,
     Drain,
@@ -446,6 +453,12 @@ class Worker:
                     continue
                 if job.expires_at is not None and time.time() > job.expires_at:
                     self._send(Dropped((job.seq,), DropKind.EXPIRED, EXPIRED_REASON))
+                    continue
+                if _lease_lost(self.config.control_dir, job):
+                    # A runner frozen past its leases' expiry cannot stop what it queued
+                    # here, and another took the job over: it ran twice (audit CO).
+                    self._send(Dropped((job.seq,), DropKind.LEASE,
+                                       "its lease was taken over, or ran out"))
                     continue
                 if not self._apply_limit(job):
                     return
@@ -1585,6 +1598,32 @@ def _execute_held(job: RunJob, output: Path, workdir: Path,
     except BaseException as exc:  # a job's SystemExit or KeyboardInterrupt is its failure
         return {"outcome": Outcome.FAILED.value, "error": _message(exc),
                 "traceback_tail": _traceback_tail(exc)}
+
+
+def _lease_lost(control_dir: str, job: RunJob) -> bool:
+    """Whether ``job``'s lease on disk is another claim's, gone, or run out, read from the
+    running record's xattr (~5 us). Only a clear no: a lease kept in the record itself (a
+    file system without user xattrs) or unreadable is left to the runner's fencing."""
+    if not control_dir or not job.token:
+        return False
+    path = os.path.join(os.path.dirname(control_dir), "running", f"{job.job_id}.json")
+    try:
+        raw = os.getxattr(path, LEASE_XATTR)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    try:
+        if raw.startswith(b"{"):
+            d = json.loads(raw)
+            token, expires = str(d["token"]), float(d["expires_at"])
+        else:
+            prefix, attempt, claimed_at, until = raw.decode().split(" ")
+            token = make_token(prefix, job.job_id, int(attempt), float(claimed_at))
+            expires = float(until)
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+        return False
+    return token != job.token or expires < time.time()
 
 
 def _renderer_target(job: RunJob) -> str:

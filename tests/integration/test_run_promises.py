@@ -530,7 +530,8 @@ def _signal_frozen(runner: Runner, sig: int) -> tuple[int, str]:
     return code, runner.stderr()
 
 
-def _frozen_runner(tmp_path: Path, write_manifest: Any, j2: dict[str, Any]) -> tuple[Runner, Path]:
+def _frozen_runner(tmp_path: Path, write_manifest: Any, j2: dict[str, Any],
+                   env: dict[str, str] | None = None) -> tuple[Runner, Path]:
     """One worker running j1 (held until ``tmp_path/go`` exists), ``j2`` queued behind it,
     and the runner frozen (SIGSTOP) in its first group commit, j0's: it reads nothing until
     the test SIGCONTs it. Returns the runner and the queue (outputs in ``tmp_path/out``)."""
@@ -546,10 +547,39 @@ def _frozen_runner(tmp_path: Path, write_manifest: Any, j2: dict[str, Any]) -> t
     queue = tmp_path / "q"
     runner = Runner(manifest, *cli_args(queue, tmp_path / "out", "--workers", "1",
                                         "--prefetch", "3", "--json"),
-                    env={"RENDERCTL_STOP_AT": "commit"})
+                    env={"RENDERCTL_STOP_AT": "commit", **(env or {})})
     wait_for_pid(pid1, what="j1 to start")
     wait_until(lambda: stopped(runner.pid), what="the runner to freeze in its commit")
     return runner, queue
+
+
+def test_a_worker_does_not_start_a_queued_job_whose_lease_a_frozen_runner_lost(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given one worker with j1 running and j2 queued behind it, the runner frozen (its
+    # leases 3 s long, so that the test sees a takeover in seconds)
+    log = tmp_path / "runs.log"
+    runner, queue = _frozen_runner(tmp_path, write_manifest,
+                                   py_job("j2", "logged_write", log=str(log)),
+                                   env={LEASE_ENV: "3"})
+    try:
+        # When another runner takes j2's lease over meanwhile, and j1 ends
+        _take_lease_over(queue, "j2")
+        (tmp_path / "go").touch()
+
+        # Then the worker does not start j2 (it did: run here and by its new holder, one
+        # run never recorded; audit CO); the runner, let go, drops its claim (fenced),
+        # waits for the new holder's lease, takes the job over when nobody renews it, and
+        # runs it once
+        os.kill(runner.pid, signal.SIGCONT)
+        assert runner.wait(60) == 0, runner.lines
+    finally:
+        runner.close()
+    j2 = [json.loads(ln)["event"] for ln in runner.lines
+          if ln.startswith("{") and '"j2"' in ln]
+    assert j2[0] == "fenced" and j2.count("started") == 1, j2
+    assert log.read_text().count("j2 ") == 1
+    assert QueueView(queue).states_of(["j0", "j1", "j2"]) == \
+        {"j0": ["done"], "j1": ["done"], "j2": ["done"]}
 
 
 def test_a_cancel_racing_its_jobs_completion_cancels_that_job_and_no_other(
