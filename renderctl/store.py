@@ -2511,10 +2511,12 @@ class Queue:
 
     def prune(self, states: Sequence[State], older_than_s: float, *,
               dry_run: bool = False,
-              only: Collection[str] | None = None) -> dict[str, int]:
+              only: Collection[str] | None = None,
+              pruned_ids: set[str] | None = None) -> dict[str, int]:
         """Delete the records in the terminal folders ``states`` that reached them more than
         ``older_than_s`` ago (their ``changed_at``); returns how many per state. With
-        ``only``, of those job ids alone (to render one done job afresh).
+        ``only``, of those job ids alone (to render one done job afresh); ``pruned_ids``
+        collects the ids deleted (counted, if ``dry_run``).
 
         Only file modification times older than the cutoff are read: a record is written
         when it reaches its state, so a newer file cannot hold an old enough record."""
@@ -2552,13 +2554,15 @@ class Queue:
                         continue
                     batch.append(e.path)
                     if len(batch) >= PRUNE_BATCH:
-                        n += self._prune_batch(batch, cutoff, dry_run=dry_run)
+                        n += self._prune_batch(batch, cutoff, dry_run=dry_run,
+                                               ids=pruned_ids)
             while batch:
-                n += self._prune_batch(batch, cutoff, dry_run=dry_run)
+                n += self._prune_batch(batch, cutoff, dry_run=dry_run, ids=pruned_ids)
             counts[state.value] = n
         return counts
 
-    def _prune_batch(self, paths: list[str], cutoff: float, *, dry_run: bool) -> int:
+    def _prune_batch(self, paths: list[str], cutoff: float, *, dry_run: bool,
+                     ids: set[str] | None = None) -> int:
         """Delete (count, if ``dry_run``) the records of ``paths`` that changed before
         ``cutoff``, taking them off the list, for up to PRUNE_HOLD_S (an unlink here took
         2-13 ms after many deletions). Under submit's lock: a submit (`--replace`, or a
@@ -2595,10 +2599,12 @@ class Queue:
                     continue
                 if dry_run:
                     n += 1
+                    if ids is not None:
+                        ids.add(rec.spec.id)
                 elif rec.changed_at >= self._pruned_synced_at - PRUNE_RECENT_S:
                     recent.append((path, rec.spec.id))
                 else:
-                    n += self._prune_one(path, rec.spec.id)
+                    n += self._prune_one(path, rec.spec.id, ids)
             if recent:
                 # Protects against: a power loss after the deletion bringing back the running
                 # copy a runner retired just before we looked (its removal not synced yet:
@@ -2608,7 +2614,7 @@ class Queue:
                 started = self.clock.wall()
                 syncfs(self.path)
                 self._pruned_synced_at = started
-                n += sum(self._prune_one(path, jid) for path, jid in recent)
+                n += sum(self._prune_one(path, jid, ids) for path, jid in recent)
             if n and not dry_run:
                 # Protects against: power loss bringing back a record whose id a submit,
                 # let in once we release the lock, reads as free and accepts anew: the job
@@ -2617,11 +2623,14 @@ class Queue:
                 fsync_dir(folder)
         return n
 
-    def _prune_one(self, path: str, job_id: str) -> int:
+    def _prune_one(self, path: str, job_id: str, ids: set[str] | None = None) -> int:
         # A request left for a job now forgotten would cancel the next job submitted under
         # its id.
         self.clear_cancel_request(job_id)
-        return unlink_quiet(path)
+        n = unlink_quiet(path)
+        if n and ids is not None:
+            ids.add(job_id)
+        return n
 
     # -- the runner lock --
     # Two flocks, taken in this order and held together while a runner runs:

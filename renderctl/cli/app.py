@@ -1666,12 +1666,14 @@ def prune(
             raise UserError(f"not in {where}: " + ", ".join(
                 f"{j} ({state})" for j, state in sorted(elsewhere.items()))
                 + "; nothing was pruned")
-    counts = q.prune([State(s) for s in names], age, dry_run=dry_run, only=ids)
+    pruned: set[str] = set()
+    counts = q.prune([State(s) for s in names], age, dry_run=dry_run, only=ids,
+                     pruned_ids=pruned)
     total = sum(counts.values())
-    # Named and left: it finished less than the age ago, or a runner killed mid-commit left
-    # a running copy of it for recovery.
-    kept = ([] if ids is None or dry_run else
-            [j for j in ids if any(q.has_record(State(s), j) for s in names)])
+    # Named and left (or, in a dry run, that would be): it finished less than the age ago,
+    # a runner killed mid-commit left a running copy of it for recovery, or it left the
+    # folder meanwhile (a `dead retry` between the look above and the prune; review CM).
+    kept = [] if ids is None else [j for j in ids if j not in pruned]
     with stdout_result("" if dry_run else f"the {total} record(s) were pruned all the same"):
         if as_json:
             out.print_json({"pruned": counts, "total": total, "dry_run": dry_run,
@@ -1681,8 +1683,9 @@ def prune(
             verb = "would prune" if dry_run else "pruned"
             print(f"{verb} {total} record(s) older than {older_than.strip()}: {detail}")
     if kept:
-        out.err(f"not pruned (finished less than {older_than.strip()} ago, or left for "
-                "recovery by a runner that died): " + ", ".join(kept))
+        out.err(f"{'would not prune' if dry_run else 'not pruned'} (finished less than "
+                f"{older_than.strip()} ago, left for recovery by a runner that died, or "
+                "gone from the folder meanwhile): " + ", ".join(kept))
         raise typer.Exit(ExitCode.JOBS_FAILED)
 
 

@@ -613,6 +613,7 @@ def test_prune_of_one_done_job_lets_the_manifest_render_it_afresh(
     missing = run_cli("prune", "--older-than", "0", "--state", "done", "b", "nope", "--json",
                       "--queue", queue)
     young = run_cli("prune", "--older-than", "1h", "b", "--json", "--queue", queue)
+    dry = run_cli("prune", "--older-than", "1h", "b", "--dry-run", "--queue", queue)
 
     # Then the first is refused whole (nothing pruned), the second prunes nothing, saying so
     assert missing.returncode == 2, missing.stderr
@@ -620,6 +621,8 @@ def test_prune_of_one_done_job_lets_the_manifest_render_it_afresh(
     assert "not in done/: nope (not found); nothing was pruned" in missing.stderr
     assert young.returncode == 1, young.stderr
     assert json.loads(young.stdout)["kept"] == ["b"]
+    # (a dry run says so too: it said nothing, exit 0; review CM)
+    assert dry.returncode == 1 and "would not prune" in dry.stderr and "b" in dry.stderr
     assert view.states_of(["a", "b", "c"]) == {"a": ["done"], "b": ["done"], "c": ["done"]}
 
     # When README's recipe renders b afresh: its output removed, b alone forgotten (the
