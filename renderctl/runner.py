@@ -2470,8 +2470,19 @@ class Runner:
             claims.extend(a.claim for a in w.queued)
             if w.current is not None:
                 claims.append(w.current.claim)
-        if claims:
-            self.q.renew(claims, lease_s=self.s.lease_s)
+        if not claims:
+            return
+        renewed = {c.lease.token for c in self.q.renew(claims, lease_s=self.s.lease_s)}
+        for w in self.workers.values():
+            a = w.current
+            if a is None or a.claim.lease.token in renewed or w.kill_reason is not None:
+                continue
+            lease = self.q.lease_on_disk(a.job_id)
+            if lease is not None and lease.token != a.claim.lease.token:
+                # Taken over (we were stopped past its expiry): its new holder runs it, and
+                # ours would go on doing its work, side effects and all, only to be fenced
+                # when it ends (audit CO). Its queued jobs go elsewhere, as for any kill.
+                self._kill(w, Outcome.RELEASED, graceful=True)
 
     # -- cancel and drain --
     def _handle_cancel_requests(self) -> None:

@@ -479,6 +479,40 @@ def test_a_runner_whose_lease_was_taken_over_does_not_publish(
     assert view.states_of(["slow", "next"]) == {"slow": ["running"], "next": ["running"]}
 
 
+def test_a_runner_stops_a_running_job_whose_lease_was_taken_over(
+        tmp_path: Path, write_manifest: Any) -> None:
+    from jobfns import wait_for_pid, wait_until
+
+    # Given a runner (1.5 s leases, renewed every 0.5 s) running a job that takes a minute
+    queue, out, fn = _staged(tmp_path, "completes", "sleep_then_write", "")
+    pidfile = tmp_path / "j.pid"
+    manifest = write_manifest([py_job("j", fn, s=60, pidfile=str(pidfile))])
+    runner = Runner(manifest, *cli_args(queue, out, "--workers", "1", "--json",
+                                        "--kill-grace", "1"), env={LEASE_ENV: "1.5"})
+    try:
+        pid = wait_for_pid(pidfile)
+
+        # When another holder takes its lease over
+        t0 = time.monotonic()
+        _take_lease_over(queue, "j")
+
+        # Then the runner sees it at its next renewal and stops its copy of the job (it ran
+        # on to the end, the work done twice, only to be fenced then; audit CO), and
+        # records nothing of it
+        runner.until(lambda ln: '"fenced"' in ln and '"j"' in ln)
+        took = time.monotonic() - t0
+        wait_until(lambda: not psutil.pid_exists(pid)
+                   or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE,
+                   what="the job's process to be gone")
+        runner.proc.send_signal(signal.SIGTERM)
+        runner.wait()
+    finally:
+        runner.close()
+    assert took < 10, took
+    assert not (out / "j.pdf").exists()
+    assert QueueView(queue).states_of(["j"]) == {"j": ["running"]}  # (the new holder's)
+
+
 @pytest.mark.parametrize("how", ["completes", "fails"])
 def test_a_runner_taken_over_during_its_commits_sync_records_nothing(
         tmp_path: Path, write_manifest: Any, how: str) -> None:
