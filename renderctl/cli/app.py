@@ -648,7 +648,16 @@ def warn_unfound_programs(jobs: list[Any], origins: dict[str, str]) -> None:
     """A command's program not on PATH, or a python job's module not importable, is valid
     (the runner's PATH and sys.path may differ: another host, a virtualenv it activates),
     but here it would fail every attempt and be dead-lettered after its retries: say so
-    now, once per program (a module is looked up without running any of its code)."""
+    now, once per program (a module is looked up without running any of its code). Also
+    a kind two plugins register, once per kind."""
+    from renderctl.render.registry import clashes
+
+    firsts: dict[str, Any] = {}
+    for job in jobs:
+        firsts.setdefault(job.kind, job)
+    for kind, what in clashes(set(firsts)).items():
+        job = firsts[kind]
+        out.err(f"warning: {origins.get(job.id, '?')}: job {job.id}: kind: {what}")
     missing: dict[tuple[str, str, str], list[Any]] = {}
     found: set[tuple[str, str, str]] = set()
     for job in jobs:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import get_args
 
 from renderctl.render import rules
@@ -124,6 +124,22 @@ def rescanned_specs() -> Mapping[str, RendererSpec]:
     return all_specs()
 
 
+def clashes(kinds: Iterable[str]) -> dict[str, str]:
+    """For each of ``kinds`` that two plugins register: which one is used, which left out
+    (said by `kinds` only, before: a job's params were then refused against the other
+    plugin's spec, nothing said of why; audit CS). Scans the plugins only if one of
+    ``kinds`` is not built in."""
+    specs = all_specs()
+    assert isinstance(specs, _Specs)
+    wanted = [k for k in kinds if k not in specs._builtin]
+    if not wanted:
+        return {}
+    specs._everything()
+    return {k: f"kind {k!r} is registered by more than one plugin: {specs[k].target} is "
+               f"used, not {', '.join(specs.clashes[k])}"
+            for k in wanted if k in specs.clashes and k in specs}
+
+
 def unknown_kind_note() -> str:
     """What to add to "unknown kind": the plugins that failed to load, whose kind it may
     be (said only by `kinds` before: audit CS)."""
@@ -195,6 +211,8 @@ class _Specs(Mapping[str, RendererSpec]):
         self._all: dict[str, RendererSpec] | None = None
         # Entry points that could not be loaded, as "name (value): why", for `kinds`
         self.broken: list[str] = []
+        # Plugin kinds another plugin also registered: kind -> the targets left out
+        self.clashes: dict[str, list[str]] = {}
 
     def __getitem__(self, kind: str) -> RendererSpec:
         spec = self._builtin.get(kind)
@@ -233,6 +251,8 @@ class _Specs(Mapping[str, RendererSpec]):
                     # found first.
                     taken = ("a built-in renderer" if spec.kind in self._builtin
                              else f"another plugin ({specs[spec.kind].target})")
+                    if spec.kind not in self._builtin:
+                        self.clashes.setdefault(spec.kind, []).append(spec.target)
                     self.broken.append(f"{ep.name} ({ep.value}): kind {spec.kind!r} is "
                                        f"{taken}'s already; this one is not registered")
                 else:

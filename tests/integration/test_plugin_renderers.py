@@ -141,6 +141,20 @@ def test_kinds_names_a_plugin_whose_kind_is_taken(tmp_path: Path) -> None:
                             ) + res.stderr.count("kind 'hello' is another plugin "
                                                  "(again_plugin:render)'s already") == 1, res.stderr
 
+    # And a manifest whose job names "hello" is told so too (only `kinds` said it: the job's
+    # params were judged by whichever plugin came first, nothing said why; audit CS)
+    m = tmp_path / "m.toml"
+    m.write_text('[[jobs]]\nid = "h"\nkind = "hello"\noutput = "h.pdf"\n'
+                 'params = { name = "x" }\n')
+    res = cli("validate", str(m), env=env)
+    assert res.returncode == 0, res.stderr
+    assert "job h: kind: kind 'hello' is registered by more than one plugin: " in res.stderr
+    # (a manifest of built-in kinds only reads no plugin, and hears nothing of them)
+    inv = tmp_path / "inv.toml"
+    inv.write_text('[[jobs]]\nid = "i"\nkind = "merge"\ninputs = ["a.pdf"]\n'
+                   'output = "i.pdf"\n')
+    assert "registered by more than one" not in cli("validate", str(inv), env=env).stderr
+
 
 def test_broken_and_slow_plugins_cost_other_kinds_nothing(tmp_path: Path) -> None:
     # Given, beside the "hello" plugin: one that calls sys.exit() as it is imported, one
