@@ -39,6 +39,9 @@ class RunJob:
     # imports that alone, not every installed plugin's entry point (a slow or large one
     # was charged to whichever job first asked the catalogue; audit CS).
     target: str = ""
+    # Whether its lease is the running record's xattr (set before this was sent): then a
+    # record without one is another claim's, caught between its rename and its lease.
+    lease_xattr: bool = False
 
 
 @dataclass(frozen=True)

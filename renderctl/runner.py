@@ -1802,7 +1802,8 @@ class Runner:
         msg = RunJob(job_id=spec.id, attempt=a.claim.lease.attempt, token=a.claim.lease.token,
                      spec=spec.to_json(), tmp_output=str(a.tmp), output_kind=a.output_kind,
                      memory_limit_bytes=spec.memory_mb * MB, expires_at=_expires_at(a),
-                     seq=w.assigned_total + 1, target=kind.target if kind is not None else "")
+                     seq=w.assigned_total + 1, target=kind.target if kind is not None else "",
+                     lease_xattr=self.q.leases_in_xattrs)
         a.seq = msg.seq
         w.queued.append(a)
         w.assigned_total += 1

@@ -2200,6 +2200,11 @@ class Queue:
             out.append(Claim(rec))
         return out
 
+    @property
+    def leases_in_xattrs(self) -> bool:
+        """Whether leases are set as xattrs here (else inline in the running record)."""
+        return self._xattrs
+
     def holds(self, claim: Claim) -> bool:
         """Fencing: is ``claim``'s lease still the one on disk? False when another's is, or
         the job has left running/ (settled by whoever took it over). A lease that cannot be

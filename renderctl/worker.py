@@ -1611,7 +1611,12 @@ def _lease_lost(control_dir: str, job: RunJob) -> bool:
         raw = os.getxattr(path, LEASE_XATTR)
     except FileNotFoundError:
         return True
-    except OSError:
+    except OSError as exc:
+        # No lease on it, where ours was set before the job was sent here: another claim's
+        # record, between its rename into running/ and its lease (audit CQ: started there,
+        # the job ran twice).
+        return job.lease_xattr and exc.errno == errno.ENODATA
+    if not job.lease_xattr:
         return False
     try:
         if raw.startswith(b"{"):

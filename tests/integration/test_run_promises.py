@@ -587,8 +587,9 @@ def _frozen_runner(tmp_path: Path, write_manifest: Any, j2: dict[str, Any],
     return runner, queue
 
 
+@pytest.mark.parametrize("how", ["leased", "claiming"])
 def test_a_worker_does_not_start_a_queued_job_whose_lease_a_frozen_runner_lost(
-        tmp_path: Path, write_manifest: Any) -> None:
+        tmp_path: Path, write_manifest: Any, how: str) -> None:
     # Given one worker with j1 running and j2 queued behind it, the runner frozen (its
     # leases 3 s long, so that the test sees a takeover in seconds)
     log = tmp_path / "runs.log"
@@ -596,21 +597,34 @@ def test_a_worker_does_not_start_a_queued_job_whose_lease_a_frozen_runner_lost(
                                    py_job("j2", "logged_write", log=str(log)),
                                    env={LEASE_ENV: "3"})
     try:
-        # When another runner takes j2's lease over meanwhile, and j1 ends
-        _take_lease_over(queue, "j2")
+        # When another runner takes j2 over meanwhile (its lease on the record; or caught
+        # in its claim: its record renamed into running/, its lease not yet set), and j1
+        # ends
+        if how == "leased":
+            _take_lease_over(queue, "j2")
+        else:
+            running = queue / "running" / "j2.json"
+            other = running.with_name("other.tmp")
+            other.write_bytes(running.read_bytes())  # (a new file: no lease on it)
+            os.replace(other, running)
         (tmp_path / "go").touch()
 
         # Then the worker does not start j2 (it did: run here and by its new holder, one
-        # run never recorded; audit CO); the runner, let go, drops its claim (fenced),
-        # waits for the new holder's lease, takes the job over when nobody renews it, and
-        # runs it once
+        # run never recorded; audits CO, CQ); the runner, let go, drops its claim (fenced)
+        # and waits for the new holder's lease, takes the job over when nobody renews it,
+        # and runs it once (the claim caught without a lease is the next runner's: the
+        # holder, as far as this one can tell, is at work)
         os.kill(runner.pid, signal.SIGCONT)
         assert runner.wait(60) == 0, runner.lines
+        if how == "claiming":
+            assert not log.exists()
+            again = run_cli("run", *cli_args(queue, tmp_path / "out", "--workers", "1"))
+            assert again.returncode == 0, again.stdout + again.stderr
     finally:
         runner.close()
     j2 = [json.loads(ln)["event"] for ln in runner.lines
           if ln.startswith("{") and '"j2"' in ln]
-    assert j2[0] == "fenced" and j2.count("started") == 1, j2
+    assert j2[0] == "fenced" and j2.count("started") == (how == "leased"), j2
     assert log.read_text().count("j2 ") == 1
     assert QueueView(queue).states_of(["j0", "j1", "j2"]) == \
         {"j0": ["done"], "j1": ["done"], "j2": ["done"]}
