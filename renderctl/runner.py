@@ -101,6 +101,7 @@ from renderctl.publish import (
     Published,
     check_confined,
     discard,
+    is_ours,
     make_folders,
     output_folder,
     output_folder_problem,
@@ -2536,6 +2537,19 @@ class Runner:
                 self._kill(w, Outcome.RELEASED)
 
     # -- recording outcomes --
+    def _unpublish(self, a: Assignment) -> None:
+        """Take back an output this commit published for a claim it then found lost: only
+        if it is still this attempt's own (its token's tag, its link, its folder marker)."""
+        token = a.claim.lease.token
+        with contextlib.suppress(OSError):
+            if not is_ours(a.tmp, a.final, is_dir=a.output_kind == "dir", job_id=a.job_id,
+                           token=token):
+                return
+            if a.output_kind == "dir":
+                shutil.rmtree(a.final, ignore_errors=True)
+            else:
+                os.unlink(a.final)
+
     def _fenced(self, a: Assignment) -> None:
         """Drop an attempt whose lease another holder has taken over: nothing of it is
         published or recorded (its temporary output goes). The job is watched as any
@@ -2756,6 +2770,22 @@ class Runner:
             self.crash_point("publish:after_link")
         if restaged:
             self._sync(())
+        # And a last time, right before the records are placed: the publishes, and a sync
+        # when one was refused, came between (review CP: a takeover there left the job in
+        # done/ and dead/). An output published for a claim lost by now is taken back, if
+        # it is still ours (its new holder publishes its own: ours would be in its way).
+        late = {i for i, a in enumerate(owners) if i not in lost and not self.q.holds(a.claim)}
+        if late:
+            published = {id(a) for a in linked}
+            for i in sorted(late):
+                a = owners[i]
+                if id(a) in published:
+                    self._unpublish(a)
+                unlink_quiet(staged[i][0])
+                self._fenced(a)
+            gone = {id(owners[i]) for i in late}
+            linked = [a for a in linked if id(a) not in gone]
+            lost |= late
         if lost:
             staged = [x for i, x in enumerate(staged) if i not in lost]
             transitions = [t for i, t in enumerate(transitions) if i not in lost]
