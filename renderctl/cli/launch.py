@@ -16,11 +16,15 @@ import sys
 from collections.abc import Sequence
 from types import FrameType
 
+# (A few lines, imported before any handler is set: a signal during a lazy import of it
+# would find it half made.)
+from renderctl.errors import SignalExit
+
 _EARLY = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def _exit_early(signum: int, frame: FrameType | None) -> None:
-    raise SystemExit(128 + signum)
+    raise SignalExit(128 + signum)
 
 
 def fill_closed_standard_fds() -> None:

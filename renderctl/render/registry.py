@@ -11,6 +11,7 @@ import re
 from collections.abc import Iterable, Iterator, Mapping
 from typing import get_args
 
+from renderctl.errors import SignalExit
 from renderctl.render import rules
 from renderctl.render.base import ParamSpec, ParamType, RendererSpec
 
@@ -232,6 +233,8 @@ class _Specs(Mapping[str, RendererSpec]):
             for ep in entry_points(group=ENTRY_POINT_GROUP):
                 try:
                     spec = ep.load()
+                except SignalExit:
+                    raise  # a stop signal, not the plugin's doing
                 except (Exception, SystemExit) as exc:  # a broken plugin must not break
                     # the CLI, nor a runner (a sys.exit() at import ended a run midway,
                     # nothing said of which plugin; audit CS). (A KeyboardInterrupt is the
