@@ -2489,7 +2489,7 @@ class Runner:
     # -- cancel and drain --
     def _handle_cancel_requests(self) -> None:
         for jid in self.q.cancel_requests():
-            handled = False
+            handled = taken_over = False
             for a in self.ready:
                 if a.job_id == jid:
                     a.cancel_requested = True
@@ -2511,8 +2511,15 @@ class Runner:
                     # current job, which may take minutes).
                     w.cancelled_tokens[queued.claim.lease.token] = queued.tmp
                     self._tell(w, Skip((queued.seq,)))
-                    self._finish_unrun(queued, State.CANCELLED, "cancelled before it started")
+                    queued.cancel_requested = True
+                    if not self._finish_unrun(queued, State.CANCELLED,
+                                              "cancelled before it started"):
+                        # Fenced: its new holder applies the cancel, asked again for it
+                        # (review CP: cleared below, and the job ran to done).
+                        taken_over = True
                     handled = True
+            if taken_over:
+                continue
             if not handled:
                 if jid in self._foreign:
                     # Running under a lease we wait to see expire: kept, and applied once
@@ -2587,13 +2594,16 @@ class Runner:
             self._count(t)  # pending again: the dashboard's pending count and total include it
             self.reporter.event({"event": "released", "job": a.job_id})
 
-    def _finish_unrun(self, a: Assignment, dst: State, reason: str) -> None:
+    def _finish_unrun(self, a: Assignment, dst: State, reason: str) -> bool:
+        """Record an unrun claim's end; False if it was fenced instead."""
         now = self.clock.wall()
         rec = replace(a.claim.record, lease=None, reason=reason, changed_at=now)
         t = Transition(rec, dst, unrun=True)
-        if self._finish_claim(a, t):
-            self._count(t)
-            self._report(t)
+        if not self._finish_claim(a, t):
+            return False
+        self._count(t)
+        self._report(t)
+        return True
 
     def _complete(self, a: Assignment, fin: Finished) -> None:
         """A finished attempt, for the next group commit; one that will dead-letter its job

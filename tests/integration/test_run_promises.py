@@ -632,6 +632,32 @@ def test_a_worker_does_not_start_a_queued_job_whose_lease_a_frozen_runner_lost(
         {"j0": ["done"], "j1": ["done"], "j2": ["done"]}
 
 
+def test_a_cancel_of_a_queued_job_a_frozen_runner_lost_reaches_its_new_holder(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given one worker with j1 running and j2 queued behind it, the runner frozen (3 s
+    # leases), and j2's lease taken over by another runner meanwhile
+    log = tmp_path / "runs.log"
+    runner, queue = _frozen_runner(tmp_path, write_manifest,
+                                   py_job("j2", "logged_write", log=str(log)),
+                                   env={LEASE_ENV: "3"})
+    try:
+        _take_lease_over(queue, "j2")
+
+        # When the user cancels j2, and the runner goes on
+        cancel = run_cli("cancel", "j2", "--queue", queue)
+        assert cancel.returncode == 0 and "cancel requested" in cancel.stdout, cancel.stdout
+        os.kill(runner.pid, signal.SIGCONT)
+        (tmp_path / "go").touch()
+        runner.wait(60)
+    finally:
+        runner.close()
+
+    # Then the cancel stands for whoever holds j2 (it was consumed by the fenced runner and
+    # lost: j2 ran to done; review CP): here, the runner that takes j2 over at last
+    assert QueueView(queue).states_of(["j2"]) == {"j2": ["cancelled"]}, runner.lines
+    assert not log.exists()
+
+
 def test_a_cancel_racing_its_jobs_completion_cancels_that_job_and_no_other(
         tmp_path: Path, write_manifest: Any) -> None:
     from jobfns import wait_for_pid
