@@ -193,6 +193,7 @@ RECV_CHUNK = 1 << 16  # read from a worker's connection at most this much per ca
 # A worker's largest message is a few hundred KB (errors and tails are capped); a length
 # beyond this is not one of ours (see Garbled).
 MESSAGE_MAX = 64 << 20
+RESCAN_KINDS_S = 5.0  # the plugin catalogue read again at most this often (_accept_claim)
 STATE_INTERVAL_S = 1.0  # how often runner.state.json is rewritten for `top` and metrics
 STATE_FILE = "runner.state.json"
 MAX_START_FAILURES = 5
@@ -451,6 +452,7 @@ class Runner:
         self._wake_w = -1
         self._prior_handlers: dict[int, Any] = {}  # of STOP_SIGNALS and SIGTSTP, restored
         self._specs = all_specs()
+        self._rescan_after = 0.0  # (monotonic) the catalogue may be read again from then
         self._confined: set[tuple[str, str]] = set()  # output folders checked and made
         # Claims, and starts (a worker's line in its started log), not yet known durable.
         self._unsynced_claims = False
@@ -1603,10 +1605,13 @@ class Runner:
         spec = c.record.spec
         final = spec.output_path
         kind = self._specs.get(spec.kind)
-        if kind is None:
+        if kind is None and time.monotonic() >= self._rescan_after:
             # A plugin installed since this runner read the catalogue (a --follow runner
             # lives for days; `submit` validated the job against what is installed now):
-            # read it again. Unread, the job failed every attempt with a KeyError (audit CS).
+            # read it again. Unread, the job failed every attempt with a KeyError (audit
+            # CS). At most once per RESCAN_KINDS_S: a batch of a kind nobody provides read
+            # every plugin again per job (review CP: 0.5 s each, behind a slow one).
+            self._rescan_after = time.monotonic() + RESCAN_KINDS_S
             self._specs = rescanned_specs()
             kind = self._specs.get(spec.kind)
         output_kind = kind.output if kind is not None else "file"

@@ -2254,12 +2254,17 @@ class Queue:
         dropped: list[Transition] = []
         if held is not None:
             keep = []
-            for tmp, t in staged:
-                if held(t):
-                    keep.append((tmp, t))
-                else:
+            try:
+                for tmp, t in staged:
+                    if held(t):
+                        keep.append((tmp, t))
+                    else:
+                        unlink_quiet(tmp)
+                        dropped.append(t)
+            except BaseException:
+                for tmp, _ in staged:  # (not left in tmp/ for the next command to sweep)
                     unlink_quiet(tmp)
-                    dropped.append(t)
+                raise
             staged = keep
         self.place(staged)
         # Protects against: power loss forgetting a record after we report it (and after

@@ -1677,7 +1677,7 @@ def prune(
                 + "; nothing was pruned")
     pruned: set[str] = set()
     counts = q.prune([State(s) for s in names], age, dry_run=dry_run, only=ids,
-                     pruned_ids=pruned)
+                     pruned_ids=pruned if ids is not None else None)  # (not a million)
     total = sum(counts.values())
     # Named and left (or, in a dry run, that would be): it finished less than the age ago,
     # a runner killed mid-commit left a running copy of it for recovery, or it left the

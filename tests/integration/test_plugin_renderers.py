@@ -169,6 +169,8 @@ def test_broken_and_slow_plugins_cost_other_kinds_nothing(tmp_path: Path) -> Non
                         'description="who to greet"),),', 'params=("name",),'))
     add_plugin(site, "slow", "import time\ntime.sleep(1.5)\n"
                + PLUGIN.replace('kind="hello"', 'kind="slow"'))
+    # (and one whose kind is no identifier, which a manifest may name all the same)
+    add_plugin(site, "odd", PLUGIN.replace('kind="hello"', 'kind="acme/hello+v2"'))
 
     # When the kinds are listed, and a job names the kind of the one that quit
     kinds = cli("kinds", "--json", env=env)
@@ -180,7 +182,7 @@ def test_broken_and_slow_plugins_cost_other_kinds_nothing(tmp_path: Path) -> Non
     # command, and the malformed spec made `kinds` a traceback: audit CS); the unknown
     # kind's error says which plugins failed to load
     assert kinds.returncode == 0, kinds.stderr
-    assert {"hello", "slow"} <= set(json.loads(kinds.stdout))
+    assert {"hello", "slow", "acme/hello+v2"} <= set(json.loads(kinds.stdout))
     assert "renderer plugin quits (quits_plugin:SPEC): SystemExit: no licence found; its " \
            "kind is not available" in kinds.stderr, kinds.stderr
     assert "renderer plugin bent (bent_plugin:SPEC): params holds a str, not a ParamSpec; " \
@@ -260,3 +262,31 @@ def test_a_stop_signal_during_a_plugins_import_stops_the_command(tmp_path: Path)
     # enqueued its jobs after the SIGTERM, exit 0)
     assert proc.returncode == 143, err
     assert "renderer plugin" not in err, err
+
+
+def test_a_batch_of_a_kind_nobody_provides_reads_the_plugins_again_once(
+        tmp_path: Path) -> None:
+    # Given 20 jobs of kind "gone", accepted while its plugin was installed, which is then
+    # uninstalled; and a broken plugin that notes each time it is imported
+    site, env = site_with_hello(tmp_path)
+    add_plugin(site, "gone", PLUGIN.replace('kind="hello"', 'kind="gone"'))
+    m = tmp_path / "m.toml"
+    m.write_text("".join(f'[[jobs]]\nid = "g{n}"\nkind = "gone"\noutput = "g{n}.pdf"\n'
+                         'params = { name = "x" }\n' for n in range(20)))
+    queue, out = tmp_path / "q", tmp_path / "out"
+    assert cli("submit", str(m), "--queue", str(queue), "--out", str(out),
+               env=env).returncode == 0
+    (site / "gone_plugin-0.1.dist-info" / "entry_points.txt").unlink()
+    imports = tmp_path / "imports"
+    add_plugin(site, "noisy", f"open({str(imports)!r}, 'a').write('x')\nraise ImportError('no')\n")
+
+    # When they run
+    res = cli("run", "--queue", str(queue), "--workers", "1", env=env)
+
+    # Then each is dead as invalid_input, saying why, and the plugins were read again once
+    # (at the runner's start, then at most once more: per job, a slow plugin's import cost
+    # each job's claim; review CP)
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert res.stdout.count("outcome=invalid_input") == 20, res.stdout
+    assert "no renderer of that kind is installed" in res.stdout
+    assert len(imports.read_text()) <= 2, imports.read_text()
