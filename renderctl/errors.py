@@ -43,12 +43,6 @@ def signal_exit_code(signum: int) -> ExitCode:
             signal.SIGQUIT: ExitCode.SIGQUIT}.get(signal.Signals(signum), ExitCode.SIGTERM)
 
 
-class SignalExit(SystemExit):
-    """The exit a stop signal (SIGTERM, SIGINT, SIGHUP) asks of a command, raised by its
-    handler: told apart from a plugin's own sys.exit() at import, which is that plugin's
-    failure (review CP: a SIGTERM during a plugin's import was taken for one)."""
-
-
 class Interrupted(RenderctlError):
     """A stop signal arrived before anything was enqueued: nothing was."""
 

@@ -101,7 +101,6 @@ from renderctl.publish import (
     Published,
     check_confined,
     discard,
-    is_ours,
     make_folders,
     output_folder,
     output_folder_problem,
@@ -452,7 +451,8 @@ class Runner:
         self._wake_w = -1
         self._prior_handlers: dict[int, Any] = {}  # of STOP_SIGNALS and SIGTSTP, restored
         self._specs = all_specs()
-        self._rescan_after = 0.0  # (monotonic) the catalogue may be read again from then
+        # Kinds no plugin provided at the last look: until when (monotonic) not looked for
+        self._missing_kinds: dict[str, float] = {}
         self._confined: set[tuple[str, str]] = set()  # output folders checked and made
         # Claims, and starts (a worker's line in its started log), not yet known durable.
         self._unsynced_claims = False
@@ -1605,15 +1605,22 @@ class Runner:
         spec = c.record.spec
         final = spec.output_path
         kind = self._specs.get(spec.kind)
-        if kind is None and time.monotonic() >= self._rescan_after:
+        if kind is None and time.monotonic() >= self._missing_kinds.get(spec.kind, 0.0):
             # A plugin installed since this runner read the catalogue (a --follow runner
             # lives for days; `submit` validated the job against what is installed now):
             # read it again. Unread, the job failed every attempt with a KeyError (audit
-            # CS). At most once per RESCAN_KINDS_S: a batch of a kind nobody provides read
-            # every plugin again per job (review CP: 0.5 s each, behind a slow one).
-            self._rescan_after = time.monotonic() + RESCAN_KINDS_S
+            # CS). A kind found missing is looked for again only after RESCAN_KINDS_S: a
+            # batch of it read every plugin again per job (review CP: 0.5 s each, behind a
+            # slow one); per kind, as another kind installed meanwhile is read at once
+            # (review CR).
             self._specs = rescanned_specs()
             kind = self._specs.get(spec.kind)
+            if kind is None:
+                now = time.monotonic()
+                if len(self._missing_kinds) >= 256:  # (a --follow runner lives for days)
+                    self._missing_kinds = {k: t for k, t in self._missing_kinds.items()
+                                           if t > now}
+                self._missing_kinds[spec.kind] = now + RESCAN_KINDS_S
         output_kind = kind.output if kind is not None else "file"
         a = Assignment(c, final, tmp_output_path(final, spec.id, c.lease.token), output_kind,
                        spec.memory_mb)
@@ -2549,19 +2556,6 @@ class Runner:
                 self._kill(w, Outcome.RELEASED)
 
     # -- recording outcomes --
-    def _unpublish(self, a: Assignment) -> None:
-        """Take back an output this commit published for a claim it then found lost: only
-        if it is still this attempt's own (its token's tag, its link, its folder marker)."""
-        token = a.claim.lease.token
-        with contextlib.suppress(OSError):
-            if not is_ours(a.tmp, a.final, is_dir=a.output_kind == "dir", job_id=a.job_id,
-                           token=token):
-                return
-            if a.output_kind == "dir":
-                shutil.rmtree(a.final, ignore_errors=True)
-            else:
-                os.unlink(a.final)
-
     def _fenced(self, a: Assignment) -> None:
         """Drop an attempt whose lease another holder has taken over: nothing of it is
         published or recorded (its temporary output goes). The job is watched as any
@@ -2787,17 +2781,16 @@ class Runner:
             self._sync(())
         # And a last time, right before the records are placed: the publishes, and a sync
         # when one was refused, came between (review CP: a takeover there left the job in
-        # done/ and dead/). An output published for a claim lost by now is taken back, if
-        # it is still ours (its new holder publishes its own: ours would be in its way).
+        # done/ and dead/). An output published for a claim lost by then stays: the new
+        # holder's recovery adopted it (done, from this attempt's output) if it saw it, and
+        # taking it back deleted the output of a job done by then (review CR); a new holder
+        # that judged before the publish finds it in its way (output_exists, the file whole
+        # and checked): a dead letter, never a loss.
         late = {i for i, a in enumerate(owners) if i not in lost and not self.q.holds(a.claim)}
         if late:
-            published = {id(a) for a in linked}
             for i in sorted(late):
-                a = owners[i]
-                if id(a) in published:
-                    self._unpublish(a)
                 unlink_quiet(staged[i][0])
-                self._fenced(a)
+                self._fenced(owners[i])
             gone = {id(owners[i]) for i in late}
             linked = [a for a in linked if id(a) not in gone]
             lost |= late

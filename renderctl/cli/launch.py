@@ -16,9 +16,8 @@ import sys
 from collections.abc import Sequence
 from types import FrameType
 
-# (A few lines, imported before any handler is set: a signal during a lazy import of it
-# would find it half made.)
-from renderctl.errors import SignalExit
+# (Imported before any handler is set, and cheap: see there.)
+from renderctl.signalexit import SignalExit
 
 _EARLY = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 

@@ -11,9 +11,9 @@ import re
 from collections.abc import Iterable, Iterator, Mapping
 from typing import get_args
 
-from renderctl.errors import SignalExit
 from renderctl.render import rules
 from renderctl.render.base import ParamSpec, ParamType, RendererSpec
+from renderctl.signalexit import SignalExit
 
 MAX_PAGES_PER_PART = 100_000
 

@@ -199,9 +199,18 @@ def test_broken_and_slow_plugins_cost_other_kinds_nothing(tmp_path: Path) -> Non
 
 
 def test_a_follow_runner_runs_a_plugin_installed_after_it_started(tmp_path: Path) -> None:
-    # Given a --follow runner, started before the "late" plugin is installed
+    # Given a --follow runner, started before the "late" plugin is installed, with a job
+    # of a kind whose plugin was removed since its submit (the runner looks for it, in
+    # vain, as it claims it)
     site, env = site_with_hello(tmp_path)
     queue, out = tmp_path / "q", tmp_path / "out"
+    add_plugin(site, "gone", PLUGIN.replace('kind="hello"', 'kind="gone"'))
+    gone = tmp_path / "gone.toml"
+    gone.write_text('[[jobs]]\nid = "g"\nkind = "gone"\noutput = "g.pdf"\n'
+                    'params = { name = "x" }\npriority = 1\n')
+    assert cli("submit", str(gone), "--queue", str(queue), "--out", str(out),
+               env=env).returncode == 0
+    (site / "gone_plugin-0.1.dist-info" / "entry_points.txt").unlink()
     first = tmp_path / "first.toml"
     first.write_text('[[jobs]]\nid = "h"\nkind = "hello"\noutput = "h.pdf"\n'
                      'params = { name = "first" }\n')
@@ -225,7 +234,8 @@ def test_a_follow_runner_runs_a_plugin_installed_after_it_started(tmp_path: Path
         assert sub.returncode == 0, sub.stderr
 
         # Then the runner runs it (it failed every attempt with KeyError: 'late', and was
-        # dead-lettered: audit CS)
+        # dead-lettered: audit CS; and within 5 s of the look for "gone", it was not
+        # looked for: review CR)
         for line in runner.stdout:
             if " l " in f" {line} ":
                 assert line.startswith("completed l "), line

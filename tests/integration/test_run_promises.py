@@ -513,20 +513,18 @@ def test_a_runner_stops_a_running_job_whose_lease_was_taken_over(
     assert QueueView(queue).states_of(["j"]) == {"j": ["running"]}  # (the new holder's)
 
 
-@pytest.mark.parametrize(("how", "point"), [("completes", "commit:synced"),
-                                             ("fails", "commit:synced"),
-                                             ("completes", "publish:after_link")])
+@pytest.mark.parametrize("how", ["completes", "fails"])
 def test_a_runner_taken_over_during_its_commits_sync_records_nothing(
-        tmp_path: Path, write_manifest: Any, how: str, point: str) -> None:
+        tmp_path: Path, write_manifest: Any, how: str) -> None:
     from jobfns import stopped, wait_until
 
     # Given a runner (2 s leases) frozen in a group commit, after its sync (the records of
     # the job's attempt written, nothing yet placed): the attempt completed, or failed for
-    # good; or after it published the output, its record not yet placed (review CP)
+    # good
     queue, out, fn = _staged(tmp_path, how, "write_pdf", "fail")
     manifest = write_manifest([{**py_job("j", fn), "max_attempts": 1}])
     runner = Runner(manifest, *cli_args(queue, out, "--workers", "1", "--json"),
-                    env={"RENDERCTL_STOP_AT": point, LEASE_ENV: "2"})
+                    env={"RENDERCTL_STOP_AT": "commit:synced", LEASE_ENV: "2"})
     try:
         wait_until(lambda: stopped(runner.pid), what="the runner to freeze after its sync")
 
@@ -555,6 +553,45 @@ def test_a_runner_taken_over_during_its_commits_sync_records_nothing(
         assert view.states_of(["j"]) == {"j": ["dead"]}
         assert not (out / "j.pdf").exists()
     assert not list(out.glob(".rctl-*"))
+
+
+def test_a_runner_taken_over_after_publishing_leaves_the_output_its_successor_adopted(
+        tmp_path: Path, write_manifest: Any) -> None:
+    from jobfns import stopped, wait_until
+
+    from renderctl.recovery import apply_verdicts, judge_orphan, started_tokens
+
+    # Given a runner (2 s leases) frozen in a group commit after publishing the job's
+    # output, its done record not yet placed
+    queue, out, fn = _staged(tmp_path, "completes", "write_pdf", "fail")
+    manifest = write_manifest([py_job("j", fn)])
+    runner = Runner(manifest, *cli_args(queue, out, "--workers", "1", "--json"),
+                    env={"RENDERCTL_STOP_AT": "publish:after_link", LEASE_ENV: "2"})
+    try:
+        wait_until(lambda: stopped(runner.pid), what="the runner to freeze after publishing")
+
+        # When another runner takes the job over (its lease expired), as recovery does: it
+        # finds the output published by the attempt, and completes the job from it
+        q = Queue(queue)
+        view = q.find("j")
+        assert view is not None
+        orphan = judge_orphan(view.record, started=started_tokens(q), now=time.time())
+        assert orphan.done is not None
+        apply_verdicts(q, [orphan.done], [orphan.published_tmp] if orphan.published_tmp
+                       else [])
+
+        # and the frozen runner goes on
+        os.kill(runner.pid, signal.SIGCONT)
+        code = runner.wait(60)
+    finally:
+        runner.close()
+
+    # Then it records nothing (fenced), and the output the job is done with stays (taking
+    # back what it had published deleted a done job's output; review CR)
+    assert code == 0, runner.lines
+    assert any('"fenced"' in ln for ln in runner.lines), runner.lines
+    assert QueueView(queue).states_of(["j"]) == {"j": ["done"]}
+    assert_pdf(out / "j.pdf", "j")
 
 
 def _signal_frozen(runner: Runner, sig: int) -> tuple[int, str]:
