@@ -399,7 +399,7 @@ class Worker:
         self.base_fds = frozenset(map(int, os.listdir(f"/proc/{pid}/fd")))
 
     def serve(self) -> None:
-        self.conn.send(Ready(os.getpid(), os.getpgid(0)))
+        self._post(Ready(os.getpid(), os.getpgid(0)))
         try:
             while True:
                 # Never block once told to stop: the Stop may have arrived with the last job.
@@ -524,14 +524,14 @@ class Worker:
         back to pending, uncharged, and the runner halts as for workers that cannot start."""
         with contextlib.suppress(OSError):
             self._flush()
-            self.conn.send(Broken(f"cannot import the renderers: {_message(exc)}"))
+            self._post(Broken(f"cannot import the renderers: {_message(exc)}"))
         os._exit(ExitCode.IO_ERROR)
 
     def _broken(self, exc: OSError | GuardError, doing: str = "") -> NoReturn:
         said = os_error_message(exc) if isinstance(exc, OSError) else str(exc)
         with contextlib.suppress(OSError):
             self._flush()
-            self.conn.send(Broken(f"{doing}: {said}" if doing else said))
+            self._post(Broken(f"{doing}: {said}" if doing else said))
         os._exit(ExitCode.IO_ERROR)
 
     def _send(self, msg: object) -> None:
@@ -540,12 +540,21 @@ class Worker:
         if self.outbox:
             self.outbox.append(msg)
             msg, self.outbox = tuple(self.outbox), []
-        self.conn.send(msg)
+        self._post(msg)
 
     def _flush(self) -> None:
         if self.outbox:
             out, self.outbox = self.outbox, []
-            self.conn.send(out[0] if len(out) == 1 else tuple(out))
+            self._post(out[0] if len(out) == 1 else tuple(out))
+
+    def _post(self, msg: object) -> None:
+        try:
+            self.conn.send(msg)
+        except (BrokenPipeError, ConnectionResetError):
+            # The runner is gone (with SIGPIPE ignored, as it is here since audit CD, a
+            # send to it raises instead of killing us): nothing to report to, and nobody
+            # to read a traceback (CI saw one as a runner was SIGKILLed at a crash point).
+            os._exit(0)
 
     def _take_messages(self, *, block: bool) -> None:
         try:

@@ -647,6 +647,41 @@ def test_a_worker_starts_although_the_fork_server_dies_during_its_start(
     assert proc.exitcode == 0
 
 
+def test_a_worker_whose_runner_is_gone_when_it_reports_exits_quietly(
+        tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    from jobfns import HERE, wait_for_pid
+
+    from renderctl.messages import Ready, RunJob
+    from renderctl.runner import prestart, start_worker
+    from renderctl.worker import WorkerConfig
+
+    # Given a worker (from the fork server, as runs start them: it holds no copy of the
+    # runner's end of the pipe) running a job held until the test says go
+    ctx = prestart("forkserver")
+    cfg = WorkerConfig(slot_path="", started_log=str(tmp_path / "started.log"),
+                       work_root=str(tmp_path))
+    proc, conn = start_worker(ctx, cfg, name="renderctl-worker-test")
+    assert conn.poll(30) and isinstance(conn.recv(), Ready)
+    pidfile, go = tmp_path / "j.pid", tmp_path / "go"
+    conn.send(RunJob(job_id="j", attempt=1, token="t:j:1:0", output_kind="file",
+                     spec={"id": "j", "kind": "python", "callable": "jobfns:wait_for_go",
+                           "pythonpath": str(HERE),
+                           "params": {"pidfile": str(pidfile), "go": str(go)}},
+                     tmp_output=str(tmp_path / "j.pdf"), memory_limit_bytes=1 << 30))
+    wait_for_pid(pidfile)
+
+    # When the runner is gone (its end of the pipe closed) as the job ends and the worker
+    # reports it
+    conn.close()
+    go.touch()
+    proc.join(30)
+
+    # Then the worker exits quietly: with SIGPIPE ignored, its report raised
+    # BrokenPipeError, a traceback on the runner's stderr (seen in CI) and exit 1
+    assert proc.exitcode == 0
+    assert "Traceback" not in capfd.readouterr().err
+
+
 SHORTS = [f"s{n}" for n in range(1, 7)]
 
 
