@@ -101,6 +101,7 @@ from renderctl.publish import (
     Published,
     check_confined,
     discard,
+    is_ours,
     make_folders,
     output_folder,
     output_folder_problem,
@@ -123,7 +124,12 @@ from renderctl.recovery import (
     retired_event,
     started_tokens,
 )
-from renderctl.render.registry import all_specs, rescanned_specs, unknown_kind_note
+from renderctl.render.registry import (
+    all_specs,
+    catalogue_stamp,
+    rescanned_specs,
+    unknown_kind_note,
+)
 from renderctl.settings import RunnerSettings
 from renderctl.store import (
     Claim,
@@ -453,6 +459,8 @@ class Runner:
         self._specs = all_specs()
         # Kinds no plugin provided at the last look: until when (monotonic) not looked for
         self._missing_kinds: dict[str, float] = {}
+        self._catalogue_stamp = catalogue_stamp()  # (see _rescan_due)
+        self._rescanned_at = -math.inf
         self._confined: set[tuple[str, str]] = set()  # output folders checked and made
         # Claims, and starts (a worker's line in its started log), not yet known durable.
         self._unsynced_claims = False
@@ -1605,14 +1613,11 @@ class Runner:
         spec = c.record.spec
         final = spec.output_path
         kind = self._specs.get(spec.kind)
-        if kind is None and time.monotonic() >= self._missing_kinds.get(spec.kind, 0.0):
+        if kind is None and self._rescan_due(spec.kind):
             # A plugin installed since this runner read the catalogue (a --follow runner
             # lives for days; `submit` validated the job against what is installed now):
             # read it again. Unread, the job failed every attempt with a KeyError (audit
-            # CS). A kind found missing is looked for again only after RESCAN_KINDS_S: a
-            # batch of it read every plugin again per job (review CP: 0.5 s each, behind a
-            # slow one); per kind, as another kind installed meanwhile is read at once
-            # (review CR).
+            # CS).
             self._specs = rescanned_specs()
             kind = self._specs.get(spec.kind)
             if kind is None:
@@ -1667,6 +1672,21 @@ class Runner:
             # backoff) or a released job's re-claim measured the backoff or the outage.
             self.wait_times.append(max(0.0, self.clock.wall() - c.record.accepted_at))
         self.ready.append(a)
+
+    def _rescan_due(self, kind: str) -> bool:
+        """Whether to read the plugin catalogue again for ``kind``, unknown to ours: at once
+        if sys.path's folders changed since the last read (something was installed);
+        else for a kind not looked for in the last RESCAN_KINDS_S, at most once a second.
+        A scan per claim of a missing kind cost 0.5 s each behind a slow plugin (review
+        CP); one per 5 s for all kinds dead-lettered the jobs of a plugin installed just
+        after (review CR); one per missing kind, 20 scans for 20 kinds (review CT)."""
+        now = time.monotonic()
+        stamp = catalogue_stamp()
+        if stamp == self._catalogue_stamp and (
+                now < self._missing_kinds.get(kind, 0.0) or now < self._rescanned_at + 1.0):
+            return False
+        self._catalogue_stamp, self._rescanned_at = stamp, now
+        return True
 
     def _dispatch(self) -> None:
         if self.stop_signal is not None:
@@ -2556,6 +2576,23 @@ class Runner:
                 self._kill(w, Outcome.RELEASED)
 
     # -- recording outcomes --
+    def _withdraw(self, a: Assignment) -> None:
+        """Withdraw the output this commit published for ``a``, a claim lost since, unless
+        its job is done (adopted by the new holder's recovery) or the file is not this
+        attempt's own any more. Moved to the temporary name (which _fenced removes), so
+        that a folder output never stays half removed at its final path."""
+        view = self.q.find(a.job_id)
+        if view is not None and view.state is State.DONE:
+            return
+        with contextlib.suppress(OSError):
+            if not is_ours(a.tmp, a.final, is_dir=a.output_kind == "dir", job_id=a.job_id,
+                           token=a.claim.lease.token):
+                return
+            if os.path.lexists(a.tmp):
+                os.unlink(a.final)  # (a link to it: the temporary stays for _fenced)
+            else:
+                os.rename(a.final, a.tmp)
+
     def _fenced(self, a: Assignment) -> None:
         """Drop an attempt whose lease another holder has taken over: nothing of it is
         published or recorded (its temporary output goes). The job is watched as any
@@ -2781,16 +2818,21 @@ class Runner:
             self._sync(())
         # And a last time, right before the records are placed: the publishes, and a sync
         # when one was refused, came between (review CP: a takeover there left the job in
-        # done/ and dead/). An output published for a claim lost by then stays: the new
-        # holder's recovery adopted it (done, from this attempt's output) if it saw it, and
-        # taking it back deleted the output of a job done by then (review CR); a new holder
-        # that judged before the publish finds it in its way (output_exists, the file whole
-        # and checked): a dead letter, never a loss.
+        # done/ and dead/). An output published for a claim lost by then is taken back if
+        # the new holder's recovery judged the job before the publish (it runs the job
+        # again, and would find ours in its way: output_exists), never if it found it and
+        # completed the job from it (review CR: taking it back then deleted a done job's
+        # output). Race-free: recovery places its record before the running copy goes,
+        # and a claim is not lost until one of those has happened.
         late = {i for i, a in enumerate(owners) if i not in lost and not self.q.holds(a.claim)}
         if late:
+            published = {id(a) for a in linked}
             for i in sorted(late):
+                a = owners[i]
+                if id(a) in published:
+                    self._withdraw(a)
                 unlink_quiet(staged[i][0])
-                self._fenced(owners[i])
+                self._fenced(a)
             gone = {id(owners[i]) for i in late}
             linked = [a for a in linked if id(a) not in gone]
             lost |= late

@@ -276,17 +276,21 @@ def test_a_stop_signal_during_a_plugins_import_stops_the_command(tmp_path: Path)
 
 def test_a_batch_of_a_kind_nobody_provides_reads_the_plugins_again_once(
         tmp_path: Path) -> None:
-    # Given 20 jobs of kind "gone", accepted while its plugin was installed, which is then
-    # uninstalled; and a broken plugin that notes each time it is imported
+    # Given 20 jobs, 10 of kind "gone" and one of each of "gone0" to "gone9", accepted
+    # while their plugins were installed, which are then uninstalled; and a broken plugin
+    # that notes each time it is imported
     site, env = site_with_hello(tmp_path)
-    add_plugin(site, "gone", PLUGIN.replace('kind="hello"', 'kind="gone"'))
+    kinds = ["gone"] * 10 + [f"gone{n}" for n in range(10)]
+    for kind in set(kinds):
+        add_plugin(site, kind, PLUGIN.replace('kind="hello"', f'kind="{kind}"'))
     m = tmp_path / "m.toml"
-    m.write_text("".join(f'[[jobs]]\nid = "g{n}"\nkind = "gone"\noutput = "g{n}.pdf"\n'
-                         'params = { name = "x" }\n' for n in range(20)))
+    m.write_text("".join(f'[[jobs]]\nid = "g{n}"\nkind = "{kind}"\noutput = "g{n}.pdf"\n'
+                         'params = { name = "x" }\n' for n, kind in enumerate(kinds)))
     queue, out = tmp_path / "q", tmp_path / "out"
     assert cli("submit", str(m), "--queue", str(queue), "--out", str(out),
                env=env).returncode == 0
-    (site / "gone_plugin-0.1.dist-info" / "entry_points.txt").unlink()
+    for kind in set(kinds):
+        (site / f"{kind}_plugin-0.1.dist-info" / "entry_points.txt").unlink()
     imports = tmp_path / "imports"
     add_plugin(site, "noisy", f"open({str(imports)!r}, 'a').write('x')\nraise ImportError('no')\n")
 
@@ -295,7 +299,7 @@ def test_a_batch_of_a_kind_nobody_provides_reads_the_plugins_again_once(
 
     # Then each is dead as invalid_input, saying why, and the plugins were read again once
     # (at the runner's start, then at most once more: per job, a slow plugin's import cost
-    # each job's claim; review CP)
+    # each job's claim, review CP; per missing kind, once for each, review CT)
     assert res.returncode == 1, res.stdout + res.stderr
     assert res.stdout.count("outcome=invalid_input") == 20, res.stdout
     assert "no renderer of that kind is installed" in res.stdout

@@ -513,18 +513,21 @@ def test_a_runner_stops_a_running_job_whose_lease_was_taken_over(
     assert QueueView(queue).states_of(["j"]) == {"j": ["running"]}  # (the new holder's)
 
 
-@pytest.mark.parametrize("how", ["completes", "fails"])
+@pytest.mark.parametrize(("how", "point"), [("completes", "commit:synced"),
+                                             ("fails", "commit:synced"),
+                                             ("completes", "publish:after_link")])
 def test_a_runner_taken_over_during_its_commits_sync_records_nothing(
-        tmp_path: Path, write_manifest: Any, how: str) -> None:
+        tmp_path: Path, write_manifest: Any, how: str, point: str) -> None:
     from jobfns import stopped, wait_until
 
     # Given a runner (2 s leases) frozen in a group commit, after its sync (the records of
     # the job's attempt written, nothing yet placed): the attempt completed, or failed for
-    # good
+    # good; or after it published the output, its record not yet placed (review CP), the
+    # new holder's recovery having judged the job before that (it runs it again)
     queue, out, fn = _staged(tmp_path, how, "write_pdf", "fail")
     manifest = write_manifest([{**py_job("j", fn), "max_attempts": 1}])
     runner = Runner(manifest, *cli_args(queue, out, "--workers", "1", "--json"),
-                    env={"RENDERCTL_STOP_AT": "commit:synced", LEASE_ENV: "2"})
+                    env={"RENDERCTL_STOP_AT": point, LEASE_ENV: "2"})
     try:
         wait_until(lambda: stopped(runner.pid), what="the runner to freeze after its sync")
 
