@@ -91,3 +91,23 @@ def make_token(prefix: str, job_id: str, attempt: int, claimed_at: float) -> str
     the next number); the claim time (the lease keeps it, so the compact xattr needs no new
     field) tells those lives apart. Job ids hold no ':'."""
     return f"{prefix}:{job_id}:{attempt}:{round(claimed_at * 1000)}"
+
+
+def lease_xattr_fields(raw: bytes, job_id: str) -> tuple[str, int, float, float, str] | None:
+    """A lease xattr's (token, attempt, claimed_at, expires_at, token prefix; "" for the
+    JSON form, whose holder is in it) for ``job_id``'s running record, or None if it is
+    not one. The compact form is "<prefix> <attempt> <claimed_at> <expires_at>" (see
+    store.Queue._write_lease). Here, for the store and for a worker that does not import
+    it."""
+    import json
+
+    try:
+        if raw.startswith(b"{"):
+            d = json.loads(raw)
+            return (str(d["token"]), int(d["attempt"]), float(d["claimed_at"]),
+                    float(d["expires_at"]), "")
+        prefix, attempt, claimed_at, expires_at = raw.decode().split(" ")
+        return (make_token(prefix, job_id, int(attempt), float(claimed_at)), int(attempt),
+                float(claimed_at), float(expires_at), prefix)
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+        return None

@@ -111,6 +111,7 @@ from renderctl.lifecycle import (
     LEASE_XATTR,
     State,
     check_transition,
+    lease_xattr_fields,
     make_token,
 )
 from renderctl.lockwait import (
@@ -2958,17 +2959,17 @@ def read_lease(path: str | os.PathLike[str]) -> Lease | None:
 
 def _parse_lease(path: str | os.PathLike[str], raw: bytes) -> Lease | None:
     """A lease xattr's value (JSON, or the compact form: see Queue._write_lease)."""
-    try:
-        if raw.startswith(b"{"):
+    if raw.startswith(b"{"):
+        try:
             return Lease.from_json(json.loads(raw))
-        prefix, attempt, claimed_at, expires_at = raw.decode().split(" ")
-        queue_dir, _, name = os.fspath(path).rpartition("/")  # QUEUE/running, x.json
-        job_id = name.removesuffix(".json")
-        control = f"{queue_dir.rpartition('/')[0]}/control"
-        return Lease(_holder(control, prefix),
-                     make_token(prefix, job_id, int(attempt), float(claimed_at)), int(attempt),
-                     float(claimed_at), float(expires_at))
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+        except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+            return None
+    queue_dir, _, name = os.fspath(path).rpartition("/")  # QUEUE/running, x.json
+    fields = lease_xattr_fields(raw, name.removesuffix(".json"))
+    if fields is None:
         return None
+    token, attempt, claimed_at, expires_at, prefix = fields
+    control = f"{queue_dir.rpartition('/')[0]}/control"
+    return Lease(_holder(control, prefix), token, attempt, claimed_at, expires_at)
 
 

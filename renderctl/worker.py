@@ -27,7 +27,6 @@ import importlib.abc
 import importlib.machinery
 import inspect
 import io
-import json
 import operator
 import os
 import re
@@ -80,7 +79,7 @@ from renderctl.lifecycle import (
     EXPIRED_REASON,
     LEASE_XATTR,
     Outcome,
-    make_token,
+    lease_xattr_fields,
 )
 from renderctl.messages import (
     Broken,
@@ -1625,18 +1624,10 @@ def _lease_lost(control_dir: str, job: RunJob) -> bool:
         # record, between its rename into running/ and its lease (audit CQ: started there,
         # the job ran twice).
         return job.lease_xattr and exc.errno == errno.ENODATA
-    if not job.lease_xattr:
+    fields = lease_xattr_fields(raw, job.job_id) if job.lease_xattr else None
+    if fields is None:
         return False
-    try:
-        if raw.startswith(b"{"):
-            d = json.loads(raw)
-            token, expires = str(d["token"]), float(d["expires_at"])
-        else:
-            prefix, attempt, claimed_at, until = raw.decode().split(" ")
-            token = make_token(prefix, job.job_id, int(attempt), float(claimed_at))
-            expires = float(until)
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
-        return False
+    token, _, _, expires, _ = fields
     return token != job.token or expires < time.time()
 
 
@@ -1655,12 +1646,12 @@ def _renderer(job: RunJob) -> Callable[..., Any]:
     """Import the job's render function, and only that: the catalogue's scan loads every
     installed plugin, inside this job's time and memory (audit CS: another plugin's 3 s
     import timed a job out, its 300 MB table crossed a job's ceiling)."""
+    from renderctl.render.base import load_target
+
     target = _renderer_target(job)
     if not target:
         raise LookupError(f"no renderer of kind {job.spec.get('kind')!r} is installed here")
-    module, _, attr = target.partition(":")
-    fn: Callable[..., Any] = getattr(importlib.import_module(module), attr)
-    return fn
+    return load_target(target)
 
 
 def _call(fn: Callable[..., Any], inputs: list[Path], output: Path,

@@ -58,7 +58,11 @@ class RendererSpec:
 
     def load(self) -> RenderFn:
         """Import and return the render function (in the worker, never in the CLI)."""
-        module_name, _, attr = self.target.partition(":")
-        module = importlib.import_module(module_name)
-        fn: RenderFn = getattr(module, attr)
-        return fn
+        return load_target(self.target)
+
+
+def load_target(target: str) -> RenderFn:
+    """Import a "package.module:function" target and return the function."""
+    module_name, _, attr = target.partition(":")
+    fn: RenderFn = getattr(importlib.import_module(module_name), attr)
+    return fn
