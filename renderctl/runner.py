@@ -457,8 +457,6 @@ class Runner:
         self._wake_w = -1
         self._prior_handlers: dict[int, Any] = {}  # of STOP_SIGNALS and SIGTSTP, restored
         self._specs = all_specs()
-        # Kinds no plugin provided at the last look: until when (monotonic) not looked for
-        self._missing_kinds: dict[str, float] = {}
         self._catalogue_stamp = catalogue_stamp()  # (see _rescan_due)
         self._rescanned_at = -math.inf
         self._confined: set[tuple[str, str]] = set()  # output folders checked and made
@@ -1613,19 +1611,13 @@ class Runner:
         spec = c.record.spec
         final = spec.output_path
         kind = self._specs.get(spec.kind)
-        if kind is None and self._rescan_due(spec.kind):
+        if kind is None and self._rescan_due():
             # A plugin installed since this runner read the catalogue (a --follow runner
             # lives for days; `submit` validated the job against what is installed now):
             # read it again. Unread, the job failed every attempt with a KeyError (audit
             # CS).
             self._specs = rescanned_specs()
             kind = self._specs.get(spec.kind)
-            if kind is None:
-                now = time.monotonic()
-                if len(self._missing_kinds) >= 256:  # (a --follow runner lives for days)
-                    self._missing_kinds = {k: t for k, t in self._missing_kinds.items()
-                                           if t > now}
-                self._missing_kinds[spec.kind] = now + RESCAN_KINDS_S
         output_kind = kind.output if kind is not None else "file"
         a = Assignment(c, final, tmp_output_path(final, spec.id, c.lease.token), output_kind,
                        spec.memory_mb)
@@ -1673,17 +1665,15 @@ class Runner:
             self.wait_times.append(max(0.0, self.clock.wall() - c.record.accepted_at))
         self.ready.append(a)
 
-    def _rescan_due(self, kind: str) -> bool:
-        """Whether to read the plugin catalogue again for ``kind``, unknown to ours: at once
-        if sys.path's folders changed since the last read (something was installed);
-        else for a kind not looked for in the last RESCAN_KINDS_S, at most once a second.
-        A scan per claim of a missing kind cost 0.5 s each behind a slow plugin (review
-        CP); one per 5 s for all kinds dead-lettered the jobs of a plugin installed just
-        after (review CR); one per missing kind, 20 scans for 20 kinds (review CT)."""
+    def _rescan_due(self) -> bool:
+        """Whether to read the plugin catalogue again for a kind ours does not know: at
+        once if sys.path's folders changed since the last read (something was installed),
+        else at most once per RESCAN_KINDS_S (a file system whose folder times are coarse).
+        A scan per claim cost 0.5 s each behind a slow plugin (review CP); a pause alone
+        dead-lettered the jobs of a plugin installed just after (review CR)."""
         now = time.monotonic()
         stamp = catalogue_stamp()
-        if stamp == self._catalogue_stamp and (
-                now < self._missing_kinds.get(kind, 0.0) or now < self._rescanned_at + 1.0):
+        if stamp == self._catalogue_stamp and now < self._rescanned_at + RESCAN_KINDS_S:
             return False
         self._catalogue_stamp, self._rescanned_at = stamp, now
         return True
