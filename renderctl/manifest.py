@@ -279,6 +279,12 @@ def json_schema() -> dict[str, Any]:
             if (f.in_defaults if in_defaults else f.in_job)
         }
 
+    # Each renderer's params, where the table that gives them names the kind too (a job
+    # whose kind comes from [defaults] is checked by validation alone): the renderers of
+    # this installation, plugins included, as `renderctl kinds` lists them.
+    by_kind = [{"if": {"required": ["kind"], "properties": {"kind": {"const": kind}}},
+                "then": {"properties": {"params": spec.params_schema()}}}
+               for kind, spec in all_specs().items()]
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "title": "renderctl manifest",
@@ -287,13 +293,14 @@ def json_schema() -> dict[str, Any]:
         "required": ["jobs"],
         "properties": {
             "defaults": {"type": "object", "additionalProperties": False,
-                         "properties": props(True)},
+                         "properties": props(True), "allOf": by_kind},
             "jobs": {
                 "type": "array",
                 "minItems": 1,
                 "maxItems": MAX_JOBS_PER_MANIFEST,
                 "items": {"type": "object", "additionalProperties": False,
-                          "required": ["id", "output"], "properties": props(False)},
+                          "required": ["id", "output"], "properties": props(False),
+                          "allOf": by_kind},
             },
         },
     }

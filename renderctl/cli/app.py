@@ -47,6 +47,7 @@ from renderctl.limits import (
 from renderctl.settings import RunnerSettings  # stdlib only: defaults without the runner
 
 if TYPE_CHECKING:
+    from renderctl.render.base import ParamSpec
     from renderctl.store import Queue, SubmitResult
 
 app = typer.Typer(
@@ -1404,10 +1405,14 @@ def show(job_id: Annotated[str, typer.Argument(help="job id")], queue: QueueOpt 
 def schema() -> None:
     """Print the manifest's JSON Schema."""
     from renderctl.manifest import json_schema
+    from renderctl.render.registry import broken_plugins
 
+    schema = json_schema()  # (its kinds' params are the plugins' too: say which are missing)
+    for why in broken_plugins():
+        out.err(f"warning: renderer plugin {why}")
     # write_out, not print: `renderctl schema | head` exits 0, as `status | head` does.
     with stdout_result():
-        out.write_out(json.dumps(json_schema(), indent=2) + "\n")
+        out.write_out(json.dumps(schema, indent=2) + "\n")
 
 
 @app.command()
@@ -1433,7 +1438,8 @@ def kinds(as_json: JsonOpt = False) -> None:
                                 "output": s.output,
                                 "params": [{"name": p.name, "type": p.type,
                                             "required": p.required,
-                                            "description": p.description} for p in s.params]}
+                                            "description": p.description,
+                                            "schema": p.json_schema()} for p in s.params]}
                             for k, s in specs.items()})
         return
     lines = []
@@ -1441,9 +1447,22 @@ def kinds(as_json: JsonOpt = False) -> None:
         lines.append(f"{kind}: {spec.description}")
         for p in spec.params:
             req = "required" if p.required else "optional"
-            lines.append(f"    {p.name} ({p.type}, {req}): {p.description}")
+            lines.append(f"    {p.name} ({p.type}, {req}): {p.description}{_param_rule(p)}")
     with stdout_result():
         out.write_out("".join(line + "\n" for line in lines))
+
+
+def _param_rule(p: ParamSpec) -> str:
+    """What a param's value must be beyond its type, as `kinds` says it."""
+    if p.choices:
+        return f"; one of {', '.join(p.choices)}"
+    if p.low is not None and p.high is not None:
+        return f"; {p.low:g} to {p.high:g}"
+    if p.low is not None:
+        return f"; at least {p.low:g}"
+    if p.high is not None:
+        return f"; at most {p.high:g}"
+    return ""
 
 
 @app.command()

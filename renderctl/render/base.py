@@ -42,6 +42,30 @@ class ParamSpec:
     check: Callable[[Any], str | None] | None = None
 
 
+    def json_schema(self) -> dict[str, Any]:
+        """This param as JSON Schema (`renderctl schema`, `kinds --json`): its type, choices
+        and range; what only ``check`` knows is left to validation."""
+        schema: dict[str, Any] = dict(_PARAM_TYPES[self.type])
+        if self.choices:
+            schema["enum"] = list(self.choices)
+        if self.low is not None:
+            schema["minimum"] = self.low
+        if self.high is not None:
+            schema["maximum"] = self.high
+        if self.description:
+            schema["description"] = self.description
+        return schema
+
+
+# (An "int" param refuses 2.0, which JSON Schema counts as an integer: the renderer would be
+# handed a float. A schema cannot tell them apart; validation does.)
+_PARAM_TYPES: dict[str, dict[str, Any]] = {
+    "str": {"type": "string"}, "int": {"type": "integer"}, "float": {"type": "number"},
+    "number": {"type": "number"}, "bool": {"type": "boolean"},
+    "list[str]": {"type": "array", "items": {"type": "string"}}, "table": {"type": "object"},
+}
+
+
 @dataclass(frozen=True)
 class RendererSpec:
     """A renderer's contract: how many inputs, which params, file or folder output."""
@@ -55,6 +79,15 @@ class RendererSpec:
     output: Literal["file", "dir"] = "file"
     # Unknown params are errors unless a renderer opts out (user callables take any dict).
     open_params: bool = False
+
+    def params_schema(self) -> dict[str, Any]:
+        """The params table a job of this kind may give, as JSON Schema. Not which are
+        required: a job's params are its defaults' with its own on top, key by key."""
+        schema: dict[str, Any] = {
+            "type": "object", "properties": {p.name: p.json_schema() for p in self.params}}
+        if not self.open_params:
+            schema["additionalProperties"] = False
+        return schema
 
     def load(self) -> RenderFn:
         """Import and return the render function (in the worker, never in the CLI)."""

@@ -114,8 +114,11 @@ def test_kinds_lists_the_built_ins(runner: CliRunner) -> None:
     assert res.exit_code == 0
     kinds = json.loads(res.stdout)
     assert {"invoice", "report", "merge", "stamp", "split", "command", "python"} <= set(kinds)
-    assert {"name": "title", "type": "str", "required": True,
-            "description": "report title"} in kinds["report"]["params"]
+    assert {"name": "title", "type": "str", "required": True, "description": "report title",
+            "schema": {"type": "string", "description": "report title"}} \
+        in kinds["report"]["params"]
+    [position] = [p for p in kinds["stamp"]["params"] if p["name"] == "position"]
+    assert position["schema"]["enum"][0] == "center"
     # Each kind's input limits as a job meets them (null read as "no limit": audit CE)
     assert kinds["invoice"]["inputs"] == [1, 1]
     assert kinds["merge"]["inputs"][1] == kinds["command"]["inputs"][1] == 1000

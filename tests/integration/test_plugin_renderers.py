@@ -120,6 +120,15 @@ def test_kinds_names_a_plugin_that_cannot_be_loaded(tmp_path: Path) -> None:
     assert "warning: renderer plugin broken (broken_plugin:SPEC): ImportError: needs " \
         "libfoo; its kind is not available" in res.stderr, res.stderr
 
+    # And the manifest's schema has the working plugin's params, and says which is missing
+    res = cli("schema", env=env)
+    assert res.returncode == 0, res.stderr
+    by_kind = {c["if"]["properties"]["kind"]["const"]: c["then"]["properties"]["params"]
+               for c in json.loads(res.stdout)["properties"]["jobs"]["items"]["allOf"]}
+    assert by_kind["hello"]["properties"]["name"]["type"] == "string"
+    assert by_kind["hello"]["additionalProperties"] is False
+    assert "warning: renderer plugin broken (broken_plugin:SPEC)" in res.stderr, res.stderr
+
 
 
 def test_kinds_names_a_plugin_whose_kind_is_taken(tmp_path: Path) -> None:
