@@ -42,6 +42,7 @@ import itertools
 import json
 import math
 import multiprocessing.connection as mpc
+import operator
 import os
 import select
 import shutil
@@ -264,6 +265,7 @@ class Assignment:
     cancel_requested: bool = False
     moved: bool = False  # published by rename (the temporary name is gone)
     seq: int = 0  # its number in its worker's stream (renderctl.gate)
+    order: int = 0  # its place in the line, in the order of claims (Runner._put_back)
 
     @property
     def job_id(self) -> str:
@@ -378,6 +380,7 @@ class Runner:
         self.index = ClaimIndex(max_delay_s=settings.backoff_max_s, clock=SYSTEM_CLOCK)
         self.workers: dict[int, WorkerHandle] = {}
         self.ready: deque[Assignment] = deque()
+        self._claimed = 0  # claims accepted so far: each Assignment's order
         self.completions: list[tuple[Assignment, Finished]] = []
         self.counts: dict[str, int] = {s.value: 0 for s in State if s.terminal}
         self.retries = 0
@@ -1663,6 +1666,8 @@ class Runner:
             # Acceptance to first attempt, as the metric has it: a retry's claim (after its
             # backoff) or a released job's re-claim measured the backoff or the outage.
             self.wait_times.append(max(0.0, self.clock.wall() - c.record.accepted_at))
+        self._claimed += 1
+        a.order = self._claimed
         self.ready.append(a)
 
     def _rescan_due(self) -> bool:
@@ -1804,11 +1809,25 @@ class Runner:
         taken = self._take_back(w, now)
         if not taken:
             return False
-        self.ready.extendleft(reversed(taken))
+        self._put_back(taken)
         for a in taken:
             self.reporter.event({"event": "requeued", "job": a.job_id, "worker": w.pid,
                                  "reason": reason})
         return True
+
+    def _put_back(self, back: Iterable[Assignment]) -> None:
+        """Return jobs a worker did not start to the front of the line, in the order they
+        were claimed, with those put back before them: jobs handed back in turns (a
+        retiring worker's, then those sent to it meanwhile; two workers') ran last first,
+        each turn put in front of the one before."""
+        back = list(back)
+        if not back:
+            return
+        last = max(a.order for a in back)
+        while self.ready and self.ready[0].order < last:
+            back.append(self.ready.popleft())
+        back.sort(key=operator.attrgetter("order"))
+        self.ready.extendleft(reversed(back))
 
     def _take_back_doomed(self, w: WorkerHandle, now: float) -> None:
         """A worker we are killing keeps none of the jobs queued in it that it has not
@@ -2006,6 +2025,7 @@ class Runner:
                 w.kill_deadline = time.monotonic() + RETIRE_BOUND_S
                 w.doomed = _tree(w.pid)
             unfit = msg.kind is DropKind.ABOVE_CEILING and not w.started_any
+            back: list[Assignment] = []  # (to the front of the line, in the order they had)
             for i, seq in enumerate(msg.seqs):
                 # An assignment we no longer hold (cancelled, taken back) is ignored: the
                 # same job may be queued here again since, under a new number.
@@ -2031,7 +2051,8 @@ class Runner:
                                  f"{f' ({held / MB:.0f} MB)' if held and held >= MB else ''}; "
                                  "the slot is replaced"})
                 else:
-                    self.ready.appendleft(a)
+                    back.append(a)
+            self._put_back(back)
         elif isinstance(msg, Ready):
             w.pid, w.pgid = msg.pid, msg.pgid
             w.start_deadline = None
@@ -2110,13 +2131,15 @@ class Runner:
         if a is not None:
             self._complete(a, self._killed(w, a, code))
         self._remove_work_files(w)  # (its job's last words are read above)
-        for q in reversed(w.queued):
+        back: list[Assignment] = []
+        for q in w.queued:
             if self.stop_signal is not None:
                 self._release_unrun(q)
             elif q.cancel_requested:
                 self._finish_unrun(q, State.CANCELLED, "cancelled before it started")
             else:
-                self.ready.appendleft(q)
+                back.append(q)
+        self._put_back(back)
         w.queued.clear()
         w.current = None
         del self.workers[w.index]

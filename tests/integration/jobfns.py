@@ -155,6 +155,16 @@ def write_then_hold_open(inputs: Sequence[Path], output: Path,
     os.replace(params["fdfile"] + ".tmp", params["fdfile"])  # (read whole or not at all)
 
 
+def write_pdf_leaving_a_thread(inputs: Sequence[Path], output: Path,
+                               params: Mapping[str, Any]) -> None:
+    """Write a one-page PDF naming the job, and leave a thread running (its worker
+    retires, handing back the jobs it was sent ahead)."""
+    import threading
+
+    write_pdf(inputs, output, params)
+    threading.Thread(target=time.sleep, args=(600,), daemon=True).start()
+
+
 def kill_self(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 

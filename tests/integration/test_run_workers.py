@@ -274,6 +274,25 @@ def test_every_start_method_completes_a_small_batch(
         assert_pdf(out / f"{j}.pdf", j)
 
 
+def test_jobs_a_retiring_worker_hands_back_run_in_their_order(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given one worker and 40 quick jobs, of which the 11th leaves a thread running: its
+    # worker retires, handing back the jobs it had been sent ahead (quick jobs: many)
+    stage(tmp_path)
+    jobs = [py_job(f"j{n:02}", "write_pdf_leaving_a_thread" if n == 10 else "write_pdf")
+            for n in range(40)]
+    manifest = write_manifest(jobs)
+
+    res = run_cli("run", manifest, *cli_args(tmp_path / "q", tmp_path / "out", "--workers",
+                                              "1", "--json"))
+
+    # Then they start in the order they were submitted (before: the handed-back ones ran
+    # last first, each put back at the front of the line in turn)
+    assert res.returncode == 0, res.stdout + res.stderr
+    started = [e["job"] for e in json_lines(res.stdout) if e["event"] == "started"]
+    assert started == [j["id"] for j in jobs]
+
+
 @pytest.mark.parametrize("shared", [False, True], ids=["own-folder", "shared-folder"])
 @pytest.mark.parametrize("made_again", [False, True], ids=["removed", "removed-and-made"])
 def test_an_output_folder_removed_while_its_job_runs_is_retried_not_dead(
