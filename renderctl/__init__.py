@@ -16,7 +16,9 @@ if TYPE_CHECKING:
     from renderctl.errors import (
         InvalidInput,
         InvalidOutput,
+        JobNotFound,
         ManifestError,
+        QueueBusy,
         QueueError,
         QueueIOError,
         RenderctlError,
@@ -26,8 +28,9 @@ if TYPE_CHECKING:
     from renderctl.manifest import JobSpec
     from renderctl.store import Queue
 
-__all__ = ["InvalidInput", "InvalidOutput", "JobSpec", "Queue", "ManifestError", "QueueError",
-           "QueueIOError", "RenderctlError", "Saturated", "SubmitIncomplete"]
+__all__ = ["InvalidInput", "InvalidOutput", "JobNotFound", "JobSpec", "Queue", "ManifestError",
+           "QueueBusy", "QueueError", "QueueIOError", "RenderctlError", "Saturated",
+           "SubmitIncomplete"]
 __version__ = "0.1.0"
 
 # Loaded when first asked for (PEP 562), not by every import of a renderctl module: the

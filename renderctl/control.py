@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from renderctl.errors import QueueIOError, UserError, os_error_message
 from renderctl.lifecycle import State
+from renderctl.manifest import is_job_id
 from renderctl.store import CANCEL_BATCH, JobRecord, Queue, TakenPending
 
 WAKE_EVERY_S = 0.005
@@ -38,7 +39,7 @@ def cancel_jobs(q: Queue, job_ids: Sequence[str], *,
         # Named first: a cancel killed between taking jobs from pending/ and settling them
         # leaves them in cancelled/ unsettled (no reason, no event, not synced); the next
         # open of the queue finishes what this names (Queue.settle_interrupted_cancels).
-        intent = q.note_cancels(job_ids)
+        intent = q.note_cancels([j for j in job_ids if is_job_id(j)])
         results = _cancel_jobs(q, job_ids, crash_hook=crash_hook)
         q.forget_cancels(intent)
         return results
@@ -75,6 +76,10 @@ def _cancel_jobs(q: Queue, job_ids: Sequence[str], *,
             unwoken, last_wake = False, t
 
     for jid in job_ids:
+        if not is_job_id(jid):
+            # No job has it (a web tier passing on a request's id): not a path to try.
+            results.append(CancelResult(jid, "not found"))
+            continue
         if crash_hook is not None:
             crash_hook("cancel:before")
         took = q.take_pending(jid)

@@ -630,9 +630,15 @@ def unencodable_name(value: str) -> str | None:
     return None if why is None else f"{value}: {why}"
 
 
-def _bad_folder_name(value: str | bytes) -> str | None:
+def bad_folder_name(value: object) -> str | None:
+    """Why ``value`` cannot name a folder given through the API or an option, or None."""
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
     if isinstance(value, bytes):
         return "must be a str or a path, not bytes"
+    if not isinstance(value, str):
+        # (a TypeError from os.fspath deep inside, for None or 5; audit CX)
+        return f"must be a str or a path, got {type(value).__name__}"
     if "\x00" in value:
         return "must not contain NUL"
     return unencodable_name(value)
@@ -1360,7 +1366,7 @@ def jobs_from_dicts(
     # system cannot spell): else a ValueError or UnicodeEncodeError from deep inside.
     folders = [Problem(source, None, name, why) for name, value in
                (("base", base), ("out_root", out_root))
-               if (why := _bad_folder_name(os.fspath(value))) is not None]
+               if (why := bad_folder_name(value)) is not None]
     if folders:
         raise ManifestError(folders)
     problems: list[Problem] = []

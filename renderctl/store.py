@@ -123,7 +123,14 @@ from renderctl.lockwait import (
     open_lock_file,
     wait_for_flock,
 )
-from renderctl.manifest import JobSpec, Limits, is_job_id, jobs_from_dicts, outputs_in_queue
+from renderctl.manifest import (
+    JobSpec,
+    Limits,
+    bad_folder_name,
+    is_job_id,
+    jobs_from_dicts,
+    outputs_in_queue,
+)
 from renderctl.policy import ClaimIndex, Entry
 
 FORMAT_VERSION = 1
@@ -379,6 +386,9 @@ class SubmitResult:
     # one line each; also logged as warnings to the "renderctl" logger. The jobs are
     # accepted all the same: a runner finds them at its next rescan of pending/.
     warnings: tuple[str, ...] = ()
+    # Accepted jobs that look doomed here (renderctl.advice): a deadline already past, a
+    # program or module not found, an output path that holds something. Also logged.
+    advice: tuple[Problem, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -477,6 +487,16 @@ class QueueBackend(Protocol):
     def status(self, *, oldest_pending: bool = True) -> QueueStatus: ...
 
 
+def _check_id(job_id: str) -> None:
+    """Refuse, before it becomes a path, what no job can be called: an id given through the
+    API is joined to a folder, where "../done/x" named a record outside the folder meant
+    (a cancel rewrote a done record, then said "cancelled"; audit CX) and "../../x" a file
+    outside the queue."""
+    if not is_job_id(job_id):
+        raise JobNotFound(f"no job {job_id!r}: not a job id (ids match "
+                          "[A-Za-z0-9._-]{1,128} and do not start with '.')")
+
+
 def _holder_alive(info: Mapping[str, Any]) -> bool | None:
     """Whether the holder record's runner (a runner's Holder) runs: None if it is on
     another host or its record is damaged (nothing here can tell), False if nobody wrote
@@ -495,11 +515,18 @@ def _holder_alive(info: Mapping[str, Any]) -> bool | None:
 def _refusal(spec: JobSpec, view: JobView, replace: bool) -> Problem | None:
     """Why a submit of ``spec`` is refused, its id found as ``view`` (None: it is not;
     the same spec is "already accepted", a changed one replaced, if ``replace``)."""
-    if view.record.spec.to_json() == spec.to_json():
+    old, new = view.record.spec.to_json(), spec.to_json()
+    if old == new:
         return None
     if not replace:
+        # The fields named: a changed --out or default limit (out_root, memory_mb) is
+        # invisible in the manifest the user is looking at. Said here, not by the command
+        # line alone: a web tier's caller got no field and a flag it has no use for (audit
+        # CX).
+        fields = ", ".join(k for k in {**old, **new} if old.get(k) != new.get(k))
         return Problem("<queue>", spec.id, None, f"already in the queue ({view.state.value}) "
-                       "with a different spec; use --replace to replace it")
+                       f"with a different spec (differs in {fields}); use --replace "
+                       "(through the API: replace=True) to replace it")
     if view.state is State.RUNNING:
         return Problem("<queue>", spec.id, None, "is running; cancel it before replacing it")
     return None
@@ -573,6 +600,9 @@ class Queue:
 
     def __init__(self, path: str | os.PathLike[str], *, clock: Clock = SYSTEM_CLOCK,
                  create: bool = True) -> None:
+        if (why := bad_folder_name(path)) is not None:
+            # (a ValueError for a NUL, from deep inside; audit CX)
+            raise UserError(f"Queue({reprlib.repr(path)}): the queue's path {why}")
         if not os.fspath(path):
             # Path("") is the current folder: its files would get the queue's folders among
             # them (audit BD), where the command line refuses --queue "".
@@ -819,6 +849,9 @@ class Queue:
         return f"{d}/{job_id}.json"
 
     def record_path(self, state: State | str, job_id: str) -> Path:
+        """Where ``job_id``'s record is filed in ``state``'s folder: for ids the queue
+        listed or validated (a name listed may be one no job has: quarantined by it). An id
+        from outside goes through ``_check_id`` first (take_pending, request_cancel...)."""
         return self.dir(state) / f"{job_id}.json"
 
     def _fsync_pending(self) -> None:
@@ -1194,10 +1227,12 @@ class Queue:
         out_root: str | os.PathLike[str] = "out",
         limits: Limits = Limits(),
         crash_hook: Callable[[str], None] | None = None,
+        advise: bool = True,
     ) -> SubmitResult:
         """Validate and enqueue atomically: every job of this call is accepted, or none.
 
         Plain dicts are validated exactly like manifest jobs (inputs relative to ``base``).
+        With ``advise``, the accepted jobs that look doomed here are in ``advice``.
         ``crash_hook`` is for tests (see crashpoints.py).
         """
         if isinstance(jobs, str | bytes | Mapping) or not isinstance(jobs, Iterable):
@@ -1211,6 +1246,9 @@ class Queue:
             # (a TypeError from deep inside, for "5")
             raise UserError(f"max_pending must be a whole number >= 0 or None, got "
                             f"{reprlib.repr(max_pending)}")
+        if not isinstance(limits, Limits):
+            raise UserError(f"limits must be a renderctl.manifest.Limits, got "
+                            f"{type(limits).__name__}")
         jobs = list(jobs)  # once: a generator's first job was taken by the check below
         if any(not isinstance(j, JobSpec) for j in jobs):
             # Anything else (a str, None) goes to validation, which names it: "job #1: a
@@ -1222,6 +1260,11 @@ class Queue:
             specs = list(jobs)  # type: ignore[arg-type]
         if problems := self._placement_problems(specs):
             raise ManifestError(problems)
+        existed: set[str] = set()
+        if advise:
+            from renderctl.advice import existing_outputs
+
+            existed = existing_outputs(specs)  # (before: see existing_outputs)
         try:
             with self._lock(SUBMIT_LOCK, doing="nothing was enqueued"):
                 res = self._submit_locked(specs, replace=replace, max_pending=max_pending,
@@ -1234,7 +1277,31 @@ class Queue:
             notes = list(res.warnings)
             self._after_acceptance(notes, "waking the runner", self.wake_runner)
             res = dataclasses.replace(res, warnings=tuple(notes))
+        if advise and (res.accepted or res.replaced):
+            res = self._advise(res, specs, existed)
         return res
+
+    @staticmethod
+    def _advise(res: SubmitResult, specs: Sequence[JobSpec], existed: set[str]) -> SubmitResult:
+        """``res`` with the advice on its accepted jobs, each also logged as a warning."""
+        import logging
+
+        from renderctl import advice
+
+        new = {*res.accepted, *res.replaced}
+        taken = [s for s in specs if s.id in new]
+        origin = dict.fromkeys(new, "<api>")
+        try:
+            found = (advice.past_deadlines(taken, origin)
+                     + advice.unfound_programs(taken, origin)
+                     + advice.outputs_in_the_way(taken, new & existed, origin))
+        except Exception as exc:  # (a third-party import finder's, say: the jobs are in)
+            msg = f"jobs accepted, but looking them over failed: {exc!r}"
+            logging.getLogger("renderctl").warning("%s", msg)
+            return dataclasses.replace(res, warnings=(*res.warnings, msg))
+        for p in found:
+            logging.getLogger("renderctl").warning("%s", p)
+        return dataclasses.replace(res, advice=tuple(found))
 
     def _placement_problems(self, specs: Sequence[JobSpec]) -> list[Problem]:
         """Where the jobs' outputs would go that no run could publish to: an output root
@@ -2357,6 +2424,7 @@ class Queue:
         until ``settle_cancelled`` has made it so: a batch of cancels takes its jobs one by
         one, then settles them all with one sync (``cancel --all`` of 20,000 jobs took a
         minute at a file fsync and two folder fsyncs each)."""
+        _check_id(job_id)
         src = self._rpath(State.PENDING, job_id)
         dst = self._rpath(State.CANCELLED, job_id)
         # Shared with claims, exclusive to a replace: a replace checks what it replaces, then
@@ -2429,6 +2497,7 @@ class Queue:
 
     def request_cancel(self, job_id: str) -> Path:
         """Ask the runner to cancel a running job (it polls control/ and is signalled)."""
+        _check_id(job_id)
         path = self.dir("control") / f"{CANCEL_REQUEST_PREFIX}{job_id}"
         tmp = self._tmp_name("ctl")
         write_file(tmp, b"", fsync=True)
@@ -2442,6 +2511,7 @@ class Queue:
 
     def clear_cancel_request(self, job_id: str) -> bool:
         """Drop a cancel request for ``job_id``; whether there was one."""
+        _check_id(job_id)
         return unlink_quiet(self.dir("control") / f"{CANCEL_REQUEST_PREFIX}{job_id}")
 
     def dead_retry(self, job_ids: Sequence[str], *,
@@ -2457,6 +2527,7 @@ class Queue:
         revived: list[str] = []
         now = self.clock.wall()
         hook = crash_hook or (lambda point: None)
+        job_ids = [j for j in job_ids if is_job_id(j)]  # (no job has another: not in dead/)
         # In batches, each under one hold of submit's lock and one sync for its records: a
         # fsync per job and the lock held throughout made `dead retry --all` of 20,000 jobs
         # take 115 s, every submit waiting behind it.

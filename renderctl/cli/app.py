@@ -614,8 +614,7 @@ def validate(manifests: ManifestsArg, out_dir: OutOpt = None, as_json: JsonOpt =
     try:
         origins: dict[str, str] = {}
         jobs = load_all(manifests, out_root=out_root(out_dir), origins=origins)
-        warn_past_deadlines(jobs, origins)
-        warn_unfound_programs(jobs, origins)
+        warn_doomed(jobs, origins)
     except ManifestError as exc:
         if as_json:
             with stdout_result():
@@ -633,87 +632,13 @@ def validate(manifests: ManifestsArg, out_dir: OutOpt = None, as_json: JsonOpt =
             print(f"ok: {len(jobs)} job(s) in {len(manifests)} manifest(s)")
 
 
-def warn_past_deadlines(jobs: list[Any], origins: dict[str, str]) -> None:
-    """A deadline already past is valid (the job is accepted and expires unrun), but it is
-    almost always a typo or a stale manifest: say so on stderr, once per job."""
-    import time
+def warn_doomed(jobs: list[Any], origins: dict[str, str]) -> None:
+    """Say which valid jobs look doomed here (renderctl.advice): a deadline past, a program
+    or module not found, a kind two plugins register."""
+    from renderctl import advice
 
-    now = time.time()
-    for job in jobs:
-        if job.deadline is not None and job.deadline < now:
-            out.err(f"warning: {origins.get(job.id, '?')}: job {job.id}: deadline: already "
-                    "past; the job will expire without running")
-
-
-def warn_unfound_programs(jobs: list[Any], origins: dict[str, str]) -> None:
-    """A command's program not on PATH, or a python job's module not importable, is valid
-    (the runner's PATH and sys.path may differ: another host, a virtualenv it activates),
-    but here it would fail every attempt and be dead-lettered after its retries: say so
-    now, once per program (a module is looked up without running any of its code). Also
-    a kind two plugins register, once per kind."""
-    from renderctl.render.registry import clashes
-
-    firsts: dict[str, Any] = {}
-    for job in jobs:
-        firsts.setdefault(job.kind, job)
-    for kind, what in clashes(set(firsts)).items():
-        job = firsts[kind]
-        out.err(f"warning: {origins.get(job.id, '?')}: job {job.id}: kind: {what}")
-    missing: dict[tuple[str, str, str], list[Any]] = {}
-    found: set[tuple[str, str, str]] = set()
-    for job in jobs:
-        if job.kind == "command" and job.argv:
-            key = ("argv[0]", "", job.argv[0])
-        elif job.kind == "python" and job.callable:
-            # Only the top-level name: finding a submodule would import (run) its package.
-            key = ("callable", job.pythonpath or "", job.callable.partition(":")[0]
-                   .split(".")[0])
-        else:
-            continue
-        if key in found:
-            continue
-        if key not in missing and _program_found(*key):
-            found.add(key)
-            continue
-        missing.setdefault(key, []).append(job)
-    for (fld, _, name), hit in missing.items():
-        if fld != "argv[0]":
-            what = f"module '{name}' not found here"
-        elif "/" not in name:
-            what = f"'{name}' not found on PATH here"
-        elif not os.path.isabs(name):
-            what = (f"'{name}' is a relative path: a command starts in a fresh, empty "
-                    "working folder, where it cannot be (give it absolute, or put its "
-                    "folder on PATH)")
-        else:
-            what = f"'{name}' " + ("is not executable" if os.path.exists(name)
-                                   else "does not exist") + " here"
-        more = len(hit) - 1
-        also = f" (and {more} more job{'' if more == 1 else 's'})" if more else ""
-        out.err(f"warning: {origins.get(hit[0].id, '?')}: job {hit[0].id}: {fld}: {what}"
-                f"{also}; each attempt would fail")
-
-
-def _program_found(field: str, pythonpath: str, name: str) -> bool:
-    if field == "argv[0]":
-        import shutil
-
-        if "/" in name:
-            # A relative path is to the job's working folder, empty when the command starts:
-            # never there (audit CK: validated quietly, failed at every attempt).
-            return os.path.isabs(name) and os.access(name, os.X_OK)
-        return shutil.which(name) is not None
-    import importlib.util
-
-    saved = list(sys.path)
-    try:
-        if pythonpath:  # the worker imports with the manifest's folder first on sys.path
-            sys.path.insert(0, pythonpath)
-        return importlib.util.find_spec(name) is not None
-    except (ImportError, ValueError):
-        return False
-    finally:
-        sys.path[:] = saved
+    for p in [*advice.past_deadlines(jobs, origins), *advice.unfound_programs(jobs, origins)]:
+        out.err(f"warning: {p}")
 
 
 def do_submit(
@@ -725,6 +650,7 @@ def do_submit(
     and submit. Returns (SubmitResult, Queue)."""
     from dataclasses import replace as with_file
 
+    from renderctl.advice import existing_outputs
     from renderctl.crashpoints import CrashPoints
     from renderctl.manifest import outputs_in_queue
     from renderctl.store import Queue
@@ -738,8 +664,7 @@ def do_submit(
         found = outputs_in_queue(exc.valid, queue_path(queue), origins)
         found += queue_conflicts(exc.valid, queue_path(queue), replace, origins)
         raise ManifestError(exc.problems + found) from None
-    warn_past_deadlines(jobs, origins)
-    warn_unfound_programs(jobs, origins)
+    warn_doomed(jobs, origins)
     if problems := outputs_in_queue(jobs, queue_path(queue), origins):
         raise ManifestError(problems)
     crash_hook = CrashPoints.from_env()
@@ -752,18 +677,17 @@ def do_submit(
     # some already, and their own outputs were reported as in the way ("remove that file").
     existed = existing_outputs(jobs)
     try:
-        res = q.submit(jobs, replace=replace, max_pending=max_pending, crash_hook=crash_hook)
+        # (advise=False: said above, before the queue was opened, and below)
+        res = q.submit(jobs, replace=replace, max_pending=max_pending, crash_hook=crash_hook,
+                       advise=False)
     except ManifestError as exc:
         # The queue knows jobs, not files ("<queue>"): the user has to edit a manifest, so
         # name it.
         problems = [with_file(p, file=origins[p.job]) if p.job in origins else p
                     for p in exc.problems]
-        raise ManifestError(name_changed_fields(problems, jobs, q)) from None
+        raise ManifestError(problems) from None
     warn_existing_outputs(jobs, {*res.accepted, *res.replaced} & existed, origins)
     return res, q
-
-
-DIFFERENT_SPEC = "with a different spec"  # the queue's words for a changed job
 
 
 def queue_conflicts(jobs: list[Any], queue: Path, replace: bool,
@@ -785,35 +709,11 @@ def queue_conflicts(jobs: list[Any], queue: Path, replace: bool,
             problems = q.conflicts(jobs, replace=replace)
             problems = [with_file(p, file=origins[p.job]) if p.job in origins else p
                         for p in problems]
-            return name_changed_fields(problems, jobs, q)
+            return problems
         finally:
             q.close()
     except (OSError, RenderctlError):
         return []
-
-
-def name_changed_fields(problems: list[Problem], jobs: list[Any], q: Queue) -> list[Problem]:
-    """The queue's "already in the queue with a different spec", with the fields that
-    differ (``out_root``, ``memory_mb``): a changed --out or default limit is invisible in
-    the manifest the user is looking at. Read back only for the jobs refused (the queue
-    keeps its reading to itself); a message not in those words is left as it is."""
-    from dataclasses import replace as with_message
-
-    specs = {j.id: j for j in jobs}
-    named = []
-    for p in problems:
-        view = (q.find(p.job) if p.job is not None and p.job in specs
-                and DIFFERENT_SPEC in p.message else None)
-        if view is not None:
-            old, new = view.record.spec.to_json(), specs[p.job].to_json()
-            fields = [k for k in {**old, **new} if old.get(k) != new.get(k)]
-            if fields:
-                # In the message, the field staying null as README documents for a problem of
-                # the whole job (several fields may differ; the API's is the same).
-                p = with_message(p, message=p.message.replace(
-                    DIFFERENT_SPEC, f"{DIFFERENT_SPEC} (differs in {', '.join(fields)})", 1))
-        named.append(p)
-    return named
 
 
 ENDED = ("done", "dead", "cancelled", "expired")
@@ -847,47 +747,16 @@ def note_ended(counts: dict[str, int]) -> None:
     out.err(f"note: {total} of these jobs ended earlier: {detail}{hint}")
 
 
-def existing_outputs(jobs: list[Any]) -> set[str]:
-    """The ids of the jobs whose output path holds something now, or cannot (a file where
-    one of its folders should be)."""
-    hit = set()
-    for j in jobs:
-        try:
-            # A string join, not j.output_path: a Path per job cost more than the lstat.
-            os.lstat(os.path.join(j.out_root, j.output))
-        except NotADirectoryError:
-            hit.add(j.id)
-        except OSError:
-            continue
-        else:
-            hit.add(j.id)
-    return hit
-
-
 def warn_existing_outputs(jobs: list[Any], hit: set[str], origins: dict[str, str]) -> None:
-    """An output path that held a file before its job was accepted makes the job dead-letter
-    (output_exists: renderctl never overwrites), a replaced job's own earlier output
-    included. Valid, the file may go before the job runs, but say so now rather than after
-    the render. ``hit``: the accepted jobs whose output existed before the submit."""
-    hits = [j for j in jobs if j.id in hit]
-    for job in hits[:5]:
-        if not os.path.lexists(job.output_path):
-            # (A file where one of its folders should be: audit CF, said only at run.)
-            fate = "cannot be made: a file is where one of its folders should be, so the " \
-                   "job will be dead-lettered (invalid_output) unless that file is removed " \
-                   "first"
-        elif os.path.islink(job.output_path):
-            # Never published through (publish refuses a symlink): the job's own outcome.
-            fate = "is a symlink; renderctl never publishes through one, so the job will " \
-                   "be dead-lettered (invalid_output) unless that symlink is removed first"
-        else:
-            what = "folder" if os.path.isdir(job.output_path) else "file"
-            fate = "exists already; renderctl never overwrites, so the job will be " \
-                   f"dead-lettered (output_exists) unless that {what} is removed first"
-        out.err(f"warning: {origins.get(job.id, '?')}: job {job.id}: output "
-                f"{job.output_path} {fate}")
-    if len(hits) > 5:
-        out.err(f"warning: {len(hits) - 5} more accepted job(s) whose output exists")
+    """Valid, the file may go before the job runs, but say so now rather than after the
+    render (renderctl.advice.outputs_in_the_way); the first five, then how many more."""
+    from renderctl.advice import outputs_in_the_way
+
+    found = outputs_in_the_way(jobs, hit, origins)
+    for p in found[:5]:
+        out.err(f"warning: {p}")
+    if len(found) > 5:
+        out.err(f"warning: {len(found) - 5} more accepted job(s) whose output exists")
 
 
 def print_refusal(doc: dict[str, Any]) -> None:

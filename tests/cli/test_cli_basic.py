@@ -328,7 +328,7 @@ def test_a_job_whose_output_exists_already_is_accepted_with_a_warning(
 
         # Then it is accepted, with a warning that it will dead-letter unless the file goes
         assert res.exit_code == 0, res.stderr
-        assert f"warning: {m}: job r: output {out / 'r.pdf'} exists already" in res.stderr
+        assert f"warning: {m}: job r: output: {out / 'r.pdf'} exists already" in res.stderr
         assert "dead-lettered (output_exists)" in res.stderr
     assert (out / "r.pdf").read_bytes() == b"%PDF-1.4 earlier"
 
@@ -349,9 +349,9 @@ def test_a_job_whose_output_cannot_be_made_or_is_a_folder_is_warned(
     res = runner.invoke(app, ["submit", str(m), "--queue", str(queue_dir), "--out", str(out)])
     # Then both are accepted, each with a warning saying what is in the way
     assert res.exit_code == 0, res.stderr
-    assert (f"job a: output {out / 'afile' / 'x.pdf'} cannot be made: a file is where one "
+    assert (f"job a: output: {out / 'afile' / 'x.pdf'} cannot be made: a file is where one "
             "of its folders should be") in res.stderr
-    assert f"job b: output {out / 'isdir.pdf'} exists already" in res.stderr
+    assert f"job b: output: {out / 'isdir.pdf'} exists already" in res.stderr
     assert "unless that folder is removed first" in res.stderr
 
 
@@ -369,7 +369,7 @@ def test_a_job_whose_output_is_a_symlink_is_warned_of_its_real_outcome(
     # Then the warning foretells what the runner does with a symlink (invalid_output: it
     # never publishes through one), not output_exists (audit BA)
     assert res.exit_code == 0, res.stderr
-    assert (f"warning: {m}: job s: output {out / 'lnk'} is a symlink; renderctl never "
+    assert (f"warning: {m}: job s: output: {out / 'lnk'} is a symlink; renderctl never "
             "publishes through one, so the job will be dead-lettered (invalid_output)") \
         in res.stderr, res.stderr
 

@@ -27,7 +27,8 @@ PACKAGE = str(Path(renderctl.__file__).parent)
 
 
 def pyjob(jid: str) -> dict[str, Any]:
-    return {"id": jid, "kind": "python", "callable": "m:f", "output": f"o/{jid}.pdf"}
+    # (A module found anywhere: a submit's advice would name one found nowhere. Never run.)
+    return {"id": jid, "kind": "python", "callable": "json:f", "output": f"o/{jid}.pdf"}
 
 
 def test_a_long_lived_queue_keeps_nothing_per_submitted_job(queue_dir: Path,
@@ -203,6 +204,17 @@ def test_arguments_of_the_wrong_type_are_renderctls_errors_and_change_nothing(
         with pytest.raises(ManifestError, match=f"{folder}: must not contain NUL"):
             q.submit([pyjob("d")], **{"base": tmp_path, "out_root": tmp_path / "out",
                                       folder: "x\x00y"})
+        # (None or a number: a TypeError from deep inside; audit CX)
+        with pytest.raises(ManifestError, match=f"{folder}: must be a str or a path, got "):
+            q.submit([pyjob("d")], **{"base": tmp_path, "out_root": tmp_path / "out",
+                                      folder: 5})
+    with pytest.raises(RenderctlError, match="limits must be a renderctl.manifest.Limits"):
+        q.submit([pyjob("d")], base=tmp_path, out_root=tmp_path / "out",
+                 limits="x")  # type: ignore[arg-type]
+    # A queue path with a NUL (a ValueError), or none at all (a TypeError)
+    for path in (f"{queue_dir}\x00y", None):
+        with pytest.raises(RenderctlError, match="the queue's path must"):
+            Queue(path)  # type: ignore[arg-type]
     assert q.list_ids(State.PENDING) == ["keep"]
     # (a tuple is stored as the list it becomes, and the same submit again is "already")
     first = q.submit([{**pyjob("t"), "params": {"t": (1, 2)}}], base=tmp_path,
@@ -431,3 +443,100 @@ def test_threads_sharing_a_queue_log_events_through_a_rotation_without_touching_
              for line in p.read_text().splitlines()]
     assert sorted((e["t"], e["i"]) for e in lines) == [
         (t, i) for t in range(writers) for i in range(rounds)]
+
+
+@pytest.mark.parametrize("bad", ["../done/d1", "../pending/p1", "../../outside/victim",
+                                 "/etc/victim", ".hidden", "", 5])
+def test_ids_no_job_can_have_touch_nothing_inside_the_queue_or_out(
+        queue_dir: Path, tmp_path: Path, bad: Any) -> None:
+    # Given a queue with a done job and a pending one, a record-like file outside the
+    # queue, and every file's bytes as they are
+    q = Queue(queue_dir)
+    q.submit([pyjob("d1"), pyjob("p1")], base=tmp_path, out_root=tmp_path / "out")
+    os.replace(queue_dir / "pending" / "d1.json", queue_dir / "done" / "d1.json")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "victim.json").write_text('{"not": "a job"}')
+    q.request_cancel("p1")  # (an open request a bad id must not clear)
+
+    def files() -> dict[str, bytes]:
+        return {str(p.relative_to(tmp_path)): p.read_bytes() for p in tmp_path.rglob("*")
+                if p.is_file() and "journal" not in p.parts and p.name != "events.jsonl"}
+
+    before = files()
+
+    # When a web tier passes it on to cancel, to dead retry, and to the request calls
+    results = cancel_jobs(q, [bad])
+    revived = q.dead_retry([bad])
+    with pytest.raises(RenderctlError, match="not a job id"):
+        q.request_cancel(bad)
+    with pytest.raises(RenderctlError, match="not a job id"):
+        q.clear_cancel_request(bad)
+
+    # Then the cancel says "not found" (before: "cancelled", having rewritten d1's done
+    # record, left p1 pending to run, or moved a file outside the queue into corrupt/;
+    # audit CX), nothing is retried, and no file anywhere changed
+    assert [r.outcome for r in results] == ["not found"]
+    assert revived == []
+    assert files() == before
+    assert not any(queue_dir.joinpath("corrupt").iterdir())
+    assert {v.state for v in (q.get("d1"), q.get("p1"))} == {State.DONE, State.PENDING}
+
+
+def test_a_changed_job_is_refused_naming_the_fields_that_differ(queue_dir: Path,
+                                                                tmp_path: Path) -> None:
+    # Given a job in the queue
+    q = Queue(queue_dir)
+    q.submit([pyjob("a")], base=tmp_path, out_root=tmp_path / "out")
+
+    # When a web tier submits it again with another timeout
+    with pytest.raises(ManifestError) as refused:
+        q.submit([{**pyjob("a"), "timeout_s": 5}], base=tmp_path, out_root=tmp_path / "out")
+
+    # Then the refusal names the field, and how the API replaces it (before: neither, and a
+    # command line flag; audit CX)
+    [problem] = refused.value.problems
+    assert "differs in timeout_s" in problem.message, problem.message
+    assert "replace=True" in problem.message, problem.message
+
+
+def test_a_submit_says_which_accepted_jobs_look_doomed_here(
+        queue_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # Given jobs that are valid but doomed where they are submitted: a module not found, a
+    # program not on PATH, an output that exists, a deadline past; and one that is fine
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "taken.pdf").write_bytes(b"%PDF-1.4 someone's\n")
+    (tmp_path / "fine_mod.py").write_text("def f(inputs, output, params): pass\n")
+    jobs = [{**pyjob("nomod"), "callable": "no_such_module_here:f"},
+            {"id": "noprog", "kind": "command", "argv": ["no-such-renderctl-tool", "{output}"],
+             "output": "noprog.pdf"},
+            {**pyjob("taken"), "output": "taken.pdf"},
+            {**pyjob("late"), "deadline": "2000-01-01T00:00:00Z"},
+            {**pyjob("fine"), "callable": "fine_mod:f"}]
+    sys_path = list(sys.path)
+
+    # When a web tier submits them
+    with caplog.at_level("WARNING", logger="renderctl"):
+        res = Queue(queue_dir).submit(jobs, base=tmp_path, out_root=tmp_path / "out")
+
+    # Then all are accepted, and the result says which look doomed and why, as `submit`
+    # warns (before: nothing, to an API caller; audit CX), each also logged; the module
+    # was looked up with sys.path left as it was (other threads import meanwhile)
+    assert len(res.accepted) == 5
+    said = {(p.job, p.field): p.message for p in res.advice}
+    assert set(said) == {("nomod", "callable"), ("noprog", "argv[0]"), ("taken", "output"),
+                         ("late", "deadline")}, said
+    assert "module 'no_such_module_here' not found here" in said["nomod", "callable"]
+    assert "dead-lettered (output_exists)" in said["taken", "output"]
+    assert "will expire without running" in said["late", "deadline"]
+    assert len([r for r in caplog.records if r.name == "renderctl"]) == 4
+    assert sys.path == sys_path
+
+
+def test_a_submit_of_jobs_already_accepted_gives_no_advice_again(queue_dir: Path,
+                                                                 tmp_path: Path) -> None:
+    q = Queue(queue_dir)
+    job = {**pyjob("late"), "deadline": "2000-01-01T00:00:00Z"}
+    assert len(q.submit([job], base=tmp_path, out_root=tmp_path / "out").advice) == 1
+    again = q.submit([job], base=tmp_path, out_root=tmp_path / "out")
+    assert (again.already, again.advice) == (("late",), ())
