@@ -280,6 +280,12 @@ def slot_held_bytes(slot_path: str) -> int | None:
     before it would kill anything: what a job's ceiling really competes with (processes'
     own memory, and files in tmpfs, which count as shared memory and stay charged to the
     slot after the job). Reads memory.stat (~16 us with the usage read)."""
+    charge = slot_charge(slot_path)
+    return None if charge is None else max(0, charge[0] - charge[1])
+
+
+def slot_charge(slot_path: str) -> tuple[int, int] | None:
+    """Worker side: (the slot's charge, of which file page cache), as slot_held_bytes."""
     usage = slot_usage_bytes(slot_path)
     if usage is None:
         return None
@@ -288,7 +294,15 @@ def slot_held_bytes(slot_path: str) -> int | None:
         name, _, value = line.partition(" ")
         if name in ("active_file", "inactive_file"):
             cache += int(value)
-    return max(0, usage - cache)
+    return usage, min(cache, usage)
+
+
+def slot_limit_hits(slot_path: str) -> int | None:
+    """Worker side, v1: how often the slot's charge met its ceiling since the job started
+    (``memory.failcnt``, reset with the peak; each hit reclaims page cache first)."""
+    if not slot_path or not _is_v1(Path(slot_path)):
+        return None
+    return _read_int(f"{slot_path}/memory.failcnt")
 
 
 def ceiling_lifted(slot_path: str, limit_bytes: int) -> bool:

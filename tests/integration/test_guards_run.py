@@ -472,6 +472,27 @@ def test_memory_a_killed_job_left_in_its_slot_is_not_charged_to_the_next_job(env
     assert pdf_ok(env.out / "next.pdf")
 
 
+@pytest.mark.skipif(not cgroup_v1_writable(), reason="cgroup v1 memory controller not writable")
+def test_a_jobs_recorded_peak_leaves_out_the_page_cache_earlier_jobs_left(env: Env) -> None:
+    # Given, in one worker slot, ten jobs that each write 8 MB of output (page cache that
+    # stays charged to the slot once written), then one that writes a tiny PDF
+    m = env.manifest([*(job(f"big{i}", "write_big", priority=1, params={"mb": 8, "pdf": True})
+                        for i in range(10)),
+                      job("small", "write_pdf")])
+
+    # When they run one after the other on one worker
+    r = env.run(str(m), "--workers", "1", "--memory-guard", "cgroup-v1")
+    assert r.wait_exit(timeout=60) == 0, r.diag()
+
+    # Then each job's recorded peak is its own: 8 MB and a little for each big one, a few MB
+    # for the small one (before: the cache of every earlier job besides, ~80 MB for the
+    # small one, growing with the slot's age up to the ceiling; audit CV)
+    peaks = {j: env.show(j)["attempts"][0]["peak_memory_bytes"]
+             for j in (*(f"big{i}" for i in range(10)), "small")}
+    assert all(8 * MB <= peaks[f"big{i}"] < 30 * MB for i in range(10)), peaks
+    assert peaks["small"] < 30 * MB, peaks
+
+
 def freezer_v1_cell() -> Path | None:
     """A new cgroup v1 freezer group for one test, or None where there is none to write."""
     root = Path("/sys/fs/cgroup/freezer")
