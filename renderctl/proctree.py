@@ -162,6 +162,19 @@ def reap(pid: int) -> int | None:
     return os.waitstatus_to_exitcode(status) if got == pid else None
 
 
+def reap_pidfd(pidfd: int) -> int | None:
+    """Reap the exited process of ``pidfd`` if it is our child (a worker that outlived its
+    fork server): its status as multiprocessing gives it; None if it has not exited or is
+    another's (by the descriptor, not the pid: no pid reused meanwhile is mistaken)."""
+    try:
+        res = os.waitid(os.P_PIDFD, pidfd, os.WEXITED | os.WNOHANG)
+    except (ChildProcessError, OSError):
+        return None
+    if res is None:
+        return None
+    return -res.si_status if res.si_code in (os.CLD_KILLED, os.CLD_DUMPED) else res.si_status
+
+
 def pid_alive(pid: int) -> bool:
     """Whether ``pid`` runs. A zombie does not: where PID 1 does not reap orphans (some
     containers), a dead process stays a zombie for good and kill(pid, 0) still succeeds."""

@@ -1481,6 +1481,14 @@ class Runner:
     def _worker_exit_code(self, w: WorkerHandle) -> int | None:
         """``w``'s exit status, multiprocessing's way (-N for signal N), once it has exited."""
         if w.death_fd != w.pidfd:
+            if w.pidfd is not None and self._subreaper:
+                # Its fork server died before it did (seen together, the server's end and
+                # its own: a runner busy elsewhere, or stopped): it died our child, and only
+                # we have its real status (the dead server's EOF reads as 255; audit of a
+                # CI flake). Another's child, as usual, is not ours to reap: None.
+                code = proctree.reap_pidfd(w.pidfd)
+                if code is not None:
+                    return code
             w.proc.join(timeout=1)  # (the fork server's report of the exit status)
             return w.proc.exitcode
         if not w.adopted:

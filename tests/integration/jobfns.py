@@ -110,7 +110,10 @@ def kill_parent_then_write(inputs: Sequence[Path], output: Path,
     """Once ``params["wait_for"]`` exists (another job has started), SIGKILL the worker's
     parent (the fork server, under forkserver), write its pid to ``params["killed"]`` once it
     is gone, then write a PDF; or, given ``params["exit"]``, exit with that status at once;
-    or, given ``params["hold"]``, write our pid to ``params["pidfile"]`` and hold for good."""
+    or, given ``params["hold"]``, write our pid to ``params["pidfile"]`` and hold for good.
+    Given ``params["started"]``, first write our pid there."""
+    if "started" in params:
+        _write_pid(params["started"], os.getpid())
     while not os.path.exists(params["wait_for"]):
         time.sleep(0.005)
     server = os.getppid()
