@@ -74,6 +74,7 @@ from renderctl.guards import (
     slot_charge,
     slot_limit_hits,
     slot_peak_bytes,
+    slot_usage_bytes,
 )
 from renderctl.lifecycle import (
     CANCEL_REQUEST_PREFIX,
@@ -395,7 +396,11 @@ class Worker:
         # What earlier jobs left held here (below the allowance): added to the next job's
         # ceiling, so that a job's fate does not depend on what ran before it.
         self.carried = 0
-        self.cache_left = 0  # page cache charged to the slot as the last job ended (_held)
+        # The slot's charge at the last _held(): its page cache, and the rest (held); and
+        # its charge as this job's peak was reset (_set_limit): see _discount_cache.
+        self.cache_left = 0
+        self.held_left = 0
+        self.usage_at_start: int | None = None
         # Every descriptor open now is the worker's (or inherited with it): see _reclaim_fds.
         self.base_fds = frozenset(map(int, os.listdir(f"/proc/{pid}/fd")))
 
@@ -626,9 +631,11 @@ class Worker:
         limit = job.memory_limit_bytes + self.carried
         if limit == self.limit_bytes:
             reset_job_peak(self.config.slot_path)
-            return
-        set_job_limit(self.config.slot_path, limit)
-        self.limit_bytes = limit
+        else:
+            set_job_limit(self.config.slot_path, limit)
+            self.limit_bytes = limit
+        # The charge the peak starts from (one pread, ~2 us): see _discount_cache.
+        self.usage_at_start = slot_usage_bytes(self.config.slot_path)
 
     def _note_held_base(self) -> None:
         """What the slot held before the first job (once)."""
@@ -647,7 +654,12 @@ class Worker:
         except OSError as exc:
             raise with_name(exc, self.config.started_log) from None
         carried = self.carried  # (what _apply_limit raised this job's ceiling by)
-        cache_before = self.cache_left
+        # The page cache at the start, at most: what the charge as the peak was reset holds
+        # beyond what the slot held (not cache) as the last job ended, and no more than the
+        # cache then (none is added between jobs: the runner's work is not charged here).
+        usage_at_start, self.usage_at_start = self.usage_at_start, None
+        cache_at_start = min(self.cache_left, max(0, usage_at_start - self.held_left)) \
+            if usage_at_start is not None else 0
         self._send(Started(job.job_id, job.token, seq=job.seq, wall=wall, mono=time.monotonic(),
                            carried_bytes=carried))
         t0 = time.monotonic()
@@ -708,34 +720,26 @@ class Worker:
                                           "retiring")
         elapsed = time.monotonic() - t0
         if not damage:  # read through kept descriptors: not if a job broke them
-            self._check_ceiling(job, fields, carried, cache_before)
+            self._check_ceiling(job, fields, carried)
             # Only now, with its working directory emptied: scratch files there (on a tmpfs
             # /tmp they are memory too) are not left behind. After every kind: a built-in
             # renderer's big input (a stamp of 20,000 pages) left ~350 MB held, and the
             # next job in the worker was killed at its own 400 MB ceiling. (~16 us a job.)
-            self._check_leftover_memory()
+            if self._check_leftover_memory():
+                self._discount_cache(fields, cache_at_start)
         # Held until the next job starts or the worker is about to wait (see _send).
         self.outbox.append(Finished(job.job_id, job.token, elapsed_s=elapsed, seq=job.seq,
                                     **fields))
 
-    def _check_ceiling(self, job: RunJob, fields: dict[str, Any], carried: int,
-                       cache_before: int) -> None:
-        """Record the job's peak (less what earlier jobs left held in the slot, and their
-        page cache), and judge it by the ceiling the job was given, which the job (as root)
-        may have lifted for itself."""
+    def _check_ceiling(self, job: RunJob, fields: dict[str, Any], carried: int) -> None:
+        """Record the job's peak (less what earlier jobs left held in the slot), and judge it
+        by the ceiling the job was given, which the job (as root) may have lifted for
+        itself."""
         slot = self.config.slot_path
         peak = slot_peak_bytes(slot)
         if peak is None:
             return
         peak = max(0, peak - carried)
-        if cache_before and not slot_limit_hits(slot):
-            # The page cache earlier jobs' outputs left charged to the slot (~4 KiB a job,
-            # reclaimed only under pressure) is in the peak, which starts from the charge at
-            # the job's start: a job writing 3 bytes reported 145 MiB after 28,000 jobs in
-            # its slot, up to its ceiling (audit CV). Without a hit of the ceiling nothing of
-            # it was reclaimed during the job; with one, the peak is left as read (the job
-            # may have used what the cache gave up).
-            peak = max(0, peak - cache_before)
         fields["peak_memory_bytes"] = peak
         limit = job.memory_limit_bytes
         if job.spec["kind"] == "python" and own_memory_cgroup() != self.slot_cgroup:
@@ -767,15 +771,16 @@ class Worker:
             charge = slot_charge(self.config.slot_path)
             if charge is None:
                 return 0
-            self.cache_left = charge[1]
-            return charge[0] - charge[1]
+            self.cache_left, self.held_left = charge[1], charge[0] - charge[1]
+            return self.held_left
         return int(_pread_whole(self.statm_fd).split()[1]) * PAGE_SIZE
 
-    def _check_leftover_memory(self) -> None:
+    def _check_leftover_memory(self) -> bool:
         """Retire (with a fresh slot) if the job left more memory held than the allowance;
-        otherwise note what it left, for the next job's ceiling."""
+        otherwise note what it left, for the next job's ceiling. Whether the slot was read
+        now (``cache_left``, ``held_left`` are the job's end)."""
         if self.held_base is None or self.retire_reason:
-            return
+            return False
         slot = self.config.slot_path
         # Read whole every time (memory.stat, ~16 us): the slot's usage alone cannot tell,
         # as page cache that goes away (a file deleted) can hide the same amount leaked.
@@ -784,8 +789,26 @@ class Worker:
             self.retire_kind = DropKind.LEAKED if slot else DropKind.RETIRE
             where = "this worker's memory slot" if slot else "this worker"
             self.retire_reason = f"a job left {grown / MB:.0f} MB held in {where}; retiring"
-            return
+            return True
         self.carried = max(0, grown)
+        return True
+
+    def _discount_cache(self, fields: dict[str, Any], cache_at_start: int) -> None:
+        """Take out of the recorded peak the page cache earlier jobs' outputs left charged
+        to the slot (~4 KiB a job, reclaimed only under pressure), in it because the peak
+        starts from the charge at the job's start: a job writing 3 bytes reported 145 MiB
+        after 28,000 jobs in its slot, up to its ceiling (audit CV).
+
+        Only what was there at the start and still is at the end (a file deleted, or global
+        pressure, may take it away meanwhile: then it was not in the peak either, review CY),
+        and only where the peak is the job's own (cgroup v1) and the job never met its
+        ceiling, which reclaims cache first. The record only: the ceiling was judged on the
+        peak as read (_check_ceiling)."""
+        peak = fields.get("peak_memory_bytes")
+        if not peak or not cache_at_start or fields.get("outcome") == Outcome.MEMORY.value \
+                or slot_limit_hits(self.config.slot_path) != 0:
+            return
+        fields["peak_memory_bytes"] = max(0, peak - min(cache_at_start, self.cache_left))
 
     def _reclaim_fds(self) -> None:
         """After a job's code ran here: if it left more than FD_ALLOWANCE descriptors open,

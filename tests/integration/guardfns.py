@@ -7,6 +7,7 @@ called as ``fn(inputs, output, params)`` inside a renderctl worker.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -30,7 +31,15 @@ def write_pdf(inputs: list[Path], output: Path, params: Mapping[str, Any]) -> No
 
 
 def hog(inputs: list[Path], output: Path, params: Mapping[str, Any]) -> None:
-    """Allocate 10 MB bytearrays touching every page, up to ``mb`` MB, at ``rate_mb_s``."""
+    """Allocate 10 MB bytearrays touching every page, up to ``mb`` MB, at ``rate_mb_s``
+    (first removing the file ``params["remove"]``, if given, once it is there)."""
+    if "remove" in params:
+        deadline = time.monotonic() + 20
+        while not os.path.exists(params["remove"]):  # (published at the group commit)
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{params['remove']} never appeared")
+            time.sleep(0.01)
+        os.unlink(params["remove"])
     total_mb = int(params["mb"])
     rate = float(params.get("rate_mb_s", 0) or 0)
     chunks: list[bytearray] = []
@@ -45,6 +54,18 @@ def hog(inputs: list[Path], output: Path, params: Mapping[str, Any]) -> None:
             if ahead > 0:
                 time.sleep(ahead)
     write_pdf(inputs, output, params)
+
+
+def lift_then_hog(inputs: list[Path], output: Path, params: Mapping[str, Any]) -> None:
+    """Remove the memory ceiling of the worker's own cgroup (as root can), then ``hog``."""
+    from renderctl.guards import _own_cgroup_dir
+
+    slot = _own_cgroup_dir(True)
+    assert slot is not None, "not in a cgroup v1 memory group"
+    for name in ("memory.memsw.limit_in_bytes", "memory.limit_in_bytes"):
+        with contextlib.suppress(FileNotFoundError):
+            (slot / name).write_text("-1")
+    hog(inputs, output, params)
 
 
 def ignore_term_with_grandchild(inputs: list[Path], output: Path,

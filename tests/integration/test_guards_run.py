@@ -493,6 +493,33 @@ def test_a_jobs_recorded_peak_leaves_out_the_page_cache_earlier_jobs_left(env: E
     assert peaks["small"] < 30 * MB, peaks
 
 
+@pytest.mark.skipif(not cgroup_v1_writable(), reason="cgroup v1 memory controller not writable")
+@pytest.mark.parametrize("lift", [False, True], ids=["own-ceiling", "lifted-ceiling"])
+def test_a_jobs_peak_keeps_what_it_used_of_cache_that_went_away(env: Env, lift: bool) -> None:
+    # Given, in one worker slot, a job that writes 100 MB of output (page cache charged to
+    # the slot), then one that removes that output and allocates 150 MB: under its own
+    # 300 MB ceiling, or under a 100 MB one (it lifts its ceiling first, as root may)
+    m = env.manifest([job("big", "write_big", priority=1, params={"mb": 100, "pdf": True}),
+                      job("hog", "lift_then_hog" if lift else "hog",
+                          memory_mb=100 if lift else 300, max_attempts=1,
+                          params={"mb": 150, "remove": str(env.out / "big.pdf")})])
+
+    # When they run one after the other on one worker
+    r = env.run(str(m), "--workers", "1", "--memory-guard", "cgroup-v1")
+    r.wait_exit(timeout=60)
+
+    # Then the hog's peak is its ~150 MB (before: less the 100 MB of cache that had gone by
+    # its end, ~50 MB), and one that lifted its ceiling is judged by it (before: completed,
+    # "93.8 MiB"; review CY)
+    [attempt] = env.show("hog")["attempts"]
+    assert attempt["peak_memory_bytes"] >= 140 * MB, attempt
+    if lift:
+        assert attempt["outcome"] == "memory", attempt
+        assert "which the job had lifted" in attempt["error"], attempt
+    else:
+        assert attempt["outcome"] == "completed", attempt
+
+
 def freezer_v1_cell() -> Path | None:
     """A new cgroup v1 freezer group for one test, or None where there is none to write."""
     root = Path("/sys/fs/cgroup/freezer")
