@@ -2506,8 +2506,19 @@ class Queue:
         return path
 
     def cancel_requests(self) -> list[str]:
-        return [n[len(CANCEL_REQUEST_PREFIX):] for n in os.listdir(self.dir("control"))
-                if n.startswith(CANCEL_REQUEST_PREFIX)]
+        """The ids of the jobs a cancel was requested for. A request named for no job id
+        (a file made by hand, or by an API call of a version that took any id) is removed:
+        passed on, it stopped every run of the queue (exit 2, "not a job id"; review CY)."""
+        ids = []
+        for n in os.listdir(self.dir("control")):
+            if not n.startswith(CANCEL_REQUEST_PREFIX):
+                continue
+            jid = n[len(CANCEL_REQUEST_PREFIX):]
+            if is_job_id(jid):
+                ids.append(jid)
+            else:
+                unlink_quiet(self.dir("control") / n)
+        return ids
 
     def clear_cancel_request(self, job_id: str) -> bool:
         """Drop a cancel request for ``job_id``; whether there was one."""
