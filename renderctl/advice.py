@@ -15,7 +15,6 @@ from __future__ import annotations
 import importlib.machinery
 import importlib.util
 import os
-import sys
 import time
 from collections.abc import Iterable, Sequence
 
@@ -91,14 +90,21 @@ def _program_found(field: str, pythonpath: str, name: str) -> bool:
             return os.path.isabs(name) and os.access(name, os.X_OK)
         return shutil.which(name) is not None
     try:
-        # The worker imports with the manifest's folder first on sys.path. Searched as a
-        # path of its own, sys.path untouched: a web tier's other threads import meanwhile.
-        if pythonpath and importlib.machinery.PathFinder.find_spec(
-                name, [pythonpath, *sys.path]) is not None:
+        # The worker imports with the manifest's folder first on sys.path. That folder is
+        # searched by a finder of its own, thrown away after: sys.path is left alone (a web
+        # tier's other threads import meanwhile), and so is sys.path_importer_cache (one
+        # finder kept per upload folder for the life of the process; review CY).
+        if pythonpath and importlib.machinery.FileFinder(
+                pythonpath, *_LOADERS).find_spec(name) is not None:
             return True
         return importlib.util.find_spec(name) is not None  # (built-ins, editable installs)
     except (ImportError, ValueError):
         return False
+
+
+_LOADERS = ((importlib.machinery.ExtensionFileLoader, importlib.machinery.EXTENSION_SUFFIXES),
+            (importlib.machinery.SourceFileLoader, importlib.machinery.SOURCE_SUFFIXES),
+            (importlib.machinery.SourcelessFileLoader, importlib.machinery.BYTECODE_SUFFIXES))
 
 
 def existing_outputs(jobs: Iterable[JobSpec]) -> set[str]:

@@ -513,7 +513,7 @@ def test_a_submit_says_which_accepted_jobs_look_doomed_here(
             {**pyjob("taken"), "output": "taken.pdf"},
             {**pyjob("late"), "deadline": "2000-01-01T00:00:00Z"},
             {**pyjob("fine"), "callable": "fine_mod:f"}]
-    sys_path = list(sys.path)
+    sys_path, finders = list(sys.path), dict(sys.path_importer_cache)
 
     # When a web tier submits them
     with caplog.at_level("WARNING", logger="renderctl"):
@@ -521,7 +521,8 @@ def test_a_submit_says_which_accepted_jobs_look_doomed_here(
 
     # Then all are accepted, and the result says which look doomed and why, as `submit`
     # warns (before: nothing, to an API caller; audit CX), each also logged; the module
-    # was looked up with sys.path left as it was (other threads import meanwhile)
+    # was looked up with sys.path left as it was (other threads import meanwhile), and
+    # no finder kept for the upload folder (one per folder, for good; review CY)
     assert len(res.accepted) == 5
     said = {(p.job, p.field): p.message for p in res.advice}
     assert set(said) == {("nomod", "callable"), ("noprog", "argv[0]"), ("taken", "output"),
@@ -531,6 +532,8 @@ def test_a_submit_says_which_accepted_jobs_look_doomed_here(
     assert "will expire without running" in said["late", "deadline"]
     assert len([r for r in caplog.records if r.name == "renderctl"]) == 4
     assert sys.path == sys_path
+    assert str(tmp_path) not in sys.path_importer_cache
+    assert sys.path_importer_cache.keys() == finders.keys()
 
 
 def test_a_submit_of_jobs_already_accepted_gives_no_advice_again(queue_dir: Path,
