@@ -279,9 +279,10 @@ def json_schema() -> dict[str, Any]:
             if (f.in_defaults if in_defaults else f.in_job)
         }
 
-    # Each renderer's params, where the table that gives them names the kind too (a job
-    # whose kind comes from [defaults] is checked by validation alone): the renderers of
-    # this installation, plugins included, as `renderctl kinds` lists them.
+    # Each renderer's params, for a job that names its kind itself (one whose kind comes
+    # from [defaults] is checked by validation alone; so are [defaults]' own params, which
+    # validation judges only as each job merges them: every job may name another kind;
+    # review CY): the renderers of this installation, plugins included, as `kinds` lists.
     by_kind = [{"if": {"required": ["kind"], "properties": {"kind": {"const": kind}}},
                 "then": {"properties": {"params": spec.params_schema()}}}
                for kind, spec in all_specs().items()]
@@ -293,7 +294,7 @@ def json_schema() -> dict[str, Any]:
         "required": ["jobs"],
         "properties": {
             "defaults": {"type": "object", "additionalProperties": False,
-                         "properties": props(True), "allOf": by_kind},
+                         "properties": props(True)},
             "jobs": {
                 "type": "array",
                 "minItems": 1,
