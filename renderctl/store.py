@@ -2517,7 +2517,10 @@ class Queue:
             if is_job_id(jid):
                 ids.append(jid)
             else:
-                unlink_quiet(self.dir("control") / n)
+                # (One that cannot be removed, a folder say, is left: skipped all the same;
+                # review CZ.)
+                with contextlib.suppress(OSError):
+                    unlink_quiet(self.dir("control") / n)
         return ids
 
     def clear_cancel_request(self, job_id: str) -> bool:

@@ -495,7 +495,9 @@ def test_a_queue_folder_replaced_by_a_file_is_named_by_submit_and_run(
     assert os.listdir(queue / "pending") == []
 
 
-def test_a_cancel_request_named_for_no_job_is_removed_not_a_stop(tmp_path: Path) -> None:
+@pytest.mark.parametrize("what", ["file", "folder"])
+def test_a_cancel_request_named_for_no_job_is_removed_not_a_stop(tmp_path: Path,
+                                                                  what: str) -> None:
     # Given a queue whose control/ holds a cancel request named for no job id (a file made
     # by hand, or by an API call of a version that took any id)
     stage(tmp_path)
@@ -504,7 +506,10 @@ def test_a_cancel_request_named_for_no_job_is_removed_not_a_stop(tmp_path: Path)
     manifest.write_text(json.dumps({"jobs": [py_job("a", "write_pdf")]}))
     assert run_cli("submit", manifest, *cli_args(queue, out), cwd=tmp_path).returncode == 0
     stray = queue / "control" / "cancel.x y"
-    stray.write_bytes(b"")
+    if what == "file":
+        stray.write_bytes(b"")
+    else:
+        stray.mkdir()  # (not removable by unlink: skipped, and left; review CZ)
 
     # When a runner runs the queue
     res = run_cli("run", *cli_args(queue, out), cwd=tmp_path)
@@ -513,4 +518,4 @@ def test_a_cancel_request_named_for_no_job_is_removed_not_a_stop(tmp_path: Path)
     # 'x y': not a job id", the job left where it was; review CY)
     assert res.returncode == ExitCode.OK, res.stdout + res.stderr
     assert QueueView(queue).states_of(["a"]) == {"a": ["done"]}
-    assert not stray.exists()
+    assert stray.exists() == (what == "folder")
