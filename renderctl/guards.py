@@ -302,7 +302,10 @@ def slot_limit_hits(slot_path: str) -> int | None:
     (``memory.failcnt``, reset with the peak; each hit reclaims page cache first)."""
     if not slot_path or not _is_v1(Path(slot_path)):
         return None
-    return _read_int(f"{slot_path}/memory.failcnt")
+    try:
+        return _read_int(f"{slot_path}/memory.failcnt")
+    except OSError:  # (unknown, for a figure that only refines a record: not the job's fault)
+        return None
 
 
 def ceiling_lifted(slot_path: str, limit_bytes: int) -> bool:

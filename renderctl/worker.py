@@ -397,7 +397,7 @@ class Worker:
         # ceiling, so that a job's fate does not depend on what ran before it.
         self.carried = 0
         # The slot's charge at the last _held(): its page cache, and the rest (held); and
-        # its charge as this job's peak was reset (_set_limit): see _discount_cache.
+        # its charge as this job's peak was reset (_set_limit): see _cache_discount.
         self.cache_left = 0
         self.held_left = 0
         self.usage_at_start: int | None = None
@@ -634,7 +634,7 @@ class Worker:
         else:
             set_job_limit(self.config.slot_path, limit)
             self.limit_bytes = limit
-        # The charge the peak starts from (one pread, ~2 us): see _discount_cache.
+        # The charge the peak starts from (one pread, ~2 us): see _cache_discount.
         self.usage_at_start = slot_usage_bytes(self.config.slot_path)
 
     def _note_held_base(self) -> None:
@@ -720,26 +720,32 @@ class Worker:
                                           "retiring")
         elapsed = time.monotonic() - t0
         if not damage:  # read through kept descriptors: not if a job broke them
-            self._check_ceiling(job, fields, carried)
-            # Only now, with its working directory emptied: scratch files there (on a tmpfs
-            # /tmp they are memory too) are not left behind. After every kind: a built-in
-            # renderer's big input (a stamp of 20,000 pages) left ~350 MB held, and the
-            # next job in the worker was killed at its own 400 MB ceiling. (~16 us a job.)
-            if self._check_leftover_memory():
-                self._discount_cache(fields, cache_at_start)
+            # What the slot holds now (~16 us a job), read once for the two checks below,
+            # whatever else retires the worker. Only now, with its working directory
+            # emptied: scratch files there (on a tmpfs /tmp they are memory too) are not
+            # left behind.
+            held = self._held() if self.held_base is not None else None
+            discount = self._cache_discount(fields, cache_at_start) if held is not None else 0
+            self._check_ceiling(job, fields, carried, discount)
+            if held is not None:
+                # After every kind: a built-in renderer's big input (a stamp of 20,000 pages)
+                # left ~350 MB held, and the next job in the worker was killed at its own
+                # 400 MB ceiling.
+                self._check_leftover_memory(held)
         # Held until the next job starts or the worker is about to wait (see _send).
         self.outbox.append(Finished(job.job_id, job.token, elapsed_s=elapsed, seq=job.seq,
                                     **fields))
 
-    def _check_ceiling(self, job: RunJob, fields: dict[str, Any], carried: int) -> None:
-        """Record the job's peak (less what earlier jobs left held in the slot), and judge it
-        by the ceiling the job was given, which the job (as root) may have lifted for
-        itself."""
+    def _check_ceiling(self, job: RunJob, fields: dict[str, Any], carried: int,
+                       discount: int) -> None:
+        """Record the job's peak (less what earlier jobs left held in the slot, and the
+        ``discount`` of their page cache), and judge it by the ceiling the job was given,
+        which the job (as root) may have lifted for itself."""
         slot = self.config.slot_path
         peak = slot_peak_bytes(slot)
         if peak is None:
             return
-        peak = max(0, peak - carried)
+        peak = max(0, peak - carried - discount)
         fields["peak_memory_bytes"] = peak
         limit = job.memory_limit_bytes
         if job.spec["kind"] == "python" and own_memory_cgroup() != self.slot_cgroup:
@@ -775,40 +781,41 @@ class Worker:
             return self.held_left
         return int(_pread_whole(self.statm_fd).split()[1]) * PAGE_SIZE
 
-    def _check_leftover_memory(self) -> bool:
-        """Retire (with a fresh slot) if the job left more memory held than the allowance;
-        otherwise note what it left, for the next job's ceiling. Whether the slot was read
-        now (``cache_left``, ``held_left`` are the job's end)."""
+    def _check_leftover_memory(self, held: int) -> None:
+        """Retire (with a fresh slot) if the job left more memory ``held`` (as _held read it,
+        whole: the slot's usage alone cannot tell, as page cache that goes away, a file
+        deleted, can hide the same amount leaked) than the allowance; otherwise note what
+        it left, for the next job's ceiling."""
         if self.held_base is None or self.retire_reason:
-            return False
+            return
         slot = self.config.slot_path
-        # Read whole every time (memory.stat, ~16 us): the slot's usage alone cannot tell,
-        # as page cache that goes away (a file deleted) can hide the same amount leaked.
-        grown = self._held() - self.held_base
+        grown = held - self.held_base
         if grown > LEFTOVER_ALLOWANCE_BYTES:
             self.retire_kind = DropKind.LEAKED if slot else DropKind.RETIRE
             where = "this worker's memory slot" if slot else "this worker"
             self.retire_reason = f"a job left {grown / MB:.0f} MB held in {where}; retiring"
-            return True
+            return
         self.carried = max(0, grown)
-        return True
 
-    def _discount_cache(self, fields: dict[str, Any], cache_at_start: int) -> None:
-        """Take out of the recorded peak the page cache earlier jobs' outputs left charged
+    def _cache_discount(self, fields: Mapping[str, Any], cache_at_start: int) -> int:
+        """How much of the slot's peak is page cache that earlier jobs' outputs left charged
         to the slot (~4 KiB a job, reclaimed only under pressure), in it because the peak
         starts from the charge at the job's start: a job writing 3 bytes reported 145 MiB
-        after 28,000 jobs in its slot, up to its ceiling (audit CV).
+        after 28,000 jobs in its slot, up to its ceiling (audit CV). Taken out of the peak
+        recorded and judged (a job that lifted its ceiling was dead-lettered for the cache
+        of the job before it; review CZ).
 
-        Only what was there at the start and still is at the end (a file deleted, or global
-        pressure, may take it away meanwhile: then it was not in the peak either, review CY),
-        and only where the peak is the job's own (cgroup v1) and the job never met its
-        ceiling, which reclaims cache first. The record only: the ceiling was judged on the
-        peak as read (_check_ceiling)."""
-        peak = fields.get("peak_memory_bytes")
-        if not peak or not cache_at_start or fields.get("outcome") == Outcome.MEMORY.value \
-                or slot_limit_hits(self.config.slot_path) != 0:
-            return
-        fields["peak_memory_bytes"] = max(0, peak - min(cache_at_start, self.cache_left))
+        Only what was there at the start and is still there at the end (``cache_left``, read
+        just now) beyond the job's own output (a file deleted, or global pressure, may take
+        the earlier cache away meanwhile: then it was not in the peak either; reviews CY,
+        CZ); only where the peak is the job's own (cgroup v1) and the job never met its
+        ceiling, which reclaims cache first. Cache the job made by reading its inputs can
+        still stand in for earlier cache deleted meanwhile: then the peak is under-counted
+        by as much."""
+        if not cache_at_start or slot_limit_hits(self.config.slot_path) != 0:
+            return 0
+        own = fields.get("bytes") or 0
+        return min(cache_at_start, max(0, self.cache_left - own))
 
     def _reclaim_fds(self) -> None:
         """After a job's code ran here: if it left more than FD_ALLOWANCE descriptors open,

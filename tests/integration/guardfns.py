@@ -32,7 +32,9 @@ def write_pdf(inputs: list[Path], output: Path, params: Mapping[str, Any]) -> No
 
 def hog(inputs: list[Path], output: Path, params: Mapping[str, Any]) -> None:
     """Allocate 10 MB bytearrays touching every page, up to ``mb`` MB, at ``rate_mb_s``
-    (first removing the file ``params["remove"]``, if given, once it is there)."""
+    (first removing the file ``params["remove"]``, if given, once it is there); then write
+    a tiny PDF, or one of ``params["write_mb"]`` MB; with ``params["leave_thread"]``, leave
+    a thread running (its worker retires)."""
     if "remove" in params:
         deadline = time.monotonic() + 20
         while not os.path.exists(params["remove"]):  # (published at the group commit)
@@ -53,7 +55,14 @@ def hog(inputs: list[Path], output: Path, params: Mapping[str, Any]) -> None:
             ahead = start + (i + 1) * 10 / rate - time.monotonic()
             if ahead > 0:
                 time.sleep(ahead)
-    write_pdf(inputs, output, params)
+    if params.get("write_mb"):
+        write_big(inputs, output, {"mb": params["write_mb"], "pdf": True})
+    else:
+        write_pdf(inputs, output, params)
+    if params.get("leave_thread"):
+        import threading
+
+        threading.Thread(target=time.sleep, args=(3,), daemon=True).start()
 
 
 def lift_then_hog(inputs: list[Path], output: Path, params: Mapping[str, Any]) -> None:

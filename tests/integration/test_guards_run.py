@@ -494,6 +494,35 @@ def test_a_jobs_recorded_peak_leaves_out_the_page_cache_earlier_jobs_left(env: E
 
 
 @pytest.mark.skipif(not cgroup_v1_writable(), reason="cgroup v1 memory controller not writable")
+@pytest.mark.parametrize(("params", "memory_mb", "low", "high"), [
+    # (review CZ: a worker retiring for a thread left running got no discount, 142 MiB;
+    # a job that lifted its 100 MB ceiling and used 60 was dead-lettered as 161 MB; one
+    # that removed the earlier output and wrote 100 MB of its own was recorded at 60)
+    ({"mb": 30, "leave_thread": True}, 300, 30, 80),
+    ({"mb": 60, "lift": True}, 100, 60, 100),
+    ({"mb": 50, "write_mb": 100, "remove": True}, 400, 140, 260),
+], ids=["retiring", "lifted-and-fits", "removes-and-writes"])
+def test_a_jobs_peak_after_an_earlier_jobs_cache_is_its_own(
+        env: Env, params: dict[str, Any], memory_mb: int, low: int, high: int) -> None:
+    # Given, in one worker slot, a job that writes 100 MB of output (page cache charged to
+    # the slot), then one that allocates (and more, as params say)
+    if params.pop("remove", False):
+        params["remove"] = str(env.out / "big.pdf")
+    fn = "lift_then_hog" if params.pop("lift", False) else "hog"
+    m = env.manifest([job("big", "write_big", priority=1, params={"mb": 100, "pdf": True}),
+                      job("next", fn, memory_mb=memory_mb, max_attempts=1, params=params)])
+
+    # When they run one after the other on one worker
+    r = env.run(str(m), "--workers", "1", "--memory-guard", "cgroup-v1")
+    r.wait_exit(timeout=60)
+
+    # Then the second completes, its peak what it used, not the first's cache
+    [attempt] = env.show("next")["attempts"]
+    assert attempt["outcome"] == "completed", attempt
+    assert low * MB <= attempt["peak_memory_bytes"] <= high * MB, attempt
+
+
+@pytest.mark.skipif(not cgroup_v1_writable(), reason="cgroup v1 memory controller not writable")
 @pytest.mark.parametrize("lift", [False, True], ids=["own-ceiling", "lifted-ceiling"])
 def test_a_jobs_peak_keeps_what_it_used_of_cache_that_went_away(env: Env, lift: bool) -> None:
     # Given, in one worker slot, a job that writes 100 MB of output (page cache charged to
