@@ -304,7 +304,7 @@ def slot_limit_hits(slot_path: str) -> int | None:
         return None
     try:
         return _read_int(f"{slot_path}/memory.failcnt")
-    except OSError:  # (unknown, for a figure that only refines a record: not the job's fault)
+    except (OSError, ValueError):  # (unknown: it only refines a record; not the job's fault)
         return None
 
 

@@ -725,8 +725,11 @@ class Worker:
             # emptied: scratch files there (on a tmpfs /tmp they are memory too) are not
             # left behind.
             held = self._held() if self.held_base is not None else None
-            discount = self._cache_discount(fields, cache_at_start) if held is not None else 0
-            self._check_ceiling(job, fields, carried, discount)
+            self._check_ceiling(job, fields, carried)
+            if held is not None and fields.get("peak_memory_bytes") \
+                    and fields.get("outcome") != Outcome.MEMORY.value:
+                fields["peak_memory_bytes"] = max(
+                    0, fields["peak_memory_bytes"] - self._cache_discount(fields, cache_at_start))
             if held is not None:
                 # After every kind: a built-in renderer's big input (a stamp of 20,000 pages)
                 # left ~350 MB held, and the next job in the worker was killed at its own
@@ -736,16 +739,15 @@ class Worker:
         self.outbox.append(Finished(job.job_id, job.token, elapsed_s=elapsed, seq=job.seq,
                                     **fields))
 
-    def _check_ceiling(self, job: RunJob, fields: dict[str, Any], carried: int,
-                       discount: int) -> None:
-        """Record the job's peak (less what earlier jobs left held in the slot, and the
-        ``discount`` of their page cache), and judge it by the ceiling the job was given,
-        which the job (as root) may have lifted for itself."""
+    def _check_ceiling(self, job: RunJob, fields: dict[str, Any], carried: int) -> None:
+        """Record the job's peak (less what earlier jobs left held in the slot), and judge it
+        by the ceiling the job was given, which the job (as root) may have lifted for
+        itself."""
         slot = self.config.slot_path
         peak = slot_peak_bytes(slot)
         if peak is None:
             return
-        peak = max(0, peak - carried - discount)
+        peak = max(0, peak - carried)
         fields["peak_memory_bytes"] = peak
         limit = job.memory_limit_bytes
         if job.spec["kind"] == "python" and own_memory_cgroup() != self.slot_cgroup:
@@ -802,16 +804,20 @@ class Worker:
         to the slot (~4 KiB a job, reclaimed only under pressure), in it because the peak
         starts from the charge at the job's start: a job writing 3 bytes reported 145 MiB
         after 28,000 jobs in its slot, up to its ceiling (audit CV). Taken out of the peak
-        recorded and judged (a job that lifted its ceiling was dead-lettered for the cache
-        of the job before it; review CZ).
+        recorded, never of the peak judged (_check_ceiling): what is still there at the end
+        cannot prove it was there at the peak, and judged on it a job that lifted its
+        ceiling and used more than it completed (review DA); judged on the peak as read,
+        one that lifted its ceiling may be charged the cache of the job before it, as
+        always.
 
         Only what was there at the start and is still there at the end (``cache_left``, read
         just now) beyond the job's own output (a file deleted, or global pressure, may take
         the earlier cache away meanwhile: then it was not in the peak either; reviews CY,
         CZ); only where the peak is the job's own (cgroup v1) and the job never met its
-        ceiling, which reclaims cache first. Cache the job made by reading its inputs can
-        still stand in for earlier cache deleted meanwhile: then the peak is under-counted
-        by as much."""
+        ceiling, which reclaims cache first (where memsw equals the limit, as we set it, this
+        kernel's failcnt stays 0 even so: the bound by the end is what holds). Cache the job
+        made other than its output (inputs read, scratch files) can still stand in for
+        earlier cache deleted meanwhile: then the record is under-counted by as much."""
         if not cache_at_start or slot_limit_hits(self.config.slot_path) != 0:
             return 0
         own = fields.get("bytes") or 0

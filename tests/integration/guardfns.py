@@ -34,7 +34,8 @@ def hog(inputs: list[Path], output: Path, params: Mapping[str, Any]) -> None:
     """Allocate 10 MB bytearrays touching every page, up to ``mb`` MB, at ``rate_mb_s``
     (first removing the file ``params["remove"]``, if given, once it is there); then write
     a tiny PDF, or one of ``params["write_mb"]`` MB; with ``params["leave_thread"]``, leave
-    a thread running (its worker retires)."""
+    a thread running (its worker retires); with ``params["scratch"]``, first let the
+    allocation go and write ``params["scratch_mb"]`` MB to that file."""
     if "remove" in params:
         deadline = time.monotonic() + 20
         while not os.path.exists(params["remove"]):  # (published at the group commit)
@@ -55,6 +56,11 @@ def hog(inputs: list[Path], output: Path, params: Mapping[str, Any]) -> None:
             ahead = start + (i + 1) * 10 / rate - time.monotonic()
             if ahead > 0:
                 time.sleep(ahead)
+    if params.get("scratch"):
+        chunks.clear()
+        with open(params["scratch"], "wb") as fh:
+            for _ in range(int(params["scratch_mb"])):
+                fh.write(bytes(MB))
     if params.get("write_mb"):
         write_big(inputs, output, {"mb": params["write_mb"], "pdf": True})
     else:
