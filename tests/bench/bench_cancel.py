@@ -63,7 +63,7 @@ def many_pending(n: int) -> None:
         for name in ("by-id", "all"):
             q = Queue(base / name)
             for at in range(0, n, 10000):
-                q.submit([{"id": f"p{i:07d}", "kind": "python", "callable": "m:f",
+                q.submit([{"id": f"p{i:07d}", "kind": "python", "callable": "json:f",
                            "output": f"o/{i}.pdf"} for i in range(at, min(n, at + 10000))],
                          base=base, out_root=base / "out")
             queues.append(q)

@@ -34,7 +34,7 @@ WEEK = 7 * 86400.0
 
 
 def job(jid: str) -> dict[str, object]:
-    return {"id": jid, "kind": "python", "callable": "m:f", "output": f"o/{jid}.pdf"}
+    return {"id": jid, "kind": "python", "callable": "json:f", "output": f"o/{jid}.pdf"}
 
 
 def build(q: Queue, base: Path, done: int, dead: int, pending: int) -> None:
