@@ -152,16 +152,6 @@ def pidfd_exited(pidfd: int | None, timeout_s: float = 0) -> bool:
     return bool(p.poll(math.ceil(timeout_s * 1000)))
 
 
-def reap(pid: int) -> int | None:
-    """Reap our exited child ``pid`` without waiting: its status as multiprocessing gives
-    it (the exit code, or -N for signal N); None if it has not exited or is not ours."""
-    try:
-        got, status = os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        return None
-    return os.waitstatus_to_exitcode(status) if got == pid else None
-
-
 def reap_pidfd(pidfd: int) -> int | None:
     """Reap the exited process of ``pidfd`` if it is our child (a worker that outlived its
     fork server): its status as multiprocessing gives it; None if it has not exited or is
@@ -319,7 +309,7 @@ __all__ = [
     "pid_alive",
     "pidfd_exited",
     "process_start_time",
-    "reap",
+    "reap_pidfd",
     "set_child_subreaper",
     "set_oom_score_adj",
     "set_parent_death_signal",

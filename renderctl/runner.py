@@ -1480,24 +1480,20 @@ class Runner:
 
     def _worker_exit_code(self, w: WorkerHandle) -> int | None:
         """``w``'s exit status, multiprocessing's way (-N for signal N), once it has exited."""
+        if w.pidfd is not None and self._subreaper and (w.adopted or w.death_fd != w.pidfd):
+            # It outlived its fork server and died our child, so the server cannot tell its
+            # status (multiprocessing, reading the dead server's EOF, takes it for 255):
+            # adopted, or its death seen together with the server's (a runner busy
+            # elsewhere, or stopped; a CI flake). Reaped through its pidfd, which is ours
+            # only then: otherwise None, and the server's report stands.
+            code = proctree.reap_pidfd(w.pidfd)
+            if code is not None or w.adopted:
+                return code
         if w.death_fd != w.pidfd:
-            if w.pidfd is not None and self._subreaper:
-                # Its fork server died before it did (seen together, the server's end and
-                # its own: a runner busy elsewhere, or stopped): it died our child, and only
-                # we have its real status (the dead server's EOF reads as 255; audit of a
-                # CI flake). Another's child, as usual, is not ours to reap: None.
-                code = proctree.reap_pidfd(w.pidfd)
-                if code is not None:
-                    return code
             w.proc.join(timeout=1)  # (the fork server's report of the exit status)
-            return w.proc.exitcode
-        if not w.adopted:
-            # With a pidfd the process has exited: exitcode reaps it without waiting (join
-            # would wait on the sentinel, which a job's leftover may hold open).
-            return w.proc.exitcode
-        # It outlived its fork server and is our child: the server cannot tell its status.
-        # (multiprocessing, reading the dead server's EOF, takes it for 255: never asked.)
-        return proctree.reap(w.proc.pid)
+        # (With a pidfd the process has exited: exitcode reaps it without waiting; join
+        # would wait on the sentinel, which a job's leftover may hold open.)
+        return w.proc.exitcode
 
     def _nap(self) -> float:
         """How long the loop may leave workers' messages unread, in seconds (0: not at all).
