@@ -397,7 +397,7 @@ class Worker:
         # ceiling, so that a job's fate does not depend on what ran before it.
         self.carried = 0
         # The slot's charge at the last _held(): its page cache, and the rest (held); and
-        # its charge as this job's peak was reset (_set_limit): see _cache_discount.
+        # its charge as this job's peak was reset (_set_limit): see _discount_cache.
         self.cache_left = 0
         self.held_left = 0
         self.usage_at_start: int | None = None
@@ -634,7 +634,7 @@ class Worker:
         else:
             set_job_limit(self.config.slot_path, limit)
             self.limit_bytes = limit
-        # The charge the peak starts from (one pread, ~2 us): see _cache_discount.
+        # The charge the peak starts from (one pread, ~2 us): see _discount_cache.
         self.usage_at_start = slot_usage_bytes(self.config.slot_path)
 
     def _note_held_base(self) -> None:
@@ -726,11 +726,8 @@ class Worker:
             # left behind.
             held = self._held() if self.held_base is not None else None
             self._check_ceiling(job, fields, carried)
-            if held is not None and fields.get("peak_memory_bytes") \
-                    and fields.get("outcome") != Outcome.MEMORY.value:
-                fields["peak_memory_bytes"] = max(
-                    0, fields["peak_memory_bytes"] - self._cache_discount(fields, cache_at_start))
             if held is not None:
+                self._discount_cache(fields, cache_at_start)
                 # After every kind: a built-in renderer's big input (a stamp of 20,000 pages)
                 # left ~350 MB held, and the next job in the worker was killed at its own
                 # 400 MB ceiling.
@@ -799,29 +796,27 @@ class Worker:
             return
         self.carried = max(0, grown)
 
-    def _cache_discount(self, fields: Mapping[str, Any], cache_at_start: int) -> int:
-        """How much of the slot's peak is page cache that earlier jobs' outputs left charged
-        to the slot (~4 KiB a job, reclaimed only under pressure), in it because the peak
-        starts from the charge at the job's start: a job writing 3 bytes reported 145 MiB
-        after 28,000 jobs in its slot, up to its ceiling (audit CV). Taken out of the peak
-        recorded, never of the peak judged (_check_ceiling): what is still there at the end
-        cannot prove it was there at the peak, and judged on it a job that lifted its
-        ceiling and used more than it completed (review DA); judged on the peak as read,
-        one that lifted its ceiling may be charged the cache of the job before it, as
-        always.
+    def _discount_cache(self, fields: dict[str, Any], cache_at_start: int) -> None:
+        """Take out of the recorded peak (never the judged one: _check_ceiling) the page
+        cache earlier jobs' outputs left charged to the slot, which the peak starts from: a
+        job writing 3 bytes recorded 145 MiB after 28,000 jobs in its slot (audit CV).
 
         Only what was there at the start and is still there at the end (``cache_left``, read
-        just now) beyond the job's own output (a file deleted, or global pressure, may take
-        the earlier cache away meanwhile: then it was not in the peak either; reviews CY,
-        CZ); only where the peak is the job's own (cgroup v1) and the job never met its
-        ceiling, which reclaims cache first (where memsw equals the limit, as we set it, this
-        kernel's failcnt stays 0 even so: the bound by the end is what holds). Cache the job
-        made other than its output (inputs read, scratch files) can still stand in for
-        earlier cache deleted meanwhile: then the record is under-counted by as much."""
-        if not cache_at_start or slot_limit_hits(self.config.slot_path) != 0:
-            return 0
+        just now) beyond the job's own output: what a deletion or global pressure took away
+        meanwhile was not in the peak either (reviews CY, CZ). Only where the peak is the
+        job's own (cgroup v1) and failcnt does not show the ceiling met (where memsw equals
+        the limit, as we set it, this kernel leaves it 0 even so: the bound by the end is
+        what holds). Cache the job made besides its output (inputs read, scratch files) can
+        stand in for earlier cache deleted meanwhile: then the record is under-counted by
+        as much; judged on it, a job that lifted its ceiling and used more completed
+        (review DA)."""
+        peak = fields.get("peak_memory_bytes")
+        if not peak or not cache_at_start or fields.get("outcome") == Outcome.MEMORY.value \
+                or slot_limit_hits(self.config.slot_path) != 0:
+            return
         own = fields.get("bytes") or 0
-        return min(cache_at_start, max(0, self.cache_left - own))
+        fields["peak_memory_bytes"] = max(
+            0, peak - min(cache_at_start, max(0, self.cache_left - own)))
 
     def _reclaim_fds(self) -> None:
         """After a job's code ran here: if it left more than FD_ALLOWANCE descriptors open,
