@@ -114,6 +114,28 @@ _SUFFIXES = (*importlib.machinery.EXTENSION_SUFFIXES, *importlib.machinery.SOURC
              *importlib.machinery.BYTECODE_SUFFIXES)
 
 
+_SAID = 5  # of each kind of per-job warning, then how many more
+
+
+def said(found: Sequence[Problem]) -> list[str]:
+    """``found`` as warning lines, bounded: a past deadline or an output in the way is said
+    of the first five jobs, then how many more (5,000 stale jobs made 5,000 lines: review
+    CY); programs not found are said once per program already."""
+    lines: list[str] = []
+    more = {"deadline": 0, "output": 0}
+    for p in found:
+        if p.field in more:
+            more[p.field] += 1
+            if more[p.field] > _SAID:
+                continue
+        lines.append(str(p))
+    if (n := more["deadline"] - _SAID) > 0:
+        lines.append(f"{n} more accepted job(s) whose deadline is already past")
+    if (n := more["output"] - _SAID) > 0:
+        lines.append(f"{n} more accepted job(s) whose output exists")
+    return lines
+
+
 def existing_outputs(jobs: Iterable[JobSpec]) -> set[str]:
     """The ids of the jobs whose output path holds something now, or cannot (a file where
     one of its folders should be). Looked at before the jobs are accepted: after, a

@@ -1283,7 +1283,8 @@ class Queue:
 
     @staticmethod
     def _advise(res: SubmitResult, specs: Sequence[JobSpec], existed: set[str]) -> SubmitResult:
-        """``res`` with the advice on its accepted jobs, each also logged as a warning."""
+        """``res`` with the advice on its accepted jobs, also logged as warnings (bounded:
+        ``advice.said``; ``res.advice`` has every one)."""
         import logging
 
         from renderctl import advice
@@ -1299,8 +1300,8 @@ class Queue:
             msg = f"jobs accepted, but looking them over failed: {exc!r}"
             logging.getLogger("renderctl").warning("%s", msg)
             return dataclasses.replace(res, warnings=(*res.warnings, msg))
-        for p in found:
-            logging.getLogger("renderctl").warning("%s", p)
+        for line in advice.said(found):
+            logging.getLogger("renderctl").warning("%s", line)
         return dataclasses.replace(res, advice=tuple(found))
 
     def _placement_problems(self, specs: Sequence[JobSpec]) -> list[Problem]:

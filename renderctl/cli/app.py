@@ -637,8 +637,9 @@ def warn_doomed(jobs: list[Any], origins: dict[str, str]) -> None:
     or module not found, a kind two plugins register."""
     from renderctl import advice
 
-    for p in [*advice.past_deadlines(jobs, origins), *advice.unfound_programs(jobs, origins)]:
-        out.err(f"warning: {p}")
+    for line in advice.said([*advice.past_deadlines(jobs, origins),
+                             *advice.unfound_programs(jobs, origins)]):
+        out.err(f"warning: {line}")
 
 
 def do_submit(
@@ -750,13 +751,10 @@ def note_ended(counts: dict[str, int]) -> None:
 def warn_existing_outputs(jobs: list[Any], hit: set[str], origins: dict[str, str]) -> None:
     """Valid, the file may go before the job runs, but say so now rather than after the
     render (renderctl.advice.outputs_in_the_way); the first five, then how many more."""
-    from renderctl.advice import outputs_in_the_way
+    from renderctl.advice import outputs_in_the_way, said
 
-    found = outputs_in_the_way(jobs, hit, origins)
-    for p in found[:5]:
-        out.err(f"warning: {p}")
-    if len(found) > 5:
-        out.err(f"warning: {len(found) - 5} more accepted job(s) whose output exists")
+    for line in said(outputs_in_the_way(jobs, hit, origins)):
+        out.err(f"warning: {line}")
 
 
 def print_refusal(doc: dict[str, Any]) -> None:

@@ -308,6 +308,20 @@ def test_a_deadline_already_past_is_accepted_with_a_warning(runner: CliRunner,
         assert f"warning: {past}: job late: deadline: already past" in res.stderr
 
 
+def test_many_past_deadlines_are_warned_of_in_bounded_form(runner: CliRunner,
+                                                           write_manifest: Any,
+                                                           queue_dir: Path) -> None:
+    past = write_manifest([{"id": f"late{i}", "kind": "python", "callable": "m:f",
+                            "output": f"late{i}.pdf", "deadline": "2020-01-01T00:00:00Z"}
+                           for i in range(12)], name="past.toml")
+    res = runner.invoke(app, ["submit", "--queue", str(queue_dir), str(past)])
+    assert res.exit_code == 0, res.stderr
+    warned = [line for line in res.stderr.splitlines()
+              if ": deadline: " in line or "deadline is" in line]
+    assert len(warned) == 6, res.stderr
+    assert warned[-1].endswith("warning: 7 more accepted job(s) whose deadline is already past")
+
+
 def test_a_job_whose_output_exists_already_is_accepted_with_a_warning(
         runner: CliRunner, write_manifest: Any, queue_dir: Path, tmp_path: Path) -> None:
     # Given an output root where r.pdf exists (an earlier life of job r published it)

@@ -536,6 +536,23 @@ def test_a_submit_says_which_accepted_jobs_look_doomed_here(
     assert sys.path_importer_cache.keys() == finders.keys()
 
 
+def test_many_doomed_jobs_are_all_in_the_advice_and_logged_in_bounded_form(
+        queue_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # Given 40 jobs whose deadline is past (a stale batch resubmitted)
+    jobs = [{**pyjob(f"late{i}"), "deadline": "2000-01-01T00:00:00Z"} for i in range(40)]
+
+    # When a web tier submits them
+    with caplog.at_level("WARNING", logger="renderctl"):
+        res = Queue(queue_dir).submit(jobs, base=tmp_path, out_root=tmp_path / "out")
+
+    # Then the result names each, and the log the first five and how many more (before:
+    # one line a job, 5,001 lines for 5,000; review CY)
+    assert len(res.advice) == 40
+    logged = [r.getMessage() for r in caplog.records if r.name == "renderctl"]
+    assert len(logged) == 6, logged
+    assert logged[-1] == "35 more accepted job(s) whose deadline is already past"
+
+
 def test_a_submit_of_jobs_already_accepted_gives_no_advice_again(queue_dir: Path,
                                                                  tmp_path: Path) -> None:
     q = Queue(queue_dir)
