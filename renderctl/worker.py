@@ -403,6 +403,7 @@ class Worker:
         self.usage_at_start: int | None = None
         # Every descriptor open now is the worker's (or inherited with it): see _reclaim_fds.
         self.base_fds = frozenset(map(int, os.listdir(f"/proc/{pid}/fd")))
+        self.fds_held = 0  # beyond the worker's own, by live objects (_collect_lost_files)
 
     def serve(self) -> None:
         self._post(Ready(os.getpid(), os.getpgid(0)))
@@ -818,14 +819,27 @@ class Worker:
         fields["peak_memory_bytes"] = max(
             0, peak - min(cache_at_start, max(0, self.cache_left - own)))
 
+    def _collect_lost_files(self) -> None:
+        """After a job's code ran here and its modules were forgotten: a file it left open
+        (a module global: its module and functions hold each other, so only a collection
+        frees them) stayed open into every later job in this worker, which could read it
+        through /proc/self/fd, and a lock taken through it held them off (audit DD). If more
+        descriptors are open than the worker's own and those live objects held after the
+        last collection (a library's cache, which stays loaded as the library does), one
+        collection closes what is lost (the heap since gc.freeze(): ~1 ms). The common path
+        is one stat (~3 us)."""
+        known = len(self.base_fds | self.own_fds.known.keys() | _staging_fds)
+        left = _open_fd_count() - known
+        if left > self.fds_held:
+            gc.collect()
+            left = _open_fd_count() - known
+        self.fds_held = max(0, left)
+
     def _reclaim_fds(self) -> None:
         """After a job's code ran here: if it left more than FD_ALLOWANCE descriptors open,
         close every descriptor that is not the worker's and retire (what a library of the
         job's had open is closed with them). One stat (~3 us): /proc's count of open fds."""
-        try:
-            n_open = os.stat(f"/proc/{os.getpid()}/fd").st_size or len(os.listdir("/proc/self/fd"))
-        except OSError:  # not one descriptor left to list them with
-            n_open = 1 << 30
+        n_open = _open_fd_count()
         if n_open <= len(self.base_fds) + FD_ALLOWANCE:
             return
         keep = sorted(self.base_fds | self.own_fds.known.keys() | _staging_fds)
@@ -932,6 +946,10 @@ class Worker:
                 problems = self.baseline.restore_from_outside()
             if problems and not self.retire_reason:
                 self.retire_reason = "; ".join(problems) + "; retiring"
+            elif runs_user_code_here(job) and not self.retire_reason:
+                # (Not in a worker that retires: a pool the job left running, say, would be
+                # finalized here, joining threads that wait on processes killed already.)
+                self._collect_lost_files()
 
     def _note_user_package(self, job: RunJob) -> None:
         """Count the package of the job's code as the user's from now on; if an earlier
@@ -1498,6 +1516,14 @@ def _judge_full(fields: dict[str, Any], tmp: Path) -> dict[str, Any]:
 # Descriptors of the job being run's private output folder: a job that leaves too many
 # descriptors open has all but the worker's closed (Worker._reclaim_fds), but not these.
 _staging_fds: set[int] = set()
+
+
+def _open_fd_count() -> int:
+    """How many descriptors this process has open (/proc's count: one stat)."""
+    try:
+        return os.stat(f"/proc/{os.getpid()}/fd").st_size or len(os.listdir("/proc/self/fd"))
+    except OSError:  # not one descriptor left to list them with
+        return 1 << 30
 
 
 class _Staging:

@@ -158,6 +158,39 @@ def write_then_hold_open(inputs: Sequence[Path], output: Path,
     os.replace(params["fdfile"] + ".tmp", params["fdfile"])  # (read whole or not at all)
 
 
+_left_open: Any = None
+
+
+def leave_a_lock_open(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
+    """Lock ``params["lock"]`` (flock) through a file kept in a module global, never
+    closed, as a careless job does; note the worker's pid in ``params["report"]``; then
+    write a PDF."""
+    import fcntl
+
+    global _left_open
+    _left_open = open(params["lock"], "a")  # noqa: SIM115
+    fcntl.flock(_left_open, fcntl.LOCK_EX)
+    with open(params["report"], "a") as rep:
+        rep.write(json.dumps({"pid": os.getpid()}) + "\n")
+    write_pdf(inputs, output, params)
+
+
+def take_the_lock(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
+    """Lock ``params["lock"]`` without waiting (fails if anyone holds it), note the worker's
+    pid and every file this process has open in ``params["report"]``, then write a PDF."""
+    import fcntl
+
+    with open(params["lock"], "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    seen = []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            seen.append(os.readlink(f"/proc/self/fd/{fd}"))
+    with open(params["report"], "a") as rep:
+        rep.write(json.dumps({"pid": os.getpid(), "open": seen}) + "\n")
+    write_pdf(inputs, output, params)
+
+
 def write_pdf_leaving_a_thread(inputs: Sequence[Path], output: Path,
                                params: Mapping[str, Any]) -> None:
     """Write a one-page PDF naming the job, and leave a thread running (its worker

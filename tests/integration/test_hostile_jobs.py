@@ -690,6 +690,32 @@ def test_a_job_finds_the_process_as_no_earlier_job_left_it(
     assert after == before
 
 
+def test_a_file_a_job_left_open_is_closed_before_the_next_job_in_its_worker(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given one worker that runs a job locking a file through a module global it never
+    # closes, then a job that takes the same lock without waiting
+    stage(tmp_path)
+    lock, report = tmp_path / "the.lock", tmp_path / "seen.jsonl"
+    manifest = write_manifest([
+        {**py_job("leaver", "leave_a_lock_open", lock=str(lock), report=str(report)),
+         "priority": 2},
+        {**py_job("taker", "take_the_lock", lock=str(lock), report=str(report)),
+         "max_attempts": 1, "priority": 1},
+    ])
+    queue, out = tmp_path / "q", tmp_path / "out"
+
+    # When they run in that order in one worker
+    res = run_cli("run", manifest, *cli_args(queue, out, "--workers", "1"))
+
+    # Then the second gets the lock and finds no file of the first's open (before: the lock
+    # was still held, and the file open at /proc/self/fd; audit DD)
+    assert res.returncode == 0, res.stdout + res.stderr
+    leaver, taker = (json.loads(line) for line in report.read_text().splitlines())
+    assert leaver["pid"] == taker["pid"], "not one worker: the test proves nothing"
+    assert str(lock) not in taker["open"], taker["open"]
+    assert_pdf(out / "taker.pdf", "taker")
+
+
 @pytest.mark.parametrize("start_method", ["fork", "spawn", "forkserver"])
 def test_a_job_starts_with_default_signal_handlers_whatever_the_start_method(
         tmp_path: Path, write_manifest: Any, start_method: str) -> None:
