@@ -76,6 +76,8 @@ def _cancel_jobs(q: Queue, job_ids: Sequence[str], *,
             unwoken, last_wake = False, t
 
     for jid in job_ids:
+        if q.stop_signal() is not None:
+            break  # (the ids answered so far are the command's to report; no later one)
         if not is_job_id(jid):
             # No job has it (a web tier passing on a request's id): not a path to try.
             results.append(CancelResult(jid, "not found"))

@@ -33,6 +33,8 @@ KNOWN = frozenset({
     "submit:parsed", "submit:listed", "submit:checked", "submit:staged", "submit:placed",
     "submit:before_doorbell",
     "dead_retry:rewritten", "dead_retry:moved",
+    # prune: before each record it judges
+    "prune:record",
     # cancel: before each id; a batch of pending ones taken and synced, not yet settled
     "cancel:before", "cancel:moved",
     # worker: a job ran and its output was checked, its leftover processes not yet removed;

@@ -628,7 +628,8 @@ class Queue:
         self.on_quarantine: Callable[[dict[str, Any]], None] | None = None
         # A wait for a lock another process holds (see lockwait): whom to tell who holds
         # it (the command line prints it), and whether a stop signal ends the wait (`run`,
-        # whose handlers only record one: the number of the signal, or None).
+        # `submit`, `cancel` and `prune`, whose handlers only record one: the number of the
+        # signal, or None). A prune stops at the next record too (stop_signal).
         self.on_lock_wait: Callable[[str], None] | None = None
         self.stop_requested: Callable[[], int | None] | None = None
         # What this object's last submit put in pending/: load_index need not read those
@@ -2606,10 +2607,15 @@ class Queue:
         care for a record a killed runner left beside its running copy)."""
         return self.prune([State.DEAD], -math.inf)[State.DEAD.value]
 
+    def stop_signal(self) -> int | None:
+        """The stop signal ``stop_requested`` says has come, if any."""
+        return self.stop_requested() if self.stop_requested is not None else None
+
     def prune(self, states: Sequence[State], older_than_s: float, *,
               dry_run: bool = False,
               only: Collection[str] | None = None,
-              pruned_ids: set[str] | None = None) -> dict[str, int]:
+              pruned_ids: set[str] | None = None,
+              crash_hook: Callable[[str], None] | None = None) -> dict[str, int]:
         """Delete the records in the terminal folders ``states`` that reached them more than
         ``older_than_s`` ago (their ``changed_at``); returns how many per state. With
         ``only``, of those job ids alone (to render one done job afresh); ``pruned_ids``
@@ -2641,6 +2647,8 @@ class Queue:
             # lock, never the whole folder: a submit waited for all of it (9 s at 300,000).
             with os.scandir(folder) as it:
                 for e in it:
+                    if self.stop_signal() is not None:
+                        break  # (what is pruned so far is counted: the command says so)
                     if not e.name.endswith(".json") or (
                             only is not None and e.name[:-5] not in only):
                         continue
@@ -2652,14 +2660,16 @@ class Queue:
                     batch.append(e.path)
                     if len(batch) >= PRUNE_BATCH:
                         n += self._prune_batch(batch, cutoff, dry_run=dry_run,
-                                               ids=pruned_ids)
-            while batch:
-                n += self._prune_batch(batch, cutoff, dry_run=dry_run, ids=pruned_ids)
+                                               ids=pruned_ids, crash_hook=crash_hook)
+            while batch and self.stop_signal() is None:
+                n += self._prune_batch(batch, cutoff, dry_run=dry_run, ids=pruned_ids,
+                                       crash_hook=crash_hook)
             counts[state.value] = n
         return counts
 
     def _prune_batch(self, paths: list[str], cutoff: float, *, dry_run: bool,
-                     ids: set[str] | None = None) -> int:
+                     ids: set[str] | None = None,
+                     crash_hook: Callable[[str], None] | None = None) -> int:
         """Delete (count, if ``dry_run``) the records of ``paths`` that changed before
         ``cutoff``, taking them off the list, for up to PRUNE_HOLD_S (an unlink here took
         2-13 ms after many deletions). Under submit's lock: a submit (`--replace`, or a
@@ -2673,7 +2683,9 @@ class Queue:
         recent: list[tuple[str, str]] = []  # (path, job id): judged, deleted after a sync
         with self._lock(SUBMIT_LOCK, doing="the records not removed yet stay"):
             until = time.monotonic() + PRUNE_HOLD_S
-            while paths and time.monotonic() < until:
+            while paths and time.monotonic() < until and self.stop_signal() is None:
+                if crash_hook is not None:
+                    crash_hook("prune:record")
                 path = paths.pop()
                 if dry_run:
                     try:
