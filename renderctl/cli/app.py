@@ -736,16 +736,30 @@ def holds_no_job(q: Queue) -> bool:
     return True
 
 
-def note_ended(counts: dict[str, int]) -> None:
+def note_ended(counts: dict[str, int], q: Queue, res: SubmitResult) -> None:
     """Say that jobs "already accepted" ended earlier: a cron job re-running its manifest
     after they were dead-lettered exits 0 (nothing it handled failed, as GNU parallel
-    --resume would) and would otherwise never hear that they will not run again."""
+    --resume would) and would otherwise never hear that they will not run again. The
+    command it suggests names the queue, and the dead jobs (up to five): `dead retry
+    --all`, copied from here, acted on ./.renderctl, and on every dead job there, not this
+    manifest's (audit DB)."""
+    import shlex
+
+    from renderctl.lifecycle import State
+
     total = sum(counts.values())
     if not total:
         return
     detail = ", ".join(f"{n} {state}" for state, n in counts.items() if n)
-    hint = (" (renderctl dead list; renderctl dead retry --all to run them again)"
-            if counts["dead"] else "")
+    hint = ""
+    if counts["dead"]:
+        queue = f"-q {shlex.quote(str(q.path))}"
+        dead = [j for j in res.already if q.has_record(State.DEAD, j)][:6]
+        if 0 < len(dead) <= 5:
+            hint = f" (renderctl dead retry {queue} {' '.join(dead)} to run them again)"
+        else:
+            hint = (f" (renderctl dead list {queue}; renderctl dead retry {queue} ID... to "
+                    "run them again)")
     out.err(f"note: {total} of these jobs ended earlier: {detail}{hint}")
 
 
@@ -843,7 +857,7 @@ def submit(
                       + (f", {len(res.already)} already accepted" if res.already else "")
                       + f" into {queue_path(queue)}")
     finally:
-        note_ended(ended)
+        note_ended(ended, q, res)
     end_if_stopped(early, "once the submit was made: its jobs are enqueued, as said above")
 
 
@@ -990,7 +1004,7 @@ def run(
                         + (f", {len(res.already)} already accepted" if res.already else "")
                         + "\n")
         ended = ended_earlier(res)
-        note_ended(ended)
+        note_ended(ended, q, res)
     else:
         q = watch_locks(Queue(queue_path(queue)))
         report_quarantines(q)
