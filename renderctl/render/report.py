@@ -220,16 +220,21 @@ def render(inputs: list[Path], output: Path, params: Mapping[str, Any]) -> None:
         _check_chart_scale(rows[:CHART_ROWS], chart_column, data, inputs[0].name)
     printed = [*shown, *([chart_column] if chart_column and chart_column not in shown else [])]
     _check_drawable(data, printed, inputs[0].name)
-    build_pdf(
-        title=title,
-        source=drawable(inputs[0].name),
-        data=Dataset(header=data.header, rows=rows),
-        shown=shown,
-        totalled=totalled,
-        chart=chart_column,
-        label=next((c for c in shown if not c.numeric), None),
-        output=output,
-    )
+    try:
+        build_pdf(
+            title=title,
+            source=drawable(inputs[0].name),
+            data=Dataset(header=data.header, rows=rows),
+            shown=shown,
+            totalled=totalled,
+            chart=chart_column,
+            label=next((c for c in shown if not c.numeric), None),
+            output=output,
+        )
+    except InvalidInput as exc:
+        # Named after the file, as every other refusal of its content is, and as plain
+        # InvalidInput: the record said "_DoesNotFit: params.columns: ..." (audit DC).
+        raise InvalidInput(f"{inputs[0].name}: {exc}") from None
 
 
 def _missing(field: str, name: str, have: Mapping[str, Column]) -> InvalidInput:

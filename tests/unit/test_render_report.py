@@ -243,8 +243,11 @@ def test_columns_that_cannot_fit_even_in_small_type_are_refused_naming_params_co
     header = ["region", *(f"c{i:02d}" for i in range(1, 40))]
     rows = [[f"r{r}", *(f"{r * 1000003 + c}.25" for c in range(1, 40))] for r in range(5)]
     source = write_csv(tmp_path / "wider.csv", header, rows)
-    with pytest.raises(InvalidInput, match=r"params\.columns: 40 columns do not fit"):
+    with pytest.raises(InvalidInput, match=r"params\.columns: 40 columns do not fit") as got:
         render_pages(source, tmp_path / "r.pdf")
+    # (named after its file, as a plain InvalidInput: the record said "_DoesNotFit: ...",
+    # without the file; audit DC)
+    assert type(got.value) is InvalidInput and str(got.value).startswith("wider.csv: ")
     # (chosen fewer, it renders)
     assert render_pages(source, tmp_path / "r.pdf", columns=["region", "c01", "c02"])
 
