@@ -53,7 +53,7 @@ import struct
 import tempfile
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
@@ -2003,7 +2003,8 @@ class Runner:
             if w.mark is not None and w.slot.oom_killed_since(w.mark):
                 # The kernel killed a child of the job for memory; the job saw a crash.
                 fin = replace(msg, outcome=Outcome.MEMORY.value,
-                              error="the kernel killed a process of the job at its ceiling")
+                              error="the kernel killed a process of the job at its ceiling"
+                                    + inputs_said(a.claim.record.spec.inputs))
                 w.mark = w.slot.mark()
             if fin.peak_memory_bytes is None and w.sampler is not None:
                 fin = replace(fin, peak_memory_bytes=_own_peak(a, w.sampler.peak_bytes))
@@ -3359,6 +3360,31 @@ def _expires_at(a: Assignment) -> float | None:
     return rec.spec.deadline if not rec.attempts else None
 
 
+# How many of a job's inputs a memory outcome's message looks at (a stat each, in the
+# runner's loop: a merge may name thousands).
+INPUTS_LOOKED_AT = 64
+
+
+def inputs_said(inputs: Sequence[str]) -> str:
+    """What a job that met its memory ceiling was given, for its record: a PDF takes ~2x
+    its size to stamp, one of many small pages or object streams far more, and the message
+    named no file, so a user could not tell a big input from a leak (audit DC). Empty if
+    the job had none, or none can be looked at."""
+    sizes = []
+    for path in inputs[:INPUTS_LOOKED_AT]:
+        with contextlib.suppress(OSError):
+            sizes.append((os.stat(path).st_size, os.path.basename(path)))
+    if not sizes:
+        return ""
+    size, name = max(sizes)
+    if len(inputs) == 1:
+        return f"; its input {name} is {size / MB:.0f} MB"
+    total = sum(s for s, _ in sizes)
+    more = "+" if len(inputs) > len(sizes) else ""
+    return (f"; its {len(inputs)} inputs total {total / MB:.0f}{more} MB, the largest "
+            f"{name} ({size / MB:.0f} MB)")
+
+
 def _own_peak(a: Assignment, peak: int | None) -> int | None:
     """A job's peak as reported and judged: less what earlier jobs left held in its worker,
     which its ceiling was raised by (see Worker._check_leftover_memory)."""
@@ -3371,7 +3397,8 @@ def _kill_message(reason: Outcome, a: Assignment, peak: int | None) -> str:
     spec = a.claim.record.spec
     if reason is Outcome.MEMORY:
         seen = f"; peak {peak / MB:.0f} MB" if peak else ""
-        return f"crossed its memory ceiling of {spec.memory_mb} MB{seen}; process group killed"
+        return (f"crossed its memory ceiling of {spec.memory_mb} MB{seen}; process group "
+                f"killed{inputs_said(spec.inputs)}")
     if reason is Outcome.TIMEOUT:
         return f"exceeded timeout_s={spec.timeout_s:g}; process group terminated"
     if reason is Outcome.CANCELLED:
