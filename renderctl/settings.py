@@ -145,7 +145,13 @@ def _read_toml(path: Path) -> dict[str, Any]:
 def check_value(key: str, value: Any, *, where: str) -> Any:
     """``value`` converted to ``key``'s type, or ``ConfigError`` naming ``where`` and ``key``."""
     if key not in KEYS:
-        raise ConfigError(f"{where}: unknown key {key!r} (known: {', '.join(sorted(KEYS))})")
+        import difflib
+
+        # (As a manifest's unknown field and a mistyped option are answered; audit DB.)
+        close = difflib.get_close_matches(key, sorted(KEYS), n=1, cutoff=0.7)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise ConfigError(f"{where}: unknown key {key!r} ({hint}known: "
+                          f"{', '.join(sorted(KEYS))})")
     return check_setting(key, value, label=f"{where}: key {key!r}")
 
 

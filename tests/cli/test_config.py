@@ -44,7 +44,7 @@ def test_pyproject_table_and_queue_default(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("text, needle", [
-    ("wrokers = 2\n", "unknown key 'wrokers'"),
+    ("wrokers = 2\n", "unknown key 'wrokers' (did you mean 'workers'?"),
     ("workers = 0\n", "key 'workers': expected an integer >= 1, got 0"),
     ("workers = \"two\"\n", "key 'workers'"),
     ("memory_guard = \"magic\"\n", "key 'memory_guard'"),
