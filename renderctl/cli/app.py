@@ -1308,7 +1308,9 @@ def show(job_id: Annotated[str, typer.Argument(help="job id")], queue: QueueOpt 
 
 @app.command()
 @handle_errors
-def schema() -> None:
+def schema(as_json: Annotated[bool, typer.Option(
+        "--json", help="(the schema is JSON already: accepted, as every command that prints "
+        "JSON takes it)")] = False) -> None:
     """Print the manifest's JSON Schema."""
     from renderctl.manifest import json_schema
     from renderctl.render.registry import broken_plugins

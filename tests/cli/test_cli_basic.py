@@ -100,6 +100,10 @@ def test_schema_prints_json(runner: CliRunner) -> None:
     res = runner.invoke(app, ["schema"])
     assert res.exit_code == 0
     schema = json.loads(res.stdout)
+    # (and takes --json, as every command that prints JSON does: it was a usage error;
+    # audit DB)
+    also = runner.invoke(app, ["schema", "--json"])
+    assert also.exit_code == 0 and json.loads(also.stdout) == schema, also.stderr
     assert set(schema["properties"]["jobs"]["items"]["properties"]) == {
         f.name for f in FIELDS if f.in_job}
     # The validator's list limits, so that a manifest built from the schema is not refused
