@@ -1667,12 +1667,16 @@ def metrics(queue: QueueOpt = None) -> None:
         sys.stdout.write(text)
 
 
-def not_nan(value: float | None) -> float | None:
-    """`wait --timeout`: NaN passes click's min=0 and compares false with every deadline:
-    it would never give up, which is not what anyone typing a timeout asked for. (A
-    callback, as the queue's check is: the first culprit on the command line is named.)"""
-    if value is not None and value != value:
-        out.err("--timeout: must be a number of seconds, got nan")
+def wait_timeout(value: Any) -> float | None:
+    """`wait --timeout`, refused in renderctl's one line as every other option's bad value
+    is (click's range check answered in its own words, and `--json` got only "see stderr":
+    audit DB). NaN passes a range check and compares false with every deadline: it would
+    never give up, which is not what anyone typing a timeout asked for. (A callback, as the
+    queue's check is: the first culprit on the command line is named.)"""
+    if value is None:
+        return None
+    if not isinstance(value, float) or value != value or value < 0:
+        out.err(f"--timeout: must be a number of seconds >= 0, got {value!r}")
         raise typer.Exit(ExitCode.USAGE)
     return value
 
@@ -1686,7 +1690,8 @@ def wait(
     job_ids: Annotated[list[str], typer.Argument(help="job ids")],
     queue: QueueOpt = None,
     timeout: Annotated[float | None, typer.Option(
-        "--timeout", min=0.0, show_default=False, callback=not_nan,
+        "--timeout", show_default=False, callback=wait_timeout, parser=AS_FLOAT,
+        metavar="<seconds>",
         help="give up after S seconds (exit 75) [default: wait as long as it takes]; not "
         "the jobs' timeout: `timeout` in renderctl.toml and RENDERCTL_TIMEOUT do not set "
         "it")] = None,
