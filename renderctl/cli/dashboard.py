@@ -251,30 +251,41 @@ def _retries(snap: Mapping[str, Any]) -> str:
     return "-" if n is None else str(n)
 
 
-def _counts(snap: Mapping[str, Any]) -> Text:
+class _Pairs:
+    """A heading and "label count" pairs, two spaces apart, wrapped between pairs only (as
+    Text, a narrow terminal broke the line between "retries" and its 0: audit DB)."""
+
+    def __init__(self, head: Text, pairs: Sequence[Text], gap: int = 2) -> None:
+        self.head, self.pairs, self.gap = head, pairs, gap
+
+    def __rich_console__(self, console: Console, options: Any) -> Any:
+        line = self.head.copy()
+        for i, pair in enumerate(self.pairs):
+            if i and line.cell_len + self.gap + pair.cell_len > options.max_width:
+                yield line
+                line = Text()
+            elif i:
+                line.append(" " * self.gap)
+            line.append_text(pair)
+        yield line
+
+
+def _counts(snap: Mapping[str, Any]) -> RenderableType:
     whose, shown, dead = _count_parts(snap)
-    text = Text()
-    text.append(f"{whose}: ", style="bold")
-    for state, n in shown.items():
-        style = "bold red" if state in ("dead", "cancelled", "expired") and n else ""
-        text.append(f"{state} {n}", style=style)
-        text.append("  ")
-    text.append(f"retries {_retries(snap)}")
-    text.append("\n")
-    text.append(f"dead-letter depth {dead}",
-                style="bold white on red" if dead else "")
-    text.append(f"   oldest pending {human_duration(snap.get('oldest_pending_age_s'))}")
-    return text
+    pairs = [Text(f"{state} {n}",
+                  style="bold red" if state in ("dead", "cancelled", "expired") and n else "")
+             for state, n in shown.items()]
+    pairs.append(Text(f"retries {_retries(snap)}"))
+    depth = [Text(f"dead-letter depth {dead}", style="bold white on red" if dead else ""),
+             Text(f"oldest pending {human_duration(snap.get('oldest_pending_age_s'))}")]
+    return Group(_Pairs(Text(f"{whose}: ", style="bold"), pairs), _Pairs(Text(), depth, 3))
 
 
-def _latency(snap: Mapping[str, Any]) -> Text:
-    text = Text()
-    text.append("accepted -> first attempt ", style="bold")
-    text.append(_pct(snap.get("wait_s")))
-    text.append("    ")
-    text.append("execution ", style="bold")
-    text.append(_pct(snap.get("exec_s")))
-    return text
+def _latency(snap: Mapping[str, Any]) -> _Pairs:
+    wait, run = Text("accepted -> first attempt ", style="bold"), Text("execution ", style="bold")
+    wait.append(_pct(snap.get("wait_s")))
+    run.append(_pct(snap.get("exec_s")))
+    return _Pairs(Text(), [wait, run], 4)
 
 
 FAILURE_COLUMNS = ("id", "event", "attempt", "outcome", "cause")

@@ -66,6 +66,17 @@ def test_header_progress_and_counts(snapshot: dict[str, Any]) -> None:
     assert "execution p50 750ms  p99 12.0s" in text
 
 
+@pytest.mark.parametrize("width", [50, 60, 80])
+def test_counts_wrap_between_pairs_never_between_a_label_and_its_count(
+        snapshot: dict[str, Any], width: int) -> None:
+    # (at 80 columns the line broke as "... expired 0  retries" / "0"; audit DB)
+    lines = record(snapshot, width=width).export_text().splitlines()
+    for pair in ("pending 60", "running 2", "done 30", "dead 2", "cancelled 0", "expired 0",
+                 "retries 5", "dead-letter depth 7", "oldest pending 95.0s",
+                 "execution p50 750ms  p99 12.0s"):
+        assert any(pair in line for line in lines), (pair, lines)
+
+
 def test_running_jobs_table_with_memory_bars(snapshot: dict[str, Any]) -> None:
     c = record(snapshot)
     text = c.export_text(clear=False)
