@@ -404,6 +404,7 @@ class Worker:
         # Every descriptor open now is the worker's (or inherited with it): see _reclaim_fds.
         self.base_fds = frozenset(map(int, os.listdir(f"/proc/{pid}/fd")))
         self.fds_held = 0  # beyond the worker's own, by live objects (_collect_lost_files)
+        self.late_damage = ""  # what that collection did to the worker's own descriptors
 
     def serve(self) -> None:
         self._post(Ready(os.getpid(), os.getpgid(0)))
@@ -665,7 +666,7 @@ class Worker:
                            carried_bytes=carried))
         t0 = time.monotonic()
         workdir = self.workdir
-        damage = ""
+        damage = self.late_damage = ""
         try:
             with self._clean_context(job, workdir) as captured:
                 fields = execute(job, Path(workdir), after_call=self._reclaim_fds,
@@ -689,6 +690,13 @@ class Worker:
                     captured.intact = False
                     fields = {"outcome": Outcome.FAILED.value, "error": damage}
                     self.retire_reason = "a job broke the worker's descriptors; retiring"
+            if self.late_damage and not damage:
+                # The job's output was made and checked before, and stands; this worker's
+                # descriptors do not: nothing more is read through them, and it retires.
+                damage = self.late_damage
+                captured.intact = False  # (its file too may be another now)
+                self.retire_reason = (f"after the job, collecting what it left closed one of "
+                                      f"the worker's descriptors ({damage}); retiring")
             if captured.intact:
                 fields.setdefault("stderr_tail", captured.stderr_tail())
                 # Emptied now, not when the next job starts: its page cache is charged to
@@ -819,7 +827,7 @@ class Worker:
         fields["peak_memory_bytes"] = max(
             0, peak - min(cache_at_start, max(0, self.cache_left - own)))
 
-    def _collect_lost_files(self) -> None:
+    def _collect_lost_files(self) -> str:
         """After a job's code ran here and its modules were forgotten: a file it left open
         (a module global: its module and functions hold each other, so only a collection
         frees them) stayed open into every later job in this worker, which could read it
@@ -827,13 +835,28 @@ class Worker:
         descriptors are open than the worker's own and those live objects held after the
         last collection (a library's cache, which stays loaded as the library does), one
         collection closes what is lost (the heap since gc.freeze(): ~1 ms). The common path
-        is one stat (~3 us)."""
+        is one stat (~3 us).
+
+        Returns what the collection did to the worker's own descriptors, if anything: a
+        lost object wrapping one of them (``os.fdopen(1)`` in a module global) closes it
+        as it goes (review DE: left to a later automatic collection, that happened during
+        an innocent job, which the descriptor check then failed, or halted the run)."""
         known = len(self.base_fds | self.own_fds.known.keys() | _staging_fds)
         left = _open_fd_count() - known
+        damage = ""
         if left > self.fds_held:
             gc.collect()
+            # A lost object wrapping a standard descriptor (os.fdopen(1), a common idiom for
+            # a line-buffered stdout) closed it: put back, from the copies kept for that.
+            for fd, copy in ((0, self.baseline.stdin_copy), (1, self.capture.saved[0]),
+                             (2, self.capture.saved[1])):
+                if copy >= 0 and not _fd_open(fd):
+                    with contextlib.suppress(OSError):
+                        os.dup2(copy, fd)
             left = _open_fd_count() - known
+            damage = self.own_fds.damage()
         self.fds_held = max(0, left)
+        return damage
 
     def _reclaim_fds(self) -> None:
         """After a job's code ran here: if it left more than FD_ALLOWANCE descriptors open,
@@ -949,7 +972,7 @@ class Worker:
             elif runs_user_code_here(job) and not self.retire_reason:
                 # (Not in a worker that retires: a pool the job left running, say, would be
                 # finalized here, joining threads that wait on processes killed already.)
-                self._collect_lost_files()
+                self.late_damage = self._collect_lost_files()
 
     def _note_user_package(self, job: RunJob) -> None:
         """Count the package of the job's code as the user's from now on; if an earlier
@@ -1516,6 +1539,14 @@ def _judge_full(fields: dict[str, Any], tmp: Path) -> dict[str, Any]:
 # Descriptors of the job being run's private output folder: a job that leaves too many
 # descriptors open has all but the worker's closed (Worker._reclaim_fds), but not these.
 _staging_fds: set[int] = set()
+
+
+def _fd_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True
 
 
 def _open_fd_count() -> int:

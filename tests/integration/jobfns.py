@@ -175,6 +175,27 @@ def leave_a_lock_open(inputs: Sequence[Path], output: Path, params: Mapping[str,
     write_pdf(inputs, output, params)
 
 
+_lost: list[Any] = []
+
+
+def lose_a_wrapper_of_a_worker_fd(inputs: Sequence[Path], output: Path,
+                                  params: Mapping[str, Any]) -> None:
+    """Keep in a module global a file object over one of the worker's descriptors
+    (``params["which"]``: "stdout", as ``os.fdopen(1)`` makes a line-buffered stdout, or
+    "started", the worker's started log), and a file of its own; then write a PDF. Once
+    the module is forgotten, a collection closes both."""
+    if params["which"] == "stdout":
+        _lost.append(os.fdopen(sys.stdout.fileno(), "w", 1))  # noqa: SIM115
+    else:
+        for fd in os.listdir("/proc/self/fd"):
+            with contextlib.suppress(OSError):
+                if "started." in os.readlink(f"/proc/self/fd/{fd}"):
+                    _lost.append(os.fdopen(int(fd), "a"))  # noqa: SIM115
+        assert _lost, "no started log found: the test proves nothing"
+    _lost.append(open(params["file"], "a"))  # noqa: SIM115
+    write_pdf(inputs, output, params)
+
+
 def take_the_lock(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
     """Lock ``params["lock"]`` without waiting (fails if anyone holds it), note the worker's
     pid and every file this process has open in ``params["report"]``, then write a PDF."""

@@ -716,6 +716,33 @@ def test_a_file_a_job_left_open_is_closed_before_the_next_job_in_its_worker(
     assert_pdf(out / "taker.pdf", "taker")
 
 
+@pytest.mark.parametrize("which", ["stdout", "started"])
+def test_closing_what_a_job_left_costs_no_later_job_even_a_wrapper_of_the_workers_fd(
+        tmp_path: Path, write_manifest: Any, which: str) -> None:
+    # Given one worker that runs a job leaving a file object over one of the worker's own
+    # descriptors (its stdout, or its started log) and a file of its own in a module
+    # global, then two plain jobs with one attempt each
+    stage(tmp_path)
+    manifest = write_manifest([
+        {**py_job("careless", "lose_a_wrapper_of_a_worker_fd", which=which,
+                  file=str(tmp_path / "left.txt")), "priority": 3},
+        {**py_job("n1", "write_pdf"), "max_attempts": 1, "priority": 2},
+        {**py_job("n2", "write_pdf"), "max_attempts": 1, "priority": 1},
+    ])
+    queue, out = tmp_path / "q", tmp_path / "out"
+
+    # When they run in that order
+    res = run_cli("run", manifest, *cli_args(queue, out, "--workers", "1"))
+
+    # Then all complete: the collection after the careless job closed the worker's
+    # descriptor, which was put back (stdout) or the worker replaced (review DE: the next
+    # job failed "closed or replaced the worker's file descriptor 1", or the run halted
+    # with an I/O error on the started log)
+    assert res.returncode == 0, res.stdout + res.stderr
+    for jid in ("careless", "n1", "n2"):
+        assert_pdf(out / f"{jid}.pdf", jid)
+
+
 @pytest.mark.parametrize("start_method", ["fork", "spawn", "forkserver"])
 def test_a_job_starts_with_default_signal_handlers_whatever_the_start_method(
         tmp_path: Path, write_manifest: Any, start_method: str) -> None:
