@@ -3360,29 +3360,19 @@ def _expires_at(a: Assignment) -> float | None:
     return rec.spec.deadline if not rec.attempts else None
 
 
-# How many of a job's inputs a memory outcome's message looks at (a stat each, in the
-# runner's loop: a merge may name thousands).
-INPUTS_LOOKED_AT = 64
-
-
 def inputs_said(inputs: Sequence[str]) -> str:
     """What a job that met its memory ceiling was given, for its record: a PDF takes ~2x
     its size to stamp, one of many small pages or object streams far more, and the message
-    named no file, so a user could not tell a big input from a leak (audit DC). Empty if
-    the job had none, or none can be looked at."""
-    sizes = []
-    for path in inputs[:INPUTS_LOOKED_AT]:
-        with contextlib.suppress(OSError):
-            sizes.append((os.stat(path).st_size, os.path.basename(path)))
-    if not sizes:
+    named no file, so a user could not tell a big input from a leak (audit DC). Names only:
+    a stat of each, in the runner's loop, could hang it on a stalled mount (review DE).
+    Empty if the job had none."""
+    if not inputs:
         return ""
-    size, name = max(sizes)
     if len(inputs) == 1:
-        return f"; its input {name} is {size / MB:.0f} MB"
-    total = sum(s for s, _ in sizes)
-    more = "+" if len(inputs) > len(sizes) else ""
-    return (f"; its {len(inputs)} inputs total {total / MB:.0f}{more} MB, the largest "
-            f"{name} ({size / MB:.0f} MB)")
+        return f"; its input: {os.path.basename(inputs[0])}"
+    named = ", ".join(os.path.basename(p) for p in inputs[:3])
+    more = f" and {len(inputs) - 3} more" if len(inputs) > 3 else ""
+    return f"; its {len(inputs)} inputs: {named}{more}"
 
 
 def _own_peak(a: Assignment, peak: int | None) -> int | None:
