@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from renderctl.errors import QueueIOError, UserError, os_error_message
+from renderctl.errors import Interrupted, QueueIOError, UserError, os_error_message
 from renderctl.lifecycle import State
 from renderctl.manifest import is_job_id
 from renderctl.store import CANCEL_BATCH, JobRecord, Queue, TakenPending
@@ -75,47 +75,53 @@ def _cancel_jobs(q: Queue, job_ids: Sequence[str], *,
             q.signal_runner(signal.SIGUSR1)
             unwoken, last_wake = False, t
 
-    for jid in job_ids:
-        if q.stop_signal() is not None:
-            break  # (the ids answered so far are the command's to report; no later one)
-        if not is_job_id(jid):
-            # No job has it (a web tier passing on a request's id): not a path to try.
-            results.append(CancelResult(jid, "not found"))
-            continue
-        if crash_hook is not None:
-            crash_hook("cancel:before")
-        took = q.take_pending(jid)
-        if took is not None:
-            taken.append(took)
-            ended_pending = True
-            results.append(CancelResult(jid, "cancelled"))
-            if len(taken) >= CANCEL_BATCH:
-                settle()
-            continue
-        view = q.find(jid)
-        if view is None:
-            results.append(CancelResult(jid, "not found"))
-        elif view.state is State.RUNNING:
-            with q.try_runner_lock() as no_runner:
-                # Looked at again under the lock: a runner may have moved it since.
-                orphan = q.find(jid) if no_runner else None
-                if orphan is not None and orphan.state is State.RUNNING:
-                    # The holder is gone: nobody else will act on the request, so settle
-                    # the orphan ourselves while holding the lock a new runner would need.
-                    results.append(_cancel_orphan(q, orphan.record))
-                    continue
-            q.request_cancel(jid)
-            wake()
-            results.append(CancelResult(jid, "cancel requested"))
-        elif view.state is State.PENDING:
-            # Claimed and returned between our two looks: try once more.
-            ok = q.cancel_pending(jid)
-            results.append(CancelResult(jid, "cancelled" if ok else "cancel requested"))
-            if not ok:
+    try:
+        for jid in job_ids:
+            if q.stop_signal() is not None:
+                break  # (the ids answered so far are the command's to report; no later one)
+            if not is_job_id(jid):
+                # No job has it (a web tier passing on a request's id): not a path to try.
+                results.append(CancelResult(jid, "not found"))
+                continue
+            if crash_hook is not None:
+                crash_hook("cancel:before")
+            took = q.take_pending(jid)
+            if took is not None:
+                taken.append(took)
+                ended_pending = True
+                results.append(CancelResult(jid, "cancelled"))
+                if len(taken) >= CANCEL_BATCH:
+                    settle()
+                continue
+            view = q.find(jid)
+            if view is None:
+                results.append(CancelResult(jid, "not found"))
+            elif view.state is State.RUNNING:
+                with q.try_runner_lock() as no_runner:
+                    # Looked at again under the lock: a runner may have moved it since.
+                    orphan = q.find(jid) if no_runner else None
+                    if orphan is not None and orphan.state is State.RUNNING:
+                        # The holder is gone: nobody else will act on the request, so settle
+                        # the orphan ourselves while holding the lock a new runner would need.
+                        results.append(_cancel_orphan(q, orphan.record))
+                        continue
                 q.request_cancel(jid)
                 wake()
-        else:
-            results.append(CancelResult(jid, f"already {view.state.value}"))
+                results.append(CancelResult(jid, "cancel requested"))
+            elif view.state is State.PENDING:
+                # Claimed and returned between our two looks: try once more.
+                ok = q.cancel_pending(jid)
+                results.append(CancelResult(jid, "cancelled" if ok else "cancel requested"))
+                if not ok:
+                    q.request_cancel(jid)
+                    wake()
+            else:
+                results.append(CancelResult(jid, f"already {view.state.value}"))
+    except Interrupted:
+        pass  # a lock waited for ended on the stop: the ids before it are answered
+    if q.stop_signal() is not None:
+        # The stop is obeyed: what was taken is settled now, whatever waits it meets.
+        q.stop_requested = None
     settle()
     if unwoken or ended_pending:
         wake(now=True)

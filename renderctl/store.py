@@ -81,6 +81,7 @@ from typing import Any, Protocol
 
 from renderctl.clock import SYSTEM_CLOCK, Clock
 from renderctl.errors import (
+    Interrupted,
     JobNotFound,
     ManifestError,
     Problem,
@@ -2548,6 +2549,8 @@ class Queue:
         # fsync per job and the lock held throughout made `dead retry --all` of 20,000 jobs
         # take 115 s, every submit waiting behind it.
         for at in range(0, len(job_ids), PRUNE_BATCH):
+            if at and self.stop_signal() is not None:
+                break  # (the command reports what was retried, and that it was stopped)
             done = (f"{len(revived)} job(s) were retried before that; the others stay in "
                     "dead/") if revived else "nothing was retried"
             with self._lock(SUBMIT_LOCK, doing=done):
@@ -2681,7 +2684,15 @@ class Queue:
         folder = os.path.dirname(paths[0])  # one folder's records in each batch
         n = 0
         recent: list[tuple[str, str]] = []  # (path, job id): judged, deleted after a sync
-        with self._lock(SUBMIT_LOCK, doing="the records not removed yet stay"):
+        with contextlib.ExitStack() as held:
+            try:
+                held.enter_context(self._lock(SUBMIT_LOCK,
+                                              doing="the records not removed yet stay"))
+            except Interrupted:
+                # A stop came while a lock was waited for: nothing of this batch was
+                # judged, and what was pruned before is the command's to report.
+                paths.clear()
+                return 0
             until = time.monotonic() + PRUNE_HOLD_S
             while paths and time.monotonic() < until and self.stop_signal() is None:
                 if crash_hook is not None:

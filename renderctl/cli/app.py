@@ -302,6 +302,33 @@ def unfound_answer(q: Queue, job_id: str) -> str:
     return "not found"  # (back meanwhile: a caller found it in no folder a moment ago)
 
 
+# The stops a command that changes the queue (`submit`, `cancel`, `prune`, `dead purge`)
+# defers: not SIGQUIT, whose core dump is for debugging.
+DEFERRED_STOPS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+def restores_stops(fn: F) -> F:
+    """Put back, as the command returns, the stop handlers and the lock waits' stop check
+    that ``defer_stops`` set: in a process that goes on (a test's CliRunner, a program that
+    calls the command line in-process) Ctrl-C and SIGTERM were only recorded from then on,
+    for good, and every later lock wait ended at once (review DE)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        global _stop_requested
+        handlers = {sig: signal.getsignal(sig) for sig in DEFERRED_STOPS}
+        requested = _stop_requested
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            for sig, handler in handlers.items():
+                if handler is not None:
+                    signal.signal(sig, handler)
+            _stop_requested = requested
+
+    return wrapper  # type: ignore[return-value]
+
+
 def handle_errors(fn: F) -> F:
     """Turn core errors into one message and the contract's exit code."""
 
@@ -743,6 +770,7 @@ def note_ended(counts: dict[str, int], q: Queue, res: SubmitResult) -> None:
     command it suggests names the queue, and the dead jobs (up to five): `dead retry
     --all`, copied from here, acted on ./.renderctl, and on every dead job there, not this
     manifest's (audit DB)."""
+    import itertools
     import shlex
 
     from renderctl.lifecycle import State
@@ -754,9 +782,12 @@ def note_ended(counts: dict[str, int], q: Queue, res: SubmitResult) -> None:
     hint = ""
     if counts["dead"]:
         queue = f"-q {shlex.quote(str(q.path))}"
-        dead = [j for j in res.already if q.has_record(State.DEAD, j)][:6]
+        dead = list(itertools.islice((j for j in res.already
+                                      if q.has_record(State.DEAD, j)), 6))
         if 0 < len(dead) <= 5:
-            hint = f" (renderctl dead retry {queue} {' '.join(dead)} to run them again)"
+            # (After "--": an id may start with "-", and one named "--all" is an id.)
+            ids = " ".join(map(shlex.quote, dead))
+            hint = f" (renderctl dead retry {queue} -- {ids} to run them again)"
         else:
             hint = (f" (renderctl dead list {queue}; renderctl dead retry {queue} ID... to "
                     "run them again)")
@@ -818,6 +849,7 @@ def refused_json(exc: RenderctlError, *, accepted: Any = None) -> dict[str, Any]
 
 @app.command()
 @handle_errors
+@restores_stops
 def submit(
     manifests: ManifestsArg,
     queue: NewQueueOpt = None,
@@ -858,7 +890,7 @@ def submit(
                       + f" into {queue_path(queue)}")
     finally:
         note_ended(ended, q, res)
-    end_if_stopped(early, "once the submit was made: its jobs are enqueued, as said above")
+    end_if_stopped(early, "once the submit was made: its jobs are enqueued")
 
 
 def submitted_anyway(res: SubmitResult) -> str:
@@ -1202,11 +1234,6 @@ class _EarlyStop:
             runner.stop(self.signum)
 
 
-# The stops a command that changes the queue (`submit`, `cancel`, `prune`, `dead purge`)
-# defers: not SIGQUIT, whose core dump is for debugging.
-DEFERRED_STOPS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-
-
 def defer_stops() -> _EarlyStop:
     """For a command that changes the queue: a stop signal is recorded, not obeyed in the
     middle of a change. Before the change begins it refuses (nothing done), a wait for a
@@ -1375,6 +1402,7 @@ def _param_rule(p: ParamSpec) -> str:
 
 @app.command()
 @handle_errors
+@restores_stops
 def cancel(
     job_ids: Annotated[list[str] | None, typer.Argument(help="job ids")] = None,
     all_: Annotated[bool, typer.Option(
@@ -1434,8 +1462,9 @@ def cancel(
         else:
             for r in results:
                 print(f"{r.job_id}: {r.outcome}")
-    end_if_stopped(early, f"after {len(results)} of the {len(job_ids)} job(s) (listed above); "
-                   "the rest were left as they were")
+    end_if_stopped(early, f"after {len(results)} of the {len(job_ids)} job(s); the rest "
+                          "were left as they were" if results else
+                          "before cancelling any job; nothing was cancelled")
     gone = [r.job_id for r in results if r.outcome == "not found"]
     if gone:
         # Found above, gone now (its record archived or purged meanwhile): the others were
@@ -1474,6 +1503,7 @@ def dead_list(queue: QueueOpt = None, as_json: JsonOpt = False) -> None:
 
 @dead_app.command("retry")
 @handle_errors
+@restores_stops
 def dead_retry(
     job_ids: Annotated[list[str] | None, typer.Argument(help="job ids")] = None,
     all_: Annotated[bool, typer.Option("--all", help="retry every dead job")] = False,
@@ -1485,6 +1515,7 @@ def dead_retry(
     from renderctl.errors import UserError
     from renderctl.lifecycle import State
 
+    early = defer_stops()
     q = existing_queue(queue, whole=True)
     if all_ and job_ids:
         raise UserError("name job ids or use --all, not both")
@@ -1519,6 +1550,10 @@ def dead_retry(
             out.print_json({"retried": list(revived), "vanished": gone})
         else:
             print(f"retried {len(revived)} job(s)")
+    if early.signum is not None:
+        gone = []  # (not reached, not gone: said below)
+    end_if_stopped(early, f"after retrying {len(revived)} of the {len(ids)} job(s); the "
+                          "rest stay dead")
     if gone:
         out.err("left dead/ while retrying: " + ", ".join(gone))
         raise typer.Exit(ExitCode.JOBS_FAILED)
@@ -1526,6 +1561,7 @@ def dead_retry(
 
 @dead_app.command("purge")
 @handle_errors
+@restores_stops
 def dead_purge(queue: QueueOpt = None, as_json: JsonOpt = False) -> None:
     """Delete every dead-lettered record."""
     early = defer_stops()
@@ -1535,7 +1571,7 @@ def dead_purge(queue: QueueOpt = None, as_json: JsonOpt = False) -> None:
             out.print_json({"purged": n})
         else:
             print(f"purged {n} job(s)")
-    end_if_stopped(early, f"after purging the {n} job(s) above; the rest stay dead")
+    end_if_stopped(early, f"after purging {n} job(s); the rest stay dead")
 
 
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -1559,6 +1595,7 @@ def parse_age(text: str, option: str) -> float:
 
 @app.command()
 @handle_errors
+@restores_stops
 def prune(
     older_than: Annotated[str, typer.Option(
         "--older-than", help="age at which a finished record goes: 90s, 30m, 12h, 7d, 2w "
@@ -1617,7 +1654,8 @@ def prune(
     # Named and left (or, in a dry run, that would be): it finished less than the age ago,
     # a runner killed mid-commit left a running copy of it for recovery, or it left the
     # folder meanwhile (a `dead retry` between the look above and the prune; review CM).
-    kept = [] if ids is None else [j for j in ids if j not in pruned]
+    kept = [] if ids is None or early.signum is not None else [j for j in ids
+                                                                  if j not in pruned]
     with stdout_result("" if dry_run else f"the {total} record(s) were pruned all the same"):
         if as_json:
             out.print_json({"pruned": counts, "total": total, "dry_run": dry_run,
@@ -1626,8 +1664,8 @@ def prune(
             detail = ", ".join(f"{s} {n}" for s, n in counts.items())
             verb = "would prune" if dry_run else "pruned"
             print(f"{verb} {total} record(s) older than {older_than.strip()}: {detail}")
-    end_if_stopped(early, f"after {'counting' if dry_run else 'pruning'} the {total} "
-                   "record(s) above; the rest stay")
+    end_if_stopped(early, f"after {'counting' if dry_run else 'pruning'} {total} "
+                   "record(s); the rest stay")
     if kept:
         out.err(f"{'would not prune' if dry_run else 'not pruned'} (finished less than "
                 f"{older_than.strip()} ago, left for recovery by a runner that died, or "

@@ -96,6 +96,21 @@ def test_bad_manifest_exits_2_and_enqueues_nothing(runner: CliRunner, good: Path
     assert not (queue_dir / "pending").exists() or not list((queue_dir / "pending").iterdir())
 
 
+def test_a_command_run_in_process_leaves_the_stop_handlers_as_it_found_them(
+        runner: CliRunner, write_manifest: Any, queue_dir: Path) -> None:
+    import signal
+
+    # (submit defers stop signals while it changes the queue; in a process that goes on,
+    # Ctrl-C was only recorded from then on; review DE)
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    m = write_manifest([{"id": "a", "kind": "python", "callable": "json:dumps",
+                         "output": "a.pdf"}])
+    for args in (["submit", str(m)], ["cancel", "--all"], ["prune", "--older-than", "0"]):
+        res = runner.invoke(app, [*args, "--queue", str(queue_dir)])
+        assert res.exit_code == 0, res.stderr
+        assert {sig: signal.getsignal(sig) for sig in before} == before, args
+
+
 def test_schema_prints_json(runner: CliRunner) -> None:
     res = runner.invoke(app, ["schema"])
     assert res.exit_code == 0

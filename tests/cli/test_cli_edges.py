@@ -494,7 +494,7 @@ def test_run_of_a_manifest_whose_jobs_ended_earlier_says_so(tmp_path: Path) -> N
     # (naming the queue and the jobs: `dead retry --all` acted on ./.renderctl and on every
     # dead job there; audit DB)
     assert (f"note: 3 of these jobs ended earlier: 1 done, 2 dead (renderctl dead retry -q {q} "
-            "f1 f2 to run them again)") in again.stderr, again.stderr
+            "-- f1 f2 to run them again)") in again.stderr, again.stderr
 
     # And --json says it in the summary, where a script looks
     as_json = cli("run", manifest, "--queue", q, "--json", cwd=tmp_path)

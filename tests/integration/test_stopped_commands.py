@@ -113,5 +113,25 @@ def test_a_prune_stopped_midway_says_how_many_it_pruned(
     # Then three are pruned, said on stdout, and the rest stay
     assert code == ExitCode.SIGINT, stdout + stderr
     assert stdout.startswith("pruned 3 record(s)"), stdout
-    assert "stopped by SIGINT after pruning the 3 record(s) above; the rest stay" in stderr
+    assert "stopped by SIGINT after pruning 3 record(s); the rest stay" in stderr
     assert len(QueueView(queue).ids("cancelled")) == 3
+
+
+def test_a_dead_retry_stopped_midway_finishes_its_batch_and_says_so(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given two jobs dead after their one attempt
+    stage(tmp_path)
+    manifest = write_manifest([{**py_job(f"d{i}", "invalid"), "max_attempts": 1}
+                               for i in range(2)])
+    queue, out = tmp_path / "q", tmp_path / "out"
+    assert run_cli("run", manifest, *cli_args(queue, out)).returncode == ExitCode.JOBS_FAILED
+
+    # When Ctrl-C reaches `dead retry --all` as it rewrites the first record
+    code, stdout, stderr = _stopped_at(["dead", "retry", "--all", "--queue", queue],
+                                       "dead_retry:rewritten")
+
+    # Then its batch is retried whole, said, and so is the stop (before: exit 130, silent)
+    assert code == ExitCode.SIGINT, stdout + stderr
+    assert stdout.startswith("retried 2 job(s)"), stdout
+    assert "stopped by SIGINT after retrying 2 of the 2 job(s)" in stderr, stderr
+    assert QueueView(queue).ids("pending") == {"d0", "d1"}
