@@ -1460,8 +1460,7 @@ def cancel(
         if as_json:
             out.print_json({r.job_id: r.outcome for r in results})
         else:
-            for r in results:
-                print(f"{r.job_id}: {r.outcome}")
+            out.write_out("".join(f"{r.job_id}: {r.outcome}\n" for r in results))
     end_if_stopped(early, f"after {len(results)} of the {len(job_ids)} job(s); the rest "
                           "were left as they were" if results else
                           "before cancelling any job; nothing was cancelled")

@@ -269,12 +269,29 @@ def write_out(text: str) -> None:
     global _stdout_used
     _stdout_used = True
     try:
-        sys.stdout.write(text)
-        sys.stdout.flush()
+        _write_whole(sys.stdout, text)
     except OSError as exc:
         if not reader_gone(exc):
             raise
         silence_stdout()
+
+
+def _write_whole(stream: Any, text: str) -> None:
+    """``text`` to ``stream`` whole, below its buffer where it has a descriptor. A stop
+    signal that a command records (not obeys) while its write to a slow pipe waits made
+    CPython's buffered writer return having passed on only what the pipe held: `cancel
+    --all --json` stopped by SIGTERM wrote 64 KB of its 224 KB, invalid JSON, and said
+    nothing (review DE). os.write() returns what went; the rest is written after it."""
+    try:
+        fd = stream.fileno()
+    except (AttributeError, OSError, ValueError):  # (io.UnsupportedOperation: a test's)
+        stream.write(text)
+        stream.flush()
+        return
+    stream.flush()  # what it holds goes first
+    data = memoryview(text.encode(stream.encoding or "utf-8", stream.errors or "strict"))
+    while data:
+        data = data[os.write(fd, data):]
 
 
 # A pipe whose reader left (EPIPE), and a terminal that hung up (EIO, ENXIO: its window

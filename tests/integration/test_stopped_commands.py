@@ -135,3 +135,45 @@ def test_a_dead_retry_stopped_midway_finishes_its_batch_and_says_so(
     assert stdout.startswith("retried 2 job(s)"), stdout
     assert "stopped by SIGINT after retrying 2 of the 2 job(s)" in stderr, stderr
     assert QueueView(queue).ids("pending") == {"d0", "d1"}
+
+
+def test_a_stop_while_stdout_waits_for_its_reader_loses_none_of_the_answer(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given 3,000 pending jobs, and `cancel --all --json` writing its ~150 KB answer into a
+    # pipe nobody reads yet
+    manifest = write_manifest([{"id": f"a-job-with-a-rather-long-name-{i:05d}", "kind": "python",
+                                "callable": "json:dumps", "output": f"o/{i}.pdf"}
+                               for i in range(3000)])
+    queue = tmp_path / "q"
+    assert run_cli("submit", manifest, *cli_args(queue, tmp_path / "out")).returncode == 0
+    read_end, write_end = os.pipe()
+    proc = subprocess.Popen([*RENDERCTL, "cancel", "--all", "--json", "--queue", str(queue)],
+                            stdout=write_end, stderr=subprocess.PIPE, text=True, env=_env({}))
+    os.close(write_end)
+    try:
+        import fcntl
+        import termios
+
+        def pipe_full() -> bool:  # (its writer then waits in write(2))
+            held = bytearray(4)
+            fcntl.ioctl(read_end, termios.FIONREAD, held)
+            return int.from_bytes(held, "little") >= 65536
+
+        wait_until(lambda: proc.poll() is not None or pipe_full(),
+                   what="cancel to fill its stdout")
+
+        # When SIGTERM comes as it waits for the reader, and the reader then reads
+        os.kill(proc.pid, signal.SIGTERM)
+        chunks = []
+        while chunk := os.read(read_end, 1 << 16):
+            chunks.append(chunk)
+    finally:
+        os.close(read_end)
+    err = proc.communicate(timeout=60)[1]
+
+    # Then the answer is whole, every job in it (before: CPython's buffered writer passed
+    # on 64 KB of it and returned; invalid JSON, and not a word; review DE)
+    answered = json.loads(b"".join(chunks))
+    assert len(answered) == 3000 and set(answered.values()) == {"cancelled"}
+    assert proc.returncode == ExitCode.SIGTERM, err
+    assert "stopped by SIGTERM after 3000 of the 3000 job(s)" in err, err
