@@ -822,6 +822,7 @@ class Runner:
         transitions: list[Transition] = []
         published_tmps: list[Path] = []
         retired: list[dict[str, Any]] = []
+        ended: list[Transition] = []  # (reported as recovered, with the verdicts below)
         superseded: list[tuple[Path, JobRecord]] = []
         for jid in self.q.list_ids(State.RUNNING):
             path = self.q.record_path(State.RUNNING, jid)
@@ -839,6 +840,7 @@ class Runner:
                 if view.state.terminal:
                     # Its event is logged as the running copy is retired: not yet.
                     retired.append(retired_event(self.q, view.record, view.state, path))
+                    ended.append(Transition(view.record, view.state))
                 superseded.append((path, view.record))
                 continue
             rec = view.record
@@ -863,6 +865,13 @@ class Runner:
                     discard(stale)
         self.q.events.append({"ts": now, **ev} for ev in retired)
         self._apply_recovered(transitions, published_tmps)
+        for t in ended:
+            # Reported and counted as a verdict is (audit DF: dead-lettered as its runner
+            # died, such a job was in no line, count, JUnit report or exit code of the run
+            # that recovered it: exit 0, "dead 0", though status said dead 1).
+            self._count(t)
+            self.reporter.event({"event": "recovered", "job": t.record.spec.id,
+                                 "state": t.dst.value})
         self._forget_dead_runners()
         self.q.clean_tmp()
         self.q.adopt_free()

@@ -35,6 +35,7 @@ from jobfns import (
     assert_pdf,
     cli_args,
     held_job,
+    json_lines,
     kill_mid_job,
     py_job,
     run_cli,
@@ -116,7 +117,7 @@ def test_runner_killed_at_each_crash_point_recovers_without_loss_or_double_publi
     qv = QueueView(queue)
 
     # When the runner SIGKILLs itself at the crash point
-    crashed = run_cli("run", manifest, *cli_args(queue, out, *FAST),
+    crashed = run_cli("run", manifest, *cli_args(queue, out, *FAST), "--json",
                       env={"RENDERCTL_CRASH_AT": point})
     assert crashed.returncode == SIGKILLED, crashed.stdout + crashed.stderr
     # (its workers die quietly: they print no traceback of the connection they lost)
@@ -126,14 +127,25 @@ def test_runner_killed_at_each_crash_point_recovers_without_loss_or_double_publi
     done_at_crash = qv.ids("done")
 
     # And a runner without the crash point runs the queue again
-    again = run_cli("run", *cli_args(queue, out, *FAST))
+    again = run_cli("run", *cli_args(queue, out, *FAST), "--json")
     assert again.returncode in (0, 1), again.stdout + again.stderr
 
     # Then every job settled once, and nothing published before the crash was replaced
     assert_settled(qv, out, outputs, dead)
     assert inodes(list(at_crash)) == at_crash, "an output was published a second time"
-    if point != "dead":
-        assert again.returncode == 0, again.stdout
+    assert again.returncode == (1 if dead else 0), again.stdout
+
+    # And a consumer of the two runs' output hears each job end: in the run that crashed,
+    # or in the one that recovered it (audit DF: one a crash left dead-lettered, or done,
+    # beside its running copy was in neither, its restart "dead 0", exit 0), and the
+    # restart's summary counts what it reported
+    ends = ("completed", "dead", "cancelled", "expired")
+    heard = {e["job"] for e in json_lines(crashed.stdout) if e.get("event") in ends}
+    later = [e for e in json_lines(again.stdout) if e.get("event") in ends or (
+        e.get("event") == "recovered" and e.get("state") != "pending")]
+    assert heard | {e["job"] for e in later} == set(outputs), (crashed.stdout, again.stdout)
+    summary = json_lines(again.stdout)[-1]
+    assert sum(summary["counts"].values()) == len(later), again.stdout
 
     # And the event log tells each job's end once, as the folder it ended in says: a crash
     # after the record was placed, before its event was logged, is logged by recovery
@@ -213,8 +225,10 @@ def test_prune_leaves_a_record_whose_running_copy_a_crash_left_for_recovery(
         res.stdout + res.stderr
     again = run_cli("run", *cli_args(queue, out))
 
-    # Then the job stays dead-lettered (recovery finished the cleanup): it never ran
-    assert again.returncode == 0, again.stdout + again.stderr
+    # Then the job stays dead-lettered (recovery finished the cleanup): it never ran; the
+    # run that recovered it says so, and exits 1 for it (the crashed run never did)
+    assert again.returncode == 1, again.stdout + again.stderr
+    assert "recovered huge -> dead" in again.stdout
     assert QueueView(queue).states_of(["huge"]) == {"huge": ["dead"]}
     assert not (out / "huge.pdf").exists()
 

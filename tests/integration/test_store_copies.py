@@ -120,8 +120,12 @@ def test_a_running_copy_of_a_finished_job_is_dropped_by_recovery(
     # When a runner starts
     res = run_cli("run", *cli_args(queue, out, "--workers", "1"))
 
-    # Then the later record wins: the job stays finished, in one folder, not run again
-    assert res.returncode == ExitCode.OK, res.stdout + res.stderr
+    # Then the later record wins: the job stays finished, in one folder, not run again;
+    # the run reports it as recovered (a cancelled one makes it exit 1, as any cancel in a
+    # run does; audit DF: it was in no run's output)
+    wanted = ExitCode.OK if state is State.DONE else ExitCode.JOBS_FAILED
+    assert res.returncode == wanted, res.stdout + res.stderr
+    assert f"recovered f1 -> {state.value}" in res.stdout
     assert QueueView(queue).states_of(["f1"]) == {"f1": [state.value]}
     assert not (out / "f1.pdf").exists()
 
