@@ -104,6 +104,7 @@ class EventLog:
         self.path = Path(path)
         self._fd = -1
         self._ident = (0, 0)  # (device, inode) of the file open as _fd
+        self._torn = False  # whether the log ends in half a line (see _append)
         # A web tier's threads share one Queue and so one log: unlocked, a thread that found
         # the log rotated closed _fd while another was writing to it, and that number, by
         # then another thread's new file, got the other's close or its event line.
@@ -129,10 +130,19 @@ class EventLog:
             fd, st = open_regular(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
             self._fd = fd
             self._ident = (st.st_dev, st.st_ino)
+            self._torn = st.st_size > 0 and _last_byte(self.path, st.st_size) != b"\n"
+        if self._torn:
+            # The log ends in half a line (a power loss, a short write on a full disk): our
+            # first line starts on a line of its own, or it was glued to that fragment and
+            # lost with it to every reader (audit DF: an intact event written after the
+            # crash was skipped; `jq` stopped there).
+            data = "\n" + data
+        raw = data.encode()
         try:
-            os.write(self._fd, data.encode())
+            written = os.write(self._fd, raw)
         except OSError as exc:
             raise with_name(exc, self.path) from None
+        self._torn = written < len(raw)  # (a short write leaves a half line: as above)
 
     def _still_the_log(self) -> bool:
         try:
@@ -202,3 +212,18 @@ class EventLog:
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         return iter(self.read()[0])
+
+
+def _last_byte(path: Path, size: int) -> bytes:
+    """The last byte of the file at ``path`` (``size`` long); empty if it cannot be read."""
+    try:
+        # (O_NONBLOCK: a FIFO swapped in meanwhile would hold open() for good)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return b""
+    try:
+        return os.pread(fd, 1, size - 1)
+    except OSError:
+        return b""
+    finally:
+        os.close(fd)

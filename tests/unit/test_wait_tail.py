@@ -40,6 +40,23 @@ def test_a_torn_last_line_is_read_once_complete(tmp_path: Path) -> None:
     assert tail.news() == {"torn"}
 
 
+def test_an_event_appended_after_a_torn_line_starts_a_line_of_its_own(tmp_path: Path) -> None:
+    # Given a log a power loss left ending in half a line
+    log = tmp_path / "events.jsonl"
+    log.write_bytes(line("a") + line("cut")[:15])
+    tail = LogTail(log)
+
+    # When a new process appends an event, then another
+    EventLog(log).append([{"ts": 2.0, "event": "completed", "job": "b"}])
+    EventLog(log).append([{"ts": 3.0, "event": "completed", "job": "c"}])
+
+    # Then both are whole lines, read as such (before: the first was glued to the
+    # fragment and lost with it; audit DF), and only the fragment is lost
+    assert tail.news() == {"b", "c"}
+    lines = log.read_bytes().splitlines()
+    assert [json.loads(x)["job"] for x in lines[2:]] == ["b", "c"]
+
+
 def test_a_damaged_line_is_skipped(tmp_path: Path) -> None:
     log = tmp_path / "events.jsonl"
     log.write_bytes(b"")
