@@ -1423,7 +1423,11 @@ class Queue:
                 continue
             if view.record.spec.to_json() == spec.to_json():
                 already.append(spec.id)
-                if view.state.terminal:
+                # (Not one a dead runner ended with its running copy still there: the run
+                # that recovers it reports it, and `run MANIFEST` counted it twice, ended
+                # earlier and recovered; review DG.)
+                if view.state.terminal and not os.path.exists(
+                        self._rpath(State.RUNNING, spec.id)):
                     ended[view.state.value] = ended.get(view.state.value, 0) + 1
             elif (problem := _refusal(spec, view, replace)) is not None:
                 problems.append(problem)

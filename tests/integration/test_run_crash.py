@@ -233,6 +233,30 @@ def test_prune_leaves_a_record_whose_running_copy_a_crash_left_for_recovery(
     assert not (out / "huge.pdf").exists()
 
 
+def test_a_run_again_of_a_manifest_counts_a_job_its_crash_left_dead_once(
+        tmp_path: Path, write_manifest: object) -> None:
+    # Given a run of a manifest SIGKILLed as it dead-lettered one of its jobs (the dead
+    # record placed, the running copy not yet removed)
+    stage(tmp_path)
+    manifest = write_manifest([{**py_job("bad", "invalid"), "priority": 5},  # type: ignore[operator]
+                               py_job("ok", "write_pdf")])
+    queue, out = tmp_path / "q", tmp_path / "out"
+    crashed = run_cli("run", manifest, *cli_args(queue, out), env={"RENDERCTL_CRASH_AT": "dead"})
+    assert crashed.returncode == SIGKILLED, crashed.stdout + crashed.stderr
+    assert (queue / "dead" / "bad.json").exists() and (queue / "running" / "bad.json").exists()
+
+    # When the same command runs again (cron)
+    again = run_cli("run", manifest, *cli_args(queue, out), "--json")
+
+    # Then the job is reported once, recovered dead by this run, not also "ended earlier"
+    # (review DG: counted both ways in one summary)
+    assert again.returncode == 1, again.stdout + again.stderr
+    summary = json_lines(again.stdout)[-1]
+    assert summary["counts"]["dead"] == 1, summary
+    assert "already_ended" not in summary, summary
+    assert "ended earlier" not in again.stderr, again.stderr
+
+
 # -- random kills -------------------------------------------------------------------------
 
 JOBS = 300
