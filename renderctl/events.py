@@ -105,6 +105,7 @@ class EventLog:
         self._fd = -1
         self._ident = (0, 0)  # (device, inode) of the file open as _fd
         self._torn = False  # whether the log ends in half a line (see _append)
+        self._end = -1  # the log's size as our last append left it
         # A web tier's threads share one Queue and so one log: unlocked, a thread that found
         # the log rotated closed _fd while another was writing to it, and that number, by
         # then another thread's new file, got the other's close or its event line.
@@ -123,7 +124,8 @@ class EventLog:
         # processes whole. One stat per append: a log removed, or renamed away by a
         # rotation, is reopened at its path (a --follow runner lives for days; kept on the
         # renamed file, its events never reached the log `metrics`, `top` and `wait` read).
-        if self._fd < 0 or not self._still_the_log():
+        now = self._stat_if_still() if self._fd >= 0 else None
+        if now is None:
             self._close()
             # Without blocking, and a regular file only: a job runs as the runner does, and a
             # FIFO it put at the log's path held the runner in this open() for good.
@@ -131,6 +133,10 @@ class EventLog:
             self._fd = fd
             self._ident = (st.st_dev, st.st_ino)
             self._torn = st.st_size > 0 and _last_byte(self.path, st.st_size) != b"\n"
+        elif now.st_size != self._end:
+            # Another writer appended since our last line (a submit, a web tier, a runner
+            # killed mid-write on a full disk): it may have left half a line.
+            self._torn = now.st_size > 0 and _last_byte(self.path, now.st_size) != b"\n"
         if self._torn:
             # The log ends in half a line (a power loss, a short write on a full disk): our
             # first line starts on a line of its own, or it was glued to that fragment and
@@ -140,16 +146,20 @@ class EventLog:
         raw = data.encode()
         try:
             written = os.write(self._fd, raw)
+            # Where our line ended (O_APPEND: the end of the file as we wrote): a size that
+            # differs next time means another writer came in between.
+            self._end = os.lseek(self._fd, 0, os.SEEK_CUR)
         except OSError as exc:
             raise with_name(exc, self.path) from None
         self._torn = written < len(raw)  # (a short write leaves a half line: as above)
 
-    def _still_the_log(self) -> bool:
+    def _stat_if_still(self) -> os.stat_result | None:
+        """The log's stat, if the file at its path is still the one we have open."""
         try:
             st = os.stat(self.path)
         except FileNotFoundError:
-            return False
-        return (st.st_dev, st.st_ino) == self._ident
+            return None
+        return st if (st.st_dev, st.st_ino) == self._ident else None
 
     def close(self) -> None:
         with self._mutex:

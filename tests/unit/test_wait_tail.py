@@ -57,6 +57,23 @@ def test_an_event_appended_after_a_torn_line_starts_a_line_of_its_own(tmp_path: 
     assert [json.loads(x)["job"] for x in lines[2:]] == ["b", "c"]
 
 
+def test_a_writer_that_keeps_the_log_open_sees_a_half_line_another_left(
+        tmp_path: Path) -> None:
+    # Given a writer (a --follow runner) that appended once and keeps the log open, and
+    # another process that then left half a line (a short write on a full disk)
+    log = tmp_path / "events.jsonl"
+    writer = EventLog(log)
+    writer.append([{"ts": 1.0, "event": "completed", "job": "j1"}])
+    append(log, line("cut")[:20])
+
+    # When the first writer appends again
+    writer.append([{"ts": 2.0, "event": "completed", "job": "j2"}])
+
+    # Then its line is whole (review DG: the check was made only as the log was opened)
+    assert [json.loads(x)["job"] for x in log.read_bytes().splitlines()
+            if x.endswith(b"}") and x.startswith(b"{")] == ["j1", "j2"]
+
+
 def test_a_damaged_line_is_skipped(tmp_path: Path) -> None:
     log = tmp_path / "events.jsonl"
     log.write_bytes(b"")
