@@ -845,14 +845,25 @@ class Worker:
         left = _open_fd_count() - known
         damage = ""
         if left > self.fds_held:
-            gc.collect()
-            # A lost object wrapping a standard descriptor (os.fdopen(1), a common idiom for
-            # a line-buffered stdout) closed it: put back, from the copies kept for that.
-            for fd, copy in ((0, self.baseline.stdin_copy), (1, self.capture.saved[0]),
-                             (2, self.capture.saved[1])):
-                if copy >= 0 and not _fd_open(fd):
-                    with contextlib.suppress(OSError):
-                        os.dup2(copy, fd)
+            # Into the job's capture: what a finalizer of the job's prints is the job's
+            # stderr tail, not lines in the runner's own stdout (review DG: in the middle
+            # of `run --json`'s stream).
+            os.dup2(self.capture.fd, 1)
+            os.dup2(self.capture.fd, 2)
+            try:
+                gc.collect()
+            finally:
+                for stream in (sys.stdout, sys.stderr):
+                    with contextlib.suppress(Exception):
+                        stream.flush()
+                # Back, whatever the collection closed: a lost object wrapping a standard
+                # descriptor (os.fdopen(1), a common idiom for a line-buffered stdout)
+                # closes it as it goes.
+                os.dup2(self.capture.saved[0], 1)
+                os.dup2(self.capture.saved[1], 2)
+            if self.baseline.stdin_copy >= 0 and not _fd_open(0):
+                with contextlib.suppress(OSError):
+                    os.dup2(self.baseline.stdin_copy, 0)
             left = _open_fd_count() - known
             damage = self.own_fds.damage()
         self.fds_held = max(0, left)

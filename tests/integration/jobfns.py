@@ -196,6 +196,24 @@ def lose_a_wrapper_of_a_worker_fd(inputs: Sequence[Path], output: Path,
     write_pdf(inputs, output, params)
 
 
+class _Noisy:
+    """Prints as it is collected, as a careless finalizer does."""
+
+    def __init__(self) -> None:
+        self.me = self  # (a cycle: only a collection frees it)
+
+    def __del__(self) -> None:
+        print("FINALIZER-SPOKE")
+
+
+def lose_a_noisy_object(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
+    """Leave, in a module global, an object whose finalizer prints and a file of its own
+    (so that the worker collects after the job); then write a PDF."""
+    _lost.append(_Noisy())
+    _lost.append(open(params["file"], "a"))  # noqa: SIM115
+    write_pdf(inputs, output, params)
+
+
 def take_the_lock(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
     """Lock ``params["lock"]`` without waiting (fails if anyone holds it), note the worker's
     pid and every file this process has open in ``params["report"]``, then write a PDF."""
