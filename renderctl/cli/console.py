@@ -291,7 +291,13 @@ def _write_whole(stream: Any, text: str) -> None:
     stream.flush()  # what it holds goes first
     data = memoryview(text.encode(stream.encoding or "utf-8", stream.errors or "strict"))
     while data:
-        data = data[os.write(fd, data):]
+        try:
+            data = data[os.write(fd, data):]
+        except BlockingIOError:
+            # A stdout its parent left non-blocking (a pipe shared with a Node or Go
+            # parent): wait for room rather than end with "cannot write stdout" (exit 74)
+            # having written part of the answer (review DG).
+            select.select([], [fd], [])
 
 
 # A pipe whose reader left (EPIPE), and a terminal that hung up (EIO, ENXIO: its window

@@ -16,6 +16,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import pytest
 from jobfns import RENDERCTL, QueueView, _env, cli_args, py_job, run_cli, stage, stopped, wait_until
 
 from renderctl.errors import ExitCode
@@ -137,8 +138,9 @@ def test_a_dead_retry_stopped_midway_finishes_its_batch_and_says_so(
     assert QueueView(queue).ids("pending") == {"d0", "d1"}
 
 
+@pytest.mark.parametrize("nonblocking", [False, True], ids=["blocking", "nonblocking"])
 def test_a_stop_while_stdout_waits_for_its_reader_loses_none_of_the_answer(
-        tmp_path: Path, write_manifest: Any) -> None:
+        tmp_path: Path, write_manifest: Any, nonblocking: bool) -> None:
     # Given 3,000 pending jobs, and `cancel --all --json` writing its ~150 KB answer into a
     # pipe nobody reads yet
     manifest = write_manifest([{"id": f"a-job-with-a-rather-long-name-{i:05d}", "kind": "python",
@@ -147,6 +149,8 @@ def test_a_stop_while_stdout_waits_for_its_reader_loses_none_of_the_answer(
     queue = tmp_path / "q"
     assert run_cli("submit", manifest, *cli_args(queue, tmp_path / "out")).returncode == 0
     read_end, write_end = os.pipe()
+    # (non-blocking, as a parent may leave it: EAGAIN ended the answer with exit 74)
+    os.set_blocking(write_end, not nonblocking)
     proc = subprocess.Popen([*RENDERCTL, "cancel", "--all", "--json", "--queue", str(queue)],
                             stdout=write_end, stderr=subprocess.PIPE, text=True, env=_env({}))
     os.close(write_end)
