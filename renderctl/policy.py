@@ -240,6 +240,7 @@ class ClaimIndex:
         """Remove and return the next job to claim, or None if none is claimable now."""
         self._promote_due(now)
         best: tuple[int, int] | None = None
+        second: tuple[int, int] | None = None  # the best other bucket's key
         best_prio: int | None = None
         for prio in list(self._buckets):
             bucket = self._buckets[prio]
@@ -249,19 +250,24 @@ class ClaimIndex:
                 continue
             key = (self.effective_priority(head, now=now), prio)
             if best is None or key > best:
+                second = best
                 best, best_prio = key, prio
+            elif second is None or key > second:
+                second = key
         if best_prio is None:
             return None
         bucket = self._buckets[best_prio]
         while bucket.rotation:
-            group = bucket.rotation.popleft()
+            group = self._next_group(bucket, best_prio, second, now=now)
             q = bucket.groups[group]
             while q and self._ready.get(q[0][1].job_id) is not q[0][1]:
                 heapq.heappop(q)  # claimed or cancelled through another path
             if not q:
+                bucket.rotation.remove(group)
                 del bucket.groups[group]
                 continue
             entry = heapq.heappop(q)[1]
+            bucket.rotation.remove(group)
             if q:
                 bucket.rotation.append(group)
             else:
@@ -273,6 +279,25 @@ class ClaimIndex:
             return entry
         del self._buckets[best_prio]
         return self.pop(now=now)
+
+
+    def _next_group(self, bucket: _Bucket, prio: int, second: tuple[int, int] | None, *,
+                    now: float) -> str:
+        """The group whose turn it is in ``bucket``: the first in its rotation whose oldest
+        job outranks every other bucket (``second``). A bucket is ranked by its oldest job,
+        the one that waited longest; a fresh job of another group in it does not share that
+        job's aged priority (audit DH: three fresh priority-0 jobs ran before priority-5
+        ones because a group of old priority-0 jobs had aged past 5). A group found empty
+        is returned as it is (the caller drops it)."""
+        if second is None:
+            return bucket.rotation[0]
+        for group in bucket.rotation:
+            q = bucket.groups[group]
+            while q and self._ready.get(q[0][1].job_id) is not q[0][1]:
+                heapq.heappop(q)
+            if not q or (self.effective_priority(q[0][1], now=now), prio) > second:
+                return group
+        return bucket.rotation[0]  # (not reached: the bucket's oldest job outranks second)
 
 
 @dataclass

@@ -93,6 +93,32 @@ def test_aging_lets_a_long_waiting_low_priority_job_overtake() -> None:
     assert index.pop(now=NOW + 5.0).job_id == "newer-high"
 
 
+def test_a_fresh_job_does_not_borrow_the_aged_priority_of_another_groups_job() -> None:
+    # Given, at priority 0, three jobs of group a that waited 10 aging steps and three
+    # fresh ones of group b; and three fresh priority-5 jobs of group c
+    index = ClaimIndex(aging_s=10.0)
+    n = 0
+    for group, prio, waited in (("a", 0, 100.0), ("b", 0, 0.0), ("c", 5, 0.0)):
+        for i in range(3):
+            index.add(entry(n, priority=prio, group=group, accepted_at=NOW - waited,
+                            job_id=f"{group}{i}"), now=NOW)
+            n += 1
+    # Then they run by each job's own effective priority (a: 10, c: 5, b: 0); before, b's
+    # fresh jobs took turns with a's old ones, ahead of c's (audit DH)
+    assert drain(index) == ["a0", "a1", "a2", "c0", "c1", "c2", "b0", "b1", "b2"]
+
+
+def test_groups_still_take_turns_among_jobs_that_outrank_the_rest() -> None:
+    # Given two groups of aged priority-0 jobs, and a fresh priority-3 job
+    index = ClaimIndex(aging_s=10.0)
+    for n, group in enumerate("aabb"):
+        index.add(entry(n, group=group, accepted_at=NOW - 50.0, job_id=f"{group}{n}"),
+                  now=NOW)
+    index.add(entry(9, priority=3, group="c", job_id="c9"), now=NOW)
+    # Then the aged ones (5) alternate between their groups, ahead of it
+    assert drain(index) == ["a0", "b2", "a1", "b3", "c9"]
+
+
 def test_without_aging_time_the_priority_order_holds() -> None:
     index = ClaimIndex(aging_s=10.0)
     index.add(entry(0, priority=0, accepted_at=NOW - 9.9, job_id="low"), now=NOW)
