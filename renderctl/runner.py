@@ -1785,23 +1785,41 @@ class Runner:
         with room only when idle left them behind a backlog's newer jobs, for the whole of
         the long one (audit CI: 5 s behind a 5 s job while the other worker took newer).
         Not when halted: no worker may start them, and _halt takes them back for pending."""
-        if self.stop_signal is not None or self.halted or self.ready \
-                or not any(self._stuck(w, now) for w in self.workers.values()) \
-                or not self._room_elsewhere(now):
+        if self.stop_signal is not None or self.halted or self.ready:
+            return
+        idle = self._idle_worker()
+
+        def needs(w: WorkerHandle) -> bool:
+            return self._stuck(w, now) or (idle and self._overfull(w))
+
+        if not any(needs(w) for w in self.workers.values()) or not self._room_elsewhere(now):
             return
         for w in self.workers.values():
-            if not self._stuck(w, now):
+            if not needs(w):
                 continue
             # Look again with its messages read: it may have finished that job and started
             # the next one since the loop last read them (a nap, a group commit), and then
             # nothing needs taking back.
             self._read_messages(w)
-            if not self._stuck(w, now):
+            if not needs(w):
                 continue
             self.crash_point("rebalance")
-            self._requeue(w, now, "queued behind a long job")
+            self._requeue(w, now, "queued behind a long job" if self._stuck(w, now)
+                          else "more queued than its share")
         if self.ready:
             self._dispatch()
+
+    def _overfull(self, w: WorkerHandle) -> bool:
+        """Whether ``w`` holds more jobs queued than the prefetch depth allows now: sent
+        while jobs looked instant (three 1 ms results made the depth 32), they turned out
+        0.4 s each, too short for any to be overdue, and one worker held 9 s of work while
+        the other sat idle (audit DH)."""
+        return w.kill_reason is None and len(w.queued) > self._prefetch_depth()
+
+    def _idle_worker(self) -> bool:
+        """Whether a live worker holds no job at all."""
+        return any(w.pid is not None and not w.retiring and w.kill_reason is None
+                   and not w.load() for w in self.workers.values())
 
     @staticmethod
     def _take_back(w: WorkerHandle, now: float) -> list[Assignment] | None:

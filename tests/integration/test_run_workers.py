@@ -749,6 +749,50 @@ def test_jobs_queued_behind_a_long_job_move_to_an_idle_worker(
     _done_once(queue, ["long", *SHORTS], out, runner.lines)
 
 
+def test_jobs_prefetched_as_instant_that_turn_out_slow_are_shared_with_a_late_worker(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given two workers, each frozen as it is born (before it is ready), and forty instant
+    # jobs followed by twelve of 0.3 s (too short for any to count as overdue)
+    stage(tmp_path)
+    log = tmp_path / "exec.log"
+    manifest = write_manifest(
+        [{**py_job(f"q{n}", "write_one_byte", f"q{n}.bin"), "priority": 5} for n in range(40)]
+        + [py_job(f"slow{n}", "logged_write", log=str(log), s=0.3) for n in range(12)])
+    queue, out = tmp_path / "q", tmp_path / "out"
+    # (--max-jobs-per-worker: none retires, handing its queue back, within the batch)
+    runner = Runner(manifest, *cli_args(queue, out, "--workers", "2", "--json",
+                                        "--max-jobs-per-worker", "100"),
+                    env={"RENDERCTL_STOP_AT": "worker:born"})
+    frozen: list[psutil.Process] = []
+    try:
+        def both_frozen() -> bool:
+            frozen[:] = [p for p in descendants(runner.pid)
+                         if p.status() == psutil.STATUS_STOPPED]
+            return len(frozen) == 2
+
+        wait_until(both_frozen, what="both workers to freeze as they are born")
+        first, late = sorted(frozen, key=lambda p: p.pid)
+
+        # When one worker runs alone long enough for the instant results to set the prefetch
+        # depth high (~16) and all the slow jobs to be sent to it, and the other is ready
+        # only then
+        first.resume()
+        runner.until(lambda ln: '"completed"' in ln and '"slow1"' in ln)
+        late.resume()
+        assert runner.wait() == 0, runner.lines
+    finally:
+        for p in frozen:
+            with contextlib.suppress(psutil.Error):
+                p.resume()
+        runner.close()
+
+    # Then the late worker shares the slow jobs still queued on the first (before: the
+    # first ran all twelve while the other sat idle, none overdue; audit DH)
+    ran = [line.split() for line in log.read_text().splitlines()]
+    late_ran = [job for job, pid in ran if int(pid) == late.pid]
+    assert len(late_ran) >= 3, (ran, late.pid, [ln for ln in runner.lines if "requeued" in ln])
+
+
 def test_jobs_queued_behind_a_long_job_go_before_a_backlog_of_newer_ones(
         tmp_path: Path, write_manifest: Any) -> None:
     # Given a long job and six short ones, some of them prefetched behind the long one, and
