@@ -94,6 +94,7 @@ class _Bucket:
     groups: dict[str, list[tuple[str, Entry]]] = field(default_factory=dict)
     rotation: deque[str] = field(default_factory=deque)
     oldest: list[tuple[str, str]] = field(default_factory=list)  # heap of (seq, job_id)
+    prio: int = 0  # the base priority of its jobs
 
 
 class ClaimIndex:
@@ -171,7 +172,9 @@ class ClaimIndex:
         return [] if self._ready else list(self._live)
 
     def _enqueue(self, entry: Entry) -> None:
-        bucket = self._buckets.setdefault(entry.priority, _Bucket())
+        bucket = self._buckets.get(entry.priority)
+        if bucket is None:
+            bucket = self._buckets[entry.priority] = _Bucket(prio=entry.priority)
         q = bucket.groups.get(entry.group)
         if q is None:
             q = bucket.groups[entry.group] = []
@@ -222,7 +225,9 @@ class ClaimIndex:
         while bucket.oldest:
             seq, job_id = bucket.oldest[0]
             entry = self._ready.get(job_id)
-            if entry is not None and entry.seq == seq:
+            # (Its priority too: one re-added with the same seq at another priority is in
+            # that bucket now, not this one; review DI.)
+            if entry is not None and entry.seq == seq and entry.priority == bucket.prio:
                 return entry
             heapq.heappop(bucket.oldest)
         return None
@@ -258,20 +263,37 @@ class ClaimIndex:
             return None
         bucket = self._buckets[best_prio]
         while bucket.rotation:
-            group = self._next_group(bucket, best_prio, second, now=now)
-            q = bucket.groups[group]
+            group = bucket.rotation[0]
+            q = bucket.groups.get(group)
             while q and self._ready.get(q[0][1].job_id) is not q[0][1]:
                 heapq.heappop(q)  # claimed or cancelled through another path
             if not q:
-                bucket.rotation.remove(group)
-                del bucket.groups[group]
+                bucket.rotation.popleft()
+                bucket.groups.pop(group, None)
                 continue
-            entry = heapq.heappop(q)[1]
-            bucket.rotation.remove(group)
-            if q:
-                bucket.rotation.append(group)
+            if second is not None and \
+                    (self.effective_priority(q[0][1], now=now), best_prio) < second:
+                # The group in turn has no job that outranks every other bucket: the bucket
+                # won by its oldest job, which goes now, out of turn (its group keeps its
+                # place). A fresh job of another group must not borrow that job's aged
+                # priority (audit DH: fresh priority-0 jobs ran before priority-5 ones because
+                # another group's old priority-0 jobs had aged past 5). O(log n): no walk
+                # over the groups (review DI: 5 ms a claim with 10,000 of them).
+                oldest = self._bucket_oldest(bucket)
+                assert oldest is not None  # (it ranked the bucket)
+                q = bucket.groups[oldest.group]
+                while q and self._ready.get(q[0][1].job_id) is not q[0][1]:
+                    heapq.heappop(q)
+                entry = heapq.heappop(q)[1]
+                # (Emptied, its group stays, with its place in the rotation, which drops
+                # both when it comes round: a job added to it meanwhile keeps that place.)
             else:
-                del bucket.groups[group]
+                entry = heapq.heappop(q)[1]
+                bucket.rotation.popleft()
+                if q:
+                    bucket.rotation.append(group)
+                else:
+                    del bucket.groups[group]
             del self._live[entry.job_id]
             del self._ready[entry.job_id]
             if entry.deadline is not None:
@@ -279,25 +301,6 @@ class ClaimIndex:
             return entry
         del self._buckets[best_prio]
         return self.pop(now=now)
-
-
-    def _next_group(self, bucket: _Bucket, prio: int, second: tuple[int, int] | None, *,
-                    now: float) -> str:
-        """The group whose turn it is in ``bucket``: the first in its rotation whose oldest
-        job outranks every other bucket (``second``). A bucket is ranked by its oldest job,
-        the one that waited longest; a fresh job of another group in it does not share that
-        job's aged priority (audit DH: three fresh priority-0 jobs ran before priority-5
-        ones because a group of old priority-0 jobs had aged past 5). A group found empty
-        is returned as it is (the caller drops it)."""
-        if second is None:
-            return bucket.rotation[0]
-        for group in bucket.rotation:
-            q = bucket.groups[group]
-            while q and self._ready.get(q[0][1].job_id) is not q[0][1]:
-                heapq.heappop(q)
-            if not q or (self.effective_priority(q[0][1], now=now), prio) > second:
-                return group
-        return bucket.rotation[0]  # (not reached: the bucket's oldest job outranks second)
 
 
 @dataclass
