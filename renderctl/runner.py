@@ -1790,7 +1790,8 @@ class Runner:
         idle = self._idle_worker()
 
         def needs(w: WorkerHandle) -> bool:
-            return self._stuck(w, now) or (idle and self._overfull(w))
+            return self._stuck(w, now) or (idle is not None and idle is not w
+                                           and self._overfull(w) and self._could_move(w, idle))
 
         if not any(needs(w) for w in self.workers.values()) or not self._room_elsewhere(now):
             return
@@ -1816,10 +1817,23 @@ class Runner:
         the other sat idle (audit DH)."""
         return w.kill_reason is None and len(w.queued) > self._prefetch_depth()
 
-    def _idle_worker(self) -> bool:
-        """Whether a live worker holds no job at all."""
-        return any(w.pid is not None and not w.retiring and w.kill_reason is None
-                   and not w.load() for w in self.workers.values())
+    def _idle_worker(self) -> WorkerHandle | None:
+        """A live worker that holds no job at all, and may be given one (--workers counts
+        the workers holding jobs), if there is one."""
+        if sum(1 for w in self.workers.values() if w.load()) >= self.n_workers:
+            return None
+        return next((w for w in self.workers.values()
+                     if w.pid is not None and not w.retiring and w.kill_reason is None
+                     and not w.load()), None)
+
+    def _could_move(self, w: WorkerHandle, idle: WorkerHandle) -> bool:
+        """Whether the first job ``w`` holds beyond its share would fit the memory budget on
+        ``idle``: taken back when it could not, it went back to ``w`` (review DI: nine
+        take-backs, and the idle worker never ran one)."""
+        extra = list(w.queued)[self._prefetch_depth()]
+        total = sum(x.reserved_mb() for x in self.workers.values())
+        return total - idle.reserved_mb() + max(idle.reserved_mb(), extra.memory_mb) \
+            <= self.budget_mb
 
     @staticmethod
     def _take_back(w: WorkerHandle, now: float) -> list[Assignment] | None:

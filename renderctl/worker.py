@@ -858,9 +858,10 @@ class Worker:
                         stream.flush()
                 # Back, whatever the collection closed: a lost object wrapping a standard
                 # descriptor (os.fdopen(1), a common idiom for a line-buffered stdout)
-                # closes it as it goes.
-                os.dup2(self.capture.saved[0], 1)
-                os.dup2(self.capture.saved[1], 2)
+                # closes it as it goes. (A copy it closed is the damage reported below.)
+                for fd, copy in ((1, self.capture.saved[0]), (2, self.capture.saved[1])):
+                    with contextlib.suppress(OSError):
+                        os.dup2(copy, fd)
             if self.baseline.stdin_copy >= 0 and not _fd_open(0):
                 with contextlib.suppress(OSError):
                     os.dup2(self.baseline.stdin_copy, 0)
