@@ -1827,13 +1827,13 @@ class Runner:
                      and not w.load()), None)
 
     def _could_move(self, w: WorkerHandle, idle: WorkerHandle) -> bool:
-        """Whether the first job ``w`` holds beyond its share would fit the memory budget on
-        ``idle``: taken back when it could not, it went back to ``w`` (review DI: nine
-        take-backs, and the idle worker never ran one)."""
-        extra = list(w.queued)[self._prefetch_depth()]
-        total = sum(x.reserved_mb() for x in self.workers.values())
-        return total - idle.reserved_mb() + max(idle.reserved_mb(), extra.memory_mb) \
-            <= self.budget_mb
+        """Whether, once what ``w`` has not started is taken back, the first of it (the
+        oldest, dispatched first) would fit the memory budget on ``idle`` beside what runs:
+        taken back when it could not, it went back to ``w`` (review DI: nine take-backs, and
+        the idle worker never ran one). ``w`` then reserves only its running job."""
+        others = sum(x.reserved_mb() for x in self.workers.values() if x is not w)
+        kept = w.current.memory_mb if w.current is not None else 0
+        return others + kept + w.queued[0].memory_mb <= self.budget_mb
 
     @staticmethod
     def _take_back(w: WorkerHandle, now: float) -> list[Assignment] | None:

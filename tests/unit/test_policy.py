@@ -122,6 +122,23 @@ def test_groups_still_take_turns_among_jobs_that_outrank_the_rest() -> None:
     assert drain(index) == ["a0", "b2", "a1", "b3", "c9"]
 
 
+def test_aged_groups_keep_taking_turns_past_a_fresh_group_in_turn() -> None:
+    # Given two groups of aged priority-0 jobs, a fresh priority-0 group in the rotation
+    # too, and a fresh priority-5 job
+    index = ClaimIndex(aging_s=10.0)
+    n = 0
+    for group in "ab":
+        for i in range(4):
+            index.add(entry(n, group=group, accepted_at=NOW - 100.0, job_id=f"{group}{i}"),
+                      now=NOW)
+            n += 1
+    index.add(entry(n, group="c", job_id="c0"), now=NOW)
+    index.add(entry(n + 1, priority=5, group="h", job_id="h0"), now=NOW)
+    # Then the aged groups alternate (review DJ: once the fresh group was in turn, a's
+    # backlog ran to its end before b's), then the priority-5 job, then the fresh one
+    assert drain(index) == ["a0", "b0", "a1", "b1", "a2", "b2", "a3", "b3", "h0", "c0"]
+
+
 def test_without_aging_time_the_priority_order_holds() -> None:
     index = ClaimIndex(aging_s=10.0)
     index.add(entry(0, priority=0, accepted_at=NOW - 9.9, job_id="low"), now=NOW)
