@@ -246,6 +246,13 @@ class ClaimIndex:
         waited = max(0.0, now - entry.accepted_at)
         return entry.priority + int(waited // self.aging_s)
 
+    def _head(self, q: list[tuple[str, Entry]]) -> Entry | None:
+        """The oldest claimable job of a group's heap, dropping the heads claimed or
+        cancelled through another path."""
+        while q and self._ready.get(q[0][1].job_id) is not q[0][1]:
+            heapq.heappop(q)
+        return q[0][1] if q else None
+
     def pop(self, *, now: float) -> Entry | None:
         """Remove and return the next job to claim, or None if none is claimable now."""
         self._promote_due(now)
@@ -270,15 +277,14 @@ class ClaimIndex:
         passed = 0  # groups in turn passed over, outranked (see below)
         while bucket.rotation:
             group = bucket.rotation[0]
-            q = bucket.groups.get(group)
-            while q and self._ready.get(q[0][1].job_id) is not q[0][1]:
-                heapq.heappop(q)  # claimed or cancelled through another path
-            if not q:
+            q = bucket.groups.get(group, [])
+            head = self._head(q)
+            if head is None:
                 bucket.rotation.popleft()
                 bucket.groups.pop(group, None)
                 continue
             if second is not None and \
-                    (self.effective_priority(q[0][1], now=now), best_prio) < second:
+                    (self.effective_priority(head, now=now), best_prio) < second:
                 # The group in turn has no job that outranks every other bucket (the bucket
                 # won by older jobs of other groups): a fresh job must not borrow their aged
                 # priority (audit DH: fresh priority-0 jobs ran before priority-5 ones). Its
@@ -293,8 +299,7 @@ class ClaimIndex:
                 oldest = self._bucket_oldest(bucket)
                 assert oldest is not None  # (it ranked the bucket)
                 q = bucket.groups[oldest.group]
-                while q and self._ready.get(q[0][1].job_id) is not q[0][1]:
-                    heapq.heappop(q)
+                self._head(q)
                 entry = heapq.heappop(q)[1]
                 # (Emptied, its group stays, with its place in the rotation, which drops
                 # both when it comes round: a job added to it meanwhile keeps that place.)
