@@ -799,7 +799,9 @@ def test_jobs_prefetched_as_instant_that_turn_out_slow_are_shared_with_a_late_wo
     if budget is None:
         assert len(late_ran) >= 3, (ran, late.pid, requeued)
     else:
-        assert not late_ran and not requeued, (ran, late.pid, requeued)
+        # (a slow job overdue on a loaded machine may still be taken back as stuck)
+        assert not late_ran, (ran, late.pid, requeued)
+        assert not [ln for ln in requeued if "more queued than its share" in ln], requeued
 
 
 def test_jobs_queued_behind_a_long_job_go_before_a_backlog_of_newer_ones(
