@@ -1163,7 +1163,8 @@ class _StopWaiting(Exception):
 
 
 class _EarlyStop:
-    """`run`'s stop signals until its runner installs its own handlers.
+    """`run`'s stop signals until its runner installs its own handlers, and those of a
+    command that changes the queue while it does (``defer_stops``): recorded, not obeyed.
 
     Dying of one mid-start printed nothing (even "accepted N job(s)" was lost in stdout's
     buffer) though the jobs may have been enqueued, and left multiprocessing's temporary
