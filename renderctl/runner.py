@@ -1787,7 +1787,10 @@ class Runner:
         Not when halted: no worker may start them, and _halt takes them back for pending."""
         if self.stop_signal is not None or self.halted or self.ready:
             return
-        idle = self._idle_worker()
+        # The idle worker looked for only when some worker holds more than its share: this
+        # runs twice per loop turn, and in the usual case no worker does (one len per worker).
+        idle = self._idle_worker() if any(
+            self._overfull(w) for w in self.workers.values()) else None
 
         def needs(w: WorkerHandle) -> bool:
             return self._stuck(w, now) or (idle is not None and idle is not w
