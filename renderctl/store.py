@@ -2609,10 +2609,10 @@ class Queue:
             self.events.append({"ts": now, "event": "revived", "job": j} for j in revived)
         return revived
 
-    def dead_purge(self) -> int:
+    def dead_purge(self, *, crash_hook: Callable[[str], None] | None = None) -> int:
         """Delete every dead-lettered record (prune at any age: the same lock, and the same
         care for a record a killed runner left beside its running copy)."""
-        return self.prune([State.DEAD], -math.inf)[State.DEAD.value]
+        return self.prune([State.DEAD], -math.inf, crash_hook=crash_hook)[State.DEAD.value]
 
     def stop_signal(self) -> int | None:
         """The stop signal ``stop_requested`` says has come, if any."""

@@ -1565,7 +1565,8 @@ def dead_retry(
 def dead_purge(queue: QueueOpt = None, as_json: JsonOpt = False) -> None:
     """Delete every dead-lettered record."""
     early = defer_stops()
-    n = existing_queue(queue).dead_purge()
+    from renderctl.crashpoints import CrashPoints
+    n = existing_queue(queue).dead_purge(crash_hook=CrashPoints.from_env())
     with stdout_result(f"the {n} job(s) were purged all the same"):
         if as_json:
             out.print_json({"purged": n})

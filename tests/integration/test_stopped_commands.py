@@ -138,6 +138,26 @@ def test_a_dead_retry_stopped_midway_finishes_its_batch_and_says_so(
     assert QueueView(queue).ids("pending") == {"d0", "d1"}
 
 
+def test_a_dead_purge_stopped_midway_says_how_many_it_purged(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given three jobs dead after their one attempt
+    stage(tmp_path)
+    manifest = write_manifest([{**py_job(f"d{i}", "invalid"), "max_attempts": 1}
+                               for i in range(3)])
+    queue, out = tmp_path / "q", tmp_path / "out"
+    assert run_cli("run", manifest, *cli_args(queue, out)).returncode == ExitCode.JOBS_FAILED
+
+    # When SIGTERM reaches `dead purge` about to delete its second record
+    code, stdout, stderr = _stopped_at(["dead", "purge", "--queue", queue, "--json"],
+                                       "prune:record:n=2", signal.SIGTERM)
+
+    # Then it deletes that one, stops, counts the two, and the third stays dead
+    assert code == ExitCode.SIGTERM, stdout + stderr
+    assert json.loads(stdout) == {"purged": 2}, stdout
+    assert "stopped by SIGTERM after purging 2 job(s); the rest stay dead" in stderr, stderr
+    assert len(QueueView(queue).ids("dead")) == 1
+
+
 @pytest.mark.parametrize("nonblocking", [False, True], ids=["blocking", "nonblocking"])
 def test_a_stop_while_stdout_waits_for_its_reader_loses_none_of_the_answer(
         tmp_path: Path, write_manifest: Any, nonblocking: bool) -> None:
