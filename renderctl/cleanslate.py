@@ -5,7 +5,8 @@ would reach the next job in that worker. The worker resets the obvious (cwd, env
 reportlab/pypdf settings, sys.path, the job's own modules: see worker.py); this module
 covers the rest of what a job, or a library it calls, plausibly changes: signal dispositions
 and the signal mask, interval timers, the umask, resource limits, the CPU affinity and nice
-value, the time zone, the locale, the thread switch interval, ``sys.stdin/stdout/stderr``,
+value, the time zone, the locale, the thread switch interval, ``sys.stdin/stdout/stderr``
+(swapped, closed or detached), the signal wakeup descriptor, asyncio's event loop policy,
 ``sys.argv``, the interpreter's hooks (except, display, unraisable, breakpoint, trace,
 profile), the garbage collector's settings, the int/str digit limit, the decimal context,
 the socket default timeout, the warnings filters, the logging configuration (loggers a job
@@ -55,6 +56,7 @@ import ctypes
 import decimal
 import faulthandler
 import gc
+import io
 import locale
 import logging
 import operator
@@ -276,6 +278,8 @@ class Baseline:
             sys.setswitchinterval(self.switch)
         if (sys.stdin, sys.stdout, sys.stderr) != self.stdio:
             sys.stdin, sys.stdout, sys.stderr = self.stdio
+        if not all(map(_usable, self.stdio)):
+            self._reopen_stdio()
         if "environ" in self.touched:
             _c_environ_match(os.environ)
         if "random" in self.touched:
@@ -320,6 +324,19 @@ class Baseline:
             for name, value in zip(_DECIMAL_FIELDS, fields, strict=True):
                 setattr(decimal.DefaultContext, name, value)
             decimal.DefaultContext.traps.update(traps)
+        # None, as the worker set at its start: left by a job, the descriptor's number was
+        # the next job's output file, and a signal it handled wrote a byte into it (audit
+        # DL: "hello \nworld" published).
+        signal.set_wakeup_fd(-1)
+        aio = sys.modules.get("asyncio")
+        if aio is not None and aio.events._event_loop_policy is not None:
+            # The current event loop is the policy's, process-wide: after a job's
+            # asyncio.run() the next job's get_event_loop() raised "There is no current
+            # event loop" (audit DL). A fresh policy of the same class, if it is a
+            # library's (uvloop's, set at its import, stays), else the default one.
+            policy = type(aio.events._event_loop_policy)
+            fresh = policy.__module__.startswith("asyncio.") or self.from_library(policy)
+            aio.set_event_loop_policy(policy() if fresh else None)
         if socket.getdefaulttimeout() != self.socket_timeout:
             socket.setdefaulttimeout(self.socket_timeout)
         self._restore_warnings()
@@ -329,6 +346,32 @@ class Baseline:
             csv.field_size_limit(self.csv_field_limit)
         self.touched.clear()
         return problems
+
+    def _reopen_stdio(self) -> None:
+        """Fresh standard streams over fds 0-2 in place of those a job closed or detached
+        (``sys.stdout = TextIOWrapper(sys.stdout.detach())``, a common idiom): the next
+        job's print() raised, and the worker's own flush as that job began killed it, the
+        job charged with the death (audit DL). ``sys.__stdout__`` and the others too, where
+        they were the same object (a job may put those back)."""
+        fresh = []
+        for fd, (stream, settings) in enumerate(zip(self.stdio, self.stream_settings,
+                                                    strict=True)):
+            if _usable(stream):
+                fresh.append(stream)
+                continue
+            encoding, errors, line_buffering, write_through = settings or (
+                None, None, False, False)
+            new = io.TextIOWrapper(open(fd, "rb" if fd == 0 else "wb",  # noqa: SIM115
+                                        closefd=False),
+                                   encoding=encoding, errors=errors,
+                                   line_buffering=line_buffering,
+                                   write_through=write_through)
+            for name in ("__stdin__", "__stdout__", "__stderr__"):
+                if getattr(sys, name) is stream:
+                    setattr(sys, name, new)
+            fresh.append(new)
+        self.stdio = (fresh[0], fresh[1], fresh[2])
+        sys.stdin, sys.stdout, sys.stderr = self.stdio
 
     def restore_environ(self) -> None:
         """os.environ itself, if a job rebound it (to a plain dict, say: the worker's own
@@ -512,6 +555,14 @@ def _stream_settings(stream: Any) -> tuple[Any, ...] | None:
         return (stream.encoding, stream.errors, stream.line_buffering, stream.write_through)
     except (AttributeError, ValueError):
         return None
+
+
+def _usable(stream: Any) -> bool:
+    """False for a stream closed or detached (None, or one of another kind: as it was)."""
+    try:
+        return not stream.closed if hasattr(stream, "closed") else True
+    except ValueError:  # "underlying buffer has been detached"
+        return False
 
 
 def _ident(fd: int) -> tuple[int, int] | None:

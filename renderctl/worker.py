@@ -756,9 +756,10 @@ class Worker:
         peak = max(0, peak - carried)
         fields["peak_memory_bytes"] = peak
         limit = job.memory_limit_bytes
-        if job.spec["kind"] == "python" and own_memory_cgroup() != self.slot_cgroup:
-            # Its code ran in this process, as root, and moved it out of the slot: nothing
-            # it or a later job here uses is charged or limited any more.
+        if runs_user_code_here(job) and own_memory_cgroup() != self.slot_cgroup:
+            # Its code (a callable's, a plugin renderer's: audit DL, whose plugin left every
+            # later job here unlimited) ran in this process, as root, and moved it out of
+            # the slot: nothing it or a later job here uses is charged or limited any more.
             self.retire_reason = "a job moved its worker out of its memory slot; retiring"
             fields.update(outcome=Outcome.MEMORY.value, peak_memory_bytes=None,
                           error="the job moved its worker out of its memory slot, escaping "
@@ -968,7 +969,13 @@ class Worker:
             self.environ.set({})  # before the time zone is judged (TZ)
             problems: list[str] = []
             if runs_user_code_here(job):
-                problems = self.baseline.restore(libraries_loaded=libraries)
+                try:
+                    problems = self.baseline.restore(libraries_loaded=libraries)
+                except Exception as exc:  # noqa: BLE001
+                    # What the job left cannot be put back (an unhashable warnings filter,
+                    # say): the worker is not fit for another job, and the job, which ended,
+                    # keeps its outcome (an escape killed the worker: charged to the job).
+                    problems = [f"its state could not be put back ({exc!r:.200})"]
                 if threads_left():
                     problems.append(f"the job left {threads_left()} thread(s) running")
                 from renderctl import proctree
@@ -1305,8 +1312,9 @@ class _Capture:
         self.intact = True  # False: the job broke our descriptors; restore nothing
 
     def __enter__(self) -> _Capture:
-        sys.stdout.flush()
-        sys.stderr.flush()
+        with contextlib.suppress(Exception):  # (streams the job broke: see Baseline.restore)
+            sys.stdout.flush()
+            sys.stderr.flush()
         # O_APPEND is not set: the job's writes go at the shared offset, which starts at 0
         # (the file was emptied after the last job: clear()).
         os.lseek(self.fd, 0, os.SEEK_SET)

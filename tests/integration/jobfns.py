@@ -1294,6 +1294,11 @@ def observe_process(inputs: Sequence[Path], output: Path, params: Mapping[str, A
                             logging.getLoggerClass().__name__,
                             logging.getLevelName(logging.INFO),
                             logging.raiseExceptions],
+        # (audit DL)
+        "stdio": [_stream_state(s) for s in (sys.stdin, sys.stdout, sys.stderr,
+                                             sys.__stdin__, sys.__stdout__, sys.__stderr__)],
+        "wakeup_fd": signal.set_wakeup_fd(-1),
+        "event_loop": _current_event_loop(),
     }
     os.umask(seen["umask"])
     with open(params["report"], "a") as fh:
@@ -1397,6 +1402,39 @@ def pollute_process(inputs: Sequence[Path], output: Path, params: Mapping[str, A
     logging.setLoggerClass(type("JobLogger", (logging.Logger,), {}))
     logging.addLevelName(logging.INFO, "JOB-SECRET")
     logging.raiseExceptions = not logging.raiseExceptions
+    # (audit DL) asyncio's current loop (none after asyncio.run, for good), a signal wakeup
+    # descriptor (closed: its number is the next file opened), the standard streams closed
+    # or detached (`sys.stdout = TextIOWrapper(sys.stdout.detach())`)
+    import asyncio
+
+    asyncio.run(asyncio.sleep(0))
+    r, w = os.pipe()
+    os.set_blocking(w, False)
+    signal.set_wakeup_fd(w)
+    os.close(r)
+    os.close(w)
+    sys.stdin.close()
+    sys.__stdout__.detach()  # type: ignore[union-attr]
+    sys.stderr.close()
+
+
+def _stream_state(stream: Any) -> str:
+    try:
+        return "closed" if stream.closed else "open"
+    except ValueError:
+        return "detached"
+
+
+def _current_event_loop() -> str:
+    import asyncio
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        try:
+            return type(asyncio.get_event_loop()).__name__
+        except RuntimeError as exc:
+            return str(exc)
 
 
 class _SpyFinder:
@@ -1413,8 +1451,9 @@ def _spy_path_hook(path: str) -> Any:
 def taint_worker(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
     """Write the output, record our pid, then change the worker in a way no job's end can
     undo (``params["what"]``): an audit hook (logging each event, with the job id, to
-    ``params["log"]``), a fork handler, no_new_privs, or its user (root gives itself up for
-    nobody); or import a library that registers a fork handler of its own."""
+    ``params["log"]``), a fork handler, no_new_privs, its user (root gives itself up for
+    nobody), or what the clean-up cannot even read (``unrestorable``); or import a library
+    that registers a fork handler of its own."""
     write_pdf(inputs, output, params)
     with open(params["report"], "a") as fh:
         fh.write(json.dumps({"pid": os.getpid()}) + "\n")
@@ -1444,6 +1483,11 @@ def taint_worker(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]
     elif what == "library_atfork":
         # A library's own, as it is imported: stays, and the worker with it.
         import concurrent.futures.thread  # noqa: F401
+    elif what == "unrestorable":
+        # What the worker's clean-up cannot take back: a filter it cannot compare (a list)
+        import warnings
+
+        warnings.filters.insert(0, ["ignore", None, Warning, None, 0])  # type: ignore[arg-type]
     elif what == "no_new_privs":
         import ctypes
 

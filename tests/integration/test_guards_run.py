@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -694,13 +695,44 @@ def test_an_output_bigger_than_the_ceiling_is_checked_within_it(env: Env, guard:
     assert len(PdfReader(env.out / "bigpdf.pdf").pages) == 1
 
 
+ESCAPE_PLUGIN = textwrap.dedent('''
+    import sys
+    from renderctl.render.base import ParamSpec, RendererSpec
+
+    SPEC = RendererSpec(kind="escape", target="escape_plugin:render", description="escapes",
+                        min_inputs=0, max_inputs=0, params=(ParamSpec("mb", "int"),))
+
+
+    def render(inputs, output, params):
+        sys.path.insert(0, {root!r})
+        from guardfns import escape_then_hog
+        escape_then_hog(inputs, output, params)
+''')
+
+
 @pytest.mark.skipif(not cgroup_v1_writable(), reason="cgroup v1 memory controller not writable")
+@pytest.mark.parametrize("kind", ["python", "plugin"])
 def test_a_job_that_moves_its_worker_out_of_its_slot_is_caught_and_the_next_job_is_held(
-        env: Env) -> None:
-    # Given a root job that moves its worker out of its memory slot and then takes 300 MB
-    # of its 200 MB ceiling, and then a job that takes 150 MB
-    m = env.manifest([job("escaper", "escape_then_hog", priority=1, params={"mb": 300}),
-                      job("next", "hog", params={"mb": 150})],
+        env: Env, kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given a root job (a python callable, or a plugin renderer's code, which runs in the
+    # worker too: audit DL) that moves its worker out of its memory slot and then takes 300
+    # MB of its 200 MB ceiling, and then a job that takes 150 MB
+    escaper = job("escaper", "escape_then_hog", priority=1, params={"mb": 300})
+    if kind == "plugin":
+        site = env.root / "site"
+        site.mkdir()
+        (site / "escape_plugin.py").write_text(ESCAPE_PLUGIN.format(root=str(env.root)))
+        info = site / "escape_plugin-0.1.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text("Metadata-Version: 2.1\nName: escape-plugin\n"
+                                       "Version: 0.1\n")
+        (info / "entry_points.txt").write_text(
+            "[renderctl.renderers]\nescape = escape_plugin:SPEC\n")
+        monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+            [str(site), os.environ.get("PYTHONPATH", "")]))
+        del escaper["callable"]
+        escaper["kind"] = "escape"
+    m = env.manifest([escaper, job("next", "hog", params={"mb": 150})],
                      defaults={"memory_mb": 200, "max_attempts": 1})
 
     # When they run on one worker

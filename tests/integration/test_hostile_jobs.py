@@ -1414,13 +1414,14 @@ def test_a_fork_bomb_meets_its_slots_task_limit_and_the_other_jobs_flow_on(
 
 
 @pytest.mark.parametrize("what", ["audithook", "atfork", "atfork_posix", "no_new_privs",
-                                  "setuid", "seteuid", "library_atfork"])
+                                  "setuid", "seteuid", "library_atfork", "unrestorable"])
 def test_a_job_that_changes_its_worker_for_good_retires_it(
         tmp_path: Path, write_manifest: Any, what: str) -> None:
     # Given, for one worker, a job that leaves a change nothing can take back (an audit
     # hook, a fork handler, no_new_privs, root given up for nobody; seteuid to nobody and
     # back, which leaves the identity as it was and clears the parent-death signal: audit
-    # BY), or imports a library that registers a fork handler (which is no such change),
+    # BY), or that the clean-up fails on (audit DL: the worker died, charged to the next
+    # job), or imports a library that registers a fork handler (which is no such change),
     # then a job that records its pid
     stage(tmp_path)
     report, log = tmp_path / "seen.jsonl", tmp_path / "audit.log"
