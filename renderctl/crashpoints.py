@@ -38,8 +38,8 @@ KNOWN = frozenset({
     # cancel: before each id; a batch of pending ones taken and synced, not yet settled
     "cancel:before", "cancel:moved",
     # worker: a job ran and its output was checked, its leftover processes not yet removed;
-    # begun, its parent-death signal not yet armed
-    "worker:checked", "worker:born",
+    # begun, its parent-death signal not yet armed; a command job's command just started
+    "worker:checked", "worker:born", "worker:command_started",
 })
 
 

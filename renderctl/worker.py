@@ -190,6 +190,8 @@ _RESET_SIGNALS = frozenset({
 _runner_pid = 0
 # This worker's pid, to tell a job's fork that returned into our code (see _call).
 _worker_pid = 0
+# The test hook's stop and crash points (RENDERCTL_STOP_AT), for what runs outside Worker.
+_crash_point: Callable[[str], None] | None = None
 ADOPTED_REASON = "its fork server died; retiring"
 
 
@@ -230,6 +232,8 @@ def worker_main(conn: Connection, config: WorkerConfig) -> None:
     # (A test stops us here, and kills our fork server: we begin as the runner's child.)
     crash_point = CrashPoints.from_env()
     crash_point("worker:born")
+    global _crash_point
+    _crash_point = crash_point
     global _runner_pid
     _runner_pid = config.runner_pid
     global _worker_pid
@@ -2006,6 +2010,9 @@ def _child_setup() -> None:
     from renderctl.proctree import set_parent_death_signal
 
     set_parent_death_signal(signal.SIGKILL)
+    # The worker's SIGTERM handler (see run_command) is not the command's: a SIGTERM before
+    # the exec kills it, as one after would.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def run_command(argv: list[str], inputs: list[Path], output: Path,
@@ -2013,59 +2020,28 @@ def run_command(argv: list[str], inputs: list[Path], output: Path,
     """Run an argv (never a shell); None means it exited 0 and the output is to be checked."""
     args = expand_argv(argv, inputs, output)
     err_log, out_log = command_logs(workdir)
-    with open(err_log, "wb") as fh, open(out_log, "wb") as out:
-        try:
-            # env: exactly the job's os.environ (see _Environ), not the C-level environment,
-            # where an earlier job's bare os.putenv() would otherwise survive.
-            proc = subprocess.Popen(args, cwd=workdir, stdin=subprocess.DEVNULL, stdout=out,
-                                    stderr=fh, preexec_fn=_child_setup,
-                                    close_fds=True, pass_fds=pass_fds,
-                                    env=dict(os.environ))
-        except FileNotFoundError:
-            return {"outcome": Outcome.FAILED.value, "error": f"command not found: {args[0]}"}
-        except PermissionError:
-            return {"outcome": Outcome.FAILED.value, "error": f"not executable: {args[0]}"}
-        except OSError as exc:
-            if exc.errno == errno.E2BIG:
-                # The job's argv, the same at every attempt (audit CB: retried until dead
-                # with a bare OSError).
-                return {"outcome": Outcome.INVALID_INPUT.value,
-                        "error": "command: its arguments are too long for the system (an "
-                                 "argument over 128 KiB, or all of them past the limit; "
-                                 "pass a list file instead)"}
-            if exc.errno != errno.ENOEXEC:
-                raise
-            if _is_script_without_interpreter(args[0]):
-                return {"outcome": Outcome.INVALID_INPUT.value,
-                        "error": f"command: {args[0]} is a script without a #! line"}
-            # A binary half copied, or for another machine: perhaps mended by the next
-            # attempt (review CC), so failed, saying what it is.
-            return {"outcome": Outcome.FAILED.value,
-                    "error": f"command: {args[0]} is not a format this system can run"}
-        # The runner ends a command's attempt (timeout, cancel) with SIGTERM to our whole
-        # group, the command included, and SIGKILL after --kill-grace. Dying of it at once
-        # would take the command with us (its parent-death signal is SIGKILL) and cut its
-        # grace short: wait for it to act on the signal first, then die of it ourselves.
-        terminated: list[int] = []
-        signal.signal(signal.SIGTERM, lambda signum, frame: terminated.append(signum))
-        try:
-            pidfd = os.pidfd_open(proc.pid)
-            try:
-                while not select.select([pidfd], [], [], CAPTURE_CHECK_S)[0]:
-                    bound_capture(fh.fileno())
-                    bound_capture(out.fileno())
-            finally:
-                os.close(pidfd)
-            code = proc.wait()
-        finally:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        if terminated:
-            # What the command left (a setsid() process it started on the SIGTERM, say) is
-            # ours, as subreaper, only while we live: dead, we would hand it to init, where
-            # the runner's kill of our group and tree cannot find it. Kill it first.
-            with contextlib.suppress(Exception):
-                remove_leftovers(_children_of_threads, LEFTOVER_BOUND_S / 2)
-            os.kill(os.getpid(), signal.SIGTERM)
+    # The runner ends a command's attempt (timeout, cancel) with SIGTERM to our whole group,
+    # the command included, and SIGKILL after --kill-grace. Dying of it at once would take
+    # the command with us (its parent-death signal is SIGKILL) and cut its grace short:
+    # wait for it to act on the signal first, then die of it ourselves. Caught from before
+    # the command starts (audit DL: a SIGTERM just after it started killed us at once).
+    terminated: list[int] = []
+    signal.signal(signal.SIGTERM, lambda signum, frame: terminated.append(signum))
+    try:
+        with open(err_log, "wb") as fh, open(out_log, "wb") as out:
+            ended = _start_and_wait(args, workdir, pass_fds, fh, out)
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if terminated:
+        # What the command left (a setsid() process it started on the SIGTERM, say) is
+        # ours, as subreaper, only while we live: dead, we would hand it to init, where
+        # the runner's kill of our group and tree cannot find it. Kill it first.
+        with contextlib.suppress(Exception):
+            remove_leftovers(_children_of_threads, LEFTOVER_BOUND_S / 2)
+        os.kill(os.getpid(), signal.SIGTERM)
+    if isinstance(ended, dict):
+        return ended
+    code = ended
     tail = command_tail(workdir)
     if code == 0:
         return None  # the output is checked next; a success keeps no log in the record
@@ -2077,6 +2053,50 @@ def run_command(argv: list[str], inputs: list[Path], output: Path,
                 "error": f"command killed by signal {signal.Signals(-code).name}{said}"}
     return {"outcome": Outcome.FAILED.value, "exit_code": code, "stderr_tail": tail,
             "error": f"command exited with status {code}{said}"}
+
+
+def _start_and_wait(args: list[str], workdir: Path, pass_fds: tuple[int, ...],
+                    fh: BinaryIO, out: BinaryIO) -> int | dict[str, Any]:
+    """Start the command, capturing into ``out`` and ``fh``, and wait for it: its exit
+    status, or the attempt's fields if it could not start."""
+    try:
+        # env: exactly the job's os.environ (see _Environ), not the C-level environment,
+        # where an earlier job's bare os.putenv() would otherwise survive.
+        proc = subprocess.Popen(args, cwd=workdir, stdin=subprocess.DEVNULL, stdout=out,
+                                stderr=fh, preexec_fn=_child_setup,
+                                close_fds=True, pass_fds=pass_fds,
+                                env=dict(os.environ))
+    except FileNotFoundError:
+        return {"outcome": Outcome.FAILED.value, "error": f"command not found: {args[0]}"}
+    except PermissionError:
+        return {"outcome": Outcome.FAILED.value, "error": f"not executable: {args[0]}"}
+    except OSError as exc:
+        if exc.errno == errno.E2BIG:
+            # The job's argv, the same at every attempt (audit CB: retried until dead
+            # with a bare OSError).
+            return {"outcome": Outcome.INVALID_INPUT.value,
+                    "error": "command: its arguments are too long for the system (an "
+                             "argument over 128 KiB, or all of them past the limit; "
+                             "pass a list file instead)"}
+        if exc.errno != errno.ENOEXEC:
+            raise
+        if _is_script_without_interpreter(args[0]):
+            return {"outcome": Outcome.INVALID_INPUT.value,
+                    "error": f"command: {args[0]} is a script without a #! line"}
+        # A binary half copied, or for another machine: perhaps mended by the next
+        # attempt (review CC), so failed, saying what it is.
+        return {"outcome": Outcome.FAILED.value,
+                "error": f"command: {args[0]} is not a format this system can run"}
+    if _crash_point is not None:
+        _crash_point("worker:command_started")
+    pidfd = os.pidfd_open(proc.pid)
+    try:
+        while not select.select([pidfd], [], [], CAPTURE_CHECK_S)[0]:
+            bound_capture(fh.fileno())
+            bound_capture(out.fileno())
+    finally:
+        os.close(pidfd)
+    return proc.wait()
 
 
 def _last_line(tail: str | None, limit: int = 200) -> str:

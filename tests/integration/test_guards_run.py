@@ -415,6 +415,23 @@ def test_a_timed_out_command_gets_the_kill_grace_to_clean_up(env: Env) -> None:
     assert "got TERM" in (attempt.get("stderr_tail") or ""), attempt
 
 
+def test_a_command_gets_its_kill_grace_even_if_the_sigterm_meets_it_just_started(
+        env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given a worker frozen just after starting a command that cleans up for 0.3 s on
+    # SIGTERM, so that the timeout's SIGTERM reaches it there (the runner continues it)
+    monkeypatch.setenv("RENDERCTL_STOP_AT", "worker:command_started")
+    marker = env.root / "cleaned-up"
+
+    # When the command times out, with a kill grace of 5 s
+    attempt = _time_out_command(
+        env, f"trap 'sleep 0.3; touch {marker}; exit 1' TERM; sleep 60 & wait", grace_s=5)
+
+    # Then it had its clean-up (before: the worker died of the SIGTERM at once, and the
+    # command with it, by its parent-death signal: audit DL)
+    assert marker.exists(), "the command was killed before it could clean up"
+    assert attempt["elapsed_s"] < 5.0, attempt
+
+
 def test_a_stopped_command_that_times_out_is_continued_to_clean_up(env: Env) -> None:
     # Given a command that cleans up on SIGTERM, but has stopped itself (kill -STOP $$),
     # when it times out with a kill grace of 30 s
