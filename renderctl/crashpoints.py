@@ -38,8 +38,9 @@ KNOWN = frozenset({
     # cancel: before each id; a batch of pending ones taken and synced, not yet settled
     "cancel:before", "cancel:moved",
     # worker: a job ran and its output was checked, its leftover processes not yet removed;
-    # begun, its parent-death signal not yet armed; a command job's command just started
-    "worker:checked", "worker:born", "worker:command_started",
+    # begun, its parent-death signal not yet armed; a command job's command just started;
+    # a job's start recorded (its gate and started log), the runner not yet told
+    "worker:checked", "worker:born", "worker:command_started", "worker:starting",
 })
 
 

@@ -309,10 +309,6 @@ class WorkerHandle:
     kill_deadline: float | None = None
     grace_ran_out: bool = False  # SIGKILLed because the kill grace ended (see _killed)
     drain_sent: bool = False
-    # Skipped (recorded cancelled) while queued: token -> its output's temporary, removed
-    # once the worker is dead if it started the job before reading the Skip.
-    cancelled_tokens: dict[str, Path] = field(default_factory=dict)
-    discard_at_death: list[Path] = field(default_factory=list)
     started_any: bool = False
     stale_slot: bool = False  # its slot holds what no job's ceiling allows: use a fresh one
     doomed: list[Any] = field(default_factory=list)  # processes to kill again at death
@@ -677,8 +673,6 @@ class Runner:
                     w.proc.join(timeout=5)
             with contextlib.suppress(Exception):
                 w.slot.close()
-            for tmp in w.discard_at_death:  # its jobs can no longer write them
-                discard(tmp)
             w.gate.close()  # its file goes with work_root
         self.workers.clear()
         self._kill_orphans()  # what the jobs of the workers just killed left
@@ -1992,13 +1986,7 @@ class Runner:
         if isinstance(msg, Started):
             a = self._pop_queued(w, msg.seq)
             if a is None:
-                if msg.token in w.cancelled_tokens:
-                    # Cancelled (and recorded) while queued, but the worker started it before
-                    # reading our Skip: kill it; its result must never be published.
-                    w.discard_at_death.append(w.cancelled_tokens.pop(msg.token))
-                    self._kill(w, Outcome.CANCELLED)
-                else:
-                    self._kill_unsupervised(w, msg)
+                self._kill_unsupervised(w, msg)
                 return
             # The worker logged the start before telling us; until that line (and the
             # claim) is on the disk, a crash of the whole machine (a power cut, or the job
@@ -2174,8 +2162,6 @@ class Runner:
         _signal_all(w.doomed, signal.SIGKILL)
         if w.sampler is not None:
             _signal_all(w.sampler.known_processes(), signal.SIGKILL)
-        for tmp in w.discard_at_death:
-            discard(tmp)
         a = w.current
         if a is not None:
             self._complete(a, self._killed(w, a, code))
@@ -2600,18 +2586,29 @@ class Runner:
                 # (A job is queued in one place at most: a claim goes to one worker.)
                 queued = next((a for a in w.queued if a.job_id == jid), None)
                 if queued is not None:
-                    self._pop_queued(w, queued.seq)
-                    # Record it now rather than when the worker reads the Skip (after its
-                    # current job, which may take minutes).
-                    w.cancelled_tokens[queued.claim.lease.token] = queued.tmp
-                    self._tell(w, Skip((queued.seq,)))
                     queued.cancel_requested = True
-                    if not self._finish_unrun(queued, State.CANCELLED,
-                                              "cancelled before it started"):
-                        # Fenced: its new holder applies the cancel, asked again for it
-                        # (review CP: cleared below, and the job ran to done).
-                        taken_over = True
                     handled = True
+                    # Settled now rather than when the worker reads a Skip (after its current
+                    # job, which may take minutes), if the worker has not started it: its
+                    # gate says (renderctl.gate), and what else it had not started goes
+                    # back in line. Recorded as unstarted on our word alone, a job the
+                    # worker had just started ran on, its whole PDF left beside the output
+                    # when the run ended first (audit DM). One it started stays queued:
+                    # its Started, on its way, has it killed and recorded as an attempt.
+                    taken = self._take_back(w, time.monotonic())
+                    if taken is None:
+                        # The worker holds its gate (starting a job this instant, or stopped
+                        # there): its answer to the Skip settles it, or its Started does.
+                        self._tell(w, Skip((queued.seq,)))
+                        continue
+                    if queued in taken:
+                        taken.remove(queued)
+                        if not self._finish_unrun(queued, State.CANCELLED,
+                                                  "cancelled before it started"):
+                            # Fenced: its new holder applies the cancel, asked again for it
+                            # (review CP: cleared below, and the job ran to done).
+                            taken_over = True
+                    self._put_back(taken)
             if taken_over:
                 continue
             if not handled:

@@ -659,6 +659,7 @@ class Worker:
             os.write(self.started_fd, f"{job.token} {wall:.6f}\n".encode())
         except OSError as exc:
             raise with_name(exc, self.config.started_log) from None
+        self.crash_point("worker:starting")
         carried = self.carried  # (what _apply_limit raised this job's ceiling by)
         # The page cache at the start, at most: what the charge as the peak was reset holds
         # beyond what the slot held (not cache) as the last job ended, and no more than the

@@ -5,6 +5,7 @@ or RENDERCTL_CRASH_AT (SIGKILL there), never hoped for with sleeps."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -306,6 +307,49 @@ def test_a_job_whose_cancel_was_requested_before_it_started_never_publishes(
     assert not (out / "b.pdf").exists()
     assert [a["outcome"] for a in view.record("cancelled", "b")["attempts"]] in ([], ["cancelled"])
     assert not any('"completed"' in ln and '"b"' in ln for ln in runner.lines)
+
+
+def test_a_cancel_meeting_a_job_its_worker_just_started_records_the_attempt(
+        tmp_path: Path, write_manifest: Any) -> None:
+    import psutil
+
+    # Given a --follow runner whose worker has started b (its gate passed, its start
+    # logged) and is frozen before telling the runner
+    queue, out = tmp_path / "q", tmp_path / "out"
+    b, go = held_job(tmp_path, "b")
+    runner = Runner(write_manifest([b]), *cli_args(queue, out, "--workers", "1", "--follow",
+                                                   "--json"),
+                    env={"RENDERCTL_STOP_AT": "worker:starting"})
+    worker: list[psutil.Process] = []
+    try:
+        def frozen_worker() -> bool:
+            worker[:] = [p for p in psutil.Process(runner.pid).children(recursive=True)
+                         if stopped(p.pid)]
+            return bool(worker)
+
+        wait_until(frozen_worker, what="the worker to freeze as b starts")
+
+        # When b is cancelled, the runner acts on it, and the worker goes on
+        res = run_cli("cancel", "b", "--queue", queue)
+        assert res.returncode == 0, res.stdout + res.stderr
+        wait_until(lambda: not list((queue / "control").glob("cancel*")),
+                   what="the runner to take the request")
+        worker[0].resume()
+        view = QueueView(queue)
+        wait_until(lambda: "b" in view.ids("cancelled"), what="b to be cancelled")
+        wait_until(lambda: not list(out.glob(".rctl-*")), what="b's temporary to go")
+    finally:
+        go.touch()
+        for p in worker:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.resume()
+        runner.close()
+
+    # Then b's record has the attempt its worker started, cancelled as it ran (it said
+    # "cancelled before it started", no attempt, and the job ran on: audit DM)
+    attempts = view.record("cancelled", "b")["attempts"]
+    assert [a["outcome"] for a in attempts] == ["cancelled"], attempts
+    assert not (out / "b.pdf").exists()
 
 
 @pytest.mark.parametrize("listing", range(1, 9))
