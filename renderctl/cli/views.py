@@ -30,6 +30,21 @@ STATUS_SCHEMA_VERSION = 1
 def status_json(q: Queue, st: QueueStatus) -> dict[str, Any]:
     """`status --json`: stable schema; counts for every state at top level."""
     now = q.clock.wall()
+    # Which claims a worker has started (its started log), and when: a job claimed and
+    # queued behind another in a worker is running/ too, and timed from its claim it looked
+    # like a fifth job running under a budget for four (audit DM).
+    started: dict[str, float | None] = {}
+    if st.running:
+        from renderctl.recovery import started_tokens
+
+        started = started_tokens(q)
+
+    def began(r: Any) -> float | None:
+        """When the job's current attempt started, or None if it has not."""
+        if r.lease is None or r.lease.token not in started:
+            return None
+        return started[r.lease.token] or r.lease.claimed_at
+
     return {
         "schema": STATUS_SCHEMA_VERSION,
         "queue": str(q.path),
@@ -42,7 +57,9 @@ def status_json(q: Queue, st: QueueStatus) -> dict[str, Any]:
             {"id": r.spec.id, "kind": r.spec.kind,
              "attempt": r.lease.attempt if r.lease else None,
              "holder_pid": r.lease.holder.pid if r.lease else None,
-             "elapsed_s": max(0.0, now - r.lease.claimed_at) if r.lease else None,
+             "started": began(r) is not None,
+             "elapsed_s": max(0.0, now - (began(r) or r.lease.claimed_at)) if r.lease
+             else None,
              "memory_mb": r.spec.memory_mb, "timeout_s": r.spec.timeout_s}
             for r in st.running
         ],
@@ -89,7 +106,7 @@ def render_status(c: Console, q: Queue, st: QueueStatus) -> None:
     # holder_pid, as --json names it: the runner holding the lease, not the worker (`top`
     # shows the worker's pid; a bare "pid" read as either).
     running_lines = [f"running {j['id']} kind={j['kind']} attempt={j['attempt'] or '-'} "
-                     f"elapsed={human_duration(j['elapsed_s'])} holder_pid={j['holder_pid'] or '-'}"
+                     f"elapsed={_elapsed(j)} holder_pid={j['holder_pid'] or '-'}"
                      for j in data["running_jobs"]]
     if plain():
         print(f"queue {no_controls(str(q.path))}: "
@@ -114,7 +131,7 @@ def render_status(c: Console, q: Queue, st: QueueStatus) -> None:
     if not data["running_jobs"]:
         return
     columns = ("id", "kind", "attempt", "elapsed", "timeout", "ceiling")
-    rows = [(str(j["id"]), str(j["kind"]), str(j["attempt"] or "-"), human_duration(j["elapsed_s"]),
+    rows = [(str(j["id"]), str(j["kind"]), str(j["attempt"] or "-"), _elapsed(j),
              human_duration(j["timeout_s"]), f"{j['memory_mb']} MB")
             for j in data["running_jobs"]]
     if table_width(zip(columns, *rows, strict=True)) > c.width:
@@ -127,6 +144,12 @@ def render_status(c: Console, q: Queue, st: QueueStatus) -> None:
     for row in rows:
         rt.add_row(*map(Text, row))
     c.print(rt)
+
+
+def _elapsed(job: Mapping[str, Any]) -> str:
+    """A running job's time since it started, or "queued": claimed, queued in a worker
+    behind its running job (prefetch), not started."""
+    return human_duration(job["elapsed_s"]) if job["started"] else "queued"
 
 
 def show_json(view: JobView) -> dict[str, Any]:

@@ -253,3 +253,32 @@ def test_the_running_count_and_the_running_jobs_agree_when_a_claim_lands_mid_sta
     # alone: `status --json` had `running` above the length of `running_jobs`)
     assert st.counts[State.RUNNING.value] == len(st.running) == 2, st
     assert [r.spec.id for r in st.running] == ["a", "b"]
+
+
+def test_a_job_queued_in_a_worker_behind_another_is_shown_as_not_started(
+        tmp_path: Path, write_manifest: Any) -> None:
+    from jobfns import QueueView, Runner, cli_args, held_job, py_job, wait_for_pid, wait_until
+
+    # Given one worker running a job the test holds, and b queued behind it (--prefetch 2)
+    queue, out = tmp_path / "q", tmp_path / "out"
+    a, go = held_job(tmp_path, "a", priority=2)
+    manifest = write_manifest([a, {**py_job("b", "write_pdf"), "priority": 1}])
+    runner = Runner(manifest, *cli_args(queue, out, "--workers", "1", "--prefetch", "2"))
+    try:
+        wait_for_pid(tmp_path / "a.pid")
+        wait_until(lambda: "b" in QueueView(queue).ids("running"), what="b to be claimed")
+
+        # When `status` looks
+        doc = json.loads(run_cli("status", "--json", "--queue", queue).stdout)
+        plain = run_cli("status", "--queue", queue).stdout
+    finally:
+        go.touch()
+        runner.close()
+
+    # Then both count as running (claimed), but only a has started; b, waiting in the
+    # worker, is said to be (audit DM: timed from its claim, it looked like a second job
+    # running on the one worker)
+    assert doc["running"] == 2, doc
+    assert {j["id"]: j["started"] for j in doc["running_jobs"]} == {"a": True, "b": False}
+    assert "running b kind=python attempt=1 elapsed=queued" in plain, plain
+    assert "running a kind=python attempt=1 elapsed=queued" not in plain, plain
