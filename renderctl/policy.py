@@ -62,7 +62,9 @@ def after_attempt(
     if outcome is Outcome.CANCELLED:
         return Verdict(State.CANCELLED, reason="cancelled")
     if outcome is Outcome.RELEASED:
-        return Verdict(State.PENDING, reason="released by a stopping runner")
+        # (A stop signal, a worker killed for another job, a lease taken over, an output
+        # folder that cannot be written: the attempt's error says which; audit DM.)
+        return Verdict(State.PENDING, reason="released; not charged")
     if not outcome.retryable:
         return Verdict(State.DEAD, reason=f"{outcome.value}: a retry cannot fix it")
     if charged_attempts >= max_attempts:

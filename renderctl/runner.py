@@ -2790,7 +2790,7 @@ class Runner:
                 fin = replace(fin, error=f"{STOPPED_TOO} ({_signame(self.stop_signal or 0)}) "
                                          f"and failed; not charged ({fin.error})")
             t = self._transition(a, fin, outcome, now)
-            if problem:  # not "released by a stopping runner": the folder stopped it
+            if problem:  # (more than "released; not charged": the folder stopped it)
                 t = replace(t, record=replace(t.record,
                                               reason=f"released: cannot write outputs: {problem}"))
             if t.dst is State.DONE:

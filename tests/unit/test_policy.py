@@ -475,7 +475,7 @@ def test_the_dead_reason_names_the_attempt_events_showed_after_a_dead_retry() ->
 def test_released_is_never_dead_lettered() -> None:
     assert after_attempt(Outcome.RELEASED, charged_attempts=99, max_attempts=1,
                          backoff_s=1.0) == Verdict(State.PENDING,
-                                                   reason="released by a stopping runner")
+                                                   reason="released; not charged")
 
 
 @pytest.mark.parametrize(("outcome", "retryable", "charged"), [
