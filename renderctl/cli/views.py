@@ -39,6 +39,19 @@ def status_json(q: Queue, st: QueueStatus) -> dict[str, Any]:
 
         started = started_tokens(q)
 
+    alive: dict[Any, bool | None] = {}
+
+    def orphaned(r: Any) -> bool | None:
+        """Whether the runner holding the job's lease is dead (the next run recovers the
+        job); None where that cannot be told (another host, no start time)."""
+        h = r.lease.holder if r.lease is not None else None
+        if h is None or h.start_time is None:
+            return None
+        if h not in alive:
+            alive[h] = proctree.holder_alive(host=h.host, boot_id=h.boot_id, pid=h.pid,
+                                             start_time=h.start_time)
+        return None if alive[h] is None else not alive[h]
+
     def began(r: Any) -> float | None:
         """When the job's current attempt started, or None if it has not."""
         if r.lease is None or r.lease.token not in started:
@@ -57,6 +70,7 @@ def status_json(q: Queue, st: QueueStatus) -> dict[str, Any]:
             {"id": r.spec.id, "kind": r.spec.kind,
              "attempt": r.lease.attempt if r.lease else None,
              "holder_pid": r.lease.holder.pid if r.lease else None,
+             "orphaned": orphaned(r),
              "started": began(r) is not None,
              "elapsed_s": max(0.0, now - (began(r) or r.lease.claimed_at)) if r.lease
              else None,
@@ -107,6 +121,8 @@ def render_status(c: Console, q: Queue, st: QueueStatus) -> None:
     # shows the worker's pid; a bare "pid" read as either).
     running_lines = [f"running {j['id']} kind={j['kind']} attempt={j['attempt'] or '-'} "
                      f"elapsed={_elapsed(j)} holder_pid={j['holder_pid'] or '-'}"
+                     + (" (its runner is dead: the next run recovers it)" if j["orphaned"]
+                        else "")
                      for j in data["running_jobs"]]
     if plain():
         print(f"queue {no_controls(str(q.path))}: "
@@ -130,6 +146,10 @@ def render_status(c: Console, q: Queue, st: QueueStatus) -> None:
     c.print(Text(f"oldest pending: {human_duration(st.oldest_pending_age_s)}; {runner_line}"))
     if not data["running_jobs"]:
         return
+    lost = sum(1 for j in data["running_jobs"] if j["orphaned"])
+    if lost:
+        c.print(Text(f"{lost} running job(s) held by a runner that is dead: the next "
+                     "`renderctl run` recovers them"))
     columns = ("id", "kind", "attempt", "elapsed", "timeout", "ceiling")
     rows = [(str(j["id"]), str(j["kind"]), str(j["attempt"] or "-"), _elapsed(j),
              human_duration(j["timeout_s"]), f"{j['memory_mb']} MB")

@@ -280,5 +280,34 @@ def test_a_job_queued_in_a_worker_behind_another_is_shown_as_not_started(
     # running on the one worker)
     assert doc["running"] == 2, doc
     assert {j["id"]: j["started"] for j in doc["running_jobs"]} == {"a": True, "b": False}
+    assert [j["orphaned"] for j in doc["running_jobs"]] == [False, False]
     assert "running b kind=python attempt=1 elapsed=queued" in plain, plain
     assert "running a kind=python attempt=1 elapsed=queued" not in plain, plain
+
+
+def test_a_job_whose_runner_died_is_shown_as_orphaned(
+        tmp_path: Path, write_manifest: Any) -> None:
+    import signal
+
+    from jobfns import Runner, cli_args, held_job, wait_for_pid
+
+    # Given a runner SIGKILLed while its job ran
+    queue, out = tmp_path / "q", tmp_path / "out"
+    a, go = held_job(tmp_path, "a")
+    runner = Runner(write_manifest([a]), *cli_args(queue, out, "--workers", "1"))
+    try:
+        wait_for_pid(tmp_path / "a.pid")
+        os.kill(runner.pid, signal.SIGKILL)
+        runner.wait(30)
+    finally:
+        go.touch()
+        runner.close()
+
+    # When `status` looks
+    doc = json.loads(run_cli("status", "--json", "--queue", queue).stdout)
+    plain = run_cli("status", "--queue", queue).stdout
+
+    # Then the job is still in running/ (until a run recovers it), and both say its runner
+    # is dead (audit DM: listed as running, its time growing, with nothing to say why)
+    assert [(j["id"], j["orphaned"]) for j in doc["running_jobs"]] == [("a", True)], doc
+    assert "(its runner is dead: the next run recovers it)" in plain, plain
