@@ -1811,6 +1811,7 @@ def wait(
     tail = LogTail(q.events.path)  # (before the first look: nothing falls between)
     wanted = set(job_ids)
     next_check = 0.0
+    looked_for_runner = False
     while True:
         now = time.monotonic()
         news = tail.news()
@@ -1822,6 +1823,13 @@ def wait(
             settle([jid for jid in news if jid in wanted], recheck=False)
         if len(final) == len(job_ids):
             break
+        if not looked_for_runner:
+            # Once: a wait on a queue nobody serves blocked without a word (audit DM). It
+            # waits on all the same (a runner may be started next, by cron or by hand).
+            looked_for_runner = True
+            if q.runner_info() is None:
+                out.err(f"note: no runner serves {q.path} now; waiting for one "
+                        "(`renderctl run` starts one)")
         if deadline is not None and now >= deadline:
             left = [j for j in job_ids if j not in final]
             if as_json:

@@ -18,9 +18,11 @@ def test_wait_exit_codes(tmp_path: Path) -> None:
     # An unknown id is a usage error, at once
     unknown = cli("wait", "ok", "nope", "--queue", q, cwd=tmp_path)
     assert unknown.returncode == 2 and "nope" in unknown.stderr
-    # Nothing runs the queue yet: a timeout says "try again later"
+    # Nothing runs the queue yet: the wait says so (audit DM: it blocked without a word),
+    # and a timeout says "try again later"
     early = cli("wait", "ok", "--queue", q, "--timeout", "0.3", cwd=tmp_path)
     assert early.returncode == 75 and "ok" in early.stderr
+    assert f"note: no runner serves {q} now; waiting for one" in early.stderr, early.stderr
     # Waiters started before the runner return when their jobs finish
     waiters = {ids: subprocess.Popen([*RENDERCTL, "wait", *ids, "--queue", str(q),
                                       "--timeout", "60"], cwd=tmp_path, env=env(),
