@@ -2536,8 +2536,11 @@ class Queue:
         return unlink_quiet(self.dir("control") / f"{CANCEL_REQUEST_PREFIX}{job_id}")
 
     def dead_retry(self, job_ids: Sequence[str], *,
-                   crash_hook: Callable[[str], None] | None = None) -> list[str]:
-        """Return dead jobs to pending with a fresh attempt budget (history kept).
+                   crash_hook: Callable[[str], None] | None = None,
+                   changes: Mapping[str, Any] | None = None) -> list[str]:
+        """Return dead jobs to pending with a fresh attempt budget (history kept), their
+        spec's ``changes`` made (new limits: ``memory_mb``, ``timeout_s``, ``max_attempts``,
+        checked by the caller).
 
         Each job moves with one rename, so that a crash at any point leaves it in exactly
         one folder. Its new record is written over the dead one first: a crash right after
@@ -2558,13 +2561,15 @@ class Queue:
             done = (f"{len(revived)} job(s) were retried before that; the others stay in "
                     "dead/") if revived else "nothing was retried"
             with self._lock(SUBMIT_LOCK, doing=done):
-                revived += self._dead_retry_batch(job_ids[at:at + PRUNE_BATCH], now, hook)
+                revived += self._dead_retry_batch(job_ids[at:at + PRUNE_BATCH], now, hook,
+                                                  changes or {})
         if revived:
             self.wake_runner()
         return revived
 
     def _dead_retry_batch(self, job_ids: Sequence[str], now: float,
-                          hook: Callable[[str], None]) -> list[str]:
+                          hook: Callable[[str], None],
+                          changes: Mapping[str, Any]) -> list[str]:
         revived: list[str] = []
         found: list[tuple[str, Path]] = []
         blobs: list[bytes] = []
@@ -2573,8 +2578,10 @@ class Queue:
             rec = self._read_or_quarantine(src)
             if rec is None:
                 continue
-            blobs.append(replace(rec, attempt_base=len(rec.attempts), not_before=0.0,
-                                 lease=None, reason=RETRIED_REASON, changed_at=now).dumps())
+            spec = replace(rec.spec, **changes) if changes else rec.spec
+            blobs.append(replace(rec, spec=spec, attempt_base=len(rec.attempts),
+                                 not_before=0.0, lease=None, reason=RETRIED_REASON,
+                                 changed_at=now).dumps())
             found.append((jid, src))
         tmps = self._durable_temporaries("revive", blobs)
         # A cancel asked while the job ran, left by a runner that dead-lettered it and
@@ -2606,7 +2613,8 @@ class Queue:
             # rescan of pending/ (Runner._rescan).
             write_file(tmp, json.dumps(revived).encode(), fsync=False)
             os.replace(tmp, bell)
-            self.events.append({"ts": now, "event": "revived", "job": j} for j in revived)
+            self.events.append({"ts": now, "event": "revived", "job": j, **changes}
+                               for j in revived)
         return revived
 
     def dead_purge(self, *, crash_hook: Callable[[str], None] | None = None) -> int:

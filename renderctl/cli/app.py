@@ -1501,21 +1501,58 @@ def dead_list(queue: QueueOpt = None, as_json: JsonOpt = False) -> None:
         out.err("no dead-lettered jobs")
 
 
+# `dead retry`'s limits: the retried jobs' own, replaced. No variable or configuration key
+# sets them (those are submit's defaults; a job's own limits are changed only when asked).
+RetryMemOpt = Annotated[Any, typer.Option(
+    "--memory-mb", show_default=False, parser=AS_INT, metavar="<int>",
+    help=f"give the jobs this memory ceiling (MB, 1-{MAX_MEMORY_MB}) in place of their own")]
+RetryTimeoutOpt = Annotated[Any, typer.Option(
+    "--timeout", show_default=False, parser=AS_FLOAT, metavar="<float>",
+    help=f"give the jobs this timeout (s, > 0, <= {MAX_TIMEOUT_S:g}) in place of their own")]
+RetryAttemptsOpt = Annotated[Any, typer.Option(
+    "--max-attempts", show_default=False, parser=AS_INT, metavar="<int>",
+    help=f"give the jobs this many attempts (1-{MAX_ATTEMPTS}) in place of their own")]
+
+
+def retry_changes(memory_mb: Any, timeout: Any, max_attempts: Any) -> dict[str, Any]:
+    """The spec fields `dead retry` replaces, each held to the manifest's own check."""
+    from renderctl.errors import UserError
+    from renderctl.limits import check_max_attempts, check_memory_mb, check_timeout
+
+    changes: dict[str, Any] = {}
+    for option, field, value, check, convert in (
+            ("--memory-mb", "memory_mb", memory_mb, check_memory_mb, int),
+            ("--timeout", "timeout_s", timeout, check_timeout, float),
+            ("--max-attempts", "max_attempts", max_attempts, check_max_attempts, int)):
+        if value is None:
+            continue
+        problem = check(value)
+        if problem is not None:
+            raise UserError(f"{option}: {problem}; nothing was retried")
+        changes[field] = convert(value)
+    return changes
+
+
 @dead_app.command("retry")
 @handle_errors
 @restores_stops
 def dead_retry(
     job_ids: Annotated[list[str] | None, typer.Argument(help="job ids")] = None,
     all_: Annotated[bool, typer.Option("--all", help="retry every dead job")] = False,
+    memory_mb: RetryMemOpt = None,
+    timeout: RetryTimeoutOpt = None,
+    max_attempts: RetryAttemptsOpt = None,
     queue: QueueOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Return dead jobs to pending with a fresh attempt budget (history is kept)."""
+    """Return dead jobs to pending with a fresh attempt budget (history is kept), with new
+    limits if given (a job that ran out of memory or time)."""
     from renderctl.crashpoints import CrashPoints
     from renderctl.errors import UserError
     from renderctl.lifecycle import State
 
     early = defer_stops()
+    changes = retry_changes(memory_mb, timeout, max_attempts)
     q = existing_queue(queue, whole=True)
     if all_ and job_ids:
         raise UserError("name job ids or use --all, not both")
@@ -1543,7 +1580,7 @@ def dead_retry(
                 if q.find(j) is None and (kept := q.corrupt_copy(j)) is not None else j
                 for j in missing]
         raise UserError("not in dead/: " + ", ".join(said) + "; nothing was retried")
-    revived = q.dead_retry(ids, crash_hook=CrashPoints.from_env())
+    revived = q.dead_retry(ids, crash_hook=CrashPoints.from_env(), changes=changes)
     gone = sorted(set(ids) - set(revived))
     with stdout_result(f"the {len(revived)} job(s) were retried all the same"):
         if as_json:

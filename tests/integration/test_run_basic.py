@@ -384,6 +384,40 @@ def test_dead_retry_then_run_completes_the_job_keeping_its_history(
     assert rec["result"]["sha256"] == sha256_of(out / "taken.pdf")
 
 
+def test_dead_retry_with_new_limits_runs_the_job_under_them(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given a job dead of its timeout: 1 s for a job that takes 2 s
+    stage(tmp_path)
+    queue, out = tmp_path / "q", tmp_path / "out"
+    manifest = write_manifest([{**py_job("slow", "sleep_then_write", s=2), "timeout_s": 1,
+                                "max_attempts": 1}])
+    res = run_cli("run", manifest, *cli_args(queue, out))
+    assert res.returncode == 1, res.stdout + res.stderr
+
+    # When a retry is asked with limits out of range, nothing is retried; with a longer
+    # timeout and two attempts (audit DM: only `submit --replace` could change them, and
+    # that wiped the job's history)
+    bad = run_cli("dead", "retry", "slow", "--timeout", "0", "--queue", queue)
+    assert bad.returncode == 2, bad.stdout + bad.stderr
+    assert "--timeout: must be > 0" in bad.stderr and "nothing was retried" in bad.stderr
+    assert QueueView(queue).ids("dead") == {"slow"}
+    retry = run_cli("dead", "retry", "slow", "--timeout", "30", "--max-attempts", "2",
+                    "--queue", queue)
+    assert retry.returncode == 0, retry.stdout + retry.stderr
+    res = run_cli("run", *cli_args(queue, out))
+
+    # Then it completes under them, its first attempt kept in its history
+    assert res.returncode == 0, res.stdout + res.stderr
+    rec = QueueView(queue).record("done", "slow")
+    assert (rec["spec"]["timeout_s"], rec["spec"]["max_attempts"]) == (30.0, 2)
+    assert [a["outcome"] for a in rec["attempts"]] == ["timeout", "completed"]
+    assert_pdf(out / "slow.pdf", "slow")
+    revived = [e for e in json_lines((queue / "events.jsonl").read_text())
+               if e["event"] == "revived"]
+    assert revived == [{"ts": revived[0]["ts"], "event": "revived", "job": "slow",
+                        "timeout_s": 30.0, "max_attempts": 2}]
+
+
 def test_max_failures_stops_claiming_after_the_first_dead_job(
         tmp_path: Path, write_manifest: Any) -> None:
     # Given one job that dead-letters at once, claimed first, and many that would succeed
