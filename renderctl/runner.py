@@ -1634,7 +1634,9 @@ class Runner:
         if spec.memory_mb > self.budget_mb:
             self._finish_unrun(a, State.DEAD,
                                f"memory_mb {spec.memory_mb} can never fit the memory budget "
-                               f"of {self.budget_mb} MB (--memory-budget)")
+                               f"of {self.budget_mb} MB (--memory-budget): retry it under a "
+                               "larger budget, or with `dead retry --memory-mb` at most "
+                               f"{self.budget_mb}")
             return
         if kind is None:
             # No renderer of that kind here (uninstalled since the submit, or a queue shared

@@ -347,6 +347,8 @@ def test_a_job_dead_before_any_attempt_lists_its_outcome_as_a_dash(tmp_path: Pat
     cols = row.split("\t")
     assert cols[:3] == ["big", "-", "attempts=0"], row
     assert "can never fit" in cols[3], row
+    # (and what to do about it: audit DM)
+    assert cols[3].endswith("or with `dead retry --memory-mb` at most 1"), row
     # And its dead event has no attempt or outcome, as README's events table says
     [ev] = [json.loads(ln) for ln in (q / "events.jsonl").read_text().splitlines()
             if json.loads(ln)["event"] == "dead"]
