@@ -693,7 +693,6 @@ def do_submit(
         found = outputs_in_queue(exc.valid, queue_path(queue), origins)
         found += queue_conflicts(exc.valid, queue_path(queue), replace, origins)
         raise ManifestError(exc.problems + found) from None
-    warn_doomed(jobs, origins)
     if problems := outputs_in_queue(jobs, queue_path(queue), origins):
         raise ManifestError(problems)
     crash_hook = CrashPoints.from_env()
@@ -715,7 +714,12 @@ def do_submit(
         problems = [with_file(p, file=origins[p.job]) if p.job in origins else p
                     for p in exc.problems]
         raise ManifestError(problems) from None
-    warn_existing_outputs(jobs, {*res.accepted, *res.replaced} & existed, origins)
+    # Of the jobs this submit accepted only: a manifest submitted again (cron, or `run` of
+    # a finished batch) warned that a job long expired "will expire without running"
+    # (audit DM), once per job per submit.
+    taken = {*res.accepted, *res.replaced}
+    warn_doomed([j for j in jobs if j.id in taken], origins)
+    warn_existing_outputs(jobs, taken & existed, origins)
     return res, q
 
 

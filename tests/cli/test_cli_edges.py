@@ -724,6 +724,24 @@ def test_a_run_with_no_manifest_and_nothing_queued_says_so(tmp_path: Path) -> No
 # -- a program or module that is not there is said so at submit, truthfully -------------------
 
 
+def test_a_doomed_job_is_warned_of_when_accepted_not_when_submitted_again(
+        tmp_path: Path) -> None:
+    # Given a manifest with a job whose deadline is past, run once (it expired)
+    m = tmp_path / "jobs.toml"
+    m.write_text('[[jobs]]\nid = "late"\nkind = "command"\nargv = ["touch", "{output}"]\n'
+                 'output = "late.pdf"\ndeadline = "2020-01-01T00:00:00Z"\n')
+    args = ("--queue", tmp_path / "q", "--out", tmp_path / "o")
+    first = cli("run", m, *args, cwd=tmp_path)
+    assert first.returncode == 1, first.stdout + first.stderr
+    assert "late: deadline: already past; the job will expire" in first.stderr, first.stderr
+
+    # When the same manifest is run again (a rerun, cron)
+    again = cli("run", m, *args, cwd=tmp_path)
+
+    # Then it is not said to be about to expire (it did, in the first run: audit DM)
+    assert "will expire" not in again.stderr, again.stderr
+
+
 def test_submit_warns_of_each_program_that_cannot_run_here_saying_why(tmp_path: Path) -> None:
     script = tmp_path / "render.sh"
     script.write_text("#!/bin/sh\nexit 0\n")  # there, but not executable (mode 0644)
