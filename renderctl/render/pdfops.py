@@ -89,6 +89,10 @@ def pdf_errors(source: str) -> Iterator[None]:
         # pypdf raises plain Python errors from deep inside a malformed file as well as its
         # own; either way the same bytes fail the same way on every attempt.
         reason = _steady(str(exc)) or type(exc).__name__
+        if not isinstance(exc, (PyPdfError, NotImplementedError)):
+            # Its own words mean nothing to a user ("'NoneType' object has no attribute
+            # 'idnum'": audit DM): what they mean first, then them, for whoever debugs.
+            reason = f"its structure is damaged ({type(exc).__name__} in pypdf: {reason})"
         raise InvalidInput(f"{source}: unreadable PDF: {reason[:300]}") from exc
 
 

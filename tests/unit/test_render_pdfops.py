@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from pypdf import PdfReader, PdfWriter
+from pypdf.errors import PyPdfError
 from pypdf.generic import (
     ContentStream,
     NameObject,
@@ -655,3 +656,20 @@ def test_a_pdf_larger_than_the_jobs_memory_ceiling_is_refused_before_it_is_read(
     with pytest.raises(InvalidInput, match=r"big\.pdf: 2 MB; a PDF is read whole, and this "
                                            r"job's memory ceiling is 1 MB"):
         pdfops.open_pdf(big)
+
+
+@pytest.mark.parametrize("raised, said", [
+    (AttributeError("'NoneType' object has no attribute 'idnum'"),
+     "x.pdf: unreadable PDF: its structure is damaged (AttributeError in pypdf: "
+     "'NoneType' object has no attribute 'idnum')"),
+    (PyPdfError("Could not read malformed PDF file"),
+     "x.pdf: unreadable PDF: Could not read malformed PDF file"),
+])
+def test_a_plain_python_error_from_inside_pypdf_is_said_as_damage(
+        raised: Exception, said: str) -> None:
+    # A plain Python error raised deep in pypdf by a malformed file says what it means
+    # before its own words (audit DM: "'NoneType' object has no attribute 'idnum'" alone);
+    # pypdf's own errors, written for users, are passed on as they are
+    with pytest.raises(InvalidInput) as caught, pdfops.pdf_errors("x.pdf"):
+        raise raised
+    assert str(caught.value) == said
