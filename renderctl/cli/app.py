@@ -153,10 +153,15 @@ def queue_problem(path: Path, *, creating: bool) -> str | None:
     if is_queue(path):
         return None
     if not creating:
+        makes_it = ("no queue there yet (`renderctl submit MANIFEST` or `renderctl run "
+                    "MANIFEST` makes it; --queue names another)")
         if not os.path.lexists(path):
             # (A first-hour user in the wrong folder, or before any submit: audit BE.)
-            return ("does not exist: no queue there yet (`renderctl submit MANIFEST` or "
-                    "`renderctl run MANIFEST` makes it; --queue names another)")
+            return f"does not exist: {makes_it}"
+        if not holds_users_files(path):
+            # Made by hand, or by a submit killed as it began to lay the queue out (audit
+            # DK: "not a renderctl queue", as if it were someone else's folder).
+            return f"is empty: {makes_it}"
         return "is not a renderctl queue (no pending/ folder)"
     if not holds_users_files(path):
         return None

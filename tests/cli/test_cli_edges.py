@@ -138,7 +138,17 @@ def test_a_missing_default_queue_says_it_is_the_default(tmp_path: Path) -> None:
                               "makes it; --queue names another)")
 
 
+def test_an_empty_folder_is_no_queue_yet_not_someone_elses_folder(tmp_path: Path) -> None:
+    # (What a submit killed as it began to lay out a new queue leaves: audit DK)
+    (tmp_path / "q").mkdir()
+    res = cli("status", "--queue", tmp_path / "q", cwd=tmp_path)
+    one_line_usage_error(res, f"--queue: {tmp_path / 'q'} is empty: no queue there yet "
+                              "(`renderctl submit MANIFEST` or `renderctl run MANIFEST` "
+                              "makes it; --queue names another)")
+
+
 def test_a_folder_that_is_not_a_queue_names_the_variable(tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("mine\n")
     res = cli("status", cwd=tmp_path, extra_env={"RENDERCTL_QUEUE": str(tmp_path)})
     one_line_usage_error(res, f"RENDERCTL_QUEUE: {tmp_path} is not a renderctl queue")
 
