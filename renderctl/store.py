@@ -316,6 +316,16 @@ class JobRecord:
     result: Mapping[str, Any] | None = None
     reason: str = ""
     changed_at: float = 0.0
+    # The limits the job was submitted with, where `dead retry` gave it others: the same
+    # manifest submitted again (cron) is still this job, not one "with a different spec"
+    # (review DO: refused, and the rest of the manifest with it, for good).
+    limits_before: Mapping[str, Any] | None = None
+
+    def submitted_as(self, spec: JobSpec) -> bool:
+        """Whether ``spec`` is this job as it is, or as it was submitted."""
+        mine, theirs = self.spec.to_json(), spec.to_json()
+        return mine == theirs or bool(self.limits_before) and {
+            **mine, **(self.limits_before or {})} == theirs
 
     @property
     def charged_attempts(self) -> int:
@@ -341,6 +351,7 @@ class JobRecord:
             "result": dict(self.result) if self.result is not None else None,
             "reason": self.reason,
             "changed_at": self.changed_at,
+            **({"limits_before": dict(self.limits_before)} if self.limits_before else {}),
         }
 
     def dumps(self) -> bytes:
@@ -360,6 +371,9 @@ class JobRecord:
         result = d.get("result")
         if result is not None and not isinstance(result, dict):
             raise ValueError("result: not an object")
+        before = d.get("limits_before")
+        if before is not None and not isinstance(before, dict):
+            raise ValueError("limits_before: not an object")
         return cls(
             spec=JobSpec.from_json(d["spec"]),
             seq=str(d["seq"]),
@@ -371,6 +385,7 @@ class JobRecord:
             result=result,
             reason=str(d.get("reason", "")),
             changed_at=float(d.get("changed_at", 0.0)),
+            limits_before=before,
         )
 
 
@@ -516,9 +531,9 @@ def _holder_alive(info: Mapping[str, Any]) -> bool | None:
 def _refusal(spec: JobSpec, view: JobView, replace: bool) -> Problem | None:
     """Why a submit of ``spec`` is refused, its id found as ``view`` (None: it is not;
     the same spec is "already accepted", a changed one replaced, if ``replace``)."""
-    old, new = view.record.spec.to_json(), spec.to_json()
-    if old == new:
+    if view.record.submitted_as(spec):
         return None
+    old, new = view.record.spec.to_json(), spec.to_json()
     if not replace:
         # The fields named: a changed --out or default limit (out_root, memory_mb) is
         # invisible in the manifest the user is looking at. Said here, not by the command
@@ -1421,7 +1436,7 @@ class Queue:
             if view is None:
                 new.append(spec)
                 continue
-            if view.record.spec.to_json() == spec.to_json():
+            if view.record.submitted_as(spec):
                 already.append(spec.id)
                 # (Not one a dead runner ended with its running copy still there: the run
                 # that recovers it reports it, and `run MANIFEST` counted it twice, ended
@@ -2578,10 +2593,14 @@ class Queue:
             rec = self._read_or_quarantine(src)
             if rec is None:
                 continue
-            spec = replace(rec.spec, **changes) if changes else rec.spec
+            spec, before = rec.spec, rec.limits_before
+            if changes:
+                spec = replace(rec.spec, **changes)
+                # (As first submitted: a second retry with new limits keeps those.)
+                before = {**{k: getattr(rec.spec, k) for k in changes}, **(before or {})}
             blobs.append(replace(rec, spec=spec, attempt_base=len(rec.attempts),
                                  not_before=0.0, lease=None, reason=RETRIED_REASON,
-                                 changed_at=now).dumps())
+                                 changed_at=now, limits_before=before).dumps())
             found.append((jid, src))
         tmps = self._durable_temporaries("revive", blobs)
         # A cancel asked while the job ran, left by a runner that dead-lettered it and

@@ -417,6 +417,12 @@ def test_dead_retry_with_new_limits_runs_the_job_under_them(
     assert revived == [{"ts": revived[0]["ts"], "event": "revived", "job": "slow",
                         "timeout_s": 30.0, "max_attempts": 2}]
 
+    # And the manifest submitted again as it was (cron) finds the job already there, ended,
+    # not one "with a different spec" (review DO: refused, the whole submit with it)
+    again = run_cli("run", manifest, *cli_args(queue, out))
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "1 of these jobs ended earlier: 1 done" in again.stderr, again.stderr
+
 
 def test_max_failures_stops_claiming_after_the_first_dead_job(
         tmp_path: Path, write_manifest: Any) -> None:
