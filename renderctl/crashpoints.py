@@ -38,9 +38,11 @@ KNOWN = frozenset({
     # cancel: before each id; a batch of pending ones taken and synced, not yet settled
     "cancel:before", "cancel:moved",
     # worker: a job ran and its output was checked, its leftover processes not yet removed;
-    # begun, its parent-death signal not yet armed; a command job's command just started;
-    # a job's start recorded (its gate and started log), the runner not yet told
-    "worker:checked", "worker:born", "worker:command_started", "worker:starting",
+    # begun, its parent-death signal not yet armed; a command job's command just started,
+    # or forked, not yet exec'd (the point passed in the child); a job's start recorded
+    # (its gate and started log), the runner not yet told
+    "worker:checked", "worker:born", "worker:command_started", "worker:command_forked",
+    "worker:starting",
 })
 
 

@@ -219,6 +219,15 @@ def _die_with_group(signum: int, frame: object) -> None:
 def worker_main(conn: Connection, config: WorkerConfig) -> None:
     """Process entry point: set up the process, then serve jobs until told to stop."""
     os.setpgid(0, 0)
+    # fd 0 is the runner's stdin (a terminal, a pipe feeding a shell loop); multiprocessing
+    # gave sys.stdin a /dev/null of its own on another descriptor, and fd 0 was the job's
+    # to read all the same (os.read(0), or sys.stdin put back over it: review DO, which
+    # read a line meant for the calling shell). A job reads nothing; in a background group
+    # a read of the terminal would stop the worker (SIGTTIN).
+    with contextlib.suppress(OSError):
+        null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        os.dup2(null, 0)
+        os.close(null)
     # A worker forked from the runner holds a copy of the reaper's pipe: the reaper would
     # never see EOF (the runner's death) while this worker lives, which is when it matters.
     close_inherited(config.reaper)
@@ -2010,10 +2019,16 @@ def _child_setup() -> None:
     # worker must not leave the command running unsupervised).
     from renderctl.proctree import set_parent_death_signal
 
+    if _crash_point is not None:
+        _crash_point("worker:command_forked")
+
     set_parent_death_signal(signal.SIGKILL)
-    # The worker's SIGTERM handler (see run_command) is not the command's: a SIGTERM before
-    # the exec kills it, as one after would.
+    # The worker's SIGTERM handler (see run_command) is not the command's, and SIGTERM is
+    # blocked across the fork: one pending now (sent to the group since) kills the command
+    # as it is unblocked, as one after the exec would. (Unblocked with the handler still
+    # set, it was taken by the handler's copy here, and the command ran on: review DO.)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
 
 
 def run_command(argv: list[str], inputs: list[Path], output: Path,
@@ -2030,7 +2045,7 @@ def run_command(argv: list[str], inputs: list[Path], output: Path,
     signal.signal(signal.SIGTERM, lambda signum, frame: terminated.append(signum))
     try:
         with open(err_log, "wb") as fh, open(out_log, "wb") as out:
-            ended = _start_and_wait(args, workdir, pass_fds, fh, out)
+            ended = _start_and_wait(args, workdir, pass_fds, fh, out, terminated)
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
     if terminated:
@@ -2057,9 +2072,12 @@ def run_command(argv: list[str], inputs: list[Path], output: Path,
 
 
 def _start_and_wait(args: list[str], workdir: Path, pass_fds: tuple[int, ...],
-                    fh: BinaryIO, out: BinaryIO) -> int | dict[str, Any]:
+                    fh: BinaryIO, out: BinaryIO, terminated: list[int]) -> int | dict[str, Any]:
     """Start the command, capturing into ``out`` and ``fh``, and wait for it: its exit
-    status, or the attempt's fields if it could not start."""
+    status, or the attempt's fields if it could not start. ``terminated``: the SIGTERMs
+    the worker's handler took (see run_command)."""
+    # Blocked across the fork: the child resets and unblocks it (_child_setup).
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     try:
         # env: exactly the job's os.environ (see _Environ), not the C-level environment,
         # where an earlier job's bare os.putenv() would otherwise survive.
@@ -2088,6 +2106,13 @@ def _start_and_wait(args: list[str], workdir: Path, pass_fds: tuple[int, ...],
         # attempt (review CC), so failed, saying what it is.
         return {"outcome": Outcome.FAILED.value,
                 "error": f"command: {args[0]} is not a format this system can run"}
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # (handled here)
+    if terminated:
+        # Sent to our group before the command was in it: its own now, with the grace it
+        # would have had.
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, signal.SIGTERM)
     if _crash_point is not None:
         _crash_point("worker:command_started")
     pidfd = os.pidfd_open(proc.pid)

@@ -1418,6 +1418,17 @@ def pollute_process(inputs: Sequence[Path], output: Path, params: Mapping[str, A
     sys.stderr.close()
 
 
+def read_stdin(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
+    """Append what this job reads from sys.stdin and from fd 0 to ``params["report"]``
+    (one JSON line); with ``params["close"]``, then close sys.stdin; write a PDF."""
+    seen = {"sys.stdin": sys.stdin.read(100), "fd0": os.read(0, 100).decode()}
+    with open(params["report"], "a") as fh:
+        fh.write(json.dumps(seen) + "\n")
+    if params.get("close"):
+        sys.stdin.close()
+    write_pdf(inputs, output, params)
+
+
 def _stream_state(stream: Any) -> str:
     try:
         return "closed" if stream.closed else "open"

@@ -690,6 +690,32 @@ def test_a_job_finds_the_process_as_no_earlier_job_left_it(
     assert after == before
 
 
+def test_a_job_reads_nothing_of_the_runners_stdin_even_after_one_closed_its_own(
+        tmp_path: Path, write_manifest: Any) -> None:
+    import json
+
+    # Given a runner whose stdin holds a line meant for someone else (a shell loop), and
+    # one worker running a job that reads its stdin and closes it, then one that reads
+    stage(tmp_path)
+    report = tmp_path / "seen.jsonl"
+    manifest = write_manifest([
+        {**py_job("first", "read_stdin", report=str(report), close=True), "priority": 2},
+        {**py_job("second", "read_stdin", report=str(report)), "priority": 1},
+    ])
+    feed = tmp_path / "feed.txt"
+    feed.write_text("NOT-FOR-JOBS\n")
+    with feed.open() as stdin:
+        res = subprocess.run([*RENDERCTL, "run", str(manifest), *cli_args(
+            tmp_path / "q", tmp_path / "out", "--workers", "1")], stdin=stdin,
+            capture_output=True, text=True, timeout=60, env={**os.environ, "NO_COLOR": "1"})
+
+    # Then neither read anything, through sys.stdin or fd 0 (review DO: fd 0 was the
+    # runner's stdin, and sys.stdin put back over it read the line)
+    assert res.returncode == 0, res.stdout + res.stderr
+    seen = [json.loads(line) for line in report.read_text().splitlines()]
+    assert seen == [{"sys.stdin": "", "fd0": ""}] * 2, seen
+
+
 def test_a_file_a_job_left_open_is_closed_before_the_next_job_in_its_worker(
         tmp_path: Path, write_manifest: Any) -> None:
     # Given one worker that runs a job locking a file through a module global it never
