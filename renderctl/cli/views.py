@@ -37,7 +37,7 @@ def status_json(q: Queue, st: QueueStatus) -> dict[str, Any]:
     if st.running:
         from renderctl.recovery import started_tokens
 
-        started = started_tokens(q)
+        started = started_tokens(q, last_bytes=4096)
 
     alive: dict[Any, bool | None] = {}
 

@@ -311,3 +311,23 @@ def test_a_job_whose_runner_died_is_shown_as_orphaned(
     # is dead (audit DM: listed as running, its time growing, with nothing to say why)
     assert [(j["id"], j["orphaned"]) for j in doc["running_jobs"]] == [("a", True)], doc
     assert "(its runner is dead: the next run recovers it)" in plain, plain
+
+
+def test_status_reads_only_the_end_of_a_long_started_log(tmp_path: Path) -> None:
+    from renderctl.recovery import STARTED_LOG, started_tokens
+
+    # Given a worker's started log of 200,000 starts (a long-lived worker), the last one the
+    # job it runs now
+    q = Queue(tmp_path / "q")
+    try:
+        log = q.dir("control") / STARTED_LOG.format("w1")
+        log.write_text("".join(f"old-{n} 1.5\n" for n in range(200_000)) + "now 2.5\n")
+
+        # When the tokens are read as status reads them (its last 4 KB)
+        tail = started_tokens(q, last_bytes=4096)
+    finally:
+        q.close()
+
+    # Then the running job's start is found, and the bulk of the log was not read
+    assert tail["now"] == 2.5 and "old-0" not in tail
+    assert 40 < len(tail) < 400, len(tail)
