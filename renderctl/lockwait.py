@@ -21,6 +21,7 @@ The wait blocks in flock(2) (in a helper thread: see flock_waiting); holders are
 from __future__ import annotations
 
 import _thread
+import contextlib
 import errno
 import fcntl
 import os
@@ -172,13 +173,21 @@ def flock_waiting(fd: int, mode: int, check: Callable[[float], None]) -> None:
             fcntl.flock(dup, mode)
         except OSError as exc:
             error = exc
-        with cond:
-            if state["abandoned"] and error is None:
-                fcntl.flock(dup, fcntl.LOCK_UN)
-            state.update(ended=True, error=error)
-            cond.notify()
-        os.close(dup)
-        _unblocked(key)
+        try:
+            with cond:
+                if state["abandoned"] and error is None:
+                    # (Failing, the lock goes with the descriptor's close below anyway.)
+                    with contextlib.suppress(OSError):
+                        fcntl.flock(dup, fcntl.LOCK_UN)
+                state.update(ended=True, error=error)
+                cond.notify()
+        finally:
+            # A close that fails (EIO) has freed the descriptor all the same: nothing to
+            # report, and a traceback from this thread was all the user saw (audit DN),
+            # its slot among the waiters then lost for the process's life.
+            with contextlib.suppress(OSError):
+                os.close(dup)
+            _unblocked(key)
 
     thread = threading.Thread(target=wait, name=WAITER_THREAD, daemon=True)
     try:

@@ -10,6 +10,7 @@ import textwrap
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from renderctl.lockwait import MAX_BLOCKED_WAITERS, WAITER_THREAD, flock_within
 
@@ -125,3 +126,42 @@ def test_a_forked_child_starts_with_no_waiters_counted(tmp_path: Path) -> None:
         os.close(holder)
     for t in waiters():
         t.join(timeout=10)
+
+
+def test_a_waiter_whose_descriptor_fails_to_close_says_nothing_and_frees_its_slot(
+        tmp_path: Path, monkeypatch: Any) -> None:
+    import errno
+
+    from renderctl import lockwait
+
+    # Given a held lock, and a close(2) of the waiter's own descriptor that fails with EIO
+    # (audit DN: strace's fault injection; a close that fails has freed it all the same)
+    lock = tmp_path / ".submit.lock"
+    lock.touch()
+    holder = os.open(lock, os.O_RDWR)
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    real_close = os.close
+    failed: list[int] = []
+
+    def close(fd: int) -> None:
+        real_close(fd)
+        if threading.current_thread().name == WAITER_THREAD:
+            failed.append(fd)
+            raise OSError(errno.EIO, "Input/output error")
+
+    raised: list[BaseException] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: raised.append(args.exc_value))
+    monkeypatch.setattr(lockwait.os, "close", close)
+    fd = os.open(lock, os.O_RDWR)
+    try:
+        # When a wait for it ends as the holder lets go
+        threading.Timer(0.2, lambda: fcntl.flock(holder, fcntl.LOCK_UN)).start()
+        assert flock_within(fd, fcntl.LOCK_EX, 10.0)
+    finally:
+        real_close(fd)
+        real_close(holder)
+
+    # Then the wait succeeded, its thread raised nothing (it printed a traceback), and its
+    # slot among the waiters was given back
+    assert failed and not raised, raised
+    assert lockwait._blocked == {}, lockwait._blocked
