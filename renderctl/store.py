@@ -1337,13 +1337,15 @@ class Queue:
             (s.id for s in specs), "<api>"), where="<api>")
 
     @staticmethod
-    def _after_acceptance(notes: list[str], step: str, fn: Callable[[], object]) -> None:
-        """Run a best-effort step that follows acceptance (the jobs are in pending/ by now):
-        its failure is noted and logged, never raised (a retry would say "already")."""
+    def _after_acceptance(notes: list[str], step: str, fn: Callable[[], object],
+                          done: str = "jobs accepted") -> None:
+        """Run a best-effort step that follows acceptance (the jobs are in pending/ by now),
+        or another change made durable (``done``): its failure is noted and logged, never
+        raised (a retry would say "already")."""
         try:
             fn()
         except (OSError, QueueIOError) as exc:
-            msg = (f"jobs accepted, but {step} failed: "
+            msg = (f"{done}, but {step} failed: "
                    f"{os_error_message(exc) if isinstance(exc, OSError) else exc}")
             notes.append(msg)
             import logging  # lazily: only a failure needs it
@@ -2502,7 +2504,11 @@ class Queue:
         # in neither. (After the shared hold: pending/'s sync holds claims off, exclusively.)
         fsync_dir(self.dir(State.CANCELLED))
         self._fsync_pending()
-        self.events.append({"ts": now, "event": "cancelled", "job": t.job_id} for t in taken)
+        # Cancelled, durably: a log that cannot be written (a full disk) is said, not the
+        # cancel's failure (audit DN: exit 74 for a cancel made).
+        self._after_acceptance([], "logging to the event log", lambda: self.events.append(
+            {"ts": now, "event": "cancelled", "job": t.job_id} for t in taken),
+            done="jobs cancelled")
 
     def live_ids(self, group: str | None = None) -> list[str]:
         """The ids in pending/, then those in running/ (each sorted): of ``group`` only, if
@@ -2626,15 +2632,26 @@ class Queue:
             # in neither.
             self._fsync_pending()
             fsync_dir(self.dir(State.DEAD))
-            bell = self.dir("journal") / f"{time.time_ns():020d}.revive"
-            tmp = self._tmp_name("bell")
-            # No fsync: a lost doorbell only delays a running runner until its next
-            # rescan of pending/ (Runner._rescan).
-            write_file(tmp, json.dumps(revived).encode(), fsync=False)
-            os.replace(tmp, bell)
-            self.events.append({"ts": now, "event": "revived", "job": j, **changes}
-                               for j in revived)
+            # Retried, durably: what follows is best effort (audit DN: a full disk here
+            # made the command exit 74 for a retry it had made, its event never logged).
+            self._after_acceptance([], "ringing the runner's doorbell",
+                                   lambda: self._ring_revived(revived), done="jobs retried")
+            self._after_acceptance([], "logging to the event log", lambda: self.events.append(
+                {"ts": now, "event": "revived", "job": j, **changes} for j in revived),
+                done="jobs retried")
         return revived
+
+    def _ring_revived(self, revived: Sequence[str]) -> None:
+        bell = self.dir("journal") / f"{time.time_ns():020d}.revive"
+        tmp = self._tmp_name("bell")
+        # No fsync: a lost doorbell only delays a running runner until its next rescan of
+        # pending/ (Runner._rescan).
+        write_file(tmp, json.dumps(list(revived)).encode(), fsync=False)
+        try:
+            os.replace(tmp, bell)
+        except OSError:
+            unlink_quiet(tmp)
+            raise
 
     def dead_purge(self, *, crash_hook: Callable[[str], None] | None = None) -> int:
         """Delete every dead-lettered record (prune at any age: the same lock, and the same

@@ -519,3 +519,30 @@ def test_a_cancel_request_named_for_no_job_is_removed_not_a_stop(tmp_path: Path,
     assert res.returncode == ExitCode.OK, res.stdout + res.stderr
     assert QueueView(queue).states_of(["a"]) == {"a": ["done"]}
     assert stray.exists() == (what == "folder")
+
+
+def test_a_retry_and_a_cancel_made_stand_when_the_event_log_cannot_be_written(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given a dead job, and an event log that cannot be written (a folder in its place: a
+    # full disk's failure, without filling one)
+    stage(tmp_path)
+    manifest = write_manifest([{**py_job("d", "invalid"), "max_attempts": 1}])
+    queue, out = tmp_path / "q", tmp_path / "out"
+    assert run_cli("run", manifest, *cli_args(queue, out)).returncode == ExitCode.JOBS_FAILED
+    (queue / "events.jsonl").rename(tmp_path / "events.old")
+    (queue / "events.jsonl").mkdir()
+
+    # When it is retried, then cancelled
+    retry = run_cli("dead", "retry", "d", "--queue", queue)
+    retried = QueueView(queue).ids("pending")
+    cancel = run_cli("cancel", "d", "--queue", queue)
+
+    # Then each change is made and said, with the log's failure beside it, not as the
+    # command's (audit DN: exit 74 for a retry or a cancel it had made durable)
+    assert retry.returncode == 0, retry.stdout + retry.stderr
+    assert retried == {"d"}
+    assert "jobs retried, but logging to the event log failed" in retry.stderr, retry.stderr
+    assert cancel.returncode == 0, cancel.stdout + cancel.stderr
+    assert cancel.stdout.strip() == "d: cancelled"
+    assert "jobs cancelled, but logging to the event log failed" in cancel.stderr
+    assert QueueView(queue).ids("cancelled") == {"d"}
