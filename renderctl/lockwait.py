@@ -256,12 +256,17 @@ def wait_for_flock(fd: int, mode: int, path: Path, *, doing: str,
                    notice: Callable[[str], None] | None = None,
                    stop_requested: Callable[[], int | None] | None = None) -> None:
     """flock ``fd`` (``mode``: LOCK_SH or LOCK_EX) on the lock file ``path``, waiting as the
-    module says; ``doing`` ends the messages ("nothing was enqueued")."""
+    module says; ``doing`` ends the messages ("nothing was enqueued"). An error of flock
+    itself (EIO, ENOLCK) names ``path`` (audit DN: "I/O error: Input/output error")."""
+    from renderctl.fsutil import with_name
+
     try:
         fcntl.flock(fd, mode | fcntl.LOCK_NB)
         return
     except BlockingIOError:
         pass
+    except OSError as exc:
+        raise with_name(exc, path) from None
     stopped_patience = _bound(STOPPED_PATIENCE_ENV, STOPPED_PATIENCE_S)
     max_wait = _bound(MAX_WAIT_ENV, LOCK_MAX_WAIT_S)
     told: tuple[int, ...] | None = None  # the holders (and stopped ones) last named
@@ -294,7 +299,10 @@ def wait_for_flock(fd: int, mode: int, path: Path, *, doing: str,
             told = key
             notice(_notice_message(path, pids, stopped_since, stopped_patience))
 
-    flock_waiting(fd, mode, check)
+    try:
+        flock_waiting(fd, mode, check)
+    except OSError as exc:
+        raise with_name(exc, path) from None
 
 
 class HeldOff:
