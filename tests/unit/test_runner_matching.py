@@ -105,17 +105,17 @@ def test_a_start_of_an_assignment_the_runner_does_not_hold_kills_the_worker(
     assert events.seen[0]["job"] == "y"
 
 
-def test_a_start_of_a_cancelled_assignment_kills_it_as_cancelled(
+def test_a_start_of_an_assignment_whose_cancel_was_asked_kills_it_as_cancelled(
         runner: Runner, kills: list[Outcome]) -> None:
-    # Given x cancelled while queued (recorded; the worker told to skip it)
+    # Given x queued, its cancel asked once the worker had started it (its gate said so:
+    # it stays queued, marked, rather than being recorded as never started; audit DM)
     w = handle()
     x = assign(w, "x", "tx")
-    w.queued.clear()
-    w.cancelled_tokens["tx"] = x.tmp
+    x.cancel_requested = True
 
-    # When the worker started it before it read the skip
+    # When the worker's Started for it arrives
     runner._on_message(w, Started("x", "tx", seq=x.seq, wall=0.0))
 
-    # Then it is killed as cancelled, its output discarded at the worker's death
+    # Then it is the worker's job, killed as cancelled (its attempt recorded as such)
     assert kills == [Outcome.CANCELLED]
-    assert w.discard_at_death == [x.tmp] and not w.unsupervised
+    assert w.current is x and not w.unsupervised
