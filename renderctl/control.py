@@ -146,7 +146,8 @@ def _cancel_orphan(q: Queue, rec: JobRecord) -> CancelResult:
     orphan = judge_orphan(rec, started=started_tokens(q), now=now)
     if orphan.done is not None:
         tmps = [orphan.published_tmp] if orphan.published_tmp is not None else []
-        apply_verdicts(q, [orphan.done], tmps)
+        apply_verdicts(q, [orphan.done], tmps, logged_after="jobs completed")
         return CancelResult(rec.spec.id, f"already {State.DONE.value}")
-    apply_verdicts(q, [cancelled_orphan(rec, orphan, now)], [])
+    # (Cancelled once durable, whatever the event log says: review DP, exit 74 for it.)
+    apply_verdicts(q, [cancelled_orphan(rec, orphan, now)], [], logged_after="jobs cancelled")
     return CancelResult(rec.spec.id, "cancelled")

@@ -268,9 +268,11 @@ def retired_event(q: Queue, rec: JobRecord, state: State, running: Path) -> dict
     return Transition(rec, state, unrun=unrun).event
 
 
-def apply_verdicts(q: Queue, transitions: list[Transition], published_tmps: list[Path]) -> None:
+def apply_verdicts(q: Queue, transitions: list[Transition], published_tmps: list[Path], *,
+                   logged_after: str | None = None) -> None:
     """Make verdicts durable, then drop the temporary names of outputs found published (only
-    now: the done records that replace them as proof are on disk)."""
+    now: the done records that replace them as proof are on disk). ``logged_after``: see
+    Queue.finish."""
     done = {t.record.spec.output_path.parent for t in transitions if t.dst is State.DONE}
     if done:
         # Protects against: a power loss after the done records below losing the publish
@@ -278,7 +280,7 @@ def apply_verdicts(q: Queue, transitions: list[Transition], published_tmps: list
         # syncs the queue's file system only; an output may be on another.
         sync_filesystems([q.path, *done])
     if transitions:
-        q.finish(transitions)
+        q.finish(transitions, logged_after=logged_after)
     for tmp in published_tmps:
         unlink_quiet(tmp)
 

@@ -371,9 +371,11 @@ class JobRecord:
         result = d.get("result")
         if result is not None and not isinstance(result, dict):
             raise ValueError("result: not an object")
+        # (Malformed, it is dropped, not the record: it only helps tell a resubmit of the
+        # job from another job; review DP.)
         before = d.get("limits_before")
-        if before is not None and not isinstance(before, dict):
-            raise ValueError("limits_before: not an object")
+        if not isinstance(before, dict):
+            before = None
         return cls(
             spec=JobSpec.from_json(d["spec"]),
             seq=str(d["seq"]),
@@ -490,7 +492,8 @@ class QueueBackend(Protocol):
 
     def finish(self, transitions: Sequence[Transition], *,
                crash_hook: Callable[[str], None] | None = None,
-               held: Callable[[Transition], bool] | None = None) -> list[Transition]: ...
+               held: Callable[[Transition], bool] | None = None,
+               logged_after: str | None = None) -> list[Transition]: ...
 
     def cancel_pending(self, job_id: str) -> bool: ...
 
@@ -531,9 +534,9 @@ def _holder_alive(info: Mapping[str, Any]) -> bool | None:
 def _refusal(spec: JobSpec, view: JobView, replace: bool) -> Problem | None:
     """Why a submit of ``spec`` is refused, its id found as ``view`` (None: it is not;
     the same spec is "already accepted", a changed one replaced, if ``replace``)."""
-    if view.record.submitted_as(spec):
-        return None
     old, new = view.record.spec.to_json(), spec.to_json()
+    if old == new or (not replace and view.record.submitted_as(spec)):
+        return None
     if not replace:
         # The fields named: a changed --out or default limit (out_root, memory_mb) is
         # invisible in the manifest the user is looking at. Said here, not by the command
@@ -1443,7 +1446,11 @@ class Queue:
             if view is None:
                 new.append(spec)
                 continue
-            if view.record.submitted_as(spec):
+            if view.record.spec.to_json() == spec.to_json() or (
+                    not replace and view.record.submitted_as(spec)):
+                # (As submitted, its limits since changed by `dead retry`: already here,
+                # unless the user asks for the manifest's job: review DP, --replace kept
+                # the retry's limits and said "already accepted".)
                 already.append(spec.id)
                 # (Not one a dead runner ended with its running copy still there: the run
                 # that recovers it reports it, and `run MANIFEST` counted it twice, ended
@@ -2337,12 +2344,16 @@ class Queue:
 
     def finish(self, transitions: Sequence[Transition], *,
                crash_hook: Callable[[str], None] | None = None,
-               held: Callable[[Transition], bool] | None = None) -> list[Transition]:
+               held: Callable[[Transition], bool] | None = None,
+               logged_after: str | None = None) -> list[Transition]:
         """Move a batch of jobs to their next folders with two syncs for the whole batch.
 
         ``held``: asked of each transition after the first sync, right before its record is
         placed; one it answers False for (its lease taken over by another runner while
-        this one was stopped, in the sync or before) is dropped and returned."""
+        this one was stopped, in the sync or before) is dropped and returned.
+        ``logged_after`` (what was done: "jobs cancelled"): the event log's failure, once
+        the batch is durable, is said rather than raised (a command's, not a runner's,
+        which stops on it)."""
         if not transitions:
             return []
         staged = self.stage(transitions)
@@ -2369,7 +2380,7 @@ class Queue:
         syncfs(self.path)
         if crash_hook is not None:
             crash_hook("finish:before_unlink")
-        self.retire(staged)
+        self.retire(staged, logged_after=logged_after)
         return dropped
 
     def stage(self, transitions: Sequence[Transition]) -> list[tuple[str, Transition]]:
@@ -2385,14 +2396,22 @@ class Queue:
         for tmp, t in staged:
             os.replace(tmp, self._rpath(t.dst, t.record.spec.id))
 
-    def retire(self, staged: Sequence[tuple[str, Transition]]) -> None:
-        """Phase 3, after the sync: drop the old copies and log the events."""
+    def retire(self, staged: Sequence[tuple[str, Transition]], *,
+               logged_after: str | None = None) -> None:
+        """Phase 3, after the sync: drop the old copies and log the events (see finish)."""
         for _, t in staged:
             if t.src is not t.dst:
                 # No fsync: if this is lost, recovery sees two copies; the later wins.
                 self.recycle(self._rpath(t.src, t.record.spec.id))
         now = self.clock.wall()
-        self.events.append({"ts": now, **t.event} for _, t in staged)
+
+        def log() -> None:
+            self.events.append({"ts": now, **t.event} for _, t in staged)
+
+        if logged_after is None:
+            log()
+        else:
+            self._after_acceptance([], "logging to the event log", log, done=logged_after)
 
     # -- cancel, dead-letter management --
     def cancel_pending(self, job_id: str) -> bool:

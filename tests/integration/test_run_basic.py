@@ -422,6 +422,13 @@ def test_dead_retry_with_new_limits_runs_the_job_under_them(
     again = run_cli("run", manifest, *cli_args(queue, out))
     assert again.returncode == 0, again.stdout + again.stderr
     assert "1 of these jobs ended earlier: 1 done" in again.stderr, again.stderr
+    # but one submitted with --replace is the manifest's job again, its own limits back
+    # (review DP: "already accepted", the retry's limits kept)
+    replaced = run_cli("submit", manifest, "--replace", *cli_args(queue, out))
+    assert replaced.returncode == 0, replaced.stdout + replaced.stderr
+    assert "replaced 1" in replaced.stdout, replaced.stdout
+    spec = QueueView(queue).record("pending", "slow")["spec"]
+    assert (spec["timeout_s"], spec["max_attempts"]) == (1.0, 1), spec
 
 
 def test_max_failures_stops_claiming_after_the_first_dead_job(
