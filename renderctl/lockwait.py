@@ -176,7 +176,8 @@ def flock_waiting(fd: int, mode: int, check: Callable[[float], None]) -> None:
         try:
             with cond:
                 if state["abandoned"] and error is None:
-                    # (Failing, the lock goes with the descriptor's close below anyway.)
+                    # (Failing, it goes when the caller, which gave up, closes its own
+                    # descriptor: the lock is the open file's, which both name.)
                     with contextlib.suppress(OSError):
                         fcntl.flock(dup, fcntl.LOCK_UN)
                 state.update(ended=True, error=error)

@@ -2076,8 +2076,16 @@ def _start_and_wait(args: list[str], workdir: Path, pass_fds: tuple[int, ...],
     """Start the command, capturing into ``out`` and ``fh``, and wait for it: its exit
     status, or the attempt's fields if it could not start. ``terminated``: the SIGTERMs
     the worker's handler took (see run_command)."""
-    # Blocked across the fork: the child resets and unblocks it (_child_setup).
+    # Blocked across the fork: the child resets and unblocks it (_child_setup), so that one
+    # sent to our group from now on reaches the command. One already sent (pending, or
+    # taken by the handler) came before the command was in the group: it does not start.
+    # (Passed on to it after the start instead, it was its second SIGTERM when it had had
+    # the first directly: review DP.)
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    if terminated or signal.SIGTERM in signal.sigpending():
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # (handled here)
+        return {"outcome": Outcome.FAILED.value,
+                "error": "ended (SIGTERM) before its command started"}
     try:
         # env: exactly the job's os.environ (see _Environ), not the C-level environment,
         # where an earlier job's bare os.putenv() would otherwise survive.
@@ -2108,11 +2116,6 @@ def _start_and_wait(args: list[str], workdir: Path, pass_fds: tuple[int, ...],
                 "error": f"command: {args[0]} is not a format this system can run"}
     finally:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # (handled here)
-    if terminated:
-        # Sent to our group before the command was in it: its own now, with the grace it
-        # would have had.
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(proc.pid, signal.SIGTERM)
     if _crash_point is not None:
         _crash_point("worker:command_started")
     pidfd = os.pidfd_open(proc.pid)

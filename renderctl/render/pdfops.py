@@ -91,8 +91,10 @@ def pdf_errors(source: str) -> Iterator[None]:
         reason = _steady(str(exc)) or type(exc).__name__
         if not isinstance(exc, (PyPdfError, NotImplementedError)):
             # Its own words mean nothing to a user ("'NoneType' object has no attribute
-            # 'idnum'": audit DM): what they mean first, then them, for whoever debugs.
-            reason = f"its structure is damaged ({type(exc).__name__} in pypdf: {reason})"
+            # 'idnum'": audit DM): what they mean first, then them, for whoever debugs,
+            # with the library that raised them (reportlab draws a stamp: review DP).
+            reason = (f"its structure is damaged ({type(exc).__name__} in "
+                      f"{_raised_by(exc)}: {reason})")
         raise InvalidInput(f"{source}: unreadable PDF: {reason[:300]}") from exc
 
 
@@ -145,6 +147,15 @@ def open_pdf(path: Path, label: str | None = None) -> PdfReader:
     if pages == 0:
         raise InvalidInput(f"{label}: PDF has no pages")
     return reader
+
+
+def _raised_by(exc: BaseException) -> str:
+    """The top-level package whose code raised ``exc`` (its innermost frame)."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    name = tb.tb_frame.f_globals.get("__name__", "") if tb is not None else ""
+    return str(name).partition(".")[0] or "?"
 
 
 def _raised_in(exc: BaseException, module: str) -> bool:
