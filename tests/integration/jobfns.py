@@ -451,6 +451,22 @@ def held_job(folder: Path, job_id: str, **fields: Any) -> tuple[dict[str, Any], 
     return {**job, **fields}, go
 
 
+def orphan_a_job(folder: Path, write_manifest: Any, job_id: str = "a") -> tuple[Path, Path]:
+    """A job left in running/ by a runner SIGKILLed while it ran (its worker and job die
+    with it): the queue and output root, ``folder``/q and ``folder``/out."""
+    queue, out = folder / "q", folder / "out"
+    job, go = held_job(folder, job_id)
+    runner = Runner(write_manifest([job]), *cli_args(queue, out, "--workers", "1"))
+    try:
+        wait_for_pid(folder / f"{job_id}.pid")
+        os.kill(runner.pid, signal.SIGKILL)
+        runner.wait(30)
+    finally:
+        go.touch()
+        runner.close()
+    return queue, out
+
+
 _HOLD_SPAWNED_WORKERS = '''\
 """Test hook (jobfns.hold_spawned_workers): a worker spawned (`--start-method spawn`) while
 ARMED exists waits, before multiprocessing reads its start data, until RELEASE exists: a

@@ -576,20 +576,11 @@ def test_a_queue_whose_creation_stopped_partway_is_laid_out_whole_by_the_next_co
 
 def test_a_cancel_of_a_job_its_dead_runner_left_stands_when_the_event_log_fails(
         tmp_path: Path, write_manifest: Any) -> None:
-    from jobfns import held_job, wait_for_pid
+    from jobfns import orphan_a_job
 
     # Given a job left in running/ by a SIGKILLed runner, and an event log that cannot be
     # written (a folder in its place)
-    queue, out = tmp_path / "q", tmp_path / "out"
-    a, go = held_job(tmp_path, "a")
-    runner = Runner(write_manifest([a]), *cli_args(queue, out, "--workers", "1"))
-    try:
-        wait_for_pid(tmp_path / "a.pid")
-        os.kill(runner.pid, signal.SIGKILL)
-        runner.wait(30)
-    finally:
-        go.touch()
-        runner.close()
+    queue, _ = orphan_a_job(tmp_path, write_manifest)
     (queue / "events.jsonl").rename(tmp_path / "events.old")
     (queue / "events.jsonl").mkdir()
 

@@ -287,21 +287,10 @@ def test_a_job_queued_in_a_worker_behind_another_is_shown_as_not_started(
 
 def test_a_job_whose_runner_died_is_shown_as_orphaned(
         tmp_path: Path, write_manifest: Any) -> None:
-    import signal
-
-    from jobfns import Runner, cli_args, held_job, wait_for_pid
+    from jobfns import orphan_a_job
 
     # Given a runner SIGKILLed while its job ran
-    queue, out = tmp_path / "q", tmp_path / "out"
-    a, go = held_job(tmp_path, "a")
-    runner = Runner(write_manifest([a]), *cli_args(queue, out, "--workers", "1"))
-    try:
-        wait_for_pid(tmp_path / "a.pid")
-        os.kill(runner.pid, signal.SIGKILL)
-        runner.wait(30)
-    finally:
-        go.touch()
-        runner.close()
+    queue, _ = orphan_a_job(tmp_path, write_manifest)
 
     # When `status` looks
     doc = json.loads(run_cli("status", "--json", "--queue", queue).stdout)
