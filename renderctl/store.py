@@ -674,11 +674,6 @@ class Queue:
             self._create()
         elif not (self.path / "pending").is_dir():
             raise QueueIOError(f"{self.path} is not a renderctl queue (no pending/ folder)")
-        elif not (self.path / (STATE_DIRS + AUX_DIRS)[-1]).is_dir():
-            # Made in order, pending/ first, by a command stopped partway (an I/O error, a
-            # kill): laid out whole now, or every reader failed on a missing folder ("I/O
-            # error (q/running): No such file or directory", exit 74: audit DN).
-            self._create()
         self.roll_forward()
 
     def roll_forward(self, *, wait: bool = False) -> None:

@@ -548,32 +548,6 @@ def test_a_retry_and_a_cancel_made_stand_when_the_event_log_cannot_be_written(
     assert QueueView(queue).ids("cancelled") == {"d"}
 
 
-def test_a_queue_whose_creation_stopped_partway_is_laid_out_whole_by_the_next_command(
-        tmp_path: Path, write_manifest: Any) -> None:
-    import shutil
-
-    from renderctl.store import AUX_DIRS, STATE_DIRS
-
-    # Given a queue with a job pending, laid out only up to pending/ (its folders are made
-    # in order: a submit stopped by an I/O error or a kill right after that one)
-    stage(tmp_path)
-    queue, out = tmp_path / "q", tmp_path / "out"
-    res = run_cli("submit", write_manifest([py_job("a", "write_pdf")]), *cli_args(queue, out))
-    assert res.returncode == 0, res.stdout + res.stderr
-    for name in (STATE_DIRS + AUX_DIRS)[1:]:
-        shutil.rmtree(queue / name)
-
-    # When status reads it, and a run follows
-    status = run_cli("status", "--queue", queue)
-    run = run_cli("run", *cli_args(queue, out))
-
-    # Then both work (status said "I/O error (q/running): No such file or directory",
-    # exit 74: audit DN), and the job is done
-    assert status.returncode == 0 and "pending=1" in status.stdout, status.stdout + status.stderr
-    assert run.returncode == 0, run.stdout + run.stderr
-    assert_pdf(out / "a.pdf", "a")
-
-
 def test_a_cancel_of_a_job_its_dead_runner_left_stands_when_the_event_log_fails(
         tmp_path: Path, write_manifest: Any) -> None:
     from jobfns import orphan_a_job
