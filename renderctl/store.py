@@ -535,7 +535,8 @@ def _refusal(spec: JobSpec, view: JobView, replace: bool) -> Problem | None:
     """Why a submit of ``spec`` is refused, its id found as ``view`` (None: it is not;
     the same spec is "already accepted", a changed one replaced, if ``replace``)."""
     old, new = view.record.spec.to_json(), spec.to_json()
-    if old == new or (not replace and view.record.submitted_as(spec)):
+    if old == new or (view.record.submitted_as(spec)
+                      and not (replace and view.state is State.PENDING)):
         return None
     if not replace:
         # The fields named: a changed --out or default limit (out_root, memory_mb) is
@@ -1442,10 +1443,13 @@ class Queue:
                 new.append(spec)
                 continue
             if view.record.spec.to_json() == spec.to_json() or (
-                    not replace and view.record.submitted_as(spec)):
-                # (As submitted, its limits since changed by `dead retry`: already here,
-                # unless the user asks for the manifest's job: review DP, --replace kept
-                # the retry's limits and said "already accepted".)
+                    view.record.submitted_as(spec)
+                    and not (replace and view.state is State.PENDING)):
+                # As submitted, its limits since changed by `dead retry`: already here, as
+                # the same spec is, unless --replace asks for the manifest's job while it
+                # waits (review DP: it kept the retry's limits). Not once it ran or runs: a
+                # routine resubmit with --replace ran a done job again, into output_exists,
+                # and refused a whole batch for a running one (review DR).
                 already.append(spec.id)
                 # (Not one a dead runner ended with its running copy still there: the run
                 # that recovers it reports it, and `run MANIFEST` counted it twice, ended

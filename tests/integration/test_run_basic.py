@@ -422,13 +422,32 @@ def test_dead_retry_with_new_limits_runs_the_job_under_them(
     again = run_cli("run", manifest, *cli_args(queue, out))
     assert again.returncode == 0, again.stdout + again.stderr
     assert "1 of these jobs ended earlier: 1 done" in again.stderr, again.stderr
-    # but one submitted with --replace is the manifest's job again, its own limits back
-    # (review DP: "already accepted", the retry's limits kept)
+    # even with --replace, which would run it again (into output_exists: review DR)
     replaced = run_cli("submit", manifest, "--replace", *cli_args(queue, out))
     assert replaced.returncode == 0, replaced.stdout + replaced.stderr
-    assert "replaced 1" in replaced.stdout, replaced.stdout
-    spec = QueueView(queue).record("pending", "slow")["spec"]
-    assert (spec["timeout_s"], spec["max_attempts"]) == (1.0, 1), spec
+    assert "1 already accepted" in replaced.stdout, replaced.stdout
+    assert QueueView(queue).ids("done") == {"slow"}
+
+
+def test_a_replace_gives_a_retried_job_still_waiting_its_manifests_limits_back(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given a job dead after its one attempt, retried with three, not run yet
+    stage(tmp_path)
+    queue, out = tmp_path / "q", tmp_path / "out"
+    manifest = write_manifest([{**py_job("d", "invalid"), "max_attempts": 1}])
+    assert run_cli("run", manifest, *cli_args(queue, out)).returncode == 1
+    retry = run_cli("dead", "retry", "d", "--max-attempts", "3", "--queue", queue)
+    assert retry.returncode == 0, retry.stdout + retry.stderr
+
+    # When its manifest is submitted again, then with --replace
+    again = run_cli("submit", manifest, *cli_args(queue, out))
+    replaced = run_cli("submit", manifest, "--replace", *cli_args(queue, out))
+
+    # Then it is the same job, already accepted; replaced, it has the manifest's limits
+    # (review DP: --replace said "already accepted" and kept the retry's)
+    assert "1 already accepted" in again.stdout, again.stdout + again.stderr
+    assert "replaced 1" in replaced.stdout, replaced.stdout + replaced.stderr
+    assert QueueView(queue).record("pending", "d")["spec"]["max_attempts"] == 1
 
 
 def test_max_failures_stops_claiming_after_the_first_dead_job(
