@@ -1022,6 +1022,7 @@ class Runner:
     def _spawn(self, index: int, slot: Slot | None = None) -> None:
         assert self.guard is not None
         self._ensure_work_root()
+        reused = slot is not None or bool(self._spare_slots)
         if slot is None and not self._spare_slots:
             # Named once for the run, never after the worker: a respawn under a dead
             # worker's index, its slot parked while its processes die, got that same cgroup
@@ -1033,6 +1034,12 @@ class Runner:
             # Its last job's ceiling is still set; the new worker must start without it.
             with contextlib.suppress(OSError):
                 slot.release_limit()
+        inherited = 0
+        if reused:
+            # What the jobs before left charged here (no process in it now: judged by
+            # _slot_verdict), for the new worker to count as theirs, not its own.
+            with contextlib.suppress(OSError, ValueError):
+                inherited = slot.held_bytes() or 0
         self._gates += 1
         try:
             gate = StartGate(os.path.join(self.work_root, f"gate.{self._gates}"), create=True)
@@ -1060,7 +1067,7 @@ class Runner:
                            # (under fork and spawn we are its parent: its parent's death
                            # is ours, always)
                            runner_pid=os.getpid() if self.s.start_method == "forkserver"
-                           else 0)
+                           else 0, inherited_bytes=inherited)
         # (A test stops us here, then stops the fork server: a job's act in that window.)
         self.crash_point("start_worker")
         try:

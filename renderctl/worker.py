@@ -170,6 +170,9 @@ class WorkerConfig:
     reaper: tuple[int, int, int] | None = None  # the reaper's pipe (see reaper.close_inherited)
     forked: bool = False  # started by fork from the runner: holds copies of its descriptors
     runner_pid: int = 0  # under forkserver, the runner's pid (see _die_with_group)
+    # What its slot held as it was handed over, by the jobs of the worker before (a file in
+    # /dev/shm, kernel memory of their files): theirs, not this worker's (see _note_held_base)
+    inherited_bytes: int = 0
 
 
 # -- entry point ---------------------------------------------------------------------------
@@ -653,12 +656,19 @@ class Worker:
         self.usage_at_start = slot_usage_bytes(self.config.slot_path)
 
     def _note_held_base(self) -> None:
-        """What the slot held before the first job (once)."""
+        """What the slot held before the first job (once): this worker's own, that is, less
+        what the jobs of the worker before it here left (``inherited_bytes``), which is
+        carried as any job's leftovers are: out of the recorded peaks, and added to the
+        ceilings. Counted as the worker's own, each successor in a slot added it to every
+        peak: identical jobs' peaks doubled over 20 minutes of workers killed for timeouts
+        (audit DQ)."""
         if self.held_base is None:
             held = self._held()
             if self.config.slot_path:  # adopted into the slot by now: how /proc shows it
                 self.slot_cgroup = own_memory_cgroup()
-            self.held_base = held  # last: a try that failed before it is made again whole
+            inherited = min(self.config.inherited_bytes, held)
+            self.carried = max(self.carried, inherited)
+            self.held_base = held - inherited  # last: a try that failed is made again whole
 
     def _run(self, job: RunJob) -> None:
         self.own_fds.add_kept(kept_fds())  # cgroup files opened since the last job

@@ -1611,6 +1611,17 @@ def leave_shm(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -
     write_pdf(inputs, output, params)
 
 
+def leave_shm_then_hang(inputs: Sequence[Path], output: Path,
+                        params: Mapping[str, Any]) -> None:
+    """leave_shm's file, then sleep until killed (for its timeout, say): its worker dies
+    with the file still charged to the slot."""
+    with open(params["shm"], "wb") as fh:
+        block = b"x" * (1 << 20)
+        for _ in range(int(params["mb"])):
+            fh.write(block)
+    time.sleep(600)
+
+
 def _child_writes(path: str) -> None:
     Path(path).write_text("written by a child process")
 

@@ -972,6 +972,34 @@ def _after_a_leaker(tmp_path: Path, write_manifest: Any, leaker: str, second: di
 
 
 @needs_cgroup_v1
+def test_what_a_killed_workers_job_left_in_its_slot_is_not_in_the_next_workers_peaks(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given a job that leaves 40 MB in /dev/shm (charged to its slot) and is killed for its
+    # timeout, its worker with it, then a small job, on one worker: the successor takes
+    # the slot over, the 40 MB still charged there (below what gets a slot dropped)
+    stage(tmp_path)
+    shm = Path("/dev/shm") / f"renderctl-test-{os.getpid()}-slot"
+    manifest = write_manifest([
+        {**py_job("hung", "leave_shm_then_hang", shm=str(shm), mb=40), "timeout_s": 2,
+         "max_attempts": 1, "priority": 2},
+        {**py_job("small", "write_pdf"), "priority": 1},
+    ])
+    queue = tmp_path / "q"
+    try:
+        res = run_cli("run", manifest, *cli_args(queue, tmp_path / "out", "--workers", "1",
+                                                  "--kill-grace", "0.2"))
+    finally:
+        shm.unlink(missing_ok=True)
+
+    # Then the small job's recorded peak is its own worker's and its own, not the 40 MB
+    # (audit DQ: identical jobs' peaks doubled over 20 minutes of workers killed and
+    # replaced, as each successor counted what its slot held as it started)
+    assert res.returncode == 1, res.stdout + res.stderr
+    peak = QueueView(queue).record("done", "small")["result"]["peak_memory_bytes"]
+    assert peak < 30 * 1024 * 1024, peak
+
+
+@needs_cgroup_v1
 def test_memory_a_job_left_in_tmpfs_is_not_charged_to_a_later_job(
         tmp_path: Path, write_manifest: Any) -> None:
     # Given a job that leaves 150 MB in /dev/shm (charged to its slot), then a job with a
