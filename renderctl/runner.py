@@ -2723,7 +2723,11 @@ class Runner:
 
     def _attempt(self, a: Assignment, fin: Finished, outcome: str) -> dict[str, Any]:
         assert self.holder is not None
-        ended = self.clock.wall()
+        # When the attempt ended (its start and its time), not when this commit recorded it
+        # (a group commit, or a batch waiting out a stopped runner: audit DQ saw 22 attempts
+        # "at once" on 2 workers, read from started_at and ended_at).
+        ended = (min(self.clock.wall(), a.started_wall + fin.elapsed_s)
+                 if a.started_wall is not None and fin.elapsed_s else self.clock.wall())
         att: dict[str, Any] = {
             "n": a.claim.lease.attempt,
             "outcome": outcome,

@@ -960,3 +960,29 @@ def test_files_a_failed_command_named_after_its_output_are_removed(
     # good: audit CB)
     assert res.returncode == 1, res.stdout + res.stderr
     assert os.listdir(out / "sub") == []
+
+
+def test_an_attempts_end_is_when_it_ended_not_when_it_was_recorded(
+        tmp_path: Path, write_manifest: Any) -> None:
+    import signal
+    import time
+
+    from jobfns import stopped, wait_until
+
+    # Given a runner frozen at its group commit of a job that ended, for a second
+    stage(tmp_path)
+    queue, out = tmp_path / "q", tmp_path / "out"
+    runner = Runner(write_manifest([py_job("a", "write_pdf")]), *cli_args(queue, out),
+                    env={"RENDERCTL_STOP_AT": "commit"})
+    try:
+        wait_until(lambda: stopped(runner.pid), what="the runner to freeze at its commit")
+        time.sleep(1.0)  # (the recording's delay: not a race hoped for)
+        os.kill(runner.pid, signal.SIGCONT)
+        assert runner.wait(60) == 0, runner.lines
+    finally:
+        runner.close()
+
+    # Then the attempt's end is its start plus its time, not the commit's time (audit DQ:
+    # attempts recorded by one commit all "ended" together)
+    (att,) = QueueView(queue).record("done", "a")["attempts"]
+    assert att["ended_at"] - att["started_at"] - att["elapsed_s"] < 0.5, att
