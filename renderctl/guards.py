@@ -297,6 +297,19 @@ def slot_charge(slot_path: str) -> tuple[int, int] | None:
     return usage, min(cache, usage)
 
 
+def slot_anon_bytes(slot_path: str) -> int | None:
+    """Worker side: the slot's anonymous memory (processes' heaps; not tmpfs, not kernel
+    memory): what a dead worker's jobs cannot have left it, as it went with them."""
+    if not slot_path:
+        return None
+    key = "rss" if _is_v1(Path(slot_path)) else "anon"
+    for line in _read_text(f"{slot_path}/memory.stat").splitlines():
+        name, _, value = line.partition(" ")
+        if name == key:
+            return int(value)
+    return None
+
+
 def slot_limit_hits(slot_path: str) -> int | None:
     """Worker side, v1: how often the slot's charge met its ceiling since the job started
     (``memory.failcnt``, reset with the peak; each hit reclaims page cache first)."""

@@ -71,6 +71,7 @@ from renderctl.guards import (
     peak_is_per_job,
     reset_job_peak,
     set_job_limit,
+    slot_anon_bytes,
     slot_charge,
     slot_limit_hits,
     slot_peak_bytes,
@@ -666,7 +667,10 @@ class Worker:
             held = self._held()
             if self.config.slot_path:  # adopted into the slot by now: how /proc shows it
                 self.slot_cgroup = own_memory_cgroup()
-            inherited = min(self.config.inherited_bytes, held)
+            inherited = 0
+            if self.config.inherited_bytes and self.config.slot_path:
+                inherited = inherited_part(held, self.config.inherited_bytes,
+                                           slot_anon_bytes(self.config.slot_path))
             self.carried = max(self.carried, inherited)
             self.held_base = held - inherited  # last: a try that failed is made again whole
 
@@ -1234,6 +1238,15 @@ def _children_of_threads() -> list[int]:
 # process, so the checks after a job that runs someone's code here are skipped for them
 # (~12 us a job: descriptors, process state, threads, multiprocessing's helpers).
 _OWN_KINDS = frozenset(spec.kind for spec in BUILTIN if spec.kind != "python")
+
+
+def inherited_part(held: int, handed_over: int, anon: int | None) -> int:
+    """Of what a slot holds now (``held``), what the jobs of the worker before left there:
+    no more than the runner saw as it handed the slot over, nor than is still there, and
+    never this worker's own heap (``anon``: a dead worker's anonymous memory went with it).
+    (Review DS: the inherited file deleted before the first job, the worker's own memory
+    was taken for it, its base 0, every ceiling it set raised by that much.)"""
+    return max(0, min(handed_over, held, held - (anon or 0)))
 
 
 def runs_user_code_here(job: RunJob) -> bool:
