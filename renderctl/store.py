@@ -531,13 +531,24 @@ def _holder_alive(info: Mapping[str, Any]) -> bool | None:
         return None
 
 
+def _already_here(spec: JobSpec, view: JobView, replace: bool) -> bool:
+    """Whether a submit of ``spec`` finds its job already accepted, as ``view``: the same
+    spec, or the job as it was submitted, its limits since changed by `dead retry`. That
+    one only --replace while it waits replaces, giving it the manifest's limits back
+    (review DP); once it ran or runs, a routine resubmit with --replace ran a done job
+    again, into output_exists, and refused a whole batch for a running one (review DR)."""
+    rec = view.record
+    if rec.spec.to_json() == spec.to_json():
+        return True
+    return rec.submitted_as(spec) and not (replace and view.state is State.PENDING)
+
+
 def _refusal(spec: JobSpec, view: JobView, replace: bool) -> Problem | None:
     """Why a submit of ``spec`` is refused, its id found as ``view`` (None: it is not;
     the same spec is "already accepted", a changed one replaced, if ``replace``)."""
-    old, new = view.record.spec.to_json(), spec.to_json()
-    if old == new or (view.record.submitted_as(spec)
-                      and not (replace and view.state is State.PENDING)):
+    if _already_here(spec, view, replace):
         return None
+    old, new = view.record.spec.to_json(), spec.to_json()
     if not replace:
         # The fields named: a changed --out or default limit (out_root, memory_mb) is
         # invisible in the manifest the user is looking at. Said here, not by the command
@@ -1296,7 +1307,7 @@ class Queue:
             raise QueueIOError(os_error_message(exc)) from exc
         if res.accepted or res.replaced:
             notes = list(res.warnings)
-            self._after_acceptance(notes, "waking the runner", self.wake_runner)
+            self._best_effort(notes, "waking the runner", self.wake_runner)
             res = dataclasses.replace(res, warnings=tuple(notes))
         if advise and (res.accepted or res.replaced):
             res = self._advise(res, specs, existed)
@@ -1341,11 +1352,11 @@ class Queue:
             (s.id for s in specs), "<api>"), where="<api>")
 
     @staticmethod
-    def _after_acceptance(notes: list[str], step: str, fn: Callable[[], object],
-                          done: str = "jobs accepted") -> None:
-        """Run a best-effort step that follows acceptance (the jobs are in pending/ by now),
-        or another change made durable (``done``): its failure is noted and logged, never
-        raised (a retry would say "already")."""
+    def _best_effort(notes: list[str], step: str, fn: Callable[[], object],
+                     done: str = "jobs accepted") -> None:
+        """Run a best-effort step that follows a change made durable (``done``: a submit's
+        jobs are in pending/ by now): its failure is noted and logged, never raised (a
+        retry would say "already")."""
         try:
             fn()
         except (OSError, QueueIOError) as exc:
@@ -1442,14 +1453,7 @@ class Queue:
             if view is None:
                 new.append(spec)
                 continue
-            if view.record.spec.to_json() == spec.to_json() or (
-                    view.record.submitted_as(spec)
-                    and not (replace and view.state is State.PENDING)):
-                # As submitted, its limits since changed by `dead retry`: already here, as
-                # the same spec is, unless --replace asks for the manifest's job while it
-                # waits (review DP: it kept the retry's limits). Not once it ran or runs: a
-                # routine resubmit with --replace ran a done job again, into output_exists,
-                # and refused a whole batch for a running one (review DR).
+            if _already_here(spec, view, replace):
                 already.append(spec.id)
                 # (Not one a dead runner ended with its running copy still there: the run
                 # that recovers it reports it, and `run MANIFEST` counted it twice, ended
@@ -1533,8 +1537,8 @@ class Queue:
         # Accepted: every job is in pending/. What follows is best effort, never a failure
         # of this call (a retry would only say "already accepted").
         notes: list[str] = []
-        self._after_acceptance(notes, "ringing the runner's doorbell", bell)
-        self._after_acceptance(notes, "logging to the event log", lambda: self.events.append(
+        self._best_effort(notes, "ringing the runner's doorbell", bell)
+        self._best_effort(notes, "logging to the event log", lambda: self.events.append(
             {"ts": now, "event": "accepted", "job": r.spec.id} for r in records))
         self._submitted = {r.spec.id: r.entry() for r in records}
         return SubmitResult(tuple(r.spec.id for r in records if r.spec.id not in replaced),
@@ -2410,7 +2414,7 @@ class Queue:
         if logged_after is None:
             log()
         else:
-            self._after_acceptance([], "logging to the event log", log, done=logged_after)
+            self._best_effort([], "logging to the event log", log, done=logged_after)
 
     # -- cancel, dead-letter management --
     def cancel_pending(self, job_id: str) -> bool:
@@ -2529,7 +2533,7 @@ class Queue:
         self._fsync_pending()
         # Cancelled, durably: a log that cannot be written (a full disk) is said, not the
         # cancel's failure (audit DN: exit 74 for a cancel made).
-        self._after_acceptance([], "logging to the event log", lambda: self.events.append(
+        self._best_effort([], "logging to the event log", lambda: self.events.append(
             {"ts": now, "event": "cancelled", "job": t.job_id} for t in taken),
             done="jobs cancelled")
 
@@ -2657,9 +2661,9 @@ class Queue:
             fsync_dir(self.dir(State.DEAD))
             # Retried, durably: what follows is best effort (audit DN: a full disk here
             # made the command exit 74 for a retry it had made, its event never logged).
-            self._after_acceptance([], "ringing the runner's doorbell",
+            self._best_effort([], "ringing the runner's doorbell",
                                    lambda: self._ring_revived(revived), done="jobs retried")
-            self._after_acceptance([], "logging to the event log", lambda: self.events.append(
+            self._best_effort([], "logging to the event log", lambda: self.events.append(
                 {"ts": now, "event": "revived", "job": j, **changes} for j in revived),
                 done="jobs retried")
         return revived
