@@ -1860,11 +1860,15 @@ class Runner:
         taken = self._take_back(w, now)
         if not taken:
             return False
+        self._hand_back(w, taken, reason)
+        return True
+
+    def _hand_back(self, w: WorkerHandle, taken: list[Assignment], reason: str) -> None:
+        """Jobs taken back from ``w`` (_take_back), first in line for the others, each said."""
         self._put_back(taken)
         for a in taken:
             self.reporter.event({"event": "requeued", "job": a.job_id, "worker": w.pid,
                                  "reason": reason})
-        return True
 
     def _put_back(self, back: Iterable[Assignment]) -> None:
         """Return jobs a worker did not start to the front of the line, in the order they
@@ -2617,7 +2621,7 @@ class Runner:
                             # Fenced: its new holder applies the cancel, asked again for it
                             # (review CP: cleared below, and the job ran to done).
                             taken_over = True
-                    self._put_back(taken)
+                    self._hand_back(w, taken, "taken back with a cancelled job")
             if taken_over:
                 continue
             if not handled:

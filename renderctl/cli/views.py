@@ -52,11 +52,14 @@ def status_json(q: Queue, st: QueueStatus) -> dict[str, Any]:
                                              start_time=h.start_time)
         return None if alive[h] is None else not alive[h]
 
-    def began(r: Any) -> float | None:
-        """When the job's current attempt started, or None if it has not."""
-        if r.lease is None or r.lease.token not in started:
-            return None
-        return started[r.lease.token] or r.lease.claimed_at
+    def timing(r: Any) -> dict[str, Any]:
+        """Whether the job's attempt started, and its time since (or since its claim)."""
+        if r.lease is None:
+            return {"started": False, "elapsed_s": None}
+        token = r.lease.token
+        began = (started[token] or r.lease.claimed_at) if token in started else None
+        return {"started": began is not None,
+                "elapsed_s": max(0.0, now - (began or r.lease.claimed_at))}
 
     return {
         "schema": STATUS_SCHEMA_VERSION,
@@ -71,9 +74,7 @@ def status_json(q: Queue, st: QueueStatus) -> dict[str, Any]:
              "attempt": r.lease.attempt if r.lease else None,
              "holder_pid": r.lease.holder.pid if r.lease else None,
              "orphaned": orphaned(r),
-             "started": began(r) is not None,
-             "elapsed_s": max(0.0, now - (began(r) or r.lease.claimed_at)) if r.lease
-             else None,
+             **timing(r),
              "memory_mb": r.spec.memory_mb, "timeout_s": r.spec.timeout_s}
             for r in st.running
         ],

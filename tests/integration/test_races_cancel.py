@@ -542,3 +542,36 @@ def test_a_run_waits_for_a_batch_its_open_left_behind_a_held_lock(
     view = QueueView(queue)
     assert view.states_of({"a", "b"}) == {"a": ["done"], "b": ["done"]}
     assert [n for n in os.listdir(queue / "journal") if n.endswith(".txn")] == []
+
+
+def test_the_jobs_queued_beside_a_cancelled_one_are_handed_back_and_said(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given one worker running a job the test holds, with b then c queued behind it
+    queue, out = tmp_path / "q", tmp_path / "out"
+    a, go = held_job(tmp_path, "a", priority=3)
+    manifest = write_manifest([a, {**py_job("b", "write_pdf"), "priority": 2},
+                               {**py_job("c", "write_pdf"), "priority": 1}])
+    runner = Runner(manifest, *cli_args(queue, out, "--workers", "1", "--prefetch", "3",
+                                        "--json"))
+    view = QueueView(queue)
+    try:
+        wait_for_pid(tmp_path / "a.pid")
+        wait_until(lambda: {"b", "c"} <= view.ids("running"), what="b and c to be queued")
+
+        # When b is cancelled, and a then ends
+        res = run_cli("cancel", "b", "--queue", queue)
+        assert res.returncode == 0, res.stdout + res.stderr
+        wait_until(lambda: "b" in view.ids("cancelled"), what="b to be cancelled")
+        go.touch()
+        assert runner.wait(60) == ExitCode.JOBS_FAILED, runner.lines
+    finally:
+        go.touch()
+        runner.close()
+
+    # Then c, taken back with it unstarted, is said to be, and runs once
+    events = json_lines("\n".join(runner.lines))
+    assert [(e["job"], e["reason"]) for e in events if e["event"] == "requeued"] == \
+        [("c", "taken back with a cancelled job")], events
+    assert view.states_of(["a", "b", "c"]) == {"a": ["done"], "b": ["cancelled"],
+                                               "c": ["done"]}
+    assert [e["event"] for e in events if e.get("job") == "c"].count("started") == 1
