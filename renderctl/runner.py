@@ -2066,9 +2066,12 @@ class Runner:
             # for it would spin forever.
             if msg.kind in (DropKind.ABOVE_CEILING, DropKind.LEAKED):
                 w.stale_slot = True
-            if msg.kind in (DropKind.RETIRE, DropKind.ABOVE_CEILING, DropKind.LEAKED) \
-                    and w.current is None \
-                    and w.kill_deadline is None:
+            leaving = msg.kind in (DropKind.RETIRE, DropKind.ABOVE_CEILING, DropKind.LEAKED)
+            if leaving:
+                # Nothing more goes to it: the jobs it hands back here, sent to it again as
+                # the one worker with room, waited for its death (audit DW).
+                w.retiring = True
+            if leaving and w.current is None and w.kill_deadline is None:
                 # It retires (its reason says why) and should be gone in milliseconds; one
                 # that is not (something a job left holds it) is killed, so that its slot
                 # and the jobs sent to it meanwhile are not lost with it.

@@ -119,3 +119,27 @@ def test_a_start_of_an_assignment_whose_cancel_was_asked_kills_it_as_cancelled(
     # Then it is the worker's job, killed as cancelled (its attempt recorded as such)
     assert kills == [Outcome.CANCELLED]
     assert w.current is x and not w.unsupervised
+
+
+@pytest.mark.parametrize("kind", [DropKind.RETIRE, DropKind.ABOVE_CEILING, DropKind.LEAKED])
+def test_a_worker_that_handed_its_jobs_back_to_retire_is_sent_none_of_them_again(
+        runner: Runner, monkeypatch: pytest.MonkeyPatch, kind: DropKind) -> None:
+    # Given the runner's one worker holding j1 and j2, neither started
+    w = handle()
+    w.started_any = True
+    runner.workers[0] = w
+    assign(w, "j1", "t1")
+    assign(w, "j2", "t2")
+    sent: list[str] = []
+    monkeypatch.setattr(runner, "_send", lambda w, a: sent.append(a.claim.job_id))
+
+    # When it hands them back because it is leaving (its fork server died, its slot holds
+    # too much), then the runner dispatches what is ready
+    runner._on_message(w, Dropped((1, 2), kind, "leaving"))
+    runner._dispatch_ready(2)
+
+    # Then they wait for another worker (its successor): sent back to the leaving one,
+    # they waited for its death, up to RETIRE_BOUND_S, each resend counted as one of its
+    # jobs (audit DW)
+    assert sent == []
+    assert [a.claim.job_id for a in runner.ready] == ["j1", "j2"]
