@@ -40,9 +40,10 @@ KNOWN = frozenset({
     # worker: a job ran and its output was checked, its leftover processes not yet removed;
     # begun, its parent-death signal not yet armed; a command job's command just started,
     # or forked, not yet exec'd (the point passed in the child); a job's start recorded
-    # (its gate and started log), the runner not yet told
+    # (its gate and started log), the runner not yet told; about to import the renderers
+    # (fork, spawn), before the first job that is not a command
     "worker:checked", "worker:born", "worker:command_started", "worker:command_forked",
-    "worker:starting",
+    "worker:starting", "worker:importing",
 })
 
 

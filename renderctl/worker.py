@@ -467,6 +467,11 @@ class Worker:
                     # After it, each job was charged and dead-lettered as "worker exited
                     # with status 1", or, under fork and spawn, workers were replaced
                     # forever (audit BL). The environment's fault: the run halts (74).
+                    # The last job's result goes first: held through the import (0.15-0.2
+                    # s), it could reach the runner after that job's timeout, which then
+                    # recorded a job that had completed in time as timed out (audit DW).
+                    self._flush()
+                    self.crash_point("worker:importing")
                     try:
                         self._load_renderers()
                     except Exception as exc:  # noqa: BLE001 (any import-time failure)

@@ -28,6 +28,7 @@ from jobfns import (
     py_job,
     run_cli,
     stage,
+    stopped,
     wait_for_pid,
     wait_until,
 )
@@ -390,6 +391,48 @@ def test_a_workers_first_job_is_not_charged_for_loading_the_renderers(
     assert peaks[0] <= max(peaks[1:]) + (8 << 20), peaks
     for j in ids:
         assert pdf_text(out / f"{j}.pdf")[0] == 1
+
+
+def test_a_result_is_not_held_while_its_worker_imports_the_renderers(
+        tmp_path: Path, write_manifest: Any) -> None:
+    import psutil
+
+    # Given a command job with a 1 s timeout, and a python job behind it in the same
+    # fork-started worker (prefetched: no fork server preloaded the renderers)
+    stage(tmp_path)
+    manifest = write_manifest([
+        {"id": "a", "kind": "command", "argv": ["sh", "-c", "printf x > \"$1\"", "sh",
+                                                "{output}"],
+         "output": "a.txt", "timeout_s": 1, "priority": 1},
+        py_job("b", "write_one_byte", "b.bin")])
+    queue, out = tmp_path / "q", tmp_path / "out"
+    runner = Runner(manifest, *cli_args(queue, out, "--workers", "1", "--start-method",
+                                        "fork", "--prefetch", "2", "--json"),
+                    env={"RENDERCTL_STOP_AT": "worker:importing"})
+    frozen: list[psutil.Process] = []
+    view = QueueView(queue)
+    try:
+        def frozen_worker() -> bool:
+            frozen[:] = [p for p in descendants(runner.pid) if stopped(p.pid)]
+            return bool(frozen)
+
+        # When the worker, a done, stops just before it imports the renderers for b (an
+        # import takes 0.15-0.2 s: a job that ended near its timeout)
+        wait_until(frozen_worker, what="the worker to stop before its import")
+
+        # Then a is recorded completed meanwhile: its result went first; held until b's
+        # start, it was not read, and a was killed and recorded as timed out at 1 s
+        wait_until(lambda: "a" in view.ids("done"), timeout_s=10, what="a to be done")
+        for p in frozen:
+            p.resume()
+        assert runner.wait(60) == 0, runner.lines
+    finally:
+        for p in frozen:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.resume()
+        runner.close()
+    assert [x["outcome"] for x in view.record("done", "a")["attempts"]] == ["completed"]
+    assert (out / "a.txt").read_bytes() == b"x" and (out / "b.bin").exists()
 
 
 def held_in_start(hold: Path) -> list[psutil.Process]:
