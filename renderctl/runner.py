@@ -308,6 +308,9 @@ class WorkerHandle:
     kill_target: Assignment | None = None
     kill_deadline: float | None = None
     grace_ran_out: bool = False  # SIGKILLed because the kill grace ended (see _killed)
+    # Killed as the stop grace ran out (_drain): no verdict on its job, whose own result,
+    # if it came first, stands.
+    stopped_at_grace: bool = False
     drain_sent: bool = False
     started_any: bool = False
     stale_slot: bool = False  # its slot holds what no job's ceiling allows: use a fresh one
@@ -2027,7 +2030,7 @@ class Runner:
             if a is None or a.seq != msg.seq:
                 return
             w.current = None
-            if w.kill_reason is not None and a is w.kill_target:
+            if w.kill_reason is not None and a is w.kill_target and not w.stopped_at_grace:
                 # We decided to kill it (cancel, timeout, memory) before it finished: our
                 # verdict stands, recorded now, as the worker may start its next job before
                 # the kill lands. The worker dies anyway and is replaced.
@@ -2648,6 +2651,7 @@ class Runner:
                 w.answer_deadline = None  # judged again, by the kill grace (_judge_answer)
             if self.stop_deadline is not None and now >= self.stop_deadline \
                     and w.current is not None and w.kill_reason is None:
+                w.stopped_at_grace = True
                 self._kill(w, Outcome.RELEASED)
 
     # -- recording outcomes --

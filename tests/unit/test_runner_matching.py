@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from renderctl.lifecycle import Outcome
-from renderctl.messages import DropKind, Dropped, Started
+from renderctl.messages import DropKind, Dropped, Finished, Started
 from renderctl.runner import Assignment, Runner, WorkerHandle
 from renderctl.settings import RunnerSettings
 from renderctl.store import Queue
@@ -143,3 +143,31 @@ def test_a_worker_that_handed_its_jobs_back_to_retire_is_sent_none_of_them_again
     # jobs (audit DW)
     assert sent == []
     assert [a.claim.job_id for a in runner.ready] == ["j1", "j2"]
+
+
+def test_a_result_read_after_the_stop_grace_killed_its_job_is_the_jobs_own(
+        runner: Runner, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given a worker running j1 in a run being stopped whose grace has run out
+    w = handle()
+    w.slot = SimpleNamespace(pids=list, peak_bytes=lambda: None)  # type: ignore[assignment]
+    runner.workers[0] = w
+    j1 = assign(w, "j1", "t1")
+    j1.claim.record = SimpleNamespace(spec=SimpleNamespace(inputs=()))  # type: ignore[attr-defined]
+    runner._on_message(w, Started("j1", "t1", seq=j1.seq, wall=0.0))
+    monkeypatch.setattr(runner, "_kill", Runner._kill.__get__(runner))  # the real one
+    monkeypatch.setattr(Runner, "_kill_now", staticmethod(lambda w: None))  # (no process)
+    monkeypatch.setattr(runner, "_tell", lambda w, msg: None)
+    recorded: list[tuple[str, str]] = []
+    monkeypatch.setattr(runner, "_complete", lambda a, fin: recorded.append((a.job_id,
+                                                                             fin.outcome)))
+    runner.stop_signal, runner.stop_deadline = 15, 0.0
+
+    # When the drain kills it (released, uncharged), and then reads the result the worker
+    # had sent just before: the job completed, its output checked
+    runner._drain(1.0)
+    assert w.kill_reason is Outcome.RELEASED
+    runner._on_message(w, Finished("j1", "t1", Outcome.COMPLETED.value, 0.5, seq=j1.seq))
+
+    # Then that result is recorded: "released" threw the checked output away and ran the
+    # job again at the next start (audit DW)
+    assert recorded == [("j1", "completed")]
