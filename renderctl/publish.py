@@ -78,15 +78,29 @@ def tmp_outputs(final: Path, job_id: str) -> list[Path]:
     return [final.parent / n for n in names if attempt.match(n)]
 
 
-def check_confined(root: Path, final: Path) -> None:
+def check_confined(root: Path, final: Path, queue_real: str = "") -> None:
+    """OutputEscapes unless ``final``'s folder is inside the output root ``root`` (a real
+    path) and outside the queue folder (real path ``queue_real``; "": not checked)."""
     try:
         real = final.parent.resolve()
     except RuntimeError:  # a symlink loop (Python 3.11 says so with RuntimeError, not ELOOP)
         raise OutputEscapes(f"{final.parent} is a symlink loop") from None
     if real != root and root not in real.parents:
         raise OutputEscapes(f"{final.parent} resolves to {real}, outside the output root {root}")
+    _outside_queue(queue_real, str(real), final)
     if final.is_symlink():
         raise OutputEscapes(f"{final} is a symlink")
+
+
+def _outside_queue(queue_real: str, real: str, final: Path) -> None:
+    """OutputEscapes if the real folder ``real`` of ``final`` is the queue folder or inside
+    it. Submit refuses such outputs, but a symlink made or re-pointed since (an output root
+    that is a symlink, a folder on the way) led there all the same: a PDF published as
+    done/<id>.json was then replaced by that job's own done record, and one in pending/
+    quarantined as a damaged record (audit DT)."""
+    if queue_real and _inside(queue_real, real):
+        raise OutputEscapes(f"{final.parent} resolves to {real}, inside the queue folder "
+                            f"{queue_real}: outputs must not go among the queue's files")
 
 
 def _inside(root_real: str, real: str) -> bool:
@@ -143,9 +157,10 @@ def _private_group(gid: int) -> bool:
     return group.gr_name == me and set(group.gr_mem) <= {me}
 
 
-def output_folder(root_real: str, final: Path) -> int:
+def output_folder(root_real: str, final: Path, queue_real: str = "") -> int:
     """A descriptor (O_PATH) of ``final``'s folder, where that folder really is: inside the
-    output root, whose real path is ``root_real``, or OutputEscapes.
+    output root, whose real path is ``root_real``, and outside the queue folder (real path
+    ``queue_real``; "": not checked), or OutputEscapes.
 
     The folder is opened first (following any symlink, as a path check would) and judged
     by where the kernel says the descriptor points, so what is done through it afterwards
@@ -156,7 +171,8 @@ def output_folder(root_real: str, final: Path) -> int:
         real = os.readlink(f"/proc/self/fd/{fd}")
     except OSError:
         os.close(fd)
-        check_confined(Path(root_real), final)  # no /proc: the path check, with its window
+        # No /proc: the path check, with its window
+        check_confined(Path(root_real), final, queue_real)
         return os.open(final.parent, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     if real.endswith(" (deleted)"):
         os.close(fd)
@@ -165,6 +181,11 @@ def output_folder(root_real: str, final: Path) -> int:
         os.close(fd)
         raise OutputEscapes(f"{final.parent} resolves to {real}, outside the output root "
                             f"{root_real}")
+    try:
+        _outside_queue(queue_real, real, final)
+    except OutputEscapes:
+        os.close(fd)
+        raise
     return fd
 
 

@@ -239,7 +239,8 @@ def restore_lost_output(q: Queue, rec: JobRecord, running: Path, *, is_dir: bool
             ok = (rec.result or {}).get("sha256") == describe_output(tmp, False)["sha256"]
         if not ok:
             return False
-        folder = output_folder(os.path.realpath(rec.spec.out_root), final)
+        folder = output_folder(os.path.realpath(rec.spec.out_root), final,
+                               os.path.realpath(q.path))
         try:
             published = publish(tmp, final, is_dir=is_dir, token=lease.token, dir_fd=folder)
         finally:

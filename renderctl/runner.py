@@ -462,6 +462,8 @@ class Runner:
         self._catalogue_stamp = catalogue_stamp()  # (see _rescan_due)
         self._rescanned_at = -math.inf
         self._confined: set[tuple[str, str]] = set()  # output folders checked and made
+        # No output goes in there (publish.check_confined), however the path leads there.
+        self._queue_real = os.path.realpath(queue.path)
         # Claims, and starts (a worker's line in its started log), not yet known durable.
         self._unsynced_claims = False
         self._oldest_completion = 0.0
@@ -2862,7 +2864,7 @@ class Runner:
                         real = roots_real.get(root)
                         if real is None:
                             real = roots_real[root] = os.path.realpath(root)
-                        folders[key] = output_folder(real, a.final)
+                        folders[key] = output_folder(real, a.final, self._queue_real)
                     status = publish(a.tmp, a.final, is_dir=a.output_kind == "dir",
                                      token=token, dir_fd=folders[key])
                 except OutputEscapes as exc:
@@ -3061,7 +3063,7 @@ class Runner:
             root = Path(out_root).resolve()
         except RuntimeError:  # a loop (Python 3.11's word for ELOOP here), as check_confined
             raise OutputEscapes(f"the output root {out_root} is a symlink loop") from None
-        check_confined(root, final)
+        check_confined(root, final, self._queue_real)
         if len(self._confined) >= CONFINED_CACHE_MAX:
             # A cache, not a record: one folder per job (out/<customer>/<id>/) would grow
             # it by ~350 bytes a job for as long as a --follow runner lives.

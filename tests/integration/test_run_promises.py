@@ -1257,6 +1257,63 @@ def test_a_folder_swapped_for_a_symlink_out_of_the_root_while_the_job_runs_gets_
     assert list(elsewhere.iterdir()) == []
 
 
+def test_an_output_led_into_the_queue_folder_after_submit_is_refused_before_it_runs(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given a queue inside its output root, and a job whose output goes through qq/, which
+    # does not exist when it is submitted (submit refuses an output in the queue folder)
+    stage(tmp_path)
+    out = tmp_path / "out"
+    queue = out / "q"
+    manifest = write_manifest([py_job("x", "write_pdf", "qq/done/x.json"),
+                               py_job("fine", "write_pdf", "ok/y.pdf")])
+    sub = run_cli("submit", manifest, *cli_args(queue, out))
+    assert sub.returncode == 0, sub.stderr
+
+    # When qq/ is then made a symlink to the queue folder, and the queue runs
+    (out / "qq").symlink_to("q", target_is_directory=True)
+    res = run_cli("run", *cli_args(queue, out, "--workers", "1"))
+
+    # Then x is dead-lettered before it runs, and nothing of it is in the queue's folders
+    # (it was published as done/x.json, then replaced by its own done record: audit DT)
+    assert res.returncode == ExitCode.JOBS_FAILED, res.stdout + res.stderr
+    attempt = QueueView(queue).record("dead", "x")["attempts"][-1]
+    assert attempt["outcome"] == "invalid_output", attempt
+    assert "inside the queue folder" in attempt["error"], attempt
+    assert attempt.get("started_at") is None, attempt
+    assert sorted(p.name for p in (queue / "done").iterdir()) == ["fine.json"]
+    assert_pdf(out / "ok" / "y.pdf", "fine")
+
+
+def test_a_folder_swapped_for_a_symlink_into_the_queue_while_the_job_runs_gets_nothing(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given a job running, its output folder checked and made when it was claimed, and its
+    # queue inside the output root
+    stage(tmp_path)
+    out = tmp_path / "out"
+    queue = out / "q"
+    pidfile, go = tmp_path / "job.pid", tmp_path / "go"
+    manifest = write_manifest([py_job("s0", "wait_for_go", output="sub/s0.json",
+                                      pidfile=str(pidfile), go=str(go))])
+    runner = Runner(manifest, *cli_args(queue, out, "--workers", "1"))
+    try:
+        wait_for_pid(pidfile, what="the job to start")
+
+        # When its output folder is swapped for a symlink to the queue's done/ folder
+        # before the job writes its output
+        (out / "sub").rename(out / "sub.old")
+        (out / "sub").symlink_to(queue / "done")
+        go.touch()
+
+        # Then the output is not published there: the job dead-letters (invalid_output)
+        assert runner.wait(30) == ExitCode.JOBS_FAILED, runner.lines
+    finally:
+        runner.close()
+    attempt = QueueView(queue).record("dead", "s0")["attempts"][-1]
+    assert attempt["outcome"] == "invalid_output", attempt
+    assert "inside the queue folder" in attempt["error"], attempt
+    assert list((queue / "done").iterdir()) == []
+
+
 @pytest.mark.parametrize("point", ["locked", "shutdown", "released"])
 def test_a_cancels_wake_up_while_the_runner_starts_or_stops_does_not_kill_it(
         tmp_path: Path, write_manifest: Any, point: str) -> None:
