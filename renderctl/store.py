@@ -324,8 +324,8 @@ class JobRecord:
     def submitted_as(self, spec: JobSpec) -> bool:
         """Whether ``spec`` is this job as it is, or as it was submitted."""
         mine, theirs = self.spec.to_json(), spec.to_json()
-        return mine == theirs or bool(self.limits_before) and {
-            **mine, **(self.limits_before or {})} == theirs
+        return same_json(mine, theirs) or bool(self.limits_before) and same_json(
+            {**mine, **(self.limits_before or {})}, theirs)
 
     @property
     def charged_attempts(self) -> int:
@@ -538,9 +538,17 @@ def _already_here(spec: JobSpec, view: JobView, replace: bool) -> bool:
     (review DP); once it ran or runs, a routine resubmit with --replace ran a done job
     again, into output_exists, and refused a whole batch for a running one (review DR)."""
     rec = view.record
-    if rec.spec.to_json() == spec.to_json():
+    if same_json(rec.spec.to_json(), spec.to_json()):
         return True
     return rec.submitted_as(spec) and not (replace and view.state is State.PENDING)
+
+
+def same_json(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """Whether two specs are the same as JSON, not merely equal in Python, where true == 1
+    == 1.0: params {x = true} submitted over {x = 1} was "already accepted", the change
+    dropped even with --replace, and a python job's callable sees the difference (audit
+    DT). Equality first: it settles every spec that differs, cheaply."""
+    return a == b and json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
 
 
 def _refusal(spec: JobSpec, view: JobView, replace: bool) -> Problem | None:

@@ -130,6 +130,26 @@ def test_replace_replaces(q: Queue, tmp_path: Path) -> None:
     assert files(q, State.PENDING) == ["a.json"]
 
 
+@pytest.mark.parametrize("before, after", [(1, True), (0, False), (1, 1.0), ([0], [False])])
+def test_params_that_differ_only_in_json_type_are_a_different_spec(
+        q: Queue, tmp_path: Path, before: Any, after: Any) -> None:
+    # Given a python job accepted with params {x = <before>}
+    submit(q, [pyjob("a", params={"x": before})], tmp_path)
+
+    # When it is submitted with {x = <after>}, equal in Python (true == 1 == 1.0), not in
+    # JSON, and what its callable sees
+    with pytest.raises(ManifestError) as info:
+        submit(q, [pyjob("a", params={"x": after})], tmp_path)
+
+    # Then it is a different spec (it was "already accepted", the change dropped), and
+    # --replace replaces it
+    assert "different spec" in info.value.problems[0].message
+    res = submit(q, [pyjob("a", params={"x": after})], tmp_path, replace=True)
+    assert res.replaced == ("a",)
+    assert repr(q.get("a").record.spec.params["x"]) == repr(after)
+    assert submit(q, [pyjob("a", params={"x": after})], tmp_path).already == ("a",)
+
+
 def test_replace_of_a_finished_job_moves_it_back_to_pending(q: Queue, tmp_path: Path) -> None:
     submit(q, [pyjob("a")], tmp_path)
     [c], _ = claim_all(q)
