@@ -35,11 +35,19 @@ def refuse_beyond_ceiling(label: str, size: int) -> None:
                            "memory_mb")
 
 
+class InputChanged(Exception):
+    """The input was written to while the job read and judged it: what was read may be
+    neither the old file nor the new one. Not InvalidInput: the attempt fails, and the
+    retry reads the file as it is then."""
+
+
 @contextmanager
 def open_input(path: Path, label: str) -> Iterator[tuple[BinaryIO, int]]:
     """The input at ``path`` opened for reading, and its size; InvalidInput starting with
     ``label`` if it cannot be opened or is not a regular file (read errors inside the block
-    are turned into InvalidInput too)."""
+    are turned into InvalidInput too). InputChanged instead if the file changed while the
+    block read it, whether the block ended well or judged it invalid: a PDF rewritten in
+    place as jobs read it was dead-lettered as "truncated", never tried again (audit DU)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
@@ -49,11 +57,26 @@ def open_input(path: Path, label: str) -> Iterator[tuple[BinaryIO, int]]:
         if not stat.S_ISREG(st.st_mode):
             raise InvalidInput(f"{label}: not a regular file")
         with open(fd, "rb", closefd=False) as fh:
-            yield fh, st.st_size
+            try:
+                yield fh, st.st_size
+            except InvalidInput as exc:
+                _unchanged(fd, st, label, exc)
+                raise
+        _unchanged(fd, st, label, None)
     except OSError as exc:
         raise InvalidInput(f"{label}: cannot read: {exc.strerror or exc}") from exc
     finally:
         os.close(fd)
+
+
+def _unchanged(fd: int, before: os.stat_result, label: str,
+               verdict: BaseException | None) -> None:
+    """InputChanged if the file open as ``fd`` is not as it was (``before``)."""
+    now = os.fstat(fd)
+    if (now.st_size, now.st_mtime_ns, now.st_ctime_ns) != \
+            (before.st_size, before.st_mtime_ns, before.st_ctime_ns):
+        raise InputChanged(f"{label}: changed while it was read ({before.st_size} bytes, then "
+                           f"{now.st_size}): written to meanwhile; tried again") from verdict
 
 
 def read_input(path: Path, label: str, *, max_bytes: int) -> bytes:

@@ -16,7 +16,7 @@ from typing import Any
 
 from pypdf import PageObject, PdfReader, PdfWriter, Transformation
 from pypdf.constants import PageAttributes as PG
-from pypdf.errors import DependencyError, LimitReachedError, PyPdfError
+from pypdf.errors import DependencyError, DeprecationError, LimitReachedError, PyPdfError
 from pypdf.generic import (
     ArrayObject,
     DecodedStreamObject,
@@ -85,11 +85,14 @@ def pdf_errors(source: str) -> Iterator[None]:
         OverflowError,
         # What pypdf knows of but cannot do: a filter it lacks, an encryption method.
         NotImplementedError,
+        # A name it no longer reads (the filter abbreviation /Fl): not a PyPdfError, it was
+        # a `failed` attempt, retried to the end (audit DU).
+        DeprecationError,
     ) as exc:
         # pypdf raises plain Python errors from deep inside a malformed file as well as its
         # own; either way the same bytes fail the same way on every attempt.
         reason = _steady(str(exc)) or type(exc).__name__
-        if not isinstance(exc, (PyPdfError, NotImplementedError)):
+        if not isinstance(exc, (PyPdfError, NotImplementedError, DeprecationError)):
             # Its own words mean nothing to a user ("'NoneType' object has no attribute
             # 'idnum'": audit DM): what they mean first, then them, for whoever debugs,
             # with the library that raised them (reportlab draws a stamp: review DP).
@@ -125,6 +128,13 @@ def open_pdf(path: Path, label: str | None = None) -> PdfReader:
         # the descriptor checked above, means pypdf parses what was checked.
         fh.seek(0)
         data = fh.read()
+        # Judged with the file still open: a verdict on a file written to meanwhile is
+        # InputChanged, tried again (open_input).
+        return _parsed(data, label)
+
+
+def _parsed(data: bytes, label: str) -> PdfReader:
+    """The PDF in ``data`` (read from the input ``label``), or InvalidInput saying why not."""
     tail = data[-EOF_WINDOW:]
     if b"%%EOF" not in tail:
         tail = data[-EOF_SEARCH:]

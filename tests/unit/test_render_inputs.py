@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from renderctl.errors import InvalidInput
-from renderctl.render import invoice, pdfops, report, safety
+from renderctl.render import inputs, invoice, pdfops, report, safety
 
 RENDERERS: dict[str, tuple[Callable[..., None], dict[str, Any]]] = {
     "invoice": (invoice.render, {}),
@@ -84,3 +84,38 @@ def test_an_input_that_is_not_a_regular_file_is_invalid_input(
         output.mkdir()
     with pytest.raises(InvalidInput, match=r"in\.data: not a regular file"):
         render([source], output, params)
+
+
+def _judged_while_written(path: Path, verdict: Exception | None) -> None:
+    """Read ``path`` through open_input while something appends to it, then end the block
+    with ``verdict`` (raised) or normally."""
+    with inputs.open_input(path, "in.pdf") as (fh, _size):
+        fh.read()
+        with path.open("ab") as other:  # a writer rewriting the file in place, meanwhile
+            other.write(b"more")
+        if verdict is not None:
+            raise verdict
+
+
+@pytest.mark.parametrize("verdict", [InvalidInput("in.pdf: truncated PDF"), None],
+                         ids=["judged-invalid", "read-whole"])
+def test_an_input_written_to_while_it_is_read_is_tried_again_not_judged(
+        tmp_path: Path, verdict: Exception | None) -> None:
+    # Given an input that changes while a renderer reads it (and judges it truncated, or
+    # reads it whole: a mix of the old file and the new)
+    path = tmp_path / "in.pdf"
+    path.write_bytes(b"%PDF-1.7 half")
+
+    # Then the attempt fails as a changed input, to be tried again: it was dead-lettered as
+    # truncated, invalid input, never retried (audit DU)
+    with pytest.raises(inputs.InputChanged, match=r"in\.pdf: changed while it was read"):
+        _judged_while_written(path, verdict)
+
+
+def test_an_input_left_alone_keeps_its_verdict(tmp_path: Path) -> None:
+    path = tmp_path / "in.pdf"
+    path.write_bytes(b"%PDF-1.7 half")
+    with pytest.raises(InvalidInput, match="truncated"), \
+            inputs.open_input(path, "in.pdf") as (fh, _size):
+        fh.read()
+        raise InvalidInput("in.pdf: truncated PDF")

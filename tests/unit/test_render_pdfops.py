@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import struct
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -433,6 +435,51 @@ def _raw_pdf(path: Path, objects: list[bytes]) -> Path:
         len(objects) + 1, xref)
     path.write_bytes(out)
     return path
+
+
+def _in_object_stream(path: Path, filter_name: bytes) -> Path:
+    """A one-page PDF whose page tree is in an object stream compressed with the filter
+    named ``filter_name`` (its objects found through a cross-reference stream)."""
+    inner = [b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
+             b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R >>"]
+    header = b"2 0 3 %d " % (len(inner[0]) + 1)
+    packed = zlib.compress(header + b" ".join(inner))
+    content = b"BT /F1 12 Tf 72 700 Td (hi) Tj ET"
+    bodies = {1: b"<< /Type /Catalog /Pages 2 0 R >>",
+              4: b"<< /Length %d >>\nstream\n%s\nendstream" % (len(content), content),
+              5: b"<< /Type /ObjStm /N 2 /First %d /Length %d /Filter /%s >>\nstream\n%s"
+                 b"\nendstream" % (len(header), len(packed), filter_name, packed)}
+    out, at = b"%PDF-1.7\n", {}
+    for n, body in bodies.items():
+        at[n] = len(out)
+        out += b"%d 0 obj\n%s\nendobj\n" % (n, body)
+    at[6] = len(out)
+    rows = b"".join(struct.pack(">BIH", *row) for row in [
+        (0, 0, 65535), (1, at[1], 0), (2, 5, 0), (2, 5, 1), (1, at[4], 0), (1, at[5], 0),
+        (1, at[6], 0)])
+    out += (b"6 0 obj\n<< /Type /XRef /Size 7 /W [1 4 2] /Root 1 0 R /Length %d >>\nstream\n"
+            b"%s\nendstream\nendobj\nstartxref\n%d\n%%%%EOF\n" % (len(rows), rows, at[6]))
+    path.write_bytes(out)
+    return path
+
+
+@pytest.mark.parametrize("operation", ["merge", "stamp", "split"])
+def test_a_filter_name_pypdf_no_longer_reads_is_invalid_input_not_a_retried_failure(
+        tmp_path: Path, operation: str) -> None:
+    # Given the same PDF twice, its object stream's filter named in full, then abbreviated
+    # (/Fl: pypdf raises its DeprecationError, which is no PyPdfError)
+    full = _in_object_stream(tmp_path / "full.pdf", b"FlateDecode")
+    short = _in_object_stream(tmp_path / "short.pdf", b"Fl")
+    out = tmp_path / "out"
+    out.mkdir()
+    getattr(pdfops, operation)([full], out if operation == "split" else out / "a.pdf",
+                               {"text": "X"})
+
+    # When the abbreviated one is used, then it is invalid input, naming the file (it was a
+    # `failed` attempt, retried to max_attempts, then dead: audit DU)
+    with pytest.raises(InvalidInput, match=r"short\.pdf: unreadable PDF: .*/Fl"):
+        getattr(pdfops, operation)([short], out if operation == "split" else out / "b.pdf",
+                                   {"text": "X"})
 
 
 def test_the_same_broken_input_fails_with_the_same_message_every_time(tmp_path: Path) -> None:
