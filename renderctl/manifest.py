@@ -594,6 +594,12 @@ def _key_shown(key: Any) -> str:
     return text if len(text) <= 80 else f"{text[:60]}...({len(text)} characters)"
 
 
+def _value_shown(value: Any) -> str:
+    """A param's value as a message shows it (repr), cut as ``_key_shown`` cuts a key: a
+    font_size of 10**400 out of range printed all 401 digits (audit DU)."""
+    return _key_shown(repr(value))
+
+
 def _long_string(v: Any) -> str | None:
     """The path of the first string (value or key) longer than MAX_STRING, if any."""
     if isinstance(v, str):
@@ -725,12 +731,12 @@ def _param_type_error(p: ParamSpec, v: Any) -> str | None:
     if not ok:
         return f"must be {p.type}, got {type_name(v)}"
     if p.choices and v not in p.choices:
-        return f"must be one of {', '.join(p.choices)}, got {v!r}"
+        return f"must be one of {', '.join(p.choices)}, got {_value_shown(v)}"
     if (p.low is not None or p.high is not None) and is_number(v):
         low = -math.inf if p.low is None else p.low
         high = math.inf if p.high is None else p.high
         if not low <= v <= high:  # (is_number: finite; an int compared exactly)
-            return f"must be between {low:g} and {high:g}, got {v!r}"
+            return f"must be between {low:g} and {high:g}, got {_value_shown(v)}"
     return p.check(v) if p.check is not None else None
 
 

@@ -238,7 +238,8 @@ def load_invoice(path: Path) -> Invoice:
     try:
         # Decode ourselves: json.loads(bytes) would guess UTF-16/32 from the first bytes.
         text = raw.decode("utf-8-sig")
-        data = json.loads(text, parse_float=Decimal, parse_int=Decimal, parse_constant=_no_constant)
+        data = json.loads(text, parse_float=Decimal, parse_int=Decimal,
+                          parse_constant=_no_constant, object_pairs_hook=_unique_keys)
     except UnicodeDecodeError as exc:
         raise InvalidInput(f"{path.name}: not UTF-8 text ({exc.reason})") from exc
     except json.JSONDecodeError as exc:
@@ -287,6 +288,17 @@ def _too_deep(text: str) -> tuple[int, int]:
 
 def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a number an invoice can hold")
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An object whose keys each appear once: json keeps the last of a repeated one, so
+    {"currency": "SEK", ..., "currency": "JPY"} became a yen invoice, unsaid (audit DU)."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"the key {quoted(key)} appears twice in one object")
+        out[key] = value
+    return out
 
 
 def parse_invoice(data: Any) -> Invoice:

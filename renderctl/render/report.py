@@ -117,6 +117,14 @@ def load_csv(path: Path) -> Dataset:
         raise InvalidInput(
             f"{path.name}: not UTF-8 text ({exc.reason} at byte {exc.start})"
         ) from exc
+    if "\0" in text:
+        # Valid UTF-8, and no text: UTF-16 without its byte order mark decodes so, every
+        # other byte a NUL. Drawn, the NULs vanished and the report looked right, but no
+        # cell was a number (no totals, a chart's column "not found"); one NUL in a cell of
+        # a real CSV made its whole column text the same way (audit DU).
+        line = text.count("\n", 0, text.index("\0")) + 1
+        raise InvalidInput(f"{path.name}: line {line} holds a NUL character, which no text "
+                           "CSV has (UTF-16 without its byte order mark? save it as UTF-8)")
     # newline="": quoted fields may hold line breaks; csv must see them, not str.splitlines.
     reader = csv.reader(io.StringIO(text, newline=""), strict=True)
     try:

@@ -164,6 +164,11 @@ JOB_CASES: list[tuple[str, dict[str, Any], str, str]] = [
     ("stamp-font-size-range", {"kind": "stamp", "callable": DROP, "input": "in/b.pdf",
                              "params": {"text": "x", "font_size": -3}},
      "params.font_size", "must be between 1 and 500, got -3"),
+    # (a value shown cut: all 401 digits were printed; audit DU)
+    ("stamp-font-size-huge", {"kind": "stamp", "callable": DROP, "input": "in/b.pdf",
+                              "params": {"text": "x", "font_size": 10**400}},
+     "params.font_size", "must be between 1 and 500, got 1000000000000000000000000000000000"
+                         "00000000000000000000000000...(401 characters)"),
     ("split-pages-per-part", {"kind": "split", "callable": DROP, "input": "in/b.pdf",
                               "output": "parts", "params": {"pages_per_part": 0}},
      "params.pages_per_part", "must be between 1 and 100000, got 0"),

@@ -95,6 +95,11 @@ def test_bad_params_name_the_param_and_column(
         (b"a,a\n1,2\n", "appears twice"),
         (b"a,b\n\xff\xfe,1\n", "not UTF-8"),
         (b'a,b\n"unclosed,1\n', "bad CSV"),
+        # UTF-16 without its byte order mark is valid UTF-8, every other byte a NUL: it
+        # rendered, no cell a number (no totals; audit DU); and one NUL in a real CSV's cell
+        ("units,revenue\n3,4.50\n".encode("utf-16-be"), "line 1 holds a NUL character"),
+        ("units,revenue\n3,4.50\n".encode("utf-16-le"), "line 1 holds a NUL character"),
+        (b"units,revenue\n3,4.50\n12\x00,1\n", "line 3 holds a NUL character"),
     ],
 )
 def test_bad_csv_is_invalid_input(tmp_path: Path, content: bytes, message: str) -> None:
