@@ -71,7 +71,8 @@ def unfound_programs(jobs: Sequence[JobSpec], origin: dict[str, str]) -> list[Pr
                     "working folder, where it cannot be (give it absolute, or put its "
                     "folder on PATH)")
         else:
-            what = f"'{name}' " + ("is not executable" if os.path.exists(name)
+            what = f"'{name}' " + ("is a folder" if os.path.isdir(name)
+                                   else "is not executable" if os.path.exists(name)
                                    else "does not exist") + " here"
         more = len(hit) - 1
         also = f" (and {more} more job{'' if more == 1 else 's'})" if more else ""
@@ -87,7 +88,9 @@ def _program_found(field: str, pythonpath: str, name: str) -> bool:
         if "/" in name:
             # A relative path is to the job's working folder, empty when the command starts:
             # never there (audit CK: validated quietly, failed at every attempt).
-            return os.path.isabs(name) and os.access(name, os.X_OK)
+            # A folder is "executable" to access(2) too: it failed "not executable" at every
+            # attempt, unwarned (audit DT).
+            return os.path.isabs(name) and os.path.isfile(name) and os.access(name, os.X_OK)
         return shutil.which(name) is not None
     try:
         # The worker imports with the manifest's folder first on sys.path. That folder is

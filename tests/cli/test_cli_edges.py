@@ -760,7 +760,7 @@ def test_submit_warns_of_each_program_that_cannot_run_here_saying_why(tmp_path: 
     (tmp_path / "bin" / "tool.sh").write_text("#!/bin/sh\nexit 0\n")
     (tmp_path / "bin" / "tool.sh").chmod(0o755)
     for jid, prog in (("a", "no-such-renderctl-tool"), ("b", str(tmp_path / "absent.sh")),
-                      ("c", str(script)), ("e", "bin/tool.sh")):
+                      ("c", str(script)), ("e", "bin/tool.sh"), ("f", str(tmp_path / "bin"))):
         lines += ["[[jobs]]", f'id = "{jid}"', f'argv = ["{prog}", "{{output}}"]',
                   f'output = "{jid}.pdf"']
     lines += ["[[jobs]]", 'id = "d"', 'kind = "python"', 'callable = "nosuchmod_rc:f"',
@@ -774,6 +774,8 @@ def test_submit_warns_of_each_program_that_cannot_run_here_saying_why(tmp_path: 
     assert "'no-such-renderctl-tool' not found on PATH here" in warnings["a"]
     assert f"'{tmp_path / 'absent.sh'}' does not exist here" in warnings["b"]
     assert f"'{script}' is not executable here" in warnings["c"]
+    # (access(2) says a folder is executable: it was not warned of; audit DT)
+    assert f"'{tmp_path / 'bin'}' is a folder here" in warnings["f"]
     assert "module 'nosuchmod_rc' not found here" in warnings["d"]
     # (a relative path, though there from here: a command starts in an empty folder, where
     # it never is; validated quietly, it failed every attempt: audit CK)

@@ -193,6 +193,13 @@ JOB_CASES: list[tuple[str, dict[str, Any], str, str]] = [
     # Said as a limit, not as "needs argv: a non-empty array of strings" (which it is).
     ("argv-too-many", {"kind": "command", "callable": DROP, "argv": ["echo"] * 1001}, "argv",
      "at most 1000 arguments, got 1001"),
+    # No PATH makes either runnable: each was accepted, then failed at every attempt or at
+    # its first (audit DT)
+    ("argv-no-program", {"kind": "command", "callable": DROP, "argv": ["", "{output}"]},
+     "argv[0]", "must name the program to run, got an empty string"),
+    ("argv-item-too-long", {"kind": "command", "callable": DROP,
+                            "argv": ["echo", "{output}", "é" * 65536]},
+     "argv[2]", "131072 bytes; one argument holds less than 128 KiB (the kernel's limit)"),
 ]
 
 
