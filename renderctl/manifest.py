@@ -742,6 +742,7 @@ def _param_type_error(p: ParamSpec, v: Any) -> str | None:
 
 
 _RFC3339_UPPER = str.maketrans("tz", "TZ")
+_LEAP_SECOND = re.compile(r"(?<=[Tt ])(\d\d:\d\d):60(?=[.Zz+-]|$)")
 
 
 def _parse_deadline(v: Any) -> float | str:
@@ -749,11 +750,16 @@ def _parse_deadline(v: Any) -> float | str:
     if isinstance(v, dt.datetime):
         when = v
     elif isinstance(v, str):
+        # RFC 3339 allows a leap second (23:59:60); fromisoformat does not: it is taken as
+        # the second after :59, as POSIX time has it (audit DT: refused as no date-time).
+        text, leap = _LEAP_SECOND.subn(r"\1:59", v, count=1)
         try:
             # RFC 3339 allows 't' and 'z' (its ABNF is case-insensitive); fromisoformat
             # does not. Other ISO 8601 forms it takes ('2026-12-01 09:00Z') stay accepted.
-            when = dt.datetime.fromisoformat(v.translate(_RFC3339_UPPER).replace("Z", "+00:00"))
-        except ValueError:
+            when = dt.datetime.fromisoformat(
+                text.translate(_RFC3339_UPPER).replace("Z", "+00:00")) + dt.timedelta(
+                seconds=leap)
+        except (ValueError, OverflowError):
             return f"must be an RFC 3339 date-time such as 2026-12-01T09:00:00Z, got {v[:60]!r}"
     else:
         return f"must be a date-time with a timezone, got {type_name(v)}"

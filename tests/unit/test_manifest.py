@@ -122,6 +122,8 @@ JOB_CASES: list[tuple[str, dict[str, Any], str, str]] = [
     ("group-charset", {"group": "a b"}, "group", "must match [A-Za-z0-9._:@-]{1,128}"),
     ("deadline-naive", {"deadline": "2026-12-01T09:00:00"}, "deadline", "must carry a timezone"),
     ("deadline-garbage", {"deadline": "tomorrow"}, "deadline", "must be an RFC 3339 date-time"),
+    ("deadline-second-61", {"deadline": "2016-12-31T23:59:61Z"}, "deadline",
+     "must be an RFC 3339 date-time"),
     ("deadline-number", {"deadline": 5}, "deadline", "must be a date-time with a timezone"),
     ("kind-unknown", {"kind": "pdfify"}, "kind", "unknown kind 'pdfify' (known: "),
     ("kind-typo", {"kind": "invoise"}, "kind",
@@ -245,6 +247,20 @@ def test_a_valid_job_becomes_a_frozen_spec(folder: Path, out_root: Path,
     )
     with pytest.raises(AttributeError):
         spec.id = "other"  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(("given", "epoch"), [
+    ("2016-12-31T23:59:60Z", 1483228800.0),  # a real one: the second after :59, as POSIX
+    ("2016-12-31t23:59:60.5z", 1483228800.5),
+    ("2017-01-01T00:59:60+01:00", 1483228800.0),
+])
+def test_a_leap_second_deadline_is_the_second_after(folder: Path, out_root: Path,
+                                                     write_manifest: Any, given: str,
+                                                     epoch: float) -> None:
+    # RFC 3339 allows 23:59:60, which the schema's date-time promises (audit DT: refused)
+    path = write_manifest([job(deadline=given)], folder=folder)
+    [spec] = load_manifests([path], out_root=out_root)
+    assert spec.deadline == epoch
 
 
 def test_toml_native_datetimes(folder: Path, out_root: Path) -> None:
