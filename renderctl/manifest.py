@@ -19,7 +19,7 @@ import re
 import stat
 import tomllib
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -563,14 +563,55 @@ class _Ctx:
     bad_defaults: set[str] = field(default_factory=set)
     raw_job: Mapping[str, Any] | None = None
     root_said: bool = False  # the output root itself too long: said once (see below)
+    # The [defaults] the jobs take. A problem with a param or argv a job takes from there
+    # (they are judged per job: by its kind, its inputs) is said once, at defaults.<field>,
+    # naming the jobs (20,000 jobs said one misspelt default param 20,000 times; audit DT):
+    # (field, message) -> its problem's index, and the jobs it was found in.
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+    shared: dict[tuple[str, str], tuple[int, list[str]]] = field(default_factory=dict)
 
-    def add(self, job: str | None, fld: str | None, msg: str) -> None:
+    def add(self, job: str | None, fld: str | None, msg: str, *, of_job: bool = False) -> None:
+        """Report ``msg`` at ``job``'s ``fld``; ``of_job``: a problem of that job's own (its
+        inputs), even where the field is the defaults'."""
         if self.scrubbed and fld is not None and self._in_scrubbed(job, fld):
             return
         if fld in self.bad_defaults and job is not None and self.raw_job is not None \
                 and fld not in self.raw_job:
             return
+        if not of_job and job is not None and fld is not None and self._from_defaults(fld):
+            said = self.shared.get((fld, msg))
+            if said is None:
+                self.shared[(fld, msg)] = (len(self.problems), [job])
+                self.problems.append(Problem(self.file, None, f"defaults.{fld}", msg))
+            else:
+                said[1].append(job)
+            return
         self.problems.append(Problem(self.file, job, fld, msg))
+
+    def _from_defaults(self, fld: str) -> bool:
+        """Whether the job being validated takes ``fld`` (argv, or one of params) from
+        [defaults], not from its own table."""
+        raw = self.raw_job
+        if raw is None or not self.defaults:
+            return False
+        if fld == "argv" or fld.startswith("argv["):
+            return "argv" not in raw and "argv" in self.defaults
+        if fld.startswith("params."):
+            name = re.split(r"[.\[]", fld[len("params."):], maxsplit=1)[0]
+            own = raw.get("params")
+            shared = self.defaults.get("params")
+            return isinstance(shared, dict) and name in shared \
+                and not (isinstance(own, dict) and name in own)
+        return False
+
+    def name_shared_jobs(self) -> None:
+        """Say which jobs each once-said [defaults] problem was found in."""
+        for index, jobs in self.shared.values():
+            p = self.problems[index]
+            some = ", ".join(jobs[:3]) + (f" and {len(jobs) - 3} more" if len(jobs) > 3 else "")
+            self.problems[index] = replace(
+                p, message=f"{p.message} (job{'s' if len(jobs) > 1 else ''} {some})")
+        self.shared.clear()
 
     def _in_scrubbed(self, job: str | None, fld: str) -> bool:
         if (job, fld) in self.scrubbed:
@@ -1113,7 +1154,7 @@ def _check_placeholders(ctx: _Ctx, jid: str, argv: list[str], n_inputs: int) -> 
                                        f"argument per input), got {arg[:80]!r}")
         # The worker puts the output path in first: what it then finds is an {input}.
         if "{input}" in arg.replace("{output}", "\x00") and n_inputs == 0:
-            ctx.add(jid, f"argv[{i}]", "uses {input} but the job has no input")
+            ctx.add(jid, f"argv[{i}]", "uses {input} but the job has no input", of_job=True)
         writes_output = writes_output or "{output}" in arg
         for name in _BRACED_NAME.findall(arg):
             if name not in PLACEHOLDERS and (hint := _suggest(name.lower(), PLACEHOLDERS,
@@ -1247,6 +1288,7 @@ def validate_document(
                     "read instead")
             return []
     out: list[JobSpec] = []
+    ctx.defaults = defaults
     for i, raw in enumerate(jobs):
         job = _validate_job(ctx, i, raw, defaults, base=base, out_root=out_root,
                             limits=limits, specs=specs)
@@ -1254,6 +1296,7 @@ def validate_document(
             out.append(job)
         if ids is not None and (jid := _raw_id(raw)) is not None:
             ids.append((jid, i))
+    ctx.name_shared_jobs()
     return out
 
 

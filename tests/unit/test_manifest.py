@@ -492,6 +492,32 @@ def test_a_bad_default_is_said_once_as_the_defaults(folder: Path, out_root: Path
     assert [(p.job, p.field) for p in found if p.job == "c"] == [("c", key)]
 
 
+@pytest.mark.parametrize(("defaults", "own", "field", "message"), [
+    ({"kind": "stamp", "params": {"text": "x", "titel": "y"}}, {"params": {"titel": "z"}},
+     "params.titel", "unknown param for kind 'stamp'"),
+    ({"kind": "command", "argv": ["cp", "{input}", "{outptu}"]},
+     {"argv": ["cp", "{input}", "{outptu}"]}, "argv[2]", "'{outptu}' is not a placeholder"),
+])
+def test_a_bad_default_param_or_argv_is_said_once_naming_its_jobs(
+        folder: Path, out_root: Path, write_manifest: Any, defaults: dict[str, Any],
+        own: dict[str, Any], field: str, message: str) -> None:
+    # Given a [defaults] param or argv that is wrong for the jobs' kind, taken by four jobs,
+    # and given wrong by a fifth itself
+    (folder / "in.pdf").write_bytes(b"%PDF-1.7")
+    jobs = [{"id": j, "output": f"{j}.pdf", "input": "in.pdf"} for j in "abcd"]
+    path = write_manifest([*jobs, {"id": "e", "output": "e.pdf", "input": "in.pdf", **own}],
+                          defaults=defaults, folder=folder)
+    found = problems([path], out_root)
+
+    # Then it is said once, at defaults.<field>, naming the jobs (each job said it as its own:
+    # 20,000 lines for 20,000 jobs; audit DT), and the fifth job's as its own
+    [shared] = [p for p in found if p.field == f"defaults.{field}"]
+    assert shared.job is None and message in shared.message, found
+    assert shared.message.endswith("(jobs a, b, c and 1 more)"), shared.message
+    assert {p.job for p in found} == {None, "e"}, found
+    assert ("e", field) in [(p.job, p.field) for p in found]
+
+
 def test_an_output_root_too_long_for_any_output_is_said_once(tmp_path: Path,
                                                             write_manifest: Any) -> None:
     root = tmp_path.joinpath(*["r" * 250] * 17)  # past PATH_MAX whatever the output
