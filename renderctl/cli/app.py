@@ -896,7 +896,8 @@ def submit(
                 print(f"accepted {len(res.accepted)} job(s)"
                       + (f", replaced {len(res.replaced)}" if res.replaced else "")
                       + (f", {len(res.already)} already accepted" if res.already else "")
-                      + f" into {queue_path(queue)}")
+                      # (escaped: a queue path may hold ESC and undecodable bytes; audit DV)
+                      + f" into {out.one_line(str(queue_path(queue)))}")
     finally:
         note_ended(ended, q, res)
     end_if_stopped(early, "once the submit was made: its jobs are enqueued")
@@ -1591,13 +1592,18 @@ def dead_retry(
         raise UserError("not in dead/: " + ", ".join(said) + "; nothing was retried")
     revived = q.dead_retry(ids, crash_hook=CrashPoints.from_env(), changes=changes)
     gone = sorted(set(ids) - set(revived))
+    if early.signum is not None:
+        # Stopped: most were not reached, and are still dead (said below); vanished are only
+        # those that left dead/ meanwhile. `--json` listed every one not reached as vanished,
+        # and a script took them as dealt with (audit DV).
+        gone = [j for j in gone if not q.has_record(State.DEAD, j)]
     with stdout_result(f"the {len(revived)} job(s) were retried all the same"):
         if as_json:
             out.print_json({"retried": list(revived), "vanished": gone})
         else:
             print(f"retried {len(revived)} job(s)")
     if early.signum is not None:
-        gone = []  # (not reached, not gone: said below)
+        gone = []  # (exit 130: the stop is the news)
     end_if_stopped(early, f"after retrying {len(revived)} of the {len(ids)} job(s); the "
                           "rest stay dead")
     if gone:

@@ -782,3 +782,18 @@ def test_submit_warns_of_each_program_that_cannot_run_here_saying_why(tmp_path: 
     assert "'bin/tool.sh' is a relative path: a command starts in a fresh, empty working " \
            "folder, where it cannot be" in warnings["e"]
     assert all(w.endswith("each attempt would fail") for w in warnings.values())
+
+
+def test_submit_says_where_it_enqueued_with_the_queue_path_escaped(tmp_path: Path) -> None:
+    # Given a queue path holding ESC (a colour code) and a byte that is not UTF-8
+    manifest = write_jobs(tmp_path / "m", [job("a", "write")])
+    queue = tmp_path / os.fsdecode(b"q\xff\x1b[31m")
+
+    # When a submit enqueues there
+    res = cli("submit", manifest, "--queue", queue, "--out", tmp_path / "o", cwd=tmp_path)
+
+    # Then its line shows the path escaped, as every other message does (the ESC reached
+    # the terminal and turned it red; audit DV)
+    assert res.returncode == 0, res.stderr
+    assert "\x1b" not in res.stdout
+    assert res.stdout.strip().endswith("q\\xff\\x1b[31m"), res.stdout

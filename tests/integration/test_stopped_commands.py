@@ -138,6 +138,28 @@ def test_a_dead_retry_stopped_midway_finishes_its_batch_and_says_so(
     assert QueueView(queue).ids("pending") == {"d0", "d1"}
 
 
+def test_a_dead_retry_json_stopped_after_a_batch_calls_none_it_did_not_reach_vanished(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given more jobs dead than one batch of a retry holds (256)
+    stage(tmp_path)
+    ids = [f"d{i:03d}" for i in range(258)]
+    manifest = write_manifest([{**py_job(j, "invalid"), "max_attempts": 1} for j in ids])
+    queue, out = tmp_path / "q", tmp_path / "out"
+    assert run_cli("run", manifest, *cli_args(queue, out)).returncode == ExitCode.JOBS_FAILED
+
+    # When Ctrl-C reaches `dead retry --all --json` in its first batch
+    code, stdout, stderr = _stopped_at(["dead", "retry", "--all", "--json", "--queue", queue],
+                                       "dead_retry:rewritten")
+
+    # Then the batch is retried, and the two it never reached are still dead, not "vanished"
+    # (which says they left dead/ some other way: a script took them as dealt with; audit DV)
+    assert code == ExitCode.SIGINT, stdout + stderr
+    answer = json.loads(stdout)
+    assert len(answer["retried"]) == 256 and answer["vanished"] == [], answer
+    assert "after retrying 256 of the 258 job(s); the rest stay dead" in stderr, stderr
+    assert len(QueueView(queue).ids("dead")) == 2
+
+
 def test_a_dead_purge_stopped_midway_says_how_many_it_purged(
         tmp_path: Path, write_manifest: Any) -> None:
     # Given three jobs dead after their one attempt
