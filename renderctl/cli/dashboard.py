@@ -166,6 +166,8 @@ RUNNING_COLUMNS = ("id", "kind", "worker pid", "attempt", "elapsed / timeout",
 
 
 def _late(job: Mapping[str, Any]) -> bool:
+    if job.get("orphaned"):
+        return False
     elapsed, timeout = job.get("elapsed_s"), job.get("timeout_s")
     return bool(timeout) and (elapsed or 0) >= MEMORY_WARN * float(timeout or 0)
 
@@ -182,8 +184,19 @@ def _running_line(j: Mapping[str, Any]) -> str:
         memory += f"/{human_bytes(j.get('memory_limit_bytes'))}"
     return (f"running {j.get('id')} kind={j.get('kind') or '-'} "
             f"worker_pid={j.get('pid') or '-'} attempt={j.get('attempt') or '-'} "
-            f"elapsed={human_duration(j.get('elapsed_s'))}/"
-            f"{human_duration(j.get('timeout_s'))} memory={memory}")
+            f"elapsed={_elapsed(j, '/')} memory={memory}"
+            + (f" ({ORPHANED})" if j.get("orphaned") else ""))
+
+
+# A running record whose runner is dead (`top` with no runner alive): not running at all.
+ORPHANED = "its runner is dead: the next run recovers it"
+
+
+def _elapsed(j: Mapping[str, Any], sep: str) -> str:
+    """Its time against its timeout; "orphaned" for one that is not running at all."""
+    if j.get("orphaned"):
+        return "orphaned"
+    return f"{human_duration(j.get('elapsed_s'))}{sep}{human_duration(j.get('timeout_s'))}"
 
 
 def _running(jobs: Sequence[Mapping[str, Any]], *, width: int = 120,
@@ -191,7 +204,7 @@ def _running(jobs: Sequence[Mapping[str, Any]], *, width: int = 120,
     shown = list(jobs)[:limit]
     rows = [(str(j.get("id")), str(j.get("kind") or "-"), str(j.get("pid") or "-"),
              str(j.get("attempt") or "-"),
-             f"{human_duration(j.get('elapsed_s'))} / {human_duration(j.get('timeout_s'))}",
+             _elapsed(j, " / "),
              f"{human_bytes(j.get('memory_bytes'))}/{human_bytes(j.get('memory_limit_bytes'))}"
              if j.get("memory_limit_bytes") else human_bytes(j.get("memory_bytes")))
             for j in shown]

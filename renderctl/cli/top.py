@@ -19,7 +19,7 @@ from rich.live import Live
 
 from renderctl.cli.console import write_out
 from renderctl.cli.dashboard import dashboard_lines, redraw, render_dashboard
-from renderctl.cli.views import runner_json
+from renderctl.cli.views import holder_dead, runner_json
 from renderctl.metrics import read_runner_state
 from renderctl.proctree import suspend_self
 from renderctl.store import Queue, QueueStatus
@@ -113,12 +113,16 @@ class TopFeed:
             # except the worker: a lease names its runner, whose pid is not a worker's.
             # (Only then: a runner's snapshot that caught no job mid-run is right, and
             # every lease would list its prefetched claims as running: audit BC.)
+            # A job whose runner is dead says so, as `status` does: its time against its
+            # timeout kept growing as if it ran (audit DV).
+            alive: dict[Any, bool | None] = {}
             snap["running"] = [
                 {"id": r.spec.id, "kind": r.spec.kind, "pid": None,
                  "attempt": r.lease.attempt if r.lease else None,
                  "elapsed_s": max(0.0, now - r.lease.claimed_at) if r.lease else None,
                  "timeout_s": r.spec.timeout_s, "memory_bytes": None,
-                 "memory_limit_bytes": r.spec.memory_mb * 1024 * 1024}
+                 "memory_limit_bytes": r.spec.memory_mb * 1024 * 1024,
+                 "orphaned": holder_dead(r, alive)}
                 for r in st.running]
         if not snap.get("recent_failures"):
             snap["recent_failures"] = list(self.failures)

@@ -27,6 +27,19 @@ from renderctl.store import JobView, Queue, QueueStatus
 STATUS_SCHEMA_VERSION = 1
 
 
+def holder_dead(r: Any, alive: dict[Any, bool | None]) -> bool | None:
+    """Whether the runner holding the lease of the running record ``r`` is dead (the next
+    run recovers the job); None where that cannot be told (another host, no start time).
+    ``alive`` keeps each holder's verdict for the records after."""
+    h = r.lease.holder if r.lease is not None else None
+    if h is None or h.start_time is None:
+        return None
+    if h not in alive:
+        alive[h] = proctree.holder_alive(host=h.host, boot_id=h.boot_id, pid=h.pid,
+                                         start_time=h.start_time)
+    return None if alive[h] is None else not alive[h]
+
+
 def status_json(q: Queue, st: QueueStatus) -> dict[str, Any]:
     """`status --json`: stable schema; counts for every state at top level."""
     now = q.clock.wall()
@@ -42,15 +55,7 @@ def status_json(q: Queue, st: QueueStatus) -> dict[str, Any]:
     alive: dict[Any, bool | None] = {}
 
     def orphaned(r: Any) -> bool | None:
-        """Whether the runner holding the job's lease is dead (the next run recovers the
-        job); None where that cannot be told (another host, no start time)."""
-        h = r.lease.holder if r.lease is not None else None
-        if h is None or h.start_time is None:
-            return None
-        if h not in alive:
-            alive[h] = proctree.holder_alive(host=h.host, boot_id=h.boot_id, pid=h.pid,
-                                             start_time=h.start_time)
-        return None if alive[h] is None else not alive[h]
+        return holder_dead(r, alive)
 
     def timing(r: Any) -> dict[str, Any]:
         """Whether the job's attempt started, and its time since (or since its claim)."""

@@ -452,3 +452,28 @@ def test_ctrl_z_on_top_gives_the_terminal_its_cursor_back_and_fg_redraws(
             top.kill()
             top.wait()
         os.close(master)
+
+
+def test_top_with_its_runner_dead_shows_its_running_jobs_as_orphaned(tmp_path: Path) -> None:
+    # Given a runner busy with a long job, then SIGKILLed (its job dies with it; its record
+    # stays in running/ until the next run recovers it)
+    manifest = write_jobs(tmp_path / "m", [job("long-sleeper", "sleep", params={"s": "60"})])
+    q, out = tmp_path / "q", tmp_path / "out"
+    runner = subprocess.Popen([*RENDERCTL, "run", str(manifest), "--queue", str(q), "--out",
+                               str(out), "-j", "1"], cwd=tmp_path, env=env(),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        poll(lambda: list((q / "running").glob("*.json")), what="the job to be claimed")
+    finally:
+        runner.kill()
+        runner.wait(timeout=30)
+
+    # When `top --once` looks
+    once = cli("top", "--queue", q, "--once", cwd=tmp_path)
+
+    # Then the job is shown as orphaned, as `status` shows it, not as running on against its
+    # timeout (audit DV)
+    assert once.returncode == 0, once.stderr
+    [line] = [ln for ln in once.stdout.splitlines() if ln.startswith("running long-sleeper")]
+    assert "elapsed=orphaned" in line, line
+    assert line.endswith("(its runner is dead: the next run recovers it)"), line
