@@ -140,7 +140,10 @@ def _parsed(data: bytes, label: str) -> PdfReader:
         tail = data[-EOF_SEARCH:]
     marker = tail.rfind(b"%%EOF")
     if marker < 0 or _PDF_STRUCTURE.search(tail, marker + 5):
-        raise InvalidInput(f"{label}: truncated PDF (no %%EOF marker at the end)")
+        # (Or padded past the search: a PDF followed by more than EOF_SEARCH bytes of
+        # anything is as unusable, and the message says where it looked; audit DU.)
+        raise InvalidInput(f"{label}: truncated PDF (no %%EOF marker at its end, nor in its "
+                           f"last {EOF_SEARCH // 1024} KB)")
     with pdf_errors(label):
         try:
             reader = PdfReader(io.BytesIO(data), strict=False)
