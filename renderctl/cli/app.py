@@ -46,6 +46,7 @@ from renderctl.limits import (
     MAX_WORKERS,
 )
 from renderctl.settings import RunnerSettings  # stdlib only: defaults without the runner
+from renderctl.signalexit import SignalExit
 
 if TYPE_CHECKING:
     from renderctl.render.base import ParamSpec
@@ -1864,37 +1865,48 @@ def wait(
     wanted = set(job_ids)
     next_check = 0.0
     looked_for_runner = False
-    while True:
-        now = time.monotonic()
-        news = tail.news()
-        if news is None or now >= next_check:
-            settle(job_ids, recheck=now >= next_check)
-            cost = time.monotonic() - now
-            next_check = now + max(WAIT_RECHECK_S, cost / WAIT_SWEEP_SHARE)
-        elif news:
-            settle([jid for jid in news if jid in wanted], recheck=False)
-        if len(final) == len(job_ids):
-            break
-        if not looked_for_runner:
-            # Once: a wait on a queue nobody serves blocked without a word (audit DM). It
-            # waits on all the same (a runner may be started next, by cron or by hand).
-            looked_for_runner = True
-            if q.runner_info() is None:
-                out.err(f"note: no runner serves {q.path} now; waiting for one "
-                        "(`renderctl run` starts one)")
-        if deadline is not None and now >= deadline:
-            left = [j for j in job_ids if j not in final]
-            if as_json:
-                # Every id with the state it is in now: terminal ones as on success, the
-                # rest `pending` or `running` (exit 75 says the wait gave up).
-                now_in = {j: getattr(q.find(j), "state", None) for j in left}
-                with stdout_result():
-                    out.print_json({j: final.get(j) or getattr(now_in[j], "value",
-                                                               "not found")
-                                    for j in job_ids})
-            out.err(f"timed out after {timeout:g}s; not terminal yet: {', '.join(left)}")
-            raise typer.Exit(ExitCode.TEMPFAIL)
-        time.sleep(WAIT_POLL_S)
+
+    def answer_now() -> None:
+        """`--json`: every id with the state it is in now (terminal ones as on success, the
+        rest `pending` or `running`), for a wait that gives up."""
+        now_in = {j: getattr(q.find(j), "state", None) for j in job_ids if j not in final}
+        with stdout_result():
+            out.print_json({j: final.get(j) or getattr(now_in[j], "value", "not found")
+                            for j in job_ids})
+
+    try:
+        while True:
+            now = time.monotonic()
+            news = tail.news()
+            if news is None or now >= next_check:
+                settle(job_ids, recheck=now >= next_check)
+                cost = time.monotonic() - now
+                next_check = now + max(WAIT_RECHECK_S, cost / WAIT_SWEEP_SHARE)
+            elif news:
+                settle([jid for jid in news if jid in wanted], recheck=False)
+            if len(final) == len(job_ids):
+                break
+            if not looked_for_runner:
+                # Once: a wait on a queue nobody serves blocked without a word (audit DM). It
+                # waits on all the same (a runner may be started next, by cron or by hand).
+                looked_for_runner = True
+                if q.runner_info() is None:
+                    out.err(f"note: no runner serves {q.path} now; waiting for one "
+                            "(`renderctl run` starts one)")
+            if deadline is not None and now >= deadline:
+                left = [j for j in job_ids if j not in final]
+                if as_json:
+                    answer_now()  # (exit 75 says the wait gave up)
+                out.err(f"timed out after {timeout:g}s; not terminal yet: {', '.join(left)}")
+                raise typer.Exit(ExitCode.TEMPFAIL)
+            time.sleep(WAIT_POLL_S)
+    except (KeyboardInterrupt, SignalExit):
+        # Stopped (Ctrl-C, SIGTERM): answered as a timeout answers, then exit 128 + n: a
+        # `wait --json | jq` read nothing at all (audit DV).
+        if as_json:
+            with contextlib.suppress(Exception):
+                answer_now()
+        raise
     # Protects against: answering for a state its runner has not synced yet (it places the
     # record, then syncs): a power loss after our answer would undo it, and a job reported
     # done would run again and publish anew. Its output's folder too, on another disk.

@@ -223,3 +223,29 @@ def test_a_stop_while_stdout_waits_for_its_reader_loses_none_of_the_answer(
     assert len(answered) == 3000 and set(answered.values()) == {"cancelled"}
     assert proc.returncode == ExitCode.SIGTERM, err
     assert "stopped by SIGTERM after 3000 of the 3000 job(s)" in err, err
+
+
+def test_a_wait_json_stopped_answers_where_its_jobs_are_as_a_timeout_does(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given a wait --json for a pending job no runner serves, its note on that said
+    manifest = _six_jobs(tmp_path, write_manifest)
+    queue, out = tmp_path / "q", tmp_path / "out"
+    assert run_cli("submit", manifest, *cli_args(queue, out)).returncode == 0
+    proc = subprocess.Popen([*RENDERCTL, "wait", "j0", "j1", "--json", "--queue", str(queue)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=_env({}))
+    try:
+        assert proc.stderr is not None
+        assert "no runner serves" in proc.stderr.readline()
+
+        # When Ctrl-C reaches it
+        proc.send_signal(signal.SIGINT)
+        stdout, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+    # Then it answers where each job is now, as on a timeout (it printed nothing: a
+    # `wait --json | jq` read an empty input; audit DV), and exits 130
+    assert proc.returncode == ExitCode.SIGINT, stdout
+    assert json.loads(stdout) == {"j0": "pending", "j1": "pending"}
