@@ -569,12 +569,17 @@ class _Ctx:
     # (field, message) -> its problem's index, and the jobs it was found in.
     defaults: Mapping[str, Any] = field(default_factory=dict)
     shared: dict[tuple[str, str], tuple[int, list[str]]] = field(default_factory=dict)
+    # Problems found, said or folded into one said already: a job with any is not valid
+    # (review DX: the jobs after the first with a shared one passed as valid, and were
+    # then refused one by one by the queue checks).
+    found: int = 0
 
     def add(self, job: str | None, fld: str | None, msg: str, *, of_job: bool = False) -> None:
         """Report ``msg`` at ``job``'s ``fld``; ``of_job``: a problem of that job's own (its
         inputs), even where the field is the defaults'."""
         if self.scrubbed and fld is not None and self._in_scrubbed(job, fld):
             return
+        self.found += 1
         if fld in self.bad_defaults and job is not None and self.raw_job is not None \
                 and fld not in self.raw_job:
             return
@@ -997,7 +1002,7 @@ def _validate_job(
         ctx.add(label, None, f"a job must be a table, got {type_name(raw)}")
         return None
     jid = _raw_id(raw) or label
-    before = len(ctx.problems)
+    before = ctx.found
     for key in raw:
         if key not in JOB_FIELDS:
             hint = _suggest(key, JOB_FIELDS)
@@ -1109,7 +1114,7 @@ def _validate_job(
     if _depth(params) > MAX_DEPTH:
         ctx.add(jid, "params", f"nested deeper than {MAX_DEPTH} levels")
 
-    if len(ctx.problems) > before:
+    if ctx.found > before:
         return None
     if jid in ctx.scrubbed_jobs or label in ctx.scrubbed_jobs:
         # A value of this job that no job may carry was dropped and reported already (an

@@ -183,10 +183,42 @@ def output_folder(root_real: str, final: Path, queue_real: str = "") -> int:
                             f"{root_real}")
     try:
         _outside_queue(queue_real, real, final)
-    except OutputEscapes:
+        if queue_real:
+            _not_the_queue_on_the_way(fd, root_real, queue_real, final)
+    except (OutputEscapes, OSError):
         os.close(fd)
         raise
     return fd
+
+
+def _not_the_queue_on_the_way(fd: int, root_real: str, queue_real: str, final: Path) -> None:
+    """OutputEscapes if the queue folder is the folder open as ``fd`` or one on the way up
+    from it to the output root, told by identity (device, inode): a bind mount of the queue
+    inside the root reads as a path of the root's own, to /proc and realpath alike, and the
+    published PDF was replaced by its job's done record (review DX). ~2 syscalls a level."""
+    queue = os.stat(queue_real)
+    qid = (queue.st_dev, queue.st_ino)
+    root = os.stat(root_real)
+    rid = (root.st_dev, root.st_ino)
+    here, opened = fd, []
+    try:
+        for _ in range(4096):  # (deeper than any path a file system takes)
+            st = os.fstat(here)
+            if (st.st_dev, st.st_ino) == qid:
+                raise OutputEscapes(f"{final.parent} is inside the queue folder {queue_real} "
+                                    "(mounted there): outputs must not go among the queue's "
+                                    "files")
+            if (st.st_dev, st.st_ino) == rid:
+                return
+            up = os.open("..", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=here)
+            opened.append(up)
+            above = os.fstat(up)
+            if (above.st_dev, above.st_ino) == (st.st_dev, st.st_ino):
+                return  # the top: the root was not on the way (judged by path above)
+            here = up
+    finally:
+        for d in opened:
+            os.close(d)
 
 
 def make_folders(out_root: str, folder: Path) -> None:

@@ -562,7 +562,9 @@ def _refusal(spec: JobSpec, view: JobView, replace: bool) -> Problem | None:
         # invisible in the manifest the user is looking at. Said here, not by the command
         # line alone: a web tier's caller got no field and a flag it has no use for (audit
         # CX).
-        fields = ", ".join(k for k in {**old, **new} if old.get(k) != new.get(k))
+        # (As JSON: params {x = true} differ from {x = 1}, though equal in Python.)
+        fields = ", ".join(k for k in {**old, **new}
+                           if not same_json({"v": old.get(k)}, {"v": new.get(k)}))
         return Problem("<queue>", spec.id, None, f"already in the queue ({view.state.value}) "
                        f"with a different spec (differs in {fields}); use --replace "
                        "(through the API: replace=True) to replace it")

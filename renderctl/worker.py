@@ -656,6 +656,9 @@ class Worker:
         if limit == self.limit_bytes:
             reset_job_peak(self.config.slot_path)
         else:
+            # A new ceiling below what the slot holds makes the kernel reclaim first, which
+            # takes its time: the last job's result goes before it (review DX; see serve).
+            self._flush()
             set_job_limit(self.config.slot_path, limit)
             self.limit_bytes = limit
         # The charge the peak starts from (one pread, ~2 us): see _discount_cache.

@@ -71,12 +71,13 @@ def open_input(path: Path, label: str) -> Iterator[tuple[BinaryIO, int]]:
 
 def _unchanged(fd: int, before: os.stat_result, label: str,
                verdict: BaseException | None) -> None:
-    """InputChanged if the file open as ``fd`` is not as it was (``before``)."""
+    """InputChanged if the file open as ``fd`` is not as it was (``before``): its size or
+    its modification time (not its ctime, which a chmod, a new hard link or an atime set
+    back also change, the bytes untouched: review DX)."""
     now = os.fstat(fd)
-    if (now.st_size, now.st_mtime_ns, now.st_ctime_ns) != \
-            (before.st_size, before.st_mtime_ns, before.st_ctime_ns):
+    if (now.st_size, now.st_mtime_ns) != (before.st_size, before.st_mtime_ns):
         raise InputChanged(f"{label}: changed while it was read ({before.st_size} bytes, then "
-                           f"{now.st_size}): written to meanwhile; tried again") from verdict
+                           f"{now.st_size}; modified meanwhile)") from verdict
 
 
 def read_input(path: Path, label: str, *, max_bytes: int) -> bytes:

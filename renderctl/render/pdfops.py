@@ -67,6 +67,14 @@ def pdf_errors(source: str) -> Iterator[None]:
     except LimitReachedError as exc:
         raise InvalidInput(f"{source}: unreadable PDF: {_steady(str(exc))} (safety limit)"
                            ) from exc
+    except DeprecationError as exc:
+        # A filter name the file uses that pypdf no longer reads (the abbreviation /Fl): not
+        # a PyPdfError, it was a `failed` attempt, retried to the end (audit DU). Only from
+        # its filters: one from a call of ours to an API pypdf has since removed is our bug,
+        # not the input's (review DX).
+        if not _passed_through(exc, "pypdf.filters"):
+            raise
+        raise InvalidInput(f"{source}: unreadable PDF: {str(exc)[:300]}") from exc
     except DependencyError as exc:
         # A filter pypdf decodes only with an optional package or program (BrotliDecode,
         # JBIG2Decode: jbig2dec is never run from a job, see safety.py): not a PyPdfError,
@@ -85,14 +93,11 @@ def pdf_errors(source: str) -> Iterator[None]:
         OverflowError,
         # What pypdf knows of but cannot do: a filter it lacks, an encryption method.
         NotImplementedError,
-        # A name it no longer reads (the filter abbreviation /Fl): not a PyPdfError, it was
-        # a `failed` attempt, retried to the end (audit DU).
-        DeprecationError,
     ) as exc:
         # pypdf raises plain Python errors from deep inside a malformed file as well as its
         # own; either way the same bytes fail the same way on every attempt.
         reason = _steady(str(exc)) or type(exc).__name__
-        if not isinstance(exc, (PyPdfError, NotImplementedError, DeprecationError)):
+        if not isinstance(exc, (PyPdfError, NotImplementedError)):
             # Its own words mean nothing to a user ("'NoneType' object has no attribute
             # 'idnum'": audit DM): what they mean first, then them, for whoever debugs,
             # with the library that raised them (reportlab draws a stamp: review DP).
@@ -169,6 +174,17 @@ def _raised_by(exc: BaseException) -> str:
         tb = tb.tb_next
     name = tb.tb_frame.f_globals.get("__name__", "") if tb is not None else ""
     return str(name).partition(".")[0] or "?"
+
+
+def _passed_through(exc: BaseException, module: str) -> bool:
+    """Whether code of ``module`` is on the way from where ``exc`` was caught to where it was
+    raised."""
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_globals.get("__name__") == module:
+            return True
+        tb = tb.tb_next
+    return False
 
 
 def _raised_in(exc: BaseException, module: str) -> bool:

@@ -143,7 +143,7 @@ def test_params_that_differ_only_in_json_type_are_a_different_spec(
 
     # Then it is a different spec (it was "already accepted", the change dropped), and
     # --replace replaces it
-    assert "different spec" in info.value.problems[0].message
+    assert "different spec (differs in params)" in info.value.problems[0].message
     res = submit(q, [pyjob("a", params={"x": after})], tmp_path, replace=True)
     assert res.replaced == ("a",)
     assert repr(q.get("a").record.spec.params["x"]) == repr(after)

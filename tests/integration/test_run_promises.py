@@ -12,7 +12,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -1282,6 +1284,35 @@ def test_an_output_led_into_the_queue_folder_after_submit_is_refused_before_it_r
     assert attempt.get("started_at") is None, attempt
     assert sorted(p.name for p in (queue / "done").iterdir()) == ["fine.json"]
     assert_pdf(out / "ok" / "y.pdf", "fine")
+
+
+def test_an_output_folder_that_is_the_queue_mounted_in_the_root_gets_nothing(
+        tmp_path: Path, write_manifest: Any) -> None:
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("needs root and mount")
+    # Given a queue beside its output root, and a job whose output goes in qq/done/
+    stage(tmp_path)
+    queue, out = tmp_path / "q", tmp_path / "out"
+    manifest = write_manifest([py_job("x", "write_pdf", "qq/done/x.json")])
+    assert run_cli("submit", manifest, *cli_args(queue, out)).returncode == 0
+
+    # When the queue folder is bind-mounted at qq/ (its paths read as the root's own, to
+    # realpath and /proc alike), and the queue runs
+    (out / "qq").mkdir(parents=True)
+    if subprocess.run(["mount", "--bind", str(queue), str(out / "qq")]).returncode != 0:
+        pytest.skip("cannot bind-mount here")
+    try:
+        res = run_cli("run", *cli_args(queue, out, "--workers", "1"))
+    finally:
+        subprocess.run(["umount", str(out / "qq")], check=True)
+
+    # Then nothing is published there (x's PDF became done/x.json, then its done record
+    # replaced it: review DX): x is dead, invalid_output, and no temporary stays
+    assert res.returncode == ExitCode.JOBS_FAILED, res.stdout + res.stderr
+    attempt = QueueView(queue).record("dead", "x")["attempts"][-1]
+    assert attempt["outcome"] == "invalid_output", attempt
+    assert "inside the queue folder" in attempt["error"], attempt
+    assert list((queue / "done").iterdir()) == []
 
 
 def test_a_folder_swapped_for_a_symlink_into_the_queue_while_the_job_runs_gets_nothing(

@@ -516,6 +516,11 @@ def test_a_bad_default_param_or_argv_is_said_once_naming_its_jobs(
     assert shared.message.endswith("(jobs a, b, c and 1 more)"), shared.message
     assert {p.job for p in found} == {None, "e"}, found
     assert ("e", field) in [(p.job, p.field) for p in found]
+    # and none of the jobs is taken for valid (review DX: b, c and d were, and the queue
+    # checks then refused them one by one)
+    with pytest.raises(ManifestError) as info:
+        load_manifests([path], out_root=out_root)
+    assert list(info.value.valid) == []
 
 
 def test_an_output_root_too_long_for_any_output_is_said_once(tmp_path: Path,

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from pypdf import PdfReader, PdfWriter
-from pypdf.errors import PyPdfError
+from pypdf.errors import DeprecationError, PyPdfError
 from pypdf.generic import (
     ContentStream,
     NameObject,
@@ -480,6 +480,13 @@ def test_a_filter_name_pypdf_no_longer_reads_is_invalid_input_not_a_retried_fail
     with pytest.raises(InvalidInput, match=r"short\.pdf: unreadable PDF: .*/Fl"):
         getattr(pdfops, operation)([short], out if operation == "split" else out / "b.pdf",
                                    {"text": "X"})
+
+
+def test_a_deprecation_error_not_from_a_filter_is_no_verdict_on_the_input() -> None:
+    # pypdf raises it too where its caller uses an API it has removed: renderctl's bug after
+    # an upgrade, which must not dead-letter every input as unreadable (review DX)
+    with pytest.raises(DeprecationError), pdfops.pdf_errors("in.pdf"):
+        raise DeprecationError("PdfMerger is deprecated and was removed in pypdf 5.0.0")
 
 
 def test_the_same_broken_input_fails_with_the_same_message_every_time(tmp_path: Path) -> None:
