@@ -138,12 +138,14 @@ def _cancel_orphan(q: Queue, rec: JobRecord) -> CancelResult:
         cancelled_orphan,
         judge_orphan,
         kill_stale_workers,
+        released_tokens,
         started_tokens,
     )
 
     kill_stale_workers(q)
     now = q.clock.wall()
-    orphan = judge_orphan(rec, started=started_tokens(q), now=now)
+    orphan = judge_orphan(rec, started=started_tokens(q), now=now,
+                          released=released_tokens(q))
     if orphan.done is not None:
         tmps = [orphan.published_tmp] if orphan.published_tmp is not None else []
         apply_verdicts(q, [orphan.done], tmps, logged_after="jobs completed")

@@ -16,13 +16,14 @@ moves the job meanwhile:
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
 import os
 import signal
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,10 @@ from renderctl.render.base import RendererSpec
 from renderctl.store import JobRecord, Queue, Transition, read_lease
 
 STARTED_LOG = "started.{}.log"  # control/: tokens of the attempts a runner's workers began
+# control/: tokens of attempts a runner stopped on purpose where it could record nothing else
+# (its queue folder moved away under it): released, not charged. Named as a started log of
+# that runner, so that it goes with them.
+RELEASED_LOG = STARTED_LOG.format("{}.released")
 WORKERS_FILE = "workers.{}.json"  # control/: a runner's worker pids and process groups
 
 
@@ -74,6 +79,8 @@ def started_tokens(q: Queue, *, last_bytes: int | None = None) -> dict[str, floa
     long as its worker lives; review DO timed 4 s at 2,000,000 lines)."""
     started: dict[str, float | None] = {}
     for log in q.dir("control").glob(STARTED_LOG.format("*")):
+        if log.name.endswith(RELEASED_LOG.format("")[len("started."):]):
+            continue  # (released_tokens)
         try:
             # (read_file: without blocking, should a job have put a FIFO there)
             raw = read_file(log) if last_bytes is None else _read_tail(log, last_bytes)
@@ -90,6 +97,17 @@ def started_tokens(q: Queue, *, last_bytes: int | None = None) -> dict[str, floa
                 except ValueError:
                     started[token] = None
     return started
+
+
+def released_tokens(q: Queue) -> set[str]:
+    """Tokens of the attempts a runner released where it could record nothing else (see
+    RELEASED_LOG): judged released, not crashed."""
+    released: set[str] = set()
+    for log in q.dir("control").glob(RELEASED_LOG.format("*")):
+        with contextlib.suppress(OSError):
+            released.update(ln for ln in read_file(log).decode(errors="replace").splitlines()
+                            if ln)
+    return released
 
 
 def _read_tail(path: Path, size: int) -> bytes:
@@ -156,7 +174,8 @@ def _still_ours(entry: Mapping[str, Any], pgid: int, boot: str) -> bool:
 
 
 def judge_orphan(rec: JobRecord, *, started: Mapping[str, float | None], now: float,
-                 specs: Mapping[str, RendererSpec] | None = None) -> Orphan:
+                 specs: Mapping[str, RendererSpec] | None = None,
+                 released: Collection[str] = ()) -> Orphan:
     """The verdict on one orphaned job (see the module docstring); discards its output
     temporaries unless its output is published."""
     spec = rec.spec
@@ -185,6 +204,14 @@ def judge_orphan(rec: JobRecord, *, started: Mapping[str, float | None], now: fl
         discard(t)
     if lease is None or lease.token not in started:
         return Orphan()  # it never started (claimed ahead, or the claim was cut short)
+    if lease.token in released:
+        # Its runner stopped it on purpose, its queue folder moved away under it: as for a
+        # stop, not charged (audit DY: charged `crashed`, dead at max_attempts = 1).
+        return Orphan(crashed={"n": lease.attempt, "outcome": Outcome.RELEASED.value,
+                               "started_at": max(started[lease.token] or 0, lease.claimed_at),
+                               "ended_at": now, "host": lease.holder.host,
+                               "error": "its runner stopped it as the queue folder was moved "
+                                        "or replaced under it; not charged"})
     h = lease.holder
     if not h.host:  # UNKNOWN_HOLDER: its holder file was gone
         why = "an unknown runner let its lease expire"

@@ -115,12 +115,14 @@ from renderctl.publish import (
 from renderctl.reaper import Reaper, kill_tree, proc_stat
 from renderctl.reaper import children as reaper_children
 from renderctl.recovery import (
+    RELEASED_LOG,
     STARTED_LOG,
     WORKERS_FILE,
     apply_verdicts,
     cancelled_orphan,
     judge_orphan,
     kill_stale_workers,
+    released_tokens,
     restore_lost_output,
     retired_event,
     started_tokens,
@@ -797,8 +799,48 @@ class Runner:
         paths would lead into a queue we do not hold (another runner may). A stat and an
         fstat per poll."""
         if not self.q.runner_lock_intact():
+            self._release_where_held()
             raise QueueIOError(f"{self.q.path} is no longer the queue folder this runner "
                                "locked (it was moved or replaced); stopping")
+
+    def _release_where_held(self) -> None:
+        """Our paths lead elsewhere now, so no release can be recorded the usual way: the
+        jobs in flight are killed, and their tokens written, through the descriptor of the
+        folder we hold wherever it went, as released (recovery.RELEASED_LOG). The next
+        runner of that folder then returns them uncharged, as after any stop: they were
+        charged `crashed`, and a job with max_attempts = 1 went to dead/ for what its
+        operator did (audit DY). Nothing is recorded if the folder was deleted, or if this
+        fails: the jobs are then judged as after a crash, as before."""
+        tokens = self._in_flight_tokens()
+        if not tokens or not self.token_prefix:
+            return
+        for w in self.workers.values():
+            # Dead before they are written off: no job goes on working (or writing its
+            # temporary) after its attempt is recorded as released.
+            with contextlib.suppress(OSError):
+                if w.pgid:
+                    proctree.kill_group(w.pgid, signal.SIGKILL)
+                _sigkill_worker(w)
+        folder = self.q.held_folder_fd()
+        if folder is None:
+            return
+        control = fd = -1
+        try:
+            control = os.open("control", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC,
+                              dir_fd=folder)
+            fd = os.open(RELEASED_LOG.format(self.token_prefix), os.O_WRONLY | os.O_CREAT
+                         | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600, dir_fd=control)
+            os.write(fd, "".join(f"{t}\n" for t in sorted(tokens)).encode())
+            # Protects against: the release lost to a power cut, after which the jobs would
+            # be judged crashed after all (the log, then its name in control/).
+            os.fsync(fd)
+            os.fsync(control)
+        except OSError:
+            pass  # (deleted, or failing: judged as after a crash)
+        finally:
+            for d in (fd, control):
+                if d >= 0:
+                    os.close(d)
 
     def _write_state(self) -> None:
         # Not fsynced: a display aid, rewritten every second; rename keeps readers whole.
@@ -937,7 +979,8 @@ class Runner:
 
     def _recover_one(self, rec: JobRecord, started: Mapping[str, float | None],
                      now: float, *, cancelled: bool = False) -> tuple[Transition, Path | None]:
-        o = judge_orphan(rec, started=started, now=now, specs=self._specs)
+        o = judge_orphan(rec, started=started, now=now, specs=self._specs,
+                         released=released_tokens(self.q))
         if o.done is not None:
             return o.done, o.published_tmp  # (a cancel came too late: it completed)
         if cancelled:

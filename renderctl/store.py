@@ -2950,6 +2950,11 @@ class Queue:
         write_file(tmp, json.dumps(dict(info)).encode(), fsync=False)
         os.replace(tmp, self.path / RUNNER_RECORD)
 
+    def held_folder_fd(self) -> int | None:
+        """The descriptor of the queue folder this runner locked (None: it holds none),
+        which stays that folder wherever it is moved."""
+        return self._runner_fd
+
     def runner_lock_intact(self) -> bool:
         """Whether the queue's path still names the folder this runner locked (False once
         it was renamed away and another put in its place: a runner started there holds that

@@ -180,7 +180,19 @@ def test_a_runner_whose_queue_folder_is_moved_away_and_replaced_stops_with_74(
         assert "no longer the queue folder this runner locked" in first.stderr()
     finally:
         first.close()
-    assert QueueView(tmp_path / "q.moved").states_of(["slow"]) == {"slow": ["running"]}
+    moved = tmp_path / "q.moved"
+    assert QueueView(moved).states_of(["slow"]) == {"slow": ["running"]}
+
+    # And that folder's next runner runs it again uncharged: its attempt was released by a
+    # stop, not crashed (charged `crashed`, a job of max_attempts = 1 was dead-lettered for
+    # what its operator did; audit DY)
+    (tmp_path / "go").touch()
+    res = run_cli("run", "--queue", moved)
+    assert res.returncode == ExitCode.OK, res.stdout + res.stderr
+    attempts = QueueView(moved).record("done", "slow")["attempts"]
+    assert [a["outcome"] for a in attempts] == ["released", "completed"], attempts
+    assert "queue folder was moved or replaced" in attempts[0]["error"]
+    assert not list((moved / "control").glob("started.*"))  # (its evidence went after use)
 
 
 # A runner holding runner.lock and not the queue folder, as this queue sees it: one of a
