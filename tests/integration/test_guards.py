@@ -277,3 +277,56 @@ def test_sampler_catches_a_grandchild_crossing_the_ceiling(procs, rate_mb_s):
           f"{sampler.peak_bytes / MB:.0f} MB")
     assert LIMIT < sampler.peak_bytes <= LIMIT + between_samples + 10 * MB + 20 * MB
     assert tree.wait(timeout=10) == -signal.SIGKILL
+
+
+COW_TREE = r"""
+import os, sys, time
+held = bytearray(os.urandom(1 << 20) * 60)  # 60 MB of private, written pages
+go, done = sys.argv[1:3]
+for n in range(8):  # each shares them copy-on-write: counted in its RSS, not its USS
+    if os.fork() == 0:
+        while not os.path.exists(go):
+            time.sleep(0.01)
+        for i in range(0, len(held), 4096):  # written to: its own copy now
+            held[i] = 1
+        open(f"{done}.{n}", "w").close()
+        sys.stdin.readline()  # (until the test is done)
+        os._exit(0)
+print("ready", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_a_tree_sharing_its_pages_is_not_read_whole_at_every_sample(procs, tmp_path):
+    # Given a job of 60 MB whose 8 children share it copy-on-write: its summed RSS (~600 MB)
+    # is far over a 300 MB ceiling, its USS (~70 MB) far under
+    go, done = tmp_path / "go", tmp_path / "done"
+    tree = subprocess.Popen([sys.executable, "-c", COW_TREE, str(go), str(done)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    procs.append(tree)
+    assert tree.stdout is not None and tree.stdout.readline() == "ready\n"
+    sampler = guards.TreeSampler(tree.pid, LIMIT)
+
+    # When it is sampled 30 times (1.5 s of samples at 50 ms), nothing changing
+    samples = [sampler.sample() for _ in range(30)]
+
+    # Then it is never taken for over its ceiling, and its USS (a full /proc scan and an
+    # smaps read of every process) is read about every 10th sample, not at each (59% of a
+    # core of the runner for a job like it: audit DY)
+    assert samples[0].rss_bytes > LIMIT, samples[0]
+    assert not any(s.exceeded for s in samples)
+    assert 1 <= sampler.uss_readings <= 4, sampler.uss_readings
+    assert sampler.peak_bytes < LIMIT
+
+    # And when the children then write to their copies (USS ~550 MB, RSS the same), it is
+    # found over its ceiling within the samples between two readings
+    go.touch()
+    for n in range(8):
+        wait_for = done.with_name(f"done.{n}")
+        deadline = time.monotonic() + 30
+        while not wait_for.exists():
+            assert time.monotonic() < deadline, "the children did not write"
+            time.sleep(0.01)
+    found = [sampler.sample().exceeded for _ in range(guards.USS_REFRESH_SAMPLES + 2)]
+    assert any(found), found
