@@ -656,9 +656,11 @@ class Worker:
         if limit == self.limit_bytes:
             reset_job_peak(self.config.slot_path)
         else:
-            # A new ceiling below what the slot holds makes the kernel reclaim first, which
-            # takes its time: the last job's result goes before it (review DX; see serve).
-            self._flush()
+            # (The last job's result is not sent before this write, though the kernel may
+            # reclaim first: sent apart from the next Started, after that job's gate, it
+            # showed the runner a worker holding nothing, and its budget and rebalancing
+            # took jobs back for another worker in vain, and a --max-failures halt came
+            # between the two; CI of 2fc297f.)
             set_job_limit(self.config.slot_path, limit)
             self.limit_bytes = limit
         # The charge the peak starts from (one pread, ~2 us): see _discount_cache.

@@ -463,7 +463,12 @@ def test_top_with_its_runner_dead_shows_its_running_jobs_as_orphaned(tmp_path: P
                                str(out), "-j", "1"], cwd=tmp_path, env=env(),
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        poll(lambda: list((q / "running").glob("*.json")), what="the job to be claimed")
+        def started() -> bool:  # (claimed is not enough: its lease may not be written yet)
+            res = cli("status", "--queue", q, "--json", cwd=tmp_path)
+            return res.returncode == 0 and any(
+                j.get("started") for j in json.loads(res.stdout)["running_jobs"])
+
+        poll(started, what="the job to start")
     finally:
         runner.kill()
         runner.wait(timeout=30)
