@@ -1079,18 +1079,20 @@ def _validate_job(
                 # A program's arguments are bytes in this encoding too: the job failed with
                 # a UnicodeEncodeError at every attempt (review BH).
                 ctx.add(jid, f"argv[{bad}]", str(unencodable_name(argv[bad])))
-            elif not argv[0]:
-                # No PATH makes it a program: each attempt failed "not executable: " (audit
-                # DT), where validation only warned that '' was not found.
-                ctx.add(jid, "argv[0]", "must name the program to run, got an empty string")
-            elif (long := next((i for i, a in enumerate(argv)
-                                if len(os.fsencode(a)) >= MAX_ARG_BYTES), None)) is not None:
-                # The kernel's own limit on one argument (MAX_ARG_STRLEN, with its NUL): the
-                # job was accepted, then invalid_input at its first attempt (audit DT).
-                ctx.add(jid, f"argv[{long}]", f"{len(os.fsencode(argv[long]))} bytes; one "
-                        f"argument holds less than {MAX_ARG_BYTES // 1024} KiB (the kernel's "
-                        "limit): pass long data in an input file")
             else:
+                if not argv[0]:
+                    # No PATH makes it a program: each attempt failed "not executable: "
+                    # (audit DT), where validation only warned that '' was not found.
+                    ctx.add(jid, "argv[0]", "must name the program to run, got an empty "
+                                            "string")
+                if (long := next((i for i, a in enumerate(argv)
+                                  if len(os.fsencode(a)) >= MAX_ARG_BYTES), None)) is not None:
+                    # The kernel's own limit on one argument (MAX_ARG_STRLEN, with its NUL):
+                    # the job was accepted, then invalid_input at its first attempt (audit
+                    # DT). (Measured before {input} and {output} expand: longer after.)
+                    ctx.add(jid, f"argv[{long}]", f"{len(os.fsencode(argv[long]))} bytes; "
+                            f"one argument holds less than {MAX_ARG_BYTES // 1024} KiB (the "
+                            "kernel's limit): pass long data in an input file")
                 _check_placeholders(ctx, jid, argv, n_given)
         elif "argv" in raw:
             ctx.add(jid, "argv", "only for kind 'command'")

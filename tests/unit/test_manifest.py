@@ -960,6 +960,15 @@ def test_braces_not_meant_as_placeholders_stay_legal(
     assert spec.argv == tuple(argv)
 
 
+def test_an_argv_without_a_program_is_told_its_other_problems_too(
+        folder: Path, out_root: Path, write_manifest: Any) -> None:
+    # (review DX: the empty program's problem hid that {output} is never mentioned)
+    path = write_manifest([{"id": "a", "kind": "command", "argv": ["", "x"],
+                            "output": "a.pdf"}], folder=folder)
+    assert [(p.job, p.field) for p in problems([path], out_root)] == [("a", "argv[0]"),
+                                                                      ("a", "argv")]
+
+
 def test_a_placeholder_problem_of_a_default_argv_is_each_jobs(
         folder: Path, out_root: Path, write_manifest: Any) -> None:
     # Given a default argv with {input}, and jobs with and without an input
