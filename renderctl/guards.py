@@ -741,13 +741,6 @@ class SamplingGuard:
         return []
 
 
-# TreeSampler._uss_estimate: at most this many samples (~0.5 s at 50 ms) between USS
-# readings of a tree whose RSS is over its ceiling, and none once the estimate is past this
-# share of the ceiling.
-USS_REFRESH_SAMPLES = 10
-USS_ESTIMATE_SHARE = 0.9
-
-
 @dataclass(frozen=True)
 class Sample:
     """One reading of a job tree: summed RSS, summed USS when RSS crossed the ceiling."""
@@ -770,17 +763,6 @@ class TreeSampler:
         self._samples = 0
         self._procs: dict[int, psutil.Process] = {}
         self._pgid = os.getpgid(pid)
-        # The last USS reading that found the tree under its ceiling though its RSS was over
-        # (pages shared copy-on-write, counted once per process): (sample, rss, uss).
-        self._under: tuple[int, int, int] | None = None
-        self.uss_readings = 0  # (each a full /proc scan and an smaps read per process)
-
-    def new_job(self, limit_bytes: int) -> None:
-        """Watch the next job of the same worker, under its ceiling: its peak from zero, and
-        nothing known of its USS."""
-        self.limit_bytes = limit_bytes
-        self.peak_bytes = 0
-        self._under = None
 
     def known_processes(self) -> list[psutil.Process]:
         """Processes of the tree seen by the last samples (pid-reuse safe psutil handles)."""
@@ -835,38 +817,16 @@ class TreeSampler:
         self._samples += 1
         rss = self._sum(lambda p: p.memory_info().rss)
         uss: int | None = None
-        estimate: int | None = None
-        if rss > self.limit_bytes and (estimate := self._uss_estimate(rss)) is None:
+        if rss > self.limit_bytes:
             # Forked workers share pages with their parent: RSS over-counts. Confirm before
             # anyone kills. Pick up children a full scan would have found first.
             self._track(self._full_scan())
             uss = self._sum(lambda p: p.memory_full_info().uss)
-            self.uss_readings += 1
-            self._under = (self._samples, rss, uss) if uss <= self.limit_bytes else None
-        seen = uss if uss is not None else estimate if estimate is not None else rss
+        seen = rss if uss is None else uss
         self.peak_bytes = max(self.peak_bytes, seen)
         self.peak_rss_bytes = max(self.peak_rss_bytes, rss)
         exceeded = uss is not None and uss > self.limit_bytes
         return Sample(rss, uss, exceeded, len(self._procs))
-
-    def _uss_estimate(self, rss: int) -> int | None:
-        """The tree's USS, from the last reading under the ceiling (None: read it again).
-
-        A job whose 80 children share its 40 MB copy-on-write sums to RSS far over its
-        ceiling, its USS under: a full /proc scan and an smaps read of every process at
-        each 50 ms sample took 59% of a core of the runner's (audit DY). Growth since is
-        counted whole (private pages grow USS and RSS alike; shared ones RSS more), so the
-        estimate is at or above the USS but for pages the children since wrote to (turned
-        private, RSS unchanged): read again at least every USS_REFRESH_SAMPLES samples, and
-        whenever the estimate nears the ceiling (USS_ESTIMATE_SHARE of it)."""
-        if self._under is None:
-            return None
-        at, rss_then, uss_then = self._under
-        estimate = uss_then + max(0, rss - rss_then)
-        if self._samples - at > USS_REFRESH_SAMPLES \
-                or estimate > self.limit_bytes * USS_ESTIMATE_SHARE:
-            return None
-        return estimate
 
     def _sum(self, read: Callable[[psutil.Process], int]) -> int:
         total = 0

@@ -2063,7 +2063,8 @@ class Runner:
             w.current = a
             w.started_any = True
             if w.sampler is not None:
-                w.sampler.new_job(a.memory_mb * MB + msg.carried_bytes)
+                w.sampler.limit_bytes = a.memory_mb * MB + msg.carried_bytes
+                w.sampler.peak_bytes = 0
             self.reporter.event({"event": "started", "job": a.job_id,
                                  "attempt": a.claim.lease.attempt, "worker": w.pid})
             self.crash_point("start")
