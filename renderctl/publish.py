@@ -197,14 +197,20 @@ def _not_the_queue_on_the_way(fd: int, root_real: str, queue_real: str, final: P
     inside the root reads as a path of the root's own, to /proc and realpath alike, and the
     published PDF was replaced by its job's done record (review DX). ~2 syscalls a level."""
     queue = os.stat(queue_real)
-    qid = (queue.st_dev, queue.st_ino)
+    # The queue folder and each of its own (a bind mount of done/ alone, review DZ)
+    qids = {(queue.st_dev, queue.st_ino)}
+    with os.scandir(queue_real) as entries:
+        for e in entries:
+            if e.is_dir(follow_symlinks=False):
+                st = e.stat(follow_symlinks=False)
+                qids.add((st.st_dev, st.st_ino))
     root = os.stat(root_real)
     rid = (root.st_dev, root.st_ino)
     here, opened = fd, []
     try:
         for _ in range(4096):  # (deeper than any path a file system takes)
             st = os.fstat(here)
-            if (st.st_dev, st.st_ino) == qid:
+            if (st.st_dev, st.st_ino) in qids:
                 raise OutputEscapes(f"{final.parent} is inside the queue folder {queue_real} "
                                     "(mounted there): outputs must not go among the queue's "
                                     "files")

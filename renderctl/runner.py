@@ -811,7 +811,13 @@ class Runner:
         charged `crashed`, and a job with max_attempts = 1 went to dead/ for what its
         operator did (audit DY). Nothing is recorded if the folder was deleted, or if this
         fails: the jobs are then judged as after a crash, as before."""
-        tokens = self._in_flight_tokens()
+        # What ran or waited in a worker, and what completed but is not yet published (the
+        # stop's loss, not the job's); not an attempt that ended failing, whose charge the
+        # release would drop (review DZ: an invalid_input would have run again).
+        tokens = {a.claim.lease.token for w in self.workers.values()
+                  for a in (*w.queued, *([w.current] if w.current is not None else []))}
+        tokens |= {a.claim.lease.token for a, fin in self.completions
+                   if fin.outcome == Outcome.COMPLETED.value}
         if not tokens or not self.token_prefix:
             return
         for w in self.workers.values():

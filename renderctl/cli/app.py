@@ -1866,9 +1866,27 @@ def wait(
     next_check = 0.0
     looked_for_runner = False
 
+    def synced() -> None:
+        """Protects against: answering for a state its runner has not synced yet (it places
+        the record, then syncs): a power loss after our answer would undo it, and a job
+        reported done would run again and publish anew. Its output's folder too, on
+        another disk."""
+        from renderctl.fsutil import sync_filesystems
+
+        out_folders: set[Path] = set()
+        for jid, state in final.items():
+            if state == State.DONE.value:
+                # Read where it was found (find() would look through the folders again).
+                with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+                    rec = q.read_record(q.record_path(State.DONE, jid))
+                    out_folders.add(rec.spec.output_path.parent)
+        sync_filesystems([q.path, *out_folders])
+
     def answer_now() -> None:
         """`--json`: every id with the state it is in now (terminal ones as on success, the
         rest `pending` or `running`), for a wait that gives up."""
+        if final:
+            synced()  # (review DZ: a timeout's or a stop's answer was not)
         now_in = {j: getattr(q.find(j), "state", None) for j in job_ids if j not in final}
         with stdout_result():
             out.print_json({j: final.get(j) or getattr(now_in[j], "value", "not found")
@@ -1907,19 +1925,7 @@ def wait(
             with contextlib.suppress(Exception):
                 answer_now()
         raise
-    # Protects against: answering for a state its runner has not synced yet (it places the
-    # record, then syncs): a power loss after our answer would undo it, and a job reported
-    # done would run again and publish anew. Its output's folder too, on another disk.
-    from renderctl.fsutil import sync_filesystems
-
-    out_folders: set[Path] = set()
-    for jid, state in final.items():
-        if state == State.DONE.value:
-            # Read where it was found (find() would look through the folders again).
-            with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-                rec = q.read_record(q.record_path(State.DONE, jid))
-                out_folders.add(rec.spec.output_path.parent)
-    sync_filesystems([q.path, *out_folders])
+    synced()
     with stdout_result():
         if as_json:
             out.print_json({jid: final[jid] for jid in job_ids})  # as given, as lines are

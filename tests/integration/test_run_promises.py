@@ -1286,20 +1286,24 @@ def test_an_output_led_into_the_queue_folder_after_submit_is_refused_before_it_r
     assert_pdf(out / "ok" / "y.pdf", "fine")
 
 
+@pytest.mark.parametrize("mounted", ["", "done"], ids=["the-queue", "its-done-folder"])
 def test_an_output_folder_that_is_the_queue_mounted_in_the_root_gets_nothing(
-        tmp_path: Path, write_manifest: Any) -> None:
+        tmp_path: Path, write_manifest: Any, mounted: str) -> None:
     if os.geteuid() != 0 or shutil.which("mount") is None:
         pytest.skip("needs root and mount")
-    # Given a queue beside its output root, and a job whose output goes in qq/done/
+    # Given a queue beside its output root, and a job whose output goes in qq/done/ (or
+    # in qq/, done/ alone mounted there)
     stage(tmp_path)
     queue, out = tmp_path / "q", tmp_path / "out"
-    manifest = write_manifest([py_job("x", "write_pdf", "qq/done/x.json")])
+    output = "qq/x.json" if mounted else "qq/done/x.json"
+    manifest = write_manifest([py_job("x", "write_pdf", output)])
     assert run_cli("submit", manifest, *cli_args(queue, out)).returncode == 0
 
-    # When the queue folder is bind-mounted at qq/ (its paths read as the root's own, to
-    # realpath and /proc alike), and the queue runs
+    # When the queue folder (or its done/) is bind-mounted at qq/ (its paths read as the
+    # root's own, to realpath and /proc alike), and the queue runs
     (out / "qq").mkdir(parents=True)
-    if subprocess.run(["mount", "--bind", str(queue), str(out / "qq")]).returncode != 0:
+    if subprocess.run(["mount", "--bind", str(queue / mounted), str(out / "qq")]
+                      ).returncode != 0:
         pytest.skip("cannot bind-mount here")
     try:
         res = run_cli("run", *cli_args(queue, out, "--workers", "1"))
