@@ -152,10 +152,19 @@ class Saturated(QueueError):
         self.pending = pending
         self.max_pending = max_pending
         self.would_fit = max(0, max_pending - pending)
+        # Whether waiting can help: a submit larger than the limit never fits, however far
+        # the queue drains, and "try again later" had a script retry it forever (audit EA).
+        if max_pending == 0:
+            hint = "; max_pending=0 admits no job at all (admission is closed)"
+        elif requested > max_pending:
+            hint = (f"; {requested} can never fit, however far the queue drains: submit at "
+                    f"most {max_pending} at a time, or raise max_pending")
+        else:
+            hint = ""
         super().__init__(
             f"saturated: {requested} new job(s) would take pending from {pending} to "
             f"{pending + requested}, above max_pending={max_pending}; {self.would_fit} would "
-            "fit; nothing was enqueued"
+            f"fit; nothing was enqueued{hint}"
         )
 
 

@@ -1026,6 +1026,7 @@ def run(
     limits = _limits(memory_mb, timeout, max_attempts)
     res = None
     ended: dict[str, int] | None = None  # of the manifests' jobs already accepted
+    saturated: Saturated | None = None
     if manifests:
         # One Queue object for the submit and the run: it knows what it put in pending/, so
         # the runner's start need not read those records back.
@@ -1038,16 +1039,27 @@ def run(
             if as_json:  # as `submit --json` says it: stdout is what a script reads
                 print_refusal(refused_json(exc))
             raise exc from None
-        except (Saturated, QueueBusy, Interrupted) as exc:
+        except Saturated as exc:
+            # Nothing of it is enqueued, and the pending jobs that fill the queue are run
+            # now: refused and stopped there, an hourly `run today.toml` kept the queue full
+            # for good, nothing else draining it (audit EA). Exit 75 all the same.
+            if as_json:
+                print_refusal(refused_json(exc))
+            out.err(f"{exc}; running the {exc.pending} job(s) pending meanwhile (exit 75 at "
+                    "the end: this run's manifests were not accepted)")
+            saturated = exc
+            q = watch_locks(Queue(queue_path(queue)))
+        except (QueueBusy, Interrupted) as exc:
             if as_json:
                 print_refusal(refused_json(exc))
             raise
-        if not as_json and not quiet:
-            lines.write(f"accepted {len(res.accepted)} job(s)"
-                        + (f", {len(res.already)} already accepted" if res.already else "")
-                        + "\n")
-        ended = ended_earlier(res)
-        note_ended(ended, q, res)
+        if res is not None:
+            if not as_json and not quiet:
+                lines.write(f"accepted {len(res.accepted)} job(s)"
+                            + (f", {len(res.already)} already accepted" if res.already
+                               else "") + "\n")
+            ended = ended_earlier(res)
+            note_ended(ended, q, res)
     else:
         q = watch_locks(Queue(queue_path(queue)))
         report_quarantines(q)
@@ -1091,9 +1103,11 @@ def run(
         extras.append(collector)
     runner = Runner(q, settings, reporter=Tee(main, *extras) if extras else main)
     early.hand_over(runner)
+    ran = True
     try:
         summary = runner.run()
     except QueueBusy as exc:
+        ran = False
         if res is None:
             if as_json:
                 print_refusal(refused_json(exc))
@@ -1111,9 +1125,12 @@ def run(
         if dashboard is not None:
             dashboard.close(runner)
         early.flush_or_stop(lines)  # what stdout could not take yet (see reporters.Lines)
-        if textfile is not None:
+        # Not for a run refused as busy, which ran nothing: its empty report replaced the
+        # last real one (a green CI of 0 tests), and its textfile the live runner's (audit
+        # EA).
+        if textfile is not None and ran:
             report_written("metrics textfile", metrics_textfile, textfile.close)
-        if collector is not None and junit is not None:
+        if collector is not None and junit is not None and ran:
             report_written("JUnit report", junit, lambda: collector.write(junit, q))
     if as_json:
         # Through the reporter that wrote the events, so the last line is shaped like them
@@ -1140,6 +1157,8 @@ def run(
         raise typer.Exit(ExitCode.IO_ERROR)
     if early.cut_short is not None:
         raise typer.Exit(128 + early.cut_short)  # (the jobs' outcomes are in the queue)
+    if saturated is not None and summary.exit_code in (ExitCode.OK, ExitCode.JOBS_FAILED):
+        raise typer.Exit(ExitCode.TEMPFAIL)  # (the manifests are to be tried again)
     raise typer.Exit(summary.exit_code)
 
 

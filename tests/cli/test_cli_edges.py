@@ -355,6 +355,67 @@ def test_saturated_says_where_pending_would_go(tmp_path: Path, manifest: Path) -
             "1 would fit; nothing was enqueued") in res.stderr, res.stderr
 
 
+def test_a_saturated_run_runs_what_is_pending_and_exits_75(tmp_path: Path,
+                                                           manifest: Path) -> None:
+    # Given 2 pending jobs and a limit of 3, nothing running the queue
+    q = tmp_path / "q"
+    assert cli("submit", manifest, "--queue", q, cwd=tmp_path).returncode == 0
+    more = write_jobs(tmp_path / "more", [job("k1", "write"), job("k2", "write")])
+
+    # When an hourly `run MANIFEST` of 2 more is refused as saturated
+    res = cli("run", more, "--queue", q, "--max-pending", "3", cwd=tmp_path)
+
+    # Then nothing of it is enqueued, and the 2 pending jobs are run (refused and stopped
+    # there, every later run was refused the same: nothing drained the queue; audit EA); exit
+    # 75 says to try its manifest again
+    assert res.returncode == 75, res.stdout + res.stderr
+    assert "running the 2 job(s) pending meanwhile" in res.stderr, res.stderr
+    assert sorted(p.name for p in (q / "done").iterdir()) == ["j1.json", "j2.json"]
+    assert not list((q / "pending").iterdir())
+    again = cli("run", more, "--queue", q, "--max-pending", "3", cwd=tmp_path)
+    assert again.returncode == 0, again.stdout + again.stderr
+
+
+@pytest.mark.parametrize(("limit", "says"), [
+    ("1", "2 can never fit, however far the queue drains: submit at most 1 at a time, or "
+          "raise max_pending"),
+    ("0", "max_pending=0 admits no job at all (admission is closed)")])
+def test_a_submit_that_can_never_fit_says_so(tmp_path: Path, manifest: Path, limit: str,
+                                             says: str) -> None:
+    # (75 alone, "try again later", had a script retry it forever: audit EA)
+    res = cli("submit", manifest, "--queue", tmp_path / "q", "--max-pending", limit,
+              cwd=tmp_path)
+    assert res.returncode == 75 and says in res.stderr, res.stderr
+
+
+def test_a_run_refused_as_busy_leaves_the_last_reports_alone(tmp_path: Path,
+                                                            manifest: Path) -> None:
+    # Given a JUnit report and a metrics textfile of a finished run, and then a --follow
+    # runner holding the queue
+    q, junit, prom = tmp_path / "q", tmp_path / "junit.xml", tmp_path / "m.prom"
+    first = cli("run", manifest, "--queue", q, "--junit", junit, "--metrics-textfile", prom,
+                cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    before = junit.read_bytes(), prom.read_bytes()
+    holder = subprocess.Popen([*RENDERCTL, "run", "--queue", str(q), "--follow"],
+                              cwd=tmp_path, env=env(), stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE)
+    try:
+        poll(lambda: (q / "runner.state.json").exists(), what="the holder to run")
+
+        # When another run with both reports is refused as busy
+        res = cli("run", "--queue", q, "--junit", junit, "--metrics-textfile", prom,
+                  cwd=tmp_path)
+    finally:
+        holder.send_signal(signal.SIGTERM)
+        holder.wait(timeout=30)
+
+    # Then it rewrote neither (its empty report replaced the last real one: a CI green with
+    # 0 tests; audit EA)
+    assert res.returncode == 75, res.stderr
+    assert (junit.read_bytes(), prom.read_bytes()) == before
+
+
 @pytest.mark.parametrize("command", ["submit", "run"])
 def test_a_changed_spec_says_which_fields_differ(tmp_path: Path, manifest: Path,
                                                  command: str) -> None:
