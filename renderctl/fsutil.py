@@ -168,9 +168,17 @@ def replace_beside(path: str | os.PathLike[str], data: bytes) -> None:
     For reports written into folders renderctl does not own (a node_exporter textfile
     folder): the temporary's name is not predictable and it is created exclusively, never
     through a symlink planted there (run as root, a write through one reaches anything).
-    Its mode is the usual 0666 less the umask: a collector running as another user reads
-    the report."""
+    Its mode is the usual 0666 less the umask, or the mode of the report it replaces (its
+    permission bits, when it is a regular file we own): a collector running as another user
+    reads the report, and cron's umask 077 turned a 0644 textfile 0600 at its first rewrite,
+    node_exporter's scrape losing it silently (audit EA)."""
     final = Path(path)
+    try:
+        st = os.stat(final, follow_symlinks=False)
+        keep = stat.S_IMODE(st.st_mode) if stat.S_ISREG(st.st_mode) \
+            and st.st_uid == os.geteuid() else None
+    except OSError:
+        keep = None
     # The report's name, cut so that the temporary's stays within a file name's 255 bytes:
     # `run` accepts any name the folder takes, and a long one lost the report at the end.
     stem = os.fsdecode(os.fsencode(final.name)[:_TMP_STEM_BYTES])
@@ -179,6 +187,8 @@ def replace_beside(path: str | os.PathLike[str], data: bytes) -> None:
                  0o666)
     try:
         try:
+            if keep is not None:
+                os.fchmod(fd, keep)
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view):]

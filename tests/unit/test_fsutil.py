@@ -14,6 +14,7 @@ from renderctl.fsutil import (
     atomic_write,
     fill_file,
     rename_noreplace,
+    replace_beside,
     syncfs,
     unlink_quiet,
     write_file,
@@ -130,3 +131,28 @@ def test_a_tmp_cleaner_running_mid_write_keeps_a_live_writers_temporary(
     assert cleaned == [0]
     assert (q.dir("control") / "holder.x.json").read_bytes() == b"{}"
     assert os.listdir(q.dir("tmp")) == []
+
+
+def test_a_report_replaced_under_a_strict_umask_keeps_its_mode(tmp_path: Path) -> None:
+    # Given a metrics textfile made readable to a collector running as another user
+    report = tmp_path / "renderctl.prom"
+    report.write_text("old\n")
+    report.chmod(0o644)
+
+    # When it is replaced by a process under cron's umask 077
+    old = os.umask(0o077)
+    try:
+        replace_beside(report, b"new\n")
+    finally:
+        os.umask(old)
+
+    # Then it is still 0644 (it became 0600: node_exporter lost it silently; audit EA),
+    # and a new report gets the umask's mode as before
+    assert report.read_bytes() == b"new\n" and report.stat().st_mode & 0o777 == 0o644
+    fresh = tmp_path / "new.prom"
+    old = os.umask(0o077)
+    try:
+        replace_beside(fresh, b"x")
+    finally:
+        os.umask(old)
+    assert fresh.stat().st_mode & 0o777 == 0o600
