@@ -84,6 +84,7 @@ from renderctl.lifecycle import (
     Outcome,
     lease_xattr_fields,
 )
+from renderctl.localecoercion import undo_locale_coercion
 from renderctl.messages import (
     Broken,
     Drain,
@@ -335,6 +336,8 @@ class Worker:
         self.draining = False
         self.outbox: list[object] = []
         self.limit_bytes = 0  # the ceiling currently set on this worker's slot
+        # (A worker of a fresh interpreter, the fork server's or spawn's, was coerced anew.)
+        undo_locale_coercion()
         self.environ = _Environ(os.environ)
         self.base_path = list(sys.path)
         self.base_modules = set(sys.modules)

@@ -45,6 +45,7 @@ from renderctl.limits import (
     MAX_TIMEOUT_S,
     MAX_WORKERS,
 )
+from renderctl.localecoercion import undo_locale_coercion
 from renderctl.settings import RunnerSettings  # stdlib only: defaults without the runner
 from renderctl.signalexit import SignalExit
 
@@ -1959,6 +1960,7 @@ def main() -> None:
     # (Done already when this runs from the script's entry point, which does both before
     # importing this module; `python -m renderctl.cli.app` does them here.)
     fill_closed_standard_fds()
+    undo_locale_coercion()
     start_fork_server_early(sys.argv)
     if isinstance(sys.stdout, io.TextIOWrapper):
         # A stdout that is not UTF-8 (an ISO-8859 locale, PYTHONIOENCODING) cannot take a

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from types import FrameType
 
 # (Imported before any handler is set, and cheap: see there.)
+from renderctl.localecoercion import undo_locale_coercion
 from renderctl.signalexit import SignalExit
 
 _EARLY = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -90,6 +91,7 @@ def start_fork_server_early(argv: Sequence[str]) -> None:
 
 def main() -> None:
     fill_closed_standard_fds()
+    undo_locale_coercion()
     prior = signal.getsignal(signal.SIGINT)
     # `run` takes SIGQUIT as a stop too (exit 131, jobs released); its default action in
     # the first ~0.2 s killed it with a core file instead. Other commands keep Ctrl-\'s

@@ -13,6 +13,7 @@ import re
 import resource
 import signal
 import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -987,3 +988,27 @@ def test_an_attempts_end_is_when_it_ended_not_when_it_was_recorded(
     # attempts recorded by one commit all "ended" together)
     (att,) = QueueView(queue).record("done", "a")["attempts"]
     assert att["ended_at"] - att["started_at"] - att["elapsed_s"] < 0.5, att
+
+
+@pytest.mark.parametrize("given", [{}, {"LC_CTYPE": "C.UTF-8"}], ids=["cron", "set-by-caller"])
+@pytest.mark.parametrize("method", ["forkserver", "spawn"])
+def test_a_command_job_gets_the_callers_locale_not_pythons_coercion(
+        tmp_path: Path, write_manifest: Any, given: dict[str, str], method: str) -> None:
+    # Given cron's environment (LANG=C, a short PATH), under which Python coerces its locale
+    # and puts LC_CTYPE=C.UTF-8 in its own environment
+    manifest = write_manifest([{"id": "e", "kind": "command", "output": "env.txt",
+                                "argv": ["sh", "-c", 'env > "$1"', "sh", "{output}"]}])
+    out = tmp_path / "out"
+    env = {"PATH": "/usr/bin:/bin", "LANG": "C", **given}
+
+    # When a command job runs under it
+    res = subprocess.run([sys.executable, "-m", "renderctl.cli.app", "run", str(manifest),
+                          *map(str, cli_args(tmp_path / "q", out, "--start-method", method))],
+                         env=env, capture_output=True, text=True, timeout=120)
+
+    # Then the job sees the caller's environment: no LC_CTYPE cron never set (every job got
+    # one, and sort or pdftotext ran otherwise than under cron: audit EA), one it did set kept
+    assert res.returncode == 0, res.stdout + res.stderr
+    seen = dict(ln.split("=", 1) for ln in (out / "env.txt").read_text().splitlines()
+                if "=" in ln)
+    assert seen.get("LC_CTYPE") == given.get("LC_CTYPE") and seen["LANG"] == "C", seen
