@@ -168,15 +168,15 @@ def replace_beside(path: str | os.PathLike[str], data: bytes) -> None:
     For reports written into folders renderctl does not own (a node_exporter textfile
     folder): the temporary's name is not predictable and it is created exclusively, never
     through a symlink planted there (run as root, a write through one reaches anything).
-    Its mode is the usual 0666 less the umask, or the mode of the report it replaces (its
-    permission bits, when it is a regular file we own): a collector running as another user
-    reads the report, and cron's umask 077 turned a 0644 textfile 0600 at its first rewrite,
-    node_exporter's scrape losing it silently (audit EA)."""
+    Its mode is the usual 0666 less the umask, or the read and write bits of the report it
+    replaces (a regular file): a collector running as another user reads the report, and
+    cron's umask 077 turned a 0644 textfile 0600 at its first rewrite, node_exporter's
+    scrape losing it silently (audit EA). Nothing is widened beyond what the path allowed,
+    and no setuid or execute bit is carried (review EB)."""
     final = Path(path)
     try:
         st = os.stat(final, follow_symlinks=False)
-        keep = stat.S_IMODE(st.st_mode) if stat.S_ISREG(st.st_mode) \
-            and st.st_uid == os.geteuid() else None
+        keep = stat.S_IMODE(st.st_mode) & 0o666 if stat.S_ISREG(st.st_mode) else None
     except OSError:
         keep = None
     # The report's name, cut so that the temporary's stays within a file name's 255 bytes:

@@ -201,9 +201,10 @@ def _not_the_queue_on_the_way(fd: int, root_real: str, queue_real: str, final: P
     qids = {(queue.st_dev, queue.st_ino)}
     with os.scandir(queue_real) as entries:
         for e in entries:
-            if e.is_dir(follow_symlinks=False):
-                st = e.stat(follow_symlinks=False)
-                qids.add((st.st_dev, st.st_ino))
+            with contextlib.suppress(FileNotFoundError):  # (gone meanwhile: review EB)
+                if e.is_dir(follow_symlinks=False):
+                    st = e.stat(follow_symlinks=False)
+                    qids.add((st.st_dev, st.st_ino))
     root = os.stat(root_real)
     rid = (root.st_dev, root.st_ino)
     here, opened = fd, []

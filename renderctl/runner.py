@@ -812,12 +812,12 @@ class Runner:
         operator did (audit DY). Nothing is recorded if the folder was deleted, or if this
         fails: the jobs are then judged as after a crash, as before."""
         # What ran or waited in a worker, and what completed but is not yet published (the
-        # stop's loss, not the job's); not an attempt that ended failing, whose charge the
-        # release would drop (review DZ: an invalid_input would have run again).
+        # stop's loss, not the job's) or was judged released already (review EB); not an
+        # attempt that ended failing, whose charge the release would drop (review DZ).
         tokens = {a.claim.lease.token for w in self.workers.values()
                   for a in (*w.queued, *([w.current] if w.current is not None else []))}
         tokens |= {a.claim.lease.token for a, fin in self.completions
-                   if fin.outcome == Outcome.COMPLETED.value}
+                   if fin.outcome in (Outcome.COMPLETED.value, Outcome.RELEASED.value)}
         if not tokens or not self.token_prefix:
             return
         for w in self.workers.values():

@@ -1027,7 +1027,6 @@ def run(
     limits = _limits(memory_mb, timeout, max_attempts)
     res = None
     ended: dict[str, int] | None = None  # of the manifests' jobs already accepted
-    saturated: Saturated | None = None
     if manifests:
         # One Queue object for the submit and the run: it knows what it put in pending/, so
         # the runner's start need not read those records back.
@@ -1040,27 +1039,21 @@ def run(
             if as_json:  # as `submit --json` says it: stdout is what a script reads
                 print_refusal(refused_json(exc))
             raise exc from None
-        except Saturated as exc:
-            # Nothing of it is enqueued, and the pending jobs that fill the queue are run
-            # now: refused and stopped there, an hourly `run today.toml` kept the queue full
-            # for good, nothing else draining it (audit EA). Exit 75 all the same.
+        except (Saturated, QueueBusy, Interrupted) as exc:
             if as_json:
                 print_refusal(refused_json(exc))
-            out.err(f"{exc}; running the {exc.pending} job(s) pending meanwhile (exit 75 at "
-                    "the end: this run's manifests were not accepted)")
-            saturated = exc
-            q = watch_locks(Queue(queue_path(queue)))
-        except (QueueBusy, Interrupted) as exc:
-            if as_json:
-                print_refusal(refused_json(exc))
+            if isinstance(exc, Saturated) and exc.pending:
+                # No runner holds the queue (refuse_if_runner): an hourly `run today.toml`
+                # refused so kept the queue full for good, nothing draining it (audit EA).
+                out.err("note: no runner is running the jobs pending here; `renderctl run` "
+                        "(without manifests) runs them, so that these can fit afterwards")
             raise
-        if res is not None:
-            if not as_json and not quiet:
-                lines.write(f"accepted {len(res.accepted)} job(s)"
-                            + (f", {len(res.already)} already accepted" if res.already
-                               else "") + "\n")
-            ended = ended_earlier(res)
-            note_ended(ended, q, res)
+        if not as_json and not quiet:
+            lines.write(f"accepted {len(res.accepted)} job(s)"
+                        + (f", {len(res.already)} already accepted" if res.already else "")
+                        + "\n")
+        ended = ended_earlier(res)
+        note_ended(ended, q, res)
     else:
         q = watch_locks(Queue(queue_path(queue)))
         report_quarantines(q)
@@ -1158,8 +1151,6 @@ def run(
         raise typer.Exit(ExitCode.IO_ERROR)
     if early.cut_short is not None:
         raise typer.Exit(128 + early.cut_short)  # (the jobs' outcomes are in the queue)
-    if saturated is not None and summary.exit_code in (ExitCode.OK, ExitCode.JOBS_FAILED):
-        raise typer.Exit(ExitCode.TEMPFAIL)  # (the manifests are to be tried again)
     raise typer.Exit(summary.exit_code)
 
 
@@ -1906,7 +1897,12 @@ def wait(
         """`--json`: every id with the state it is in now (terminal ones as on success, the
         rest `pending` or `running`), for a wait that gives up."""
         if final:
-            synced()  # (review DZ: a timeout's or a stop's answer was not)
+            try:
+                synced()  # (review DZ: a timeout's or a stop's answer was not)
+            except OSError as exc:
+                # Said, and the answer given all the same (review EB: a failing sync on the
+                # stop path printed nothing, the symptom that answer was made for).
+                out.err(f"warning: could not sync the states below: {os_error_message(exc)}")
         now_in = {j: getattr(q.find(j), "state", None) for j in job_ids if j not in final}
         with stdout_result():
             out.print_json({j: final.get(j) or getattr(now_in[j], "value", "not found")

@@ -990,7 +990,8 @@ def test_an_attempts_end_is_when_it_ended_not_when_it_was_recorded(
     assert att["ended_at"] - att["started_at"] - att["elapsed_s"] < 0.5, att
 
 
-@pytest.mark.parametrize("given", [{}, {"LC_CTYPE": "C.UTF-8"}], ids=["cron", "set-by-caller"])
+@pytest.mark.parametrize("given", [{}, {"LC_CTYPE": "C.UTF-8"}, {"LC_CTYPE": "C"}],
+                         ids=["cron", "set-by-caller", "set-to-C-and-coerced"])
 @pytest.mark.parametrize("method", ["forkserver", "spawn"])
 def test_a_command_job_gets_the_callers_locale_not_pythons_coercion(
         tmp_path: Path, write_manifest: Any, given: dict[str, str], method: str) -> None:

@@ -156,3 +156,7 @@ def test_a_report_replaced_under_a_strict_umask_keeps_its_mode(tmp_path: Path) -
     finally:
         os.umask(old)
     assert fresh.stat().st_mode & 0o777 == 0o600
+    # (its read and write bits only: no setuid or execute bit is carried; review EB)
+    report.chmod(0o4755)
+    replace_beside(report, b"again\n")
+    assert report.stat().st_mode & 0o7777 == 0o644
