@@ -23,7 +23,11 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 import typer
 
 from renderctl.cli import console as out
-from renderctl.cli.launch import fill_closed_standard_fds, start_fork_server_early
+from renderctl.cli.launch import (
+    fill_closed_standard_fds,
+    start_fork_server_early,
+    workers_need_no_main,
+)
 from renderctl.errors import (
     ExitCode,
     Interrupted,
@@ -1957,6 +1961,7 @@ def main() -> None:
     # importing this module; `python -m renderctl.cli.app` does them here.)
     fill_closed_standard_fds()
     undo_locale_coercion()
+    workers_need_no_main()
     start_fork_server_early(sys.argv)
     if isinstance(sys.stdout, io.TextIOWrapper):
         # A stdout that is not UTF-8 (an ISO-8859 locale, PYTHONIOENCODING) cannot take a

@@ -89,9 +89,27 @@ def start_fork_server_early(argv: Sequence[str]) -> None:
         return
 
 
+def workers_need_no_main() -> None:
+    """Have multiprocessing start workers without running our ``__main__`` again in each.
+
+    Under forkserver and spawn it re-runs the parent's main module in every new worker (by
+    name, `python -m renderctl.cli.app`: typer and the command line imported anew; by path,
+    the console script): read from disk each time, so a renderctl upgraded in place under a
+    running runner mixed new files with the old modules the fork server holds, and every
+    worker started after it died of an ImportError, the run halting 74 after pages of
+    tracebacks (audit EC). A worker needs nothing of it: its target is
+    ``renderctl.worker.worker_main``, found by name. (Only from the command line: a program
+    embedding the runner keeps multiprocessing's usual behaviour for its own main.)"""
+    main_module = sys.modules.get("__main__")
+    if main_module is not None:
+        main_module.__spec__ = None
+        main_module.__dict__.pop("__file__", None)
+
+
 def main() -> None:
     fill_closed_standard_fds()
     undo_locale_coercion()
+    workers_need_no_main()
     prior = signal.getsignal(signal.SIGINT)
     # `run` takes SIGQUIT as a stop too (exit 131, jobs released); its default action in
     # the first ~0.2 s killed it with a core file instead. Other commands keep Ctrl-\'s

@@ -1319,3 +1319,37 @@ def test_the_first_job_of_a_worker_runs_with_the_hardened_libraries(
     attempts = QueueView(queue).record("dead", "s")["attempts"]
     assert [a["outcome"] for a in attempts] == ["failed"], attempts
     assert "Limit reached" in attempts[0]["error"], attempts
+
+
+def test_renderctl_upgraded_in_place_under_a_runner_does_not_break_its_next_workers(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given a runner of a copy of renderctl, recycling its worker after every job, whose
+    # first job is running
+    copy = tmp_path / "site"
+    shutil.copytree(Path(__file__).resolve().parents[2] / "renderctl", copy / "renderctl",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    first, go = held_job(tmp_path, "first")
+    rest = [py_job(f"n{i}", "write_one_byte", f"n{i}.bin") for i in range(3)]
+    queue, out = tmp_path / "q", tmp_path / "out"
+    runner = Runner(write_manifest([{**first, "priority": 1}, *rest]),
+                    *cli_args(queue, out, "--workers", "1", "--max-jobs-per-worker", "1"),
+                    env={"PYTHONPATH": str(copy)}, cwd=tmp_path)  # (not the checkout's)
+    try:
+        wait_for_pid(tmp_path / "first.pid", what="the first job to start")
+
+        # When that copy is upgraded in place to a version whose command line imports a name
+        # the modules the fork server already holds do not have
+        console = copy / "renderctl" / "cli" / "console.py"
+        console.write_text(console.read_text()
+                           + "\nfrom renderctl.errors import name_of_a_later_version\n")
+        go.touch()
+
+        # Then the workers started after it run the rest (each re-ran the command line from
+        # disk, died of an ImportError before it was ready, and after five the run halted
+        # with 74; audit EC)
+        assert runner.wait(60) == 0, runner.lines
+    finally:
+        runner.close()
+    for i in range(3):
+        assert (out / f"n{i}.bin").exists()
+
