@@ -177,6 +177,7 @@ def replace_beside(path: str | os.PathLike[str], data: bytes) -> None:
     try:
         st = os.stat(final, follow_symlinks=False)
         keep = stat.S_IMODE(st.st_mode) & 0o666 if stat.S_ISREG(st.st_mode) else None
+        group = st.st_gid
     except OSError:
         keep = None
     # The report's name, cut so that the temporary's stays within a file name's 255 bytes:
@@ -189,6 +190,10 @@ def replace_beside(path: str | os.PathLike[str], data: bytes) -> None:
         try:
             if keep is not None:
                 os.fchmod(fd, keep)
+                with contextlib.suppress(OSError):
+                    # And its group: a collector reading a root:metrics 0640 report through
+                    # its group lost it as well (review EE). (EPERM for a group not ours.)
+                    os.fchown(fd, -1, group)
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view):]

@@ -197,6 +197,12 @@ def _check_callable(v: Any) -> str | None:
     if kw := next((p for p in parts if keyword.iskeyword(p)), None):
         return f"{kw!r} is a Python keyword, which no module or function can be named, " \
                f"got {v[:80]!r}"
+    if parts[0] in ("__main__", "__mp_main__"):
+        # Always the worker's own main module, never a file of that name beside the
+        # manifest: `__main__:main` ran part of the fork server's set-up in the worker
+        # (review EE).
+        return f"{parts[0]} is the worker's own main module, not one of yours: rename your " \
+               f"module, got {v[:80]!r}"
     return None
 
 

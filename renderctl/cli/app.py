@@ -1046,11 +1046,15 @@ def run(
         except (Saturated, QueueBusy, Interrupted) as exc:
             if as_json:
                 print_refusal(refused_json(exc))
-            if isinstance(exc, Saturated) and exc.pending:
+            if isinstance(exc, Saturated) and exc.pending \
+                    and 0 < exc.requested <= exc.max_pending:
                 # No runner holds the queue (refuse_if_runner): an hourly `run today.toml`
                 # refused so kept the queue full for good, nothing draining it (audit EA).
+                # (Not where it can never fit: its message says so; review EE.)
+                out.err(str(exc))
                 out.err("note: no runner is running the jobs pending here; `renderctl run` "
                         "(without manifests) runs them, so that these can fit afterwards")
+                raise typer.Exit(ExitCode.TEMPFAIL) from None
             raise
         if not as_json and not quiet:
             lines.write(f"accepted {len(res.accepted)} job(s)"

@@ -160,3 +160,19 @@ def test_a_report_replaced_under_a_strict_umask_keeps_its_mode(tmp_path: Path) -
     report.chmod(0o4755)
     replace_beside(report, b"again\n")
     assert report.stat().st_mode & 0o7777 == 0o644
+
+
+def test_a_report_replaced_keeps_its_group(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root, to give the report a group of another")
+    # Given a report a collector reads through its group (root:<group> 0640)
+    report = tmp_path / "renderctl.prom"
+    report.write_text("old\n")
+    os.chown(report, -1, 65534)
+    report.chmod(0o640)
+
+    # When it is replaced, then its group and mode stay (review EE: the group was the
+    # writer's, and the collector lost the report)
+    replace_beside(report, b"new\n")
+    st = report.stat()
+    assert (st.st_gid, st.st_mode & 0o777) == (65534, 0o640)

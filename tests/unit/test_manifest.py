@@ -135,6 +135,9 @@ JOB_CASES: list[tuple[str, dict[str, Any], str, str]] = [
      "must look like package.module:function"),
     ("callable-file", {"callable": "mod.py:f"}, "callable", "names a file, not a module: mod:f"),
     ("callable-keyword", {"callable": "mod:class"}, "callable", "'class' is a Python keyword"),
+    # (always the worker's own: it ran part of the fork server's set-up; review EE)
+    ("callable-main", {"callable": "__main__:main"}, "callable",
+     "__main__ is the worker's own main module, not one of yours"),
     ("argv-only-command", {"argv": ["x"]}, "argv", "only for kind 'command'"),
     ("command-needs-argv", {"kind": "command", "callable": DROP}, "argv",
      "kind 'command' needs argv"),
