@@ -53,7 +53,7 @@ import struct
 import tempfile
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
@@ -864,6 +864,7 @@ class Runner:
         with contextlib.suppress(Exception):
             self.guard.cleanup_stale()
         started = started_tokens(self.q)
+        released = released_tokens(self.q)
         now = self.clock.wall()
         cancels = set(self.q.cancel_requests())
         transitions: list[Transition] = []
@@ -896,7 +897,8 @@ class Runner:
                 self._foreign.observe(jid, lease.token, lease.expires_at, wall=now,
                                       mono=time.monotonic())
                 continue
-            t, tmp = self._recover_one(rec, started, now, cancelled=jid in cancels)
+            t, tmp = self._recover_one(rec, started, released, now,
+                                       cancelled=jid in cancels)
             transitions.append(t)
             if tmp is not None:
                 published_tmps.append(tmp)
@@ -942,6 +944,7 @@ class Runner:
         transitions: list[Transition] = []
         published_tmps: list[Path] = []
         started: dict[str, float | None] | None = None
+        released: set[str] = set()
         mono = time.monotonic()
         for jid in self._foreign.due(mono=mono):
             view = self.q.find(jid)
@@ -957,7 +960,8 @@ class Runner:
                 # Read now, not at our start: its runner may have started the attempt since
                 # (it was alive then), and an attempt that started is charged.
                 started = started_tokens(self.q)
-            t, tmp = self._recover_one(view.record, started, now)
+                released = released_tokens(self.q)
+            t, tmp = self._recover_one(view.record, started, released, now)
             transitions.append(t)
             if tmp is not None:
                 published_tmps.append(tmp)
@@ -984,9 +988,9 @@ class Runner:
                                      start_time=lease.holder.start_time or 0) is False
 
     def _recover_one(self, rec: JobRecord, started: Mapping[str, float | None],
-                     now: float, *, cancelled: bool = False) -> tuple[Transition, Path | None]:
-        o = judge_orphan(rec, started=started, now=now, specs=self._specs,
-                         released=released_tokens(self.q))
+                     released: Collection[str], now: float, *,
+                     cancelled: bool = False) -> tuple[Transition, Path | None]:
+        o = judge_orphan(rec, started=started, now=now, specs=self._specs, released=released)
         if o.done is not None:
             return o.done, o.published_tmp  # (a cancel came too late: it completed)
         if cancelled:
