@@ -664,13 +664,7 @@ class Runner:
         # were left alive, and the exit hung for good joining them.
         with contextlib.suppress(Exception):
             mpstate.continue_helpers()
-        for w in list(self.workers.values()):
-            if w.pgid:
-                proctree.kill_group(w.pgid, signal.SIGKILL)
-            with contextlib.suppress(Exception):
-                # Not Ready yet: no group of its own to kill. (multiprocessing's kill does
-                # nothing once it has taken a dead fork server's EOF for the worker's exit.)
-                _sigkill_worker(w)
+        self._sigkill_workers()
         for w in list(self.workers.values()):
             with contextlib.suppress(Exception):
                 if w.adopted:
@@ -803,6 +797,17 @@ class Runner:
             raise QueueIOError(f"{self.q.path} is no longer the queue folder this runner "
                                "locked (it was moved or replaced); stopping")
 
+    def _sigkill_workers(self) -> None:
+        """SIGKILL every worker and its process group."""
+        for w in list(self.workers.values()):
+            if w.pgid:
+                with contextlib.suppress(OSError, ValueError):
+                    proctree.kill_group(w.pgid, signal.SIGKILL)
+            with contextlib.suppress(Exception):
+                # Not Ready yet: no group of its own to kill. (multiprocessing's kill does
+                # nothing once it has taken a dead fork server's EOF for the worker's exit.)
+                _sigkill_worker(w)
+
     def _release_where_held(self) -> None:
         """Our paths lead elsewhere now, so no release can be recorded the usual way: the
         jobs in flight are killed, and their tokens written, through the descriptor of the
@@ -820,13 +825,9 @@ class Runner:
                    if fin.outcome in (Outcome.COMPLETED.value, Outcome.RELEASED.value)}
         if not tokens or not self.token_prefix:
             return
-        for w in self.workers.values():
-            # Dead before they are written off: no job goes on working (or writing its
-            # temporary) after its attempt is recorded as released.
-            with contextlib.suppress(OSError):
-                if w.pgid:
-                    proctree.kill_group(w.pgid, signal.SIGKILL)
-                _sigkill_worker(w)
+        # Dead before they are written off: no job goes on working (or writing its
+        # temporary) after its attempt is recorded as released.
+        self._sigkill_workers()
         folder = self.q.held_folder_fd()
         if folder is None:
             return

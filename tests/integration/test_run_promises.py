@@ -1229,34 +1229,40 @@ def test_an_output_root_that_cannot_be_made_halts_the_run_charging_nothing(
     assert_pdf(out / "p2.pdf", "p2")
 
 
-def test_a_folder_swapped_for_a_symlink_out_of_the_root_while_the_job_runs_gets_nothing(
-        tmp_path: Path, write_manifest: Any) -> None:
-    # Given a job running, its output folder checked and made when it was claimed
+@pytest.mark.parametrize("into", ["elsewhere", "the queue"])
+def test_a_folder_swapped_for_a_symlink_while_the_job_runs_gets_nothing(
+        tmp_path: Path, write_manifest: Any, into: str) -> None:
+    # Given a job running, its output folder checked and made when it was claimed (and, for
+    # the second case, its queue inside the output root)
     stage(tmp_path)
-    queue, out, elsewhere = tmp_path / "q", tmp_path / "out", tmp_path / "elsewhere"
-    elsewhere.mkdir()
+    out = tmp_path / "out"
+    queue = out / "q" if into == "the queue" else tmp_path / "q"
     pidfile, go = tmp_path / "job.pid", tmp_path / "go"
-    manifest = write_manifest([py_job("s0", "wait_for_go", output="sub/s0.pdf",
+    manifest = write_manifest([py_job("s0", "wait_for_go", output="sub/s0.json",
                                       pidfile=str(pidfile), go=str(go))])
     runner = Runner(manifest, *cli_args(queue, out, "--workers", "1"))
+    target = queue / "done" if into == "the queue" else tmp_path / "elsewhere"
     try:
         wait_for_pid(pidfile, what="the job to start")
+        target.mkdir(exist_ok=True)
 
-        # When someone moves the folder away and puts a symlink out of the root in its
-        # place before the job writes its output
+        # When someone moves the folder away and puts in its place a symlink out of the
+        # root, or to the queue's done/ folder, before the job writes its output
         (out / "sub").rename(out / "sub.old")
-        (out / "sub").symlink_to(elsewhere)
+        (out / "sub").symlink_to(target)
         go.touch()
 
         # Then the output is not published through it: the job dead-letters
-        # (invalid_output), and nothing of it is left outside the root
+        # (invalid_output), and nothing of it is left there (in done/, it was published as
+        # done/s0.json, then replaced by its own done record: audit DT)
         assert runner.wait(30) == ExitCode.JOBS_FAILED, runner.lines
     finally:
         runner.close()
     attempt = QueueView(queue).record("dead", "s0")["attempts"][-1]
     assert attempt["outcome"] == "invalid_output", attempt
-    assert "outside the output root" in attempt["error"], attempt
-    assert list(elsewhere.iterdir()) == []
+    said = "inside the queue folder" if into == "the queue" else "outside the output root"
+    assert said in attempt["error"], attempt
+    assert list(target.iterdir()) == []
 
 
 def test_an_output_led_into_the_queue_folder_after_submit_is_refused_before_it_runs(
@@ -1314,36 +1320,6 @@ def test_an_output_folder_that_is_the_queue_mounted_in_the_root_gets_nothing(
     # replaced it: review DX): x is dead, invalid_output, and no temporary stays
     assert res.returncode == ExitCode.JOBS_FAILED, res.stdout + res.stderr
     attempt = QueueView(queue).record("dead", "x")["attempts"][-1]
-    assert attempt["outcome"] == "invalid_output", attempt
-    assert "inside the queue folder" in attempt["error"], attempt
-    assert list((queue / "done").iterdir()) == []
-
-
-def test_a_folder_swapped_for_a_symlink_into_the_queue_while_the_job_runs_gets_nothing(
-        tmp_path: Path, write_manifest: Any) -> None:
-    # Given a job running, its output folder checked and made when it was claimed, and its
-    # queue inside the output root
-    stage(tmp_path)
-    out = tmp_path / "out"
-    queue = out / "q"
-    pidfile, go = tmp_path / "job.pid", tmp_path / "go"
-    manifest = write_manifest([py_job("s0", "wait_for_go", output="sub/s0.json",
-                                      pidfile=str(pidfile), go=str(go))])
-    runner = Runner(manifest, *cli_args(queue, out, "--workers", "1"))
-    try:
-        wait_for_pid(pidfile, what="the job to start")
-
-        # When its output folder is swapped for a symlink to the queue's done/ folder
-        # before the job writes its output
-        (out / "sub").rename(out / "sub.old")
-        (out / "sub").symlink_to(queue / "done")
-        go.touch()
-
-        # Then the output is not published there: the job dead-letters (invalid_output)
-        assert runner.wait(30) == ExitCode.JOBS_FAILED, runner.lines
-    finally:
-        runner.close()
-    attempt = QueueView(queue).record("dead", "s0")["attempts"][-1]
     assert attempt["outcome"] == "invalid_output", attempt
     assert "inside the queue folder" in attempt["error"], attempt
     assert list((queue / "done").iterdir()) == []
