@@ -157,7 +157,8 @@ def _private_group(gid: int) -> bool:
     return group.gr_name == me and set(group.gr_mem) <= {me}
 
 
-def output_folder(root_real: str, final: Path, queue_real: str = "") -> int:
+def output_folder(root_real: str, final: Path, queue_real: str = "",
+                  queue_ids: frozenset[tuple[int, int]] | None = None) -> int:
     """A descriptor (O_PATH) of ``final``'s folder, where that folder really is: inside the
     output root, whose real path is ``root_real``, and outside the queue folder (real path
     ``queue_real``; "": not checked), or OutputEscapes.
@@ -184,27 +185,37 @@ def output_folder(root_real: str, final: Path, queue_real: str = "") -> int:
     try:
         _outside_queue(queue_real, real, final)
         if queue_real:
-            _not_the_queue_on_the_way(fd, root_real, queue_real, final)
+            _not_the_queue_on_the_way(fd, root_real, queue_real, final, queue_ids)
     except (OutputEscapes, OSError):
         os.close(fd)
         raise
     return fd
 
 
-def _not_the_queue_on_the_way(fd: int, root_real: str, queue_real: str, final: Path) -> None:
-    """OutputEscapes if the queue folder is the folder open as ``fd`` or one on the way up
-    from it to the output root, told by identity (device, inode): a bind mount of the queue
-    inside the root reads as a path of the root's own, to /proc and realpath alike, and the
-    published PDF was replaced by its job's done record (review DX). ~2 syscalls a level."""
+def queue_identities(queue_real: str) -> frozenset[tuple[int, int]]:
+    """(device, inode) of the queue folder and of each of its own (a bind mount of done/
+    alone led an output there: review DZ), for ``output_folder``: one listing serves every
+    output folder of a commit."""
     queue = os.stat(queue_real)
-    # The queue folder and each of its own (a bind mount of done/ alone, review DZ)
-    qids = {(queue.st_dev, queue.st_ino)}
+    ids = {(queue.st_dev, queue.st_ino)}
     with os.scandir(queue_real) as entries:
         for e in entries:
             with contextlib.suppress(FileNotFoundError):  # (gone meanwhile: review EB)
                 if e.is_dir(follow_symlinks=False):
                     st = e.stat(follow_symlinks=False)
-                    qids.add((st.st_dev, st.st_ino))
+                    ids.add((st.st_dev, st.st_ino))
+    return frozenset(ids)
+
+
+def _not_the_queue_on_the_way(fd: int, root_real: str, queue_real: str, final: Path,
+                              qids: frozenset[tuple[int, int]] | None) -> None:
+    """OutputEscapes if the queue folder is the folder open as ``fd`` or one on the way up
+    from it to the output root, told by identity (device, inode; ``qids``, or listed now):
+    a bind mount of the queue inside the root reads as a path of the root's own, to /proc
+    and realpath alike, and the published PDF was replaced by its job's done record (review
+    DX). ~2 syscalls a level."""
+    if qids is None:
+        qids = queue_identities(queue_real)
     root = os.stat(root_real)
     rid = (root.st_dev, root.st_ino)
     here, opened = fd, []

@@ -108,6 +108,7 @@ from renderctl.publish import (
     output_folder_problem,
     owner_token,
     publish,
+    queue_identities,
     says_full,
     tmp_output_path,
     tmp_outputs,
@@ -2907,6 +2908,7 @@ class Runner:
         # Each root resolved afresh per commit (~10 us): a --follow runner lives for days,
         # and a root that is a symlink may be re-pointed meanwhile.
         roots_real: dict[str, str] = {}
+        queue_ids: frozenset[tuple[int, int]] | None = None  # (listed once for all of them)
         try:
             for a, i, fin in to_link:
                 token = a.claim.lease.token if fin.owner_tagged else None
@@ -2918,7 +2920,10 @@ class Runner:
                         real = roots_real.get(root)
                         if real is None:
                             real = roots_real[root] = os.path.realpath(root)
-                        folders[key] = output_folder(real, a.final, self._queue_real)
+                        if queue_ids is None:
+                            queue_ids = queue_identities(self._queue_real)
+                        folders[key] = output_folder(real, a.final, self._queue_real,
+                                                     queue_ids)
                     status = publish(a.tmp, a.final, is_dir=a.output_kind == "dir",
                                      token=token, dir_fd=folders[key])
                 except OutputEscapes as exc:

@@ -206,13 +206,19 @@ def test_top_once_on_a_pipe_prints_whole_plain_lines(tmp_path: Path) -> None:
     assert "workers 1/1 alive" in text and "queue: pending 0  running 1  done 0" in text, text
 
 
+def runner_of_a_long_job(tmp_path: Path, job_id: str) -> tuple[Path, subprocess.Popen[bytes]]:
+    """A runner (one worker) started on a queue of one 60 s job: the queue and the runner."""
+    manifest = write_jobs(tmp_path / "m", [job(job_id, "sleep", params={"s": "60"})])
+    q = tmp_path / "q"
+    runner = subprocess.Popen([*RENDERCTL, "run", str(manifest), "--queue", str(q), "--out",
+                               str(tmp_path / "out"), "-j", "1"], cwd=tmp_path, env=env(),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return q, runner
+
+
 def test_status_and_top_say_whose_pid_they_show(tmp_path: Path) -> None:
     # Given a runner busy with a long job
-    manifest = write_jobs(tmp_path / "m", [job("long", "sleep", params={"s": "60"})])
-    q, out = tmp_path / "q", tmp_path / "out"
-    runner = subprocess.Popen([*RENDERCTL, "run", str(manifest), "--queue", str(q), "--out",
-                               str(out), "-j", "1"], cwd=tmp_path, env=env(),
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    q, runner = runner_of_a_long_job(tmp_path, "long")
     try:
         poll(lambda: (q / "running" / "long.json").exists(), what="the job to be claimed")
         # When status prints its plain line for the running job
@@ -457,11 +463,7 @@ def test_ctrl_z_on_top_gives_the_terminal_its_cursor_back_and_fg_redraws(
 def test_top_with_its_runner_dead_shows_its_running_jobs_as_orphaned(tmp_path: Path) -> None:
     # Given a runner busy with a long job, then SIGKILLed (its job dies with it; its record
     # stays in running/ until the next run recovers it)
-    manifest = write_jobs(tmp_path / "m", [job("long-sleeper", "sleep", params={"s": "60"})])
-    q, out = tmp_path / "q", tmp_path / "out"
-    runner = subprocess.Popen([*RENDERCTL, "run", str(manifest), "--queue", str(q), "--out",
-                               str(out), "-j", "1"], cwd=tmp_path, env=env(),
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    q, runner = runner_of_a_long_job(tmp_path, "long-sleeper")
     try:
         def started() -> bool:  # (claimed is not enough: its lease may not be written yet)
             res = cli("status", "--queue", q, "--json", cwd=tmp_path)
