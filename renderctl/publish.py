@@ -192,13 +192,13 @@ def output_folder(root_real: str, final: Path, queue_real: str = "",
     return fd
 
 
-def queue_identities(queue_real: str) -> frozenset[tuple[int, int]]:
-    """(device, inode) of the queue folder and of each of its own (a bind mount of done/
-    alone led an output there: review DZ), for ``output_folder``: one listing serves every
-    output folder of a commit."""
-    queue = os.stat(queue_real)
-    ids = {(queue.st_dev, queue.st_ino)}
-    with os.scandir(queue_real) as entries:
+def queue_identities(queue: str | int) -> frozenset[tuple[int, int]]:
+    """(device, inode) of the queue folder (its real path, or a descriptor of it) and of
+    each of its own (a bind mount of done/ alone led an output there: review DZ), for
+    ``output_folder``: one listing serves every output folder of a commit."""
+    top = os.stat(queue)
+    ids = {(top.st_dev, top.st_ino)}
+    with os.scandir(queue) as entries:
         for e in entries:
             with contextlib.suppress(FileNotFoundError):  # (gone meanwhile: review EB)
                 if e.is_dir(follow_symlinks=False):

@@ -467,6 +467,8 @@ class Runner:
         self._confined: set[tuple[str, str]] = set()  # output folders checked and made
         # No output goes in there (publish.check_confined), however the path leads there.
         self._queue_real = os.path.realpath(queue.path)
+        self._committing: list[tuple[Assignment, Finished]] = []  # (see _commit)
+        self._released_where_held = False
         # Claims, and starts (a worker's line in its started log), not yet known durable.
         self._unsynced_claims = False
         self._oldest_completion = 0.0
@@ -548,6 +550,16 @@ class Runner:
                 # beside their finished records: settled by the next runner, but a replace
                 # replayed meanwhile took such a copy for a running job (store._place_txn).
                 self._sync(())
+            except BaseException:
+                # Whatever stopped us (an error a commit met on the old path, under way or
+                # during a stop, before the once-a-poll check saw the move): if our paths
+                # lead elsewhere now, the jobs in flight are written off through the folder
+                # we hold, as _check_folder does, or the next runner charged them `crashed`
+                # (review EF).
+                with contextlib.suppress(Exception):
+                    if not self.q.runner_lock_intact():
+                        self._release_where_held()
+                raise
             finally:
                 self.stopped = True
                 with contextlib.suppress(Exception):
@@ -822,10 +834,11 @@ class Runner:
         # attempt that ended failing, whose charge the release would drop (review DZ).
         tokens = {a.claim.lease.token for w in self.workers.values()
                   for a in (*w.queued, *([w.current] if w.current is not None else []))}
-        tokens |= {a.claim.lease.token for a, fin in self.completions
+        tokens |= {a.claim.lease.token for a, fin in (*self.completions, *self._committing)
                    if fin.outcome in (Outcome.COMPLETED.value, Outcome.RELEASED.value)}
-        if not tokens or not self.token_prefix:
+        if not tokens or not self.token_prefix or self._released_where_held:
             return
+        self._released_where_held = True  # (once: _check_folder's raise passes through run)
         # Dead before they are written off: no job goes on working (or writing its
         # temporary) after its attempt is recorded as released.
         self._sigkill_workers()
@@ -2840,6 +2853,9 @@ class Runner:
         """
         self.crash_point("commit")
         batch, self.completions = self.completions, []
+        # Until it is recorded: a commit that fails as the queue folder is moved away still
+        # has them released (_release_where_held).
+        self._committing = batch
         self._dead_ahead = 0  # counted for real below
         now = self.clock.wall()
         transitions: list[Transition] = []
@@ -2908,7 +2924,8 @@ class Runner:
         # Each root resolved afresh per commit (~10 us): a --follow runner lives for days,
         # and a root that is a symlink may be re-pointed meanwhile.
         roots_real: dict[str, str] = {}
-        queue_ids: frozenset[tuple[int, int]] | None = None  # (listed once for all of them)
+        # Listed once for all of them, outside the jobs' own verdicts below.
+        queue_real, queue_ids = self._queue_where() if to_link else (self._queue_real, None)
         try:
             for a, i, fin in to_link:
                 token = a.claim.lease.token if fin.owner_tagged else None
@@ -2920,10 +2937,7 @@ class Runner:
                         real = roots_real.get(root)
                         if real is None:
                             real = roots_real[root] = os.path.realpath(root)
-                        if queue_ids is None:
-                            queue_ids = queue_identities(self._queue_real)
-                        folders[key] = output_folder(real, a.final, self._queue_real,
-                                                     queue_ids)
+                        folders[key] = output_folder(real, a.final, queue_real, queue_ids)
                     status = publish(a.tmp, a.final, is_dir=a.output_kind == "dir",
                                      token=token, dir_fd=folders[key])
                 except OutputEscapes as exc:
@@ -2989,6 +3003,7 @@ class Runner:
         # after the running copy is unlinked next (which would lose the job entirely).
         self._sync(a.final.parent for a in linked)
         self._unsynced_claims = False
+        self._committing = []
         self._finish_hook(transitions)("finish:before_unlink")
         for a in linked:
             if a.output_kind != "dir" and not a.moved:
@@ -3111,6 +3126,30 @@ class Runner:
         judged by each output's own folder, which may be a mount point inside its root."""
         sync_filesystems([self.q.path, *set(out_folders)])
 
+    def _queue_where(self) -> tuple[str, frozenset[tuple[int, int]]]:
+        """The queue folder's real path and identities (publish.output_folder) as they are
+        now, by the descriptor we hold: its path at our start may lead nowhere by now (a
+        `current` symlink switched to a new release, the old one removed), and every job
+        that then finished was failed and dead-lettered as if its output were gone (review
+        EF). Not the job's fault if this fails: the queue's I/O error."""
+        fd = self.q.held_folder_fd()
+        real = self._queue_real_now()
+        try:
+            return real, queue_identities(real if fd is None else fd)
+        except OSError as exc:
+            raise QueueIOError(f"cannot list the queue folder {self.q.path}: "
+                               f"{os_error_message(exc)}") from exc
+
+    def _queue_real_now(self) -> str:
+        """The real path of the queue folder we hold, now (~3 us; see _queue_where)."""
+        fd = self.q.held_folder_fd()
+        if fd is not None:
+            with contextlib.suppress(OSError):  # (no /proc: the path of our start)
+                now = os.readlink(f"/proc/self/fd/{fd}")
+                if now.startswith("/") and not now.endswith(" (deleted)"):
+                    return now
+        return self._queue_real
+
     def _check_confined(self, out_root: str, final: Path) -> None:
         # Resolving every component costs ~0.1 ms; a folder checked once this run stays
         # checked here: a symlink swapped in later is caught at publish, which judges the
@@ -3122,7 +3161,7 @@ class Runner:
             root = Path(out_root).resolve()
         except RuntimeError:  # a loop (Python 3.11's word for ELOOP here), as check_confined
             raise OutputEscapes(f"the output root {out_root} is a symlink loop") from None
-        check_confined(root, final, self._queue_real)
+        check_confined(root, final, self._queue_real_now())
         if len(self._confined) >= CONFINED_CACHE_MAX:
             # A cache, not a record: one folder per job (out/<customer>/<id>/) would grow
             # it by ~350 bytes a job for as long as a --follow runner lives.

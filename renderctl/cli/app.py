@@ -26,6 +26,7 @@ from renderctl.cli import console as out
 from renderctl.cli.launch import (
     fill_closed_standard_fds,
     start_fork_server_early,
+    stops_end_quietly,
     workers_need_no_main,
 )
 from renderctl.errors import (
@@ -1966,6 +1967,8 @@ def main() -> None:
     fill_closed_standard_fds()
     undo_locale_coercion()
     workers_need_no_main()
+    # (SIGINT is Python's KeyboardInterrupt here, which each command turns into 130.)
+    stops_end_quietly(sys.argv, (signal.SIGTERM, signal.SIGHUP))
     start_fork_server_early(sys.argv)
     if isinstance(sys.stdout, io.TextIOWrapper):
         # A stdout that is not UTF-8 (an ISO-8859 locale, PYTHONIOENCODING) cannot take a

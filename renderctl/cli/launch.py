@@ -106,25 +106,33 @@ def workers_need_no_main() -> None:
         main_module.__dict__.pop("__file__", None)
 
 
+def stops_end_quietly(argv: Sequence[str], signals: Sequence[int] = _EARLY) -> None:
+    """Have ``signals`` end the process with 128 + their number until a command sets its
+    own handling. Idempotent: `python -m renderctl.cli.app` calls it again, after its
+    imports (without it a `wait` there died of SIGTERM with nothing printed: review EF)."""
+    # `run` takes SIGQUIT as a stop too (exit 131, jobs released); its default action in
+    # the first ~0.2 s killed it with a core file instead. Other commands keep Ctrl-\'s
+    # usual quit-with-core. (First: once the others are caught, so is this one.)
+    quit_too = (signal.SIGQUIT,) if list(argv[1:2]) == ["run"] else ()
+    for sig in (*quit_too, *signals):
+        # A stop signal the parent left ignored stays ignored, here and in every later
+        # layer (`run`'s early handling, the runner), as coreutils' sort keeps it: `nohup`
+        # ignores SIGHUP so that a logout does not stop the run, a script's `cmd &` SIGINT
+        # so that a Ctrl-C meant for the script does not.
+        if signal.getsignal(sig) == signal.SIG_DFL or (sig == signal.SIGINT and signal.getsignal(
+                sig) == signal.default_int_handler):
+            # Kept past the imports: until a command sets its own (`run` soon does, to
+            # drain), a SIGTERM or SIGHUP ends it like this, not by the signal (an exit
+            # status of "killed by SIGTERM" rather than 143 to systemd or a Python caller).
+            signal.signal(sig, _exit_early)
+
+
 def main() -> None:
     fill_closed_standard_fds()
     undo_locale_coercion()
     workers_need_no_main()
     prior = signal.getsignal(signal.SIGINT)
-    # `run` takes SIGQUIT as a stop too (exit 131, jobs released); its default action in
-    # the first ~0.2 s killed it with a core file instead. Other commands keep Ctrl-\'s
-    # usual quit-with-core. (First: once the others are caught, so is this one.)
-    quit_too = (signal.SIGQUIT,) if sys.argv[1:2] == ["run"] else ()
-    for sig in (*quit_too, *_EARLY):
-        # A stop signal the parent left ignored stays ignored, here and in every later
-        # layer (`run`'s early handling, the runner), as coreutils' sort keeps it: `nohup`
-        # ignores SIGHUP so that a logout does not stop the run, a script's `cmd &` SIGINT
-        # so that a Ctrl-C meant for the script does not.
-        if signal.getsignal(sig) != signal.SIG_IGN:
-            # Kept past the imports: until a command sets its own (`run` soon does, to
-            # drain), a SIGTERM or SIGHUP ends it like this, not by the signal (an exit
-            # status of "killed by SIGTERM" rather than 143 to systemd or a Python caller).
-            signal.signal(sig, _exit_early)
+    stops_end_quietly(sys.argv)
     start_fork_server_early(sys.argv)
     from renderctl.cli.app import main as cli_main
 

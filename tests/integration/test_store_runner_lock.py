@@ -22,6 +22,7 @@ import pytest
 from jobfns import (
     QueueView,
     Runner,
+    assert_pdf,
     cli_args,
     py_job,
     run_cli,
@@ -193,6 +194,70 @@ def test_a_runner_whose_queue_folder_is_moved_away_and_replaced_stops_with_74(
     assert [a["outcome"] for a in attempts] == ["released", "completed"], attempts
     assert "queue folder was moved or replaced" in attempts[0]["error"]
     assert not list((moved / "control").glob("started.*"))  # (its evidence went after use)
+
+
+def test_a_queue_moved_as_a_job_ends_has_that_job_released_not_crashed(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given a job of one attempt that moves the queue folder away as it ends, so that the
+    # runner meets the move while it commits the job's result
+    stage(tmp_path)
+    queue, out, moved = tmp_path / "q", tmp_path / "out", tmp_path / "q.moved"
+    manifest = write_manifest([{**py_job("mover", "move_queue_first_time", queue=str(queue),
+                                         to=str(moved)), "max_attempts": 1}])
+
+    # When it runs, and the moved folder's next runner runs what it holds
+    first = run_cli("run", manifest, *cli_args(queue, out, "--workers", "1"), timeout=60)
+    assert first.returncode == ExitCode.IO_ERROR, first.stdout + first.stderr
+    res = run_cli("run", "--queue", moved, "--out", out, timeout=60)
+
+    # Then the job completes on its second attempt: the first was released by the stop
+    # (charged `crashed`, it went to dead/ for what its operator did: review EF)
+    assert res.returncode == ExitCode.OK, res.stdout + res.stderr
+    attempts = QueueView(moved).record("done", "mover")["attempts"]
+    assert [a["outcome"] for a in attempts] == ["released", "completed"], attempts
+    assert_pdf(out / "mover.pdf", "mover")
+
+
+def _exchange(a: Path, b: Path) -> None:
+    """Swap two names at once (renameat2 RENAME_EXCHANGE): every path through either keeps
+    leading somewhere throughout."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.renameat2(-100, os.fsencode(a), -100, os.fsencode(b), 2) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err), str(a))
+
+
+def test_a_queue_whose_real_path_changes_under_its_runner_still_publishes(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given a runner of a queue reached through a symlink (`current` -> data-v1), running a
+    # job of one attempt
+    stage(tmp_path)
+    (tmp_path / "data-v1").mkdir()
+    current = tmp_path / "current"
+    current.symlink_to("data-v1")
+    go, pidfile = tmp_path / "go", tmp_path / "job.pid"
+    manifest = write_manifest([{**py_job("slow", "wait_for_go", pidfile=str(pidfile),
+                                         go=str(go)), "max_attempts": 1}])
+    runner = Runner(manifest, *cli_args(current / "q", current / "out", "--workers", "1"))
+    try:
+        wait_for_pid(pidfile)
+
+        # When the folder takes the symlink's place (the same folder under the path the
+        # runner was given; its real path at the start leads nowhere now), and the job ends
+        _exchange(current, tmp_path / "data-v1")
+        (tmp_path / "data-v1").unlink()
+        go.touch()
+
+        # Then the job is published and done: the old real path was taken for its output's
+        # absence, and every job finishing after the change was failed (review EF)
+        assert runner.wait(60) == ExitCode.OK, (runner.lines, runner.stderr())
+    finally:
+        runner.close()
+    attempts = QueueView(current / "q").record("done", "slow")["attempts"]
+    assert [a["outcome"] for a in attempts] == ["completed"], attempts
+    assert_pdf(current / "out" / "slow.pdf", "slow")
 
 
 # A runner holding runner.lock and not the queue folder, as this queue sees it: one of a
