@@ -1225,6 +1225,7 @@ class Runner:
                     self._report_stopping(self.skip_signal, 0.0, again=True)
                 self._drain(now)
                 if now >= self._next_poll:
+                    self._check_folder()  # (a stop's grace may be long: review EI)
                     self._next_poll = now + self.s.poll_interval_s
                     self.wake_cancel = True
                 if self.wake_cancel:
@@ -2759,13 +2760,24 @@ class Runner:
                 self._foreign.observe(a.job_id, lease.token, lease.expires_at,
                                       wall=self.clock.wall(), mono=time.monotonic())
 
+    def _holds(self, claim: Claim) -> bool:
+        """Whether our lease on ``claim`` stands; if not, first whether our paths still
+        lead to the folder we hold: a queue moved away (and another put at its path) reads
+        as every lease taken over, and each job of the commit was fenced, its output
+        withdrawn, and charged `crashed` by the folder's next runner (review EI).
+        _check_folder stops us instead, the jobs released."""
+        if self.q.holds(claim):
+            return True
+        self._check_folder()
+        return False
+
     def _finish_claim(self, a: Assignment, t: Transition) -> bool:
         """Record an unrun claim's transition unless its lease was taken over (before, or
         during the sync: checked again right before the record is placed; the record, put
         back in pending/ say, would run the job twice). Whether it was recorded."""
-        if not self.q.holds(a.claim) or self.q.finish(
+        if not self._holds(a.claim) or self.q.finish(
                 [t], crash_hook=self._finish_hook([t]),
-                held=lambda _: self.q.holds(a.claim)):
+                held=lambda _: self._holds(a.claim)):
             self._fenced(a)
             return False
         return True
@@ -2865,7 +2877,7 @@ class Runner:
         for a, fin in batch:
             outcome = fin.outcome
             problem = None
-            if not self.q.holds(a.claim):
+            if not self._holds(a.claim):
                 # Fenced: our lease was taken over (we were stopped or cut off past its
                 # expiry); the new holder decides, whatever this attempt's outcome. Checked
                 # for completions only, a failure recorded over the new holder's claim put
@@ -2909,7 +2921,7 @@ class Runner:
         # a job in done/ and dead/ both, run three times). What is left is the few
         # syscalls from here to the renames, the limit of fencing by a check on a file
         # system with no compare-and-swap.
-        lost = {i for i, a in enumerate(owners) if not self.q.holds(a.claim)}
+        lost = {i for i, a in enumerate(owners) if not self._holds(a.claim)}
         if lost:
             for i in sorted(lost):
                 unlink_quiet(staged[i][0])
@@ -2982,7 +2994,7 @@ class Runner:
         # completed the job from it (review CR: taking it back then deleted a done job's
         # output). Race-free: recovery places its record before the running copy goes,
         # and a claim is not lost until one of those has happened.
-        late = {i for i, a in enumerate(owners) if i not in lost and not self.q.holds(a.claim)}
+        late = {i for i, a in enumerate(owners) if i not in lost and not self._holds(a.claim)}
         if late:
             published = {id(a) for a in linked}
             for i in sorted(late):

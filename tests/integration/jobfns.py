@@ -242,12 +242,15 @@ def write_pdf_leaving_a_thread(inputs: Sequence[Path], output: Path,
 
 def move_queue_first_time(inputs: Sequence[Path], output: Path,
                           params: Mapping[str, Any]) -> None:
-    """Write a PDF; the first time (``params["queue"]`` still there), move that folder to
-    ``params["to"]`` as the job ends: the runner meets the move in the commit of its result,
-    before its once-a-poll look at the folder."""
+    """Write a PDF; the first time (no ``params["to"]`` yet), move folder ``params["queue"]``
+    there as the job ends, and if ``params["replace"]``, make a new empty one in its place:
+    the runner meets the move in the commit of its result, before its once-a-poll look at
+    the folder."""
     write_pdf(inputs, output, params)
-    if os.path.exists(params["queue"]):
+    if not os.path.exists(params["to"]):
         os.rename(params["queue"], params["to"])
+        if params.get("replace"):
+            os.mkdir(params["queue"])
 
 
 def kill_self(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -49,14 +50,16 @@ def _tamper(queue: Path, how: str) -> None:
         os.replace(new, lock)
 
 
-def runner_mid_job(tmp_path: Path, write_manifest: Any) -> tuple[Path, Path, Runner, int]:
-    """A runner (one worker) running job `slow`, which runs until ``tmp_path/go`` exists:
-    queue, output root, the runner, and the job's pid once it has started."""
+def runner_mid_job(tmp_path: Path, write_manifest: Any,
+                   **fields: Any) -> tuple[Path, Path, Runner, int]:
+    """A runner (one worker) running job `slow` (more job ``fields``), which runs until
+    ``tmp_path/go`` exists: queue, output root, the runner, and the job's pid once it has
+    started."""
     stage(tmp_path)
     queue, out = tmp_path / "q", tmp_path / "out"
     pidfile = tmp_path / "job.pid"
-    manifest = write_manifest([py_job("slow", "wait_for_go", pidfile=str(pidfile),
-                                      go=str(tmp_path / "go"))])
+    manifest = write_manifest([{**py_job("slow", "wait_for_go", pidfile=str(pidfile),
+                                         go=str(tmp_path / "go")), **fields}])
     runner = Runner(manifest, *cli_args(queue, out, "--workers", "1"))
     try:
         return queue, out, runner, wait_for_pid(pidfile)
@@ -196,14 +199,17 @@ def test_a_runner_whose_queue_folder_is_moved_away_and_replaced_stops_with_74(
     assert not list((moved / "control").glob("started.*"))  # (its evidence went after use)
 
 
+@pytest.mark.parametrize("replaced", [False, True])
 def test_a_queue_moved_as_a_job_ends_has_that_job_released_not_crashed(
-        tmp_path: Path, write_manifest: Any) -> None:
-    # Given a job of one attempt that moves the queue folder away as it ends, so that the
-    # runner meets the move while it commits the job's result
+        tmp_path: Path, write_manifest: Any, replaced: bool) -> None:
+    # Given a job of one attempt that moves the queue folder away as it ends (and makes a
+    # new one at its path), so that the runner meets the move while it commits the job's
+    # result: its lease gone from the path, as if another runner had taken the job over
     stage(tmp_path)
     queue, out, moved = tmp_path / "q", tmp_path / "out", tmp_path / "q.moved"
     manifest = write_manifest([{**py_job("mover", "move_queue_first_time", queue=str(queue),
-                                         to=str(moved)), "max_attempts": 1}])
+                                         to=str(moved), replace=replaced),
+                                "max_attempts": 1}])
 
     # When it runs, and the moved folder's next runner runs what it holds
     first = run_cli("run", manifest, *cli_args(queue, out, "--workers", "1"), timeout=60)
@@ -211,11 +217,43 @@ def test_a_queue_moved_as_a_job_ends_has_that_job_released_not_crashed(
     res = run_cli("run", "--queue", moved, "--out", out, timeout=60)
 
     # Then the job completes on its second attempt: the first was released by the stop
-    # (charged `crashed`, it went to dead/ for what its operator did: review EF)
+    # (charged `crashed`, it went to dead/ for what its operator did: review EF; and with
+    # a folder in its place, fenced and its output withdrawn first: review EI)
     assert res.returncode == ExitCode.OK, res.stdout + res.stderr
     attempts = QueueView(moved).record("done", "mover")["attempts"]
     assert [a["outcome"] for a in attempts] == ["released", "completed"], attempts
     assert_pdf(out / "mover.pdf", "mover")
+
+
+def test_a_queue_moved_and_replaced_during_a_stop_has_its_jobs_released(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given a runner draining on SIGTERM, its one job of one attempt still running
+    queue, out, runner, _ = runner_mid_job(tmp_path, write_manifest, max_attempts=1)
+    try:
+        runner.proc.send_signal(signal.SIGTERM)
+        runner.until(lambda line: line.startswith("stopping"))
+
+        # When its queue folder is moved away and a new one made at its path, and the job
+        # then ends
+        queue.rename(tmp_path / "q.moved")
+        queue.mkdir()
+        (tmp_path / "go").touch()
+
+        # Then the runner stops with 74, saying why (it took the lease gone from the path
+        # for a takeover: the job fenced, its output withdrawn, no release written: review
+        # EI)
+        assert runner.wait(30) == ExitCode.IO_ERROR, (runner.lines, runner.stderr())
+        assert "no longer the queue folder this runner locked" in runner.stderr()
+    finally:
+        runner.close()
+
+    # And the moved folder's next runner runs it again, uncharged
+    moved = tmp_path / "q.moved"
+    res = run_cli("run", "--queue", moved, "--out", out, timeout=60)
+    assert res.returncode == ExitCode.OK, res.stdout + res.stderr
+    attempts = QueueView(moved).record("done", "slow")["attempts"]
+    assert [a["outcome"] for a in attempts] == ["released", "completed"], attempts
+    assert_pdf(out / "slow.pdf", "slow")
 
 
 def _exchange(a: Path, b: Path) -> None:
