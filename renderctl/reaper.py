@@ -47,14 +47,15 @@ class Reaper:
         self.identity = (fd, st.st_dev, st.st_ino)
 
     @classmethod
-    def start(cls, cgroup_dir: str = "", pids_dir: str = "") -> Reaper:
+    def start(cls, cgroup_dir: str = "", pids_dir: str = "", work_root: str = "") -> Reaper:
         """``cgroup_dir``: the runner's parent cgroup of its slots, if it has one;
-        ``pids_dir``: its parent cgroup in the v1 pids hierarchy, if it has one."""
+        ``pids_dir``: its parent cgroup in the v1 pids hierarchy, if it has one;
+        ``work_root``: the folder of its jobs' working folders."""
         r, w = os.pipe2(os.O_CLOEXEC)
         try:
             proc = subprocess.Popen(
                 [sys.executable, "-I", "-S", os.path.abspath(__file__), str(r),
-                 cgroup_dir, pids_dir],
+                 cgroup_dir, pids_dir, work_root],
                 pass_fds=(r,), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                 # Not the runner's stderr: a reader of it would wait for the reaper too.
                 stderr=subprocess.DEVNULL,
@@ -250,7 +251,20 @@ def remove_cgroups(cgroup_dir: str, bound_s: float = 2.0) -> None:
         time.sleep(0.02)
 
 
-def main(fd: int, cgroup_dir: str = "", pids_dir: str = "") -> None:
+def remove_work_root(work_root: str) -> None:
+    """Remove a dead runner's work root, its jobs' working folders (their scratch files:
+    hundreds of MB a job, on TMPDIR's file system), once its workers are dead. The next
+    runner of the queue removed it (control/work.*), but a queue never run again (a CI
+    job's, a test's) left it in /tmp for good. Only a folder named as the runner makes
+    them (runner.WORK_ROOT_PREFIX: nothing of renderctl is imported here), never a link."""
+    import shutil
+
+    if os.path.basename(work_root).startswith("renderctl-work-") \
+            and os.path.isdir(work_root) and not os.path.islink(work_root):
+        shutil.rmtree(work_root, ignore_errors=True)
+
+
+def main(fd: int, cgroup_dir: str = "", pids_dir: str = "", work_root: str = "") -> None:
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT,
                 signal.SIGUSR1, signal.SIGUSR2, signal.SIGPIPE):
         signal.signal(sig, signal.SIG_IGN)
@@ -285,11 +299,13 @@ def main(fd: int, cgroup_dir: str = "", pids_dir: str = "") -> None:
         for folder in (cgroup_dir, pids_dir):
             if folder:
                 remove_cgroups(folder)
+        if work_root:
+            remove_work_root(work_root)
 
 
 if __name__ == "__main__":
     try:
-        main(int(sys.argv[1]), *sys.argv[2:4])
+        main(int(sys.argv[1]), *sys.argv[2:5])
     except BaseException:  # nobody reads our output: exit, never hang
         os._exit(1)
     os._exit(0)

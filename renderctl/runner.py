@@ -531,7 +531,7 @@ class Runner:
                 # overlap recovery.
                 self.reaper = Reaper.start(
                     str(getattr(self.guard, "parent_dir", "") or ""),
-                    str(getattr(self.guard, "pids_parent_dir", "") or ""))
+                    str(getattr(self.guard, "pids_parent_dir", "") or ""), self.work_root)
                 with contextlib.suppress(OSError):
                     proctree.set_child_subreaper()
                     self._subreaper = True

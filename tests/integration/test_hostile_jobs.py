@@ -1887,6 +1887,35 @@ def test_a_sigkilled_runner_leaves_no_cgroup_behind_even_if_no_runner_follows(
         runner.close()
 
 
+def test_a_sigkilled_runner_leaves_no_work_root_behind_even_if_no_runner_follows(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given a runner whose job has left scratch in its working folder, and runs on
+    job, go = held_job(tmp_path, "held")
+    manifest = write_manifest([job])
+    runner = Runner(manifest, *cli_args(tmp_path / "q", tmp_path / "out", "--workers", "1"))
+    try:
+        job_pid = wait_for_pid(tmp_path / "held.pid")
+        note, = (tmp_path / "q" / "control").glob(f"work.{runner.pid}-*")
+        root = Path(note.read_text().split("\n")[0])
+        assert root.name.startswith("renderctl-work-") and root.is_dir(), root
+        cwd = Path(os.readlink(f"/proc/{job_pid}/cwd"))
+        assert cwd.parent == root, (cwd, root)
+        (cwd / "scratch.bin").write_bytes(b"s" * 4096)
+
+        # When the runner is SIGKILLed, and no runner is started after it
+        os.kill(runner.pid, signal.SIGKILL)
+        runner.wait()
+
+        # Then the job dies, and the work root goes with it, scratch and all: before, only
+        # the queue's next runner removed it, and a queue never run again (a CI job's) left
+        # it in /tmp for good
+        wait_until(lambda: gone(job_pid), what="the job to die", timeout_s=5)
+        wait_until(lambda: not root.exists(), timeout_s=5, what=f"{root} to go")
+    finally:
+        go.touch()
+        runner.close()
+
+
 def test_a_job_that_stops_the_fork_server_does_not_stall_the_run(
         tmp_path: Path, write_manifest: Any) -> None:
     # Given a job that SIGSTOPs the fork server (its worker's parent) and a job that times
