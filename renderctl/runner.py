@@ -436,6 +436,7 @@ class Runner:
         self._inherited: set[tuple[int, int | None]] = set()  # children before the run
         self._dead_ahead = 0  # results awaiting the commit that will dead-letter their job
         self.exec_times: deque[float] = deque(maxlen=512)
+        self._sizing: deque[float] = deque(maxlen=32)  # what sizes the prefetch depth
         self._depth = 1  # adaptive prefetch depth (see _prefetch_depth)
         self._avg_exec = 0.0  # of recent jobs, seconds; 0 until three have finished
         # Running jobs whose lease a runner we cannot judge still held at our start (another
@@ -1268,6 +1269,7 @@ class Runner:
                 if due is not None and due < self.clock.wall():
                     self._expire_past_deadline()
                 self._rebalance(now)  # (jobs stuck behind a long one go before new claims)
+                self._trim_surplus(now)
                 self._claim()
             self._dispatch()
             self._rebalance(now)
@@ -1662,9 +1664,9 @@ class Runner:
         return self._depth  # recomputed per finished job (_observe_exec), read many times
 
     def _compute_depth(self) -> int:
-        if len(self.exec_times) < 3:
+        if len(self._sizing) < 3:
             return 1
-        recent = list(self.exec_times)[-32:]
+        recent = self._sizing
         avg = self._avg_exec = sum(recent) / len(recent)
         return max(1, min(self.s.prefetch_max, int(PREFETCH_WORK_S / max(avg, 1e-4))))
 
@@ -1889,6 +1891,42 @@ class Runner:
                           else "more queued than its share")
         if self.ready:
             self._dispatch()
+
+    def _trim_surplus(self, now: float) -> None:
+        """Return to pending the jobs a worker holds, not started, when it holds more than
+        twice the prefetch depth. Sent while recent jobs were instant (a run of quick ones),
+        slower ones held each worker's next seconds, and a higher priority (itself claimed
+        into the back of that line), or a retry come due, waited behind them all, none
+        overdue and no worker idle (audit EJ: a priority-10 job 4 s behind 17 others; a
+        0.2 s backoff kept 2.3 s). In pending, the claim order places them again (their
+        acceptance order kept), and the workers are filled to the depth as for any claim.
+        Twice: a depth that wavers by one sends no job back and forth (a record written
+        each way). Not for an explicit --prefetch, whose depth never changes."""
+        if self.stop_signal is not None or self.halted or self.s.prefetch is not None:
+            return
+        depth = self._prefetch_depth()
+        if not any(len(w.queued) > 2 * depth for w in self.workers.values()):
+            return
+        for w in list(self.workers.values()):
+            if w.kill_reason is not None or len(w.queued) <= 2 * depth:
+                continue
+            self._read_messages(w)  # (it may have started some since the loop looked)
+            if w.kill_reason is not None or len(w.queued) <= 2 * depth:
+                continue
+            taken = self._take_back(w, now)
+            for a in taken or ():  # (None: its gate is held; tried again next turn)
+                if a.cancel_requested:
+                    self._finish_unrun(a, State.CANCELLED, "cancelled before it started")
+                    continue
+                rec = replace(a.claim.record, lease=None, changed_at=self.clock.wall(),
+                              reason="taken back before it started (prefetched deeper "
+                                     "than the depth now allows); back in line")
+                t = Transition(rec, State.PENDING, unrun=True)
+                if self._finish_claim(a, t):
+                    self._count(t)
+                    self.reporter.event({"event": "requeued", "job": a.job_id,
+                                         "worker": w.pid, "reason": "back to pending: "
+                                         "prefetched deeper than the depth now allows"})
 
     def _overfull(self, w: WorkerHandle) -> bool:
         """Whether ``w`` holds more jobs queued than the prefetch depth allows now: sent
@@ -2129,7 +2167,8 @@ class Runner:
                 fin = replace(fin, peak_memory_bytes=_own_peak(a, w.sampler.peak_bytes))
             # Without the time the run was suspended (Ctrl-Z): the dashboard's execution
             # percentiles and the prefetch depth are of the job's work, as the metric's.
-            self._observe_exec(max(0.0, fin.elapsed_s - a.paused_s))
+            self._observe_exec(max(0.0, fin.elapsed_s - a.paused_s),
+                               sizing=fin.outcome == Outcome.COMPLETED.value)
             a.read_mono = time.monotonic()
             self._complete(a, fin)
         elif isinstance(msg, Dropped):
@@ -2225,9 +2264,14 @@ class Runner:
             w.kill_reason, w.unsupervised = Outcome.RELEASED, True
         self._kill(w, w.kill_reason)
 
-    def _observe_exec(self, elapsed: float) -> None:
+    def _observe_exec(self, elapsed: float, *, sizing: bool = True) -> None:
         self.exec_times.append(elapsed)
-        self._depth = self._compute_depth()
+        if sizing or elapsed >= PREFETCH_WORK_S:
+            # Not a quick failure: a job that fails at once says nothing of how long the
+            # others take, and a run of them made the depth 32 for jobs of seconds (audit
+            # EJ). A long one that failed does: the depth falls.
+            self._sizing.append(elapsed)
+            self._depth = self._compute_depth()
 
     def _on_death(self, w: WorkerHandle) -> None:
         self._read_messages(w)

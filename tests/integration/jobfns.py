@@ -1002,6 +1002,17 @@ def logged_write(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]
     write_pdf(inputs, output, params)
 
 
+def logged_hold(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
+    """Append "<job id> <pid>" to ``params["log"]``, then run until ``params["go"]`` exists
+    and at least ``params["min_s"]`` seconds have passed, then write a PDF."""
+    start = time.monotonic()
+    with open(params["log"], "a") as fh:
+        fh.write(f"{os.environ['RENDERCTL_JOB_ID']} {os.getpid()}\n")
+    while not os.path.exists(params["go"]) or time.monotonic() - start < params["min_s"]:
+        time.sleep(0.005)
+    write_pdf(inputs, output, params)
+
+
 def stage_scratch(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
     """Leave a ``params["mb"]`` MB intermediate file in the job's working directory (the
     worker empties it after the job), as a render staging images would, then write a PDF."""

@@ -847,6 +847,49 @@ def test_jobs_prefetched_as_instant_that_turn_out_slow_are_shared_with_a_late_wo
         assert not [ln for ln in requeued if "more queued than its share" in ln], requeued
 
 
+def test_a_higher_priority_job_does_not_wait_behind_slow_jobs_prefetched_as_instant(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given one worker that has run forty instant jobs (the prefetch depth then ~10: ~40
+    # ms of them) and was then sent slow ones, each running until its go file exists (the
+    # first 1 s at least, which brings the depth down to 1)
+    stage(tmp_path)
+    log = tmp_path / "exec.log"
+    quick = [f"q{n}" for n in range(40)]
+    slow = [f"slow{n}" for n in range(10)]
+    manifest = write_manifest(
+        [{**py_job(j, "logged_write", log=str(log)), "priority": 5} for j in quick]
+        + [py_job(j, "logged_hold", log=str(log), go=str(tmp_path / f"{j}.go"),
+                  min_s=1.0 if j == "slow0" else 0) for j in slow])
+    queue, out = tmp_path / "q", tmp_path / "out"
+    runner = Runner(manifest, *cli_args(queue, out, "--workers", "1", "--json"))
+    try:
+        runner.until(lambda ln: '"started"' in ln and '"slow0"' in ln)
+        hot = write_manifest([{**py_job("hot", "logged_write", log=str(log)),
+                               "priority": 10}], name="hot.toml")
+        assert run_cli("submit", hot, *cli_args(queue, out)).returncode == 0
+
+        # When the first slow job ends (the depth falls to 1, several jobs still held by
+        # the worker), and the rest may end too once the worker's surplus has gone back
+        (tmp_path / "slow0.go").touch()
+        runner.until(lambda ln: '"requeued"' in ln and "back to pending" in ln)
+        for j in slow[1:]:
+            (tmp_path / f"{j}.go").touch()
+        assert runner.wait() == 0, runner.lines
+    finally:
+        for j in slow:
+            (tmp_path / f"{j}.go").touch()
+        runner.close()
+
+    # Then the priority-10 job starts right after the slow job the worker started next,
+    # not after all of them (before: 17 lower-priority jobs first, 4 s; audit EJ); the
+    # jobs sent back ran once each, in their order
+    ran = [line.split()[0] for line in log.read_text().splitlines()]
+    assert ran.index("hot") <= ran.index("slow2"), ran
+    assert sorted(ran) == sorted([*quick, *slow, "hot"]), ran
+    assert [j for j in ran if j.startswith("slow")] == slow, ran
+    assert QueueView(queue).ids("done") == {*quick, *slow, "hot"}
+
+
 def test_jobs_queued_behind_a_long_job_go_before_a_backlog_of_newer_ones(
         tmp_path: Path, write_manifest: Any) -> None:
     # Given a long job and six short ones, some of them prefetched behind the long one, and

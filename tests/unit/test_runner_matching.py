@@ -171,3 +171,21 @@ def test_a_result_read_after_the_stop_grace_killed_its_job_is_the_jobs_own(
     # Then that result is recorded: "released" threw the checked output away and ran the
     # job again at the next start (audit DW)
     assert recorded == [("j1", "completed")]
+
+
+def test_quick_failures_do_not_size_the_prefetch_depth(runner: Runner) -> None:
+    # Given a run whose first results are attempts that failed at once (1 ms each)
+    for _ in range(9):
+        runner._observe_exec(0.001, sizing=False)
+
+    # Then the depth stays at one job per worker: a failing job says nothing of how long
+    # the others take (they made it 32, and jobs of seconds were sent 16 deep behind one
+    # another, a retry come due waiting behind them all; audit EJ)
+    assert runner._prefetch_depth() == 1
+
+    # While completed jobs that quick, and failures that took long, do size it
+    for _ in range(3):
+        runner._observe_exec(0.001)
+    assert runner._prefetch_depth() == 32
+    runner._observe_exec(0.5, sizing=False)
+    assert runner._prefetch_depth() == 1
