@@ -2960,9 +2960,15 @@ class Queue:
         it was renamed away and another put in its place: a runner started there holds that
         one, and our paths now lead into it). One stat and one fstat."""
         fd = self._runner_fd
+        if fd is None:
+            return False
+        held = os.fstat(fd)  # (failing, it says nothing of the path: raised as ever)
         try:
-            return fd is not None and os.path.samestat(os.fstat(fd), os.stat(self.path))
-        except FileNotFoundError:
+            return os.path.samestat(held, os.stat(self.path))
+        except OSError:
+            # Any failure of the path, not only ENOENT: a file put where a folder on the way
+            # was (ENOTDIR), a loop: the folder we hold is elsewhere, and its jobs were
+            # charged `crashed` when only ENOENT counted (review EK).
             return False
 
     def runner_info(self) -> dict[str, Any] | None:

@@ -256,6 +256,38 @@ def test_a_queue_moved_and_replaced_during_a_stop_has_its_jobs_released(
     assert_pdf(out / "slow.pdf", "slow")
 
 
+def test_a_queue_whose_parent_becomes_a_file_has_its_job_released_not_crashed(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given a runner of a queue in folder p, running a job of one attempt
+    stage(tmp_path)
+    parent, out, go, pidfile = (tmp_path / "p", tmp_path / "out", tmp_path / "go",
+                                tmp_path / "job.pid")
+    manifest = write_manifest([{**py_job("slow", "wait_for_go", pidfile=str(pidfile),
+                                         go=str(go)), "max_attempts": 1}])
+    runner = Runner(manifest, *cli_args(parent / "q", out, "--workers", "1"))
+    try:
+        wait_for_pid(pidfile)
+
+        # When p is moved away and a file put at its name (the queue's path now fails with
+        # ENOTDIR, not ENOENT), and the job ends
+        parent.rename(tmp_path / "p.moved")
+        parent.write_text("not a folder")
+        go.touch()
+
+        # Then the runner stops with 74
+        assert runner.wait(30) == ExitCode.IO_ERROR, (runner.lines, runner.stderr())
+    finally:
+        runner.close()
+
+    # And the moved queue's next runner runs the job again, uncharged (only ENOENT counted
+    # as the folder moved: charged `crashed`, it was dead-lettered; review EK)
+    moved = tmp_path / "p.moved" / "q"
+    res = run_cli("run", "--queue", moved, "--out", out, timeout=60)
+    assert res.returncode == ExitCode.OK, res.stdout + res.stderr
+    attempts = QueueView(moved).record("done", "slow")["attempts"]
+    assert [a["outcome"] for a in attempts] == ["released", "completed"], attempts
+
+
 def _exchange(a: Path, b: Path) -> None:
     """Swap two names at once (renameat2 RENAME_EXCHANGE): every path through either keeps
     leading somewhere throughout."""
