@@ -13,6 +13,7 @@ from pypdf import PdfReader, PdfWriter
 from pypdf.errors import DeprecationError, PyPdfError
 from pypdf.generic import (
     ContentStream,
+    DictionaryObject,
     NameObject,
     NumberObject,
     RectangleObject,
@@ -389,6 +390,35 @@ def test_split_writes_numbered_parts(tmp_path: Path, per_part: int, expected: li
     assert counts == expected
     first_texts = [PdfReader(out / name).pages[0].extract_text().strip() for name in names]
     assert first_texts == [f"five page {1 + i * per_part}" for i in range(len(expected))]
+
+
+def test_a_split_part_carries_no_page_of_another_part(tmp_path: Path) -> None:
+    # Given a five-page PDF whose first page links to its fifth (a table of contents)
+    canvas = Canvas(str(tmp_path / "linked.pdf"))
+    for n in range(1, 6):
+        canvas.drawString(72, 720, f"linked page {n}")
+        canvas.bookmarkPage(f"p{n}")
+        if n == 1:
+            canvas.linkAbsolute("to page 5", "p5", (72, 700, 200, 740))
+        canvas.showPage()
+    canvas.save()
+    out = tmp_path / "parts"
+    out.mkdir()
+
+    # When it is split into parts of two pages
+    pdfops.split([tmp_path / "linked.pdf"], out, {"pages_per_part": 2})
+
+    # Then the first part holds its two pages and nothing of page 5: the link's target came
+    # along, unseen in its page tree, its text sent to whoever got the part (audit EN)
+    part = PdfReader(out / "part-0001.pdf")
+    assert len(part.pages) == 2
+    texts = []
+    for num in {n for gens in part.xref.values() for n in gens}:
+        obj = part.get_object(num)
+        if isinstance(obj, DictionaryObject) and obj.get("/Type") == "/Page":
+            shown = re.search(rb"linked page \d", obj["/Contents"].get_object().get_data())
+            texts.append(shown.group().decode() if shown else "")
+    assert sorted(texts) == ["linked page 1", "linked page 2"], texts
 
 
 def _page_with_box(path: Path, box: object) -> Path:
