@@ -132,6 +132,15 @@ def load_csv(path: Path) -> Dataset:
         if header is None or not any(h.strip() for h in header):
             raise InvalidInput(f"{path.name}: empty CSV (a header row is required)")
         header = [h.strip() for h in header]
+        if len(header) == 1 and (sep := next((c for c in ";\t" if c in header[0]), None)):
+            # Read as one column of text, it rendered with no numbers and no totals, and the
+            # job completed (audit EN). A semicolon export (Excel where the decimal mark is
+            # a comma) has decimal commas too, which no delimiter guess would read right.
+            kind = "semicolon" if sep == ";" else "tab"
+            raise InvalidInput(
+                f"{path.name}: the header is one column holding {kind}s "
+                f"({quoted(header[0])}): a {kind}-separated file? renderctl reads "
+                "comma-separated CSV with '.' as the decimal mark; export it so")
         if len(header) > MAX_COLUMNS:
             raise InvalidInput(f"{path.name}: {len(header)} columns is more than {MAX_COLUMNS}")
         for i, name in enumerate(header):

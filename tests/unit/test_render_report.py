@@ -100,6 +100,10 @@ def test_bad_params_name_the_param_and_column(
         ("units,revenue\n3,4.50\n".encode("utf-16-be"), "line 1 holds a NUL character"),
         ("units,revenue\n3,4.50\n".encode("utf-16-le"), "line 1 holds a NUL character"),
         (b"units,revenue\n3,4.50\n12\x00,1\n", "line 3 holds a NUL character"),
+        # Another delimiter: one column of text, no numbers, no totals, and the job done
+        # (audit EN)
+        (b"region;units;revenue\nnorth;3;4,50\n", "one column holding semicolons"),
+        (b"region\tunits\nnorth\t3\n", "tab-separated file"),
     ],
 )
 def test_bad_csv_is_invalid_input(tmp_path: Path, content: bytes, message: str) -> None:
