@@ -441,3 +441,20 @@ def test_a_totals_row_is_labelled_even_when_its_first_column_has_a_total(
     last = render_pages(source, tmp_path / "r.pdf")[-1].split("\n")
     at = last.index("Total")
     assert last[at - 1:at + 2] == ["7", "Total", "1.75"], last
+
+
+def test_headers_cut_to_fit_stay_told_apart(tmp_path: Path) -> None:
+    # Given twenty columns of amounts in the thousands (they fit a landscape A4 only in
+    # small type, their headers cut)
+    header = [f"Amount {n}" for n in range(1, 21)]
+    rows = [[f"{1000 * n + r}.25" for n in range(1, 21)] for r in range(3)]
+    source = write_csv(tmp_path / "twenty.csv", header, rows)
+
+    # When it is rendered
+    text = render_pages(source, tmp_path / "r.pdf")[0]
+
+    # Then each column's header ends with its own number: cut at their ends, 12 of them
+    # printed "Amount…" alike (audit EN)
+    for n in (1, 9, 10, 17, 20):
+        assert f"{n}\n" in text or f"{n} " in text, text[:400]
+    assert text.count("Amount…") <= 1, text[:400]
