@@ -10,6 +10,7 @@ import csv
 import io
 import math
 import re
+import unicodedata
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Context, Decimal, InvalidOperation
@@ -329,6 +330,14 @@ def _pick_totals(
     return frozenset(have[name] for name in value if have[name].numeric)
 
 
+def _text_key(cell: str) -> tuple[str, str]:
+    """Sort key of a text cell: by its letters without accents, case folded ("Ärger" among
+    the A's and "École" among the E's, not after "zulu": audit EN), then as written."""
+    base = "".join(c for c in unicodedata.normalize("NFKD", cell)
+                   if not unicodedata.combining(c))
+    return base.casefold(), cell.casefold()
+
+
 def _sorted_rows(
     data: Dataset, params: Mapping[str, Any], have: Mapping[str, Column]
 ) -> tuple[tuple[str, ...], ...]:
@@ -348,7 +357,7 @@ def _sorted_rows(
     if column.numeric:
         filled.sort(key=lambda row: to_decimal(row[column.index]) or Decimal(0), reverse=descending)
     else:
-        filled.sort(key=lambda row: row[column.index].casefold(), reverse=descending)
+        filled.sort(key=lambda row: _text_key(row[column.index]), reverse=descending)
     # Empty cells last either way: a blank is not the largest or the smallest value.
     return tuple(filled + empty)
 

@@ -458,3 +458,12 @@ def test_headers_cut_to_fit_stay_told_apart(tmp_path: Path) -> None:
     for n in (1, 9, 10, 17, 20):
         assert f"{n}\n" in text or f"{n} " in text, text[:400]
     assert text.count("Amount…") <= 1, text[:400]
+
+
+def test_text_sorts_by_letter_whatever_the_accent(tmp_path: Path) -> None:
+    names = ["zulu", "École", "apple", "Ärger", "Zebra", "banana", "eagle"]
+    source = write_csv(tmp_path / "s.csv", ["name", "n"], [[n, i] for i, n in enumerate(names)])
+    text = render_pages(source, tmp_path / "r.pdf", sort_by="name")[0]
+    # Accented letters among their base letters, not after "z" (audit EN)
+    order = sorted(names, key=text.index)
+    assert order == ["apple", "Ärger", "banana", "eagle", "École", "Zebra", "zulu"], order
