@@ -545,6 +545,90 @@ def _stamp_page(
 # -- split ---------------------------------------------------------------------------------
 
 
+def _confine_annotations(writer: PdfWriter) -> None:
+    """Cut what leads from the annotations of ``writer``'s pages to a page not among them:
+    the keys that do (a /P is pointed at the annotation's own page), or the annotation
+    itself if it still does; then drop the objects nothing refers to any more. Nothing to
+    do, and nothing walked, for pages without annotations."""
+    pages = list(writer.pages)
+    if not any("/Annots" in page for page in pages):
+        return
+    own = {p.indirect_reference.idnum for p in pages if p.indirect_reference is not None}
+    tree = writer.root_object.get("/Pages")
+    if isinstance(tree, IndirectObject):
+        own.add(tree.idnum)
+    changed = False
+    for page in pages:
+        page.pop(NameObject("/B"), None)  # (article beads: threads of other pages)
+        annots = page.get("/Annots")
+        if annots is None:
+            continue
+        kept = ArrayObject()
+        for ref in annots.get_object():
+            annot = ref.get_object()
+            if isinstance(annot, DictionaryObject) and _leads_out(annot, own):
+                changed = True
+                for key in ("/P", "/Parent", "/IRT", "/Popup", "/Dest", "/A"):
+                    if key in annot and _leads_out(annot[key], own):
+                        del annot[key]
+                if page.indirect_reference is not None and "/P" in annot:
+                    annot[NameObject("/P")] = page.indirect_reference
+                if _leads_out(annot, own) or (annot.get("/Subtype") == "/Link"
+                                              and "/Dest" not in annot and "/A" not in annot):
+                    continue  # (out by some other key, or a link to nowhere: it goes)
+            kept.append(ref)
+        page[NameObject("/Annots")] = kept
+    if changed:
+        _drop_unreachable(writer)
+
+
+def _drop_unreachable(writer: PdfWriter) -> None:
+    """Leave out of the file what its catalogue and info no longer lead to (what add_page
+    copied for references cut since). pypdf's own sweep (compress_identical_objects) looks
+    one level deep: an unreferenced page went, its content stream stayed."""
+    reached: set[int] = set()
+    stack: list[Any] = [writer.root_object, writer._info]
+    while stack:
+        obj = stack.pop()
+        if isinstance(obj, IndirectObject):
+            if obj.idnum in reached:
+                continue
+            reached.add(obj.idnum)
+            obj = obj.get_object()
+        if isinstance(obj, DictionaryObject):
+            stack.extend(obj.values())
+        elif isinstance(obj, ArrayObject):
+            stack.extend(obj)
+    for root in (writer.root_object, writer._info):
+        ref = getattr(root, "indirect_reference", None)
+        if ref is not None:
+            reached.add(ref.idnum)
+    for index, obj in enumerate(writer._objects):
+        if obj is not None and index + 1 not in reached:
+            writer._objects[index] = None
+
+
+def _leads_out(start: PdfObject, own: set[int]) -> bool:
+    """Whether a page (or page tree) other than those numbered ``own`` can be reached from
+    ``start``; pages of ``own`` are not entered (their content leads nowhere it should not)."""
+    stack: list[Any] = [start]
+    seen: set[int] = set()
+    while stack:
+        obj = stack.pop()
+        if isinstance(obj, IndirectObject):
+            if obj.idnum in seen or obj.idnum in own:
+                continue
+            seen.add(obj.idnum)
+            obj = obj.get_object()
+        if isinstance(obj, DictionaryObject):
+            if obj.get("/Type") in ("/Page", "/Pages"):
+                return True
+            stack.extend(obj.values())
+        elif isinstance(obj, ArrayObject):
+            stack.extend(obj)
+    return False
+
+
 def split(inputs: list[Path], output: Path, params: Mapping[str, Any]) -> None:
     """Write ``inputs[0]`` as ``part-0001.pdf``, ... of ``pages_per_part`` pages into ``output``."""
     if len(inputs) != 1:
@@ -572,11 +656,14 @@ def split(inputs: list[Path], output: Path, params: Mapping[str, Any]) -> None:
             for page_number in range(first, stop):
                 _sized(reader.pages[page_number], f"{path.name}: page {page_number + 1}")
             writer = PdfWriter()
-            # append, not add_page: a page's link to a page outside the part carried that
-            # page along (its content, unseen in the part's page tree, sent to whoever gets
-            # the part: audit EN); append drops such links. Without the outline: its entries
-            # are filtered per part by walking all of it (26 ms a part at 2,000 entries).
-            writer.append(reader, pages=(first, stop), import_outline=False)
+            for page_number in range(first, stop):
+                writer.add_page(reader.pages[page_number])
+            # A page's annotations may lead to a page outside the part (a link, a reply's
+            # /IRT, a stale /P), which add_page copied along: its content, unseen in the
+            # part's page tree, went to whoever got the part (audit EN). pypdf's append
+            # drops links only, and with another such reference carried the whole document
+            # (review EO), at a cost per part growing with the named destinations.
+            _confine_annotations(writer)
             # "xb": the folder is ours and starts empty; never clobber whatever appeared in it.
             with (output / f"part-{index + 1:0{width}d}.pdf").open("xb") as fh:
                 writer.write(fh)

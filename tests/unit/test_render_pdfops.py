@@ -12,6 +12,7 @@ import pytest
 from pypdf import PdfReader, PdfWriter
 from pypdf.errors import DeprecationError, PyPdfError
 from pypdf.generic import (
+    ArrayObject,
     ContentStream,
     DictionaryObject,
     NameObject,
@@ -402,15 +403,39 @@ def test_a_split_part_carries_no_page_of_another_part(tmp_path: Path) -> None:
             canvas.linkAbsolute("to page 5", "p5", (72, 700, 200, 740))
         canvas.showPage()
     canvas.save()
+    # and notes that lead there too: a reply (/IRT) to a note on page 5, and a note whose
+    # /P, left stale by a tool that reordered pages, names page 4
+    writer = PdfWriter(clone_from=tmp_path / "linked.pdf")
+    refs = [page.indirect_reference for page in writer.pages]
+
+    def note(on: int, **keys: Any) -> Any:
+        annot = DictionaryObject({NameObject("/Type"): NameObject("/Annot"),
+                                  NameObject("/Subtype"): NameObject("/Text"),
+                                  NameObject("/Rect"): RectangleObject([0, 0, 20, 20]),
+                                  **{NameObject("/" + k): v for k, v in keys.items()}})
+        ref = writer._add_object(annot)
+        page = writer.pages[on]
+        if "/Annots" not in page:
+            page[NameObject("/Annots")] = ArrayObject()
+        page["/Annots"].append(ref)
+        return ref
+
+    note(0, P=refs[0], IRT=note(4, P=refs[4]))
+    note(1, P=refs[3])
+    writer.write(tmp_path / "linked.pdf")
     out = tmp_path / "parts"
     out.mkdir()
 
     # When it is split into parts of two pages
     pdfops.split([tmp_path / "linked.pdf"], out, {"pages_per_part": 2})
 
-    # Then the first part holds its two pages and nothing of page 5: the link's target came
-    # along, unseen in its page tree, its text sent to whoever got the part (audit EN)
+    # Then the first part holds its two pages and nothing of pages 4 or 5: the link's target
+    # came along, unseen in its page tree, its text sent to whoever got the part (audit
+    # EN), and with pypdf's append a note's reference carried the whole document (review
+    # EO); the notes stay, on their own pages
     part = PdfReader(out / "part-0001.pdf")
+    assert [[a.get_object()["/Subtype"] for a in page.get("/Annots", [])]
+            for page in part.pages] == [["/Text"], ["/Text"]]
     assert len(part.pages) == 2
     texts = []
     for num in {n for gens in part.xref.values() for n in gens}:
