@@ -133,14 +133,16 @@ def load_csv(path: Path) -> Dataset:
         if header is None or not any(h.strip() for h in header):
             raise InvalidInput(f"{path.name}: empty CSV (a header row is required)")
         header = [h.strip() for h in header]
-        if len(header) == 1 and (sep := next((c for c in ";\t" if c in header[0]), None)):
+        sep = _other_delimiter(text)
+        if sep is not None:
             # Read as one column of text, it rendered with no numbers and no totals, and the
-            # job completed (audit EN). A semicolon export (Excel where the decimal mark is
-            # a comma) has decimal commas too, which no delimiter guess would read right.
+            # job completed (audit EN); with a comma in a header, as two columns of garbage
+            # (review EO). A semicolon export (Excel where the decimal mark is a comma) has
+            # decimal commas too, which no delimiter guess would read right.
             kind = "semicolon" if sep == ";" else "tab"
             raise InvalidInput(
-                f"{path.name}: the header is one column holding {kind}s "
-                f"({quoted(header[0])}): a {kind}-separated file? renderctl reads "
+                f"{path.name}: the header row has more {kind}s than commas outside quotes "
+                f"({quoted(', '.join(header))}): a {kind}-separated file? renderctl reads "
                 "comma-separated CSV with '.' as the decimal mark; export it so")
         if len(header) > MAX_COLUMNS:
             raise InvalidInput(f"{path.name}: {len(header)} columns is more than {MAX_COLUMNS}")
@@ -166,6 +168,21 @@ def load_csv(path: Path) -> Dataset:
     except csv.Error as exc:
         raise InvalidInput(f"{path.name}: line {reader.line_num}: bad CSV: {exc}") from exc
     return Dataset(header=tuple(header), rows=tuple(rows), lines=tuple(lines))
+
+
+def _other_delimiter(text: str) -> str | None:
+    """";" or a tab if the first row holds more of it than commas outside quotes (a header
+    "Comments; notes", quoted, is one comma-separated column), else None."""
+    counts = {",": 0, ";": 0, "\t": 0}
+    quoted_now = False
+    for char in text:
+        if char == '"':
+            quoted_now = not quoted_now
+        elif char == "\n" and not quoted_now:
+            break
+        elif char in counts and not quoted_now:
+            counts[char] += 1
+    return next((c for c in ";\t" if counts[c] > counts[","]), None)
 
 
 def to_decimal(cell: str) -> Decimal | None:
@@ -333,9 +350,16 @@ def _pick_totals(
 def _text_key(cell: str) -> tuple[str, str]:
     """Sort key of a text cell: by its letters without accents, case folded ("Ärger" among
     the A's and "École" among the E's, not after "zulu": audit EN), then as written."""
-    base = "".join(c for c in unicodedata.normalize("NFKD", cell)
+    base = "".join(c for c in unicodedata.normalize("NFKD", cell.translate(_UNMARKED))
                    if not unicodedata.combining(c))
     return base.casefold(), cell.casefold()
+
+
+# Letters that carry their mark in themselves (no combining accent to strip): "Øre" sorted
+# after "zulu" (review EO).
+_UNMARKED = str.maketrans({"Ø": "O", "ø": "o", "Ł": "L", "ł": "l", "Đ": "D", "đ": "d",
+                           "Æ": "AE", "æ": "ae", "Œ": "OE", "œ": "oe", "ß": "ss", "Þ": "TH",
+                           "þ": "th", "Ð": "D", "ð": "d"})
 
 
 def _sorted_rows(
@@ -731,14 +755,27 @@ def _bar_chart(data: Dataset, column: Column, label: Column | None, width: float
 
 
 def _header_names(full: list[str], limits: list[float], size: float) -> list[str]:
-    """Each header cut to its column's width at its end; those that this makes alike where
-    they differ ("Amount…" for "Amount 1" to "Amount 20", 12 columns of 20 not told apart:
-    audit EN) cut in the middle instead ("Am…t 17"), as the chart's names are."""
+    """Each header cut to its column's width at its end. Those this makes alike where they
+    differ ("Amount…" for "Amount 1" to "Amount 20", 12 columns of 20 not told apart: audit
+    EN) lose the words they all share first ("…10", "…20"; cut in the middle instead,
+    "Amount 10" and "Amount 20" both printed "Am…0": review EO), then what is left is cut
+    in its middle, and any still alike are numbered ("#12")."""
     names = [_clip(n, FONT_BOLD, lim, size) for n, lim in zip(full, limits, strict=True)]
-    alike = {n for n in names if names.count(n) > 1}
-    return [_clip_middle(f, FONT_BOLD, lim, size)
-            if n in alike and n != f else n
-            for n, f, lim in zip(names, full, limits, strict=True)]
+
+    def alike() -> list[int]:
+        return [i for i, n in enumerate(names) if names.count(n) > 1 and n != full[i]]
+
+    same = alike()
+    if not same:
+        return names
+    short = dict(zip(same, _without_common_words([full[i] for i in same]), strict=True))
+    for i in same:
+        names[i] = _clip(short[i], FONT_BOLD, limits[i], size)
+    for i in alike():
+        names[i] = _clip_middle(short.get(i, full[i]), FONT_BOLD, limits[i], size)
+    for i in alike():
+        names[i] = f"#{i + 1}"
+    return names
 
 
 CHART_NAME_WIDTH = 60  # points a bar's name may take, under the chart
