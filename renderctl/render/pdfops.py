@@ -545,69 +545,6 @@ def _stamp_page(
 # -- split ---------------------------------------------------------------------------------
 
 
-def _confine_annotations(writer: PdfWriter) -> None:
-    """Cut what leads from the annotations of ``writer``'s pages to a page not among them:
-    the keys that do (a /P is pointed at the annotation's own page), or the annotation
-    itself if it still does; then drop the objects nothing refers to any more. Nothing to
-    do, and nothing walked, for pages without annotations."""
-    pages = list(writer.pages)
-    if not any("/Annots" in page for page in pages):
-        return
-    own = {p.indirect_reference.idnum for p in pages if p.indirect_reference is not None}
-    tree = writer.root_object.get("/Pages")
-    if isinstance(tree, IndirectObject):
-        own.add(tree.idnum)
-    changed = False
-    for page in pages:
-        page.pop(NameObject("/B"), None)  # (article beads: threads of other pages)
-        annots = page.get("/Annots")
-        if annots is None:
-            continue
-        kept = ArrayObject()
-        for ref in annots.get_object():
-            annot = ref.get_object()
-            if isinstance(annot, DictionaryObject) and _leads_out(annot, own):
-                changed = True
-                for key in ("/P", "/Parent", "/IRT", "/Popup", "/Dest", "/A"):
-                    if key in annot and _leads_out(annot[key], own):
-                        del annot[key]
-                if page.indirect_reference is not None and "/P" in annot:
-                    annot[NameObject("/P")] = page.indirect_reference
-                if _leads_out(annot, own) or (annot.get("/Subtype") == "/Link"
-                                              and "/Dest" not in annot and "/A" not in annot):
-                    continue  # (out by some other key, or a link to nowhere: it goes)
-            kept.append(ref)
-        page[NameObject("/Annots")] = kept
-    if changed:
-        _drop_unreachable(writer)
-
-
-def _drop_unreachable(writer: PdfWriter) -> None:
-    """Leave out of the file what its catalogue and info no longer lead to (what add_page
-    copied for references cut since). pypdf's own sweep (compress_identical_objects) looks
-    one level deep: an unreferenced page went, its content stream stayed."""
-    reached: set[int] = set()
-    stack: list[Any] = [writer.root_object, writer._info]
-    while stack:
-        obj = stack.pop()
-        if isinstance(obj, IndirectObject):
-            if obj.idnum in reached:
-                continue
-            reached.add(obj.idnum)
-            obj = obj.get_object()
-        if isinstance(obj, DictionaryObject):
-            stack.extend(obj.values())
-        elif isinstance(obj, ArrayObject):
-            stack.extend(obj)
-    for root in (writer.root_object, writer._info):
-        ref = getattr(root, "indirect_reference", None)
-        if ref is not None:
-            reached.add(ref.idnum)
-    for index, obj in enumerate(writer._objects):
-        if obj is not None and index + 1 not in reached:
-            writer._objects[index] = None
-
-
 def _leads_out(start: PdfObject, own: set[int]) -> bool:
     """Whether a page (or page tree) other than those numbered ``own`` can be reached from
     ``start``; pages of ``own`` are not entered (their content leads nowhere it should not)."""
@@ -655,15 +592,61 @@ def split(inputs: list[Path], output: Path, params: Mapping[str, Any]) -> None:
             first, stop = index * per_part, min(total, (index + 1) * per_part)
             for page_number in range(first, stop):
                 _sized(reader.pages[page_number], f"{path.name}: page {page_number + 1}")
-            writer = PdfWriter()
-            for page_number in range(first, stop):
-                writer.add_page(reader.pages[page_number])
-            # A page's annotations may lead to a page outside the part (a link, a reply's
-            # /IRT, a stale /P), which add_page copied along: its content, unseen in the
-            # part's page tree, went to whoever got the part (audit EN). pypdf's append
-            # drops links only, and with another such reference carried the whole document
-            # (review EO), at a cost per part growing with the named destinations.
-            _confine_annotations(writer)
-            # "xb": the folder is ours and starts empty; never clobber whatever appeared in it.
-            with (output / f"part-{index + 1:0{width}d}.pdf").open("xb") as fh:
-                writer.write(fh)
+            _write_part(reader, range(first, stop),
+                        output / f"part-{index + 1:0{width}d}.pdf")
+
+
+def _write_part(reader: PdfReader, numbers: range, path: Path) -> None:
+    """Pages ``numbers`` of ``reader`` as a PDF of their own at ``path``.
+
+    The pages go in first without their annotations and page actions, then each
+    annotation, as long as nothing it refers to leads to a page outside the part (what
+    does is cut: the keys, or the annotation). add_page copied a page's annotations with
+    whatever they named: a link's target page (its content, unseen in the part's page tree,
+    for whoever got the part: audit EN), and through it that page's own links, page after
+    page (a chain of 300 pages overflowed pypdf's recursion: review EQ); pypdf's append
+    drops links only, and carried the whole document through a note's reference, at a cost
+    per part growing with the named destinations (review EO). Added first, the part's pages
+    are where links within the part lead (pypdf maps each page it copied once)."""
+    writer = PdfWriter()
+    added = [writer.add_page(reader.pages[n], excluded_keys=_NOT_COPIED) for n in numbers]
+    own = {ref.idnum for n in numbers
+           if (ref := reader.pages[n].indirect_reference) is not None}
+    for n, page in zip(numbers, added, strict=True):
+        annots = reader.pages[n].get("/Annots")
+        annots = annots.get_object() if annots is not None else None
+        if not isinstance(annots, ArrayObject):
+            continue
+        kept = ArrayObject()
+        for ref in annots:
+            annot = ref.get_object()
+            if not isinstance(annot, DictionaryObject):
+                continue
+            if _leads_out(annot, own):
+                cut = _cut_out(annot, own)
+                if cut is not None:
+                    kept.append(writer._add_object(cut.clone(writer)))
+            elif isinstance(ref, IndirectObject):
+                kept.append(ref.clone(writer))
+            else:
+                kept.append(writer._add_object(annot.clone(writer)))
+        if kept:
+            page[NameObject("/Annots")] = kept
+    # "xb": the folder is ours and starts empty; never clobber whatever appeared in it.
+    with path.open("xb") as fh:
+        writer.write(fh)
+
+
+# A page's own keys a part does not copy: its annotations (added after, checked), page
+# open/close actions and article beads, which may lead to other pages.
+_NOT_COPIED = ("/Annots", "/AA", "/B")
+
+
+def _cut_out(annot: DictionaryObject, own: set[int]) -> DictionaryObject | None:
+    """A copy of ``annot`` without the keys that lead out of the part (``own``: its pages'
+    numbers in the source), or None if it still does, or is a link left with no target."""
+    copy = DictionaryObject({k: v for k, v in annot.items() if not _leads_out(v, own)})
+    if _leads_out(copy, own) or (copy.get("/Subtype") == "/Link"
+                                 and "/Dest" not in copy and "/A" not in copy):
+        return None
+    return copy

@@ -401,6 +401,9 @@ def test_a_split_part_carries_no_page_of_another_part(tmp_path: Path) -> None:
         canvas.bookmarkPage(f"p{n}")
         if n == 1:
             canvas.linkAbsolute("to page 5", "p5", (72, 700, 200, 740))
+            canvas.linkAbsolute("to page 2", "p2", (72, 600, 200, 640))
+        if n == 2:
+            canvas.linkAbsolute("to page 1", "p1", (72, 600, 200, 640))
         canvas.showPage()
     canvas.save()
     # and notes that lead there too: a reply (/IRT) to a note on page 5, and a note whose
@@ -435,7 +438,12 @@ def test_a_split_part_carries_no_page_of_another_part(tmp_path: Path) -> None:
     # EO); the notes stay, on their own pages
     part = PdfReader(out / "part-0001.pdf")
     assert [[a.get_object()["/Subtype"] for a in page.get("/Annots", [])]
-            for page in part.pages] == [["/Text"], ["/Text"]]
+            for page in part.pages] == [["/Link", "/Text"], ["/Link", "/Text"]]
+    # and its links within the part lead to its pages, the one to a later page too (a copy
+    # of page 2 outside the page tree, before: review EQ)
+    own = [page.indirect_reference.idnum for page in part.pages]
+    assert [page["/Annots"][0].get_object()["/Dest"][0].idnum
+            for page in part.pages] == [own[1], own[0]]
     assert len(part.pages) == 2
     texts = []
     for num in {n for gens in part.xref.values() for n in gens}:
@@ -803,3 +811,27 @@ def test_a_plain_python_error_from_inside_a_library_is_said_as_damage(
     with pytest.raises(InvalidInput) as caught, pdfops.pdf_errors("x.pdf"):
         fault()
     assert str(caught.value).startswith(said), str(caught.value)
+
+
+def test_a_split_of_pages_linked_in_a_chain_is_not_refused(tmp_path: Path) -> None:
+    # Given 300 pages, each linking to the next (a "next page" button)
+    canvas = Canvas(str(tmp_path / "chain.pdf"))
+    for n in range(1, 301):
+        canvas.drawString(72, 720, f"chain page {n}")
+        canvas.bookmarkPage(f"p{n}")
+        if n < 300:
+            canvas.linkAbsolute("next", f"p{n + 1}", (72, 700, 200, 740))
+        canvas.showPage()
+    canvas.save()
+    out = tmp_path / "parts"
+    out.mkdir()
+
+    # When it is split page by page (with the worker's recursion limit)
+    pdfops.split([tmp_path / "chain.pdf"], out, {"pages_per_part": 1})
+
+    # Then every part is its one page: each link's target was copied, and its link, and
+    # so on down the chain, until pypdf's recursion overflowed and the valid PDF was
+    # refused as unreadable (review EQ)
+    assert len(list(out.iterdir())) == 300
+    last = PdfReader(out / "part-0300.pdf")
+    assert len(last.pages) == 1 and "chain page 300" in last.pages[0].extract_text()
