@@ -133,7 +133,7 @@ def load_csv(path: Path) -> Dataset:
         if header is None or not any(h.strip() for h in header):
             raise InvalidInput(f"{path.name}: empty CSV (a header row is required)")
         header = [h.strip() for h in header]
-        sep = _other_delimiter(text)
+        sep = _other_delimiter(text, header)
         if sep is not None:
             # Read as one column of text, it rendered with no numbers and no totals, and the
             # job completed (audit EN); with a comma in a header, as two columns of garbage
@@ -141,7 +141,7 @@ def load_csv(path: Path) -> Dataset:
             # decimal commas too, which no delimiter guess would read right.
             kind = "semicolon" if sep == ";" else "tab"
             raise InvalidInput(
-                f"{path.name}: the header row has more {kind}s than commas outside quotes "
+                f"{path.name}: the header row is split by {kind}s, not commas "
                 f"({quoted(', '.join(header))}): a {kind}-separated file? renderctl reads "
                 "comma-separated CSV with '.' as the decimal mark; export it so")
         if len(header) > MAX_COLUMNS:
@@ -170,19 +170,18 @@ def load_csv(path: Path) -> Dataset:
     return Dataset(header=tuple(header), rows=tuple(rows), lines=tuple(lines))
 
 
-def _other_delimiter(text: str) -> str | None:
-    """";" or a tab if the first row holds more of it than commas outside quotes (a header
-    "Comments; notes", quoted, is one comma-separated column), else None."""
-    counts = {",": 0, ";": 0, "\t": 0}
-    quoted_now = False
-    for char in text:
-        if char == '"':
-            quoted_now = not quoted_now
-        elif char == "\n" and not quoted_now:
-            break
-        elif char in counts and not quoted_now:
-            counts[char] += 1
-    return next((c for c in ";\t" if counts[c] > counts[","]), None)
+def _other_delimiter(text: str, header: list[str]) -> str | None:
+    """";" or a tab if most of the parsed header's fields hold one, none of them quoted (a
+    header "Comments; notes", quoted, is one comma-separated column; "Name,Tags;a;b" two),
+    else None. Judged on what csv parsed: a scan of its own took a bare '"' for a quote
+    (review EQ)."""
+    if text.lstrip(" ").startswith('"'):
+        return None
+    for sep in ";\t":
+        holding = sum(1 for field in header if sep in field.strip())
+        if holding and holding * 2 > len(header) and '"' not in text.partition("\n")[0]:
+            return sep
+    return None
 
 
 def to_decimal(cell: str) -> Decimal | None:
@@ -768,7 +767,10 @@ def _header_names(full: list[str], limits: list[float], size: float) -> list[str
     same = alike()
     if not same:
         return names
-    short = dict(zip(same, _without_common_words([full[i] for i in same]), strict=True))
+    short: dict[int, str] = {}
+    for clipped in {names[i] for i in same}:  # (each group of alike ones on its own)
+        group = [i for i in same if names[i] == clipped]
+        short.update(zip(group, _without_common_words([full[i] for i in group]), strict=True))
     for i in same:
         names[i] = _clip(short[i], FONT_BOLD, limits[i], size)
     for i in alike():

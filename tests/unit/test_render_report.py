@@ -102,7 +102,7 @@ def test_bad_params_name_the_param_and_column(
         (b"units,revenue\n3,4.50\n12\x00,1\n", "line 3 holds a NUL character"),
         # Another delimiter: one column of text, no numbers, no totals, and the job done
         # (audit EN)
-        (b"region;units;revenue\nnorth;3;4,50\n", "more semicolons than commas"),
+        (b"region;units;revenue\nnorth;3;4,50\n", "split by semicolons, not commas"),
         (b"region\tunits\nnorth\t3\n", "tab-separated file"),
         # (with a comma in a header it read as two columns of garbage: review EO)
         (b"Region;Revenue, EUR;Units\nnorth;3,5;7\n", "semicolon-separated file"),
@@ -473,12 +473,19 @@ def test_text_sorts_by_letter_whatever_the_accent(tmp_path: Path) -> None:
                      "zulu"], order
 
 
-def test_a_quoted_header_may_hold_semicolons(tmp_path: Path) -> None:
-    # A one-column CSV whose header, quoted, holds a semicolon is comma-separated still
-    # (refused as a semicolon export: review EO)
-    source = tmp_path / "notes.csv"
-    source.write_bytes(b'"Comments; notes"\nfine\nok\n')
-    assert report.load_csv(source).header == ("Comments; notes",)
+@pytest.mark.parametrize(("content", "header"), [
+    # a one-column CSV whose header, quoted, holds a semicolon (refused: review EO)
+    (b'"Comments; notes"\nfine\nok\n', ("Comments; notes",)),
+    # a semicolon in one header of two, trailing tabs, a bare quote (refused: review EQ)
+    (b"Name,Tags;comma;list\na,b\n", ("Name", "Tags;comma;list")),
+    (b"Name,Amount\t\t\na,1\n", ("Name", "Amount")),
+    (b'Name,Size (5")\n"Smith; Jr; John",12\n', ("Name", 'Size (5")')),
+])
+def test_a_comma_csv_may_hold_semicolons_and_tabs(tmp_path: Path, content: bytes,
+                                                  header: tuple[str, ...]) -> None:
+    source = tmp_path / "c.csv"
+    source.write_bytes(content)
+    assert report.load_csv(source).header == header
 
 
 def test_headers_that_share_words_are_told_apart_by_the_rest(tmp_path: Path) -> None:
@@ -488,3 +495,13 @@ def test_headers_that_share_words_are_told_apart_by_the_rest(tmp_path: Path) -> 
     lines = render_pages(source, tmp_path / "r.pdf")[0].split("\n")
     # "Amount 10" and "Amount 20" both printed "Am…0" when cut in the middle (review EO)
     assert [f"…{n}" for n in range(1, 21)] == [ln for ln in lines if ln.startswith("…")][:20]
+
+
+def test_two_groups_of_alike_headers_each_lose_their_own_shared_words(tmp_path: Path) -> None:
+    header = ["Revenue 2023 Q1 forecast", "Revenue 2023 Q2 forecast", "Cost 2024 H1 plan",
+              "Cost 2024 H2 plan"]
+    source = write_csv(tmp_path / "g.csv", header, [["1.5"] * 4])
+    names = report._header_names(header, [40.0] * 4, 8.5)
+    # (all four stripped of what all four share left two pairs alike, then numbered: review EQ)
+    assert len(set(names)) == 4 and not any(n.startswith("#") for n in names), names
+    assert render_pages(source, tmp_path / "r.pdf")
