@@ -171,15 +171,16 @@ def load_csv(path: Path) -> Dataset:
 
 
 def _other_delimiter(text: str, header: list[str]) -> str | None:
-    """";" or a tab if most of the parsed header's fields hold one, none of them quoted (a
-    header "Comments; notes", quoted, is one comma-separated column; "Name,Tags;a;b" two),
-    else None. Judged on what csv parsed: a scan of its own took a bare '"' for a quote
-    (review EQ)."""
-    if text.lstrip(" ").startswith('"'):
+    """";" or a tab if most of the parsed header's fields hold one and its first line has
+    more of it than commas, else None: "region;units" (one field), 'Region;"Revenue, EUR"'
+    (two fields of garbage) are refused; "Name,Tags;a;b" and "Name,Notes (a;b),Tags (x;y)"
+    (review ER) are not, nor one quoted field ('"Comments; notes"': review EO)."""
+    line = text.partition("\n")[0]
+    if len(header) == 1 and line.lstrip(" ").startswith('"'):
         return None
     for sep in ";\t":
         holding = sum(1 for field in header if sep in field.strip())
-        if holding and holding * 2 > len(header) and '"' not in text.partition("\n")[0]:
+        if holding * 2 > len(header) and line.count(sep) > line.count(","):
             return sep
     return None
 

@@ -106,6 +106,9 @@ def test_bad_params_name_the_param_and_column(
         (b"region\tunits\nnorth\t3\n", "tab-separated file"),
         # (with a comma in a header it read as two columns of garbage: review EO)
         (b"Region;Revenue, EUR;Units\nnorth;3,5;7\n", "semicolon-separated file"),
+        # (and with a field quoted as Excel quotes one holding the delimiter: review ER)
+        (b'Region;"Notes; free";Units\nnorth;x;7\n', "semicolon-separated file"),
+        (b'Region;"Revenue, EUR";Units\nnorth;3,5;7\n', "semicolon-separated file"),
     ],
 )
 def test_bad_csv_is_invalid_input(tmp_path: Path, content: bytes, message: str) -> None:
@@ -480,6 +483,7 @@ def test_text_sorts_by_letter_whatever_the_accent(tmp_path: Path) -> None:
     (b"Name,Tags;comma;list\na,b\n", ("Name", "Tags;comma;list")),
     (b"Name,Amount\t\t\na,1\n", ("Name", "Amount")),
     (b'Name,Size (5")\n"Smith; Jr; John",12\n', ("Name", 'Size (5")')),
+    (b"Name,Notes (a;b),Tags (x;y)\nann,1,2\n", ("Name", "Notes (a;b)", "Tags (x;y)")),
 ])
 def test_a_comma_csv_may_hold_semicolons_and_tabs(tmp_path: Path, content: bytes,
                                                   header: tuple[str, ...]) -> None:
