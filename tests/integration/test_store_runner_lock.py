@@ -199,6 +199,17 @@ def test_a_runner_whose_queue_folder_is_moved_away_and_replaced_stops_with_74(
     assert not list((moved / "control").glob("started.*"))  # (its evidence went after use)
 
 
+def _runs_again_uncharged(moved: Path, out: Path, job_id: str) -> None:
+    """The moved queue's next runner runs ``job_id`` again and completes it: its first
+    attempt was released by the stop, not charged (`crashed`, a job of max_attempts = 1
+    went to dead/ for what its operator did)."""
+    res = run_cli("run", "--queue", moved, "--out", out, timeout=60)
+    assert res.returncode == ExitCode.OK, res.stdout + res.stderr
+    attempts = QueueView(moved).record("done", job_id)["attempts"]
+    assert [a["outcome"] for a in attempts] == ["released", "completed"], attempts
+    assert_pdf(out / f"{job_id}.pdf", job_id)
+
+
 @pytest.mark.parametrize("replaced", [False, True])
 def test_a_queue_moved_as_a_job_ends_has_that_job_released_not_crashed(
         tmp_path: Path, write_manifest: Any, replaced: bool) -> None:
@@ -214,15 +225,11 @@ def test_a_queue_moved_as_a_job_ends_has_that_job_released_not_crashed(
     # When it runs, and the moved folder's next runner runs what it holds
     first = run_cli("run", manifest, *cli_args(queue, out, "--workers", "1"), timeout=60)
     assert first.returncode == ExitCode.IO_ERROR, first.stdout + first.stderr
-    res = run_cli("run", "--queue", moved, "--out", out, timeout=60)
 
-    # Then the job completes on its second attempt: the first was released by the stop
-    # (charged `crashed`, it went to dead/ for what its operator did: review EF; and with
-    # a folder in its place, fenced and its output withdrawn first: review EI)
-    assert res.returncode == ExitCode.OK, res.stdout + res.stderr
-    attempts = QueueView(moved).record("done", "mover")["attempts"]
-    assert [a["outcome"] for a in attempts] == ["released", "completed"], attempts
-    assert_pdf(out / "mover.pdf", "mover")
+    # Then the job completes on its second attempt, the first released by the stop (review
+    # EF; and with a folder in its place, it was fenced and its output withdrawn first:
+    # review EI)
+    _runs_again_uncharged(moved, out, "mover")
 
 
 def test_a_queue_moved_and_replaced_during_a_stop_has_its_jobs_released(
@@ -248,12 +255,7 @@ def test_a_queue_moved_and_replaced_during_a_stop_has_its_jobs_released(
         runner.close()
 
     # And the moved folder's next runner runs it again, uncharged
-    moved = tmp_path / "q.moved"
-    res = run_cli("run", "--queue", moved, "--out", out, timeout=60)
-    assert res.returncode == ExitCode.OK, res.stdout + res.stderr
-    attempts = QueueView(moved).record("done", "slow")["attempts"]
-    assert [a["outcome"] for a in attempts] == ["released", "completed"], attempts
-    assert_pdf(out / "slow.pdf", "slow")
+    _runs_again_uncharged(tmp_path / "q.moved", out, "slow")
 
 
 def test_a_queue_whose_parent_becomes_a_file_has_its_job_released_not_crashed(
@@ -280,12 +282,8 @@ def test_a_queue_whose_parent_becomes_a_file_has_its_job_released_not_crashed(
         runner.close()
 
     # And the moved queue's next runner runs the job again, uncharged (only ENOENT counted
-    # as the folder moved: charged `crashed`, it was dead-lettered; review EK)
-    moved = tmp_path / "p.moved" / "q"
-    res = run_cli("run", "--queue", moved, "--out", out, timeout=60)
-    assert res.returncode == ExitCode.OK, res.stdout + res.stderr
-    attempts = QueueView(moved).record("done", "slow")["attempts"]
-    assert [a["outcome"] for a in attempts] == ["released", "completed"], attempts
+    # as the folder moved: review EK)
+    _runs_again_uncharged(tmp_path / "p.moved" / "q", out, "slow")
 
 
 def _exchange(a: Path, b: Path) -> None:
