@@ -27,7 +27,7 @@ KNOWN = frozenset({
     "locked", "claim", "claim:expiring", "lease", "folders", "start", "commit",
     "commit:synced", "publish:before_link", "publish:after_link", "commit:placed",
     "publish:after_done",
-    "dead", "rebalance",
+    "dead", "rebalance", "trim:placed",
     "unresponsive", "released", "shutdown", "suspend:stopping", "start_worker",
     # store: submit, finish, dead retry
     "submit:parsed", "submit:listed", "submit:checked", "submit:staged", "submit:placed",

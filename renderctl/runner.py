@@ -1914,6 +1914,7 @@ class Runner:
             self._read_messages(w)  # (it may have started some since the loop looked)
             if w.kill_reason is not None or len(w.queued) <= 2 * depth:
                 continue
+            self.crash_point("rebalance")
             taken = self._take_back(w, now)
             if not taken:
                 continue  # (None: its gate is held; tried again next turn)
@@ -1948,7 +1949,8 @@ class Runner:
             owner[id(t)] = a
             transitions.append(t)
         dropped = {id(t) for t in self.q.finish(
-            transitions, crash_hook=self._finish_hook(transitions),
+            # (The records placed in pending/ and synced, the running copies still there.)
+            transitions, crash_hook=lambda _: self.crash_point("trim:placed"),
             held=lambda t: self._holds(owner[id(t)].claim))}
         for t in transitions:
             if id(t) in dropped:

@@ -847,11 +847,11 @@ def test_jobs_prefetched_as_instant_that_turn_out_slow_are_shared_with_a_late_wo
         assert not [ln for ln in requeued if "more queued than its share" in ln], requeued
 
 
-def test_a_higher_priority_job_does_not_wait_behind_slow_jobs_prefetched_as_instant(
-        tmp_path: Path, write_manifest: Any) -> None:
-    # Given one worker that has run forty instant jobs (the prefetch depth then ~10: ~40
-    # ms of them) and was then sent slow ones, each running until its go file exists (the
-    # first 1 s at least, which brings the depth down to 1)
+def _instant_then_slow(tmp_path: Path,
+                       write_manifest: Any) -> tuple[Path, Path, list[str], list[str]]:
+    """(manifest, execution log, quick ids, slow ids): forty instant jobs first (priority
+    5), then ten slow ones, each running until ``tmp_path/<id>.go`` exists (slow0 1 s at
+    least, which brings the prefetch depth down to 1 as it ends)."""
     stage(tmp_path)
     log = tmp_path / "exec.log"
     quick = [f"q{n}" for n in range(40)]
@@ -860,6 +860,15 @@ def test_a_higher_priority_job_does_not_wait_behind_slow_jobs_prefetched_as_inst
         [{**py_job(j, "logged_write", log=str(log)), "priority": 5} for j in quick]
         + [py_job(j, "logged_hold", log=str(log), go=str(tmp_path / f"{j}.go"),
                   min_s=1.0 if j == "slow0" else 0) for j in slow])
+    return manifest, log, quick, slow
+
+
+def test_a_higher_priority_job_does_not_wait_behind_slow_jobs_prefetched_as_instant(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given one worker that has run forty instant jobs (the prefetch depth then ~10: ~40
+    # ms of them) and was then sent slow ones, each running until its go file exists (the
+    # first 1 s at least, which brings the depth down to 1)
+    manifest, log, quick, slow = _instant_then_slow(tmp_path, write_manifest)
     queue, out = tmp_path / "q", tmp_path / "out"
     runner = Runner(manifest, *cli_args(queue, out, "--workers", "1", "--json"))
     try:
@@ -888,6 +897,41 @@ def test_a_higher_priority_job_does_not_wait_behind_slow_jobs_prefetched_as_inst
     assert sorted(ran) == sorted([*quick, *slow, "hot"]), ran
     assert [j for j in ran if j.startswith("slow")] == slow, ran
     assert QueueView(queue).ids("done") == {*quick, *slow, "hot"}
+
+
+def test_a_runner_killed_as_it_sends_prefetched_jobs_back_loses_none_and_runs_none_twice(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given one worker sent slow jobs deep behind forty instant ones (as above)
+    manifest, log, quick, slow = _instant_then_slow(tmp_path, write_manifest)
+    queue, out = tmp_path / "q", tmp_path / "out"
+    runner = Runner(manifest, *cli_args(queue, out, "--workers", "1", "--json"),
+                    env={"RENDERCTL_CRASH_AT": "trim:placed"})
+    try:
+        runner.until(lambda ln: '"started"' in ln and '"slow0"' in ln)
+
+        # When the first slow job ends, and the runner SIGKILLs itself once the jobs its
+        # worker held beyond the fallen depth are back in pending/, their running copies
+        # not yet removed
+        (tmp_path / "slow0.go").touch()
+        assert runner.wait(30) == -signal.SIGKILL, runner.lines
+    finally:
+        for j in slow:
+            (tmp_path / f"{j}.go").touch()
+        runner.close()
+    res = run_cli("run", *cli_args(queue, out, "--workers", "1"), timeout=120)
+
+    # Then the next runner completes every job: those sent back once each (found in both
+    # pending/ and running/, the pending copy stands); only the job that had ended (its
+    # result not yet recorded) and the one running at the kill again
+    assert res.returncode == 0, res.stdout + res.stderr
+    view = QueueView(queue)
+    assert view.states_of([*quick, *slow]) == {j: ["done"] for j in [*quick, *slow]}
+    ran = [line.split()[0] for line in log.read_text().splitlines()]
+    twice = {j for j in set(ran) if ran.count(j) > 1}
+    crashed = {j for j in slow if any(a["outcome"] == "crashed"
+                                      for a in view.record("done", j)["attempts"])}
+    assert twice <= crashed <= {"slow0", "slow1"}, (twice, crashed, ran)
+    assert sorted(set(ran)) == sorted([*quick, *slow])
 
 
 def test_jobs_queued_behind_a_long_job_go_before_a_backlog_of_newer_ones(
