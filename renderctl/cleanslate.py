@@ -194,6 +194,11 @@ class Baseline:
         # can no longer keep its own folders; nothing can give the identity back.
         self.identity = _identity()
         self.no_new_privs = _no_new_privs()
+        # Per-process flags only prctl() sets, below what Python can watch (audit EU): a job
+        # that cleared the subreaper flag left its worker handing every later job's
+        # double-forked helper to the runner, which killed it mid-job as an orphan; one that
+        # cleared dumpable or renamed the process left that to every later job.
+        self.process_flags = _process_flags()
         # The context a job finds is a fresh copy each time: a job's arithmetic also sets
         # the context's flags, which the next job must not inherit either.
         self.decimal = decimal.getcontext().copy()
@@ -434,6 +439,10 @@ class Baseline:
             problems.append("the job changed its worker's user or groups")
         if _no_new_privs() != self.no_new_privs:
             problems.append("the job set no_new_privs on its worker, which cannot be undone")
+        if _process_flags() != self.process_flags and not _set_process_flags(
+                self.process_flags):
+            problems.append("the job changed its worker's process flags (prctl), which "
+                            "could not be put back")
         return problems
 
     def restore_from_outside(self) -> list[str]:
@@ -613,6 +622,32 @@ def _no_new_privs() -> int:
         except (OSError, AttributeError):
             _prctl = False
     return int(_prctl(_PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0)) if _prctl else 0
+
+
+_PR_GET_DUMPABLE, _PR_SET_DUMPABLE = 3, 4
+_PR_SET_NAME, _PR_GET_NAME = 15, 16
+_PR_SET_CHILD_SUBREAPER, _PR_GET_CHILD_SUBREAPER = 36, 37
+
+
+def _process_flags() -> tuple[int, int, bytes]:
+    """(child subreaper, dumpable, name) of this process (~3 us)."""
+    _no_new_privs()  # (loads _prctl)
+    if not _prctl:
+        return 0, 0, b""
+    subreaper = ctypes.c_int(0)
+    _prctl(_PR_GET_CHILD_SUBREAPER, ctypes.byref(subreaper), 0, 0, 0)
+    name = ctypes.create_string_buffer(16)
+    _prctl(_PR_GET_NAME, name, 0, 0, 0)
+    return subreaper.value, int(_prctl(_PR_GET_DUMPABLE, 0, 0, 0, 0)), name.value
+
+
+def _set_process_flags(flags: tuple[int, int, bytes]) -> bool:
+    """Set them back; whether they now are as given."""
+    subreaper, dumpable, name = flags
+    _prctl(_PR_SET_CHILD_SUBREAPER, subreaper, 0, 0, 0)
+    _prctl(_PR_SET_DUMPABLE, dumpable, 0, 0, 0)
+    _prctl(_PR_SET_NAME, ctypes.c_char_p(name), 0, 0, 0)
+    return _process_flags() == flags
 
 
 def _restore_list(live: list[Any], then: list[Any], initial: frozenset[str]) -> bool:

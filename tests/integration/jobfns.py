@@ -1339,6 +1339,9 @@ def observe_process(inputs: Sequence[Path], output: Path, params: Mapping[str, A
                                              sys.__stdin__, sys.__stdout__, sys.__stderr__)],
         "wakeup_fd": signal.set_wakeup_fd(-1),
         "event_loop": _current_event_loop(),
+        # (audit EU) what only prctl() sets: the subreaper flag (cleared, a later job's
+        # double-forked helper went to the runner, which killed it mid-job), dumpable, name
+        "prctl": _prctl_flags(),
     }
     os.umask(seen["umask"])
     with open(params["report"], "a") as fh:
@@ -1456,6 +1459,24 @@ def pollute_process(inputs: Sequence[Path], output: Path, params: Mapping[str, A
     sys.stdin.close()
     sys.__stdout__.detach()  # type: ignore[union-attr]
     sys.stderr.close()
+    # (audit EU)
+    import ctypes
+
+    prctl = ctypes.CDLL(None).prctl
+    prctl(36, 0, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER off
+    prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE off
+    prctl(15, ctypes.c_char_p(b"polluted"), 0, 0, 0)  # PR_SET_NAME
+
+
+def _prctl_flags() -> list[Any]:
+    import ctypes
+
+    prctl = ctypes.CDLL(None).prctl
+    subreaper = ctypes.c_int(-1)
+    prctl(37, ctypes.byref(subreaper), 0, 0, 0)  # PR_GET_CHILD_SUBREAPER
+    name = ctypes.create_string_buffer(16)
+    prctl(16, name, 0, 0, 0)  # PR_GET_NAME
+    return [subreaper.value, prctl(3, 0, 0, 0, 0), name.value.decode()]  # PR_GET_DUMPABLE
 
 
 def read_stdin(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
@@ -1504,7 +1525,7 @@ def taint_worker(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]
     undo (``params["what"]``): an audit hook (logging each event, with the job id, to
     ``params["log"]``), a fork handler, no_new_privs, its user (root gives itself up for
     nobody), or what the clean-up cannot even read (``unrestorable``); or import a library
-    that registers a fork handler of its own."""
+    that registers a fork handler of its own; or unfreeze the worker's heap."""
     write_pdf(inputs, output, params)
     with open(params["report"], "a") as fh:
         fh.write(json.dumps({"pid": os.getpid()}) + "\n")
@@ -1550,6 +1571,11 @@ def taint_worker(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]
     elif what == "seteuid":
         os.seteuid(65534)
         os.seteuid(0)
+    elif what == "unfreeze":
+        # (audit EU) the worker's heap, frozen, walked by every later job's collection
+        import gc
+
+        gc.unfreeze()
 
 
 def hardlink_output(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:

@@ -667,7 +667,7 @@ def test_a_job_finds_the_process_as_no_earlier_job_left_it(
     # Given one worker that runs: an observer, a job changing process-wide state (signals,
     # mask, umask, limits, time zone, locale, stdout, C environment, a timer, the decimal
     # context, socket timeout, warnings filters, logging, argv, gc, hooks, affinity, nice,
-    # random's seed), an observer
+    # random's seed, prctl's flags), an observer
     stage(tmp_path)
     report = tmp_path / "seen.jsonl"
     manifest = write_manifest([
@@ -1468,15 +1468,17 @@ def test_a_fork_bomb_meets_its_slots_task_limit_and_the_other_jobs_flow_on(
 
 
 @pytest.mark.parametrize("what", ["audithook", "atfork", "atfork_posix", "no_new_privs",
-                                  "setuid", "seteuid", "library_atfork", "unrestorable"])
+                                  "setuid", "seteuid", "library_atfork", "unrestorable",
+                                  "unfreeze"])
 def test_a_job_that_changes_its_worker_for_good_retires_it(
         tmp_path: Path, write_manifest: Any, what: str) -> None:
     # Given, for one worker, a job that leaves a change nothing can take back (an audit
     # hook, a fork handler, no_new_privs, root given up for nobody; seteuid to nobody and
     # back, which leaves the identity as it was and clears the parent-death signal: audit
     # BY), or that the clean-up fails on (audit DL: the worker died, charged to the next
-    # job), or imports a library that registers a fork handler (which is no such change),
-    # then a job that records its pid
+    # job), or unfreezes its heap (audit EU: every later collection walks it), or imports
+    # a library that registers a fork handler (which is no such change), then a job that
+    # records its pid
     stage(tmp_path)
     report, log = tmp_path / "seen.jsonl", tmp_path / "audit.log"
     manifest = write_manifest([
