@@ -25,6 +25,8 @@ from renderctl.lifecycle import State
 from renderctl.store import JobView, Queue, QueueStatus
 
 STATUS_SCHEMA_VERSION = 1
+# `show`: lines of an earlier attempt's stderr and traceback tails (the last one's: all kept).
+EARLIER_TAIL_LINES = 5
 
 
 def holder_dead(r: Any, alive: dict[Any, bool | None]) -> bool | None:
@@ -243,9 +245,18 @@ def render_job(c: Console, view: JobView) -> None:
         if a.get("error"):
             # A job's text may hold newlines and escape codes: shown, not obeyed.
             lines.append(f"    error: {one_line(a['error'])}")
-        if a.get("stderr_tail"):
-            for ln in text_lines(str(a["stderr_tail"]))[-5:]:
-                lines.append(f"    | {one_line(ln)}")
+        # The last attempt's tails whole (what an operator opens `show` for: audit EV, a
+        # traceback shown not at all, 5 of 20 stderr lines without a word), earlier ones'
+        # last lines; what is left out is said.
+        last = a is rec.attempts[-1]
+        for key, label in (("stderr_tail", "stderr"), ("traceback_tail", "traceback")):
+            if a.get(key):
+                tail = text_lines(str(a[key]))
+                shown = tail if last else tail[-EARLIER_TAIL_LINES:]
+                lines.append(f"    {label}"
+                             + (f" (last {len(shown)} of {len(tail)} lines kept; --json has "
+                                "them all)" if len(shown) < len(tail) else "") + ":")
+                lines.extend(f"    | {ln.rstrip()}" for ln in shown)  # (indented: kept)
     # Every field of a hand-edited record may hold ESC or BEL (an attempt's outcome, the
     # lease's host): shown, not obeyed.
     lines = [no_controls(ln) for ln in lines]

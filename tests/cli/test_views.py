@@ -153,28 +153,39 @@ def test_dashboard_shows_each_running_job_and_failure_whole_at_any_width(
         assert needle in text, (needle, c.export_text())
 
 
-def test_show_keeps_a_stderr_line_holding_a_form_feed_whole(tmp_path: Path,
-                                                            capsys: pytest.CaptureFixture[str],
-                                                            monkeypatch: pytest.MonkeyPatch
-                                                            ) -> None:
+def test_show_prints_the_last_attempts_tails_whole_and_says_what_it_leaves_out(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
     from renderctl.lifecycle import State
     from renderctl.store import JobView
 
-    # Given a dead job whose stderr's last lines hold form feeds (pdftotext's page breaks)
+    # Given a dead job of two attempts, each with 20 lines of stderr holding form feeds
+    # (pdftotext's page breaks), the last also with a traceback
     q = Queue(tmp_path / "q")
     q.submit([{"id": "j", "kind": "python", "callable": "m:f", "output": "j.bin"}],
              base=tmp_path, out_root=tmp_path / "out")
     view = q.get("j")
     tail = "\n".join(f"line {i}\fpage" for i in range(20))
-    rec = replace(view.record, attempts=({"n": 1, "outcome": "failed", "stderr_tail": tail},))
+    trace = "Traceback (most recent call last):\n  File \"m.py\", line 3, in f\nValueError: bad"
+    rec = replace(view.record, attempts=(
+        {"n": 1, "outcome": "failed", "stderr_tail": tail},
+        {"n": 2, "outcome": "failed", "stderr_tail": tail, "traceback_tail": trace}))
     monkeypatch.setattr(views, "plain", lambda: True)
 
     # When show prints it
     views.render_job(terminal(200), JobView(State.DEAD, rec, view.path))
 
-    # Then its last five lines are five whole lines (before: the form feeds cut them: BK)
-    shown = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("    | ")]
-    assert shown == [f"    | line {i}\\x0cpage" for i in range(15, 20)], shown
+    # Then the first attempt shows its last five lines, saying 15 are left out; the last
+    # attempt its 20 and its traceback (audit EV: 5 lines and no traceback, unsaid); each
+    # line whole (before: the form feeds cut them: BK)
+    out = capsys.readouterr().out.splitlines()
+    first, second = out.index("  attempt 1: failed, elapsed -"), out.index(
+        "  attempt 2: failed, elapsed -")
+    lines = [f"    | line {i}\\x0cpage" for i in range(20)]
+    assert out[first + 1:second] == [
+        "    stderr (last 5 of 20 lines kept; --json has them all):", *lines[15:]]
+    assert out[second + 1:] == ["    stderr:", *lines, "    traceback:",
+                                *(f"    | {ln}" for ln in trace.splitlines())]
 
 
 def test_a_stop_signal_and_a_second_one_each_say_what_happens_to_running_jobs() -> None:
