@@ -19,11 +19,12 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from rich.cells import cell_len, set_cell_size
+from rich.cells import cell_len
 from rich.console import Console, Group, RenderableType
 from rich.control import Control
 from rich.live import Live
 from rich.progress_bar import ProgressBar
+from rich.segment import Segment
 from rich.table import Table
 from rich.text import Text
 
@@ -110,10 +111,14 @@ def _header_rows(snap: Mapping[str, Any]) -> list[tuple[str, str, str]]:
 
 
 def _header(snap: Mapping[str, Any]) -> Table:
+    return _header_from(_header_rows(snap))
+
+
+def _header_from(rows: Sequence[tuple[str, str, str]]) -> Table:
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold")
     grid.add_column()
-    for label, text, style in _header_rows(snap):
+    for label, text, style in rows:
         grid.add_row(label, Text(text, style=style))
     return grid
 
@@ -319,8 +324,25 @@ def _failure_line(f: Mapping[str, Any]) -> str:
 
 def _cut(text: str, width: int) -> str:
     """``text`` in at most ``width`` cells of the terminal: a CJK character takes two, and
-    cut by characters such a cause took twice the rows meant for it (audit BC)."""
-    return text if cell_len(text) <= width else set_cell_size(text, width - 3) + "..."
+    cut by characters such a cause took twice the rows meant for it (audit BC). Cut in the
+    middle: a cause's end is the telling part ("command exited with status 3: ... disk
+    quota exceeded", the tool's own last line; cut at the end it was gone: audit EV)."""
+    if cell_len(text) <= width:
+        return text
+    head = _cells(text, max(1, (width - 3) // 3))
+    tail = _cells(text[::-1], width - 3 - cell_len(head))[::-1]
+    return head + "..." + tail
+
+
+def _cells(text: str, width: int) -> str:
+    """The start of ``text`` in at most ``width`` cells, never padded (set_cell_size pads a
+    wide character cut in half with a space, where a line then wrapped)."""
+    n = 0
+    for i, ch in enumerate(text):
+        n += cell_len(ch)
+        if n > width:
+            return text[:i]
+    return text
 
 
 def _failures(fails: Sequence[Mapping[str, Any]], *, width: int) -> RenderableType:
@@ -332,8 +354,9 @@ def _failures(fails: Sequence[Mapping[str, Any]], *, width: int) -> RenderableTy
         lines = [Text("last failures", style="italic")]
         for f, row in zip(list(fails)[-5:], rows, strict=True):
             line = _failure_line(f)
-            lines.append(Text(_cut(line, max(cell_len(line) - cell_len(row[4]) + MIN_CAUSE,
-                                             3 * width - 1))))
+            prefix = line[:len(line) - len(row[4])]
+            lines.append(Text(prefix + _cut(row[4], max(MIN_CAUSE,
+                                                        3 * width - 1 - cell_len(prefix)))))
         return Group(*lines)
     t = Table(title="last failures", title_justify="left", expand=False)
     for col in FAILURE_COLUMNS:
@@ -361,20 +384,60 @@ def redraw(live: Live, console: Console, frame: RenderableType, last_width: int 
     return width
 
 
-def render_dashboard(snapshot: Mapping[str, Any], *, width: int = 120) -> RenderableType:
-    """The whole dashboard for one snapshot; pure (no I/O), ``width`` sizes the bars."""
-    parts: list[RenderableType] = [_header(snapshot), _progress_row(snapshot, width)]
+def render_dashboard(snapshot: Mapping[str, Any], *, width: int = 120,
+                     height: int | None = None,
+                     console: Console | None = None) -> RenderableType:
+    """The whole dashboard for one snapshot; pure (no I/O), ``width`` sizes the bars.
+
+    ``height`` (with the ``console`` it is drawn on): the terminal's rows. A frame taller is
+    cut at the bottom (rich's Live), and what is cut must be what matters least: a 40x10
+    pane showed the queue's path, the output root and the memory guard, and never the
+    counts or the failures (audit EV). So the fixed header goes first (a runner that is not
+    alive or is stopped keeps its line), then the latencies, then the running table (its
+    count kept). The parts are drawn once, here, and the frame is those lines."""
+    header = _header(snapshot)
     running = snapshot.get("running") or ()
-    if running:
-        parts.append(_running(running, width=width))
-    else:
-        parts.append(Text("running: none", style="dim"))
-    parts.append(_counts(snapshot))
-    parts.append(_latency(snapshot))
+    running_part: RenderableType = (_running(running, width=width) if running
+                                    else Text("running: none", style="dim"))
+    latency = _latency(snapshot)
     fails = snapshot.get("recent_failures") or ()
+    parts: list[RenderableType] = [header, _progress_row(snapshot, width), running_part,
+                                   _counts(snapshot), latency]
     if fails:
         parts.append(_failures(fails, width=width))
-    return Group(*parts)
+    if height is None or console is None:
+        return Group(*parts)
+    options = console.options.update(width=width, height=None)  # (set, it pads and crops)
+    drawn = [console.render_lines(p, options, pad=False) for p in parts]
+    room = height - 1  # (Live keeps the last row for its cursor)
+    trouble = [row for row in _header_rows(snapshot) if row[0] == "runner" and row[2]]
+    for drop, stand_in in (
+            (header, _header_from(trouble) if trouble else None),
+            (latency, None),
+            (running_part, Text(f"running: {len(running)} (too few rows to list)",
+                                style="dim") if running else None)):
+        if sum(map(len, drawn)) <= room:
+            break
+        i = parts.index(drop)
+        if stand_in is None:
+            del parts[i], drawn[i]
+        else:
+            parts[i] = stand_in
+            drawn[i] = console.render_lines(stand_in, options, pad=False)
+    return _Drawn([line for lines in drawn for line in lines])
+
+
+class _Drawn:
+    """Lines rendered already (``Console.render_lines``), drawn as they are."""
+
+    def __init__(self, lines: list[list[Segment]]) -> None:
+        self.lines = lines
+
+    def __rich_console__(self, console: Console, options: Any) -> Any:
+        newline = Segment.line()
+        for line in self.lines:
+            yield from line
+            yield newline
 
 
 def dashboard_lines(snapshot: Mapping[str, Any]) -> list[str]:
@@ -486,7 +549,7 @@ class DashboardReporter:
     def _update(self, live: Live, frame: RenderableType) -> None:
         self._width = redraw(live, self.console, frame, self._width)
 
-    def frame(self, runner: Any, now: float) -> RenderableType:
+    def frame(self, runner: Any, now: float, *, whole: bool = False) -> RenderableType:
         snap = dict(runner.snapshot())
         snap["out_root"] = self.out_root
         if now >= self._slow_due:
@@ -496,7 +559,9 @@ class DashboardReporter:
             self._slow = {"dead_depth": q.count("dead")}
         for k, v in self._slow.items():
             snap.setdefault(k, v)
-        return render_dashboard(snap, width=self.console.width)
+        return render_dashboard(snap, width=self.console.width,
+                                height=None if whole else self.console.height,
+                                console=self.console)
 
     def close(self, runner: Any | None = None) -> None:
         """Draw the last frame (it stays on screen) and give the terminal back."""
@@ -514,7 +579,10 @@ class DashboardReporter:
                 if self._out is not None:
                     self._out.drain(wait=True)  # (the frame the last one would follow)
                 self._slow_due = 0.0
-                self._draw(lambda: self._update(live, self.frame(runner, time.monotonic())))
+                # Whole: rich draws the last frame past the terminal's height, into the
+                # scrollback, where it stays (the header too)
+                self._draw(lambda: self._update(live, self.frame(runner, time.monotonic(),
+                                                                 whole=True)))
         finally:
             self._draw(live.stop)
             self.live = None

@@ -155,7 +155,9 @@ def run_top(queue: Queue, console: Console, *, once: bool, interval_s: float = 0
                 while True:
                     # As the run's dashboard: from a cleared screen after a width change
                     width = redraw(live, console,
-                                   render_dashboard(feed.snapshot(), width=console.width), width)
+                                   render_dashboard(feed.snapshot(), width=console.width,
+                                                    height=console.height, console=console),
+                                   width)
                     # A display refresh period, not a wait on a condition
                     if signal.sigtimedwait({signal.SIGTSTP}, interval_s) is not None:
                         break

@@ -335,3 +335,52 @@ def test_a_wide_character_cause_takes_no_more_rows_than_a_narrow_one(
     # When each is drawn in the table (120 columns) or as lines (40), then the CJK one is
     # cut to as many rows (before: cut by characters, twice the rows: audit BC)
     assert rows("错" * 600) == rows("x" * 600)
+
+
+@pytest.mark.parametrize(("width", "height"), [(40, 16), (60, 20), (80, 14), (120, 30)])
+def test_a_short_terminal_keeps_progress_counts_and_failures_and_drops_fixed_lines_first(
+        snapshot: dict[str, Any], width: int, height: int) -> None:
+    # Given a snapshot with two running jobs and a failure, for a terminal of few rows
+    # When it is drawn for that height
+    c = Console(record=True, width=width, height=height, force_terminal=True)
+    c.print(render_dashboard(snapshot, width=width, height=height, console=c))
+    lines = c.export_text().splitlines()
+
+    # Then it fits (Live keeps a row for its cursor: what did not fit was cut at the
+    # bottom), and what is cut is the fixed header, then the latencies, then the running
+    # table, never the progress, the counts or the last failures (audit EV: at 40x10 only
+    # the queue's path, the output root and the guard showed, and never a failure)
+    text = "\n".join(lines).rstrip()
+    assert len(lines) <= height - 1, text
+    for needle in ("32/100 jobs", "done 30", "dead 2", "dead-letter depth 7", "inv-bad"):
+        assert needle in text, (needle, text)
+    full = record(snapshot, width).export_text().rstrip()
+    if len(full.splitlines()) <= height - 1:
+        assert text == full  # room for all: nothing dropped
+    else:
+        assert "/srv/out" not in text
+        if "report-hot" not in text:
+            assert "running: 2" in text and "execution p50" not in text
+
+
+def test_a_short_terminal_keeps_the_line_that_says_no_runner_is_alive(
+        snapshot: dict[str, Any]) -> None:
+    snapshot["runner_alive"] = False
+    snapshot["queue_counts"] = {"pending": 60, "running": 0, "done": 30, "dead": 2}
+    c = Console(record=True, width=40, height=12, force_terminal=True)
+    c.print(render_dashboard(snapshot, width=40, height=12, console=c))
+    text = c.export_text()
+    assert "no runner is alive" in text and "/srv/out" not in text, text
+
+
+@pytest.mark.parametrize("width", [40, 80, 120])
+def test_a_long_cause_is_cut_in_the_middle_keeping_the_tools_last_words(
+        snapshot: dict[str, Any], width: int) -> None:
+    # Given a command's failure whose cause ends with its tool's own message
+    snapshot["recent_failures"] = [{
+        "event": "dead", "job": "cmd", "attempt": 1, "outcome": "failed",
+        "error": "command exited with status 3: " + "stderr line " * 40 + "quota exceeded"}]
+    # When drawn, then the cause keeps its start and its end (audit EV: cut at the end, the
+    # tool's message was exactly what went)
+    text = " ".join(record(snapshot, width).export_text().split())  # (wrapped at 40)
+    assert "quota exceeded" in text and "command" in text and "..." in text, text
