@@ -91,6 +91,32 @@ def sync_filesystems(paths: Iterable[str | os.PathLike[str]]) -> None:
 NOT_REGULAR = "not a regular file"
 
 
+def makedirs(path: str | os.PathLike[str], mode: int = 0o777) -> None:
+    """``os.makedirs(path, mode, exist_ok=True)``, without recursion: makedirs (and
+    pathlib's ``mkdir(parents=True)``) recurse once per missing folder, and a path of ~1,000
+    missing levels, well within PATH_MAX, raised RecursionError: an output root that deep
+    killed every runner that claimed its job (audit ES). ``mode`` is the last folder's, the
+    others get 0o777 (less the umask), as makedirs does."""
+    missing: list[str] = []
+    p = os.fspath(path)
+    while p and not os.path.exists(p):
+        missing.append(p)
+        head = os.path.dirname(p.rstrip(os.sep)) if p.rstrip(os.sep) else ""
+        if head == p:
+            break
+        p = head
+    for i, d in enumerate(reversed(missing)):
+        try:
+            os.mkdir(d, mode if i == len(missing) - 1 else 0o777)
+        except FileExistsError:
+            # (made meanwhile by someone else, or a "." component: as makedirs, only a
+            # folder is fine)
+            if not os.path.isdir(d):
+                raise
+    if not missing and not os.path.isdir(path):
+        raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), os.fspath(path))
+
+
 def with_name(exc: OSError, path: str | os.PathLike[str]) -> OSError:
     """``exc`` naming ``path``: an error on an fd (a full disk on write) carries no file name,
     and "I/O error: No space left on device" does not say which disk."""
@@ -126,12 +152,35 @@ def remove_quiet(path: str | os.PathLike[str]) -> None:
     except OSError:  # gone, or it cannot be looked at
         folder = False
     if folder:
-        import shutil
-
-        shutil.rmtree(path, ignore_errors=True)
+        remove_tree(path)
     else:
         with contextlib.suppress(OSError):
             os.unlink(path)
+
+def remove_tree(path: str | os.PathLike[str], *, dir_fd: int | None = None) -> None:
+    """``shutil.rmtree(path, ignore_errors=True, dir_fd=dir_fd)``, for a tree of any depth.
+
+    rmtree recurses, a frame and two descriptors a level: a job that left a tree 5,000
+    folders deep in its working folder raised RecursionError out of its worker's clean-up,
+    then out of the runner's, which died with a traceback, at every restart (audit ES);
+    past ~500 levels EMFILE leaves it half removed, silently. What rmtree leaves, GNU
+    ``rm -rf`` (fts: any depth, a bounded number of descriptors) removes. Never raises."""
+    import shutil
+
+    with contextlib.suppress(RecursionError):
+        shutil.rmtree(path, ignore_errors=True, dir_fd=dir_fd)
+    try:
+        os.lstat(path, dir_fd=dir_fd)
+    except OSError:
+        return  # gone (or not to be looked at: rm would do no better)
+    import subprocess
+
+    where = os.fspath(path) if dir_fd is None else f"/proc/self/fd/{dir_fd}/{os.fspath(path)}"
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        subprocess.run(["rm", "-rf", "--", where], stdin=subprocess.DEVNULL,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False,
+                       pass_fds=() if dir_fd is None else (dir_fd,))
+
 
 def write_file(path: str | os.PathLike[str], data: bytes | Sequence[bytes], *,
                fsync: bool) -> None:

@@ -22,7 +22,7 @@ import stat
 from enum import StrEnum
 from pathlib import Path
 
-from renderctl.fsutil import remove_quiet, rename_noreplace
+from renderctl.fsutil import makedirs, remove_quiet, remove_tree, rename_noreplace
 from renderctl.manifest import RESERVED_PREFIX
 
 DIR_MARKER = ".rctl-job"
@@ -251,7 +251,7 @@ def make_folders(out_root: str, folder: Path) -> None:
     # sharing the folders while the files in them (0o666 less the umask) were shared;
     # folders others can write make the worker take its careful path (others_can_write).
     try:
-        os.makedirs(out_root, exist_ok=True)  # the root itself: the user's to name
+        makedirs(out_root)  # the root itself: the user's to name
         root_real = os.path.realpath(out_root)
         fd = os.open(root_real, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError as exc:
@@ -347,11 +347,9 @@ def discard(tmp: Path) -> None:
     (the runner sweeps a job that had a released attempt) or by recovery's sweep of an
     orphaned job. Failing here would stop the runner with jobs left in running/ and no
     summary."""
-    import shutil
-
     remove_quiet(tmp)
     if not tmp.name.endswith(".w.tmp"):  # and what its killed job left in its staging folder
-        shutil.rmtree(tmp.with_name(staging_name(tmp.name)), ignore_errors=True)
+        remove_tree(tmp.with_name(staging_name(tmp.name)))
 
 
 def discard_sidecars(tmp: Path) -> None:
@@ -360,14 +358,12 @@ def discard_sidecars(tmp: Path) -> None:
     no one else's (audit CB: left in the output folder for good). It lists the folder:
     called by the worker after a failed attempt, off the runner's loop (review CC: ~70 ms
     a failure in a folder of 100,000 outputs)."""
-    import shutil
-
     prefix = tmp.name
     with contextlib.suppress(OSError), os.scandir(tmp.parent) as entries:
         for entry in entries:
             if entry.name.startswith(prefix) and entry.name != prefix:
                 if entry.is_dir(follow_symlinks=False):
-                    shutil.rmtree(entry.path, ignore_errors=True)
+                    remove_tree(entry.path)
                 else:
                     remove_quiet(Path(entry.path))
 

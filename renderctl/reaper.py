@@ -261,7 +261,15 @@ def remove_work_root(work_root: str) -> None:
 
     if os.path.basename(work_root).startswith("renderctl-work-") \
             and os.path.isdir(work_root) and not os.path.islink(work_root):
-        shutil.rmtree(work_root, ignore_errors=True)
+        with contextlib.suppress(RecursionError):
+            shutil.rmtree(work_root, ignore_errors=True)
+        if os.path.lexists(work_root):
+            # What rmtree's recursion cannot reach (a job's tree thousands of folders deep:
+            # fsutil.remove_tree, which is renderctl's and not imported here)
+            with contextlib.suppress(OSError, subprocess.SubprocessError):
+                subprocess.run(["rm", "-rf", "--", work_root], stdin=subprocess.DEVNULL,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               check=False)
 
 
 def main(fd: int, cgroup_dir: str = "", pids_dir: str = "", work_root: str = "") -> None:

@@ -45,7 +45,6 @@ import multiprocessing.connection as mpc
 import operator
 import os
 import select
-import shutil
 import signal
 import socket
 import stat
@@ -70,7 +69,7 @@ from renderctl.errors import (
     os_error_message,
     signal_exit_code,
 )
-from renderctl.fsutil import sync_filesystems, unlink_quiet
+from renderctl.fsutil import remove_tree, sync_filesystems, unlink_quiet
 from renderctl.gate import StartGate
 from renderctl.guards import (
     PIDS_MAX_PER_SLOT,
@@ -707,7 +706,7 @@ class Runner:
                 self.guard.close()
         if self.work_root:
             for root in (self.work_root, *self._old_work_roots):
-                shutil.rmtree(root, ignore_errors=True)
+                remove_tree(root)
             unlink_quiet(self.q.dir("control") / WORK_NOTE.format(self.token_prefix))
         try:
             ours_left = bool(self.token_prefix) and self.token_prefix in self.q.lease_prefixes()
@@ -1040,7 +1039,7 @@ class Runner:
                     # Only what we would have made: never a path a damaged file points at.
                     if os.path.basename(root).startswith((WORK_ROOT_PREFIX, MP_DIR_PREFIX)) \
                             and os.path.isdir(root) and not os.path.islink(root):
-                        shutil.rmtree(root, ignore_errors=True)
+                        remove_tree(root)
             unlink_quiet(f)
 
     def _record_workers(self) -> None:
@@ -2386,7 +2385,7 @@ class Runner:
                 # worker.py: w<pid>.<n>, its command logs w<pid>.<n>.std*, and w<pid>.out
                 if e.name.startswith(f"w{pid}."):
                     if e.is_dir(follow_symlinks=False):
-                        shutil.rmtree(e.path, ignore_errors=True)
+                        remove_tree(e.path)
                     else:
                         unlink_quiet(e.path)
 

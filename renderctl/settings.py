@@ -96,6 +96,13 @@ def find_config(cwd: str | os.PathLike[str]) -> tuple[Path, Mapping[str, Any]] |
     own = folder / CONFIG_FILE
     if own.is_file():
         return own, _read_toml(own)
+    if os.path.lexists(own):
+        # Named, it is the configuration, and pyproject.toml is not looked at: a folder, FIFO
+        # or dangling link by that name silently gave pyproject.toml's settings (audit ES).
+        what = "a symlink to nothing" if own.is_symlink() and not own.exists() else \
+            "a folder" if own.is_dir() else "not a regular file"
+        raise ConfigError(f"{own}: {what}; renderctl reads its settings from this name "
+                          f"(and then not from {PYPROJECT})")
     pyproject = folder / PYPROJECT
     if pyproject.is_file():
         doc = _read_toml(pyproject)

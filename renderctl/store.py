@@ -99,6 +99,7 @@ from renderctl.fsutil import (
     fsync_dir,
     fsync_fd,
     holds_users_files,
+    makedirs,
     not_a_folder,
     read_file,
     remove_quiet,
@@ -789,11 +790,11 @@ class Queue:
                         "needs a missing or empty folder)")
 
     def _create(self) -> None:
-        # The folders mkdir(parents=True) is about to make, the queue's own included.
+        # The folders makedirs is about to make, the queue's own included.
         new = list(itertools.takewhile(lambda d: not d.exists(),
                                        (self.path, *self.path.parents)))
         try:
-            self.path.mkdir(mode=0o700, parents=True, exist_ok=True)
+            makedirs(self.path, mode=0o700)
         except OSError as exc:
             raise QueueIOError(f"cannot create queue {self.path}: {exc.strerror}") from exc
         for d in new:

@@ -60,7 +60,7 @@ from renderctl.errors import (
     os_error_message,
     text_lines,
 )
-from renderctl.fsutil import with_name
+from renderctl.fsutil import makedirs, remove_tree, with_name
 from renderctl.gate import StartGate
 from renderctl.guards import (
     GuardError,
@@ -376,7 +376,7 @@ class Worker:
         # (a rename costs ~0.02 ms here, a mkdir/rmdir pair ~1 ms of journal work).
         self.jobs_run = 0
         self.workdir = os.path.join(config.work_root, f"w{os.getpid()}.0")
-        os.makedirs(self.workdir, mode=0o700, exist_ok=True)
+        makedirs(self.workdir, mode=0o700)
         self.capture = _Capture(capture_path(config.work_root, os.getpid()))
         self.started_fd = os.open(config.started_log,
                                   os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
@@ -1216,7 +1216,7 @@ def _empty_dir(path: str) -> bool:
         return True
     for e in entries:
         if e.is_dir(follow_symlinks=False):
-            shutil.rmtree(e.path, ignore_errors=True)
+            remove_tree(e.path)
         else:
             with contextlib.suppress(OSError):
                 os.unlink(e.path)
@@ -1716,7 +1716,7 @@ def _empty_fd(fd: int) -> None:
     try:
         for name in os.listdir(d):
             if stat.S_ISDIR(os.stat(name, dir_fd=d, follow_symlinks=False).st_mode):
-                shutil.rmtree(name, dir_fd=d, ignore_errors=True)
+                remove_tree(name, dir_fd=d)
             else:
                 os.unlink(name, dir_fd=d)
     finally:

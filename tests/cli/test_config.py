@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from clihelp import cli
@@ -102,6 +103,24 @@ def test_load_config_prefers_renderctl_toml(tmp_path: Path) -> None:
     # The whole file wins, as README says: pyproject's other keys are not merged in
     (tmp_path / "pyproject.toml").write_text("[tool.renderctl]\ntimeout = 5\nworkers = 3\n")
     assert load_config(tmp_path) == {"timeout": 7.0}
+
+
+@pytest.mark.parametrize("make, needle", [
+    (lambda p: p.mkdir(), "a folder"),
+    (lambda p: __import__("os").mkfifo(p), "not a regular file"),
+    (lambda p: p.symlink_to(p.with_name("nowhere")), "a symlink to nothing"),
+], ids=["folder", "fifo", "dangling-link"])
+def test_a_renderctl_toml_that_is_no_file_is_an_error_not_a_fall_back_to_pyproject(
+        tmp_path: Path, make: Any, needle: str) -> None:
+    # Given a pyproject.toml with settings, and something named renderctl.toml beside it
+    (tmp_path / "pyproject.toml").write_text("[tool.renderctl]\nworkers = 3\n")
+    make(tmp_path / "renderctl.toml")
+
+    # When a command reads its configuration, then it is an error naming renderctl.toml
+    # (before: pyproject.toml's settings applied, silently; a FIFO is not opened: audit ES)
+    res = cli("status", cwd=tmp_path, timeout=20)
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    assert str(tmp_path / "renderctl.toml") in res.stderr and needle in res.stderr
 
 
 def test_run_without_manifests_warns_that_job_options_reach_no_queued_job(

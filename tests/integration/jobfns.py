@@ -55,6 +55,19 @@ def write_pdf(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -
     _pdf(Path(output), os.environ["RENDERCTL_JOB_ID"])
 
 
+def leave_deep_tree(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
+    """Leave a tree ``params["depth"]`` folders deep in the working folder (made through
+    descriptors: its path is past PATH_MAX), then write a PDF."""
+    fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY)
+    for _ in range(params["depth"]):
+        os.mkdir("d", dir_fd=fd)
+        below = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = below
+    os.close(fd)
+    write_pdf(inputs, output, params)
+
+
 def write_pdf_noting_parent(inputs: Sequence[Path], output: Path,
                             params: Mapping[str, Any]) -> None:
     """Write the job's pid and its parent's (os.getppid(), as `$PPID`) to

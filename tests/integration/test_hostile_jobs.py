@@ -1467,6 +1467,33 @@ def test_a_fork_bomb_meets_its_slots_task_limit_and_the_other_jobs_flow_on(
 # -- what no job's end can undo, and what a job does to its worker's surroundings ----------
 
 
+def test_a_tree_thousands_of_folders_deep_left_by_a_job_is_removed_and_costs_no_one(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given, for one worker, a job that leaves a tree 5,000 folders deep in its working
+    # folder, then another job
+    stage(tmp_path)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    manifest = write_manifest([
+        {**py_job("deep", "leave_deep_tree", depth=5000), "priority": 2},
+        {**py_job("after", "write_pdf"), "priority": 1},
+    ], defaults={"max_attempts": 1})
+
+    # When one worker runs both, the work root under our TMPDIR
+    result = run_cli("run", manifest, *cli_args(tmp_path / "q", tmp_path / "out",
+                                                "--workers", "1"),
+                     env={"TMPDIR": str(scratch)}, timeout=60)
+
+    # Then both complete and the run ends well, leaving nothing in TMPDIR (before: rmtree's
+    # recursion raised RecursionError out of the worker's clean-up, then out of the runner's,
+    # which died with a traceback, the job to be recovered and die again: audit ES)
+    assert result.returncode == 0 and "Traceback" not in result.stderr, \
+        result.stdout + result.stderr
+    assert QueueView(tmp_path / "q").ids("done") == {"deep", "after"}
+    assert_pdf(tmp_path / "out" / "after.pdf", "after")
+    assert list(scratch.iterdir()) == []
+
+
 @pytest.mark.parametrize("what", ["audithook", "atfork", "atfork_posix", "no_new_privs",
                                   "setuid", "seteuid", "library_atfork", "unrestorable",
                                   "unfreeze"])

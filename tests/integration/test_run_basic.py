@@ -158,6 +158,26 @@ def test_show_describes_a_published_file_that_is_not_a_pdf_without_a_page_count(
     assert f"published {out / 'doc.pdf'} (" in doc and ", 1 page, sha256 " in doc, doc
 
 
+def test_a_queue_and_an_output_root_a_thousand_folders_deep_are_made_and_the_job_completes(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given a queue and an output root, each 1,100 missing folders deep (2.2 KB: within
+    # PATH_MAX), the output root made only as the runner claims the job
+    stage(tmp_path)
+    manifest = write_manifest([py_job("doc", "write_pdf", "doc.pdf")])
+    deep = Path(*["d"] * 1100)
+    queue, out = tmp_path / "q" / deep, tmp_path / "out" / deep
+    assert run_cli("submit", manifest, *cli_args(queue, out)).returncode == 0
+
+    # When a runner runs it
+    res = run_cli("run", *cli_args(queue, out)[:2], *FAST)
+
+    # Then it completes (before: makedirs recursed once a folder, RecursionError, for the
+    # queue in submit and run, and for the root in the runner's claim: every runner died
+    # with a traceback, the job back to pending for the next one to die on: audit ES)
+    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stdout + res.stderr
+    assert_pdf(out / "doc.pdf", "doc")
+
+
 def test_show_names_a_jobs_deadline_and_when_its_retry_may_start(
         tmp_path: Path, write_manifest: Any) -> None:
     import signal
