@@ -235,6 +235,10 @@ class Baseline:
         # registers (concurrent.futures.thread as it is imported) stays, as the library does.
         for module in (os, posix):
             self._watch(module, "register_at_fork", "atfork", unless_library=True)
+        # gc.unfreeze(): every later collection walks the worker's heap (25-40 ms), and under
+        # fork copies the runner's pages into the job's slot (audit EU). Watched, not
+        # counted: gc.get_freeze_count() walks the frozen list, ~1 ms here (review ET).
+        self._watch(gc, "unfreeze", "unfreeze")
 
     def _watch(self, module: Any, name: str, kind: str, unless_from: str = "",
                unless_library: bool = False) -> None:
@@ -432,6 +436,8 @@ class Baseline:
             (faulthandler.enable if self.faulthandler else faulthandler.disable)()
         if "audithook" in self.touched:
             problems.append("the job added an audit hook, which cannot be removed")
+        if "unfreeze" in self.touched:
+            problems.append("the job unfroze its worker's heap (gc.unfreeze)")
         if "atfork" in self.touched:
             problems.append("the job registered a fork handler (os.register_at_fork), which "
                             "cannot be removed")

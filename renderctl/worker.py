@@ -990,7 +990,6 @@ class Worker:
         if runs_user_code_here(job):
             self._note_user_package(job)
         kept_before = len(self.kept_names)
-        frozen = gc.get_freeze_count()
         try:
             with capture:
                 yield capture
@@ -1026,11 +1025,6 @@ class Worker:
                     # seteuid() there and back cleared it (the identity is the same): the
                     # worker would outlive its parent but for the reaper (audit BY).
                     problems.append("the job cleared its worker's parent-death signal")
-                if frozen and not gc.get_freeze_count():
-                    # gc.unfreeze(): every collection walks the worker's heap again (25-40
-                    # ms), and under fork copies the runner's pages into the job's slot.
-                    # (Emptied, not just fewer: a frozen object freed leaves it too.)
-                    problems.append("the job unfroze its worker's heap (gc.unfreeze)")
             elif job.spec.get("kind") == "command":
                 problems = self.baseline.restore_from_outside()
             if problems and not self.retire_reason:
