@@ -34,6 +34,20 @@ def _get_libc() -> ctypes.CDLL:
     return _libc
 
 
+FALLOC_FL_KEEP_SIZE = 1
+
+
+def fallocate(fd: int, length: int, *, keep_size: bool = False) -> None:
+    """Reserve ``length`` bytes of blocks for the file ``fd`` is open on; with
+    ``keep_size``, past its end without changing its size (appends then take them, on a
+    file system that has no block left to give). OSError if it cannot."""
+    libc = _get_libc()
+    libc.fallocate.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64)
+    if libc.fallocate(fd, FALLOC_FL_KEEP_SIZE if keep_size else 0, 0, length) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+
+
 def fsync_fd(fd: int, *, what: str) -> None:
     """fsync a descriptor; any failure is fatal for the caller."""
     try:
@@ -106,12 +120,14 @@ def makedirs(path: str | os.PathLike[str], mode: int = 0o777) -> None:
             break
         p = head
     for i, d in enumerate(reversed(missing)):
+        last = i == len(missing) - 1
         try:
-            os.mkdir(d, mode if i == len(missing) - 1 else 0o777)
+            os.mkdir(d, mode if last else 0o777)
         except FileExistsError:
-            # (made meanwhile by someone else, or a "." component: as makedirs, only a
-            # folder is fine)
-            if not os.path.isdir(d):
+            # (made meanwhile by someone else, a "." component, or a dangling link: as
+            # makedirs, passed over on the way, where the next mkdir names what is wrong,
+            # and only a folder is fine at the end)
+            if last and not os.path.isdir(d):
                 raise
     if not missing and not os.path.isdir(path):
         raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), os.fspath(path))

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from renderctl import proctree
+from renderctl.errors import QueueIOError
 from renderctl.fsutil import fsync_dir, read_file, sync_filesystems, unlink_quiet
 from renderctl.lifecycle import Outcome, State
 from renderctl.publish import (
@@ -38,6 +39,7 @@ from renderctl.publish import (
     is_ours,
     output_folder,
     publish,
+    says_full,
     tmp_output_path,
     tmp_outputs,
 )
@@ -49,6 +51,11 @@ STARTED_LOG = "started.{}.log"  # control/: tokens of the attempts a runner's wo
 # (its queue folder moved away under it): released, not charged. Named as a started log of
 # that runner, so that it goes with them.
 RELEASED_LOG = STARTED_LOG.format("{}.released")
+# A release's reason in that log, after its token and a tab: the queue's own file system
+# was full (the runner could record nothing else), not moved.
+QUEUE_FULL_RELEASE = "queue-full"
+QUEUE_FULL_ERROR = ("its runner stopped as the queue's file system was full; not charged "
+                    "(once: stopped so again, the attempt is charged)")
 WORKERS_FILE = "workers.{}.json"  # control/: a runner's worker pids and process groups
 
 
@@ -99,15 +106,34 @@ def started_tokens(q: Queue, *, last_bytes: int | None = None) -> dict[str, floa
     return started
 
 
-def released_tokens(q: Queue) -> set[str]:
+def released_tokens(q: Queue) -> dict[str, str]:
     """Tokens of the attempts a runner released where it could record nothing else (see
-    RELEASED_LOG): judged released, not crashed."""
-    released: set[str] = set()
+    RELEASED_LOG), each with its reason ("" for a moved folder): judged released, not
+    crashed."""
+    released: dict[str, str] = {}
     for log in q.dir("control").glob(RELEASED_LOG.format("*")):
         with contextlib.suppress(OSError):
-            released.update(ln for ln in read_file(log).decode(errors="replace").splitlines()
-                            if ln)
+            for line in read_file(log).decode(errors="replace").splitlines():
+                token, _, reason = line.partition("\t")
+                if token:
+                    released[token] = reason
     return released
+
+
+def queue_full(exc: BaseException) -> str | None:
+    """If ``exc`` (or what caused it) is the queue's file system full (ENOSPC, EDQUOT), the
+    message to report; else None."""
+    seen: BaseException | None = exc
+    for _ in range(8):  # (a cause chain is short; a cycle is not followed for good)
+        if seen is None:
+            return None
+        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
+            where = f" ({seen.filename})" if seen.filename else ""
+            return f"I/O error{where}: {seen.strerror}"
+        if isinstance(seen, QueueIOError) and says_full(str(seen)):
+            return str(seen)
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 def _read_tail(path: Path, size: int) -> bytes:
@@ -175,7 +201,7 @@ def _still_ours(entry: Mapping[str, Any], pgid: int, boot: str) -> bool:
 
 def judge_orphan(rec: JobRecord, *, started: Mapping[str, float | None], now: float,
                  specs: Mapping[str, RendererSpec] | None = None,
-                 released: Collection[str] = ()) -> Orphan:
+                 released: Mapping[str, str] | Collection[str] = ()) -> Orphan:
     """The verdict on one orphaned job (see the module docstring); discards its output
     temporaries unless its output is published."""
     spec = rec.spec
@@ -204,7 +230,19 @@ def judge_orphan(rec: JobRecord, *, started: Mapping[str, float | None], now: fl
         discard(t)
     if lease is None or lease.token not in started:
         return Orphan()  # it never started (claimed ahead, or the claim was cut short)
-    if lease.token in released:
+    reason = released.get(lease.token) if isinstance(released, Mapping) else (
+        "" if lease.token in released else None)
+    last = rec.attempts[-1] if rec.attempts else {}
+    if reason == QUEUE_FULL_RELEASE and not (
+            last.get("outcome") == Outcome.RELEASED.value and last.get("queue_full")):
+        # Its runner stopped on the queue's full disk, where it could record nothing else:
+        # not the job's fault (audit EW: charged `crashed`, dead at max_attempts = 1). Once
+        # in a row: a job that fills that disk itself must still end.
+        return Orphan(crashed={"n": lease.attempt, "outcome": Outcome.RELEASED.value,
+                               "started_at": max(started[lease.token] or 0, lease.claimed_at),
+                               "ended_at": now, "host": lease.holder.host,
+                               "queue_full": True, "error": QUEUE_FULL_ERROR})
+    if reason == "":
         # Its runner stopped it on purpose, its queue folder moved away under it: as for a
         # stop, not charged (audit DY: charged `crashed`, dead at max_attempts = 1).
         return Orphan(crashed={"n": lease.attempt, "outcome": Outcome.RELEASED.value,

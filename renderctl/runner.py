@@ -52,7 +52,7 @@ import struct
 import tempfile
 import time
 from collections import deque
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
@@ -69,7 +69,7 @@ from renderctl.errors import (
     os_error_message,
     signal_exit_code,
 )
-from renderctl.fsutil import remove_tree, sync_filesystems, unlink_quiet
+from renderctl.fsutil import fallocate, remove_tree, sync_filesystems, unlink_quiet
 from renderctl.gate import StartGate
 from renderctl.guards import (
     PIDS_MAX_PER_SLOT,
@@ -115,6 +115,7 @@ from renderctl.publish import (
 from renderctl.reaper import Reaper, kill_tree, proc_stat
 from renderctl.reaper import children as reaper_children
 from renderctl.recovery import (
+    QUEUE_FULL_RELEASE,
     RELEASED_LOG,
     STARTED_LOG,
     WORKERS_FILE,
@@ -122,6 +123,7 @@ from renderctl.recovery import (
     cancelled_orphan,
     judge_orphan,
     kill_stale_workers,
+    queue_full,
     released_tokens,
     restore_lost_output,
     retired_event,
@@ -202,6 +204,9 @@ RECV_CHUNK = 1 << 16  # read from a worker's connection at most this much per ca
 # beyond this is not one of ours (see Garbled).
 MESSAGE_MAX = 64 << 20
 RESCAN_KINDS_S = 5.0  # the plugin catalogue read again at most this often (_accept_claim)
+# Room kept for a release log written on a full disk: a line (~40 bytes) a job in flight,
+# a worker's running and prefetched jobs, for any --workers.
+RELEASE_LOG_ROOM = 256 * 1024
 STATE_INTERVAL_S = 1.0  # how often runner.state.json is rewritten for `top` and metrics
 STATE_FILE = "runner.state.json"
 MAX_START_FAILURES = 5
@@ -418,6 +423,9 @@ class Runner:
         self._full_devices: dict[int, str] = {}
         # Workers keep failing to start (WorkerStartError's message): halted like the above.
         self.worker_start_error: str | None = None
+        # The queue's own file system full under the run (its message): the jobs in flight
+        # released through RELEASED_LOG, the summary's exit 74 (see _run_locked).
+        self.queue_full_error: str | None = None
         self._gates = 0  # start gates made (each worker gets a fresh one)
         self.guard: MemoryGuard | None = None
         self.budget_mb = settings.memory_budget_mb or default_budget_mb()
@@ -520,6 +528,7 @@ class Runner:
                                              pids_max=pids_max)
             self._publish_runner_info()
             self._make_work_root()
+            self._prepare_release_log()
             # Children we had before the run (a sidecar a container's entrypoint started
             # before it exec'd us): not a job's, never killed as orphans (see _kill_orphans).
             me = os.getpid()
@@ -550,27 +559,40 @@ class Runner:
                 # beside their finished records: settled by the next runner, but a replace
                 # replayed meanwhile took such a copy for a running job (store._place_txn).
                 self._sync(())
-            except BaseException:
+            except BaseException as exc:
                 # Whatever stopped us (an error a commit met on the old path, under way or
                 # during a stop, before the once-a-poll check saw the move): if our paths
                 # lead elsewhere now, the jobs in flight are written off through the folder
                 # we hold, as _check_folder does, or the next runner charged them `crashed`
                 # (review EF).
+                full = queue_full(exc)
                 with contextlib.suppress(Exception):
                     if not self.q.runner_lock_intact():
                         self._release_where_held()
-                raise
+                    elif full is not None:
+                        # The queue's disk full: nothing can be recorded the usual way, and
+                        # the jobs are not at fault (audit EW: charged `crashed`, dead at
+                        # max_attempts = 1). Released through the log made ready at our
+                        # start; the run ends with its summary and exit 74.
+                        self._release_where_held(reason=QUEUE_FULL_RELEASE)
+                if full is None:
+                    raise
+                self.queue_full_error = full
             finally:
                 self.stopped = True
                 with contextlib.suppress(Exception):
                     self.reporter.tick(self)  # the final frame, while workers are still known
                 self._shutdown()
+                if not self._released_where_held and self.token_prefix:
+                    unlink_quiet(self.q.dir("control") / RELEASED_LOG.format(self.token_prefix))
         wall = time.monotonic() - self.started_at
         cpu = os.times()
         return RunSummary(dict(self.counts), wall, self._exit_code(), self.guard.name,
                           self.n_workers, runner_cpu_s=cpu.user + cpu.system)
 
     def _exit_code(self) -> ExitCode:
+        if self.queue_full_error is not None:
+            return ExitCode.IO_ERROR
         if self.stop_signal is not None:
             return signal_exit_code(self.stop_signal)
         if self.output_io_error is not None or self.worker_start_error is not None:
@@ -821,21 +843,41 @@ class Runner:
                 # nothing once it has taken a dead fork server's EOF for the worker's exit.)
                 _sigkill_worker(w)
 
-    def _release_where_held(self) -> None:
+    def _prepare_release_log(self) -> None:
+        """Make our RELEASED_LOG now, with room for a release of every job in flight: it is
+        written when the queue's disk is full (see _run_locked), when neither a new file nor
+        a block more could be had. Removed at our end if unused (see _run_locked)."""
+        if not self.token_prefix:
+            return
+        with contextlib.suppress(OSError):
+            fd = os.open(self.q.dir("control") / RELEASED_LOG.format(self.token_prefix),
+                         os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+            try:
+                # FALLOC_FL_KEEP_SIZE: blocks past the end, for the appends to take
+                fallocate(fd, RELEASE_LOG_ROOM, keep_size=True)
+            finally:
+                os.close(fd)
+
+    def _release_where_held(self, reason: str = "") -> None:
         """Our paths lead elsewhere now, so no release can be recorded the usual way: the
         jobs in flight are killed, and their tokens written, through the descriptor of the
         folder we hold wherever it went, as released (recovery.RELEASED_LOG). The next
         runner of that folder then returns them uncharged, as after any stop: they were
         charged `crashed`, and a job with max_attempts = 1 went to dead/ for what its
         operator did (audit DY). Nothing is recorded if the folder was deleted, or if this
-        fails: the jobs are then judged as after a crash, as before."""
+        fails: the jobs are then judged as after a crash, as before. ``reason``: written
+        beside each token (QUEUE_FULL_RELEASE: the queue's disk was full, not moved)."""
         # What ran or waited in a worker, and what completed but is not yet published (the
         # stop's loss, not the job's) or was judged released already (review EB); not an
         # attempt that ended failing, whose charge the release would drop (review DZ).
         tokens = {a.claim.lease.token for w in self.workers.values()
                   for a in (*w.queued, *([w.current] if w.current is not None else []))}
+        # On a full queue disk, also an attempt that failed saying the disk is full (its
+        # output there, as usual: the next runner would charge it `crashed`).
         tokens |= {a.claim.lease.token for a, fin in (*self.completions, *self._committing)
-                   if fin.outcome in (Outcome.COMPLETED.value, Outcome.RELEASED.value)}
+                   if fin.outcome in (Outcome.COMPLETED.value, Outcome.RELEASED.value)
+                   or (reason == QUEUE_FULL_RELEASE
+                       and says_full(fin.error, fin.stderr_tail, fin.traceback_tail))}
         if not tokens or not self.token_prefix or self._released_where_held:
             return
         self._released_where_held = True  # (once: _check_folder's raise passes through run)
@@ -851,7 +893,8 @@ class Runner:
                               dir_fd=folder)
             fd = os.open(RELEASED_LOG.format(self.token_prefix), os.O_WRONLY | os.O_CREAT
                          | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600, dir_fd=control)
-            os.write(fd, "".join(f"{t}\n" for t in sorted(tokens)).encode())
+            os.write(fd, "".join(f"{t}\t{reason}\n" if reason else f"{t}\n"
+                                 for t in sorted(tokens)).encode())
             # Protects against: the release lost to a power cut, after which the jobs would
             # be judged crashed after all (the log, then its name in control/).
             os.fsync(fd)
@@ -959,7 +1002,7 @@ class Runner:
         transitions: list[Transition] = []
         published_tmps: list[Path] = []
         started: dict[str, float | None] | None = None
-        released: set[str] = set()
+        released: dict[str, str] = {}
         mono = time.monotonic()
         for jid in self._foreign.due(mono=mono):
             view = self.q.find(jid)
@@ -1003,7 +1046,7 @@ class Runner:
                                      start_time=lease.holder.start_time or 0) is False
 
     def _recover_one(self, rec: JobRecord, started: Mapping[str, float | None],
-                     released: Collection[str], now: float, *,
+                     released: Mapping[str, str], now: float, *,
                      cancelled: bool = False) -> tuple[Transition, Path | None]:
         o = judge_orphan(rec, started=started, now=now, specs=self._specs, released=released)
         if o.done is not None:

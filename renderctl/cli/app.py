@@ -1145,7 +1145,11 @@ def run(
     else:
         lines.write(summary_line(summary) + "\n")
     early.flush_or_stop(lines)
-    if runner.output_io_error is not None:
+    if runner.queue_full_error is not None:
+        out.err(f"{runner.queue_full_error}; stopped: the jobs that were running go back to "
+                "pending uncharged at the next run, once there is room (the queue's own "
+                "file system is full)")
+    elif runner.output_io_error is not None:
         # Like every other exit 74, the reason on stderr (the halted line said it too).
         out.err(f"cannot write outputs: {runner.output_io_error}; stopped, the jobs not "
                 "run stay pending (nothing was charged for this)")

@@ -176,3 +176,28 @@ def test_a_report_replaced_keeps_its_group(tmp_path: Path) -> None:
     replace_beside(report, b"new\n")
     st = report.stat()
     assert (st.st_gid, st.st_mode & 0o777) == (65534, 0o640)
+
+
+def test_makedirs_makes_any_depth_and_fails_as_os_makedirs_does(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from renderctl.fsutil import makedirs
+
+    # Any depth (os.makedirs' recursion raised RecursionError at ~1,000 levels: audit ES)
+    deep = tmp_path.joinpath(*["d"] * 1500)
+    makedirs(deep, 0o700)
+    assert deep.is_dir() and deep.stat().st_mode & 0o777 == 0o700
+    makedirs(deep)  # (there already: fine)
+    # A file at the end, a file on the way, a dangling link on the way: named as makedirs
+    # names them
+    (tmp_path / "f").write_text("")
+    for path, code in ((tmp_path / "f", errno.EEXIST), (tmp_path / "f" / "g", errno.ENOTDIR)):
+        with pytest.raises(OSError) as exc:
+            makedirs(path)
+        assert exc.value.errno == code and exc.value.filename == str(path)
+    (tmp_path / "link").symlink_to(tmp_path / "nowhere")
+    with pytest.raises(FileNotFoundError) as missing:
+        makedirs(tmp_path / "link" / "out")
+    assert missing.value.filename == str(tmp_path / "link" / "out")
+    monkeypatch.chdir(tmp_path)
+    makedirs("rel/a/")
+    assert (tmp_path / "rel" / "a").is_dir()
