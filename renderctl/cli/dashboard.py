@@ -424,7 +424,30 @@ def render_dashboard(snapshot: Mapping[str, Any], *, width: int = 120,
         else:
             parts[i] = stand_in
             drawn[i] = console.render_lines(stand_in, options, pad=False)
+    if fails and sum(map(len, drawn)) > room:
+        # Still too tall (review ET: 29 rows for 15 at 40x16, rich's "..." cutting the
+        # newest failures): the newest that fit, a line each.
+        above = sum(map(len, drawn[:-1]))
+        drawn[-1] = console.render_lines(
+            _failures_compact(fails, width=width, rows=max(2, room - above)), options,
+            pad=False)
     return _Drawn([line for lines in drawn for line in lines])
+
+
+def _failures_compact(fails: Sequence[Mapping[str, Any]], *, width: int,
+                      rows: int) -> RenderableType:
+    """The last failures in ``rows`` rows: a heading, then the newest, one line each (its
+    cause cut in the middle to fit)."""
+    shown = list(fails)[-5:][-(rows - 1):]
+    head = "last failures" + (f" (newest {len(shown)} of {min(5, len(fails))})"
+                              if len(shown) < min(5, len(fails)) else "")
+    lines = [Text(_cut(head, width), style="italic", no_wrap=True)]
+    for f in shown:
+        job, _, _, outcome, cause = _failure_parts(f)
+        prefix = _cut(f"{job} {outcome}: ", max(8, width // 2))
+        lines.append(Text(prefix + _cut(cause, max(8, width - cell_len(prefix))),
+                          no_wrap=True, overflow="crop"))
+    return Group(*lines)
 
 
 class _Drawn:

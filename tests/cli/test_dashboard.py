@@ -384,3 +384,25 @@ def test_a_long_cause_is_cut_in_the_middle_keeping_the_tools_last_words(
     # tool's message was exactly what went)
     text = " ".join(record(snapshot, width).export_text().split())  # (wrapped at 40)
     assert "quota exceeded" in text and "command" in text and "..." in text, text
+
+
+@pytest.mark.parametrize(("width", "height"), [(40, 16), (60, 12), (100, 10), (80, 11)])
+def test_a_short_terminal_shows_the_newest_failures_a_line_each_rather_than_be_cut(
+        snapshot: dict[str, Any], width: int, height: int) -> None:
+    # Given eight running jobs and five failures with long causes (wide characters too)
+    snapshot["running"] = [{**snapshot["running"][0], "id": f"run-{i}"} for i in range(8)]
+    snapshot["recent_failures"] = [
+        {"event": "dead", "job": f"bad-{i}", "attempt": 1, "outcome": "failed",
+         "error": "command exited with status 3: " + "错误 " * 40 + f"end-{i}"}
+        for i in range(5)]
+
+    # When drawn for a short terminal
+    c = Console(record=True, width=width, height=height, force_terminal=True)
+    c.print(render_dashboard(snapshot, width=width, height=height, console=c))
+    lines = c.export_text().rstrip().splitlines()
+
+    # Then it fits (review ET: 29 rows for 15 at 40x16, rich's crop taking the newest
+    # failures), with the progress, and the newest failure whole to its cause's end
+    text = "\n".join(lines)
+    assert len(lines) <= height - 1, text
+    assert "32/100 jobs" in text and "bad-4" in text and "end-4" in text, text

@@ -168,14 +168,22 @@ def test_a_queue_and_an_output_root_a_thousand_folders_deep_are_made_and_the_job
     queue, out = tmp_path / "q" / deep, tmp_path / "out" / deep
     assert run_cli("submit", manifest, *cli_args(queue, out)).returncode == 0
 
-    # When a runner runs it
-    res = run_cli("run", *cli_args(queue, out)[:2], *FAST)
+    try:
+        # When a runner runs it
+        res = run_cli("run", *cli_args(queue, out)[:2], *FAST)
 
-    # Then it completes (before: makedirs recursed once a folder, RecursionError, for the
-    # queue in submit and run, and for the root in the runner's claim: every runner died
-    # with a traceback, the job back to pending for the next one to die on: audit ES)
-    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stdout + res.stderr
-    assert_pdf(out / "doc.pdf", "doc")
+        # Then it completes (before: makedirs recursed once a folder, RecursionError, for
+        # the queue in submit and run, and for the root in the runner's claim: every runner
+        # died with a traceback, the job back to pending for the next one to die on: audit
+        # ES)
+        assert res.returncode == 0 and "Traceback" not in res.stderr, res.stdout + res.stderr
+        assert_pdf(out / "doc.pdf", "doc")
+    finally:
+        # (pytest's own removal of old temporary folders is rmtree: RecursionError here)
+        from renderctl.fsutil import remove_tree
+
+        remove_tree(tmp_path / "q")
+        remove_tree(tmp_path / "out")
 
 
 def test_show_names_a_jobs_deadline_and_when_its_retry_may_start(
