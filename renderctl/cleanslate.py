@@ -55,6 +55,7 @@ import csv
 import ctypes
 import decimal
 import faulthandler
+import functools
 import gc
 import io
 import locale
@@ -199,6 +200,8 @@ class Baseline:
         # double-forked helper to the runner, which killed it mid-job as an orphan; one that
         # cleared dumpable or renamed the process left that to every later job.
         self.process_flags = _process_flags()
+        self.locked_in = _locked_in()
+        self.outside_state = _outside_state()
         # The context a job finds is a fresh copy each time: a job's arithmetic also sets
         # the context's flags, which the next job must not inherit either.
         self.decimal = decimal.getcontext().copy()
@@ -326,6 +329,8 @@ class Baseline:
         if sys.get_int_max_str_digits() != self.int_digits:
             sys.set_int_max_str_digits(self.int_digits)
         problems.extend(self._restore_scheduling())
+        # (After the nice value: an I/O priority never set is read as one derived from it.)
+        problems.extend(self._restore_outside())
         problems.extend(self._restore_interpreter())
         decimal.setcontext(self.decimal.copy())
         if _decimal_fields(decimal.DefaultContext) != self.decimal_default:
@@ -449,6 +454,9 @@ class Baseline:
                 self.process_flags):
             problems.append("the job changed its worker's process flags (prctl), which "
                             "could not be put back")
+        if _locked_in() != self.locked_in:
+            problems.append("the job set a seccomp filter or securebits on its worker, "
+                            "which cannot be undone")
         return problems
 
     def restore_from_outside(self) -> list[str]:
@@ -457,7 +465,13 @@ class Baseline:
         ``taskset``): resource limits and scheduling (~15 us). A command that lowered its
         worker's open-file limit to 20 left the worker unable to set the next job's memory
         ceiling: exit 74, the run halted, at every run until that job was dead."""
-        return self._restore_rlimits() + self._restore_scheduling()
+        return self._restore_rlimits() + self._restore_scheduling() + self._restore_outside()
+
+    def _restore_outside(self) -> list[str]:
+        if _outside_state() != self.outside_state and not _set_outside_state(
+                self.outside_state):
+            return ["timer slack, I/O priority or OOM score adjustment could not be put back"]
+        return []
 
     def _restore_rlimits(self) -> list[str]:
         problems: list[str] = []
@@ -631,29 +645,110 @@ def _no_new_privs() -> int:
 
 
 _PR_GET_DUMPABLE, _PR_SET_DUMPABLE = 3, 4
+_PR_GET_KEEPCAPS, _PR_SET_KEEPCAPS = 7, 8
 _PR_SET_NAME, _PR_GET_NAME = 15, 16
+_PR_GET_SECCOMP = 21
+_PR_GET_SECUREBITS = 27
+_PR_SET_TIMERSLACK, _PR_GET_TIMERSLACK = 29, 30
+_PR_MCE_KILL, _PR_MCE_KILL_GET = 33, 34
+_PR_MCE_KILL_CLEAR, _PR_MCE_KILL_SET, _PR_MCE_KILL_DEFAULT = 0, 1, 2
 _PR_SET_CHILD_SUBREAPER, _PR_GET_CHILD_SUBREAPER = 36, 37
+_PR_SET_THP_DISABLE, _PR_GET_THP_DISABLE = 41, 42
+_PERSONALITY_QUERY = 0xFFFFFFFF
+_IOPRIO_WHO_PROCESS = 1
+# ioprio_get and ioprio_set (no libc wrapper) of this machine, named once at import: a
+# job's personality(PER_LINUX32) makes uname() say i686, and i686's numbers are other
+# calls here (eventfd2: they made descriptors).
+_IOPRIO: tuple[int, int] | None = {"x86_64": (252, 251),
+                                   "aarch64": (31, 30)}.get(os.uname().machine)
 
 
-def _process_flags() -> tuple[int, int, bytes]:
-    """(child subreaper, dumpable, name) of this process (~3 us)."""
+def _process_flags() -> tuple[Any, ...]:
+    """What only prctl() or personality() sets, that a later job would find as a job left
+    it (~4 us): child subreaper, dumpable, name, keepcaps, transparent huge pages off,
+    machine-check kill policy, personality (review ET: PER_LINUX32 made the next job's
+    uname() say i686)."""
     _no_new_privs()  # (loads _prctl)
     if not _prctl:
-        return 0, 0, b""
+        return ()
     subreaper = ctypes.c_int(0)
     _prctl(_PR_GET_CHILD_SUBREAPER, ctypes.byref(subreaper), 0, 0, 0)
     name = ctypes.create_string_buffer(16)
     _prctl(_PR_GET_NAME, name, 0, 0, 0)
-    return subreaper.value, int(_prctl(_PR_GET_DUMPABLE, 0, 0, 0, 0)), name.value
+    return (subreaper.value, int(_prctl(_PR_GET_DUMPABLE, 0, 0, 0, 0)), name.value,
+            int(_prctl(_PR_GET_KEEPCAPS, 0, 0, 0, 0)),
+            int(_prctl(_PR_GET_THP_DISABLE, 0, 0, 0, 0)),
+            int(_prctl(_PR_MCE_KILL_GET, 0, 0, 0, 0)),
+            int(_libc_call("personality", _PERSONALITY_QUERY)))
 
 
-def _set_process_flags(flags: tuple[int, int, bytes]) -> bool:
+def _set_process_flags(flags: tuple[Any, ...]) -> bool:
     """Set them back; whether they now are as given."""
-    subreaper, dumpable, name = flags
+    subreaper, dumpable, name, keepcaps, thp, mce, persona = flags
     _prctl(_PR_SET_CHILD_SUBREAPER, subreaper, 0, 0, 0)
     _prctl(_PR_SET_DUMPABLE, dumpable, 0, 0, 0)
     _prctl(_PR_SET_NAME, ctypes.c_char_p(name), 0, 0, 0)
+    _prctl(_PR_SET_KEEPCAPS, keepcaps, 0, 0, 0)
+    _prctl(_PR_SET_THP_DISABLE, thp, 0, 0, 0)
+    if mce == _PR_MCE_KILL_DEFAULT:
+        _prctl(_PR_MCE_KILL, _PR_MCE_KILL_CLEAR, 0, 0, 0)
+    else:
+        _prctl(_PR_MCE_KILL, _PR_MCE_KILL_SET, mce, 0, 0)
+    _libc_call("personality", persona)
     return _process_flags() == flags
+
+
+def _locked_in() -> tuple[int, int]:
+    """(seccomp mode, securebits): a filter or locked bits a job set stay for good (review
+    ET: a later job's os.uname() was EPERM; its children had no capabilities)."""
+    _no_new_privs()
+    if not _prctl:
+        return 0, 0
+    return int(_prctl(_PR_GET_SECCOMP, 0, 0, 0, 0)), int(_prctl(_PR_GET_SECUREBITS, 0, 0, 0, 0))
+
+
+def _outside_state() -> tuple[int, int, bytes]:
+    """What another process can change in this one by pid (a command job's `ionice -p
+    $PPID`, a write to /proc/$PPID/timerslack_ns or oom_score_adj; ~3 us): timer slack
+    (review ET: 300 ms, and a later job's 1 ms sleeps took 300), I/O priority, OOM score
+    adjustment (README: a worker's is 500, the one to go first)."""
+    _no_new_privs()
+    slack = int(_prctl(_PR_GET_TIMERSLACK, 0, 0, 0, 0)) if _prctl else 0
+    ioprio = int(_libc_call("syscall", _IOPRIO[0], _IOPRIO_WHO_PROCESS, 0)) if _IOPRIO else 0
+    try:
+        fd = os.open("/proc/self/oom_score_adj", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            oom = os.read(fd, 16).strip()
+        finally:
+            os.close(fd)
+    except OSError:
+        oom = b""
+    return slack, ioprio, oom
+
+
+def _set_outside_state(state: tuple[int, int, bytes]) -> bool:
+    slack, ioprio, oom = state
+    if _prctl:
+        _prctl(_PR_SET_TIMERSLACK, slack, 0, 0, 0)
+    if _IOPRIO:
+        _libc_call("syscall", _IOPRIO[1], _IOPRIO_WHO_PROCESS, 0, ioprio)
+    if oom:
+        with contextlib.suppress(OSError):
+            fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY | os.O_CLOEXEC)
+            try:
+                os.write(fd, oom)
+            finally:
+                os.close(fd)
+    return _outside_state() == state
+
+
+@functools.cache
+def _libc() -> Any:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _libc_call(name: str, *args: int) -> int:
+    return int(getattr(_libc(), name)(*args))
 
 
 def _restore_list(live: list[Any], then: list[Any], initial: frozenset[str]) -> bool:

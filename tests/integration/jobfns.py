@@ -1475,21 +1475,42 @@ def pollute_process(inputs: Sequence[Path], output: Path, params: Mapping[str, A
     # (audit EU)
     import ctypes
 
-    prctl = ctypes.CDLL(None).prctl
+    libc = ctypes.CDLL(None)
+    prctl = libc.prctl
     prctl(36, 0, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER off
     prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE off
     prctl(15, ctypes.c_char_p(b"polluted"), 0, 0, 0)  # PR_SET_NAME
+    # (review ET) keepcaps, THP off, machine-check kill early, a 32-bit personality, and
+    # what another process can set from outside: timer slack, I/O priority, OOM score
+    prctl(8, 1, 0, 0, 0)  # PR_SET_KEEPCAPS
+    prctl(41, 1, 0, 0, 0)  # PR_SET_THP_DISABLE
+    prctl(33, 1, 1, 0, 0)  # PR_MCE_KILL, PR_MCE_KILL_SET, PR_MCE_KILL_EARLY
+    libc.personality(0x0008)  # PER_LINUX32
+    prctl(29, 200_000_000, 0, 0, 0)  # PR_SET_TIMERSLACK: 200 ms
+    _set_ioprio_idle_and_oom(os.getpid())
 
 
 def _prctl_flags() -> list[Any]:
     import ctypes
 
-    prctl = ctypes.CDLL(None).prctl
+    libc = ctypes.CDLL(None)
+    prctl = libc.prctl
     subreaper = ctypes.c_int(-1)
     prctl(37, ctypes.byref(subreaper), 0, 0, 0)  # PR_GET_CHILD_SUBREAPER
     name = ctypes.create_string_buffer(16)
     prctl(16, name, 0, 0, 0)  # PR_GET_NAME
-    return [subreaper.value, prctl(3, 0, 0, 0, 0), name.value.decode()]  # PR_GET_DUMPABLE
+    # PR_GET_DUMPABLE, _KEEPCAPS, _THP_DISABLE, _MCE_KILL_GET, _TIMERSLACK; personality;
+    # ioprio_get (x86_64); oom_score_adj
+    return [subreaper.value, name.value.decode(),
+            *(prctl(n, 0, 0, 0, 0) for n in (3, 7, 42, 34, 30)),
+            libc.personality(0xFFFFFFFF), libc.syscall(252, 1, 0),
+            Path("/proc/self/oom_score_adj").read_text().strip()]
+
+
+def _set_ioprio_idle_and_oom(pid: int) -> None:
+    """As a command job could, by pid: `ionice -c3 -p PID`, and its OOM score raised."""
+    subprocess.run(["ionice", "-c", "3", "-p", str(pid)], check=True)
+    Path(f"/proc/{pid}/oom_score_adj").write_text("900")
 
 
 def read_stdin(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]) -> None:
@@ -1584,6 +1605,11 @@ def taint_worker(inputs: Sequence[Path], output: Path, params: Mapping[str, Any]
     elif what == "seteuid":
         os.seteuid(65534)
         os.seteuid(0)
+    elif what == "securebits":
+        # (review ET) SECBIT_NOROOT and its lock: later jobs' children had no capabilities
+        import ctypes
+
+        assert ctypes.CDLL(None).prctl(28, 0x3, 0, 0, 0) == 0  # PR_SET_SECUREBITS
     elif what == "unfreeze":
         # (audit EU) the worker's heap, frozen, walked by every later job's collection
         import gc

@@ -1496,7 +1496,7 @@ def test_a_tree_thousands_of_folders_deep_left_by_a_job_is_removed_and_costs_no_
 
 @pytest.mark.parametrize("what", ["audithook", "atfork", "atfork_posix", "no_new_privs",
                                   "setuid", "seteuid", "library_atfork", "unrestorable",
-                                  "unfreeze"])
+                                  "unfreeze", "securebits"])
 def test_a_job_that_changes_its_worker_for_good_retires_it(
         tmp_path: Path, write_manifest: Any, what: str) -> None:
     # Given, for one worker, a job that leaves a change nothing can take back (an audit
@@ -1641,6 +1641,36 @@ def test_a_command_that_lowers_its_workers_open_file_limit_costs_only_itself(
     assert "after" in view.ids("done")
     assert_pdf(tmp_path / "out" / "after.pdf", "after")
     assert view.ids("done") | view.ids("dead") == {"lower", "after"}
+
+
+def test_what_a_command_changes_in_its_worker_from_outside_no_later_job_finds(
+        tmp_path: Path, write_manifest: Any) -> None:
+    import json
+
+    # Given, for one worker, an observer, a command that sets its worker's timer slack to
+    # 200 ms, its I/O priority to idle and its OOM score to 900 (from outside, by pid: as
+    # `ionice -p $PPID` does), then an observer
+    stage(tmp_path)
+    report = tmp_path / "seen.jsonl"
+    change = ('echo 200000000 > /proc/$PPID/timerslack_ns && ionice -c 3 -p $PPID && '
+              'echo 900 > /proc/$PPID/oom_score_adj && echo ok > "$1"')
+    manifest = write_manifest([
+        {**py_job("before", "observe_process", report=str(report)), "priority": 3},
+        {"id": "change", "kind": "command", "argv": ["sh", "-c", change, "sh", "{output}"],
+         "output": "change.txt", "priority": 2},
+        {**py_job("after", "observe_process", report=str(report)), "priority": 1},
+    ], defaults={"max_attempts": 1})
+
+    # When one worker runs them in that order
+    result = run_cli("run", manifest, *cli_args(tmp_path / "q", tmp_path / "out",
+                                                "--workers", "1"))
+
+    # Then the second observer finds what the first did (review ET: a later job's 1 ms
+    # sleeps took 200-300 ms, at idle I/O priority)
+    assert result.returncode == 0, result.stdout + result.stderr
+    before, after = (json.loads(line) for line in report.read_text().splitlines())
+    assert before["pid"] == after["pid"], "not one worker: the test proves nothing"
+    assert after["prctl"] == before["prctl"]
 
 
 @pytest.mark.parametrize("what", ["fifo", "folder", "symlink", "hardlink"])
