@@ -54,8 +54,12 @@ RELEASED_LOG = STARTED_LOG.format("{}.released")
 # A release's reason in that log, after its token and a tab: the queue's own file system
 # was full (the runner could record nothing else), not moved.
 QUEUE_FULL_RELEASE = "queue-full"
-QUEUE_FULL_ERROR = ("its runner stopped as the queue's file system was full; not charged "
-                    "(once: stopped so again, the attempt is charged)")
+QUEUE_IO_RELEASE = "queue-io"  # (failing otherwise: EIO)
+QUEUE_RELEASE_ERRORS = {
+    QUEUE_FULL_RELEASE: "its runner stopped as the queue's file system was full; not charged "
+                        "(once: stopped so again, the attempt is charged)",
+    QUEUE_IO_RELEASE: "its runner stopped on an I/O error of the queue's file system; not "
+                      "charged (once: stopped so again, the attempt is charged)"}
 WORKERS_FILE = "workers.{}.json"  # control/: a runner's worker pids and process groups
 
 
@@ -120,20 +124,21 @@ def released_tokens(q: Queue) -> dict[str, str]:
     return released
 
 
-def queue_full(exc: BaseException) -> str | None:
-    """If ``exc`` (or what caused it) is the queue's file system full (ENOSPC, EDQUOT), the
-    message to report; else None."""
+def queue_failure(exc: BaseException) -> tuple[str, bool] | None:
+    """If ``exc`` is an I/O error (of the queue's file system: what a run meets), the message
+    to report and whether it says the file system is full (ENOSPC, EDQUOT); else None."""
+    if not isinstance(exc, OSError | QueueIOError):
+        return None
     seen: BaseException | None = exc
     for _ in range(8):  # (a cause chain is short; a cycle is not followed for good)
-        if seen is None:
-            return None
-        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
+        if isinstance(seen, OSError) and seen.errno is not None:
             where = f" ({seen.filename})" if seen.filename else ""
-            return f"I/O error{where}: {seen.strerror}"
-        if isinstance(seen, QueueIOError) and says_full(str(seen)):
-            return str(seen)
+            return (f"I/O error{where}: {seen.strerror}",
+                    seen.errno in (errno.ENOSPC, errno.EDQUOT))
+        if seen is None or not (seen.__cause__ or seen.__context__):
+            break
         seen = seen.__cause__ or seen.__context__
-    return None
+    return str(exc), says_full(str(exc))
 
 
 def _read_tail(path: Path, size: int) -> bytes:
@@ -233,15 +238,15 @@ def judge_orphan(rec: JobRecord, *, started: Mapping[str, float | None], now: fl
     reason = released.get(lease.token) if isinstance(released, Mapping) else (
         "" if lease.token in released else None)
     last = rec.attempts[-1] if rec.attempts else {}
-    if reason == QUEUE_FULL_RELEASE and not (
+    if reason in QUEUE_RELEASE_ERRORS and not (
             last.get("outcome") == Outcome.RELEASED.value and last.get("queue_full")):
-        # Its runner stopped on the queue's full disk, where it could record nothing else:
-        # not the job's fault (audit EW: charged `crashed`, dead at max_attempts = 1). Once
-        # in a row: a job that fills that disk itself must still end.
+        # Its runner stopped on the queue's full (or failing) disk, where it could record
+        # nothing else: not the job's fault (audit EW: charged `crashed`, dead at
+        # max_attempts = 1). Once in a row: a job that fills that disk itself must end.
         return Orphan(crashed={"n": lease.attempt, "outcome": Outcome.RELEASED.value,
                                "started_at": max(started[lease.token] or 0, lease.claimed_at),
                                "ended_at": now, "host": lease.holder.host,
-                               "queue_full": True, "error": QUEUE_FULL_ERROR})
+                               "queue_full": True, "error": QUEUE_RELEASE_ERRORS[reason]})
     if reason == "":
         # Its runner stopped it on purpose, its queue folder moved away under it: as for a
         # stop, not charged (audit DY: charged `crashed`, dead at max_attempts = 1).
@@ -255,7 +260,8 @@ def judge_orphan(rec: JobRecord, *, started: Mapping[str, float | None], now: fl
         why = "an unknown runner let its lease expire"
     elif proctree.holder_alive(host=h.host, boot_id=h.boot_id, pid=h.pid,
                                 start_time=h.start_time or 0) is False:
-        why = f"the runner (pid {h.pid} on {h.host}) died"
+        # (Died, or ended on an error it could not record the attempt through: review EX)
+        why = f"the runner (pid {h.pid} on {h.host}) ended"
     else:
         # On another host, or its pid now names some other process here: that it died is
         # not known, only that it stopped renewing its lease.

@@ -116,6 +116,7 @@ from renderctl.reaper import Reaper, kill_tree, proc_stat
 from renderctl.reaper import children as reaper_children
 from renderctl.recovery import (
     QUEUE_FULL_RELEASE,
+    QUEUE_IO_RELEASE,
     RELEASED_LOG,
     STARTED_LOG,
     WORKERS_FILE,
@@ -123,7 +124,7 @@ from renderctl.recovery import (
     cancelled_orphan,
     judge_orphan,
     kill_stale_workers,
-    queue_full,
+    queue_failure,
     released_tokens,
     restore_lost_output,
     retired_event,
@@ -423,9 +424,12 @@ class Runner:
         self._full_devices: dict[int, str] = {}
         # Workers keep failing to start (WorkerStartError's message): halted like the above.
         self.worker_start_error: str | None = None
-        # The queue's own file system full under the run (its message): the jobs in flight
-        # released through RELEASED_LOG, the summary's exit 74 (see _run_locked).
-        self.queue_full_error: str | None = None
+        # The queue's own file system full or failing under the run (its message): the jobs
+        # in flight released through RELEASED_LOG, the summary's exit 74 (see _run_locked);
+        # how many were released (None: none in flight; False: the log could not be
+        # written, and the next run charges them as after a crash).
+        self.queue_io_error: str | None = None
+        self.queue_io_released: int | bool | None = None
         self._gates = 0  # start gates made (each worker gets a fresh one)
         self.guard: MemoryGuard | None = None
         self.budget_mb = settings.memory_budget_mb or default_budget_mb()
@@ -565,33 +569,37 @@ class Runner:
                 # lead elsewhere now, the jobs in flight are written off through the folder
                 # we hold, as _check_folder does, or the next runner charged them `crashed`
                 # (review EF).
-                full = queue_full(exc)
+                failure = queue_failure(exc)
                 with contextlib.suppress(Exception):
                     if not self.q.runner_lock_intact():
                         self._release_where_held()
-                    elif full is not None:
-                        # The queue's disk full: nothing can be recorded the usual way, and
-                        # the jobs are not at fault (audit EW: charged `crashed`, dead at
-                        # max_attempts = 1). Released through the log made ready at our
-                        # start; the run ends with its summary and exit 74.
-                        self._release_where_held(reason=QUEUE_FULL_RELEASE)
-                if full is None:
+                    elif failure is not None:
+                        # The queue's file system full or failing: nothing can be recorded
+                        # the usual way, and the jobs are not at fault (audit EW: charged
+                        # `crashed`, dead at max_attempts = 1). Released through the log
+                        # made ready at our start; the run ends with its summary and exit
+                        # 74 (review EX: EROFS ended it with neither).
+                        self.queue_io_released = self._release_where_held(
+                            reason=QUEUE_FULL_RELEASE if failure[1] else QUEUE_IO_RELEASE)
+                if failure is None:
                     raise
-                self.queue_full_error = full
+                self.queue_io_error = failure[0]
             finally:
                 self.stopped = True
                 with contextlib.suppress(Exception):
                     self.reporter.tick(self)  # the final frame, while workers are still known
                 self._shutdown()
                 if not self._released_where_held and self.token_prefix:
-                    unlink_quiet(self.q.dir("control") / RELEASED_LOG.format(self.token_prefix))
+                    with contextlib.suppress(OSError):
+                        unlink_quiet(self.q.dir("control")
+                                     / RELEASED_LOG.format(self.token_prefix))
         wall = time.monotonic() - self.started_at
         cpu = os.times()
         return RunSummary(dict(self.counts), wall, self._exit_code(), self.guard.name,
                           self.n_workers, runner_cpu_s=cpu.user + cpu.system)
 
     def _exit_code(self) -> ExitCode:
-        if self.queue_full_error is not None:
+        if self.queue_io_error is not None:
             return ExitCode.IO_ERROR
         if self.stop_signal is not None:
             return signal_exit_code(self.stop_signal)
@@ -729,7 +737,8 @@ class Runner:
         if self.work_root:
             for root in (self.work_root, *self._old_work_roots):
                 remove_tree(root)
-            unlink_quiet(self.q.dir("control") / WORK_NOTE.format(self.token_prefix))
+            with contextlib.suppress(OSError):  # (a queue gone read-only: review EX)
+                unlink_quiet(self.q.dir("control") / WORK_NOTE.format(self.token_prefix))
         try:
             ours_left = bool(self.token_prefix) and self.token_prefix in self.q.lease_prefixes()
         except OSError:
@@ -739,7 +748,8 @@ class Runner:
             # runner's recovery reads these logs to tell an attempt that ran, and is charged,
             # from one that never started: without them, work done would be run again free.
             for log in self.q.dir("control").glob(STARTED_LOG.format(f"{self.token_prefix}.*")):
-                unlink_quiet(log)
+                with contextlib.suppress(OSError):
+                    unlink_quiet(log)
         with contextlib.suppress(OSError):  # (a folder a job put there is not our I/O error)
             unlink_quiet(self._workers_file())
         with contextlib.suppress(OSError):
@@ -853,12 +863,19 @@ class Runner:
             fd = os.open(self.q.dir("control") / RELEASED_LOG.format(self.token_prefix),
                          os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
             try:
-                # FALLOC_FL_KEEP_SIZE: blocks past the end, for the appends to take
-                fallocate(fd, RELEASE_LOG_ROOM, keep_size=True)
+                # FALLOC_FL_KEEP_SIZE: blocks past the end, for the appends to take. Less if
+                # that is all there is (review EX: on a nearly full tmpfs the 256 KiB failed
+                # whole, and the release then had no block to go to): a block holds ~90.
+                for room in (RELEASE_LOG_ROOM, RELEASE_LOG_ROOM // 16, 4096):
+                    try:
+                        fallocate(fd, room, keep_size=True)
+                        break
+                    except OSError:
+                        continue
             finally:
                 os.close(fd)
 
-    def _release_where_held(self, reason: str = "") -> None:
+    def _release_where_held(self, reason: str = "") -> int | bool | None:
         """Our paths lead elsewhere now, so no release can be recorded the usual way: the
         jobs in flight are killed, and their tokens written, through the descriptor of the
         folder we hold wherever it went, as released (recovery.RELEASED_LOG). The next
@@ -866,7 +883,9 @@ class Runner:
         charged `crashed`, and a job with max_attempts = 1 went to dead/ for what its
         operator did (audit DY). Nothing is recorded if the folder was deleted, or if this
         fails: the jobs are then judged as after a crash, as before. ``reason``: written
-        beside each token (QUEUE_FULL_RELEASE: the queue's disk was full, not moved)."""
+        beside each token (QUEUE_FULL_RELEASE, QUEUE_IO_RELEASE: the queue's file system
+        was full or failing, not moved). Returns how many were released, None if none was
+        in flight, False if they could not be recorded."""
         # What ran or waited in a worker, and what completed but is not yet published (the
         # stop's loss, not the job's) or was judged released already (review EB); not an
         # attempt that ended failing, whose charge the release would drop (review DZ).
@@ -879,14 +898,14 @@ class Runner:
                    or (reason == QUEUE_FULL_RELEASE
                        and says_full(fin.error, fin.stderr_tail, fin.traceback_tail))}
         if not tokens or not self.token_prefix or self._released_where_held:
-            return
+            return None
         self._released_where_held = True  # (once: _check_folder's raise passes through run)
         # Dead before they are written off: no job goes on working (or writing its
         # temporary) after its attempt is recorded as released.
         self._sigkill_workers()
         folder = self.q.held_folder_fd()
         if folder is None:
-            return
+            return False
         control = fd = -1
         try:
             control = os.open("control", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC,
@@ -900,11 +919,12 @@ class Runner:
             os.fsync(fd)
             os.fsync(control)
         except OSError:
-            pass  # (deleted, or failing: judged as after a crash)
+            return False  # (deleted, or failing: judged as after a crash)
         finally:
             for d in (fd, control):
                 if d >= 0:
                     os.close(d)
+        return len(tokens)
 
     def _write_state(self) -> None:
         # Not fsynced: a display aid, rewritten every second; rename keeps readers whole.

@@ -1145,10 +1145,13 @@ def run(
     else:
         lines.write(summary_line(summary) + "\n")
     early.flush_or_stop(lines)
-    if runner.queue_full_error is not None:
-        out.err(f"{runner.queue_full_error}; stopped: the jobs that were running go back to "
-                "pending uncharged at the next run, once there is room (the queue's own "
-                "file system is full)")
+    if runner.queue_io_error is not None:
+        released = runner.queue_io_released
+        out.err(f"{runner.queue_io_error}; stopped (the queue's own file system), " + (
+            "no job was in flight" if released is None else
+            f"the {released} job(s) in flight go back to pending uncharged at the next run"
+            if released else "the jobs in flight could not be marked released: the next "
+            "run charges them as after a crash"))
     elif runner.output_io_error is not None:
         # Like every other exit 74, the reason on stderr (the halted line said it too).
         out.err(f"cannot write outputs: {runner.output_io_error}; stopped, the jobs not "

@@ -41,26 +41,37 @@ from renderctl.store import Queue
 from renderctl.worker import WorkerConfig, worker_main
 
 
-@pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[Path]:
-    if os.geteuid() != 0 or shutil.which("mkfs.ext4") is None:
-        pytest.skip("needs root and mkfs.ext4 to make a small real file system")
-    image = tmp_path / "disk.img"
-    with open(image, "wb") as fh:
-        fh.truncate(24 << 20)
-    # -m 0: no blocks reserved for root (we are root; the disk must really fill).
-    subprocess.run(["mkfs.ext4", "-q", "-F", "-m", "0", str(image)], check=True)
-    mnt = tmp_path / "disk"
-    mnt.mkdir()
-    r = subprocess.run(["mount", "-o", "loop", str(image), str(mnt)], capture_output=True,
-                       text=True)
+@contextlib.contextmanager
+def mounted(mnt: Path, *args: str) -> Iterator[Path]:
+    """``mount ARGS MNT`` for the block (skipped, saying why, where it cannot be)."""
+    mnt.mkdir(exist_ok=True)
+    r = subprocess.run(["mount", *args, str(mnt)], capture_output=True, text=True)
     if r.returncode != 0:
-        pytest.skip(f"cannot mount a loop file system here: {r.stderr.strip()}")
+        pytest.skip(f"cannot mount {args[-1]} here: {r.stderr.strip()}")
     try:
         yield mnt
     finally:
         if subprocess.run(["umount", str(mnt)]).returncode != 0:
             subprocess.run(["umount", "-l", str(mnt)])
+
+
+def ext4_image(tmp_path: Path, *mkfs: str) -> Path:
+    """A 24 MB ext4 image (skipped where root or mkfs.ext4 is missing)."""
+    if os.geteuid() != 0 or shutil.which("mkfs.ext4") is None:
+        pytest.skip("needs root and mkfs.ext4 to make a small real file system")
+    image = tmp_path / "disk.img"
+    with open(image, "wb") as fh:
+        fh.truncate(24 << 20)
+    subprocess.run(["mkfs.ext4", "-q", "-F", *mkfs, str(image)], check=True)
+    return image
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    # -m 0: no blocks reserved for root (we are root; the disk must really fill).
+    image = ext4_image(tmp_path, "-m", "0")
+    with mounted(tmp_path / "disk", "-o", "loop", str(image)) as mnt:
+        yield mnt
 
 
 def fill(path: Path) -> int:
@@ -153,6 +164,97 @@ def test_a_full_disk_stops_the_run_with_74_and_a_rerun_after_freeing_space_loses
                                   start=1))
         assert outcomes.get(attempt) == "released", (jid, outcomes)
     assert stray_temporaries(out) == []
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
+    """A 24 MB tmpfs: a failed fallocate there gives nothing back (ext4 keeps what it got)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to mount a tmpfs")
+    with mounted(tmp_path / "tmpfs", "-t", "tmpfs", "-o", "size=24m", "tmpfs") as mnt:
+        yield mnt
+
+
+def test_a_run_started_with_little_room_still_releases_its_jobs_uncharged_when_it_fills(
+        small_tmpfs: Path, write_manifest: Any) -> None:
+    # Given 20 jobs of one attempt each queued on a file system with 128 KiB free: less
+    # than the room the runner reserves for its release log
+    folder = stage(small_tmpfs / "jobs")
+    jobs = [py_job(f"j{i}", "sleep_then_write", s=0.5) for i in range(20)]
+    manifest = write_manifest(jobs, defaults={"max_attempts": 1}, folder=folder)
+    queue, out = small_tmpfs / "q", small_tmpfs / "out"
+    assert run_cli("submit", manifest, *cli_args(queue, out)).returncode == 0
+    ballast = small_tmpfs / "ballast"
+    os.close(fill(ballast))
+    os.truncate(ballast, ballast.stat().st_size - (128 << 10))
+
+    # When it runs, and the disk fills as its first jobs run
+    runner = Runner(*cli_args(queue, out, "--workers", "2", "--json"))
+    try:
+        runner.until(lambda ln: '"event": "started"' in ln)
+        fd = fill(small_tmpfs / "more")
+        try:
+            while runner.proc.poll() is None:
+                with contextlib.suppress(OSError):
+                    os.write(fd, bytes(4096))
+        finally:
+            os.close(fd)
+        code = runner.wait(60)
+        said = runner.stderr()
+    finally:
+        runner.close()
+
+    # Then it stops with 74 and its summary, saying its jobs in flight go back uncharged
+    # (review EX: the 256 KiB reservation failed whole, the release had no block to go to,
+    # and the next run charged them `crashed`, dead at one attempt)
+    assert code == ExitCode.IO_ERROR, (runner.lines, said)
+    assert json.loads(runner.lines[-1])["event"] == "summary", runner.lines[-3:]
+    assert "go back to pending uncharged" in said, said
+
+    # and run again with the room freed, every job completes
+    ballast.unlink()
+    (small_tmpfs / "more").unlink()
+    second = run_cli("run", *cli_args(queue, out, "--workers", "2", "--quiet"), timeout=120)
+    assert second.returncode == ExitCode.OK, (second.stdout, second.stderr)
+    assert QueueView(queue).ids("done") == {j["id"] for j in jobs}
+
+
+def test_a_queue_gone_read_only_under_a_run_ends_it_with_its_summary_and_says_so(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given a run on an ext4 that goes read-only on its first error (errors=remount-ro)
+    image = ext4_image(tmp_path)
+    with mounted(tmp_path / "disk", "-o", "loop,errors=remount-ro", str(image)) as mnt:
+        dev = subprocess.run(["findmnt", "-n", "-o", "SOURCE", str(mnt)], capture_output=True,
+                             text=True).stdout.strip()
+        trigger = Path("/sys/fs/ext4") / Path(dev).name / "trigger_fs_error"
+        if not trigger.exists():
+            pytest.skip(f"no {trigger} to make the file system fail")
+        folder = stage(mnt / "jobs")
+        manifest = write_manifest([py_job(f"j{i}", "sleep_then_write", s=0.05)
+                                   for i in range(100)], folder=folder)
+        queue = mnt / "q"
+        runner = Runner(manifest, *cli_args(queue, tmp_path / "out", "--workers", "2",
+                                             "--json"))
+        try:
+            view = QueueView(queue)
+            wait_until(lambda: len(view.ids("done")) >= 10, what="10 jobs to complete")
+
+            # When the file system fails and goes read-only
+            trigger.write_text("test\n")
+            code = runner.wait(60)
+            said = runner.stderr()
+        finally:
+            runner.close()
+
+    # Then the run ends with 74, its summary the last line (review EX: a `completed` event
+    # was, and the error named a file the shutdown failed to remove), saying why and what
+    # becomes of the jobs in flight (nothing could be recorded)
+    assert code == ExitCode.IO_ERROR, runner.lines
+    last = json.loads(runner.lines[-1])
+    assert last["event"] == "summary" and last["exit_code"] == 74, runner.lines[-3:]
+    assert "; stopped (the queue's own file system)" in said, said
+    assert "Read-only file system" in said or "Input/output error" in said, said  # (syncfs)
+    assert "Traceback" not in said
 
 
 def test_a_submit_onto_a_full_disk_enqueues_nothing_and_keeps_what_was_accepted(

@@ -180,13 +180,15 @@ def test_a_report_replaced_keeps_its_group(tmp_path: Path) -> None:
 
 def test_makedirs_makes_any_depth_and_fails_as_os_makedirs_does(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from renderctl.fsutil import makedirs
+    from renderctl.fsutil import makedirs, remove_tree
 
     # Any depth (os.makedirs' recursion raised RecursionError at ~1,000 levels: audit ES)
     deep = tmp_path.joinpath(*["d"] * 1500)
     makedirs(deep, 0o700)
     assert deep.is_dir() and deep.stat().st_mode & 0o777 == 0o700
     makedirs(deep)  # (there already: fine)
+    remove_tree(tmp_path / "d")  # (and so does remove_tree; pytest's own rmtree recurses)
+    assert not (tmp_path / "d").exists()
     # A file at the end, a file on the way, a dangling link on the way: named as makedirs
     # names them
     (tmp_path / "f").write_text("")
