@@ -169,9 +169,7 @@ def test_a_full_disk_stops_the_run_with_74_and_a_rerun_after_freeing_space_loses
 @pytest.fixture
 def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
     """A 24 MB tmpfs: a failed fallocate there gives nothing back (ext4 keeps what it got)."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root to mount a tmpfs")
-    with mounted(tmp_path / "tmpfs", "-t", "tmpfs", "-o", "size=24m", "tmpfs") as mnt:
+    with mounted_tmpfs(tmp_path / "tmpfs", "size=24m") as mnt:
         yield mnt
 
 
@@ -290,16 +288,8 @@ def mounted_tmpfs(mnt: Path, options: str) -> Iterator[Path]:
     """A tmpfs mounted at ``mnt`` (made) with ``options``; skips the test without root."""
     if os.geteuid() != 0:
         pytest.skip("needs root to mount a tmpfs")
-    mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(mnt)],
-                       capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
-    try:
+    with mounted(mnt, "-t", "tmpfs", "-o", options, "tmpfs"):
         yield mnt
-    finally:
-        if subprocess.run(["umount", str(mnt)]).returncode != 0:
-            subprocess.run(["umount", "-l", str(mnt)])
 
 
 def test_a_batch_cut_by_a_full_disk_after_its_commit_is_reported_accepted_and_placed_by_a_retry(
