@@ -790,7 +790,12 @@ def _param_type_error(p: ParamSpec, v: Any) -> str | None:
         high = math.inf if p.high is None else p.high
         if not low <= v <= high:  # (is_number: finite; an int compared exactly)
             return f"must be between {low:g} and {high:g}, got {_value_shown(v)}"
-    return p.check(v) if p.check is not None else None
+    if p.check is None:
+        return None
+    try:
+        return p.check(v)
+    except Exception as exc:  # noqa: BLE001  (a plugin's rule: audit EY, a traceback)
+        return f"the renderer's own check of it failed: {type(exc).__name__}: {exc!s:.200}"
 
 
 _RFC3339_UPPER = str.maketrans("tz", "TZ")

@@ -1418,10 +1418,15 @@ def kinds(as_json: JsonOpt = False) -> None:
         return
     lines = []
     for kind, spec in specs.items():
-        lines.append(f"{kind}: {spec.description}")
+        # A plugin's text, shown, not obeyed (audit EY: an escape sequence and a newline in
+        # a description went to the terminal raw)
+        lines.append(out.one_line(f"{kind}: {spec.description}"))
         for p in spec.params:
             req = "required" if p.required else "optional"
-            lines.append(f"    {p.name} ({p.type}, {req}): {p.description}{_param_rule(p)}")
+            rule = _param_rule(p)
+            what = out.one_line(p.description) + rule if p.description else rule.lstrip("; ")
+            lines.append("    " + out.one_line(f"{p.name} ({p.type}, {req})") + (
+                f": {what}" if what else ""))
     with stdout_result():
         out.write_out("".join(line + "\n" for line in lines))
 

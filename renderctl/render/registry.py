@@ -6,7 +6,9 @@ entry point must load to a ``RendererSpec``. Nothing here imports reportlab or p
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import math
 import re
 from collections.abc import Iterable, Iterator, Mapping
 from typing import get_args
@@ -208,7 +210,83 @@ def _spec_problem(spec: RendererSpec) -> str | None:
             return f"param {p.name!r}: choices must be strings"
         if p.check is not None and not callable(p.check):
             return f"param {p.name!r}: check is not callable"
+        # (audit EY: a str bound was a traceback in `kinds`, NaN bounds refused every value
+        # and printed invalid JSON in `schema`, low > high refused every value)
+        for bound in ("low", "high"):
+            v = getattr(p, bound)
+            if v is not None and (type(v) not in (int, float) or not math.isfinite(v)
+                                  or p.type not in ("int", "float", "number")):
+                return (f"param {p.name!r}: {bound} {v!r} is not a finite number of a "
+                        "numeric param")
+        if p.low is not None and p.high is not None and p.low > p.high:
+            return f"param {p.name!r}: low {p.low!r} is above high {p.high!r}"
+        if p.choices and p.type != "str":
+            return f"param {p.name!r}: choices are for a str param, not {p.type}"
+        if type(p.required) is not bool:
+            return f"param {p.name!r}: required {p.required!r} is not True or False"
+        if not isinstance(p.description, str):
+            return f"param {p.name!r}: description is a {type(p.description).__name__}"
+    if type(spec.open_params) is not bool:
+        return f"open_params {spec.open_params!r} is not True or False"
     return None
+
+
+PLUGIN_LOAD_S = 30.0  # a plugin's import longer than this is given up (see _guarded_load)
+PLUGIN_LOAD_ENV = "RENDERCTL_PLUGIN_LOAD_S"  # (tests: a shorter bound)
+
+
+def _load_bound() -> float:
+    import os
+
+    try:
+        bound = float(os.environ.get(PLUGIN_LOAD_ENV) or PLUGIN_LOAD_S)
+    except ValueError:
+        return PLUGIN_LOAD_S
+    return bound if 0 < bound < 86400 else PLUGIN_LOAD_S
+
+
+class PluginLoadTimeout(Exception):
+    """A plugin's import did not finish within PLUGIN_LOAD_S."""
+
+
+@contextlib.contextmanager
+def _guarded_load() -> Iterator[None]:
+    """Around a plugin's import (audit EY): what it prints goes to stderr (`submit --json`'s
+    stdout was no longer JSON); a crash in it is reported with its file and line
+    (faulthandler: a segfault at import was exit 139 and not a word); and an import that
+    blocks is given up after PLUGIN_LOAD_S, where this is the main thread (a --follow
+    runner's rescan meeting such a plugin stopped every kind, SIGTERM included, for good).
+    A C loop that never returns to Python is not interrupted."""
+    import faulthandler
+    import signal
+    import sys
+    import threading
+
+    enabled = faulthandler.is_enabled()
+    if not enabled:
+        with contextlib.suppress(Exception):
+            faulthandler.enable()
+    main = threading.current_thread() is threading.main_thread()
+    if main:
+        bound = _load_bound()
+
+        def expire(signum: int, frame: object) -> None:
+            raise PluginLoadTimeout(f"its import took longer than {bound:g} s")
+
+        prior = signal.signal(signal.SIGALRM, expire)
+        mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGALRM})
+        timer = signal.setitimer(signal.ITIMER_REAL, bound)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        if main:
+            signal.setitimer(signal.ITIMER_REAL, *timer)  # (a caller's own, as it was)
+            signal.signal(signal.SIGALRM, prior)
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        if not enabled:
+            with contextlib.suppress(Exception):
+                faulthandler.disable()
 
 
 def broken_plugins() -> list[str]:
@@ -251,7 +329,8 @@ class _Specs(Mapping[str, RendererSpec]):
             specs = dict(self._builtin)
             for ep in entry_points(group=ENTRY_POINT_GROUP):
                 try:
-                    spec = ep.load()
+                    with _guarded_load():
+                        spec = ep.load()
                 except SignalExit:
                     raise  # a stop signal, not the plugin's doing
                 except (Exception, SystemExit) as exc:  # a broken plugin must not break

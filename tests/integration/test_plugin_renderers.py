@@ -207,6 +207,79 @@ def test_broken_and_slow_plugins_cost_other_kinds_nothing(tmp_path: Path) -> Non
     runs_hello(tmp_path, env, 'timeout_s = 1\nmax_attempts = 1\n')
 
 
+def test_a_plugin_that_prints_or_is_malformed_leaves_stdout_and_the_other_kinds_whole(
+        tmp_path: Path) -> None:
+    # Given a plugin that prints as it is imported, four whose params are malformed in ways
+    # the spec check did not see, and one whose param check raises (audit EY)
+    site, env = site_with_hello(tmp_path)
+    add_plugin(site, "noisy", "print('noisy: loading licence server... ok')\n"
+               + PLUGIN.replace('kind="hello"', 'kind="noisy"'))
+    bad = {"lowstr": 'ParamSpec("v", "number", low="0")',
+           "nan": 'ParamSpec("v", "number", low=float("nan"))',
+           "lohi": 'ParamSpec("v", "int", low=10, high=1)',
+           "intchoices": 'ParamSpec("v", "int", choices=("1", "2"))'}
+    for name, param in bad.items():
+        add_plugin(site, name, PLUGIN.replace('kind="hello"', f'kind="{name}"').replace(
+            'params=(ParamSpec("name", "str", required=True, description="who to greet"),)',
+            f"params=({param},)"))
+    add_plugin(site, "raises", PLUGIN.replace('kind="hello"', 'kind="raises"').replace(
+        'description="who to greet")', 'description="who", check=lambda v: 1 / 0)'))
+    add_plugin(site, "esc", PLUGIN.replace('kind="hello"', 'kind="esc"').replace(
+        'description="A one-page greeting."', 'description="\\x1b[31mRED\\nline"'))
+
+    # When the renderers are listed, and a manifest with a job of each working kind is
+    # submitted with --json
+    kinds = cli("kinds", "--json", env=env)
+    listed = json.loads(kinds.stdout)  # (before: the print came first, not JSON)
+    manifest = tmp_path / "m.toml"
+    manifest.write_text('[[jobs]]\nid = "h"\nkind = "hello"\noutput = "h.pdf"\n'
+                        'params = { name = "x" }\n'
+                        '[[jobs]]\nid = "r"\nkind = "raises"\noutput = "r.pdf"\n'
+                        'params = { name = "x" }\n')
+    sub = cli("submit", str(manifest), "--json", "--queue", str(tmp_path / "q"), "--out",
+              str(tmp_path / "out"), env=env)
+
+    # Then stdout holds only JSON, the print went to stderr; the malformed plugins are
+    # named as broken (a str bound was a traceback of `kinds`; NaN bounds printed invalid
+    # JSON and refused every value), and the others listed; the raising check is a problem
+    # of its job and field, exit 2, nothing enqueued (it was a traceback, exit 1)
+    assert kinds.returncode == 0 and "Traceback" not in kinds.stderr, kinds.stderr
+    assert "noisy: loading licence server" in kinds.stderr
+    assert {"hello", "noisy", "raises"} <= set(listed) and not set(bad) & set(listed)
+    for name in bad:
+        assert f"renderer plugin {name} ({name}_plugin:SPEC): param 'v'" in kinds.stderr, \
+            kinds.stderr
+    assert sub.returncode == 2 and "Traceback" not in sub.stderr, sub.stderr
+    doc = json.loads(sub.stdout)
+    assert doc["accepted"] == [] and [(p["job"], p["field"]) for p in doc["problems"]] == [
+        ("r", "params.name")], doc
+    assert "the renderer's own check of it failed: ZeroDivisionError" in sub.stderr
+    # and a description's escape sequence and newline are shown, not obeyed (they went to
+    # the terminal raw)
+    plain = cli("kinds", env=env).stdout
+    assert "esc: \\x1b[31mRED\\nline" in plain and "\x1b" not in plain, plain
+
+
+def test_a_plugin_whose_import_blocks_is_given_up_and_the_other_kinds_work(
+        tmp_path: Path) -> None:
+    # Given a plugin whose import blocks (here for an hour), the bound 1 s for the test
+    site, env = site_with_hello(tmp_path)
+    add_plugin(site, "stuck", "import time\ntime.sleep(3600)\n"
+               + PLUGIN.replace('kind="hello"', 'kind="stuck"'))
+    env = {**env, "RENDERCTL_PLUGIN_LOAD_S": "1"}
+
+    # When the renderers are listed, then the list comes, the stuck plugin named (audit
+    # EY: every command that read the catalogue hung, a --follow runner's rescan too,
+    # deaf to SIGTERM), and a job of another plugin's kind runs
+    started = time.monotonic()
+    res = cli("kinds", env=env)
+    assert res.returncode == 0 and time.monotonic() - started < 20, res.stderr
+    assert "renderer plugin stuck (stuck_plugin:SPEC): PluginLoadTimeout: its import took " \
+        "longer than 1 s" in res.stderr, res.stderr
+    assert "hello:" in res.stdout
+    runs_hello(tmp_path, env)
+
+
 def test_a_follow_runner_runs_a_plugin_installed_after_it_started(tmp_path: Path) -> None:
     # Given a --follow runner, started before the "late" plugin is installed, with a job
     # of a kind whose plugin was removed since its submit (the runner looks for it, in
