@@ -771,6 +771,14 @@ def _check_params(
             ctx.add(jid, f"params.{p.name}", msg)
 
 
+def params_problems(spec: RendererSpec, params: Mapping[str, Any]) -> list[str]:
+    """What is wrong with ``params`` for ``spec``, as `validate` says it ("params.x: ..."):
+    for a runner meeting a job accepted under another version of its plugin."""
+    ctx = _Ctx(file="", problems=[])
+    _check_params(ctx, "", spec, params)
+    return [f"{p.field}: {p.message}" for p in ctx.problems]
+
+
 def _param_type_error(p: ParamSpec, v: Any) -> str | None:
     ok = {
         "str": isinstance(v, str),

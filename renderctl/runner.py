@@ -131,6 +131,7 @@ from renderctl.recovery import (
     started_tokens,
 )
 from renderctl.render.registry import (
+    BUILTIN,
     all_specs,
     catalogue_stamp,
     rescanned_specs,
@@ -474,6 +475,7 @@ class Runner:
         self._wake_w = -1
         self._prior_handlers: dict[int, Any] = {}  # of STOP_SIGNALS and SIGTSTP, restored
         self._specs = all_specs()
+        self._builtin_kinds = frozenset(spec.kind for spec in BUILTIN)
         self._catalogue_stamp = catalogue_stamp()  # (see _rescan_due)
         self._rescanned_at = -math.inf
         self._confined: set[tuple[str, str]] = set()  # output folders checked and made
@@ -1792,6 +1794,20 @@ class Runner:
                                           f"kinds` lists them){unknown_kind_note()}; "
                                           "`renderctl dead retry` once it is"})
             return
+        if spec.kind not in self._builtin_kinds:
+            from renderctl.manifest import params_problems
+
+            # A plugin upgraded since the submit, its params changed: refused as validate
+            # would now (audit EY: every attempt failed with KeyError: 'who', backed off).
+            problems = params_problems(kind, spec.params)
+            if problems:
+                self._record_now(a, {"outcome": Outcome.INVALID_INPUT.value,
+                                     "error": f"params do not fit kind {spec.kind!r} as "
+                                              f"installed here ({kind.target}): "
+                                              f"{'; '.join(problems)}; `renderctl submit "
+                                              "--replace` it with params that do "
+                                              "(`renderctl kinds`)"})
+                return
         key = (spec.out_root, str(final.parent))
         try:
             if key not in self._confined or not os.path.isdir(key[1]):

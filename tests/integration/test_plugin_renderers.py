@@ -280,6 +280,34 @@ def test_a_plugin_whose_import_blocks_is_given_up_and_the_other_kinds_work(
     runs_hello(tmp_path, env)
 
 
+def test_a_job_whose_plugin_changed_its_params_since_the_submit_is_refused_once(
+        tmp_path: Path) -> None:
+    # Given a "hello" job accepted with params {name}, then the plugin upgraded: the param
+    # is "who" now
+    site, env = site_with_hello(tmp_path)
+    manifest = tmp_path / "m.toml"
+    manifest.write_text('[[jobs]]\nid = "h"\nkind = "hello"\noutput = "h.pdf"\n'
+                        'params = { name = "x" }\n')
+    queue, out = tmp_path / "q", tmp_path / "out"
+    assert cli("submit", str(manifest), "--queue", str(queue), "--out", str(out),
+               env=env).returncode == 0
+    module = site / "hello_plugin.py"
+    module.write_text(module.read_text().replace('ParamSpec("name"', 'ParamSpec("who"')
+                      .replace("params['name']", "params['who']"))
+
+    # When it runs
+    res = cli("run", "--queue", str(queue), "--workers", "1", env=env)
+
+    # Then it is dead after no attempt of its render, invalid_input naming the params as
+    # validate would (audit EY: every attempt failed with KeyError: 'who', backed off)
+    assert res.returncode == 1, res.stdout + res.stderr
+    record = json.loads((queue / "dead" / "h.json").read_text())
+    (attempt,) = record["attempts"]
+    assert attempt["outcome"] == "invalid_input", attempt
+    assert "params.name: unknown param for kind 'hello'" in attempt["error"], attempt
+    assert "params.who: required by kind 'hello'" in attempt["error"], attempt
+
+
 def test_a_follow_runner_runs_a_plugin_installed_after_it_started(tmp_path: Path) -> None:
     # Given a --follow runner, started before the "late" plugin is installed, with a job
     # of a kind whose plugin was removed since its submit (the runner looks for it, in
