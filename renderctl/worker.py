@@ -1823,9 +1823,20 @@ def _renderer(job: RunJob) -> Callable[..., Any]:
     from renderctl.render.base import load_target
 
     target = _renderer_target(job)
+    kind = job.spec.get("kind")
     if not target:
-        raise LookupError(f"no renderer of kind {job.spec.get('kind')!r} is installed here")
-    return load_target(target)
+        raise LookupError(f"no renderer of kind {kind!r} is installed here")
+    try:
+        fn = load_target(target)
+    except (Exception, SystemExit) as exc:
+        # Named: a bare "SystemExit: 3" or "No module named ..." said nothing of whose
+        # (audit EY)
+        raise RuntimeError(f"the renderer of kind {kind!r} ({target}) could not be loaded: "
+                           f"{type(exc).__name__}: {exc!s:.300}") from exc
+    if not callable(fn):
+        raise TypeError(f"the renderer of kind {kind!r} ({target}) is "
+                        f"{type(fn).__name__!r}, not a function")
+    return fn
 
 
 def _call(fn: Callable[..., Any], inputs: list[Path], output: Path,

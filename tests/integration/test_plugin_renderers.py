@@ -308,6 +308,34 @@ def test_a_job_whose_plugin_changed_its_params_since_the_submit_is_refused_once(
     assert "params.who: required by kind 'hello'" in attempt["error"], attempt
 
 
+def test_a_plugin_whose_render_target_cannot_be_loaded_is_named_in_the_error(
+        tmp_path: Path) -> None:
+    # Given a plugin whose spec names a module that is not there, and one whose target is
+    # not a function
+    site, env = site_with_hello(tmp_path)
+    add_plugin(site, "nomod", PLUGIN.replace('kind="hello"', 'kind="nomod"').replace(
+        'target="hello_plugin:render"', 'target="nomod_missing:render"'))
+    add_plugin(site, "notfn", PLUGIN.replace('kind="hello"', 'kind="notfn"').replace(
+        'target="hello_plugin:render"', 'target="notfn_plugin:NUMBER"') + "\nNUMBER = 3\n")
+    manifest = tmp_path / "m.toml"
+    manifest.write_text("[defaults]\nmax_attempts = 1\n" + "".join(
+        f'[[jobs]]\nid = "{k}"\nkind = "{k}"\noutput = "{k}.pdf"\nparams = {{ name = "x" }}\n'
+        for k in ("nomod", "notfn")))
+
+    # When they run
+    res = cli("run", str(manifest), "--queue", str(tmp_path / "q"), "--out",
+              str(tmp_path / "out"), "--workers", "1", env=env)
+
+    # Then each is dead with an error naming its kind and target (audit EY: a bare
+    # "ModuleNotFoundError: No module named ..." or "'int' object is not callable")
+    assert res.returncode == 1, res.stdout + res.stderr
+    for kind, said in (("nomod", "could not be loaded: ModuleNotFoundError"),
+                       ("notfn", "is 'int', not a function")):
+        error = json.loads((tmp_path / "q" / "dead" / f"{kind}.json").read_text()
+                           )["attempts"][-1]["error"]
+        assert f"the renderer of kind {kind!r} (" in error and said in error, error
+
+
 def test_a_follow_runner_runs_a_plugin_installed_after_it_started(tmp_path: Path) -> None:
     # Given a --follow runner, started before the "late" plugin is installed, with a job
     # of a kind whose plugin was removed since its submit (the runner looks for it, in
