@@ -46,6 +46,7 @@ from renderctl.limits import (
 )
 from renderctl.render.base import ParamSpec, RendererSpec
 from renderctl.render.registry import all_specs, unknown_kind_note
+from renderctl.signalexit import SignalExit
 
 MAX_MANIFEST_BYTES = 8 * 1024 * 1024
 MIB = 1024 * 1024
@@ -802,7 +803,10 @@ def _param_type_error(p: ParamSpec, v: Any) -> str | None:
         return None
     try:
         return p.check(v)
-    except Exception as exc:  # noqa: BLE001  (a plugin's rule: audit EY, a traceback)
+    except SignalExit:
+        raise
+    except (Exception, SystemExit) as exc:  # (a plugin's rule: audit EY, a traceback; its
+        # SystemExit ended a runner, which checks plugin params as it claims: review EZ)
         return f"the renderer's own check of it failed: {type(exc).__name__}: {exc!s:.200}"
 
 

@@ -124,14 +124,24 @@ def released_tokens(q: Queue) -> dict[str, str]:
     return released
 
 
+# What a file system failing under a run says (not EMFILE, EACCES, ENOENT...: those are
+# the process's or a job's doing, said as they are: review EZ)
+FILE_SYSTEM_ERRNOS = frozenset({errno.EIO, errno.EROFS, errno.ENOSPC, errno.EDQUOT,
+                                errno.ENOTCONN, errno.ESTALE, errno.EUCLEAN,
+                                errno.EREMOTEIO, errno.ENODEV, errno.ENXIO})
+
+
 def queue_failure(exc: BaseException) -> tuple[str, bool] | None:
-    """If ``exc`` is an I/O error (of the queue's file system: what a run meets), the message
-    to report and whether it says the file system is full (ENOSPC, EDQUOT); else None."""
+    """If ``exc`` is the queue's file system failing (what a run meets: full, read-only,
+    EIO), the message to report and whether it says the file system is full (ENOSPC,
+    EDQUOT); else None."""
     if not isinstance(exc, OSError | QueueIOError):
         return None
     seen: BaseException | None = exc
     for _ in range(8):  # (a cause chain is short; a cycle is not followed for good)
         if isinstance(seen, OSError) and seen.errno is not None:
+            if seen.errno not in FILE_SYSTEM_ERRNOS:
+                return None
             where = f" ({seen.filename})" if seen.filename else ""
             return (f"I/O error{where}: {seen.strerror}",
                     seen.errno in (errno.ENOSPC, errno.EDQUOT))

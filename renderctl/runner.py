@@ -476,6 +476,8 @@ class Runner:
         self._prior_handlers: dict[int, Any] = {}  # of STOP_SIGNALS and SIGTSTP, restored
         self._specs = all_specs()
         self._builtin_kinds = frozenset(spec.kind for spec in BUILTIN)
+        # Plugin kinds whose params a job did not fit, read again since the last rescan
+        self._params_rechecked: set[str] = set()
         self._catalogue_stamp = catalogue_stamp()  # (see _rescan_due)
         self._rescanned_at = -math.inf
         self._confined: set[tuple[str, str]] = set()  # output folders checked and made
@@ -1800,10 +1802,25 @@ class Runner:
             # A plugin upgraded since the submit, its params changed: refused as validate
             # would now (audit EY: every attempt failed with KeyError: 'who', backed off).
             problems = params_problems(kind, spec.params)
+            target = kind.target
+            if problems:
+                # Unless it is our catalogue that is old (review EZ: a --follow runner
+                # refused what the upgraded plugin takes, and validate accepted): read it
+                # again, once a kind until something more is installed.
+                fresh = self._rescan_due()
+                if fresh or spec.kind not in self._params_rechecked:
+                    if fresh:
+                        self._params_rechecked.clear()
+                    self._params_rechecked.add(spec.kind)
+                    self._specs = rescanned_specs()
+                    again = self._specs.get(spec.kind)
+                    problems = params_problems(again, spec.params) if again is not None \
+                        else ["no renderer of that kind is installed any more"]
+                    target = again.target if again is not None else target
             if problems:
                 self._record_now(a, {"outcome": Outcome.INVALID_INPUT.value,
                                      "error": f"params do not fit kind {spec.kind!r} as "
-                                              f"installed here ({kind.target}): "
+                                              f"installed here ({target}): "
                                               f"{'; '.join(problems)}; `renderctl submit "
                                               "--replace` it with params that do "
                                               "(`renderctl kinds`)"})

@@ -122,9 +122,18 @@ def rescanned_specs() -> Mapping[str, RendererSpec]:
     """The catalogue read afresh: for a long-lived runner meeting a kind it does not know
     (a plugin installed since it started, which `submit` already validated against)."""
     import importlib
+    import sys
 
+    last = all_specs()
     all_specs.cache_clear()
     importlib.invalidate_caches()
+    # The plugins' packages as the last read imported them are forgotten, so that one
+    # upgraded since is read as installed now (review EZ: a --follow runner kept refusing
+    # a param the upgraded plugin takes). Not ours, never: renderctl stays as it is.
+    if isinstance(last, _Specs):
+        for top in last.plugin_packages - {"renderctl"}:
+            for name in [m for m in sys.modules if m == top or m.startswith(top + ".")]:
+                del sys.modules[name]
     return all_specs()
 
 
@@ -214,7 +223,8 @@ def _spec_problem(spec: RendererSpec) -> str | None:
         # and printed invalid JSON in `schema`, low > high refused every value)
         for bound in ("low", "high"):
             v = getattr(p, bound)
-            if v is not None and (type(v) not in (int, float) or not math.isfinite(v)
+            if v is not None and (not isinstance(v, int | float) or isinstance(v, bool)
+                                  or not math.isfinite(v)
                                   or p.type not in ("int", "float", "number")):
                 return (f"param {p.name!r}: {bound} {v!r} is not a finite number of a "
                         "numeric param")
@@ -229,6 +239,25 @@ def _spec_problem(spec: RendererSpec) -> str | None:
     if type(spec.open_params) is not bool:
         return f"open_params {spec.open_params!r} is not True or False"
     return None
+
+
+class _QuietStderr:
+    """What a plugin prints as it is imported, to stderr, where a write that fails (a closed
+    pipe, a detached stream) is dropped: it made the plugin "broken" (review EZ: EPIPE
+    dead-lettered its jobs)."""
+
+    def write(self, text: str) -> int:
+        import sys
+
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            sys.stderr.write(text)
+        return len(text)
+
+    def flush(self) -> None:
+        import sys
+
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            sys.stderr.flush()
 
 
 PLUGIN_LOAD_S = 30.0  # a plugin's import longer than this is given up (see _guarded_load)
@@ -259,7 +288,6 @@ def _guarded_load() -> Iterator[None]:
     A C loop that never returns to Python is not interrupted."""
     import faulthandler
     import signal
-    import sys
     import threading
 
     enabled = faulthandler.is_enabled()
@@ -277,7 +305,7 @@ def _guarded_load() -> Iterator[None]:
         mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGALRM})
         timer = signal.setitimer(signal.ITIMER_REAL, bound)
     try:
-        with contextlib.redirect_stdout(sys.stderr):
+        with contextlib.redirect_stdout(_QuietStderr()):
             yield
     finally:
         if main:
@@ -311,6 +339,8 @@ class _Specs(Mapping[str, RendererSpec]):
         self.broken: list[str] = []
         # Plugin kinds another plugin also registered: kind -> the targets left out
         self.clashes: dict[str, list[str]] = {}
+        # The top-level packages of the entry points read (see rescanned_specs)
+        self.plugin_packages: set[str] = set()
 
     def __getitem__(self, kind: str) -> RendererSpec:
         spec = self._builtin.get(kind)
@@ -324,10 +354,15 @@ class _Specs(Mapping[str, RendererSpec]):
 
     def _everything(self) -> dict[str, RendererSpec]:
         if self._all is None:
+            import sys
             from importlib.metadata import entry_points
 
             specs = dict(self._builtin)
+            loaded = set(sys.modules)  # (a package imported before is not the plugin's)
             for ep in entry_points(group=ENTRY_POINT_GROUP):
+                top = ep.value.partition(":")[0].strip().split(".")[0]
+                if top not in loaded:
+                    self.plugin_packages.add(top)
                 try:
                     with _guarded_load():
                         spec = ep.load()

@@ -36,3 +36,48 @@ def test_released_so_twice_in_a_row_the_attempt_is_charged(tmp_path: Path) -> No
     first = {"n": 1, "outcome": "released", "queue_full": True, "error": "full"}
     verdict = _orphan_of(tmp_path, (first,))
     assert verdict["outcome"] == "crashed", verdict
+
+
+def test_only_a_file_system_failing_is_the_queues_failure() -> None:
+    import errno
+
+    from renderctl.errors import QueueIOError
+    from renderctl.recovery import queue_failure
+
+    # (review EZ: EMFILE, a job's doing to the runner, was said to be "the queue's own
+    # file system")
+    assert queue_failure(OSError(errno.EMFILE, "Too many open files", "x")) is None
+    assert queue_failure(PermissionError(errno.EACCES, "Permission denied", "x")) is None
+    assert queue_failure(ValueError("no")) is None
+    assert queue_failure(OSError(errno.EIO, "Input/output error", "/q/x")) == (
+        "I/O error (/q/x): Input/output error", False)
+    try:
+        try:
+            raise OSError(errno.ENOSPC, "No space left on device", "/q/y")
+        except OSError as inner:
+            raise QueueIOError("fsync failed for /q/y") from inner
+    except QueueIOError as outer:
+        assert queue_failure(outer) == ("I/O error (/q/y): No space left on device", True)
+
+
+def test_a_plugins_bounds_of_int_and_float_subclasses_are_a_valid_spec() -> None:
+    import enum
+
+    from renderctl.render.base import ParamSpec, RendererSpec
+    from renderctl.render.registry import _spec_problem
+
+    class Level(enum.IntEnum):
+        TOP = 100
+
+    class Real(float):  # (as numpy.float64 is)
+        pass
+
+    def spec(*params: ParamSpec) -> RendererSpec:
+        return RendererSpec(kind="k", target="m:f", description="", params=params)
+
+    # (review EZ: refused whole, "not a finite number", where they had worked)
+    assert _spec_problem(spec(ParamSpec("x", "int", high=Level.TOP))) is None
+    assert _spec_problem(spec(ParamSpec("x", "float", low=0, high=Real(2.5)))) is None
+    assert "is not a finite number" in str(_spec_problem(spec(ParamSpec("x", "int", low=True))))
+    assert "is not a finite number" in str(
+        _spec_problem(spec(ParamSpec("x", "number", low=float("nan")))))
