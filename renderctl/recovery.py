@@ -126,9 +126,10 @@ def released_tokens(q: Queue) -> dict[str, str]:
 
 # What a file system failing under a run says (not EMFILE, EACCES, ENOENT...: those are
 # the process's or a job's doing, said as they are: review EZ)
+# (Not ENXIO or ENODEV: a FIFO or a device a job put in place of a queue file says those.)
 FILE_SYSTEM_ERRNOS = frozenset({errno.EIO, errno.EROFS, errno.ENOSPC, errno.EDQUOT,
                                 errno.ENOTCONN, errno.ESTALE, errno.EUCLEAN,
-                                errno.EREMOTEIO, errno.ENODEV, errno.ENXIO})
+                                errno.EREMOTEIO})
 
 
 def queue_failure(exc: BaseException) -> tuple[str, bool] | None:
