@@ -130,6 +130,7 @@ from renderctl.recovery import (
     retired_event,
     started_tokens,
 )
+from renderctl.render.base import RendererSpec
 from renderctl.render.registry import (
     BUILTIN,
     all_specs,
@@ -476,8 +477,9 @@ class Runner:
         self._prior_handlers: dict[int, Any] = {}  # of STOP_SIGNALS and SIGTSTP, restored
         self._specs = all_specs()
         self._builtin_kinds = frozenset(spec.kind for spec in BUILTIN)
-        # Plugin kinds whose params a job did not fit, read again since the last rescan
-        self._params_rechecked: set[str] = set()
+        # Plugin kinds whose params a job did not fit -> when the catalogue was read again
+        # for that (monotonic; see _plugin_params)
+        self._params_rechecked: dict[str, float] = {}
         self._catalogue_stamp = catalogue_stamp()  # (see _rescan_due)
         self._rescanned_at = -math.inf
         self._confined: set[tuple[str, str]] = set()  # output folders checked and made
@@ -1777,6 +1779,9 @@ class Runner:
             # CS).
             self._specs = rescanned_specs()
             kind = self._specs.get(spec.kind)
+        misfit: list[str] = []
+        if kind is not None and spec.kind not in self._builtin_kinds:
+            kind, misfit = self._plugin_params(kind, spec.kind, spec.params)
         output_kind = kind.output if kind is not None else "file"
         a = Assignment(c, final, tmp_output_path(final, spec.id, c.lease.token), output_kind,
                        spec.memory_mb)
@@ -1796,35 +1801,16 @@ class Runner:
                                           f"kinds` lists them){unknown_kind_note()}; "
                                           "`renderctl dead retry` once it is"})
             return
-        if spec.kind not in self._builtin_kinds:
-            from renderctl.manifest import params_problems
-
-            # A plugin upgraded since the submit, its params changed: refused as validate
-            # would now (audit EY: every attempt failed with KeyError: 'who', backed off).
-            problems = params_problems(kind, spec.params)
-            target = kind.target
-            if problems:
-                # Unless it is our catalogue that is old (review EZ: a --follow runner
-                # refused what the upgraded plugin takes, and validate accepted): read it
-                # again, once a kind until something more is installed.
-                fresh = self._rescan_due()
-                if fresh or spec.kind not in self._params_rechecked:
-                    if fresh:
-                        self._params_rechecked.clear()
-                    self._params_rechecked.add(spec.kind)
-                    self._specs = rescanned_specs()
-                    again = self._specs.get(spec.kind)
-                    problems = params_problems(again, spec.params) if again is not None \
-                        else ["no renderer of that kind is installed any more"]
-                    target = again.target if again is not None else target
-            if problems:
-                self._record_now(a, {"outcome": Outcome.INVALID_INPUT.value,
-                                     "error": f"params do not fit kind {spec.kind!r} as "
-                                              f"installed here ({target}): "
-                                              f"{'; '.join(problems)}; `renderctl submit "
-                                              "--replace` it with params that do "
-                                              "(`renderctl kinds`)"})
-                return
+        if misfit:
+            self._record_now(a, {"outcome": Outcome.INVALID_INPUT.value,
+                                 "error": f"params do not fit kind {spec.kind!r} as this "
+                                          f"runner read its plugin ({kind.target}): "
+                                          f"{'; '.join(misfit)}; `renderctl submit "
+                                          "--replace` it with params that do (`renderctl "
+                                          "kinds`), or, if the plugin was upgraded since "
+                                          "this runner started, restart the runner and "
+                                          "`renderctl dead retry` it"})
+            return
         key = (spec.out_root, str(final.parent))
         try:
             if key not in self._confined or not os.path.isdir(key[1]):
@@ -1856,6 +1842,27 @@ class Runner:
         self._claimed += 1
         a.order = self._claimed
         self.ready.append(a)
+
+    def _plugin_params(self, kind: RendererSpec, name: str, params: Mapping[str, Any]
+                       ) -> tuple[RendererSpec | None, list[str]]:
+        """A plugin kind's spec and what in ``params`` does not fit it (as validate says it),
+        after reading the catalogue again if that is the first misfit of the kind for a
+        while (a distribution installed since may provide it now). A plugin upgraded since
+        its import is not imported again here (see rescanned_specs): the runner restarts."""
+        from renderctl.manifest import params_problems
+
+        misfit = params_problems(kind, params)
+        if not misfit:
+            return kind, misfit
+        now = time.monotonic()
+        if now >= self._params_rechecked.get(name, -math.inf) + RESCAN_KINDS_S:
+            self._params_rechecked[name] = now
+            self._specs = rescanned_specs()
+            again = self._specs.get(name)
+            if again is None:
+                return None, []
+            kind, misfit = again, params_problems(again, params)
+        return kind, misfit
 
     def _rescan_due(self) -> bool:
         """Whether to read the plugin catalogue again for a kind ours does not know: at

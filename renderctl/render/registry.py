@@ -122,18 +122,13 @@ def rescanned_specs() -> Mapping[str, RendererSpec]:
     """The catalogue read afresh: for a long-lived runner meeting a kind it does not know
     (a plugin installed since it started, which `submit` already validated against)."""
     import importlib
-    import sys
 
-    last = all_specs()
     all_specs.cache_clear()
     importlib.invalidate_caches()
-    # The plugins' packages as the last read imported them are forgotten, so that one
-    # upgraded since is read as installed now (review EZ: a --follow runner kept refusing
-    # a param the upgraded plugin takes). Not ours, never: renderctl stays as it is.
-    if isinstance(last, _Specs):
-        for top in last.plugin_packages - {"renderctl"}:
-            for name in [m for m in sys.modules if m == top or m.startswith(top + ".")]:
-                del sys.modules[name]
+    # (A plugin imported already is not imported again: an upgraded one is read as it was.
+    # Forgetting its modules to re-import them broke a plugin with a C extension for good,
+    # and re-ran every plugin's set-up at each read: review FA. The runner is restarted
+    # after an upgrade that changes a spec, as README says.)
     return all_specs()
 
 
@@ -339,8 +334,6 @@ class _Specs(Mapping[str, RendererSpec]):
         self.broken: list[str] = []
         # Plugin kinds another plugin also registered: kind -> the targets left out
         self.clashes: dict[str, list[str]] = {}
-        # The top-level packages of the entry points read (see rescanned_specs)
-        self.plugin_packages: set[str] = set()
 
     def __getitem__(self, kind: str) -> RendererSpec:
         spec = self._builtin.get(kind)
@@ -354,15 +347,10 @@ class _Specs(Mapping[str, RendererSpec]):
 
     def _everything(self) -> dict[str, RendererSpec]:
         if self._all is None:
-            import sys
             from importlib.metadata import entry_points
 
             specs = dict(self._builtin)
-            loaded = set(sys.modules)  # (a package imported before is not the plugin's)
             for ep in entry_points(group=ENTRY_POINT_GROUP):
-                top = ep.value.partition(":")[0].strip().split(".")[0]
-                if top not in loaded:
-                    self.plugin_packages.add(top)
                 try:
                     with _guarded_load():
                         spec = ep.load()
