@@ -619,7 +619,7 @@ def _stale_name(path: Path) -> bool:
     return True
 
 
-def _read_with_inode(path: Path) -> tuple[bytes, tuple[int, int]]:
+def _read_with_inode(path: Path, *, again: bool = True) -> tuple[bytes, tuple[int, int]]:
     """A file's bytes and the (device, inode) they were read from; NotARecordFile if it is
     not a regular file (O_NONBLOCK: opening a FIFO would wait for a writer, deaf to
     SIGTERM, and hang `status` and the runner's recovery)."""
@@ -630,7 +630,13 @@ def _read_with_inode(path: Path) -> tuple[bytes, tuple[int, int]]:
         # either (review FA: one bound in pending/ stopped every runner with 74)
         if exc.errno not in (errno.ENXIO, errno.ENODEV):
             raise
-        st = os.lstat(path)
+        # What open() reached (a symlink followed, as quarantine checks it: review FB), and
+        # never a regular file (one renamed over the name since is a record: read it then)
+        st = os.stat(path)
+        if stat.S_ISREG(st.st_mode):
+            if again:
+                return _read_with_inode(path, again=False)
+            raise
         raise NotARecordFile((st.st_dev, st.st_ino)) from None
     try:
         st = os.fstat(fd)

@@ -1,10 +1,14 @@
-"""Recovery's verdict on an attempt its runner released as the queue's disk filled."""
+"""Recovery from the queue's own failures (a full or failing disk: releases, once in a row;
+what counts as the queue failing; a socket named like a record), and plugin spec bounds."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from renderctl.recovery import QUEUE_FULL_RELEASE, judge_orphan
 from renderctl.store import Holder, Lease, Queue
@@ -81,3 +85,38 @@ def test_a_plugins_bounds_of_int_and_float_subclasses_are_a_valid_spec() -> None
     assert "is not a finite number" in str(_spec_problem(spec(ParamSpec("x", "int", low=True))))
     assert "is not a finite number" in str(
         _spec_problem(spec(ParamSpec("x", "number", low=float("nan")))))
+
+
+def test_a_record_renamed_over_a_socket_as_it_is_read_is_read_not_quarantined(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+    import socket
+
+    from renderctl import store
+
+    # Given a UNIX socket named like a record, and a real record that replaces it between
+    # the reader's failed open (ENXIO) and its look at what is there (review FB: the
+    # record was moved to corrupt/)
+    q = Queue(tmp_path / "q")
+    q.submit([{"id": "zz", "kind": "python", "callable": "m:f", "output": "zz.bin"}],
+             base=tmp_path, out_root=tmp_path / "out")
+    record = q.dir("pending") / "zz.json"
+    os.rename(record, tmp_path / "kept.json")
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind(str(record))
+
+    def swapping(real: Any) -> Any:
+        def look(path: object, *args: object, **kwargs: object) -> os.stat_result:
+            if str(path) == str(record) and (tmp_path / "kept.json").exists():
+                os.replace(tmp_path / "kept.json", record)
+            return real(path, *args, **kwargs)  # type: ignore[no-any-return]
+        return look
+
+    # (os.stat and os.lstat: whichever the reader looks with first)
+    monkeypatch.setattr(store.os, "stat", swapping(os.stat))
+    monkeypatch.setattr(store.os, "lstat", swapping(os.lstat))
+
+    # When it is read, then it is the record, in place
+    view = q.find("zz")
+    assert view is not None and view.record.spec.id == "zz"
+    assert record.is_file() and list(q.dir("corrupt").iterdir()) == []
