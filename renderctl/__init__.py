@@ -24,13 +24,14 @@ if TYPE_CHECKING:
         RenderctlError,
         Saturated,
         SubmitIncomplete,
+        UserError,
     )
     from renderctl.manifest import JobSpec
     from renderctl.store import Queue
 
 __all__ = ["InvalidInput", "InvalidOutput", "JobNotFound", "JobSpec", "Queue", "ManifestError",
            "QueueBusy", "QueueError", "QueueIOError", "RenderctlError", "Saturated",
-           "SubmitIncomplete"]
+           "SubmitIncomplete", "UserError"]
 __version__ = "0.1.0"
 
 # Loaded when first asked for (PEP 562), not by every import of a renderctl module: the

@@ -51,13 +51,53 @@ def open_lock_file(path: Path, *, dir_fd: int | None = None, writable: bool = Tr
     # O_NONBLOCK: a FIFO put there is opened without waiting for a writer.
     flags |= os.O_NOFOLLOW | os.O_NONBLOCK
     try:
-        return os.open(path if dir_fd is None else path.name, flags, 0o600, dir_fd=dir_fd)
+        return held(os.open(path if dir_fd is None else path.name, flags, 0o600,
+                            dir_fd=dir_fd))
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise QueueIOError(f"{path} is a symlink: renderctl's lock files are its own and "
                                "are never followed; remove it (renderctl makes it anew)"
                                ) from None
         raise QueueIOError(f"cannot open the lock file {path}: {exc.strerror}") from exc
+
+
+# Lock descriptors open in this process (lock files, the journal/ folder, a waiter's dup):
+# in a forked child they are pointed at /dev/null (see _blind_locks). An flock is the open
+# file's, which a fork shares: a child (a multiprocessing worker forked while a thread was
+# inside submit) held the submit lock for as long as it lived, and every submit to the
+# queue, from any process, waited (audit FC).
+_lock_fds: set[int] = set()
+
+
+def held(fd: int) -> int:
+    """Note ``fd`` as a lock descriptor of this process; returns it."""
+    _lock_fds.add(fd)
+    return fd
+
+
+def close_lock(fd: int) -> None:
+    """Close a lock descriptor noted by ``held`` (the lock, if ours, goes with it)."""
+    _lock_fds.discard(fd)
+    os.close(fd)
+
+
+def _blind_locks() -> None:
+    """In a forked child: the parent's lock descriptors point at /dev/null, not closed, so
+    that their numbers stay taken and the parent's objects this child holds copies of
+    never close a descriptor of the child's that reused one."""
+    if not _lock_fds:
+        return
+    try:
+        null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        for fd in list(_lock_fds):
+            with contextlib.suppress(OSError):
+                os.dup2(null, fd, inheritable=False)
+    finally:
+        os.close(null)
+    _lock_fds.clear()
 
 
 def holders(fd: int, *, exclusive: bool = False) -> list[int]:
@@ -160,7 +200,7 @@ def flock_waiting(fd: int, mode: int, check: Callable[[float], None]) -> None:
         check(time.monotonic() - start)
         time.sleep(_TICK_S)
     try:
-        dup = os.dup(fd)
+        dup = held(os.dup(fd))
     except BaseException:
         _unblocked(key)
         raise
@@ -187,14 +227,14 @@ def flock_waiting(fd: int, mode: int, check: Callable[[float], None]) -> None:
             # report, and a traceback from this thread was all the user saw (audit DN),
             # its slot among the waiters then lost for the process's life.
             with contextlib.suppress(OSError):
-                os.close(dup)
+                close_lock(dup)
             _unblocked(key)
 
     thread = threading.Thread(target=wait, name=WAITER_THREAD, daemon=True)
     try:
         thread.start()
     except BaseException:
-        os.close(dup)
+        close_lock(dup)
         _unblocked(key)
         raise
     with cond:
@@ -228,6 +268,7 @@ def _forget_waiters() -> None:
 
 
 os.register_at_fork(after_in_child=_forget_waiters)
+os.register_at_fork(after_in_child=_blind_locks)
 
 
 def _unblocked(key: tuple[int, int]) -> None:

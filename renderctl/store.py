@@ -119,8 +119,10 @@ from renderctl.lifecycle import (
 from renderctl.lockwait import (
     WAITER_THREAD,
     HeldOff,
+    close_lock,
     describe,
     flock_within,
+    held,
     holders,
     open_lock_file,
     wait_for_flock,
@@ -781,7 +783,7 @@ class Queue:
         """Close the descriptors this object keeps (the claim lock, the event log)."""
         if self._replace_fd is not None:
             with contextlib.suppress(OSError):
-                os.close(self._replace_fd)
+                close_lock(self._replace_fd)
             self._replace_fd = None
         self.events.close()
 
@@ -809,6 +811,12 @@ class Queue:
                                        (self.path, *self.path.parents)))
         try:
             makedirs(self.path, mode=0o700)
+        except (FileExistsError, NotADirectoryError) as exc:
+            # A file where the queue's folder (or one above it) should be: the caller's
+            # mistake, as the command line says it (audit FC: an I/O error, 74, here)
+            where = "it is a file" if isinstance(exc, FileExistsError) else \
+                "a file is in the way on its path"
+            raise UserError(f"{self.path} cannot be a queue folder: {where}") from exc
         except OSError as exc:
             raise QueueIOError(f"cannot create queue {self.path}: {exc.strerror}") from exc
         for d in new:
@@ -969,7 +977,7 @@ class Queue:
         finally:
             for f in (folder, fd):
                 if f >= 0:
-                    os.close(f)
+                    close_lock(f)
 
     def _lock_folder(self, mode: int, **wait: Any) -> int:
         """The submit lock's second flock, on the journal/ folder, taken after the file's.
@@ -981,7 +989,7 @@ class Queue:
         lock older versions take, so they and this one still exclude each other."""
         path = self.dir("journal")
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            fd = held(os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
         except (FileNotFoundError, NotADirectoryError):
             # A queue opened without creating its folders, or journal/ replaced by a file:
             # what needs the folder (a batch) fails there, saying so; a one-job submit,
@@ -993,7 +1001,7 @@ class Queue:
             # (Named as the submit lock in what a wait says: the folder is its second half.)
             self._flock(fd, mode, self.path / SUBMIT_LOCK, **wait)
         except BaseException:
-            os.close(fd)
+            close_lock(fd)
             raise
         return fd
 
@@ -1306,6 +1314,9 @@ class Queue:
         if not isinstance(limits, Limits):
             raise UserError(f"limits must be a renderctl.manifest.Limits, got "
                             f"{type(limits).__name__}")
+        if not isinstance(replace, bool):
+            # (audit FC: replace="no", truthy, replaced an accepted job's spec)
+            raise UserError(f"replace must be True or False, got {reprlib.repr(replace)}")
         jobs = list(jobs)  # once: a generator's first job was taken by the check below
         if any(not isinstance(j, JobSpec) for j in jobs):
             # Anything else (a str, None) goes to validation, which names it: "job #1: a
@@ -2872,7 +2883,7 @@ class Queue:
     # record is runner.json, replaced by rename (never seen torn, and never renamed over the
     # locked file); `status`, `cancel` and the exit-75 message read it, and scripts may.
     def _open_folder(self) -> int:
-        return os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        return held(os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
 
     def _open_lock_file(self, folder: int) -> int:
         """runner.lock in the folder open as ``folder`` (not wherever the path leads by
@@ -2895,7 +2906,7 @@ class Queue:
                 # The folder was renamed away between our open and our lock, and another
                 # put in its place: that one is the queue we were asked to run.
                 for fd in (folder, lock):
-                    os.close(fd)
+                    close_lock(fd)
                 folder = lock = -1
             st = os.fstat(lock)
             if st.st_size:
@@ -2920,7 +2931,7 @@ class Queue:
             self._runner_fd = None
             for fd in (folder, lock):
                 if fd >= 0:
-                    os.close(fd)
+                    close_lock(fd)
 
     def _take(self, fd: int, deadline: float) -> None:
         """flock ``fd`` exclusively, waiting until ``deadline`` if its holder is not a live
@@ -3000,8 +3011,8 @@ class Queue:
             with contextlib.suppress(OSError):  # none yet: only the folder can tell
                 # O_NONBLOCK: a FIFO put there by hand must not hang `status`. A symlink
                 # is not followed: the runner refuses one (see lockwait.open_lock_file).
-                lock = os.open(RUNNER_LOCK, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
-                               | os.O_NOFOLLOW, dir_fd=folder)
+                lock = held(os.open(RUNNER_LOCK, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
+                                    | os.O_NOFOLLOW, dir_fd=folder))
             for fd in (lock, folder):
                 if fd < 0:
                     continue
@@ -3013,7 +3024,7 @@ class Queue:
         finally:
             for fd in (folder, lock):
                 if fd >= 0:
-                    os.close(fd)
+                    close_lock(fd)
 
     def _holder_of(self, fd: int) -> dict[str, Any]:
         """Who holds ``fd``'s file locked, as far as we can tell: the holder record or, if
@@ -3094,7 +3105,7 @@ class Queue:
         finally:
             for fd in (folder, lock):
                 if fd >= 0:
-                    os.close(fd)
+                    close_lock(fd)
 
 
 def _read_record(path: Path) -> dict[str, Any]:

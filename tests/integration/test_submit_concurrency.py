@@ -49,3 +49,54 @@ def test_concurrent_submits_accept_every_id_exactly_once(
         assert sorted(report["accepted"] + report["already_accepted"]) == sorted(batch)
     assert Counter(e["job"] for e in q.events if e["event"] == "accepted") == accepted
     assert list((queue_dir / "tmp").iterdir()) == []
+
+
+def _sleep_a_while() -> None:
+    import time
+
+    time.sleep(60)
+
+
+def test_a_process_forked_while_a_submit_holds_the_lock_does_not_hold_it_after(
+        tmp_path: Path) -> None:
+    import multiprocessing
+    import sys
+    import threading
+
+    # Given a thread inside a submit, holding the queue's submit lock, as the process
+    # forks a helper (a multiprocessing worker under fork) that never uses renderctl
+    q = Queue(tmp_path / "q")
+    inside, go_on = threading.Event(), threading.Event()
+
+    def hold(point: str) -> None:
+        if point == "submit:checked":
+            inside.set()
+            go_on.wait(30)
+
+    def job(jid: str) -> dict[str, Any]:
+        return {"id": jid, "kind": "python", "callable": "json:dumps", "output": f"{jid}.bin"}
+
+    submitter = threading.Thread(
+        target=lambda: q.submit([job("a")], base=tmp_path, crash_hook=hold, advise=False))
+    submitter.start()
+    assert inside.wait(30)
+    helper = multiprocessing.get_context("fork").Process(target=_sleep_a_while, daemon=True)
+    helper.start()
+    try:
+        go_on.set()
+        submitter.join(30)
+
+        # When another process submits while the helper lives
+        other = subprocess.run(
+            [sys.executable, "-c", "import sys; from renderctl import Queue; print(Queue("
+             "sys.argv[1]).submit([{'id': 'b', 'kind': 'python', 'callable': 'json:dumps', "
+             "'output': 'b.bin'}], advise=False).accepted)", str(tmp_path / "q")],
+            capture_output=True, text=True, timeout=60, cwd=tmp_path)
+
+        # Then it is accepted at once (audit FC: the helper's copy of the lock's open file
+        # held the lock for as long as it lived; every submit, from any process, waited)
+        assert other.returncode == 0 and "'b'" in other.stdout, other.stderr
+    finally:
+        helper.kill()
+        helper.join()
+    assert set(q.list_ids(State.PENDING)) == {"a", "b"}

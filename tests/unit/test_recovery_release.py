@@ -1,5 +1,6 @@
 """Recovery from the queue's own failures (a full or failing disk: releases, once in a row;
-what counts as the queue failing; a socket named like a record), and plugin spec bounds."""
+what counts as the queue failing; a socket named like a record), plugin spec bounds, and
+the API's refusals of a wrong argument."""
 
 from __future__ import annotations
 
@@ -120,3 +121,24 @@ def test_a_record_renamed_over_a_socket_as_it_is_read_is_read_not_quarantined(
     view = q.find("zz")
     assert view is not None and view.record.spec.id == "zz"
     assert record.is_file() and list(q.dir("corrupt").iterdir()) == []
+
+
+def test_the_api_refuses_a_queue_path_that_is_a_file_and_a_replace_that_is_no_bool(
+        tmp_path: Path) -> None:
+    from renderctl import UserError
+
+    # (audit FC: a file as the queue was an I/O error, 74, where the command line says it is
+    # the caller's mistake, 2; replace="no", truthy, replaced an accepted job's spec)
+    (tmp_path / "afile").write_text("")
+    for path, said in ((tmp_path / "afile", "it is a file"),
+                       (tmp_path / "afile" / "q", "a file is in the way")):
+        with pytest.raises(UserError, match=said) as refused:
+            Queue(path)
+        assert refused.value.exit_code == 2
+    q = Queue(tmp_path / "q")
+    job = {"id": "j", "kind": "python", "callable": "m:f", "output": "j.bin"}
+    q.submit([job], base=tmp_path, out_root=tmp_path / "out")
+    with pytest.raises(UserError, match="replace must be True or False, got 'no'"):
+        q.submit([{**job, "output": "other.bin"}], replace="no",  # type: ignore[arg-type]
+                 base=tmp_path, out_root=tmp_path / "out")
+    assert q.get("j").record.spec.output_path.name == "j.bin"
