@@ -55,7 +55,6 @@ import csv
 import ctypes
 import decimal
 import faulthandler
-import functools
 import gc
 import io
 import locale
@@ -75,6 +74,8 @@ import warnings
 from collections.abc import Callable, Mapping
 from importlib.machinery import FileFinder
 from typing import Any
+
+from renderctl.fsutil import libc
 
 _RLIMITS = tuple(getattr(resource, n) for n in dir(resource) if n.startswith("RLIMIT_"))
 _TIMERS = (signal.ITIMER_VIRTUAL, signal.ITIMER_PROF)  # ITIMER_REAL: signal.alarm(0)
@@ -742,13 +743,8 @@ def _set_outside_state(state: tuple[int, int, bytes]) -> bool:
     return _outside_state() == state
 
 
-@functools.cache
-def _libc() -> Any:
-    return ctypes.CDLL(None, use_errno=True)
-
-
 def _libc_call(name: str, *args: int) -> int:
-    return int(getattr(_libc(), name)(*args))
+    return int(getattr(libc(), name)(*args))
 
 
 def _restore_list(live: list[Any], then: list[Any], initial: frozenset[str]) -> bool:

@@ -25,7 +25,7 @@ _RENAME_NOREPLACE = 1
 _libc: ctypes.CDLL | None = None
 
 
-def _get_libc() -> ctypes.CDLL:
+def libc() -> ctypes.CDLL:
     global _libc  # a process-wide handle to libc, loaded on first use; never mutated after
     if _libc is None:
         # The libc this process already runs on (dlopen(NULL)): ctypes.util.find_library
@@ -41,9 +41,9 @@ def fallocate(fd: int, length: int, *, keep_size: bool = False) -> None:
     """Reserve ``length`` bytes of blocks for the file ``fd`` is open on; with
     ``keep_size``, past its end without changing its size (appends then take them, on a
     file system that has no block left to give). OSError if it cannot."""
-    libc = _get_libc()
-    libc.fallocate.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64)
-    if libc.fallocate(fd, FALLOC_FL_KEEP_SIZE if keep_size else 0, 0, length) != 0:
+    lib = libc()
+    lib.fallocate.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64)
+    if lib.fallocate(fd, FALLOC_FL_KEEP_SIZE if keep_size else 0, 0, length) != 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err))
 
@@ -76,8 +76,8 @@ def syncfs(path: str | os.PathLike[str]) -> None:
     """
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        libc = _get_libc()
-        if libc.syncfs(fd) != 0:
+        lib = libc()
+        if lib.syncfs(fd) != 0:
             err = ctypes.get_errno()
             raise QueueIOError(f"syncfs failed for {path}: {os.strerror(err)}")
     finally:
@@ -172,6 +172,7 @@ def remove_quiet(path: str | os.PathLike[str]) -> None:
     else:
         with contextlib.suppress(OSError):
             os.unlink(path)
+
 
 def remove_tree(path: str | os.PathLike[str], *, dir_fd: int | None = None) -> None:
     """``shutil.rmtree(path, ignore_errors=True, dir_fd=dir_fd)``, for a tree of any depth.
@@ -333,9 +334,9 @@ def rename_noreplace(src: str | os.PathLike[str], dst: str | os.PathLike[str], *
     Works for directories too (link(2) does not), which is why folder outputs use it. With
     ``dir_fd``, both names are relative to that folder.
     """
-    libc = _get_libc()
+    lib = libc()
     at = _AT_FDCWD if dir_fd is None else dir_fd
-    res = libc.renameat2(at, os.fsencode(src), at, os.fsencode(dst), _RENAME_NOREPLACE)
+    res = lib.renameat2(at, os.fsencode(src), at, os.fsencode(dst), _RENAME_NOREPLACE)
     if res != 0:
         err = ctypes.get_errno()
         if err == errno.EEXIST:
