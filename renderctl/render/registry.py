@@ -284,6 +284,7 @@ def _guarded_load() -> Iterator[None]:
     import faulthandler
     import signal
     import threading
+    import time
 
     enabled = faulthandler.is_enabled()
     if not enabled:
@@ -299,12 +300,19 @@ def _guarded_load() -> Iterator[None]:
         prior = signal.signal(signal.SIGALRM, expire)
         mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGALRM})
         timer = signal.setitimer(signal.ITIMER_REAL, bound)
+        began = time.monotonic()
     try:
         with contextlib.redirect_stdout(_QuietStderr()):
             yield
     finally:
         if main:
-            signal.setitimer(signal.ITIMER_REAL, *timer)  # (a caller's own, as it was)
+            # A caller's own timer goes on where it was, less the load's time (put back as
+            # it was at the start, it ran late by that: review EZ); one due meanwhile fires
+            # at once.
+            delay, interval = timer
+            if delay:
+                delay = max(delay - (time.monotonic() - began), 1e-6)
+            signal.setitimer(signal.ITIMER_REAL, delay, interval)
             signal.signal(signal.SIGALRM, prior)
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         if not enabled:

@@ -142,3 +142,23 @@ def test_the_api_refuses_a_queue_path_that_is_a_file_and_a_replace_that_is_no_bo
         q.submit([{**job, "output": "other.bin"}], replace="no",  # type: ignore[arg-type]
                  base=tmp_path, out_root=tmp_path / "out")
     assert q.get("j").record.spec.output_path.name == "j.bin"
+
+
+def test_a_callers_alarm_runs_on_through_a_plugin_load_not_late() -> None:
+    import signal
+    import time
+
+    from renderctl.render.registry import _guarded_load
+
+    # Given a caller's own 5 s timer; when a plugin load of 0.3 s runs under the guard,
+    # then the timer goes on with ~4.7 s left (review EZ: put back at 5 s, it ran late)
+    prior = signal.signal(signal.SIGALRM, lambda *a: None)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 5.0)
+        with _guarded_load():
+            time.sleep(0.3)
+        left, _ = signal.getitimer(signal.ITIMER_REAL)
+        assert 4.0 < left < 4.8, left
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, prior)
