@@ -76,10 +76,20 @@ class Reaper:
 
     def watch(self, pid: int) -> None:
         """Tell the reaper about a new worker (one atomic pipe write)."""
-        # A reaper someone killed costs only this safety net: the worker's own
-        # parent-death handler still runs, so the run goes on.
+        # A reaper someone killed costs only this safety net until the runner replaces
+        # it (within a second: Runner._check_reaper); the run goes on meanwhile.
         with contextlib.suppress(OSError):
             os.write(self.fd, _PID.pack(pid))
+
+    def gone(self) -> bool:
+        """Whether the reaper has exited (and reaped: no zombie stays beside a live runner).
+        One waitpid, no block."""
+        return self.proc.poll() is not None
+
+    def drop(self) -> None:
+        """Forget a reaper that is gone: our end of its pipe closed."""
+        with contextlib.suppress(OSError):
+            os.close(self.fd)
 
     def close(self) -> None:
         """Let the reaper go (after our workers have): it sees EOF and exits. Said first

@@ -442,6 +442,7 @@ class Runner:
         # goes once none of them is left unrecorded (see _drop_moot_logs).
         self._moot_logs: list[tuple[str, set[str]]] = []
         self.reaper: Reaper | None = None
+        self._reaper_args: tuple[str, str, str] | None = None  # (see _check_reaper)
         self._subreaper = False  # orphans come to us (see _kill_orphans)
         self.work_root = ""
         self._old_work_roots: list[str] = []  # replaced (see _ensure_work_root); removed at the end
@@ -548,9 +549,10 @@ class Runner:
                 # Before any worker: it kills them if we die while one cannot act on its
                 # parent-death signal (renderctl.reaper). Started now, its ~10 ms of start-up
                 # overlap recovery.
-                self.reaper = Reaper.start(
-                    str(getattr(self.guard, "parent_dir", "") or ""),
-                    str(getattr(self.guard, "pids_parent_dir", "") or ""), self.work_root)
+                self._reaper_args = (str(getattr(self.guard, "parent_dir", "") or ""),
+                                     str(getattr(self.guard, "pids_parent_dir", "") or ""),
+                                     self.work_root)
+                self.reaper = Reaper.start(*self._reaper_args)
                 with contextlib.suppress(OSError):
                     proctree.set_child_subreaper()
                     self._subreaper = True
@@ -729,6 +731,7 @@ class Runner:
         if self._subreaper:
             with contextlib.suppress(OSError):
                 proctree.set_child_subreaper(False)
+        self._reaper_args = None  # (not to be started again)
         if self.reaper is not None:
             self.reaper.close()  # our workers are gone: it has nothing left to kill
             self.reaper = None
@@ -1363,6 +1366,7 @@ class Runner:
             if now >= self._next_state:
                 self._next_state = now + STATE_INTERVAL_S
                 self._write_state()
+                self._check_reaper()
                 self._kill_orphans()
                 # A job runs as we do and may SIGSTOP the fork server: stopped, it reports no
                 # worker's death and forks none, and a killed worker's job was never
@@ -2774,6 +2778,27 @@ class Runner:
         if w.pgid:
             proctree.kill_group(w.pgid, signal.SIGKILL)
         _signal_all(w.doomed, signal.SIGKILL)
+
+    def _check_reaper(self) -> None:
+        """Replace a reaper that died while we run (killed by hand or by a job that runs as
+        we do): without one, a job deaf to its worker's parent-death handler (one long C
+        call, signals blocked) would run on unsupervised if we died, and the dead one
+        stayed a zombie for our whole life (audit FE). Once a second: one waitpid."""
+        if self._reaper_args is None:
+            return  # (not started yet, or stopped: _shutdown closed it)
+        if self.reaper is not None:
+            if not self.reaper.gone():
+                return
+            self.reaper.drop()
+            self.reaper = None
+        try:
+            reaper = Reaper.start(*self._reaper_args)
+        except OSError:
+            return  # (no process to be had now: tried again in a second)
+        for w in self.workers.values():
+            if w.proc.pid:
+                reaper.watch(w.proc.pid)
+        self.reaper = reaper
 
     def _kill_orphans(self) -> None:
         """Kill what the jobs of a dead worker left running, which the kernel made ours.

@@ -236,6 +236,49 @@ def test_when_the_runner_dies_a_job_deaf_to_signal_handlers_dies_with_it_too(
     assert_tree_dies_with(runner, tree)
 
 
+def _reapers(runner: Runner) -> list[int]:
+    """The pids of the runner's reapers, live or zombie (cmdline of a zombie is gone)."""
+    found = []
+    for p in psutil.Process(runner.pid).children():
+        with contextlib.suppress(psutil.Error):
+            if p.status() == psutil.STATUS_ZOMBIE or "reaper.py" in " ".join(p.cmdline()):
+                found.append(p.pid)
+    return found
+
+
+@pytest.mark.parametrize("method", ["fork", "forkserver"])
+def test_a_killed_reaper_is_replaced_and_the_new_one_is_the_backstop(
+        tmp_path: Path, write_manifest: Any, method: str) -> None:
+    # Given a runner whose python job is deaf to its worker's parent-death handler (one long
+    # C call), and whose reaper someone SIGKILLed (audit FE: it stayed a zombie for the
+    # runner's whole life, and nothing then killed such a job when the runner died)
+    stage(tmp_path)
+    pidfile = tmp_path / "job.pid"
+    manifest = write_manifest([py_job("deaf", "deaf_then_write", how="c_call",
+                                      pidfile=str(pidfile))])
+    # (the sampling guard: no cgroup through which a reaper would find the job anyway)
+    runner = Runner(manifest, *cli_args(tmp_path / "q", tmp_path / "out", "--workers", "1",
+                                        "--start-method", method,
+                                        "--memory-guard", "sampling"))
+    tree_with_job(runner, pidfile)
+    try:
+        (old,) = _reapers(runner)
+        os.kill(old, signal.SIGKILL)
+
+        # Then within seconds the dead one is reaped (no zombie) and a new one runs
+        def replaced() -> bool:
+            now = _reapers(runner)
+            return len(now) == 1 and now[0] != old
+        wait_until(replaced, timeout_s=5.0, what="a new reaper in place of the killed one")
+        tree = descendants(runner.pid)
+    except BaseException:
+        runner.close()
+        raise
+
+    # And when the runner is SIGKILLed, the worker and its deaf job are gone within 2 s
+    assert_tree_dies_with(runner, tree)
+
+
 def test_when_the_runner_dies_a_command_jobs_grandchildren_die_with_it(
         tmp_path: Path, write_manifest: Any) -> None:
     # Given a runner (fork start method: the worker is the runner's own child, so only the
