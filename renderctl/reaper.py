@@ -47,12 +47,17 @@ class Reaper:
         self.identity = (fd, st.st_dev, st.st_ino)
 
     @classmethod
-    def start(cls, cgroup_dir: str = "", pids_dir: str = "", work_root: str = "") -> Reaper:
+    def start(cls, cgroup_dir: str = "", pids_dir: str = "", work_root: str = "",
+              watch: tuple[int, ...] = ()) -> Reaper:
         """``cgroup_dir``: the runner's parent cgroup of its slots, if it has one;
         ``pids_dir``: its parent cgroup in the v1 pids hierarchy, if it has one;
-        ``work_root``: the folder of its jobs' working folders."""
+        ``work_root``: the folder of its jobs' working folders; ``watch``: workers already
+        running (a replacement's), told before it starts: no moment when it runs and
+        knows none of them (a runner dying then left their trees to run on: review FH)."""
         r, w = os.pipe2(os.O_CLOEXEC)
         try:
+            if watch:  # (a pipe holds 16,384 pids before a write would block)
+                os.write(w, b"".join(_PID.pack(pid) for pid in watch))
             proc = subprocess.Popen(
                 [sys.executable, "-I", "-S", os.path.abspath(__file__), str(r),
                  cgroup_dir, pids_dir, work_root],

@@ -2783,22 +2783,23 @@ class Runner:
         """Replace a reaper that died while we run (killed by hand or by a job that runs as
         we do): without one, a job deaf to its worker's parent-death handler (one long C
         call, signals blocked) would run on unsupervised if we died, and the dead one
-        stayed a zombie for our whole life (audit FE). Once a second: one waitpid."""
+        stayed a zombie for our whole life (audit FE); one stopped is continued. Once a
+        second: a waitpid and a stat. (Not while we are paused by Ctrl-Z: a reaper killed
+        then is replaced when the run goes on.)"""
         if self._reaper_args is None:
             return  # (not started yet, or stopped: _shutdown closed it)
         if self.reaper is not None:
             if not self.reaper.gone():
+                # A stopped one kills nothing either (a job can SIGSTOP it as easily).
+                if proctree.is_stopped(self.reaper.proc.pid):
+                    with contextlib.suppress(OSError):
+                        os.kill(self.reaper.proc.pid, signal.SIGCONT)
                 return
             self.reaper.drop()
             self.reaper = None
-        try:
-            reaper = Reaper.start(*self._reaper_args)
-        except OSError:
-            return  # (no process to be had now: tried again in a second)
-        for w in self.workers.values():
-            if w.proc.pid:
-                reaper.watch(w.proc.pid)
-        self.reaper = reaper
+        with contextlib.suppress(OSError):  # (no process to be had: again in a second)
+            self.reaper = Reaper.start(*self._reaper_args, watch=tuple(
+                w.proc.pid for w in self.workers.values() if w.proc.pid))
 
     def _kill_orphans(self) -> None:
         """Kill what the jobs of a dead worker left running, which the kernel made ours.

@@ -265,7 +265,8 @@ def test_a_killed_reaper_is_replaced_and_the_new_one_is_the_backstop(
         (old,) = _reapers(runner)
         os.kill(old, signal.SIGKILL)
 
-        # Then within seconds the dead one is reaped (no zombie) and a new one runs
+        # Then within seconds the dead one is reaped (no zombie) and a new one runs (told
+        # the workers before it started: review FH)
         def replaced() -> bool:
             now = _reapers(runner)
             return len(now) == 1 and now[0] != old
@@ -276,6 +277,34 @@ def test_a_killed_reaper_is_replaced_and_the_new_one_is_the_backstop(
         raise
 
     # And when the runner is SIGKILLed, the worker and its deaf job are gone within 2 s
+    assert_tree_dies_with(runner, tree)
+
+
+def test_a_stopped_reaper_is_continued(tmp_path: Path, write_manifest: Any) -> None:
+    # Given a runner whose reaper someone SIGSTOPped (a job can as easily as kill it; a
+    # stopped reaper kills nothing when the runner dies: review FH)
+    stage(tmp_path)
+    pidfile = tmp_path / "job.pid"
+    manifest = write_manifest([py_job("deaf", "deaf_then_write", how="c_call",
+                                      pidfile=str(pidfile))])
+    runner = Runner(manifest, *cli_args(tmp_path / "q", tmp_path / "out", "--workers", "1",
+                                        "--memory-guard", "sampling"))
+    tree_with_job(runner, pidfile)
+    try:
+        (reaper,) = _reapers(runner)
+        os.kill(reaper, signal.SIGSTOP)
+        wait_until(lambda: psutil.Process(reaper).status() == psutil.STATUS_STOPPED,
+                   what="the reaper to stop")
+
+        # Then within seconds it runs again
+        wait_until(lambda: psutil.Process(reaper).status() != psutil.STATUS_STOPPED,
+                   timeout_s=5.0, what="the reaper to be continued")
+        tree = descendants(runner.pid)
+    except BaseException:
+        runner.close()
+        raise
+
+    # And the runner's death takes the deaf job with it
     assert_tree_dies_with(runner, tree)
 
 
