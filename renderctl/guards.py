@@ -10,6 +10,7 @@
     mark = slot.mark()                    run the job (the kernel enforces the ceiling)
     ... worker dies ...
     slot.oom_killed_since(mark) -> outcome "memory", slot.peak_bytes()
+      (unless not slot.ceiling_reached_since(mark): a limit above the slot ran out)
     slot.close(); guard.close()
 
 Without a writable cgroup the runner calls ``TreeSampler.sample()`` every <= 50 ms and kills
@@ -116,6 +117,11 @@ class LimitBelowUsage(GuardError):
 # -- the interface -----------------------------------------------------------------------
 
 
+# How far below its ceiling a v1 slot's peak may stay when the kill was at the ceiling: a
+# charge that fails is at most a batch (64 pages) past the last one that succeeded.
+CEILING_SLACK_BYTES = 2 << 20
+
+
 @dataclass(frozen=True)
 class OomMark:
     """A snapshot of a slot's OOM counters, taken before a job, compared after it."""
@@ -132,6 +138,7 @@ class Slot(Protocol):
     def adopt(self, pid: int) -> None: ...
     def mark(self) -> OomMark: ...
     def oom_killed_since(self, mark: OomMark) -> bool: ...
+    def ceiling_reached_since(self, mark: OomMark) -> bool: ...
     def peak_bytes(self) -> int | None: ...
     def usage_bytes(self) -> int | None: ...
     def held_bytes(self) -> int | None: ...
@@ -542,6 +549,27 @@ class CgroupSlot:
         # nobody sent, this is the best evidence there is.
         return now.failcnt > mark.failcnt
 
+    def ceiling_reached_since(self, mark: OomMark) -> bool:
+        """Whether what ran out, for an OOM kill seen in this slot since ``mark``, was the
+        slot's own ceiling, not the memory of a cgroup above it (a container's limit, the
+        one renderctl was started in) or of the machine: the kernel counts the victim's
+        kill in the slot either way (audit FI: jobs of 1 MB dead-lettered as having
+        crossed their 200 MB ceilings, under a runner in an 80 MB cgroup).
+
+        v2: the slot's own ``max`` events (hits of its memory.max). v1 keeps no such count
+        where memsw is limited too (failcnt stayed 0 after a kill at the ceiling, kernel
+        6.18): the job's peak (reset at its start) against the ceiling, which a kill there
+        reaches to within a charge batch."""
+        if not self.v1:
+            return self.mark().failcnt > mark.failcnt
+        d = str(self.dir)
+        try:
+            peak = _read_int(f"{d}/memory.max_usage_in_bytes")
+            limit = _read_int(f"{d}/memory.limit_in_bytes")
+        except (OSError, ValueError):
+            return True  # (unknown: the ceiling, as before)
+        return peak >= limit - CEILING_SLACK_BYTES
+
     def peak_bytes(self) -> int | None:
         """The highest charge since the worker last called ``set_job_limit`` (v2: ever)."""
         name = "memory.max_usage_in_bytes" if self.v1 else "memory.peak"
@@ -694,6 +722,10 @@ class SamplingSlot:
     def oom_killed_since(self, mark: OomMark) -> bool:
         """Always False: with sampling, memory kills are the runner's own decision."""
         return False
+
+    def ceiling_reached_since(self, mark: OomMark) -> bool:
+        """Never asked (no kernel kill is seen here)."""
+        return True
 
     def peak_bytes(self) -> int | None:
         """Unknown here; read ``TreeSampler.peak_bytes``."""
@@ -864,6 +896,39 @@ def _own_cgroup_dir(v1: bool, controller: str = "memory") -> Path | None:
             rel = os.path.relpath(cg_path, mount_root) if mount_root != "/" else cg_path
             return mount_point / rel.lstrip("/").removeprefix(".")
     return None
+
+
+def enclosing_memory_room() -> int | None:
+    """Bytes the memory cgroups renderctl runs in (its own and those above it: a
+    container's limit, a systemd slice's MemoryMax) leave before one of their limits is
+    reached, counting the reclaimable page cache as room; None if no limit is set. The
+    machine's free memory is no guide there: the kernel's OOM killer acts at such a
+    limit (audit FI: a runner in an 80 MB cgroup took 80% of the host's free memory as
+    its budget)."""
+    rooms: list[int] = []
+    for v1 in (True, False):
+        mount = _mount_point("cgroup", "memory") if v1 else _mount_point("cgroup2", None)
+        own = _own_cgroup_dir(v1) if mount is not None else None
+        if mount is None or own is None:
+            continue
+        files = (("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file")
+                 if v1 else ("memory.max", "memory.current", "inactive_file"))
+        d = own
+        while True:
+            with contextlib.suppress(OSError, ValueError):
+                limit = _read_int(d / files[0])
+                if limit < 2**62:  # (v1 writes "no limit" as 2**63 less a page)
+                    used = _read_int(d / files[1])
+                    cache = 0
+                    for line in (d / "memory.stat").read_text().splitlines():
+                        key, _, value = line.partition(" ")
+                        if key == files[2]:
+                            cache = int(value)
+                    rooms.append(max(0, limit - used + min(cache, used)))
+            if d == mount[0] or d.parent == d:
+                break
+            d = d.parent
+    return min(rooms) if rooms else None
 
 
 def _probe(own: Path, v1: bool) -> bool:

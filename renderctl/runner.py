@@ -78,6 +78,7 @@ from renderctl.guards import (
     Slot,
     TreeSampler,
     detect_memory_guard,
+    enclosing_memory_room,
 )
 from renderctl.lifecycle import EXPIRED_REASON, Outcome, State
 from renderctl.messages import (
@@ -224,7 +225,11 @@ BUDGET_SHARE = 0.8  # of MemAvailable at start: leave room for the page cache an
 def default_budget_mb() -> int:
     import psutil
 
-    return max(1, int(psutil.virtual_memory().available * BUDGET_SHARE // MB))
+    room = psutil.virtual_memory().available
+    enclosing = enclosing_memory_room()  # (a container's limit, where it is lower)
+    if enclosing is not None:
+        room = min(room, enclosing)
+    return max(1, int(room * BUDGET_SHARE // MB))
 
 
 def default_workers(budget_mb: int) -> int:
@@ -2298,9 +2303,13 @@ class Runner:
             fin = msg
             if w.mark is not None and w.slot.oom_killed_since(w.mark):
                 # The kernel killed a child of the job for memory; the job saw a crash.
-                fin = replace(msg, outcome=Outcome.MEMORY.value,
-                              error="the kernel killed a process of the job at its ceiling"
-                                    + inputs_said(a.claim.record.spec.inputs))
+                if w.slot.ceiling_reached_since(w.mark):
+                    fin = replace(msg, outcome=Outcome.MEMORY.value,
+                                  error="the kernel killed a process of the job at its "
+                                        "ceiling" + inputs_said(a.claim.record.spec.inputs))
+                elif msg.outcome != Outcome.COMPLETED.value:
+                    fin = replace(msg, outcome=Outcome.CRASHED.value,
+                                  error=_outside_oom_message(a, "a process of the job"))
                 w.mark = w.slot.mark()
             if fin.peak_memory_bytes is None and w.sampler is not None:
                 fin = replace(fin, peak_memory_bytes=_own_peak(a, w.sampler.peak_bytes))
@@ -2568,7 +2577,13 @@ class Runner:
                             error=f"its worker was killed {why}, which it started after "
                                   "that kill was decided; not charged")
         oom = w.mark is not None and w.slot.oom_killed_since(w.mark)
-        reason = Outcome.MEMORY if oom else w.kill_reason
+        # Killed for want of memory the job's ceiling did not run out of: the machine's, or
+        # that of the cgroup renderctl runs in (a container's). Not the job's fault as far
+        # as anyone can tell: charged as a crash, retried, and said so.
+        outside = oom and w.mark is not None and not w.slot.ceiling_reached_since(w.mark)
+        reason = Outcome.MEMORY if oom and not outside else w.kill_reason
+        if outside and reason is Outcome.MEMORY:
+            reason = None  # (our kill of the rest of its tree followed the kernel's)
         peak = w.slot.peak_bytes()
         if peak is None and w.sampler is not None:
             peak = w.sampler.peak_bytes
@@ -2582,6 +2597,8 @@ class Runner:
                 # after the whole grace; audit CI.)
                 error += (f", and killed (SIGKILL) when the {self.s.kill_grace_s:g} s kill "
                           "grace ended")
+        elif outside:
+            outcome, error = Outcome.CRASHED.value, _outside_oom_message(a, "its worker")
         elif sig is not None and sig == self.stop_signal \
                 and not _stopped_with_runner_before(a.claim.record):
             # The signal that stops us reached the worker too: sent to every process of the
@@ -3763,6 +3780,13 @@ def _own_peak(a: Assignment, peak: int | None) -> int | None:
     if not peak:
         return None
     return max(0, peak - a.carried_bytes) or None
+
+
+def _outside_oom_message(a: Assignment, what: str) -> str:
+    return (f"the kernel's out-of-memory killer killed {what} below its "
+            f"{a.claim.record.spec.memory_mb} MB ceiling: the memory of the cgroup renderctl "
+            "runs in (a container's limit) or of the machine ran out; lower --workers or "
+            "--memory-budget")
 
 
 def _kill_message(reason: Outcome, a: Assignment, peak: int | None) -> str:
