@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import errno
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -188,7 +189,21 @@ def os_error_message(exc: OSError) -> str:
     where = f" ({exc.filename})" if exc.filename else ""
     if exc.filename2:
         where = f" ({exc.filename} -> {exc.filename2})"
-    return f"I/O error{where}: {exc.strerror or exc}"
+    return f"I/O error{where}: {exc.strerror or exc}{_shortage(exc.errno)}"
+
+
+def _shortage(err: int | None) -> str:
+    """What a shortage of the process's or the system's resources is, said where an error
+    names it: "Too many open files" on a queue file read as the queue failing (audit FI)."""
+    if err == errno.EMFILE:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        return (f" (this process may have {soft} open at once: the open-files limit, "
+                "`ulimit -n`; raise it or lower --workers)")
+    if err == errno.ENFILE:
+        return " (the system's table of open files is full: fs.file-max)"
+    return ""
 
 
 def text_lines(text: str) -> list[str]:

@@ -236,6 +236,42 @@ def default_workers(budget_mb: int) -> int:
     return max(1, min(os.cpu_count() or 1, budget_mb // 400))
 
 
+# Open descriptors a runner holds: ~17 of its own, ~7 a worker (its connection, pidfd,
+# gate, slot's kept cgroup files...); measured 24, 45 and 129 with 1, 4 and 16 workers.
+FDS_BASE = 32
+FDS_PER_WORKER = 8
+# What a raised limit gives each worker and its job: a worker holds ~26 itself (its
+# connection, kept cgroup and /proc files, capture...), the rest is its job's.
+FDS_WORKER_ROOM = 256
+
+
+def ensure_fd_room(workers: int) -> None:
+    """Raise the soft open-files limit, ours and the fork server's (whose workers and jobs
+    inherit it), when it is below what ``workers`` need, within the hard limit; UserError
+    naming both if the hard limit is too low."""
+    import resource
+
+    need = FDS_BASE + FDS_PER_WORKER * workers
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= need:
+        return
+    if hard != resource.RLIM_INFINITY and hard < need:
+        fits = (hard - FDS_BASE) // FDS_PER_WORKER
+        raise UserError(
+            f"{workers} worker(s) need about {need} open files, and this process may have "
+            f"{hard} at most (`ulimit -n`: {soft}, hard limit {hard}): "
+            + (f"run at most {fits} worker(s) (--workers), or raise the limit" if fits >= 1
+               else "raise the limit"))
+    target = max(need, FDS_WORKER_ROOM)
+    if hard != resource.RLIM_INFINITY:
+        target = min(target, hard)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    server = mpstate.forkserver_pid()  # (started before the command line was read)
+    if server is not None:
+        with contextlib.suppress(OSError):
+            resource.prlimit(server, resource.RLIMIT_NOFILE, (target, hard))
+
+
 class WorkerStartError(RenderctlError):
     """Workers keep dying before they are ready: the runner cannot do anything useful."""
 

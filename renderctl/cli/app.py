@@ -1014,7 +1014,14 @@ def run(
         summary_line,
     )
     from renderctl.errors import UserError
-    from renderctl.runner import STOP_SIGNALS, Runner, prestart
+    from renderctl.runner import (
+        STOP_SIGNALS,
+        Runner,
+        default_budget_mb,
+        default_workers,
+        ensure_fd_room,
+        prestart,
+    )
     from renderctl.store import Queue
 
     if follow and junit is not None:
@@ -1024,6 +1031,12 @@ def run(
             f"{_source_label(ctx, params['follow'])}: a JUnit report is of one run, written "
             "as it ends, and a --follow runner's run never does (it would keep every job it "
             "ran in memory, ~640 bytes each, for weeks); use --metrics-textfile")
+    # Before anything is enqueued: a --workers the open-files limit cannot carry is this
+    # command's error (audit FI: "Too many open files" at the third worker's start, exit 74,
+    # its claimed jobs left to recovery).
+    if memory_budget is None:
+        memory_budget = default_budget_mb()
+    ensure_fd_room(workers or default_workers(memory_budget))
     early = _EarlyStop(STOP_SIGNALS)
     lines = Lines()  # what `run` says on stdout, plain or JSON (a dashboard draws instead)
     # The fork server imports the renderers (~0.25 s) in its own process, on the other core,
