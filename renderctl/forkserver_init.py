@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import errno
 import importlib
 import os
 import signal
@@ -55,7 +56,18 @@ def _quiet_abandoned_start(exc_type: type[BaseException], exc: BaseException,
     sending it its start data leaves that child reading EOF, and CPython's server printed
     its EOFError traceback on the runner's stderr, after the runner was gone: in a
     terminal, or in the log of a cron job that had otherwise said nothing. Nobody is left
-    to read it and nothing was started; that one case stays quiet."""
+    to read it and nothing was started; that one case stays quiet. So does the server's
+    own fork failing for want of processes or memory (EAGAIN, ENOMEM: a pids limit): the
+    runner restarts it and, failing again, says why, naming the limit, where each attempt
+    printed a traceback before it (audit FI)."""
+    if issubclass(exc_type, OSError) and getattr(exc, "errno", None) in (
+            errno.EAGAIN, errno.ENOMEM) and tb is not None:
+        last = tb
+        while last.tb_next is not None:
+            last = last.tb_next
+        if last.tb_frame.f_code.co_filename.endswith(os.path.join("multiprocessing",
+                                                                  "forkserver.py")):
+            return
     if issubclass(exc_type, EOFError) and tb is not None:
         last = tb
         while last.tb_next is not None:

@@ -931,6 +931,29 @@ def enclosing_memory_room() -> int | None:
     return min(rooms) if rooms else None
 
 
+def full_pids_cgroup() -> str | None:
+    """The pids cgroup, this process's own or one above it, that has (nearly) reached its
+    pids.max, said as "cgroup DIR: pids.current N of pids.max M"; None if none has. The
+    likely cause of a fork's EAGAIN, named where one is met: a bare "Resource temporarily
+    unavailable" was all a run said of a container's pids limit (audit FI)."""
+    for v1 in (True, False):
+        mount = _mount_point("cgroup", "pids") if v1 else _mount_point("cgroup2", None)
+        own = _own_cgroup_dir(v1, "pids") if mount is not None else None
+        if mount is None or own is None:
+            continue
+        d = own
+        while True:
+            with contextlib.suppress(OSError, ValueError):
+                limit = _read_int(d / "pids.max")
+                current = _read_int(d / "pids.current")
+                if limit < 2**62 and current + 2 >= limit:
+                    return f"cgroup {d}: pids.current {current} of pids.max {limit}"
+            if d == mount[0] or d.parent == d:
+                break
+            d = d.parent
+    return None
+
+
 def _probe(own: Path, v1: bool) -> bool:
     """Prove the hierarchy is writable: create a child group, check its files, remove it."""
     probe = own / f"renderctl-probe-{os.getpid()}"

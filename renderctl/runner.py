@@ -79,6 +79,7 @@ from renderctl.guards import (
     TreeSampler,
     detect_memory_guard,
     enclosing_memory_room,
+    full_pids_cgroup,
 )
 from renderctl.lifecycle import EXPIRED_REASON, Outcome, State
 from renderctl.messages import (
@@ -220,6 +221,7 @@ MP_DIR_PREFIX = "pymp-"  # multiprocessing.util.get_temp_dir()'s folders
 WORK_NOTE = "work.{}"  # where its WORK_ROOT_PREFIX folder is, for the next runner to remove
 CONFINED_CACHE_MAX = 4096  # output folders remembered as checked (see _check_confined)
 BUDGET_SHARE = 0.8  # of MemAvailable at start: leave room for the page cache and the rest
+SHORT_ROOM_BYTES = 128 * 1024 * 1024  # an enclosing cgroup with less left is named as short
 
 
 def default_budget_mb() -> int:
@@ -1557,7 +1559,7 @@ class Runner:
         each charged a crashed attempt at the next start, and left the claimed ones in
         running/ until then); what is not started goes back to pending, uncharged."""
         if self.worker_start_error is None:
-            self.worker_start_error = problem
+            self.worker_start_error = problem + _shortage_said()
 
     def _output_io(self, problem: str) -> None:
         if self.output_io_error is None:
@@ -3816,6 +3818,22 @@ def _own_peak(a: Assignment, peak: int | None) -> int | None:
     if not peak:
         return None
     return max(0, peak - a.carried_bytes) or None
+
+
+def _shortage_said() -> str:
+    """What the machine is short of, where workers cannot be started: a pids limit reached,
+    or a memory cgroup nearly full (audit FI: the run said "the fork server keeps failing
+    (EOFError)" of a container's pids limit, and "died before they were ready (last exit
+    status -9)" of its memory limit)."""
+    with contextlib.suppress(Exception):
+        full = full_pids_cgroup()
+        if full is not None:
+            return f"; no process could be created: {full} (raise it or lower --workers)"
+        room = enclosing_memory_room()
+        if room is not None and room < SHORT_ROOM_BYTES:
+            return (f"; the memory cgroup renderctl runs in has {room // MB} MB left (the "
+                    "kernel's out-of-memory killer may be killing the workers)")
+    return ""
 
 
 def _outside_oom_message(a: Assignment, what: str) -> str:

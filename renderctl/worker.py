@@ -66,6 +66,7 @@ from renderctl.guards import (
     GuardError,
     LimitBelowUsage,
     ceiling_lifted,
+    full_pids_cgroup,
     kept_fds,
     own_memory_cgroup,
     peak_is_per_job,
@@ -2152,6 +2153,17 @@ def _start_and_wait(args: list[str], workdir: Path, pass_fds: tuple[int, ...],
                     "error": "command: its arguments are too long for the system (an "
                              "argument over 128 KiB, or all of them past the limit; "
                              "pass a list file instead)"}
+        if exc.errno in (errno.EAGAIN, errno.ENOMEM):
+            # The machine's shortage, not the command's: said as such (it was this
+            # function's traceback, read as the job's failure: audit FI). Retried as any
+            # failure is: the shortage may be over by then.
+            full = full_pids_cgroup()
+            return {"outcome": Outcome.FAILED.value,
+                    "error": "could not start its command: no process could be created ("
+                             + (full if full is not None else
+                                f"{os.strerror(exc.errno)}: a limit on processes, a cgroup's "
+                                "pids.max or `ulimit -u`, or on memory")
+                             + ")"}
         if exc.errno != errno.ENOEXEC:
             raise
         if _is_script_without_interpreter(args[0]):

@@ -711,6 +711,41 @@ def cgroup_v1_writable() -> bool:
     return True
 
 
+@contextlib.contextmanager
+def child_cgroup(parent: Path, name: str) -> Iterator[Path]:
+    """A cgroup ``name`` under ``parent`` for a runner to be started in (see run_in_cgroup);
+    removed once the runner's processes and slots have left it."""
+    group = parent / f"{name}-{os.getpid()}"
+    group.mkdir()
+    try:
+        yield group
+    finally:
+        # The runner has exited; what it started (its reaper) may take a moment more.
+        wait_until(lambda: not (group / "cgroup.procs").read_text().strip()
+                   and not any(p.is_dir() for p in group.iterdir()),
+                   what="the runner's processes and slots to leave the group")
+        group.rmdir()
+
+
+def run_in_cgroup(group: Path, tmp_path: Path, jobs: list[dict[str, Any]],
+                  *args: str) -> subprocess.CompletedProcess[str]:
+    """`renderctl run MANIFEST *args` of ``jobs`` (queue and outputs in ``tmp_path``),
+    started inside ``group`` (written to its cgroup.procs before the exec)."""
+    stage(tmp_path)
+    manifest = tmp_path / "m.json"
+    manifest.write_text(json.dumps({"jobs": jobs}))
+    procs = str(group / "cgroup.procs")
+
+    def enter() -> None:
+        with open(procs, "w") as fh:
+            fh.write(str(os.getpid()))
+
+    return subprocess.run([*RENDERCTL, "run", str(manifest), "--queue", str(tmp_path / "q"),
+                           "--out", str(tmp_path / "out"), *args],
+                          preexec_fn=enter, capture_output=True, text=True, timeout=120,
+                          cwd=tmp_path)
+
+
 def term_whole_service(pid: int) -> None:
     """SIGTERM to process ``pid`` and every process under it at once, as systemd's default
     stop (KillMode=control-group) sends it to a service."""

@@ -10,14 +10,12 @@ memory hierarchy (skipped elsewhere).
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from jobfns import RENDERCTL, QueueView, cgroup_v1_writable, py_job, stage, wait_until
+from jobfns import QueueView, cgroup_v1_writable, child_cgroup, py_job, run_in_cgroup
 
 from renderctl import guards
 
@@ -32,37 +30,14 @@ def limited_group() -> Iterator[Path]:
     """A memory cgroup beside the test's own, for a runner to be started in."""
     own = guards._own_cgroup_dir(True)
     assert own is not None
-    group = own / f"rctl-test-enclosing-{os.getpid()}"
-    group.mkdir()
-    try:
+    with child_cgroup(own, "rctl-test-enclosing") as group:
         yield group
-    finally:
-        # The runner has exited; what it started (its reaper) may take a moment more.
-        wait_until(lambda: not (group / "cgroup.procs").read_text().strip()
-                   and not any(p.is_dir() for p in group.iterdir()),
-                   what="the runner's processes and slots to leave the group")
-        for child in sorted(group.glob("**/"), key=lambda p: -len(p.parts)):
-            if child != group:
-                child.rmdir()
-        group.rmdir()
 
 
 def run_in(group: Path, tmp_path: Path, jobs: list[dict[str, Any]],
            *args: str) -> tuple[int, list[dict[str, Any]]]:
     """`renderctl run --json` of ``jobs``, started inside ``group``: (exit code, events)."""
-    stage(tmp_path)
-    manifest = tmp_path / "m.json"
-    manifest.write_text(json.dumps({"jobs": jobs}))
-    procs = str(group / "cgroup.procs")
-
-    def enter() -> None:
-        with open(procs, "w") as fh:
-            fh.write(str(os.getpid()))
-
-    res = subprocess.run([*RENDERCTL, "run", "--json", str(manifest), "--queue",
-                          str(tmp_path / "q"), "--out", str(tmp_path / "out"), *args],
-                         preexec_fn=enter, capture_output=True, text=True, timeout=120,
-                         cwd=tmp_path)
+    res = run_in_cgroup(group, tmp_path, jobs, "--json", *args)
     return res.returncode, [json.loads(line) for line in res.stdout.splitlines()]
 
 

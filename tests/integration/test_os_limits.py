@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import resource
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
-from jobfns import RENDERCTL, QueueView, py_job, stage
+import pytest
+from jobfns import RENDERCTL, QueueView, child_cgroup, py_job, run_in_cgroup, stage
 
 from renderctl.errors import os_error_message
 
@@ -59,3 +63,60 @@ def test_too_many_open_files_names_the_limit() -> None:
     msg = os_error_message(OSError(errno.EMFILE, "Too many open files", "q/pending/x.json"))
     assert msg.startswith("I/O error (q/pending/x.json): Too many open files")
     assert f"may have {soft} open at once" in msg and "ulimit -n" in msg
+
+
+def _pids_root() -> Path | None:
+    from renderctl import guards
+
+    own = guards._own_cgroup_dir(True, "pids")
+    return own if own is not None and os.access(own, os.W_OK) else None
+
+
+@pytest.fixture
+def pids_group() -> Iterator[Path]:
+    """A v1 pids cgroup beside the test's own, for a runner to be started in."""
+    root = _pids_root()
+    if root is None:
+        pytest.skip("needs a writable cgroup v1 pids hierarchy")
+    with child_cgroup(root, "rctl-test-pids") as group:
+        yield group
+
+
+def run_in_pids(group: Path, tmp_path: Path, jobs: list[dict[str, Any]],
+                *args: str) -> subprocess.CompletedProcess[str]:
+    return run_in_cgroup(group, tmp_path, jobs, "--quiet", *args)
+
+
+def test_a_command_that_cannot_be_forked_names_the_pids_limit(
+        tmp_path: Path, pids_group: Path) -> None:
+    # Given a pids limit that holds the runner, its fork server, its reaper and one worker,
+    # and nothing more
+    (pids_group / "pids.max").write_text("4")
+
+    # When a command job is run there
+    res = run_in_pids(pids_group, tmp_path,
+                      [{"id": "c", "kind": "command", "argv": ["true", "{output}"],
+                        "output": "c.bin", "max_attempts": 1}], "--workers", "1")
+
+    # Then its attempt failed saying no process could be created, naming the limit (it was
+    # renderctl's own traceback through subprocess.Popen)
+    assert res.returncode == 1, res.stderr
+    error = QueueView(tmp_path / "q").record("dead", "c")["attempts"][-1]["error"]
+    assert error.startswith("could not start its command: no process could be created"), error
+    assert f"cgroup {pids_group}: pids.current" in error and "pids.max 4" in error, error
+
+
+def test_workers_that_cannot_be_forked_name_the_pids_limit_without_tracebacks(
+        tmp_path: Path, pids_group: Path) -> None:
+    # Given a pids limit that holds the runner, its fork server and its reaper only
+    (pids_group / "pids.max").write_text("3")
+
+    # When a run there cannot start its worker
+    res = run_in_pids(pids_group, tmp_path, [py_job("j", "write_pdf")], "--workers", "1")
+
+    # Then it halts (74), the job still pending and uncharged, saying which limit is
+    # reached; no traceback of the fork server's failed forks reaches stderr
+    assert res.returncode == 74, res.stderr
+    assert f"no process could be created: cgroup {pids_group}" in res.stderr, res.stderr
+    assert "Traceback" not in res.stderr, res.stderr
+    assert QueueView(tmp_path / "q").ids("pending") == {"j"}
