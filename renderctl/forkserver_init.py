@@ -56,10 +56,10 @@ def _quiet_abandoned_start(exc_type: type[BaseException], exc: BaseException,
     sending it its start data leaves that child reading EOF, and CPython's server printed
     its EOFError traceback on the runner's stderr, after the runner was gone: in a
     terminal, or in the log of a cron job that had otherwise said nothing. Nobody is left
-    to read it and nothing was started; that one case stays quiet. So does the server's
-    own fork failing for want of processes or memory (EAGAIN, ENOMEM: a pids limit): the
-    runner restarts it and, failing again, says why, naming the limit, where each attempt
-    printed a traceback before it (audit FI)."""
+    to read it and nothing was started; that one case stays quiet. The server's own fork
+    failing for want of processes or memory (EAGAIN, ENOMEM: a pids limit) is one line,
+    not a traceback at each of the runner's tries (audit FI): the runner then says why,
+    naming the limit where it can tell, and the line keeps the clue where it cannot."""
     if issubclass(exc_type, OSError) and getattr(exc, "errno", None) in (
             errno.EAGAIN, errno.ENOMEM) and tb is not None:
         last = tb
@@ -67,6 +67,10 @@ def _quiet_abandoned_start(exc_type: type[BaseException], exc: BaseException,
             last = last.tb_next
         if last.tb_frame.f_code.co_filename.endswith(os.path.join("multiprocessing",
                                                                   "forkserver.py")):
+            with contextlib.suppress(Exception):
+                sys.stderr.write(f"renderctl: the fork server could not fork a worker: "
+                                 f"{exc}\n")
+                sys.stderr.flush()
             return
     if issubclass(exc_type, EOFError) and tb is not None:
         last = tb

@@ -128,6 +128,7 @@ class OomMark:
 
     oom_kills: int | None  # None: the kernel has no oom_kill counter
     failcnt: int
+    own_ooms: int | None = None  # v2: OOMs this slot's own memory.max caused ("oom")
 
 
 class Slot(Protocol):
@@ -538,7 +539,8 @@ class CgroupSlot:
         events = self.dir / "memory.events.local"
         if not events.exists():
             events = self.dir / "memory.events"
-        return OomMark(_read_keyed(events, "oom_kill"), _read_keyed(events, "max") or 0)
+        return OomMark(_read_keyed(events, "oom_kill"), _read_keyed(events, "max") or 0,
+                       _read_keyed(events, "oom"))
 
     def oom_killed_since(self, mark: OomMark) -> bool:
         """Whether the kernel OOM-killed a task in this slot after ``mark`` was taken."""
@@ -556,12 +558,17 @@ class CgroupSlot:
         kill in the slot either way (audit FI: jobs of 1 MB dead-lettered as having
         crossed their 200 MB ceilings, under a runner in an 80 MB cgroup).
 
-        v2: the slot's own ``max`` events (hits of its memory.max). v1 keeps no such count
-        where memsw is limited too (failcnt stayed 0 after a kill at the ceiling, kernel
-        6.18): the job's peak (reset at its start) against the ceiling, which a kill there
-        reaches to within a charge batch."""
+        v2: the slot's own ``oom`` events (OOMs its memory.max caused; ``max`` counts a
+        reclaim of page cache at the ceiling too). v1 keeps no such count (failcnt stays 0
+        where memsw is limited too, as here, kernel 6.18): the job's peak (reset at its
+        start) against the ceiling, which a kill there reaches to within a charge batch.
+        So on v1 a job whose page cache filled its slot to the ceiling, killed for an
+        enclosing limit, is still said to have crossed its ceiling (review FJ)."""
         if not self.v1:
-            return self.mark().failcnt > mark.failcnt
+            now = self.mark()
+            if now.own_ooms is not None and mark.own_ooms is not None:
+                return now.own_ooms > mark.own_ooms
+            return now.failcnt > mark.failcnt
         d = str(self.dir)
         try:
             peak = _read_int(f"{d}/memory.max_usage_in_bytes")
@@ -911,8 +918,9 @@ def enclosing_memory_room() -> int | None:
         own = _own_cgroup_dir(v1) if mount is not None else None
         if mount is None or own is None:
             continue
-        files = (("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file")
-                 if v1 else ("memory.max", "memory.current", "inactive_file"))
+        files = (("memory.limit_in_bytes", "memory.usage_in_bytes",
+                  ("total_inactive_file", "total_active_file")) if v1
+                 else ("memory.max", "memory.current", ("inactive_file", "active_file")))
         d = own
         while True:
             with contextlib.suppress(OSError, ValueError):
@@ -922,8 +930,8 @@ def enclosing_memory_room() -> int | None:
                     cache = 0
                     for line in (d / "memory.stat").read_text().splitlines():
                         key, _, value = line.partition(" ")
-                        if key == files[2]:
-                            cache = int(value)
+                        if key in files[2]:  # (file pages: reclaimable; shmem is not)
+                            cache += int(value)
                     rooms.append(max(0, limit - used + min(cache, used)))
             if d == mount[0] or d.parent == d:
                 break

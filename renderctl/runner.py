@@ -224,14 +224,24 @@ BUDGET_SHARE = 0.8  # of MemAvailable at start: leave room for the page cache an
 SHORT_ROOM_BYTES = 128 * 1024 * 1024  # an enclosing cgroup with less left is named as short
 
 
-def default_budget_mb() -> int:
+def default_budget() -> tuple[int, str]:
+    """The default --memory-budget in MB, and what it is, as a message names it: 80% of
+    the machine's available memory, or all that the limits of the memory cgroups we run
+    in leave (a container's), where that is less. All of it there: its reclaimable page
+    cache is counted as room already, and 80% of a 512 MB container's left no room for
+    a default 400 MB job (review FJ: every job dead-lettered, where they had run)."""
     import psutil
 
-    room = psutil.virtual_memory().available
-    enclosing = enclosing_memory_room()  # (a container's limit, where it is lower)
-    if enclosing is not None:
-        room = min(room, enclosing)
-    return max(1, int(room * BUDGET_SHARE // MB))
+    machine = int(psutil.virtual_memory().available * BUDGET_SHARE)
+    enclosing = enclosing_memory_room()
+    if enclosing is not None and enclosing < machine:
+        return max(1, enclosing // MB), ("the default: what the limit of the memory cgroup "
+                                         "renderctl runs in leaves (a container's)")
+    return max(1, machine // MB), "the default: 80% of the available memory"
+
+
+def default_budget_mb() -> int:
+    return default_budget()[0]
 
 
 def default_workers(budget_mb: int) -> int:
@@ -477,7 +487,10 @@ class Runner:
         self.queue_io_released: int | bool | None = None
         self._gates = 0  # start gates made (each worker gets a fresh one)
         self.guard: MemoryGuard | None = None
-        self.budget_mb = settings.memory_budget_mb or default_budget_mb()
+        if settings.memory_budget_mb:
+            self.budget_mb, self.budget_said = settings.memory_budget_mb, "--memory-budget"
+        else:
+            self.budget_mb, self.budget_said = default_budget()
         self.n_workers = settings.workers or default_workers(self.budget_mb)
         self.holder: Holder | None = None
         self.token_prefix = ""
@@ -1835,9 +1848,9 @@ class Runner:
         if spec.memory_mb > self.budget_mb:
             self._finish_unrun(a, State.DEAD,
                                f"memory_mb {spec.memory_mb} can never fit the memory budget "
-                               f"of {self.budget_mb} MB (--memory-budget): retry it under a "
-                               "larger budget, or with `dead retry --memory-mb` at most "
-                               f"{self.budget_mb}")
+                               f"of {self.budget_mb} MB ({self.budget_said}): retry it under "
+                               "a larger --memory-budget, or with `dead retry --memory-mb` at "
+                               f"most {self.budget_mb}")
             return
         if kind is None:
             # No renderer of that kind here (uninstalled since the submit, or a queue shared

@@ -969,7 +969,8 @@ def run(
     memory_budget: Annotated[int | None, typer.Option(
         "--memory-budget", envvar=_env("memory-budget"), callback=checked,
         parser=AS_INT, metavar="<int>",
-        help="MB the running jobs' ceilings may add up to [default: 80% of available]")
+        help="MB the running jobs' ceilings may add up to [default: 80% of available memory, "
+             "or what a container's memory limit leaves if less]")
     ] = None,
     memory_guard: Annotated[str, typer.Option(
         "--memory-guard", envvar=_env("memory-guard"), callback=checked_guard,
@@ -1034,9 +1035,7 @@ def run(
     # Before anything is enqueued: a --workers the open-files limit cannot carry is this
     # command's error (audit FI: "Too many open files" at the third worker's start, exit 74,
     # its claimed jobs left to recovery).
-    if memory_budget is None:
-        memory_budget = default_budget_mb()
-    ensure_fd_room(workers or default_workers(memory_budget))
+    ensure_fd_room(workers or default_workers(memory_budget or default_budget_mb()))
     early = _EarlyStop(STOP_SIGNALS)
     lines = Lines()  # what `run` says on stdout, plain or JSON (a dashboard draws instead)
     # The fork server imports the renderers (~0.25 s) in its own process, on the other core,

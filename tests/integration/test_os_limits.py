@@ -119,4 +119,5 @@ def test_workers_that_cannot_be_forked_name_the_pids_limit_without_tracebacks(
     assert res.returncode == 74, res.stderr
     assert f"no process could be created: cgroup {pids_group}" in res.stderr, res.stderr
     assert "Traceback" not in res.stderr, res.stderr
+    assert "the fork server could not fork a worker: [Errno 11]" in res.stderr, res.stderr
     assert QueueView(tmp_path / "q").ids("pending") == {"j"}
