@@ -897,6 +897,13 @@ def _own_cgroup_dir(v1: bool, controller: str = "memory") -> Path | None:
     if mount is None:
         return None
     mount_point, mount_root = mount
+    if mount_root == "/.." or mount_root.startswith("/../"):
+        # A cgroup namespace made after this mount (`unshare --cgroup`; a container whose
+        # runtime kept the host's cgroup mount): our cgroup, "/" as the namespace shows
+        # it, lies below the mount's root by names it does not show, and relpath() took
+        # the hierarchy's root for it: slots made there escaped the container's limits,
+        # and two such containers shared one slot (audit FK). Not ours to find: no cgroup.
+        return None
     for line in Path("/proc/self/cgroup").read_text().splitlines():
         _, controllers, cg_path = line.split(":", 2)
         if (v1 and controller in controllers.split(",")) or (not v1 and controllers == ""):

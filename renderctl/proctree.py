@@ -278,6 +278,17 @@ def holder_alive(*, host: str, boot_id: str, pid: int, start_time: int) -> bool 
     return int(fields[19]) == start_time
 
 
+def holder_dead_to_lock_holder(*, host: str, boot_id: str, pid: int,
+                               start_time: int) -> bool:
+    """For a caller holding the queue's runner lock: whether a lease holder is known dead.
+    One of this kernel (its boot id) is, whatever its host name says: a runner in another
+    container (UTS namespace) of this machine, alive, would hold the lock we hold (an
+    flock is the kernel's). Its leases were left to expire, ~1 minute, before a new
+    container's runner returned its jobs (audit FK)."""
+    alive = holder_alive(host=host, boot_id=boot_id, pid=pid, start_time=start_time)
+    return alive is False or (alive is None and boot_id == _read_boot_id())
+
+
 def set_oom_score_adj(value: int, *, pid: int | None = None) -> bool:
     """Best effort: set the OOM killer bias of ``pid`` (default: self); True if it took."""
     path = _PROC / ("self" if pid is None else str(pid)) / "oom_score_adj"
@@ -305,6 +316,7 @@ __all__ = [
     "group_alive",
     "group_members",
     "holder_alive",
+    "holder_dead_to_lock_holder",
     "kill_group",
     "pid_alive",
     "pidfd_exited",

@@ -269,8 +269,8 @@ def judge_orphan(rec: JobRecord, *, started: Mapping[str, float | None], now: fl
     h = lease.holder
     if not h.host:  # UNKNOWN_HOLDER: its holder file was gone
         why = "an unknown runner let its lease expire"
-    elif proctree.holder_alive(host=h.host, boot_id=h.boot_id, pid=h.pid,
-                                start_time=h.start_time or 0) is False:
+    elif proctree.holder_dead_to_lock_holder(host=h.host, boot_id=h.boot_id, pid=h.pid,
+                                              start_time=h.start_time or 0):
         # (Died, or ended on an error it could not record the attempt through: review EX)
         why = f"the runner (pid {h.pid} on {h.host}) ended"
     else:

@@ -1126,9 +1126,9 @@ class Runner:
         """Whether the lease's holder is known dead. Otherwise (another host, an unknown
         holder, or a live process here that does not hold the queue: we do) only watching the
         lease can tell, and a lease the wall clock says expired may still be renewed."""
-        return proctree.holder_alive(host=lease.holder.host, boot_id=lease.holder.boot_id,
-                                     pid=lease.holder.pid,
-                                     start_time=lease.holder.start_time or 0) is False
+        return proctree.holder_dead_to_lock_holder(
+            host=lease.holder.host, boot_id=lease.holder.boot_id, pid=lease.holder.pid,
+            start_time=lease.holder.start_time or 0)
 
     def _recover_one(self, rec: JobRecord, started: Mapping[str, float | None],
                      released: Mapping[str, str], now: float, *,

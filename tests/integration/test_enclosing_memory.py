@@ -10,13 +10,22 @@ memory hierarchy (skipped elsewhere).
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from jobfns import QueueView, cgroup_v1_writable, child_cgroup, py_job, run_in_cgroup
+from jobfns import (
+    RENDERCTL,
+    QueueView,
+    cgroup_v1_writable,
+    child_cgroup,
+    py_job,
+    run_in_cgroup,
+    stage,
+)
 
 from renderctl import guards
 
@@ -119,3 +128,36 @@ def test_page_cache_read_twice_in_the_limit_still_counts_as_room(
     started = next(e for e in events if e["event"] == "runner_started")
     assert started["budget_mb"] >= 400, started
     assert code == 0
+
+
+def test_a_cgroup_namespace_made_after_the_mount_gets_no_slots_outside_the_container(
+        tmp_path: Path, limited_group: Path) -> None:
+    # Given a "container": a memory cgroup of 512 MB, and a cgroup namespace entered in it
+    # without mounting the hierarchy anew (/proc/self/cgroup says "/", the mount's root
+    # is "/../..": our cgroup is below it by names the namespace does not show)
+    (limited_group / "memory.limit_in_bytes").write_text(str(512 * MB))
+    mount = guards._mount_point("cgroup", "memory")
+    assert mount is not None
+    before = {p.name for p in mount[0].iterdir()}
+    stage(tmp_path)
+    (tmp_path / "m.json").write_text(json.dumps({"jobs": [py_job("j", "write_pdf")]}))
+    procs = str(limited_group / "cgroup.procs")
+
+    def enter() -> None:
+        with open(procs, "w") as fh:
+            fh.write(str(os.getpid()))
+
+    # When a runner runs a job in it
+    res = subprocess.run(["unshare", "--cgroup", "--fork", *RENDERCTL, "run", "--json",
+                          str(tmp_path / "m.json"), "--queue", str(tmp_path / "q"),
+                          "--out", str(tmp_path / "out")], preexec_fn=enter,
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path)
+
+    # Then it does not take the hierarchy's root for its own cgroup (its slots were made
+    # there, outside the container's limit, shared by every such container: audit FK):
+    # it samples instead, and the job completes
+    events = [json.loads(line) for line in res.stdout.splitlines()]
+    started = next(e for e in events if e["event"] == "runner_started")
+    assert started["guard"] == "sampling", started
+    assert res.returncode == 0, res.stderr
+    assert {p.name for p in mount[0].iterdir()} - before == set()

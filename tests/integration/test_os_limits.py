@@ -121,3 +121,33 @@ def test_workers_that_cannot_be_forked_name_the_pids_limit_without_tracebacks(
     assert "Traceback" not in res.stderr, res.stderr
     assert "the fork server could not fork a worker: [Errno 11]" in res.stderr, res.stderr
     assert QueueView(tmp_path / "q").ids("pending") == {"j"}
+
+
+def test_jobs_of_a_dead_runner_of_another_container_here_are_recovered_at_once(
+        tmp_path: Path) -> None:
+    # Given a runner in another "container" of this machine (its own host name: a UTS
+    # namespace; the same kernel) that died with a job running
+    stage(tmp_path)
+    (tmp_path / "m.json").write_text(json.dumps({"jobs": [py_job("j", "write_pdf")]}))
+    q, out = str(tmp_path / "q"), str(tmp_path / "out")
+    dead = subprocess.run(
+        ["unshare", "--uts", "sh", "-c", 'hostname other-container && exec "$@"', "sh",
+         *RENDERCTL, "run", str(tmp_path / "m.json"), "--queue", q, "--out", out,
+         "--quiet"], env={**os.environ, "RENDERCTL_CRASH_AT": "start"},
+        capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert dead.returncode == -9, dead.stderr
+    shown = json.loads(subprocess.run([*RENDERCTL, "show", "j", "--json", "--queue", q],
+                                      capture_output=True, text=True, timeout=60).stdout)
+    assert shown["lease"]["holder"]["host"] == "other-container", shown
+
+    # When a runner here takes the queue (it holds the runner lock, which that runner,
+    # alive, would hold)
+    res = subprocess.run([*RENDERCTL, "run", "--queue", q, "--quiet"], capture_output=True,
+                         text=True, timeout=30, cwd=tmp_path)
+
+    # Then the job is returned at once, its attempt charged to a runner that ended (it
+    # waited out the lease, a minute, as if on another machine: audit FK), and completes
+    assert res.returncode == 0, res.stderr
+    record = QueueView(tmp_path / "q").record("done", "j")
+    first = record["attempts"][0]
+    assert first["outcome"] == "crashed" and "other-container) ended" in first["error"], first

@@ -338,8 +338,11 @@ def left_by_a_runner_nobody_can_judge(tmp_path: Path, write_manifest: Any, *, ho
         if holder == "unknown":
             holder_file.unlink()
         else:
+            # (Another machine: another kernel too. One of this kernel under another host
+            # name is another container here, known dead to the lock's holder.)
             holder_file.write_text(json.dumps({**json.loads(holder_file.read_text()),
-                                               "host": "elsewhere"}))
+                                               "host": "elsewhere",
+                                               "boot_id": "another-machines-boot-id"}))
     running = queue / "running" / "held.json"
     prefix, attempt, claimed_at, _ = os.getxattr(running, LEASE_XATTR).decode().split()
     expires_at = time.time() + expires_in_s
