@@ -69,7 +69,7 @@ from renderctl.errors import (
     os_error_message,
     signal_exit_code,
 )
-from renderctl.fsutil import fallocate, remove_tree, sync_filesystems, unlink_quiet
+from renderctl.fsutil import fallocate, read_file, remove_tree, sync_filesystems, unlink_quiet
 from renderctl.gate import StartGate
 from renderctl.guards import (
     PIDS_MAX_PER_SLOT,
@@ -1126,9 +1126,30 @@ class Runner:
         """Whether the lease's holder is known dead. Otherwise (another host, an unknown
         holder, or a live process here that does not hold the queue: we do) only watching the
         lease can tell, and a lease the wall clock says expired may still be renewed."""
+        h = lease.holder
+        if proctree.holder_alive(host=h.host, boot_id=h.boot_id, pid=h.pid,
+                                 start_time=h.start_time or 0) is False:
+            return True
+        # Of this kernel under another host name (another container here): dead, as the
+        # lock it would hold is ours; unless its runner still writes the queue's state
+        # file, as only a live runner does, each second: a file system whose flock does
+        # not reach every path to the queue (two FUSE mounts of it) lets two runners in,
+        # and only the lease, renewed, told them apart before.
         return proctree.holder_dead_to_lock_holder(
-            host=lease.holder.host, boot_id=lease.holder.boot_id, pid=lease.holder.pid,
-            start_time=lease.holder.start_time or 0)
+            host=h.host, boot_id=h.boot_id, pid=h.pid,
+            start_time=h.start_time or 0) and not self._writes_state(h.pid)
+
+    def _writes_state(self, pid: int) -> bool:
+        """Whether the queue's state file was written in the last 2 s by a runner of ``pid``
+        (in its own pid namespace: ours has written none yet, at recovery). A runner that
+        died less than that ago looks alive: its leases are watched as before."""
+        path = self.q.path / STATE_FILE
+        try:
+            if time.time() - path.stat().st_mtime > 2 * STATE_INTERVAL_S:
+                return False
+            return bool(json.loads(read_file(path)).get("pid") == pid)
+        except (OSError, ValueError, AttributeError):
+            return False
 
     def _recover_one(self, rec: JobRecord, started: Mapping[str, float | None],
                      released: Mapping[str, str], now: float, *,

@@ -12,6 +12,8 @@ import json
 import os
 import resource
 import subprocess
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -139,6 +141,9 @@ def test_jobs_of_a_dead_runner_of_another_container_here_are_recovered_at_once(
     shown = json.loads(subprocess.run([*RENDERCTL, "show", "j", "--json", "--queue", q],
                                       capture_output=True, text=True, timeout=60).stdout)
     assert shown["lease"]["holder"]["host"] == "other-container", shown
+    # (dead a while: its state file, which a live runner rewrites each second, is old)
+    old = time.time() - 30
+    os.utime(tmp_path / "q" / "runner.state.json", (old, old))
 
     # When a runner here takes the queue (it holds the runner lock, which that runner,
     # alive, would hold)
@@ -151,3 +156,50 @@ def test_jobs_of_a_dead_runner_of_another_container_here_are_recovered_at_once(
     record = QueueView(tmp_path / "q").record("done", "j")
     first = record["attempts"][0]
     assert first["outcome"] == "crashed" and "other-container) ended" in first["error"], first
+
+
+def test_a_runner_of_another_container_that_still_writes_the_state_file_is_not_taken_over(
+        tmp_path: Path) -> None:
+    # Given a job held by a runner of another "container" here (another host name, this
+    # kernel), which to all signs still runs: the queue's state file, which only a live
+    # runner writes, is rewritten each half second in its name (as where two FUSE mounts
+    # of the queue let two runners past the lock)
+    stage(tmp_path)
+    (tmp_path / "m.json").write_text(json.dumps({"jobs": [py_job("j", "write_pdf")]}))
+    q, out = str(tmp_path / "q"), str(tmp_path / "out")
+    subprocess.run(
+        ["unshare", "--uts", "sh", "-c", 'hostname other-container && exec "$@"', "sh",
+         *RENDERCTL, "run", str(tmp_path / "m.json"), "--queue", q, "--out", out,
+         "--quiet"], env={**os.environ, "RENDERCTL_CRASH_AT": "start"},
+        capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    shown = json.loads(subprocess.run([*RENDERCTL, "show", "j", "--json", "--queue", q],
+                                      capture_output=True, text=True, timeout=60).stdout)
+    holder_pid = shown["lease"]["holder"]["pid"]
+    state = tmp_path / "q" / "runner.state.json"
+    stop = threading.Event()
+
+    def write_state() -> None:
+        while not stop.is_set():
+            state.write_text(json.dumps({"schema": 1, "pid": holder_pid}))
+            stop.wait(0.5)
+
+    writer = threading.Thread(target=write_state)
+    writer.start()
+    runner = subprocess.Popen([*RENDERCTL, "run", "--queue", q, "--json"],
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                              cwd=tmp_path, text=True)
+    try:
+        # When a runner here takes the queue (its recovery done), then for as long as that
+        # goes on the job is left to its holder's lease, not returned at once
+        assert runner.stdout is not None
+        assert json.loads(runner.stdout.readline())["event"] == "runner_started"
+        deadline = time.monotonic() + 4
+        while time.monotonic() < deadline:
+            assert QueueView(tmp_path / "q").ids("running") == {"j"}
+            assert runner.poll() is None
+            stop.wait(0.2)
+    finally:
+        stop.set()
+        writer.join()
+        runner.terminate()
+        runner.communicate(timeout=60)
