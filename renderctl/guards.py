@@ -881,15 +881,28 @@ class TreeSampler:
 
 
 def _mount_point(fstype: str, option: str | None) -> tuple[Path, str] | None:
-    """Mount point and mount root of a cgroup filesystem, from /proc/self/mountinfo."""
+    """Mount point and mount root of a cgroup filesystem, from /proc/self/mountinfo: the
+    last one mounted whose root our cgroup namespace can name (not "/.."), else the last.
+    After `unshare --cgroup --mount` and a fresh mount of the hierarchy, the copied
+    host's mount (root "/../..") is listed first, the namespace's own after it: the first
+    match cost the guard and the container's budget (review FL)."""
+    found: list[tuple[Path, str]] = []
     for line in Path("/proc/self/mountinfo").read_text().splitlines():
         left, _, right = line.partition(" - ")
         parts, rparts = left.split(), right.split()
         if rparts[0] != fstype:
             continue
         if option is None or option in rparts[2].split(","):
-            return Path(parts[4]), parts[3]
-    return None
+            found.append((Path(parts[4]), parts[3]))
+    named = [m for m in found if not _above_namespace(m[1])]
+    return (named or found)[-1] if found else None
+
+
+def _above_namespace(mount_root: str) -> bool:
+    """Whether a cgroup mount's root lies above our cgroup namespace's root (a namespace
+    made after the mount): our cgroup, "/" as the namespace shows it, is then below the
+    mount's root by names the namespace does not show."""
+    return mount_root == "/.." or mount_root.startswith("/../")
 
 
 def _own_cgroup_dir(v1: bool, controller: str = "memory") -> Path | None:
@@ -897,7 +910,7 @@ def _own_cgroup_dir(v1: bool, controller: str = "memory") -> Path | None:
     if mount is None:
         return None
     mount_point, mount_root = mount
-    if mount_root == "/.." or mount_root.startswith("/../"):
+    if _above_namespace(mount_root):
         # A cgroup namespace made after this mount (`unshare --cgroup`; a container whose
         # runtime kept the host's cgroup mount): our cgroup, "/" as the namespace shows
         # it, lies below the mount's root by names it does not show, and relpath() took

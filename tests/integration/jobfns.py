@@ -728,9 +728,10 @@ def child_cgroup(parent: Path, name: str) -> Iterator[Path]:
 
 
 def run_in_cgroup(group: Path, tmp_path: Path, jobs: list[dict[str, Any]],
-                  *args: str) -> subprocess.CompletedProcess[str]:
+                  *args: str, wrapper: Sequence[str] = ()) -> subprocess.CompletedProcess[str]:
     """`renderctl run MANIFEST *args` of ``jobs`` (queue and outputs in ``tmp_path``),
-    started inside ``group`` (written to its cgroup.procs before the exec)."""
+    started inside ``group`` (written to its cgroup.procs before the exec), through
+    ``wrapper`` (a command that execs the rest: `unshare ...`) if given."""
     stage(tmp_path)
     manifest = tmp_path / "m.json"
     manifest.write_text(json.dumps({"jobs": jobs}))
@@ -740,8 +741,8 @@ def run_in_cgroup(group: Path, tmp_path: Path, jobs: list[dict[str, Any]],
         with open(procs, "w") as fh:
             fh.write(str(os.getpid()))
 
-    return subprocess.run([*RENDERCTL, "run", str(manifest), "--queue", str(tmp_path / "q"),
-                           "--out", str(tmp_path / "out"), *args],
+    return subprocess.run([*wrapper, *RENDERCTL, "run", str(manifest), "--queue",
+                           str(tmp_path / "q"), "--out", str(tmp_path / "out"), *args],
                           preexec_fn=enter, capture_output=True, text=True, timeout=120,
                           cwd=tmp_path)
 

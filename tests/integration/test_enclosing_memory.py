@@ -10,7 +10,6 @@ memory hierarchy (skipped elsewhere).
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,13 +17,11 @@ from typing import Any
 
 import pytest
 from jobfns import (
-    RENDERCTL,
     QueueView,
     cgroup_v1_writable,
     child_cgroup,
     py_job,
     run_in_cgroup,
-    stage,
 )
 
 from renderctl import guards
@@ -139,19 +136,10 @@ def test_a_cgroup_namespace_made_after_the_mount_gets_no_slots_outside_the_conta
     mount = guards._mount_point("cgroup", "memory")
     assert mount is not None
     before = {p.name for p in mount[0].iterdir()}
-    stage(tmp_path)
-    (tmp_path / "m.json").write_text(json.dumps({"jobs": [py_job("j", "write_pdf")]}))
-    procs = str(limited_group / "cgroup.procs")
-
-    def enter() -> None:
-        with open(procs, "w") as fh:
-            fh.write(str(os.getpid()))
 
     # When a runner runs a job in it
-    res = subprocess.run(["unshare", "--cgroup", "--fork", *RENDERCTL, "run", "--json",
-                          str(tmp_path / "m.json"), "--queue", str(tmp_path / "q"),
-                          "--out", str(tmp_path / "out")], preexec_fn=enter,
-                         capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    res = run_in_cgroup(limited_group, tmp_path, [py_job("j", "write_pdf")], "--json",
+                        wrapper=["unshare", "--cgroup", "--fork"])
 
     # Then it does not take the hierarchy's root for its own cgroup (its slots were made
     # there, outside the container's limit, shared by every such container: audit FK):
@@ -161,3 +149,25 @@ def test_a_cgroup_namespace_made_after_the_mount_gets_no_slots_outside_the_conta
     assert started["guard"] == "sampling", started
     assert res.returncode == 0, res.stderr
     assert {p.name for p in mount[0].iterdir()} - before == set()
+
+
+def test_a_cgroup_namespace_with_its_own_mount_of_the_hierarchy_keeps_the_guard(
+        tmp_path: Path, limited_group: Path) -> None:
+    # Given a "container" that mounts the memory hierarchy anew inside its cgroup namespace
+    # (the copied host mount, rooted above the namespace, is still listed before it)
+    (limited_group / "memory.limit_in_bytes").write_text(str(512 * MB))
+    script = ("mount -t tmpfs rctl-test /sys/fs/cgroup && mkdir /sys/fs/cgroup/memory && "
+              "mount -t cgroup -o memory rctl-test-memory /sys/fs/cgroup/memory && "
+              'exec "$@"')
+    res = run_in_cgroup(limited_group, tmp_path, [py_job("j", "write_pdf")], "--json",
+                        wrapper=["unshare", "--cgroup", "--mount", "--fork", "sh", "-c",
+                                 script, "sh"])
+
+    # Then the runner finds its own cgroup through the namespace's mount: the cgroup guard,
+    # the container's budget (review FL: the first, host's, mount listed made it sample,
+    # with the machine's memory as its budget), and the job completes
+    events = [json.loads(line) for line in res.stdout.splitlines()]
+    started = next(e for e in events if e["event"] == "runner_started")
+    assert started["guard"] == "cgroup-v1", started
+    assert started["budget_mb"] <= 512, started
+    assert res.returncode == 0, res.stderr
