@@ -882,10 +882,12 @@ class TreeSampler:
 
 def _mount_point(fstype: str, option: str | None) -> tuple[Path, str] | None:
     """Mount point and mount root of a cgroup filesystem, from /proc/self/mountinfo: the
-    last one mounted whose root our cgroup namespace can name (not "/.."), else the last.
-    After `unshare --cgroup --mount` and a fresh mount of the hierarchy, the copied
-    host's mount (root "/../..") is listed first, the namespace's own after it: the first
-    match cost the guard and the container's budget (review FL)."""
+    first whose root our cgroup namespace can name (not "/.."), else the first. After
+    `unshare --cgroup --mount` and a fresh mount of the hierarchy, the copied host's
+    mount (root "/../..") is listed first, the namespace's own after it: the first match
+    cost the guard and the container's budget (review FL). Not the last: a bind mount of
+    some cgroup elsewhere, listed later, was taken for the hierarchy (review FM: slots
+    made in that cgroup, the budget its limit)."""
     found: list[tuple[Path, str]] = []
     for line in Path("/proc/self/mountinfo").read_text().splitlines():
         left, _, right = line.partition(" - ")
@@ -895,7 +897,7 @@ def _mount_point(fstype: str, option: str | None) -> tuple[Path, str] | None:
         if option is None or option in rparts[2].split(","):
             found.append((Path(parts[4]), parts[3]))
     named = [m for m in found if not _above_namespace(m[1])]
-    return (named or found)[-1] if found else None
+    return (named or found)[0] if found else None
 
 
 def _above_namespace(mount_root: str) -> bool:

@@ -69,7 +69,13 @@ from renderctl.errors import (
     os_error_message,
     signal_exit_code,
 )
-from renderctl.fsutil import fallocate, read_file, remove_tree, sync_filesystems, unlink_quiet
+from renderctl.fsutil import (
+    fallocate,
+    open_regular,
+    remove_tree,
+    sync_filesystems,
+    unlink_quiet,
+)
 from renderctl.gate import StartGate
 from renderctl.guards import (
     PIDS_MAX_PER_SLOT,
@@ -1143,11 +1149,16 @@ class Runner:
         """Whether the queue's state file was written in the last 2 s by a runner of ``pid``
         (in its own pid namespace: ours has written none yet, at recovery). A runner that
         died less than that ago looks alive: its leases are watched as before."""
-        path = self.q.path / STATE_FILE
         try:
-            if time.time() - path.stat().st_mtime > 2 * STATE_INTERVAL_S:
-                return False
-            return bool(json.loads(read_file(path)).get("pid") == pid)
+            # A regular file only, a state's worth read (a character device put there, its
+            # mtime always fresh, was read until memory ran out: review FM).
+            fd, st = open_regular(self.q.path / STATE_FILE, os.O_RDONLY)
+            try:
+                if time.time() - st.st_mtime > 2 * STATE_INTERVAL_S:
+                    return False
+                return bool(json.loads(os.read(fd, 1 << 20)).get("pid") == pid)
+            finally:
+                os.close(fd)
         except (OSError, ValueError, AttributeError):
             return False
 

@@ -171,3 +171,27 @@ def test_a_cgroup_namespace_with_its_own_mount_of_the_hierarchy_keeps_the_guard(
     assert started["guard"] == "cgroup-v1", started
     assert started["budget_mb"] <= 512, started
     assert res.returncode == 0, res.stderr
+
+
+def test_a_bind_mount_of_another_cgroup_is_not_taken_for_the_hierarchy(
+        tmp_path: Path, limited_group: Path) -> None:
+    # Given a runner's cgroup of 512 MB, and another cgroup of 100 MB bind-mounted
+    # elsewhere (listed in mountinfo after the hierarchy's own mount)
+    (limited_group / "memory.limit_in_bytes").write_text(str(512 * MB))
+    with child_cgroup(limited_group.parent, "rctl-test-other") as other:
+        (other / "memory.limit_in_bytes").write_text(str(100 * MB))
+        mnt = tmp_path / "mnt"
+        mnt.mkdir()
+        script = f'mount --bind {other} {mnt} && exec "$@"'
+
+        # When a runner runs a job
+        res = run_in_cgroup(limited_group, tmp_path, [py_job("j", "write_pdf")], "--json",
+                            wrapper=["unshare", "--mount", "--propagation", "private",
+                                     "sh", "-c", script, "sh"])
+
+    # Then its slots and budget are its own cgroup's (review FM: that other cgroup's,
+    # 100 MB: the default job was dead-lettered unrun)
+    events = [json.loads(line) for line in res.stdout.splitlines()]
+    started = next(e for e in events if e["event"] == "runner_started")
+    assert started["guard"] == "cgroup-v1" and 400 <= started["budget_mb"] <= 512, started
+    assert res.returncode == 0, res.stderr
