@@ -63,7 +63,7 @@ import re
 import select
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol
@@ -935,30 +935,37 @@ def enclosing_memory_room() -> int | None:
     limit (audit FI: a runner in an 80 MB cgroup took 80% of the host's free memory as
     its budget)."""
     rooms: list[int] = []
-    for v1 in (True, False):
-        mount = _mount_point("cgroup", "memory") if v1 else _mount_point("cgroup2", None)
-        own = _own_cgroup_dir(v1) if mount is not None else None
-        if mount is None or own is None:
-            continue
+    for v1, d in _enclosing_dirs("memory"):
         files = (("memory.limit_in_bytes", "memory.usage_in_bytes",
                   ("total_inactive_file", "total_active_file")) if v1
                  else ("memory.max", "memory.current", ("inactive_file", "active_file")))
+        with contextlib.suppress(OSError, ValueError):
+            limit = _read_int(d / files[0])
+            if limit < 2**62:  # (v1 writes "no limit" as 2**63 less a page)
+                used = _read_int(d / files[1])
+                cache = 0
+                for line in (d / "memory.stat").read_text().splitlines():
+                    key, _, value = line.partition(" ")
+                    if key in files[2]:  # (file pages: reclaimable; shmem is not)
+                        cache += int(value)
+                rooms.append(max(0, limit - used + min(cache, used)))
+    return min(rooms) if rooms else None
+
+
+def _enclosing_dirs(controller: str) -> Iterator[tuple[bool, Path]]:
+    """(v1?, folder) of this process's cgroup for ``controller`` and each above it up to
+    its hierarchy's mount, in v1 and in v2, where we can find our own."""
+    for v1 in (True, False):
+        mount = _mount_point("cgroup", controller) if v1 else _mount_point("cgroup2", None)
+        own = _own_cgroup_dir(v1, controller) if mount is not None else None
+        if mount is None or own is None:
+            continue
         d = own
         while True:
-            with contextlib.suppress(OSError, ValueError):
-                limit = _read_int(d / files[0])
-                if limit < 2**62:  # (v1 writes "no limit" as 2**63 less a page)
-                    used = _read_int(d / files[1])
-                    cache = 0
-                    for line in (d / "memory.stat").read_text().splitlines():
-                        key, _, value = line.partition(" ")
-                        if key in files[2]:  # (file pages: reclaimable; shmem is not)
-                            cache += int(value)
-                    rooms.append(max(0, limit - used + min(cache, used)))
+            yield v1, d
             if d == mount[0] or d.parent == d:
                 break
             d = d.parent
-    return min(rooms) if rooms else None
 
 
 def full_pids_cgroup() -> str | None:
@@ -966,21 +973,12 @@ def full_pids_cgroup() -> str | None:
     pids.max, said as "cgroup DIR: pids.current N of pids.max M"; None if none has. The
     likely cause of a fork's EAGAIN, named where one is met: a bare "Resource temporarily
     unavailable" was all a run said of a container's pids limit (audit FI)."""
-    for v1 in (True, False):
-        mount = _mount_point("cgroup", "pids") if v1 else _mount_point("cgroup2", None)
-        own = _own_cgroup_dir(v1, "pids") if mount is not None else None
-        if mount is None or own is None:
-            continue
-        d = own
-        while True:
-            with contextlib.suppress(OSError, ValueError):
-                limit = _read_int(d / "pids.max")
-                current = _read_int(d / "pids.current")
-                if limit < 2**62 and current + 2 >= limit:
-                    return f"cgroup {d}: pids.current {current} of pids.max {limit}"
-            if d == mount[0] or d.parent == d:
-                break
-            d = d.parent
+    for _, d in _enclosing_dirs("pids"):
+        with contextlib.suppress(OSError, ValueError):
+            limit = _read_int(d / "pids.max")
+            current = _read_int(d / "pids.current")
+            if limit < 2**62 and current + 2 >= limit:
+                return f"cgroup {d}: pids.current {current} of pids.max {limit}"
     return None
 
 

@@ -1129,21 +1129,17 @@ class Runner:
                                  "state": t.dst.value})
 
     def _orphaned(self, lease: Any) -> bool:
-        """Whether the lease's holder is known dead. Otherwise (another host, an unknown
-        holder, or a live process here that does not hold the queue: we do) only watching the
-        lease can tell, and a lease the wall clock says expired may still be renewed."""
+        """Whether the lease's holder is known dead (we hold the runner lock): one here
+        that is gone, or one of this kernel under another host name (another container
+        here: the lock it would hold is ours; see proctree.holder_dead_to_lock_holder)
+        whose runner no longer writes the queue's state file, as a live one does each
+        second (two FUSE mounts of a queue let two runners past the lock). Otherwise
+        (another host, an unknown holder) only watching the lease can tell, and a lease the
+        wall clock says expired may still be renewed."""
         h = lease.holder
-        if proctree.holder_alive(host=h.host, boot_id=h.boot_id, pid=h.pid,
-                                 start_time=h.start_time or 0) is False:
-            return True
-        # Of this kernel under another host name (another container here): dead, as the
-        # lock it would hold is ours; unless its runner still writes the queue's state
-        # file, as only a live runner does, each second: a file system whose flock does
-        # not reach every path to the queue (two FUSE mounts of it) lets two runners in,
-        # and only the lease, renewed, told them apart before.
         return proctree.holder_dead_to_lock_holder(
-            host=h.host, boot_id=h.boot_id, pid=h.pid,
-            start_time=h.start_time or 0) and not self._writes_state(h.pid)
+            host=h.host, boot_id=h.boot_id, pid=h.pid, start_time=h.start_time or 0) \
+            and not (h.host != socket.gethostname() and self._writes_state(h.pid))
 
     def _writes_state(self, pid: int) -> bool:
         """Whether the queue's state file was written in the last 2 s by a runner of ``pid``
