@@ -305,7 +305,11 @@ def test_a_stopped_reaper_is_continued(tmp_path: Path, write_manifest: Any) -> N
         raise
 
     # And the runner's death takes the deaf job with it
-    assert_tree_dies_with(runner, tree)
+    try:
+        assert_tree_dies_with(runner, tree)
+    finally:
+        with contextlib.suppress(OSError):
+            os.kill(reaper, signal.SIGCONT)  # (so that a failure leaves no stopped process)
 
 
 def test_when_the_runner_dies_a_command_jobs_grandchildren_die_with_it(
