@@ -140,7 +140,7 @@ from renderctl.recovery import (
 )
 from renderctl.render.base import RendererSpec
 from renderctl.render.registry import (
-    BUILTIN,
+    BUILTIN_KINDS,
     all_specs,
     catalogue_stamp,
     rescanned_specs,
@@ -539,7 +539,6 @@ class Runner:
         self._wake_w = -1
         self._prior_handlers: dict[int, Any] = {}  # of STOP_SIGNALS and SIGTSTP, restored
         self._specs = all_specs()
-        self._builtin_kinds = frozenset(spec.kind for spec in BUILTIN)
         # Plugin kinds whose params a job did not fit -> when the catalogue was read again
         # for that (monotonic; see _plugin_params)
         self._params_rechecked: dict[str, float] = {}
@@ -1868,7 +1867,7 @@ class Runner:
             self._specs = rescanned_specs()
             kind = self._specs.get(spec.kind)
         misfit: list[str] = []
-        if kind is not None and spec.kind not in self._builtin_kinds:
+        if kind is not None and spec.kind not in BUILTIN_KINDS:
             kind, misfit = self._plugin_params(kind, spec.kind, spec.params)
         output_kind = kind.output if kind is not None else "file"
         a = Assignment(c, final, tmp_output_path(final, spec.id, c.lease.token), output_kind,

@@ -110,7 +110,7 @@ from renderctl.publish import (
     tag_output,
 )
 from renderctl.reaper import close_inherited
-from renderctl.render.registry import BUILTIN
+from renderctl.render.registry import BUILTIN_KINDS
 
 TAIL_LINES = 20
 # A command job's stderr, and its stdout, each in a file of its own in its working folder:
@@ -1251,7 +1251,7 @@ def _children_of_threads() -> list[int]:
 # Kinds whose code is ours, or runs in a child process (command): they cannot change this
 # process, so the checks after a job that runs someone's code here are skipped for them
 # (~12 us a job: descriptors, process state, threads, multiprocessing's helpers).
-_OWN_KINDS = frozenset(spec.kind for spec in BUILTIN if spec.kind != "python")
+_OWN_KINDS = BUILTIN_KINDS - {"python"}
 
 
 def inherited_part(held: int, handed_over: int, anon: int | None) -> int:

@@ -107,6 +107,9 @@ BUILTIN: tuple[RendererSpec, ...] = (
         open_params=True,
     ),
 )
+# Their kinds: the ones no plugin provides (the runner re-checks only plugin params at a
+# claim; a worker imports user code for the others).
+BUILTIN_KINDS = frozenset(spec.kind for spec in BUILTIN)
 
 
 @functools.cache
@@ -139,7 +142,7 @@ def clashes(kinds: Iterable[str]) -> dict[str, str]:
     ``kinds`` is not built in."""
     specs = all_specs()
     assert isinstance(specs, _Specs)
-    wanted = [k for k in kinds if k not in specs._builtin]
+    wanted = [k for k in kinds if k not in BUILTIN_KINDS]
     if not wanted:
         return {}
     specs._everything()
