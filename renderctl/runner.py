@@ -179,6 +179,10 @@ START_TIMEOUT_ENV = "RENDERCTL_TEST_WORKER_START_S"
 # For tests: the tasks a worker slot may hold (guards.PIDS_MAX_PER_SLOT), so that a test's
 # fork bomb meets the limit after dozens of processes rather than thousands.
 SLOT_PIDS_ENV = "RENDERCTL_TEST_SLOT_PIDS_MAX"
+# For tests: PREFETCH_WORK_S, so that a test of the depth's fall can make it deep before
+# the fall however loaded the machine (under load a one-byte job measures 2-30 ms, and 40
+# ms of them made the depth 2-3 where the test needed several held jobs to send back).
+PREFETCH_WORK_ENV = "RENDERCTL_TEST_PREFETCH_WORK_S"
 
 
 # How long finished attempts may wait for company in a group commit: 10 ms is below what a
@@ -440,6 +444,8 @@ class Runner:
             settings = replace(settings,
                                worker_start_timeout_s=_test_number(START_TIMEOUT_ENV))
         self.s = settings
+        self._prefetch_work_s = _test_number(PREFETCH_WORK_ENV) \
+            if os.environ.get(PREFETCH_WORK_ENV) else PREFETCH_WORK_S
         self.reporter: Reporter = reporter or NullReporter()
         queue.on_quarantine = self.reporter.event  # a corrupt record: said as it is found
         self.clock = clock
@@ -1823,7 +1829,7 @@ class Runner:
             return 1
         recent = self._sizing
         avg = self._avg_exec = sum(recent) / len(recent)
-        return max(1, min(self.s.prefetch_max, int(PREFETCH_WORK_S / max(avg, 1e-4))))
+        return max(1, min(self.s.prefetch_max, int(self._prefetch_work_s / max(avg, 1e-4))))
 
     def _expire_past_deadline(self) -> None:
         """Expire the pending jobs whose deadline passed while they waited (for a worker, or
@@ -2492,7 +2498,7 @@ class Runner:
 
     def _observe_exec(self, elapsed: float, *, sizing: bool = True) -> None:
         self.exec_times.append(elapsed)
-        if sizing or elapsed >= PREFETCH_WORK_S:
+        if sizing or elapsed >= self._prefetch_work_s:
             # Not a quick failure: a job that fails at once says nothing of how long the
             # others take, and a run of them made the depth 32 for jobs of seconds (audit
             # EJ). A long one that failed does: the depth falls.

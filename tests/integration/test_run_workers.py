@@ -924,27 +924,38 @@ def test_jobs_prefetched_as_instant_that_turn_out_slow_are_shared_with_a_late_wo
 def _instant_then_slow(tmp_path: Path,
                        write_manifest: Any) -> tuple[Path, Path, list[str], list[str]]:
     """(manifest, execution log, quick ids, slow ids): forty instant jobs first (priority
-    5), then ten slow ones, each running until ``tmp_path/<id>.go`` exists (slow0 1 s at
-    least, which brings the prefetch depth down to 1 as it ends)."""
+    5), then ten slow ones, each running until ``tmp_path/<id>.go`` exists (slow0 3 s at
+    least, which brings the prefetch depth down to 1 as it ends).
+
+    Run them with DEPTH_ENV: by default a worker is sent 40 ms of work, and under load
+    (beside 4 busy loops) even a one-byte job measured 2-30 ms, so the depth before the fall
+    was 2-3, the worker held no surplus to send back when it fell, and a test waiting for
+    that timed out (3 runs in 6). With 160 ms the depth is 4 or more before the fall for
+    jobs of up to 40 ms, and slow0's 3 s bring it to 1 (the mean of the last 32 >= 80 ms)."""
     stage(tmp_path)
     log = tmp_path / "exec.log"
     quick = [f"q{n}" for n in range(40)]
     slow = [f"slow{n}" for n in range(10)]
     manifest = write_manifest(
-        [{**py_job(j, "logged_write", log=str(log)), "priority": 5} for j in quick]
+        [{**py_job(j, "logged_write", output=f"{j}.txt", log=str(log), raw=True),
+          "priority": 5} for j in quick]
         + [py_job(j, "logged_hold", log=str(log), go=str(tmp_path / f"{j}.go"),
-                  min_s=1.0 if j == "slow0" else 0) for j in slow])
+                  min_s=3.0 if j == "slow0" else 0) for j in slow])
     return manifest, log, quick, slow
+
+
+DEPTH_ENV = {"RENDERCTL_TEST_PREFETCH_WORK_S": "0.16"}
 
 
 def test_a_higher_priority_job_does_not_wait_behind_slow_jobs_prefetched_as_instant(
         tmp_path: Path, write_manifest: Any) -> None:
-    # Given one worker that has run forty instant jobs (the prefetch depth then ~10: ~40
-    # ms of them) and was then sent slow ones, each running until its go file exists (the
-    # first 1 s at least, which brings the depth down to 1)
+    # Given one worker that has run forty instant jobs (the prefetch depth then 4 or more:
+    # 160 ms of them) and was then sent slow ones, each running until its go file exists
+    # (the first 3 s at least, which brings the depth down to 1)
     manifest, log, quick, slow = _instant_then_slow(tmp_path, write_manifest)
     queue, out = tmp_path / "q", tmp_path / "out"
-    runner = Runner(manifest, *cli_args(queue, out, "--workers", "1", "--json"))
+    runner = Runner(manifest, *cli_args(queue, out, "--workers", "1", "--json"),
+                    env=DEPTH_ENV)
     try:
         runner.until(lambda ln: '"started"' in ln and '"slow0"' in ln)
         hot = write_manifest([{**py_job("hot", "logged_write", log=str(log)),
@@ -979,7 +990,7 @@ def test_a_runner_killed_as_it_sends_prefetched_jobs_back_loses_none_and_runs_no
     manifest, log, quick, slow = _instant_then_slow(tmp_path, write_manifest)
     queue, out = tmp_path / "q", tmp_path / "out"
     runner = Runner(manifest, *cli_args(queue, out, "--workers", "1", "--json"),
-                    env={"RENDERCTL_CRASH_AT": "trim:placed"})
+                    env={"RENDERCTL_CRASH_AT": "trim:placed", **DEPTH_ENV})
     try:
         runner.until(lambda ln: '"started"' in ln and '"slow0"' in ln)
 
