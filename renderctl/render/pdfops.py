@@ -34,7 +34,7 @@ from reportlab.pdfgen.canvas import Canvas
 from renderctl.errors import InvalidInput
 from renderctl.render import rules
 from renderctl.render.inputs import open_input, refuse_beyond_ceiling
-from renderctl.render.registry import MAX_PAGES_PER_PART
+from renderctl.render.registry import MAX_PAGES_PER_PART, MAX_PAGES_PER_PDF
 from renderctl.render.text import plain, quoted
 
 # The PDF spec lets the header sit anywhere in the first 1024 bytes.
@@ -210,14 +210,38 @@ def merge(inputs: list[Path], output: Path, params: Mapping[str, Any]) -> None:
         reader = open_pdf(path, label)
         with pdf_errors(label):
             first = len(writer.pages)
-            for number, page in enumerate(reader.pages, start=1):
-                writer.add_page(_sized(page, f"{label}: page {number}"))
+            if first + len(reader.pages) > MAX_PAGES_PER_PDF:
+                # Refused before the work: written, it was 13 s of work dead-lettered as an
+                # invalid output no reader here opens (audit FO).
+                raise InvalidInput(
+                    f"{label}: the merge would have more than {MAX_PAGES_PER_PDF:,} pages "
+                    f"({first:,} before this input's {len(reader.pages):,}), more than "
+                    "one PDF written here can hold; merge fewer inputs per job")
+            sources = list(reader.pages)
+            copies = [writer.add_page(_sized(page, f"{label}: page {number}"),
+                                      excluded_keys=_NOT_COPIED)
+                      for number, page in enumerate(sources, start=1)]
+            _copy_page_links(writer, sources, copies)
         writer.add_outline_item(title=plain(path.stem) or path.name, page_number=first)
     writer.page_mode = "/UseOutlines"
     # Objects are copied from the inputs lazily, while writing: a fault there is still theirs,
     # though no longer one input's to name.
     with pdf_errors(_inputs_label(inputs)), output.open("wb") as fh:
         writer.write(fh)
+
+
+def _copy_page_links(writer: PdfWriter, sources: list[PageObject],
+                     copies: list[PageObject]) -> None:
+    """Give each of ``copies`` (in ``writer``) the annotations and page actions of its
+    source page, once every page of the document is in: copied with its page, a link took
+    its target page along, and that page its own link, page after page: a document whose
+    pages each link to the next (slides, an e-book) overflowed pypdf's recursion at 400
+    pages and was refused as damaged (audit FO). Copied last, a link to a page ends at that
+    page's copy (pypdf copies each object of a reader once)."""
+    for source, copy in zip(sources, copies, strict=True):
+        for key in _NOT_COPIED:
+            if key in source:
+                copy[NameObject(key)] = source.raw_get(key).clone(writer)
 
 
 def _sized(page: PageObject, where: str) -> PageObject:
@@ -271,7 +295,24 @@ def stamp(inputs: list[Path], output: Path, params: Mapping[str, Any]) -> None:
     path = inputs[0]
     reader = open_pdf(path)
     with pdf_errors(path.name):
+        # The document is cloned without its pages' links and page actions, then they are
+        # added: cloned with their pages, a chain of pages linking each to the next
+        # overflowed pypdf's recursion (see _copy_page_links). The clone walks the reader's
+        # parsed objects (parsed once, cached); reader.pages are copies of them.
+        sources = list(reader.pages)
+        held: list[tuple[DictionaryObject, dict[str, PdfObject]]] = []
+        for page in sources:
+            parsed = page.indirect_reference.get_object() \
+                if page.indirect_reference is not None else None
+            if isinstance(parsed, DictionaryObject):
+                keys = {key: parsed.raw_get(key) for key in _NOT_COPIED if key in parsed}
+                for key in keys:
+                    del parsed[key]
+                held.append((parsed, keys))
         writer = PdfWriter(clone_from=reader)
+        for parsed, keys in held:
+            parsed.update(keys)
+        _copy_page_links(writer, sources, list(writer.pages))
         stamper = _Stamper(writer, lambda size: _stamp_page(
             size, text, position=position, opacity=opacity, rotation=rotation,
             font_size=font_size))

@@ -17,7 +17,11 @@ from renderctl.render import rules
 from renderctl.render.base import ParamSpec, ParamType, RendererSpec
 from renderctl.signalexit import SignalExit
 
-MAX_PAGES_PER_PART = 100_000
+# What one PDF pypdf writes can hold and still be checked: pypdf writes a document's pages
+# as one /Kids array, and reading one back (the output check, a later job's input) stops at
+# 100,000 elements in an array (its Configuration.array_maximum_element_count).
+MAX_PAGES_PER_PDF = 100_000
+MAX_PAGES_PER_PART = MAX_PAGES_PER_PDF
 
 ENTRY_POINT_GROUP = "renderctl.renderers"
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from pypdf import PdfReader, PdfWriter
+from pypdf.annotations import Link
 from pypdf.errors import DeprecationError, PyPdfError
 from pypdf.generic import (
     ArrayObject,
@@ -835,3 +836,74 @@ def test_a_split_of_pages_linked_in_a_chain_is_not_refused(tmp_path: Path) -> No
     assert len(list(out.iterdir())) == 300
     last = PdfReader(out / "part-0300.pdf")
     assert len(last.pages) == 1 and "chain page 300" in last.pages[0].extract_text()
+
+
+def _linked_chain(path: Path, pages: int) -> Path:
+    """``pages`` pages, each with a link to the next (a "next page" button)."""
+    writer = PdfWriter()
+    for _ in range(pages):
+        writer.add_blank_page(200, 200)
+    for n in range(pages - 1):
+        writer.add_annotation(page_number=n, annotation=Link(
+            rect=(10, 10, 50, 50), target_page_index=n + 1))
+    with path.open("wb") as fh:
+        writer.write(fh)
+    return path
+
+
+def _link_targets(path: Path) -> list[int | None]:
+    """For each page of ``path``: the number (0-based) of the page its link leads to."""
+    pages = PdfReader(path).pages
+    index = {page.indirect_reference.idnum: n for n, page in enumerate(pages)}
+    targets: list[int | None] = []
+    for page in pages:
+        links = [a.get_object() for a in page.get("/Annots") or []]
+        targets.append(index.get(links[0]["/Dest"][0].idnum) if links else None)
+    return targets
+
+
+def test_a_merge_and_a_stamp_of_pages_linked_in_a_chain_keep_every_link(
+        tmp_path: Path) -> None:
+    # Given 500 pages, each linking to the next
+    chain = _linked_chain(tmp_path / "chain.pdf", 500)
+    next_pages: list[int | None] = [*range(1, 500), None]
+
+    # When the document is merged after itself, and stamped
+    pdfops.merge([chain, chain], tmp_path / "merged.pdf", {})
+    pdfops.stamp([chain], tmp_path / "stamped.pdf", {"text": "DRAFT"})
+
+    # Then both are written, each link leading to the copy of its target, in its own copy
+    # of the document (copied with its page, a link took its target along, and so on down
+    # the chain: pypdf's recursion overflowed at 400 pages and the valid PDF was dead-
+    # lettered as damaged; audit FO)
+    assert _link_targets(tmp_path / "merged.pdf") == next_pages + [
+        n + 500 if n is not None else None for n in next_pages]
+    assert _link_targets(tmp_path / "stamped.pdf") == next_pages
+    stamped = PdfReader(tmp_path / "stamped.pdf").pages
+    assert "DRAFT" in stamped[0].extract_text() and "DRAFT" in stamped[499].extract_text()
+
+
+def test_a_merge_past_the_pages_one_pdf_can_hold_is_refused_before_it_is_written(
+        tmp_path: Path) -> None:
+    # Given an input of 50,002 pages (one page listed 25,001 times in each of two branches
+    # of its page tree: 600 KB)
+    kids = b"[" + b" ".join([b"4 0 R"] * 25_001) + b"]"
+    big = _raw_pdf(tmp_path / "big.pdf", [
+        b"<< /Type /Catalog /Pages 2 0 R >>",
+        b"<< /Type /Pages /Kids [3 0 R 5 0 R] /Count 50002 >>",
+        b"<< /Type /Pages /Parent 2 0 R /Kids " + kids + b" /Count 25001 >>",
+        b"<< /Type /Page /Parent 3 0 R /MediaBox [0 0 200 200] >>",
+        b"<< /Type /Pages /Parent 2 0 R /Kids " + kids + b" /Count 25001 >>"])
+
+    # When it is merged with itself (100,004 pages)
+    with pytest.raises(InvalidInput) as caught:
+        pdfops.merge([big, big], tmp_path / "out.pdf", {})
+
+    # Then the merge is refused as the second input comes, saying why, and nothing is
+    # written: pypdf writes a document's pages as one array and reads back at most 100,000
+    # elements of one, so the output was dead-lettered as an unreadable PDF after the work
+    # (audit FO)
+    assert str(caught.value).startswith(
+        f"inputs[1] {big}: the merge would have more than 100,000 pages (50,002 before this "
+        "input's 50,002)"), str(caught.value)
+    assert not (tmp_path / "out.pdf").exists()
