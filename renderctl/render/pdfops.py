@@ -300,6 +300,10 @@ def stamp(inputs: list[Path], output: Path, params: Mapping[str, Any]) -> None:
         # overflowed pypdf's recursion (see _copy_page_links). The clone walks the reader's
         # parsed objects (parsed once, cached); reader.pages are copies of them.
         sources = list(reader.pages)
+        for number, page in enumerate(sources, start=1):
+            # (a 0x0 page was stamped, published; checked before the clone, a page tree
+            # entry that is no page is said so, as merge and split say it: audit FO)
+            _sized(page, f"{path.name}: page {number}")
         held: list[tuple[DictionaryObject, dict[str, PdfObject]]] = []
         for page in sources:
             parsed = page.indirect_reference.get_object() \
@@ -316,8 +320,7 @@ def stamp(inputs: list[Path], output: Path, params: Mapping[str, Any]) -> None:
         stamper = _Stamper(writer, lambda size: _stamp_page(
             size, text, position=position, opacity=opacity, rotation=rotation,
             font_size=font_size))
-        for number, page in enumerate(writer.pages, start=1):
-            _sized(page, f"{path.name}: page {number}")  # (a 0x0 page was stamped, published)
+        for page in writer.pages:
             stamper.stamp(page)
         pages = writer._root_object["/Pages"].get_object()
         if isinstance(pages, DictionaryObject):

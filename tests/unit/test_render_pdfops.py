@@ -486,6 +486,26 @@ def test_a_page_without_a_usable_size_is_invalid_input(
         getattr(pdfops, op)(inputs, out, {"text": "X"} if op == "stamp" else {})
 
 
+@pytest.mark.parametrize("op", ["merge", "split", "stamp"])
+def test_a_page_tree_entry_that_is_no_page_is_said_so_by_every_operation(
+        tmp_path: Path, op: str) -> None:
+    # Given an input whose page tree lists a null, a page, and a page written in place
+    # that has no size
+    bad = _raw_pdf(tmp_path / "bad.pdf", [
+        b"<< /Type /Catalog /Pages 2 0 R >>",
+        b"<< /Type /Pages /Kids [null 3 0 R << /Type /Page >>] /Count 2 >>",
+        b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 200 200] >>"])
+    out = tmp_path / ("parts" if op == "split" else "out.pdf")
+    if op == "split":
+        out.mkdir()
+
+    # When it is merged, split or stamped
+    # Then each says the second page has no size, as merge and split did (stamp said
+    # pypdf's "'NoneType' object has no attribute 'idnum'" as damage; audit FO)
+    with pytest.raises(InvalidInput, match=r"bad\.pdf: page 2: no usable page size"):
+        getattr(pdfops, op)([bad], out, {"text": "X"} if op == "stamp" else {})
+
+
 def _raw_pdf(path: Path, objects: list[bytes]) -> Path:
     """A PDF of ``objects`` (numbered from 1) with a correct xref table."""
     out, offsets = b"%PDF-1.7\n", []
