@@ -27,6 +27,7 @@ from pypdf.generic import (
     NumberObject,
     PdfObject,
     StreamObject,
+    extract_links,
 )
 from reportlab.lib.colors import Color
 from reportlab.pdfgen.canvas import Canvas
@@ -218,8 +219,7 @@ def merge(inputs: list[Path], output: Path, params: Mapping[str, Any]) -> None:
                     f"({first:,} before this input's {len(reader.pages):,}), more than "
                     "one PDF written here can hold; merge fewer inputs per job")
             sources = list(reader.pages)
-            copies = [writer.add_page(_sized(page, f"{label}: page {number}"),
-                                      excluded_keys=_NOT_COPIED)
+            copies = [writer.add_page(_without_links(_sized(page, f"{label}: page {number}")))
                       for number, page in enumerate(sources, start=1)]
             _copy_page_links(writer, sources, copies)
         writer.add_outline_item(title=plain(path.stem) or path.name, page_number=first)
@@ -237,11 +237,26 @@ def _copy_page_links(writer: PdfWriter, sources: list[PageObject],
     its target page along, and that page its own link, page after page: a document whose
     pages each link to the next (slides, an e-book) overflowed pypdf's recursion at 400
     pages and was refused as damaged (audit FO). Copied last, a link to a page ends at that
-    page's copy (pypdf copies each object of a reader once)."""
+    page's copy (pypdf copies each object of a reader once). The links are then given to
+    pypdf as its add_page does, which, as it writes, adds the named destination a link by
+    name leads to (merge copies no names otherwise: review FP)."""
     for source, copy in zip(sources, copies, strict=True):
         for key in _NOT_COPIED:
             if key in source:
                 copy[NameObject(key)] = source.raw_get(key).clone(writer)
+        writer._unresolved_links.extend(extract_links(copy, source))
+
+
+def _without_links(page: PageObject) -> PageObject:
+    """``page`` without its own annotations and page actions (the keys of _NOT_COPIED), to
+    pypdf still the same page (its reference), so that what refers to it is mapped to its
+    copy. Not add_page's excluded_keys: pypdf drops those at every depth, and an image or a
+    graphics state named /B or /AA in the page's resources, a Type 3 font's glyph /B, went
+    missing from the output (review FP)."""
+    bare = PageObject(page.pdf, page.indirect_reference)
+    bare.clear()  # (given a reference, pypdf fills it with that page's keys)
+    bare.update({key: value for key, value in page.items() if key not in _NOT_COPIED})
+    return bare
 
 
 def _sized(page: PageObject, where: str) -> PageObject:
@@ -667,7 +682,7 @@ def _write_part(reader: PdfReader, numbers: range, path: Path) -> None:
     per part growing with the named destinations (review EO). Added first, the part's pages
     are where links within the part lead (pypdf maps each page it copied once)."""
     writer = PdfWriter()
-    added = [writer.add_page(reader.pages[n], excluded_keys=_NOT_COPIED) for n in numbers]
+    added = [writer.add_page(_without_links(reader.pages[n])) for n in numbers]
     own = {ref.idnum for n in numbers
            if (ref := reader.pages[n].indirect_reference) is not None}
     safe: dict[int, bool] = {}  # (see _leads_out)

@@ -15,11 +15,15 @@ from pypdf.errors import DeprecationError, PyPdfError
 from pypdf.generic import (
     ArrayObject,
     ContentStream,
+    DecodedStreamObject,
     DictionaryObject,
+    FloatObject,
     NameObject,
     NumberObject,
+    PdfObject,
     RectangleObject,
     StreamObject,
+    TextStringObject,
 )
 from reportlab.lib.pagesizes import A4, landscape, letter
 from reportlab.pdfgen.canvas import Canvas
@@ -927,3 +931,79 @@ def test_a_merge_past_the_pages_one_pdf_can_hold_is_refused_before_it_is_written
         f"inputs[1] {big}: the merge would have more than 100,000 pages (50,002 before this "
         "input's 50,002)"), str(caught.value)
     assert not (tmp_path / "out.pdf").exists()
+
+
+def _link(**keys: PdfObject) -> DictionaryObject:
+    return DictionaryObject({NameObject("/Type"): NameObject("/Annot"),
+                             NameObject("/Subtype"): NameObject("/Link"),
+                             NameObject("/Rect"): RectangleObject([0, 0, 50, 50]),
+                             **{NameObject(f"/{k}"): v for k, v in keys.items()}})
+
+
+def test_a_merge_keeps_the_destinations_its_links_by_name_lead_to(tmp_path: Path) -> None:
+    # Given three pages, the first linking by name to the second (/Dest) and the third (a
+    # GoTo action), as LaTeX's hyperref links every reference
+    writer = PdfWriter()
+    for _ in range(3):
+        writer.add_blank_page(200, 200)
+    writer.add_named_destination("chap2", 1)
+    writer.add_named_destination("chap3", 2)
+    goto = DictionaryObject({NameObject("/S"): NameObject("/GoTo"),
+                             NameObject("/D"): TextStringObject("chap3")})
+    writer.pages[0][NameObject("/Annots")] = ArrayObject([
+        writer._add_object(_link(Dest=TextStringObject("chap2"))),
+        writer._add_object(_link(A=goto))])
+    writer.write(tmp_path / "named.pdf")
+
+    # When it is merged after another document
+    pdfops.merge([make_pdf(tmp_path / "first.pdf", "first", 2), tmp_path / "named.pdf"],
+                 tmp_path / "out.pdf", {})
+
+    # Then the names lead to its pages in the output (the links were copied after the
+    # pages, out of pypdf's sight, and the names were gone: review FP)
+    out = PdfReader(tmp_path / "out.pdf")
+    assert {name: out.get_destination_page_number(dest)
+            for name, dest in out.named_destinations.items()} == {"chap2": 3, "chap3": 4}
+    assert len(out.pages[2]["/Annots"]) == 2
+
+
+@pytest.mark.parametrize("op", ["merge", "split"])
+def test_page_resources_named_like_page_actions_are_kept(tmp_path: Path, op: str) -> None:
+    # Given a page drawing a form named /B with a graphics state named /AA (names a
+    # document may give anything; /B is also a Type 3 font's glyph for "B")
+    canvas = Canvas(str(tmp_path / "base.pdf"), pagesize=(200, 200))
+    canvas.drawString(20, 100, "hello")
+    canvas.showPage()
+    canvas.save()
+    writer = PdfWriter(clone_from=PdfReader(tmp_path / "base.pdf"))
+    page = writer.pages[0]
+    form = DecodedStreamObject()
+    form.set_data(b"0 0 1 rg 10 10 50 50 re f")
+    form.update({NameObject("/Type"): NameObject("/XObject"),
+                 NameObject("/Subtype"): NameObject("/Form"),
+                 NameObject("/BBox"): RectangleObject([0, 0, 200, 200])})
+    resources = page["/Resources"].get_object()
+    resources[NameObject("/XObject")] = DictionaryObject({NameObject("/B"):
+                                                          writer._add_object(form)})
+    resources[NameObject("/ExtGState")] = DictionaryObject({NameObject("/AA"): DictionaryObject(
+        {NameObject("/Type"): NameObject("/ExtGState"), NameObject("/ca"): FloatObject(0.5)})})
+    drawing = DecodedStreamObject()
+    drawing.set_data(b"q /AA gs /B Do Q")
+    page[NameObject("/Contents")] = ArrayObject([page.raw_get("/Contents"),
+                                                 writer._add_object(drawing)])
+    writer.write(tmp_path / "in.pdf")
+
+    # When it is merged, or split
+    if op == "merge":
+        pdfops.merge([tmp_path / "in.pdf"], tmp_path / "out.pdf", {})
+        out = tmp_path / "out.pdf"
+    else:
+        (tmp_path / "parts").mkdir()
+        pdfops.split([tmp_path / "in.pdf"], tmp_path / "parts", {})
+        out = tmp_path / "parts" / "part-0001.pdf"
+
+    # Then both are in the output's resources (pypdf's excluded_keys, meant for the page's
+    # own /B and /AA, dropped them at every depth: review FP)
+    resources = PdfReader(out).pages[0]["/Resources"]
+    assert list(resources["/XObject"]) == ["/B"]
+    assert list(resources["/ExtGState"]) == ["/AA"]
