@@ -51,9 +51,34 @@ def tmp_output_path(final: Path, job_id: str, token: str) -> Path:
     Named by the attempt's token, unique per claim: no two attempts (another life of the job
     id, or a runner that took over an expired lease) ever write to the same temporary, and
     in link mode a leftover name hard-linked to a published file is never written into."""
-    tag = hashlib.sha256(job_id.encode()).hexdigest()[:16]
     attempt = hashlib.sha256(token.encode()).hexdigest()[:16]
-    return final.parent / f"{RESERVED_PREFIX}{tag}-{attempt}.tmp"
+    return final.parent / f"{RESERVED_PREFIX}{_job_tag(final, job_id)}-{attempt}.tmp"
+
+
+def found_tmp_output_path(final: Path, job_id: str, token: str) -> Path:
+    """tmp_output_path, or where a build before the output's name was in the tag (see
+    _job_tag) put that attempt's temporary, if only that one exists: an attempt in flight
+    across an upgrade, its output published perhaps, is recovered as any other."""
+    tmp = tmp_output_path(final, job_id, token)
+    if not os.path.lexists(tmp):
+        attempt = hashlib.sha256(token.encode()).hexdigest()[:16]
+        legacy = final.parent / f"{RESERVED_PREFIX}{_legacy_tag(job_id)}-{attempt}.tmp"
+        if os.path.lexists(legacy):
+            return legacy
+    return tmp
+
+
+def _job_tag(final: Path, job_id: str) -> str:
+    """The part of a temporary's name that says whose it is: the job id and the output's
+    name. The job id alone was shared by two queues' jobs of one id whose outputs are in
+    one folder (``daily`` in each team's queue, writing to /srv/reports), and each queue's
+    sweep of its job's temporaries removed the other's in flight: dead-lettered as having
+    written no output (audit FQ)."""
+    return hashlib.sha256(f"{job_id}\0{final.name}".encode()).hexdigest()[:16]
+
+
+def _legacy_tag(job_id: str) -> str:
+    return hashlib.sha256(job_id.encode()).hexdigest()[:16]
 
 
 def staging_name(tmp_name: str) -> str:
@@ -64,7 +89,6 @@ def staging_name(tmp_name: str) -> str:
 
 def tmp_outputs(final: Path, job_id: str) -> list[Path]:
     """Every temporary of this job beside ``final`` (any attempt)."""
-    tag = hashlib.sha256(job_id.encode()).hexdigest()[:16]
     try:
         names = os.listdir(final.parent)
     except (FileNotFoundError, NotADirectoryError):
@@ -73,8 +97,10 @@ def tmp_outputs(final: Path, job_id: str) -> list[Path]:
         if exc.errno == errno.ENAMETOOLONG:
             return []  # a folder that cannot be named holds nothing we made through it
         raise
-    # An attempt's temporary, and what a tool named after it (".tmp-1.png", ".tmp.log")
-    attempt = re.compile(rf"{re.escape(RESERVED_PREFIX)}{tag}-[0-9a-f]{{16}}(\.w)?\.tmp")
+    # An attempt's temporary, and what a tool named after it (".tmp-1.png", ".tmp.log");
+    # named by a build before the output's name was in the tag too (see _job_tag).
+    tags = f"(?:{_job_tag(final, job_id)}|{_legacy_tag(job_id)})"
+    attempt = re.compile(rf"{re.escape(RESERVED_PREFIX)}{tags}-[0-9a-f]{{16}}(\.w)?\.tmp")
     return [final.parent / n for n in names if attempt.match(n)]
 
 

@@ -36,11 +36,11 @@ from renderctl.publish import (
     OutputEscapes,
     Published,
     discard,
+    found_tmp_output_path,
     is_ours,
     output_folder,
     publish,
     says_full,
-    tmp_output_path,
     tmp_outputs,
 )
 from renderctl.render.base import RendererSpec
@@ -230,7 +230,7 @@ def judge_orphan(rec: JobRecord, *, started: Mapping[str, float | None], now: fl
     kind = specs.get(spec.kind)
     is_dir = kind is not None and kind.output == "dir"
     if lease is not None:
-        tmp = tmp_output_path(final, spec.id, lease.token)
+        tmp = found_tmp_output_path(final, spec.id, lease.token)
         if _exists(final) and is_ours(tmp, final, is_dir=is_dir, job_id=spec.id,
                                       token=lease.token):
             # Published before the crash, not yet recorded: complete, never republish.
@@ -313,7 +313,7 @@ def restore_lost_output(q: Queue, rec: JobRecord, running: Path, *, is_dir: bool
             return False
     if lease is None or os.path.lexists(final):
         return False
-    tmp = tmp_output_path(final, rec.spec.id, lease.token)
+    tmp = found_tmp_output_path(final, rec.spec.id, lease.token)
     try:
         if is_dir:
             ok = is_ours(tmp, tmp, is_dir=True, job_id=rec.spec.id, token=lease.token)

@@ -43,6 +43,7 @@ from jobfns import (
     stage,
     stopped,
     stray_temporaries,
+    wait_for_pid,
     wait_until,
 )
 
@@ -681,3 +682,49 @@ def test_a_cancel_its_runner_died_before_acting_on_stands(tmp_path: Path) -> Non
     assert qv.states_of(["x"]) == {"x": ["cancelled"]}
     assert [a["outcome"] for a in qv.record("cancelled", "x")["attempts"]] == ["crashed"]
     assert not (out / job["output"]).exists()
+
+
+def test_a_queue_sweeping_its_jobs_temporaries_leaves_another_queues_job_of_that_id_alone(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given two queues whose outputs share a folder, each with a job "daily" (writing a.pdf
+    # and b.pdf): B's running, its output written (at its temporary name), A's left
+    # running by a runner SIGKILLed mid-job
+    out = tmp_path / "out"
+    runners: dict[str, Runner] = {}
+    gos: list[Path] = []
+    try:
+        for name in ("b", "a"):
+            folder = tmp_path / name
+            job, go = held_job(folder, "daily")
+            if name == "b":
+                job = py_job("daily", "write_then_hold_first_time", go=str(go),
+                             pidfile=str(folder / "daily.pid"), marker=str(folder / "m"))
+            gos.append(go)
+            manifest = write_manifest([{**job, "output": f"{name}.pdf"}], folder=folder)
+            runners[name] = Runner(manifest, *cli_args(folder / "q", out, "--workers", "1"))
+            wait_for_pid(folder / "daily.pid", what=f"queue {name}'s job to start")
+        os.kill(runners["a"].pid, signal.SIGKILL)
+        runners["a"].wait(30)
+        gos[1].touch()
+
+        # When A's next runner recovers its job (its temporaries swept) and runs it again,
+        # and then B's job ends
+        res = run_cli("run", *cli_args(tmp_path / "a" / "q", out, "--workers", "1"),
+                      timeout=60)
+        assert res.returncode == 0, res.stdout + res.stderr
+        gos[0].touch()
+        assert runners["b"].wait() == 0, runners["b"].lines
+    finally:
+        for go in gos:
+            go.touch()
+        for runner in runners.values():
+            runner.close()
+
+    # Then both complete, each with its output: A's sweep took every temporary of a job
+    # "daily" in the folder, B's in flight too, and B's job was dead-lettered as having
+    # written no output (audit FQ; where others may write to the folder, a job writes in
+    # a private folder a sweep does not remove, and the window is shorter)
+    for name in ("a", "b"):
+        assert QueueView(tmp_path / name / "q").ids("done") == {"daily"}
+        assert_pdf(out / f"{name}.pdf", "daily")
+    assert not stray_temporaries(out)

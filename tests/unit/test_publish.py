@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
@@ -11,6 +12,7 @@ from renderctl.publish import (
     OutputEscapes,
     Published,
     check_confined,
+    found_tmp_output_path,
     is_ours,
     make_folders,
     others_can_write,
@@ -18,6 +20,7 @@ from renderctl.publish import (
     publish,
     tag_output,
     tmp_output_path,
+    tmp_outputs,
 )
 
 
@@ -182,3 +185,33 @@ def test_no_folder_is_made_beyond_a_symlink_out_of_the_root(tmp_path: Path) -> N
     with pytest.raises(OutputEscapes, match="outside the output root"):
         make_folders(str(root), root / "drop" / "new" / "deeper")
     assert list(outside.iterdir()) == []
+
+
+def _named_before_output_names_were_tagged(final: Path, job: str, token: str) -> Path:
+    """Where builds before 2026-12-05 put an attempt's temporary: the job id alone tagged it."""
+    tag = hashlib.sha256(job.encode()).hexdigest()[:16]
+    return final.parent / f".rctl-{tag}-{hashlib.sha256(token.encode()).hexdigest()[:16]}.tmp"
+
+
+def test_a_jobs_temporaries_are_told_from_those_of_a_job_of_its_id_for_another_output(
+        tmp_path: Path) -> None:
+    # Given, in one folder, temporaries of job "daily" for a.pdf (one named by an earlier
+    # build) and of another queue's job "daily" for b.pdf
+    a, b = tmp_path / "a.pdf", tmp_path / "b.pdf"
+    ours = staged(a, "daily", 1, b"a")
+    old = _named_before_output_names_were_tagged(a, "daily", "t:daily:0")
+    old.write_bytes(b"a, an attempt in flight across an upgrade")
+    theirs = staged(b, "daily", 1, b"b")
+
+    # When the temporaries of a.pdf's job are listed (for its sweep)
+    # Then its own are, of either build, and not the other job's (its sweep removed the
+    # other queue's in flight: audit FQ)
+    assert sorted(tmp_outputs(a, "daily")) == sorted([ours, old])
+    assert theirs not in tmp_outputs(a, "daily")
+    # (an earlier build's name says the job id only: it is any such job's, b.pdf's too)
+    assert sorted(tmp_outputs(b, "daily")) == sorted([theirs, old])
+    # and recovery finds the earlier build's temporary of an attempt, where only it exists
+    assert found_tmp_output_path(a, "daily", "t:daily:0") == old
+    assert found_tmp_output_path(a, "daily", "t:daily:1") == ours
+    assert found_tmp_output_path(a, "daily", "t:daily:2") == tmp_output_path(
+        a, "daily", "t:daily:2")
