@@ -161,6 +161,16 @@ def open_regular(path: str | os.PathLike[str], flags: int,
     return fd, st
 
 
+def read_regular(path: str | os.PathLike[str], limit: int) -> tuple[bytes, os.stat_result]:
+    """At most ``limit`` bytes of a regular file (see open_regular), and its stat: a
+    character device put in its place (/dev/zero) was read until memory ran out."""
+    fd, st = open_regular(path, os.O_RDONLY)
+    try:
+        return os.read(fd, limit), st
+    finally:
+        os.close(fd)
+
+
 def remove_quiet(path: str | os.PathLike[str]) -> None:
     """Remove a file, or a folder and what is in it, if it can be; never raises."""
     try:

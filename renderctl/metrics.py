@@ -37,11 +37,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from renderctl.fsutil import open_regular, read_file, replace_beside, write_file
+from renderctl.fsutil import open_regular, read_file, read_regular, replace_beside, write_file
 from renderctl.lifecycle import Outcome, State
 from renderctl.store import Queue, QueueStatus
 
 STATE_FILE = "runner.state.json"  # written by the runner (runner.STATE_FILE)
+STATE_READ_MAX = 1 << 20  # (a snapshot of 64 workers' jobs is ~20 KB)
 TEXTFILE_INTERVAL_S = 5.0
 TOTALS_FILE = "metrics.totals.json"  # control/: EventTotals kept between `metrics` calls
 TOTALS_VERSION = 1
@@ -238,7 +239,9 @@ def read_runner_state(queue: Queue) -> dict[str, Any] | None:
     if queue.runner_info() is None:
         return None
     try:
-        data = json.loads(read_file(queue.path / STATE_FILE))  # (a FIFO there: no hang)
+        # A regular file, a state's worth: a FIFO there hung `top`, and a character device
+        # (/dev/zero) was read until memory ran out
+        data = json.loads(read_regular(queue.path / STATE_FILE, STATE_READ_MAX)[0])
     except (OSError, ValueError):
         return {}  # a runner is alive but has not written its first snapshot yet
     return data if isinstance(data, dict) else {}

@@ -71,7 +71,7 @@ from renderctl.errors import (
 )
 from renderctl.fsutil import (
     fallocate,
-    open_regular,
+    read_regular,
     remove_tree,
     sync_filesystems,
     unlink_quiet,
@@ -100,6 +100,7 @@ from renderctl.messages import (
     Started,
     Stop,
 )
+from renderctl.metrics import STATE_READ_MAX
 from renderctl.mpstate import mp_temp_dir, prestart
 from renderctl.policy import ClaimIndex, ForeignLeases, after_attempt, compute_backoff
 from renderctl.publish import (
@@ -1153,13 +1154,10 @@ class Runner:
         try:
             # A regular file only, a state's worth read (a character device put there, its
             # mtime always fresh, was read until memory ran out: review FM).
-            fd, st = open_regular(self.q.path / STATE_FILE, os.O_RDONLY)
-            try:
-                if time.time() - st.st_mtime > 2 * STATE_INTERVAL_S:
-                    return False
-                return bool(json.loads(os.read(fd, 1 << 20)).get("pid") == pid)
-            finally:
-                os.close(fd)
+            raw, st = read_regular(self.q.path / STATE_FILE, STATE_READ_MAX)
+            if time.time() - st.st_mtime > 2 * STATE_INTERVAL_S:
+                return False
+            return bool(json.loads(raw).get("pid") == pid)
         except (OSError, ValueError, AttributeError):
             return False
 

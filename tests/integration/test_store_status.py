@@ -187,6 +187,40 @@ def test_top_names_a_stopped_runner_that_wrote_no_snapshot_yet(tmp_path: Path) -
 
 
 
+def test_metrics_and_top_read_a_state_files_worth_of_a_device_put_in_its_place(
+        tmp_path: Path) -> None:
+    import signal
+    import stat
+
+    from jobfns import Runner, cli_args, stopped, wait_until
+
+    # Given a following runner, stopped, whose runner.state.json is now a character device
+    # that never ends (/dev/zero's numbers)
+    queue = tmp_path / "q"
+    runner = Runner(*cli_args(queue, tmp_path / "out", "--workers", "1", "--follow", "--json"))
+    try:
+        runner.until(lambda ln: '"runner_started"' in ln)
+        os.kill(runner.pid, signal.SIGSTOP)
+        wait_until(lambda: stopped(runner.pid), what="the runner to stop")
+        state = queue / "runner.state.json"
+        state.unlink(missing_ok=True)
+        os.mknod(state, stat.S_IFCHR | 0o600, os.makedev(1, 5))
+
+        # When `metrics` and `top` read the queue
+        metrics = run_cli("metrics", "--queue", str(queue), timeout=20)
+        top = run_cli("top", "--once", "--queue", str(queue), timeout=20)
+
+        # Then both answer (each read it until memory ran out: 20 GB in a minute, review FM)
+        assert metrics.returncode == 0, metrics.stderr
+        assert "renderctl_workers_alive" in metrics.stdout, metrics.stdout
+        assert top.returncode == 0, top.stdout + top.stderr
+        os.kill(runner.pid, signal.SIGCONT)
+        runner.proc.send_signal(signal.SIGTERM)
+        runner.wait()
+    finally:
+        runner.close()
+
+
 class _MovesBackDuringListing(Queue):
     """A queue whose job x goes from dead/ back to pending/ (a `dead retry`) just as status
     lists done/: after pending/ was listed, before dead/ is. A real rename, at a named
