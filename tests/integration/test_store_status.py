@@ -3,8 +3,12 @@ the queue's path as it really is. Real files, real `renderctl status` processes.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
+import stat
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -155,30 +159,21 @@ def test_status_and_top_say_when_the_runner_is_stopped(tmp_path: Path) -> None:
         runner.close()
 
 
-def test_top_names_a_stopped_runner_that_wrote_no_snapshot_yet(tmp_path: Path) -> None:
-    import signal
-
+@contextlib.contextmanager
+def _stopped_runner(queue: Path, out: Path) -> Iterator[Any]:
+    """A following runner of ``queue``, stopped (Ctrl-Z, SIGSTOP) once it has started, its
+    runner.state.json removed; continued and stopped (SIGTERM, 143) at the end."""
     from jobfns import Runner, cli_args, stopped, wait_until
 
     from renderctl.errors import ExitCode
 
-    # Given a following runner stopped (Ctrl-Z, SIGSTOP) before its first snapshot: its
-    # runner.state.json, written each second, not there yet (removed here, as it is in the
-    # runner's first second; the full suite stopped one within it)
-    queue = tmp_path / "q"
-    runner = Runner(*cli_args(queue, tmp_path / "out", "--workers", "1", "--follow", "--json"))
+    runner = Runner(*cli_args(queue, out, "--workers", "1", "--follow", "--json"))
     try:
         runner.until(lambda ln: '"runner_started"' in ln)
         os.kill(runner.pid, signal.SIGSTOP)
         wait_until(lambda: stopped(runner.pid), what="the runner to stop")
         (queue / "runner.state.json").unlink(missing_ok=True)
-
-        # When `top` draws a frame
-        top = run_cli("top", "--once", "--queue", str(queue))
-
-        # Then it names the runner by its pid (it said "pid - is STOPPED ... kill -CONT -")
-        assert f"pid {runner.pid} is STOPPED (Ctrl-Z, SIGSTOP): `fg` in its shell or " \
-               f"`kill -CONT {runner.pid}` resumes it" in top.stdout, top.stdout + top.stderr
+        yield runner
         os.kill(runner.pid, signal.SIGCONT)
         runner.proc.send_signal(signal.SIGTERM)
         assert runner.wait() == ExitCode.SIGTERM
@@ -186,39 +181,37 @@ def test_top_names_a_stopped_runner_that_wrote_no_snapshot_yet(tmp_path: Path) -
         runner.close()
 
 
+def test_top_names_a_stopped_runner_that_wrote_no_snapshot_yet(tmp_path: Path) -> None:
+    # Given a following runner stopped (Ctrl-Z, SIGSTOP) before its first snapshot: its
+    # runner.state.json, written each second, not there yet (removed here, as it is in the
+    # runner's first second; the full suite stopped one within it)
+    queue = tmp_path / "q"
+    with _stopped_runner(queue, tmp_path / "out") as runner:
+        # When `top` draws a frame
+        top = run_cli("top", "--once", "--queue", str(queue))
+
+        # Then it names the runner by its pid (it said "pid - is STOPPED ... kill -CONT -")
+        assert f"pid {runner.pid} is STOPPED (Ctrl-Z, SIGSTOP): `fg` in its shell or " \
+               f"`kill -CONT {runner.pid}` resumes it" in top.stdout, top.stdout + top.stderr
+
 
 def test_metrics_and_top_read_a_state_files_worth_of_a_device_put_in_its_place(
         tmp_path: Path) -> None:
-    import signal
-    import stat
-
-    from jobfns import Runner, cli_args, stopped, wait_until
-
-    # Given a following runner, stopped, whose runner.state.json is now a character device
-    # that never ends (/dev/zero's numbers)
+    # Given a stopped runner whose runner.state.json is now a character device that never
+    # ends (/dev/zero's numbers)
     queue = tmp_path / "q"
-    runner = Runner(*cli_args(queue, tmp_path / "out", "--workers", "1", "--follow", "--json"))
-    try:
-        runner.until(lambda ln: '"runner_started"' in ln)
-        os.kill(runner.pid, signal.SIGSTOP)
-        wait_until(lambda: stopped(runner.pid), what="the runner to stop")
-        state = queue / "runner.state.json"
-        state.unlink(missing_ok=True)
-        os.mknod(state, stat.S_IFCHR | 0o600, os.makedev(1, 5))
+    with _stopped_runner(queue, tmp_path / "out"):
+        os.mknod(queue / "runner.state.json", stat.S_IFCHR | 0o600, os.makedev(1, 5))
 
         # When `metrics` and `top` read the queue
         metrics = run_cli("metrics", "--queue", str(queue), timeout=20)
         top = run_cli("top", "--once", "--queue", str(queue), timeout=20)
 
-        # Then both answer (each read it until memory ran out: 20 GB in a minute, review FM)
+        # Then both answer (each read it until memory ran out; the runner's own read was
+        # bounded in review FM)
         assert metrics.returncode == 0, metrics.stderr
         assert "renderctl_workers_alive" in metrics.stdout, metrics.stdout
         assert top.returncode == 0, top.stdout + top.stderr
-        os.kill(runner.pid, signal.SIGCONT)
-        runner.proc.send_signal(signal.SIGTERM)
-        runner.wait()
-    finally:
-        runner.close()
 
 
 class _MovesBackDuringListing(Queue):
