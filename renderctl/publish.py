@@ -97,10 +97,12 @@ def tmp_outputs(final: Path, job_id: str) -> list[Path]:
         if exc.errno == errno.ENAMETOOLONG:
             return []  # a folder that cannot be named holds nothing we made through it
         raise
-    # An attempt's temporary, and what a tool named after it (".tmp-1.png", ".tmp.log");
-    # named by a build before the output's name was in the tag too (see _job_tag).
-    tags = f"(?:{_job_tag(final, job_id)}|{_legacy_tag(job_id)})"
-    attempt = re.compile(rf"{re.escape(RESERVED_PREFIX)}{tags}-[0-9a-f]{{16}}(\.w)?\.tmp")
+    # An attempt's temporary, and what a tool named after it (".tmp-1.png", ".tmp.log").
+    # Not one an earlier build named by the job id alone (see _job_tag): that may be
+    # another queue's, in flight under that build (review FR); recovery removes its
+    # orphan's own (found_tmp_output_path).
+    tag = _job_tag(final, job_id)
+    attempt = re.compile(rf"{re.escape(RESERVED_PREFIX)}{tag}-[0-9a-f]{{16}}(\.w)?\.tmp")
     return [final.parent / n for n in names if attempt.match(n)]
 
 

@@ -244,6 +244,8 @@ def judge_orphan(rec: JobRecord, *, started: Mapping[str, float | None], now: fl
                           published_tmp=None if is_dir else tmp)
     for t in tmp_outputs(final, spec.id):
         discard(t)
+    if lease is not None:
+        discard(tmp)  # (if an earlier build named it, tmp_outputs did not list it)
     if lease is None or lease.token not in started:
         return Orphan()  # it never started (claimed ahead, or the claim was cut short)
     reason = released.get(lease.token) if isinstance(released, Mapping) else (
