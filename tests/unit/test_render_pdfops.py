@@ -940,31 +940,83 @@ def _link(**keys: PdfObject) -> DictionaryObject:
                              **{NameObject(f"/{k}"): v for k, v in keys.items()}})
 
 
-def test_a_merge_keeps_the_destinations_its_links_by_name_lead_to(tmp_path: Path) -> None:
-    # Given three pages, the first linking by name to the second (/Dest) and the third (a
-    # GoTo action), as LaTeX's hyperref links every reference
+def _named_links(path: Path) -> Path:
+    """Three pages, the first linking by name to the second (/Dest) and the third (a GoTo
+    action), as LaTeX's hyperref links every reference, each name with a view (/XYZ)."""
     writer = PdfWriter()
     for _ in range(3):
         writer.add_blank_page(200, 200)
-    writer.add_named_destination("chap2", 1)
-    writer.add_named_destination("chap3", 2)
+    for name, n in (("chap2", 1), ("chap3", 2)):
+        writer.add_named_destination_array(TextStringObject(name), ArrayObject([
+            writer.pages[n].indirect_reference, NameObject("/XYZ"), NumberObject(0),
+            NumberObject(150), NumberObject(0)]))
     goto = DictionaryObject({NameObject("/S"): NameObject("/GoTo"),
                              NameObject("/D"): TextStringObject("chap3")})
     writer.pages[0][NameObject("/Annots")] = ArrayObject([
         writer._add_object(_link(Dest=TextStringObject("chap2"))),
         writer._add_object(_link(A=goto))])
-    writer.write(tmp_path / "named.pdf")
+    writer.write(path)
+    return path
 
-    # When it is merged after another document
-    pdfops.merge([make_pdf(tmp_path / "first.pdf", "first", 2), tmp_path / "named.pdf"],
-                 tmp_path / "out.pdf", {})
 
-    # Then the names lead to its pages in the output (the links were copied after the
-    # pages, out of pypdf's sight, and the names were gone: review FP)
-    out = PdfReader(tmp_path / "out.pdf")
-    assert {name: out.get_destination_page_number(dest)
-            for name, dest in out.named_destinations.items()} == {"chap2": 3, "chap3": 4}
-    assert len(out.pages[2]["/Annots"]) == 2
+def _named_link_targets(path: Path) -> list[list[tuple[int, str]]]:
+    """For each page of ``path``: where each of its links by name leads (page, view)."""
+    out = PdfReader(path)
+    names = out.named_destinations
+    targets = []
+    for page in out.pages:
+        here = []
+        for ref in page.get("/Annots") or []:
+            annot = ref.get_object()
+            name = annot["/Dest"] if "/Dest" in annot else annot["/A"]["/D"]
+            here.append((out.get_destination_page_number(names[name]), names[name].typ))
+        targets.append(here)
+    return targets
+
+
+def test_a_merge_keeps_the_destinations_its_links_by_name_lead_to(tmp_path: Path) -> None:
+    # Given a document whose links lead by name, as hyperref's do
+    named = _named_links(tmp_path / "named.pdf")
+
+    # When it is merged after another document, and after itself
+    pdfops.merge([make_pdf(tmp_path / "first.pdf", "first", 2), named],
+                 tmp_path / "after.pdf", {})
+    pdfops.merge([named, named], tmp_path / "twice.pdf", {})
+
+    # Then its links lead to its pages in the output, at their views: with the links
+    # copied after the pages (out of pypdf's sight) the names were gone (review FP); by
+    # pypdf's way every view was "fit width", and the links of a name two inputs share
+    # (hyperref's page.1 is in every document) led to the first one's page (review FR)
+    assert _named_link_targets(tmp_path / "after.pdf") == [
+        [], [], [(3, "/XYZ"), (4, "/XYZ")], [], []]
+    assert _named_link_targets(tmp_path / "twice.pdf") == [
+        [(1, "/XYZ"), (2, "/XYZ")], [], [], [(4, "/XYZ"), (5, "/XYZ")], [], []]
+
+
+def test_a_merge_writes_many_names_as_a_tree_pypdf_reads_back(tmp_path: Path) -> None:
+    # Given an input with 51,000 named destinations (pairs in one array would be 102,000
+    # elements, past the 100,000 pypdf reads)
+    writer = PdfWriter()
+    page = writer.add_blank_page(200, 200)
+    pairs = ArrayObject()
+    for n in range(51_000):
+        pairs.extend([TextStringObject(f"n{n:05d}"), ArrayObject([
+            page.indirect_reference, NameObject("/Fit")])])
+    leaves = ArrayObject()
+    for start in range(0, len(pairs), 2000):
+        leaves.append(writer._add_object(DictionaryObject({
+            NameObject("/Names"): ArrayObject(pairs[start:start + 2000]),
+            NameObject("/Limits"): ArrayObject([pairs[start], pairs[start + 1998]])})))
+    writer._root_object[NameObject("/Names")] = DictionaryObject({NameObject("/Dests"):
+        writer._add_object(DictionaryObject({NameObject("/Kids"): leaves}))})
+    writer.write(tmp_path / "many.pdf")
+
+    # When it is merged
+    pdfops.merge([tmp_path / "many.pdf"], tmp_path / "out.pdf", {})
+
+    # Then every name is read back from the output, in order
+    names = PdfReader(tmp_path / "out.pdf").named_destinations
+    assert len(names) == 51_000 and sorted(names)[:2] == ["n00000", "n00001"]
 
 
 @pytest.mark.parametrize("op", ["merge", "split"])
