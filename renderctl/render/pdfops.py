@@ -262,9 +262,16 @@ def _carry_names(reader: PdfReader, sources: list[PageObject], copies: list[Page
     where = {src.indirect_reference.idnum: copy.indirect_reference
              for src, copy in zip(sources, copies, strict=True)
              if src.indirect_reference is not None and copy.indirect_reference is not None}
-    dests = reader.named_destinations
+    try:
+        dests = reader.named_destinations
+    except LimitReachedError:
+        # Past what pypdf reads (50,000 names in one flat array): merged without them, as
+        # before names were carried (review FS)
+        return
     renamed: dict[str, str] = {}
     for name, dest in dests.items():
+        if name.startswith("/"):
+            continue  # (pypdf's key for a name of the old /Dests dictionary: not a string)
         page = dest.raw_get("/Page") if "/Page" in dest else None
         target = where.get(page.idnum) if isinstance(page, IndirectObject) else None
         if target is None:
@@ -295,6 +302,8 @@ def _rename_link_targets(copies: list[PageObject], renamed: Mapping[str, str]) -
                 continue
             action = annot.get("/A")
             action = action.get_object() if action is not None else None
+            if isinstance(action, DictionaryObject) and action.get("/S") != "/GoTo":
+                action = None  # (a GoToR's /D names a destination in another file)
             for holder, key in ((annot, "/Dest"), (action, "/D")):
                 if not isinstance(holder, DictionaryObject) or id(holder) in seen:
                     continue
