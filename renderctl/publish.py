@@ -51,8 +51,7 @@ def tmp_output_path(final: Path, job_id: str, token: str) -> Path:
     Named by the attempt's token, unique per claim: no two attempts (another life of the job
     id, or a runner that took over an expired lease) ever write to the same temporary, and
     in link mode a leftover name hard-linked to a published file is never written into."""
-    attempt = hashlib.sha256(token.encode()).hexdigest()[:16]
-    return final.parent / f"{RESERVED_PREFIX}{_job_tag(final, job_id)}-{attempt}.tmp"
+    return _tmp_named(final, _job_tag(final, job_id), token)
 
 
 def found_tmp_output_path(final: Path, job_id: str, token: str) -> Path:
@@ -61,11 +60,15 @@ def found_tmp_output_path(final: Path, job_id: str, token: str) -> Path:
     across an upgrade, its output published perhaps, is recovered as any other."""
     tmp = tmp_output_path(final, job_id, token)
     if not os.path.lexists(tmp):
-        attempt = hashlib.sha256(token.encode()).hexdigest()[:16]
-        legacy = final.parent / f"{RESERVED_PREFIX}{_legacy_tag(job_id)}-{attempt}.tmp"
+        legacy = _tmp_named(final, _legacy_tag(job_id), token)
         if os.path.lexists(legacy):
             return legacy
     return tmp
+
+
+def _tmp_named(final: Path, tag: str, token: str) -> Path:
+    attempt = hashlib.sha256(token.encode()).hexdigest()[:16]
+    return final.parent / f"{RESERVED_PREFIX}{tag}-{attempt}.tmp"
 
 
 def _job_tag(final: Path, job_id: str) -> str:
