@@ -268,10 +268,16 @@ def _carry_names(reader: PdfReader, sources: list[PageObject], copies: list[Page
         # Past what pypdf reads (50,000 names in one flat array): merged without them, as
         # before names were carried (review FS)
         return
+    # The old /Dests dictionary's names (pypdf keys them "/name" among the strings): a link
+    # names them as a name, not a string, and a string name tree cannot hold them. Not by a
+    # leading "/" alone: a string name may begin with one (review FT).
+    old_style = reader.root_object.get("/Dests")
+    old_style = old_style.get_object() if old_style is not None else None
+    skip = set(old_style) if isinstance(old_style, DictionaryObject) else set()
     renamed: dict[str, str] = {}
     for name, dest in dests.items():
-        if name.startswith("/"):
-            continue  # (pypdf's key for a name of the old /Dests dictionary: not a string)
+        if name in skip:
+            continue
         page = dest.raw_get("/Page") if "/Page" in dest else None
         target = where.get(page.idnum) if isinstance(page, IndirectObject) else None
         if target is None:

@@ -1001,6 +1001,39 @@ def test_a_merge_keeps_the_destinations_its_links_by_name_lead_to(tmp_path: Path
         [(4, "/XYZ"), (5, "/XYZ"), (-1, "chap2")], [], []]
 
 
+@pytest.mark.parametrize("style", ["string", "old"])
+def test_a_merge_tells_a_string_name_with_a_slash_from_an_old_style_name(
+        tmp_path: Path, style: str) -> None:
+    # Given a document with a link to a string name "/intro" (in its name tree), or to a
+    # name /intro (in the old /Dests dictionary): pypdf keys both "/intro"
+    writer = PdfWriter()
+    for _ in range(2):
+        writer.add_blank_page(200, 200)
+    dest = ArrayObject([writer.pages[1].indirect_reference, NameObject("/Fit")])
+    if style == "string":
+        writer.add_named_destination_array(TextStringObject("/intro"), dest)
+        link = _link(Dest=TextStringObject("/intro"))
+    else:
+        writer._root_object[NameObject("/Dests")] = DictionaryObject(
+            {NameObject("/intro"): dest})
+        link = _link(Dest=NameObject("/intro"))
+    writer.pages[0][NameObject("/Annots")] = ArrayObject([writer._add_object(link)])
+    writer.write(tmp_path / "slash.pdf")
+
+    # When it is merged
+    pdfops.merge([tmp_path / "slash.pdf"], tmp_path / "out.pdf", {})
+
+    # Then the string name is carried, its link leading to page 2 (skipped for its "/", it
+    # led nowhere: review FT); the old-style name is not (a string name tree cannot hold
+    # it; written there, it was a string no link names)
+    out = PdfReader(tmp_path / "out.pdf")
+    if style == "string":
+        assert list(out.named_destinations) == ["/intro"]
+        assert out.get_destination_page_number(out.named_destinations["/intro"]) == 1
+    else:
+        assert "/Names" not in out.trailer["/Root"]
+
+
 @pytest.mark.parametrize("per_leaf", [1000, 51_000], ids=["tree", "one-array"])
 def test_a_merge_of_many_names_writes_them_as_a_tree_pypdf_reads_back(
         tmp_path: Path, per_leaf: int) -> None:
