@@ -242,10 +242,11 @@ def judge_orphan(rec: JobRecord, *, started: Mapping[str, float | None], now: fl
                            result=result, reason="", changed_at=now)
             return Orphan(done=Transition(done, State.DONE),
                           published_tmp=None if is_dir else tmp)
-    for t in tmp_outputs(final, spec.id):
+    swept = tmp_outputs(final, spec.id)
+    if lease is not None and tmp not in swept and os.path.lexists(tmp):
+        swept.append(tmp)  # (named by an earlier build: tmp_outputs does not list those)
+    for t in swept:
         discard(t)
-    if lease is not None:
-        discard(tmp)  # (if an earlier build named it, tmp_outputs did not list it)
     if lease is None or lease.token not in started:
         return Orphan()  # it never started (claimed ahead, or the claim was cut short)
     reason = released.get(lease.token) if isinstance(released, Mapping) else (

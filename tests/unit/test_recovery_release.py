@@ -162,3 +162,39 @@ def test_a_callers_alarm_runs_on_through_a_plugin_load_not_late() -> None:
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, prior)
+
+
+@pytest.mark.parametrize("published", [True, False])
+def test_an_orphans_temporary_named_by_an_earlier_build_is_judged_and_removed(
+        tmp_path: Path, published: bool) -> None:
+    import hashlib
+    import os
+
+    # Given a job orphaned by a runner of a build that named temporaries by the job id
+    # alone (before the output's name was in the tag), its temporary written, and in one
+    # case published (hard-linked to the final name: a crash before the done record)
+    q = Queue(tmp_path / "q")
+    q.submit([{"id": "j", "kind": "python", "callable": "m:f", "output": "j.bin"}],
+             base=tmp_path, out_root=tmp_path / "out")
+    view = q.get("j")
+    final = view.record.spec.output_path
+    final.parent.mkdir(parents=True)
+    tag, attempt = (hashlib.sha256(s.encode()).hexdigest()[:16] for s in ("j", "t-1"))
+    old = final.parent / f".rctl-{tag}-{attempt}.tmp"
+    old.write_bytes(b"the output")
+    if published:
+        os.link(old, final)
+    now = time.time()
+    lease = Lease(Holder("elsewhere", "boot", 1, 1), "t-1", 1, now - 1, now + 60)
+    rec = replace(view.record, lease=lease)
+
+    # When recovery judges it
+    orphan = judge_orphan(rec, started={"t-1": now - 1}, now=now)
+
+    # Then a published one completes from it (never run again, never output_exists), and
+    # an unpublished one is retried with its temporary removed
+    if published:
+        assert orphan.done is not None and orphan.published_tmp == old
+    else:
+        assert orphan.done is None and orphan.crashed is not None
+        assert not old.exists()
