@@ -732,6 +732,20 @@ def run_in_cgroup(group: Path, tmp_path: Path, jobs: list[dict[str, Any]],
     """`renderctl run MANIFEST *args` of ``jobs`` (queue and outputs in ``tmp_path``),
     started inside ``group`` (written to its cgroup.procs before the exec), through
     ``wrapper`` (a command that execs the rest: `unshare ...`) if given."""
+    with start_in_cgroup(group, tmp_path, jobs, *args, wrapper=wrapper) as proc:
+        try:
+            out, err = proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def start_in_cgroup(group: Path, tmp_path: Path, jobs: list[dict[str, Any]], *args: str,
+                    wrapper: Sequence[str] = (), env: Mapping[str, str] | None = None
+                    ) -> subprocess.Popen[str]:
+    """Start what run_in_cgroup runs, and return it running (stdout and stderr piped);
+    ``env``: variables added to ours."""
     stage(tmp_path)
     manifest = tmp_path / "m.json"
     manifest.write_text(json.dumps({"jobs": jobs}))
@@ -741,10 +755,10 @@ def run_in_cgroup(group: Path, tmp_path: Path, jobs: list[dict[str, Any]],
         with open(procs, "w") as fh:
             fh.write(str(os.getpid()))
 
-    return subprocess.run([*wrapper, *RENDERCTL, "run", str(manifest), "--queue",
-                           str(tmp_path / "q"), "--out", str(tmp_path / "out"), *args],
-                          preexec_fn=enter, capture_output=True, text=True, timeout=120,
-                          cwd=tmp_path)
+    return subprocess.Popen([*wrapper, *RENDERCTL, "run", str(manifest), "--queue",
+                             str(tmp_path / "q"), "--out", str(tmp_path / "out"), *args],
+                            preexec_fn=enter, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=tmp_path, env={**os.environ, **(env or {})})
 
 
 def term_whole_service(pid: int) -> None:

@@ -9,8 +9,10 @@ memory hierarchy (skipped elsewhere).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,8 @@ from jobfns import (
     child_cgroup,
     py_job,
     run_in_cgroup,
+    start_in_cgroup,
+    wait_until,
 )
 
 from renderctl import guards
@@ -78,6 +82,73 @@ def test_a_job_the_enclosing_limit_cannot_hold_is_told_why(
     assert code == 1
     assert "can never fit the memory budget" in dead["reason"], dead
     assert "the limit of the memory cgroup renderctl runs in" in dead["reason"], dead
+
+
+@contextlib.contextmanager
+def memory_held(group: Path, mb: int) -> Iterator[subprocess.Popen[bytes]]:
+    """A process in ``group`` holding ``mb`` MB (touched) until it is killed."""
+    hold = (f"import sys; b = bytearray({mb} << 20); b[::4096] = b'x' * len(b[::4096]); "
+            "print('held', flush=True); sys.stdin.read()")
+    hog = subprocess.Popen(
+        ["sh", "-c", f'echo $$ > {group / "cgroup.procs"} && exec "$0" -c "$1"',
+         sys.executable, hold], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert hog.stdout is not None and hog.stdout.readline() == b"held\n"
+        yield hog
+    finally:
+        hog.kill()
+        hog.wait()
+
+
+def claimed_or_ended(q: Path, job: str) -> str:
+    """The folder job ``job`` is in, once it has been claimed (or ended); "" before."""
+    view = QueueView(q)
+    return next((state for state in ("running", "done", "dead") if job in view.ids(state)),
+                "")
+
+
+def test_a_job_over_a_default_budget_measured_while_memory_was_held_waits_for_it(
+        tmp_path: Path, limited_group: Path) -> None:
+    # Given a memory cgroup of 900 MB, 550 MB of it held by another process (another
+    # runner's jobs, a build) as a runner starts there, for a job of the default 400 MB
+    (limited_group / "memory.limit_in_bytes").write_text(str(900 * MB))
+    with memory_held(limited_group, 550) as hog:
+        run = start_in_cgroup(limited_group, tmp_path, [py_job("big", "write_pdf")],
+                              "--json")
+        # When the memory is freed after the runner has claimed the job
+        where = wait_until(lambda: claimed_or_ended(tmp_path / "q", "big"),
+                           what="the job's claim")
+        hog.kill()
+    out, err = run.communicate(timeout=60)
+    events = [json.loads(line) for line in out.splitlines()]
+
+    # Then the job, which fitted the limit but not the budget measured at the start, waited
+    # for the budget measured again and ran (it was dead-lettered at once as one that can
+    # never fit: audit FQ)
+    started = next(e for e in events if e["event"] == "runner_started")
+    assert started["budget_mb"] < 400, started  # (the premise)
+    assert where == "running", [e for e in events if e["event"] == "dead"]
+    assert run.returncode == 0, (events, err)
+    assert QueueView(tmp_path / "q").ids("done") == {"big"}
+
+
+def test_a_job_waiting_for_memory_that_is_not_freed_ends_dead_saying_so(
+        tmp_path: Path, limited_group: Path) -> None:
+    # Given the same, with the memory never freed, and a wait of a second (a minute,
+    # outside tests)
+    (limited_group / "memory.limit_in_bytes").write_text(str(900 * MB))
+    with memory_held(limited_group, 550):
+        run = start_in_cgroup(limited_group, tmp_path, [py_job("big", "write_pdf")],
+                              "--json", env={"RENDERCTL_TEST_BUDGET_WAIT_S": "1"})
+        out, err = run.communicate(timeout=60)
+    events = [json.loads(line) for line in out.splitlines()]
+
+    # Then it is dead-lettered unrun once the wait is over, the reason saying it waited
+    (dead,) = [e for e in events if e["event"] == "dead"]
+    assert run.returncode == 1, err
+    assert "can never fit the memory budget" in dead["reason"], dead
+    assert "measured again for 1 s while it waited" in dead["reason"], dead
+    assert "attempt" not in dead, dead
 
 
 def test_a_job_killed_for_the_enclosing_limit_is_a_crash_not_its_ceiling(
