@@ -934,21 +934,7 @@ def enclosing_memory_room() -> int | None:
     machine's free memory is no guide there: the kernel's OOM killer acts at such a
     limit (audit FI: a runner in an 80 MB cgroup took 80% of the host's free memory as
     its budget)."""
-    found = _enclosing_memory()
-    return found[0] if found is not None else None
-
-
-def enclosing_memory_limit() -> int | None:
-    """The lowest limit of the memory cgroups renderctl runs in, in bytes; None if none
-    is set: what the memory they leave can never exceed, however much of it is freed."""
-    found = _enclosing_memory()
-    return found[1] if found is not None else None
-
-
-def _enclosing_memory() -> tuple[int, int] | None:
-    """(least room, lowest limit) of the memory cgroups we run in that have a limit."""
     rooms: list[int] = []
-    limits: list[int] = []
     for v1, d in _enclosing_dirs("memory"):
         files = (("memory.limit_in_bytes", "memory.usage_in_bytes",
                   ("total_inactive_file", "total_active_file")) if v1
@@ -963,8 +949,7 @@ def _enclosing_memory() -> tuple[int, int] | None:
                     if key in files[2]:  # (file pages: reclaimable; shmem is not)
                         cache += int(value)
                 rooms.append(max(0, limit - used + min(cache, used)))
-                limits.append(limit)
-    return (min(rooms), min(limits)) if rooms else None
+    return min(rooms) if rooms else None
 
 
 def _enclosing_dirs(controller: str) -> Iterator[tuple[bool, Path]]:

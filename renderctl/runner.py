@@ -84,7 +84,6 @@ from renderctl.guards import (
     Slot,
     TreeSampler,
     detect_memory_guard,
-    enclosing_memory_limit,
     enclosing_memory_room,
     full_pids_cgroup,
 )
@@ -233,12 +232,7 @@ MP_DIR_PREFIX = "pymp-"  # multiprocessing.util.get_temp_dir()'s folders
 WORK_NOTE = "work.{}"  # where its WORK_ROOT_PREFIX folder is, for the next runner to remove
 CONFINED_CACHE_MAX = 4096  # output folders remembered as checked (see _check_confined)
 BUDGET_SHARE = 0.8  # of MemAvailable at start: leave room for the page cache and the rest
-# A job over the default budget, which was measured while memory was held elsewhere (another
-# runner's jobs, a build), waits this long for it to be freed, the budget measured again at
-# most once every BUDGET_MEASURE_S, before it is dead-lettered as one that can never fit.
-BUDGET_WAIT_S = 60.0
-BUDGET_MEASURE_S = 1.0
-BUDGET_WAIT_ENV = "RENDERCTL_TEST_BUDGET_WAIT_S"  # (tests: a wait that ends in a second)
+BUDGET_MEASURE_S = 1.0  # the default budget measured again at most this often (_fits_budget)
 SHORT_ROOM_BYTES = 128 * 1024 * 1024  # an enclosing cgroup with less left is named as short
 
 
@@ -260,19 +254,6 @@ def default_budget() -> tuple[int, str]:
 
 def default_budget_mb() -> int:
     return default_budget()[0]
-
-
-def default_budget_ceiling_mb() -> int:
-    """What the default budget could reach however much memory were freed: 80% of the
-    machine's memory, or the lowest limit of the memory cgroups we run in, where that is
-    less. A job over it can never fit, and waits for nothing."""
-    import psutil
-
-    ceiling = int(psutil.virtual_memory().total * BUDGET_SHARE)
-    limit = enclosing_memory_limit()
-    if limit is not None and limit < ceiling:
-        ceiling = limit
-    return max(1, ceiling // MB)
 
 
 def default_workers(budget_mb: int) -> int:
@@ -359,9 +340,6 @@ class Assignment:
     cancel_requested: bool = False
     moved: bool = False  # published by rename (the temporary name is gone)
     seq: int = 0  # its number in its worker's stream (renderctl.gate)
-    # (monotonic) Over the default budget as claimed: until when it waits for memory to be
-    # freed (see Runner._fits_budget); None: it fitted.
-    fit_by: float | None = None
     order: int = 0  # its place in the line, in the order of claims (Runner._put_back)
 
     @property
@@ -527,9 +505,8 @@ class Runner:
             self.budget_mb, self.budget_said = settings.memory_budget_mb, "--memory-budget"
         else:
             self.budget_mb, self.budget_said = default_budget()
-        self._budget_measured = time.monotonic()
-        self._budget_wait_s = _test_number(BUDGET_WAIT_ENV) \
-            if os.environ.get(BUDGET_WAIT_ENV) else BUDGET_WAIT_S
+        self._budget_measured = -math.inf  # (when last measured again: _fits_budget)
+        self._info_started_at = 0.0  # (wall) as runner.json says, kept when it is rewritten
         self.n_workers = settings.workers or default_workers(self.budget_mb)
         self.holder: Holder | None = None
         self.token_prefix = ""
@@ -797,7 +774,9 @@ class Runner:
 
     def _publish_runner_info(self) -> None:
         assert self.holder is not None and self.guard is not None
-        info = {**self.holder.to_json(), "started_at": self.clock.wall(),
+        if not self._info_started_at:
+            self._info_started_at = self.clock.wall()
+        info = {**self.holder.to_json(), "started_at": self._info_started_at,
                 "guard": self.guard.name, "workers": self.n_workers,
                 "budget_mb": self.budget_mb}
         self.q.write_runner_info(info)
@@ -1903,10 +1882,12 @@ class Runner:
         a = Assignment(c, final, tmp_output_path(final, spec.id, c.lease.token), output_kind,
                        spec.memory_mb)
         if not self._fits_budget(spec.memory_mb, time.monotonic()):
-            if self.s.memory_budget_mb or spec.memory_mb > default_budget_ceiling_mb():
-                self._finish_unrun(a, State.DEAD, self._never_fits(spec.memory_mb))
-                return
-            a.fit_by = time.monotonic() + self._budget_wait_s
+            self._finish_unrun(a, State.DEAD,
+                               f"memory_mb {spec.memory_mb} can never fit the memory budget "
+                               f"of {self.budget_mb} MB ({self.budget_said}): retry it under "
+                               "a larger --memory-budget, or with `dead retry --memory-mb` at "
+                               f"most {self.budget_mb}")
+            return
         if kind is None:
             # No renderer of that kind here (uninstalled since the submit, or a queue shared
             # with a host that has it): no attempt can succeed until it is installed.
@@ -1961,11 +1942,11 @@ class Runner:
     def _fits_budget(self, memory_mb: int, now: float) -> bool:
         """Whether a job of ``memory_mb`` fits the memory budget alone. Where it does not, a
         default budget is measured again first (at most once every BUDGET_MEASURE_S), and
-        raised to what it finds if that is more: measured as we started, it stayed as small
-        as the memory free then for our whole life (audit FQ: a runner started while another
-        runner's jobs held memory dead-lettered 400 MB jobs as never fitting a 367 MB
-        budget, with memory free 2 s later). It is never lowered: each job's own ceiling
-        and the kernel's OOM killer guard what it admits."""
+        raised to what it finds if that is more, as a runner started now would take it:
+        measured only as we started, it stayed as small as the memory free then for our
+        whole life (audit FQ: a --follow runner started while another runner's jobs held
+        memory dead-lettered every 400 MB job as never fitting a 367 MB budget, however
+        long ago that memory was freed). Never lowered: a job that fitted stays fitting."""
         if memory_mb <= self.budget_mb:
             return True
         if not self.s.memory_budget_mb and now >= self._budget_measured + BUDGET_MEASURE_S:
@@ -1973,17 +1954,10 @@ class Runner:
             mb, said = default_budget()
             if mb > self.budget_mb:
                 self.budget_mb, self.budget_said = mb, said
+                with contextlib.suppress(OSError):
+                    if self.q.runner_lock_intact():  # (not into a folder put in our place)
+                        self._publish_runner_info()  # (status reads the budget there)
         return memory_mb <= self.budget_mb
-
-    def _never_fits(self, memory_mb: int, *, waited: bool = False) -> str:
-        said = self.budget_said
-        if waited:
-            said += (f", measured again for {self._budget_wait_s:g} s while it waited for "
-                     "memory held elsewhere to be freed")
-        return (f"memory_mb {memory_mb} can never fit the memory budget of {self.budget_mb} "
-                f"MB ({said}): retry it under a larger --memory-budget, or with `dead retry "
-                f"--memory-mb` at most {self.budget_mb}"
-                + (", or `dead retry` it once memory is free" if waited else ""))
 
     def _plugin_params(self, kind: RendererSpec, name: str, params: Mapping[str, Any]
                        ) -> tuple[RendererSpec | None, list[str]]:
@@ -2052,12 +2026,6 @@ class Runner:
             if a.cancel_requested:
                 self.ready.popleft()
                 self._finish_unrun(a, State.CANCELLED, "cancelled before it started")
-                continue
-            if a.fit_by is not None and not self._fits_budget(a.memory_mb, now):
-                if now < a.fit_by:
-                    return  # (first in line, as a job waiting for room beside others)
-                self.ready.popleft()
-                self._finish_unrun(a, State.DEAD, self._never_fits(a.memory_mb, waited=True))
                 continue
             total = sum(w.reserved_mb() for w in self.workers.values())
             best: WorkerHandle | None = None

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 from jobfns import (
+    RENDERCTL,
     QueueView,
     cgroup_v1_writable,
     child_cgroup,
@@ -100,55 +101,40 @@ def memory_held(group: Path, mb: int) -> Iterator[subprocess.Popen[bytes]]:
         hog.wait()
 
 
-def claimed_or_ended(q: Path, job: str) -> str:
-    """The folder job ``job`` is in, once it has been claimed (or ended); "" before."""
-    view = QueueView(q)
-    return next((state for state in ("running", "done", "dead") if job in view.ids(state)),
-                "")
-
-
-def test_a_job_over_a_default_budget_measured_while_memory_was_held_waits_for_it(
+def test_a_follow_runner_started_while_memory_was_held_measures_its_budget_again(
         tmp_path: Path, limited_group: Path) -> None:
-    # Given a memory cgroup of 900 MB, 550 MB of it held by another process (another
-    # runner's jobs, a build) as a runner starts there, for a job of the default 400 MB
-    (limited_group / "memory.limit_in_bytes").write_text(str(900 * MB))
-    with memory_held(limited_group, 550) as hog:
-        run = start_in_cgroup(limited_group, tmp_path, [py_job("big", "write_pdf")],
-                              "--json")
-        # When the memory is freed after the runner has claimed the job
-        where = wait_until(lambda: claimed_or_ended(tmp_path / "q", "big"),
-                           what="the job's claim")
-        hog.kill()
-    out, err = run.communicate(timeout=60)
-    events = [json.loads(line) for line in out.splitlines()]
-
-    # Then the job, which fitted the limit but not the budget measured at the start, waited
-    # for the budget measured again and ran (it was dead-lettered at once as one that can
-    # never fit: audit FQ)
-    started = next(e for e in events if e["event"] == "runner_started")
-    assert started["budget_mb"] < 400, started  # (the premise)
-    assert where == "running", [e for e in events if e["event"] == "dead"]
-    assert run.returncode == 0, (events, err)
-    assert QueueView(tmp_path / "q").ids("done") == {"big"}
-
-
-def test_a_job_waiting_for_memory_that_is_not_freed_ends_dead_saying_so(
-        tmp_path: Path, limited_group: Path) -> None:
-    # Given the same, with the memory never freed, and a wait of a second (a minute,
-    # outside tests)
+    # Given a --follow runner started in a memory cgroup of 900 MB while another process
+    # (another runner's jobs, a build) held 550 MB of it: its default budget under 400 MB
     (limited_group / "memory.limit_in_bytes").write_text(str(900 * MB))
     with memory_held(limited_group, 550):
-        run = start_in_cgroup(limited_group, tmp_path, [py_job("big", "write_pdf")],
-                              "--json", env={"RENDERCTL_TEST_BUDGET_WAIT_S": "1"})
-        out, err = run.communicate(timeout=60)
-    events = [json.loads(line) for line in out.splitlines()]
+        first = {**py_job("first", "write_pdf"), "memory_mb": 100}
+        run = start_in_cgroup(limited_group, tmp_path, [first], "--json", "--follow")
+        assert run.stdout is not None
+        started = json.loads(run.stdout.readline())
+    assert started["event"] == "runner_started" and started["budget_mb"] < 400, started
+    try:
+        # When, the memory freed, a job of the default 400 MB ceiling is submitted
+        view = QueueView(tmp_path / "q")
+        wait_until(lambda: view.ids("done") == {"first"}, what="the first job")
+        (tmp_path / "big.json").write_text(json.dumps({"jobs": [py_job("big", "write_pdf")]}))
+        sub = subprocess.run([*RENDERCTL, "submit", "big.json", "--queue", str(tmp_path / "q"),
+                              "--out", str(tmp_path / "out")], cwd=tmp_path, text=True,
+                             capture_output=True, timeout=60)
+        assert sub.returncode == 0, sub.stderr
 
-    # Then it is dead-lettered unrun once the wait is over, the reason saying it waited
-    (dead,) = [e for e in events if e["event"] == "dead"]
-    assert run.returncode == 1, err
-    assert "can never fit the memory budget" in dead["reason"], dead
-    assert "measured again for 1 s while it waited" in dead["reason"], dead
-    assert "attempt" not in dead, dead
+        # Then it runs: the budget was measured again, as a runner started now would (it
+        # was dead-lettered as one that can never fit the budget measured at the start,
+        # however long ago that memory was freed: audit FQ), and status shows the new one
+        ended = wait_until(lambda: next((s for s in ("done", "dead") if "big" in view.ids(s)),
+                                        None), what="the big job's end")
+        assert ended == "done", view.record("dead", "big")
+        status = json.loads(subprocess.run(
+            [*RENDERCTL, "status", "--json", "--queue", str(tmp_path / "q")],
+            capture_output=True, text=True, timeout=60).stdout)
+        assert status["runner"]["budget_mb"] >= 400, status["runner"]
+    finally:
+        run.terminate()
+        run.communicate(timeout=60)
 
 
 def test_a_job_killed_for_the_enclosing_limit_is_a_crash_not_its_ceiling(
