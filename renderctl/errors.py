@@ -207,14 +207,24 @@ def _shortage(err: int | None) -> str:
 
 
 def text_lines(text: str) -> list[str]:
-    """``text``'s lines as a terminal ends them (LF, CRLF, CR), not as str.splitlines does:
-    that also ends one at a form feed, VT, NEL or U+2028, and a tool writing a form feed
-    between pages (pdftotext) had its last 20 lines come out as its last 5 (audit BJ)."""
-    lines = _LINE_ENDS.split(text)
+    """``text``'s lines as a terminal shows them, not as str.splitlines makes them: that
+    also ends one at a form feed, VT, NEL or U+2028, and a tool writing a form feed between
+    pages (pdftotext) had its last 20 lines come out as its last 5 (audit BJ). A line ends
+    at LF (or CRLF); a lone CR goes back to its start, and what follows is what is seen of
+    it: a progress counter (wget, curl, pv, ffmpeg) redrawn after the tool's error filled
+    the 20 kept lines with its updates, the error gone (audit FU)."""
+    lines = [_seen(line) for line in _LINE_ENDS.split(text)]
     return lines[:-1] if lines and not lines[-1] else lines
 
 
-_LINE_ENDS = re.compile(r"\r\n|\r|\n")
+_LINE_ENDS = re.compile(r"\r*\n")
+
+
+def _seen(line: str) -> str:
+    """What a terminal shows of ``line`` redrawn after each CR: its last non-empty part."""
+    if "\r" not in line:
+        return line
+    return next((part for part in reversed(line.split("\r")) if part), "")
 
 
 def displayable(text: str) -> str:

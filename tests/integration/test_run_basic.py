@@ -359,6 +359,26 @@ def test_a_stderr_tail_is_the_last_20_lines_as_a_terminal_ends_them(tmp_path: Pa
         f"line {i}\f\v\x85 end" for i in range(5, 25)], attempt
 
 
+def test_a_progress_counter_redrawn_after_an_error_leaves_the_error_in_the_tail(
+        tmp_path: Path) -> None:
+    # Given a command that says its error, then redraws a progress counter 30 times with
+    # carriage returns (wget, curl, pv, ffmpeg), then exits 3
+    folder = stage(tmp_path)
+    script = ("echo 'Error: bad page 3' >&2; i=0; while [ $i -lt 30 ]; do "
+              "printf '\\rprogress %d%%' $i >&2; i=$((i+1)); done; exit 3")
+    manifest = folder / "jobs.json"
+    manifest.write_text(json.dumps({"jobs": [
+        {"id": "cr", "kind": "command", "argv": ["sh", "-c", script, "sh", "{output}"],
+         "output": "never.pdf", "max_attempts": 1}]}))
+    res = run_cli("run", manifest, *cli_args(folder / "q", folder / "out", *FAST))
+    assert res.returncode == 1, res.stderr
+
+    # Then the tail is what a terminal showed: the error, and the counter's last state (each
+    # redraw was a line of its own, and the 20 kept were all progress: audit FU)
+    [attempt] = QueueView(folder / "q").record("dead", "cr")["attempts"]
+    assert attempt["stderr_tail"].split("\n") == ["Error: bad page 3", "progress 29%"], attempt
+
+
 def test_a_command_exiting_3_fails_with_its_exit_code_and_stderr_tail(
         failing_run: dict[str, Any]) -> None:
     attempts = failing_run["queue"].record("dead", "cmd-exit3")["attempts"]
