@@ -48,7 +48,10 @@ def unfound_programs(jobs: Sequence[JobSpec], origin: dict[str, str]) -> list[Pr
     present: set[tuple[str, str, str]] = set()
     for job in jobs:
         if job.kind == "command" and job.argv:
-            key = ("argv[0]", "", job.argv[0])
+            program = _program_of(job)
+            if program is None:
+                continue
+            key = ("argv[0]", "", program)
         elif job.kind == "python" and job.callable:
             # Only the top-level name: finding a submodule would import (run) its package.
             key = ("callable", job.pythonpath or "",
@@ -79,6 +82,22 @@ def unfound_programs(jobs: Sequence[JobSpec], origin: dict[str, str]) -> list[Pr
         found.append(Problem(origin.get(hit[0].id, "?"), hit[0].id, fld,
                              f"{what}{also}; each attempt would fail"))
     return found
+
+
+def _program_of(job: JobSpec) -> str | None:
+    """The program a command job's argv names, as its placeholders will have it: an input
+    (a script the job ships) is looked for as that input, which was warned about as "not
+    found on PATH" (audit FU); None where it is the job's own output, not there before."""
+    assert job.argv
+    program = job.argv[0]
+    if "{output}" in program:
+        return None
+    if program == "{inputs}" or "{input}" in program:
+        if not job.inputs:
+            return None  # (validate says so itself)
+        first = job.inputs[0]
+        return first if program == "{inputs}" else program.replace("{input}", first)
+    return program
 
 
 def _program_found(field: str, pythonpath: str, name: str) -> bool:

@@ -841,6 +841,33 @@ def test_submit_warns_of_each_program_that_cannot_run_here_saying_why(tmp_path: 
     assert all(w.endswith("each attempt would fail") for w in warnings.values())
 
 
+def test_a_program_the_job_ships_as_its_input_is_looked_for_as_that_input(
+        tmp_path: Path) -> None:
+    # Given commands whose program is their input (a script shipped with the job): one
+    # executable, one not
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    (tools / "ok.sh").write_text("#!/bin/sh\nexit 0\n")
+    (tools / "ok.sh").chmod(0o755)
+    (tools / "plain.sh").write_text("#!/bin/sh\nexit 0\n")
+    lines = ['[defaults]', 'kind = "command"']
+    for jid, name in (("ok", "ok.sh"), ("plain", "plain.sh")):
+        lines += ["[[jobs]]", f'id = "{jid}"', f'input = "tools/{name}"',
+                  'argv = ["{input}", "{output}"]', f'output = "{jid}.pdf"']
+    m = tmp_path / "jobs.toml"
+    m.write_text("\n".join(lines) + "\n")
+
+    # When they are validated
+    res = cli("validate", m, cwd=tmp_path)
+
+    # Then only the one that cannot run is warned of, by its path (both were "'{input}' not
+    # found on PATH here": audit FU)
+    assert res.returncode == 0, res.stderr
+    warned = [ln for ln in res.stderr.splitlines() if ln.startswith("renderctl: warning:")]
+    assert len(warned) == 1 and "job plain" in warned[0], res.stderr
+    assert f"'{tools / 'plain.sh'}' is not executable here" in warned[0], res.stderr
+
+
 def test_submit_says_where_it_enqueued_with_the_queue_path_escaped(tmp_path: Path) -> None:
     # Given a queue path holding ESC (a colour code) and a byte that is not UTF-8
     manifest = write_jobs(tmp_path / "m", [job("a", "write")])
