@@ -342,19 +342,26 @@ def test_a_command_job_copies_its_input(failing_run: dict[str, Any]) -> None:
     assert result["pages"] == 1
 
 
-def test_a_stderr_tail_is_the_last_20_lines_as_a_terminal_ends_them(tmp_path: Path) -> None:
-    # Given a command writing 25 lines to stderr, each with a form feed, a VT and a NEL
+def failed_script_attempt(tmp_path: Path, script: str) -> dict[str, Any]:
+    """The one attempt of a command job running ``script`` in sh, which must fail it."""
     folder = stage(tmp_path)
-    script = 'for i in $(seq 0 24); do printf "line %d\\f\\v\\302\\205 end\\n" $i >&2; done; exit 3'
     manifest = folder / "jobs.json"
     manifest.write_text(json.dumps({"jobs": [
-        {"id": "ff", "kind": "command", "argv": ["sh", "-c", script, "sh", "{output}"],
+        {"id": "sh", "kind": "command", "argv": ["sh", "-c", script, "sh", "{output}"],
          "output": "never.pdf", "max_attempts": 1}]}))
     res = run_cli("run", manifest, *cli_args(folder / "q", folder / "out", *FAST))
     assert res.returncode == 1, res.stderr
+    [attempt] = QueueView(folder / "q").record("dead", "sh")["attempts"]
+    return attempt
+
+
+def test_a_stderr_tail_is_the_last_20_lines_as_a_terminal_ends_them(tmp_path: Path) -> None:
+    # Given a command writing 25 lines to stderr, each with a form feed, a VT and a NEL
+    attempt = failed_script_attempt(
+        tmp_path,
+        'for i in $(seq 0 24); do printf "line %d\\f\\v\\302\\205 end\\n" $i >&2; done; exit 3')
     # Then the attempt keeps its last 20 lines whole (before: each control character ended
     # a line, and the last 20 "lines" were its last 5: audit BJ)
-    [attempt] = QueueView(folder / "q").record("dead", "ff")["attempts"]
     assert attempt["stderr_tail"].split("\n") == [
         f"line {i}\f\v\x85 end" for i in range(5, 25)], attempt
 
@@ -363,19 +370,12 @@ def test_a_progress_counter_redrawn_after_an_error_leaves_the_error_in_the_tail(
         tmp_path: Path) -> None:
     # Given a command that says its error, then redraws a progress counter 30 times with
     # carriage returns (wget, curl, pv, ffmpeg), then exits 3
-    folder = stage(tmp_path)
-    script = ("echo 'Error: bad page 3' >&2; i=0; while [ $i -lt 30 ]; do "
-              "printf '\\rprogress %d%%' $i >&2; i=$((i+1)); done; exit 3")
-    manifest = folder / "jobs.json"
-    manifest.write_text(json.dumps({"jobs": [
-        {"id": "cr", "kind": "command", "argv": ["sh", "-c", script, "sh", "{output}"],
-         "output": "never.pdf", "max_attempts": 1}]}))
-    res = run_cli("run", manifest, *cli_args(folder / "q", folder / "out", *FAST))
-    assert res.returncode == 1, res.stderr
+    attempt = failed_script_attempt(
+        tmp_path, "echo 'Error: bad page 3' >&2; i=0; while [ $i -lt 30 ]; do "
+        "printf '\\rprogress %d%%' $i >&2; i=$((i+1)); done; exit 3")
 
     # Then the tail is what a terminal showed: the error, and the counter's last state (each
     # redraw was a line of its own, and the 20 kept were all progress: audit FU)
-    [attempt] = QueueView(folder / "q").record("dead", "cr")["attempts"]
     assert attempt["stderr_tail"].split("\n") == ["Error: bad page 3", "progress 29%"], attempt
 
 
