@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import errno
+import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -189,7 +190,36 @@ def os_error_message(exc: OSError) -> str:
     where = f" ({exc.filename})" if exc.filename else ""
     if exc.filename2:
         where = f" ({exc.filename} -> {exc.filename2})"
-    return f"I/O error{where}: {exc.strerror or exc}{_shortage(exc.errno)}"
+    return f"I/O error{where}: {exc.strerror or exc}{_shortage(exc.errno)}{_whose(exc)}"
+
+
+def _whose(exc: OSError) -> str:
+    """Whose the file refused is, where that is not the user we run as: root's files in a
+    user's queue were "Permission denied" with nothing to say why (audit FV)."""
+    if exc.errno not in (errno.EACCES, errno.EPERM) \
+            or not isinstance(exc.filename, str | bytes) or not exc.filename:
+        return ""
+    import pwd
+
+    path = os.fsdecode(exc.filename)
+    for where in (path, os.path.dirname(path)):
+        try:
+            uid = os.lstat(where).st_uid
+        except (OSError, ValueError):
+            continue
+        me = os.geteuid()
+        if uid == me:
+            return ""
+
+        def named(n: int) -> str:
+            try:
+                return f"{pwd.getpwuid(n).pw_name} (uid {n})"
+            except KeyError:
+                return f"uid {n}"
+
+        return (f" ({where} belongs to {named(uid)}, and this runs as {named(me)}: run "
+                "renderctl there as its owner, or give it back with `chown`)")
+    return ""
 
 
 def _shortage(err: int | None) -> str:
@@ -203,6 +233,16 @@ def _shortage(err: int | None) -> str:
                 "`ulimit -n`; raise it or lower --workers)")
     if err == errno.ENFILE:
         return " (the system's table of open files is full: fs.file-max)"
+    if err == errno.EAGAIN:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NPROC)[0]
+        limit = "unlimited" if soft == resource.RLIM_INFINITY else str(soft)
+        # (What reaches a command's end as EAGAIN is a fork: audit FV, a bare "I/O error:
+        # Resource temporarily unavailable" under `ulimit -u 3`.)
+        return (f" (if a process was being started: the limit on processes, `ulimit -u`, is "
+                f"{limit} for this user, or a pids cgroup's is reached; raise it or lower "
+                "--workers)")
     return ""
 
 

@@ -25,6 +25,7 @@ import typer
 from renderctl.cli import console as out
 from renderctl.cli.launch import (
     fill_closed_standard_fds,
+    keep_owner_bits,
     start_fork_server_early,
     stops_end_quietly,
     workers_need_no_main,
@@ -175,8 +176,33 @@ def queue_problem(path: Path, *, creating: bool) -> str | None:
     return "is not a renderctl queue and not empty (a new queue needs a missing or empty folder)"
 
 
+def foreign_queue_problem(path: Path) -> str | None:
+    """Why root must not write in ``path`` (None: it may): the queue belongs to another
+    user, whose renderctl could not read what root would leave there. Root's submit,
+    `dead retry` or run into a user's queue left records only root could read: the user's
+    runner stopped (exit 74) with its running job charged as a crash, and the jobs root
+    added ran nowhere (audit FV)."""
+    if os.geteuid() != 0:
+        return None
+    try:
+        uid = os.stat(path).st_uid
+    except OSError:
+        return None  # (made now, by root, for root)
+    if uid == 0:
+        return None
+    import pwd
+
+    try:
+        name = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        name = f"uid {uid}"
+    return (f"belongs to {name} (uid {uid}), and this command runs as root: what it would "
+            f"write there {name}'s renderctl could not read (its runner would stop, exit "
+            f"74); run it as {name} (`sudo -u {name} renderctl ...`)")
+
+
 def check_queue(ctx: typer.Context, param: typer.CallbackParam, value: Path | None, *,
-                creating: bool) -> Path | None:
+                creating: bool, writes: bool = False) -> Path | None:
     """``--queue`` (or its defaults) must name a queue, or for ``creating`` commands a
     folder that can become one: exit 2 naming the option, variable or key, as ``--out``
     does, before the command does anything. A folder that is not a queue is the user's
@@ -186,6 +212,8 @@ def check_queue(ctx: typer.Context, param: typer.CallbackParam, value: Path | No
     path = queue_path(value)
     try:
         problem = queue_problem(path, creating=creating)
+        if problem is None and (creating or writes):
+            problem = foreign_queue_problem(path)
     except OSError as exc:
         out.err(os_error_message(exc))
         raise typer.Exit(ExitCode.IO_ERROR) from None
@@ -208,6 +236,11 @@ def checked_new_queue(ctx: typer.Context, param: typer.CallbackParam,
     return check_queue(ctx, param, value, creating=True)
 
 
+def checked_own_queue(ctx: typer.Context, param: typer.CallbackParam,
+                      value: Path | None) -> Path | None:
+    return check_queue(ctx, param, value, creating=False, writes=True)
+
+
 def queue_option(callback: Callable[..., Path | None]) -> Any:
     return typer.Option("--queue", "-q", help="queue folder [default ./.renderctl]",
                         envvar="RENDERCTL_QUEUE", show_default=False,
@@ -217,6 +250,8 @@ def queue_option(callback: Callable[..., Path | None]) -> Any:
 QueueOpt = Annotated[Path | None, queue_option(checked_queue)]
 # `submit` and `run`: the queue may be missing or an empty folder (they create it).
 NewQueueOpt = Annotated[Path | None, queue_option(checked_new_queue)]
+# `dead retry`, `cancel`: a queue that must be there, whose records they write.
+OwnQueueOpt = Annotated[Path | None, queue_option(checked_own_queue)]
 
 
 def existing_queue(opt: Path | None, *, report_corrupt: bool = True,
@@ -1467,7 +1502,7 @@ def cancel(
         "--group", metavar="NAME", show_default=False,
         help="cancel every job of this group (the manifest's `group`) pending or running "
         "now")] = None,
-    queue: QueueOpt = None, as_json: JsonOpt = False,
+    queue: OwnQueueOpt = None, as_json: JsonOpt = False,
 ) -> None:
     """Cancel jobs: pending ones at once; running ones are killed by the runner."""
     from renderctl.control import cancel_jobs
@@ -1597,7 +1632,7 @@ def dead_retry(
     memory_mb: RetryMemOpt = None,
     timeout: RetryTimeoutOpt = None,
     max_attempts: RetryAttemptsOpt = None,
-    queue: QueueOpt = None,
+    queue: OwnQueueOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Return dead jobs to pending with a fresh attempt budget (history is kept), with new
@@ -1989,6 +2024,7 @@ def main() -> None:
     # (Done already when this runs from the script's entry point, which does both before
     # importing this module; `python -m renderctl.cli.app` does them here.)
     fill_closed_standard_fds()
+    keep_owner_bits()
     undo_locale_coercion()
     workers_need_no_main()
     # (SIGINT is Python's KeyboardInterrupt here, which each command turns into 130.)

@@ -54,6 +54,16 @@ def fill_closed_standard_fds() -> None:
             setattr(sys, name, open(fd, mode, closefd=False))  # noqa: SIM115 - for the process
 
 
+def keep_owner_bits() -> None:
+    """Clear the owner's bits from the umask (a umask of 0277 or 0222), keeping the rest.
+
+    DESIGN.md makes the queue 0700: under umask 0277 it was made 0500, and the command
+    failed in it with "Permission denied", as did every later one until the user fixed the
+    folder by hand (and `run` said only "I/O error: Permission denied", of the fork server's
+    socket folder): audit FV. What the umask takes from the group and others is kept."""
+    os.umask(os.umask(0) & 0o077)
+
+
 def start_fork_server_early(argv: Sequence[str]) -> None:
     """For `run`, start the fork server now, before the command line is imported.
 
@@ -129,6 +139,7 @@ def stops_end_quietly(argv: Sequence[str], signals: Sequence[int] = _EARLY) -> N
 
 def main() -> None:
     fill_closed_standard_fds()
+    keep_owner_bits()
     undo_locale_coercion()
     workers_need_no_main()
     prior = signal.getsignal(signal.SIGINT)

@@ -868,6 +868,52 @@ def test_a_program_the_job_ships_as_its_input_is_looked_for_as_that_input(
     assert f"'{tools / 'plain.sh'}' is not executable here" in warned[0], res.stderr
 
 
+@pytest.mark.parametrize("launcher", ["renderctl.cli.app", "renderctl"])
+def test_a_umask_that_takes_the_owners_bits_still_makes_the_queue_0700(
+        tmp_path: Path, launcher: str) -> None:
+    # Given a umask of 0277 (no write, even for the owner)
+    manifest = write_jobs(tmp_path / "m", [job("a", "write")])
+
+    # When a submit makes the queue, through either entry point
+    res = subprocess.run([sys.executable, "-m", launcher, "submit", str(manifest), "--queue",
+                          str(tmp_path / "q")], capture_output=True, text=True, cwd=tmp_path,
+                         env=env(None), umask=0o277, timeout=60)
+
+    # Then the queue and its folders are 0700 as DESIGN.md says, the group's and others'
+    # bits still taken (made 0500, the command failed in it, and every later one: audit FV)
+    assert res.returncode == 0, res.stderr
+    for folder in (tmp_path / "q", tmp_path / "q" / "pending"):
+        assert folder.stat().st_mode & 0o777 == 0o700, folder
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root")
+def test_root_does_not_write_into_a_queue_another_user_owns(tmp_path: Path) -> None:
+    # Given a queue of nobody's, holding one pending job
+    q = tmp_path / "q"
+    first = write_jobs(tmp_path / "m1", [job("a", "write")])
+    assert cli("submit", first, "--queue", q, cwd=tmp_path).returncode == 0
+    os.chown(q, 65534, 65534)
+    before = sorted(p.relative_to(q) for p in q.rglob("*"))
+
+    # When root submits to it, runs it, retries its dead jobs or cancels its job
+    second = write_jobs(tmp_path / "m2", [job("b", "write")])
+    tries = [cli("submit", second, "--queue", q, cwd=tmp_path),
+             cli("run", "--queue", q, cwd=tmp_path),
+             cli("dead", "retry", "--all", "--queue", q, cwd=tmp_path),
+             cli("cancel", "a", "--queue", q, cwd=tmp_path)]
+
+    # Then each refuses (exit 2) naming the owner and what to do, and writes nothing: its
+    # files, only root could read, stopped nobody's runner (exit 74) and its running job
+    # was charged as a crash (audit FV)
+    for res in tries:
+        assert res.returncode == 2, res.stdout + res.stderr
+        assert "belongs to nobody (uid 65534), and this command runs as root" in res.stderr
+        assert "sudo -u nobody renderctl" in res.stderr, res.stderr
+    assert sorted(p.relative_to(q) for p in q.rglob("*")) == before
+    # (Reading it is harmless.)
+    assert cli("status", "--queue", q, cwd=tmp_path).returncode == 0
+
+
 def test_submit_says_where_it_enqueued_with_the_queue_path_escaped(tmp_path: Path) -> None:
     # Given a queue path holding ESC (a colour code) and a byte that is not UTF-8
     manifest = write_jobs(tmp_path / "m", [job("a", "write")])
