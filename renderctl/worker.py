@@ -2050,6 +2050,34 @@ def expand_argv(argv: list[str], inputs: list[Path], output: Path) -> list[str]:
 _PLACEHOLDER = re.compile(r"\{(output|input)\}")
 
 
+def _program_path(program: str, workdir: Path) -> str | None:
+    """Where exec found (or would look for) ``program``: a path is the job's working
+    folder's, a bare name PATH's; None if PATH has no such name."""
+    if "/" in program:
+        return os.path.join(workdir, program)
+    return shutil.which(program, path=os.environ.get("PATH", os.defpath))
+
+
+def _not_found_said(program: str, workdir: Path) -> str:
+    """Why exec said ENOENT of ``program``: it is not there, or it is and what it needs to
+    run is not (a script's #! interpreter; a binary's loader), which was said as the script
+    itself not found (audit FU)."""
+    path = _program_path(program, workdir)
+    if path is None or not os.path.isfile(path):
+        return f"command not found: {program}"
+    try:
+        with open(path, "rb") as fh:
+            head = fh.readline(512)
+    except OSError:
+        head = b""
+    if head.startswith(b"#!"):
+        interpreter = head[2:].strip().split(b" ")[0].decode(errors="replace")
+        return (f"command: {path}: its interpreter {interpreter} (its #! line) was not "
+                "found")
+    return (f"command: {path} is there, but what it needs to start (its interpreter or "
+            "dynamic loader) was not found")
+
+
 def _is_script_without_interpreter(program: str) -> bool:
     """Whether ``program`` (found as exec would, on PATH) is text with no #! line."""
     path = program if "/" in program else shutil.which(program) or program
@@ -2142,9 +2170,12 @@ def _start_and_wait(args: list[str], workdir: Path, pass_fds: tuple[int, ...],
                                 close_fds=True, pass_fds=pass_fds,
                                 env=dict(os.environ))
     except FileNotFoundError:
-        return {"outcome": Outcome.FAILED.value, "error": f"command not found: {args[0]}"}
+        return {"outcome": Outcome.FAILED.value, "error": _not_found_said(args[0], workdir)}
     except PermissionError:
-        return {"outcome": Outcome.FAILED.value, "error": f"not executable: {args[0]}"}
+        path = _program_path(args[0], workdir)
+        what = (f"command: {path} is a folder, not a program"
+                if path is not None and os.path.isdir(path) else f"not executable: {args[0]}")
+        return {"outcome": Outcome.FAILED.value, "error": what}
     except OSError as exc:
         if exc.errno == errno.E2BIG:
             # The job's argv, the same at every attempt (audit CB: retried until dead
@@ -2192,7 +2223,13 @@ def _last_line(tail: str | None, limit: int = 200) -> str:
     for line in reversed(text_lines(tail or "")):
         line = line.strip()
         if line:
-            return ": " + (line if len(line) <= limit else line[:limit - 3] + "...")
+            if len(line) > limit:
+                # Cut in the middle, as `top` cuts a cause: a long line's end is often the
+                # telling part (a path, then ": No such file or directory"), and cut at the
+                # end it was gone (audit FU).
+                head = (limit - 3) // 3
+                line = line[:head] + "..." + line[-(limit - 3 - head):]
+            return ": " + line
     return ""
 
 

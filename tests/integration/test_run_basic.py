@@ -344,15 +344,52 @@ def test_a_command_job_copies_its_input(failing_run: dict[str, Any]) -> None:
 
 def failed_script_attempt(tmp_path: Path, script: str) -> dict[str, Any]:
     """The one attempt of a command job running ``script`` in sh, which must fail it."""
+    return failed_command_attempt(tmp_path, ["sh", "-c", script, "sh", "{output}"])
+
+
+def failed_command_attempt(tmp_path: Path, argv: list[str]) -> dict[str, Any]:
+    """The one attempt of a command job of ``argv``, which must fail it."""
     folder = stage(tmp_path)
     manifest = folder / "jobs.json"
     manifest.write_text(json.dumps({"jobs": [
-        {"id": "sh", "kind": "command", "argv": ["sh", "-c", script, "sh", "{output}"],
-         "output": "never.pdf", "max_attempts": 1}]}))
+        {"id": "cmd", "kind": "command", "argv": argv, "output": "never.pdf",
+         "max_attempts": 1}]}))
     res = run_cli("run", manifest, *cli_args(folder / "q", folder / "out", *FAST))
     assert res.returncode == 1, res.stderr
-    [attempt] = QueueView(folder / "q").record("dead", "sh")["attempts"]
+    [attempt] = QueueView(folder / "q").record("dead", "cmd")["attempts"]
     return attempt
+
+
+def test_a_long_last_line_keeps_its_end_in_the_error(tmp_path: Path) -> None:
+    # Given a tool whose last line is a long path, then what went wrong with it
+    path = "/data/" + "x" * 400 + ".pdf"
+    attempt = failed_script_attempt(
+        tmp_path, f"echo 'cannot open {path}: No such file or directory' >&2; exit 2")
+
+    # Then the error keeps both its start and its end, cut in the middle (cut at the end,
+    # the reason was gone: audit FU)
+    error = attempt["error"]
+    assert error.startswith("command exited with status 2: cannot open /data/xxx"), error
+    assert error.endswith("xxx.pdf: No such file or directory"), error
+    assert "..." in error and len(error) < 260, error
+
+
+def test_a_command_that_cannot_start_says_why(tmp_path: Path) -> None:
+    # Given a script whose #! interpreter is not there, a folder, and a name not on PATH
+    script = tmp_path / "tool.sh"
+    script.write_text("#!/nonexistent/interp -x\nexit 0\n")
+    script.chmod(0o755)
+
+    # Then each attempt's error says which (the script was "command not found", the folder
+    # "not executable": audit FU)
+    said = {name: failed_command_attempt(tmp_path / name, [program, "{output}"])["error"]
+            for name, program in (("script", str(script)), ("folder", str(tmp_path)),
+                                  ("name", "no-such-renderctl-tool"))}
+    assert said == {
+        "script": f"command: {script}: its interpreter /nonexistent/interp (its #! line) "
+                  "was not found",
+        "folder": f"command: {tmp_path} is a folder, not a program",
+        "name": "command not found: no-such-renderctl-tool"}
 
 
 def test_a_stderr_tail_is_the_last_20_lines_as_a_terminal_ends_them(tmp_path: Path) -> None:
