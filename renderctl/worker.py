@@ -2256,8 +2256,8 @@ def check_output(output: Path, job: RunJob,
             if not p.is_file() or p.is_symlink():
                 continue
             rel = p.relative_to(output).as_posix()
-            pdf_name = f"{_output_name(job)}/{rel}" if p.suffix.lower() == ".pdf" else None
-            sha, size, n = _check_file(p, pdf_name)
+            shown = f"{_output_name(job)}/{rel}"
+            sha, size, n = _check_file(p, shown, pdf=p.suffix.lower() == ".pdf")
             pages += n or 0
             digest.update(rel.encode() + b"\0")
             digest.update(bytes.fromhex(sha))
@@ -2271,28 +2271,29 @@ def check_output(output: Path, job: RunJob,
         raise InvalidOutput("the job did not write its output file") from None
     if not os.path.isfile(output) or os.path.islink(output):
         raise InvalidOutput("the output is not a regular file")
-    sha, size, n_pages = _check_file(output, _output_name(job) if _is_pdf_target(job) else None)
+    sha, size, n_pages = _check_file(output, _output_name(job), pdf=_is_pdf_target(job))
     return {"sha256": sha, "bytes": size, "pages": n_pages}
 
 
-def _check_file(path: Path, pdf_name: str | None) -> tuple[str, int, int | None]:
-    """(sha256 hex, bytes, pages) of one output file; pages only if ``pdf_name`` (what the
-    messages call it) says it must be a PDF, checked as pdf_pages does."""
+def _check_file(path: Path, name: str, *, pdf: bool) -> tuple[str, int, int | None]:
+    """(sha256 hex, bytes, pages) of one output file, which messages call ``name`` (not
+    its temporary's name: audit FU); pages only if it must be a ``pdf``, checked as
+    pdf_pages does."""
     with open(path, "rb") as fh:
         st = os.fstat(fh.fileno())
         if st.st_nlink != 1:
             # A hard link the job made to (or from) a file elsewhere, outside the output
             # root perhaps: what is published would change with that file after this check.
-            raise InvalidOutput(f"{pdf_name or path.name}: the file has {st.st_nlink - 1} "
+            raise InvalidOutput(f"{name}: the file has {st.st_nlink - 1} "
                                 "other hard link(s); an output must be a file of its own")
         size = st.st_size
         if size <= CHECK_IN_MEMORY_MAX:
             data = fh.read()
-            pages = pdf_pages(data, pdf_name) if pdf_name else None
+            pages = pdf_pages(data, name) if pdf else None
             return hashlib.sha256(data).hexdigest(), len(data), pages
         sha = hashlib.file_digest(fh, "sha256").hexdigest()
         fh.seek(0)
-        pages = pdf_pages(fh, pdf_name) if pdf_name else None
+        pages = pdf_pages(fh, name) if pdf else None
         return sha, size, pages
 
 

@@ -1784,6 +1784,24 @@ def test_an_output_hard_linked_to_a_file_elsewhere_is_not_published(
     assert outside.read_bytes() == before and os.stat(outside).st_nlink == 1
 
 
+def test_a_hard_linked_output_that_is_no_pdf_is_named_as_the_job_names_it(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given a job whose output, not a PDF, is a hard link to a file elsewhere
+    stage(tmp_path)
+    outside = tmp_path / "outside.bin"
+    outside.write_bytes(b"data")
+    manifest = write_manifest([py_job("hard", "hardlink_output", output="sub/hard.bin",
+                                      target=str(outside))], defaults={"max_attempts": 1})
+
+    # When it runs
+    _, view = run_in_one_worker(tmp_path, manifest)
+
+    # Then the error names the output as the job does (it named the attempt's temporary,
+    # .rctl-<tag>.tmp: audit FU)
+    error = view.record("dead", "hard")["attempts"][-1]["error"]
+    assert error.startswith("sub/hard.bin: the file has 1 other hard link(s)"), error
+
+
 def test_a_process_that_joined_the_runners_group_dies_with_its_worker_under_sampling(
         tmp_path: Path, write_manifest: Any, leftover: Path) -> None:
     # Given a job that starts a process in the runner's own process group, then ends its
