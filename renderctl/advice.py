@@ -48,6 +48,13 @@ def unfound_programs(jobs: Sequence[JobSpec], origin: dict[str, str]) -> list[Pr
     present: set[tuple[str, str, str]] = set()
     for job in jobs:
         if job.kind == "command" and job.argv:
+            if "{output}" in job.argv[0]:
+                # (The temporary the command is to write: not there when it starts.)
+                found.append(Problem(origin.get(job.id, "?"), job.id, "argv[0]",
+                                     "'{output}' as the program: the job's output does not "
+                                     "exist when its command starts; each attempt would "
+                                     "fail"))
+                continue
             program = _program_of(job)
             if program is None:
                 continue
@@ -87,11 +94,9 @@ def unfound_programs(jobs: Sequence[JobSpec], origin: dict[str, str]) -> list[Pr
 def _program_of(job: JobSpec) -> str | None:
     """The program a command job's argv names, as its placeholders will have it: an input
     (a script the job ships) is looked for as that input, which was warned about as "not
-    found on PATH" (audit FU); None where it is the job's own output, not there before."""
+    found on PATH" (audit FU); None where there is nothing to look for."""
     assert job.argv
     program = job.argv[0]
-    if "{output}" in program:
-        return None
     if program == "{inputs}" or "{input}" in program:
         if not job.inputs:
             return None  # (validate says so itself)

@@ -194,29 +194,32 @@ def os_error_message(exc: OSError) -> str:
 
 
 def _whose(exc: OSError) -> str:
-    """Whose the file refused is, where that is not the user we run as: root's files in a
-    user's queue were "Permission denied" with nothing to say why (audit FV)."""
+    """Whose the file refused is (or, ours, its folder's), where that is not the user we
+    run as: root's files in a user's queue were "Permission denied" with nothing to say
+    why (audit FV)."""
     if exc.errno not in (errno.EACCES, errno.EPERM) \
             or not isinstance(exc.filename, str | bytes) or not exc.filename:
         return ""
     import pwd
 
+    def named(n: int) -> str:
+        try:
+            return f"{pwd.getpwuid(n).pw_name} (uid {n})"
+        except KeyError:
+            return f"uid {n}"
+
     path = os.fsdecode(exc.filename)
+    me = os.geteuid()
     for where in (path, os.path.dirname(path)):
         try:
-            uid = os.lstat(where).st_uid
+            uid = os.stat(where).st_uid  # (a symlink's target: what was refused)
         except (OSError, ValueError):
             continue
-        me = os.geteuid()
         if uid == me:
-            return ""
-
-        def named(n: int) -> str:
-            try:
-                return f"{pwd.getpwuid(n).pw_name} (uid {n})"
-            except KeyError:
-                return f"uid {n}"
-
+            continue  # (ours: its folder may be what refused a rename or an unlink)
+        if uid == 0:
+            return (f" ({where} belongs to root, and this runs as {named(me)}: a command "
+                    f"run as root made it; have root remove it or `chown` it to you)")
         return (f" ({where} belongs to {named(uid)}, and this runs as {named(me)}: run "
                 "renderctl there as its owner, or give it back with `chown`)")
     return ""
@@ -240,9 +243,8 @@ def _shortage(err: int | None) -> str:
         limit = "unlimited" if soft == resource.RLIM_INFINITY else str(soft)
         # (What reaches a command's end as EAGAIN is a fork: audit FV, a bare "I/O error:
         # Resource temporarily unavailable" under `ulimit -u 3`.)
-        return (f" (if a process was being started: the limit on processes, `ulimit -u`, is "
-                f"{limit} for this user, or a pids cgroup's is reached; raise it or lower "
-                "--workers)")
+        return (f" (if a process was being started: a limit on processes was reached, "
+                f"`ulimit -u` ({limit}; not applied to root) or a pids cgroup's pids.max)")
     return ""
 
 
@@ -261,10 +263,14 @@ _LINE_ENDS = re.compile(r"\r*\n")
 
 
 def _seen(line: str) -> str:
-    """What a terminal shows of ``line`` redrawn after each CR: its last non-empty part."""
+    """What a terminal shows of ``line`` redrawn after each CR: each part written over the
+    start of what was there (a shorter redraw leaves the rest of the longer one)."""
     if "\r" not in line:
         return line
-    return next((part for part in reversed(line.split("\r")) if part), "")
+    shown = ""
+    for part in line.split("\r"):
+        shown = part + shown[len(part):]
+    return shown
 
 
 def displayable(text: str) -> str:

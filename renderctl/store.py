@@ -657,7 +657,7 @@ class Queue:
     """A directory queue; the public API for programs that enqueue and for the runner."""
 
     def __init__(self, path: str | os.PathLike[str], *, clock: Clock = SYSTEM_CLOCK,
-                 create: bool = True) -> None:
+                 create: bool = True, settle: bool = True) -> None:
         if (why := bad_folder_name(path)) is not None:
             # (a ValueError for a NUL, from deep inside; audit CX)
             raise UserError(f"Queue({reprlib.repr(path)}): the queue's path {why}")
@@ -713,7 +713,8 @@ class Queue:
             self._create()
         elif not (self.path / "pending").is_dir():
             raise QueueIOError(f"{self.path} is not a renderctl queue (no pending/ folder)")
-        self.roll_forward()
+        if settle:  # (False: an open that writes nothing, for root in a user's queue)
+            self.roll_forward()
 
     def roll_forward(self, *, wait: bool = False) -> None:
         """Place committed batches no submit is placing, settle what a killed cancel took,

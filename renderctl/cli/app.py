@@ -250,7 +250,8 @@ def queue_option(callback: Callable[..., Path | None]) -> Any:
 QueueOpt = Annotated[Path | None, queue_option(checked_queue)]
 # `submit` and `run`: the queue may be missing or an empty folder (they create it).
 NewQueueOpt = Annotated[Path | None, queue_option(checked_new_queue)]
-# `dead retry`, `cancel`: a queue that must be there, whose records they write.
+# `dead retry`, `cancel`, `dead purge`, `prune`: a queue that must be there, whose records
+# they write.
 OwnQueueOpt = Annotated[Path | None, queue_option(checked_own_queue)]
 
 
@@ -265,7 +266,12 @@ def existing_queue(opt: Path | None, *, report_corrupt: bool = True,
     cancel" of 40 jobs that would run once there was room; `show`, `wait`: no such job)."""
     from renderctl.store import Queue
 
-    q = watch_locks(Queue(queue_path(opt), create=False))
+    # As root in a queue another user owns, an open that only reads: what it would settle
+    # (a killed submit's batch, a killed cancel) written as root, only root could read it,
+    # and the owner's runner stopped at it, exit 74 (review FX). The owner's next command
+    # settles it.
+    settle = foreign_queue_problem(queue_path(opt)) is None
+    q = watch_locks(Queue(queue_path(opt), create=False, settle=settle))
     if report_corrupt:
         report_quarantines(q)
         unplaced = q.unplaced_error()
@@ -1694,7 +1700,7 @@ def dead_retry(
 @dead_app.command("purge")
 @handle_errors
 @restores_stops
-def dead_purge(queue: QueueOpt = None, as_json: JsonOpt = False) -> None:
+def dead_purge(queue: OwnQueueOpt = None, as_json: JsonOpt = False) -> None:
     """Delete every dead-lettered record."""
     early = defer_stops()
     from renderctl.crashpoints import CrashPoints
@@ -1743,7 +1749,7 @@ def prune(
         help="only these jobs (e.g. to render one done job afresh)", show_default=False)
     ] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="count, delete nothing")] = False,
-    queue: QueueOpt = None,
+    queue: OwnQueueOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Delete finished jobs' records older than an age (the queue's history; outputs stay)."""

@@ -854,6 +854,8 @@ def test_a_program_the_job_ships_as_its_input_is_looked_for_as_that_input(
     for jid, name in (("ok", "ok.sh"), ("plain", "plain.sh")):
         lines += ["[[jobs]]", f'id = "{jid}"', f'input = "tools/{name}"',
                   'argv = ["{input}", "{output}"]', f'output = "{jid}.pdf"']
+    # (and one whose program is its own output, which never exists when it starts)
+    lines += ["[[jobs]]", 'id = "self"', 'argv = ["{output}"]', 'output = "self.sh"']
     m = tmp_path / "jobs.toml"
     m.write_text("\n".join(lines) + "\n")
 
@@ -864,8 +866,10 @@ def test_a_program_the_job_ships_as_its_input_is_looked_for_as_that_input(
     # found on PATH here": audit FU)
     assert res.returncode == 0, res.stderr
     warned = [ln for ln in res.stderr.splitlines() if ln.startswith("renderctl: warning:")]
-    assert len(warned) == 1 and "job plain" in warned[0], res.stderr
-    assert f"'{tools / 'plain.sh'}' is not executable here" in warned[0], res.stderr
+    by_job = {ln.split(": job ")[1].split(":")[0]: ln for ln in warned}
+    assert len(warned) == 2 and set(by_job) == {"plain", "self"}, res.stderr
+    assert f"'{tools / 'plain.sh'}' is not executable here" in by_job["plain"], res.stderr
+    assert "'{output}' as the program" in by_job["self"], res.stderr
 
 
 @pytest.mark.parametrize("launcher", ["renderctl.cli.app", "renderctl"])
@@ -895,12 +899,14 @@ def test_root_does_not_write_into_a_queue_another_user_owns(tmp_path: Path) -> N
     os.chown(q, 65534, 65534)
     before = sorted(p.relative_to(q) for p in q.rglob("*"))
 
-    # When root submits to it, runs it, retries its dead jobs or cancels its job
+    # When root submits to it, runs it, or changes its records (retry, cancel, purge, prune)
     second = write_jobs(tmp_path / "m2", [job("b", "write")])
     tries = [cli("submit", second, "--queue", q, cwd=tmp_path),
              cli("run", "--queue", q, cwd=tmp_path),
              cli("dead", "retry", "--all", "--queue", q, cwd=tmp_path),
-             cli("cancel", "a", "--queue", q, cwd=tmp_path)]
+             cli("cancel", "a", "--queue", q, cwd=tmp_path),
+             cli("dead", "purge", "--queue", q, cwd=tmp_path),
+             cli("prune", "--older-than", "0s", "--queue", q, cwd=tmp_path)]
 
     # Then each refuses (exit 2) naming the owner and what to do, and writes nothing: its
     # files, only root could read, stopped nobody's runner (exit 74) and its running job
@@ -912,6 +918,34 @@ def test_root_does_not_write_into_a_queue_another_user_owns(tmp_path: Path) -> N
     assert sorted(p.relative_to(q) for p in q.rglob("*")) == before
     # (Reading it is harmless.)
     assert cli("status", "--queue", q, cwd=tmp_path).returncode == 0
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root")
+@pytest.mark.parametrize("command", [["status"], ["dead", "list"], ["show", "b"],
+                                     ["metrics"]])
+def test_roots_reading_commands_leave_a_users_queue_as_it_was(
+        tmp_path: Path, command: list[str]) -> None:
+    # Given a queue of nobody's where a submit was killed after its commit point (a batch
+    # in journal/ that an open places in pending/)
+    q = tmp_path / "q"
+    first = write_jobs(tmp_path / "m1", [job("a", "write")])
+    assert cli("submit", first, "--queue", q, cwd=tmp_path).returncode == 0
+    second = write_jobs(tmp_path / "m2", [job("b", "write"), job("c", "write")])
+    killed = cli("submit", second, "--queue", q, cwd=tmp_path,
+                 extra_env={"RENDERCTL_CRASH_AT": "submit:staged"})
+    assert killed.returncode != 0 and any((q / "journal").iterdir()), killed.stderr
+    for path in [q, *q.rglob("*")]:
+        os.chown(path, 65534, 65534, follow_symlinks=False)
+
+    # When root runs a command that only reads there
+    res = cli(*command, "--queue", q, cwd=tmp_path)
+
+    # Then it writes nothing of root's there: the batch it placed was root's, only root
+    # could read it, and nobody's runner stopped at it, exit 74 (review FX); nobody's next
+    # command places it
+    assert res.returncode in (0, 2), res.stderr  # (2: `show b`, not placed yet)
+    assert [p for p in [q, *q.rglob("*")] if p.lstat().st_uid != 65534
+            and p.name != "metrics.totals.json"] == []
 
 
 def test_submit_says_where_it_enqueued_with_the_queue_path_escaped(tmp_path: Path) -> None:
