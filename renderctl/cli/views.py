@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -217,8 +218,9 @@ def render_job(c: Console, view: JobView) -> None:
         f"timeout {human_duration(rec.spec.timeout_s)}; max attempts {rec.spec.max_attempts}"
         + (f"; deadline {_ts(rec.spec.deadline)}" if rec.spec.deadline else ""),
     ]
-    if view.state is State.PENDING and rec.not_before:
+    if view.state is State.PENDING and rec.not_before > time.time():
         # Waiting out a retry's backoff: why a pending job does not start, and until when.
+        # (Not one past: a released job's is the moment of its release; audit FU.)
         lines.append(f"  next attempt not before {_ts(rec.not_before)}")
     if rec.result:
         r = rec.result

@@ -186,6 +186,29 @@ def test_a_queue_and_an_output_root_a_thousand_folders_deep_are_made_and_the_job
         remove_tree(tmp_path / "out")
 
 
+def test_show_of_a_released_job_names_no_wait(tmp_path: Path, write_manifest: Any) -> None:
+    import signal
+
+    # Given a job released uncharged by its runner's stop as it ran
+    stage(tmp_path)
+    job, go = held_job(tmp_path, "held")
+    manifest = write_manifest([job])
+    queue, out = tmp_path / "q", tmp_path / "out"
+    runner = Runner(manifest, *cli_args(queue, out, "--json", "--grace", "0"))
+    try:
+        runner.until(lambda ln: '"started"' in ln)
+        runner.proc.send_signal(signal.SIGTERM)
+        assert runner.wait() == 128 + signal.SIGTERM
+    finally:
+        runner.close()
+    assert QueueView(queue).ids("pending") == {"held"}
+
+    # Then `show` does not say it waits for the moment it was released (audit FU: "next
+    # attempt not before" a time already past)
+    shown = run_cli("show", "held", "--queue", queue).stdout
+    assert "not before" not in shown, shown
+
+
 def test_show_names_a_jobs_deadline_and_when_its_retry_may_start(
         tmp_path: Path, write_manifest: Any) -> None:
     import signal
