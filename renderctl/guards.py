@@ -1019,8 +1019,29 @@ def _usable_cgroup(v1: bool) -> Path | None:
 
 
 def _unavailable(name: str) -> GuardUnavailable:
-    return GuardUnavailable(f"{name} is not usable here (its memory controller is not "
-                            "writable); auto picks the strongest guard that is")
+    v1 = name == "cgroup-v1"
+    mounted = (_mount_point("cgroup", "memory") if v1 else _mount_point("cgroup2", None))
+    # (Said as "its memory controller is not writable" of a v2 guard on a host whose memory
+    # controller is v1's, which sent a user to check permissions: audit FV.)
+    if mounted is None:
+        why = f"no cgroup {'v1 memory' if v1 else 'v2'} hierarchy is mounted"
+    elif not v1 and "memory" not in _controllers(mounted[0]):
+        why = ("the cgroup v2 hierarchy has no memory controller here: it is v1's, "
+               "--memory-guard cgroup-v1")
+    elif os.geteuid() != 0:
+        why = ("its memory controller is not writable: run as root, or in a cgroup "
+               "delegated to this user")
+    else:
+        why = "its memory controller is not writable"
+    return GuardUnavailable(f"{name} is not usable here ({why}); auto picks the strongest "
+                            "guard that is")
+
+
+def _controllers(root: Path) -> list[str]:
+    try:
+        return (root / "cgroup.controllers").read_text().split()
+    except OSError:
+        return []
 
 
 def require_memory_guard(prefer: str) -> None:

@@ -64,6 +64,18 @@ def test_a_memory_guard_this_machine_lacks_is_a_usage_error(tmp_path: Path,
     assert nothing_enqueued(q)  # checked before the manifest was submitted
 
 
+def test_a_v2_guard_where_the_memory_controller_is_v1s_says_so(tmp_path: Path,
+                                                               manifest: Path) -> None:
+    mount = guards._mount_point("cgroup2", None)
+    if mount is None or "memory" in guards._controllers(mount[0]):
+        pytest.skip("needs a cgroup v2 hierarchy without the memory controller (a hybrid host)")
+    res = cli("run", manifest, "--queue", tmp_path / "q", "--out", tmp_path / "out",
+              "--memory-guard", "cgroup-v2", cwd=tmp_path)
+    # (It said "its memory controller is not writable", to root: audit FV)
+    one_line_usage_error(res, "the cgroup v2 hierarchy has no memory controller here",
+                         "--memory-guard cgroup-v1")
+
+
 # -- C2: job limits from options, environment and configuration ----------------------------
 
 # Each value is out of the manifest's range for that field (nan and inf included).
