@@ -1515,6 +1515,8 @@ def execute(job: RunJob, workdir: Path, after_call: Callable[[], None] | None = 
         fields = _judge_full(
             _execute(job, staging.output, workdir, after_call, before_check, staging.fds,
                      held=(staging.folder_fd, staging.folder_ident)), tmp)
+        if fields["outcome"] != Outcome.COMPLETED.value:
+            fields = _staging_hint(fields, staging.output)
         if fields["outcome"] == Outcome.COMPLETED.value:
             try:
                 staging.commit()
@@ -1523,6 +1525,24 @@ def execute(job: RunJob, workdir: Path, after_call: Callable[[], None] | None = 
         return fields
     finally:
         staging.close()
+
+
+def _staging_hint(fields: dict[str, Any], output: Path) -> dict[str, Any]:
+    """``fields`` of a failed attempt whose output was given as ``/proc/self/fd/N/...`` (a
+    shared folder's private one), with what to do added to its error if what it says names
+    that path: a process the job started, which did not inherit N, could not open it, and
+    the record said only "cannot create ... No such file or directory" (audit FV)."""
+    where = str(output.parent)
+    said = " ".join(str(fields.get(k) or "") for k in ("error", "stderr_tail",
+                                                           "traceback_tail"))
+    if f"{where}/" not in said or not fields.get("error"):
+        return fields
+    n = output.parent.name
+    return {**fields, "error": f"{fields['error']} (the output is given as {output}, in "
+                               f"a shared output folder: a process the job starts must "
+                               f"inherit descriptor {n} to write there, subprocess's "
+                               f"pass_fds=({n},); or keep the output folder writable only "
+                               "by renderctl's user)"}
 
 
 class _HeldFolder:

@@ -1637,6 +1637,31 @@ def test_a_job_whose_child_process_writes_its_output_completes(
     assert_pdf(out / "cmd.pdf", "copied")
 
 
+def test_a_child_that_cannot_write_a_shared_folders_output_is_told_what_to_do(
+        tmp_path: Path, write_manifest: Any) -> None:
+    # Given a python job whose child process (which closes inherited descriptors) writes its
+    # output, in an output folder others can write to (the job gets /proc/self/fd/N/...)
+    stage(tmp_path)
+    queue, out = tmp_path / "q", tmp_path / "out"
+    (out / "shared").mkdir(parents=True)
+    (out / "shared").chmod(0o1777)
+    pdf = tmp_path / "in.pdf"
+    from jobfns import _pdf
+    _pdf(pdf, "copied")
+    job = {**py_job("py", "copy_via_child", output="shared/py.pdf"), "inputs": [str(pdf)],
+           "max_attempts": 1}
+
+    # When it runs
+    res = run_cli("run", write_manifest([job]), *cli_args(queue, out, "--workers", "1"))
+
+    # Then it fails as README says it must, its error saying why and what to do (it said
+    # only that cp could not create /proc/self/fd/17/py.pdf: audit FV)
+    assert res.returncode == ExitCode.JOBS_FAILED, res.stdout + res.stderr
+    error = QueueView(queue).record("dead", "py")["attempts"][-1]["error"]
+    assert "in a shared output folder: a process the job starts must inherit descriptor" \
+        in error and "pass_fds=(" in error, error
+
+
 def test_a_folder_swapped_for_a_symlink_after_the_check_gets_no_folders_made_outside(
         tmp_path: Path, write_manifest: Any) -> None:
     from jobfns import wait_until
