@@ -21,6 +21,7 @@ from pypdf.generic import (
     ArrayObject,
     ByteStringObject,
     DecodedStreamObject,
+    Destination,
     DictionaryObject,
     FloatObject,
     IndirectObject,
@@ -263,21 +264,13 @@ def _carry_names(reader: PdfReader, sources: list[PageObject], copies: list[Page
              for src, copy in zip(sources, copies, strict=True)
              if src.indirect_reference is not None and copy.indirect_reference is not None}
     try:
-        dests = reader.named_destinations
+        dests = _string_names(reader)
     except LimitReachedError:
         # Past what pypdf reads (50,000 names in one flat array): merged without them, as
         # before names were carried (review FS)
         return
-    # The old /Dests dictionary's names (pypdf keys them "/name" among the strings): a link
-    # names them as a name, not a string, and a string name tree cannot hold them. Not by a
-    # leading "/" alone: a string name may begin with one (review FT).
-    old_style = reader.root_object.get("/Dests")
-    old_style = old_style.get_object() if old_style is not None else None
-    skip = set(old_style) if isinstance(old_style, DictionaryObject) else set()
     renamed: dict[str, str] = {}
     for name, dest in dests.items():
-        if name in skip:
-            continue
         page = dest.raw_get("/Page") if "/Page" in dest else None
         target = where.get(page.idnum) if isinstance(page, IndirectObject) else None
         if target is None:
@@ -291,6 +284,20 @@ def _carry_names(reader: PdfReader, sources: list[PageObject], copies: list[Page
         names[new] = ArrayObject([target, *dest.dest_array[1:]])
     if renamed:
         _rename_link_targets(copies, renamed)
+
+
+def _string_names(reader: PdfReader) -> dict[str, Destination]:
+    """``reader``'s destinations named by a string (LimitReachedError past what pypdf reads).
+
+    Not the old /Dests dictionary's names (pypdf keys them "/name" among the strings): a
+    link names them as a name, not a string, and a string name tree cannot hold them. Not
+    told by a leading "/" alone: a string name may begin with one (review FT)."""
+    dests = reader.named_destinations
+    old_style = reader.root_object.get("/Dests")
+    old_style = old_style.get_object() if old_style is not None else None
+    if not isinstance(old_style, DictionaryObject):
+        return dict(dests)
+    return {name: dest for name, dest in dests.items() if name not in old_style}
 
 
 def _rename_link_targets(copies: list[PageObject], renamed: Mapping[str, str]) -> None:
@@ -766,6 +773,7 @@ def split(inputs: list[Path], output: Path, params: Mapping[str, Any]) -> None:
     path = inputs[0]
     reader = open_pdf(path)
     with pdf_errors(path.name):
+        names = _names_by_page(reader)
         total = len(reader.pages)
         parts = math.ceil(total / per_part)
         width = max(4, len(str(parts)))
@@ -774,10 +782,39 @@ def split(inputs: list[Path], output: Path, params: Mapping[str, Any]) -> None:
             for page_number in range(first, stop):
                 _sized(reader.pages[page_number], f"{path.name}: page {page_number + 1}")
             _write_part(reader, range(first, stop),
-                        output / f"part-{index + 1:0{width}d}.pdf")
+                        output / f"part-{index + 1:0{width}d}.pdf", names)
 
 
-def _write_part(reader: PdfReader, numbers: range, path: Path) -> None:
+def _names_by_page(reader: PdfReader) -> dict[int, list[tuple[str, Destination]]]:
+    """``reader``'s string-named destinations by the object number of their page; none if
+    pypdf cannot read them (the parts go without, as before names were carried: a broken
+    name tree must not refuse pages that are whole)."""
+    try:
+        dests = _string_names(reader)
+    except Exception:  # noqa: BLE001 - see above: names are the parts' extra, not their pages
+        return {}
+    by_page: dict[int, list[tuple[str, Destination]]] = {}
+    for name, dest in dests.items():
+        page = dest.raw_get("/Page") if "/Page" in dest else None
+        if isinstance(page, IndirectObject):
+            by_page.setdefault(page.idnum, []).append((name, dest))
+    return by_page
+
+
+def _named_target(annot: DictionaryObject) -> str | None:
+    """The destination name a link leads to (its /Dest, or its GoTo action's /D), if a
+    string; None for a link to a page, another file's name (GoToR), or no link."""
+    action = annot.get("/A")
+    action = action.get_object() if action is not None else None
+    target = annot.get("/Dest")
+    if target is None and isinstance(action, DictionaryObject) \
+            and action.get("/S") == "/GoTo":
+        target = action.get("/D")
+    return str(target) if isinstance(target, (TextStringObject, ByteStringObject)) else None
+
+
+def _write_part(reader: PdfReader, numbers: range, path: Path,
+                names: Mapping[int, list[tuple[str, Destination]]]) -> None:
     """Pages ``numbers`` of ``reader`` as a PDF of their own at ``path``.
 
     The pages go in first without their annotations and page actions, then each
@@ -788,11 +825,20 @@ def _write_part(reader: PdfReader, numbers: range, path: Path) -> None:
     page (a chain of 300 pages overflowed pypdf's recursion: review EQ); pypdf's append
     drops links only, and carried the whole document through a note's reference, at a cost
     per part growing with the named destinations (review EO). Added first, the part's pages
-    are where links within the part lead (pypdf maps each page it copied once)."""
+    are where links within the part lead (pypdf maps each page it copied once).
+
+    The named destinations of the part's pages go with it (hyperref links every reference
+    by name: in a part they all led nowhere, audit FY), each to its page's copy, its view
+    kept; a link by a name on another part's page is dropped, as a link to that page is."""
     writer = PdfWriter()
     added = [writer.add_page(_without_links(reader.pages[n])) for n in numbers]
     own = {ref.idnum for n in numbers
            if (ref := reader.pages[n].indirect_reference) is not None}
+    here: dict[str, ArrayObject] = {}
+    for n, page in zip(numbers, added, strict=True):
+        ref = reader.pages[n].indirect_reference
+        for name, dest in names.get(ref.idnum, ()) if ref is not None else ():
+            here[name] = ArrayObject([page.indirect_reference, *dest.dest_array[1:]])
     safe: dict[int, bool] = {}  # (see _leads_out)
     for n, page in zip(numbers, added, strict=True):
         annots = reader.pages[n].get("/Annots")
@@ -804,6 +850,9 @@ def _write_part(reader: PdfReader, numbers: range, path: Path) -> None:
             annot = ref.get_object()
             if not isinstance(annot, DictionaryObject):
                 continue
+            target = _named_target(annot)
+            if target is not None and target not in here and annot.get("/Subtype") == "/Link":
+                continue
             if _leads_out(annot, own, safe):
                 cut = _cut_out(annot, own, safe)
                 if cut is not None:
@@ -814,6 +863,8 @@ def _write_part(reader: PdfReader, numbers: range, path: Path) -> None:
                 kept.append(writer._add_object(annot.clone(writer)))
         if kept:
             page[NameObject("/Annots")] = kept
+    if here:
+        _write_name_tree(writer, here)
     # "xb": the folder is ours and starts empty; never clobber whatever appeared in it.
     with path.open("xb") as fh:
         writer.write(fh)

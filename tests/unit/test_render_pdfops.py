@@ -1001,6 +1001,26 @@ def test_a_merge_keeps_the_destinations_its_links_by_name_lead_to(tmp_path: Path
         [(4, "/XYZ"), (5, "/XYZ"), (-1, "chap2")], [], []]
 
 
+def test_a_split_part_keeps_the_names_of_its_pages_and_drops_links_by_name_out_of_it(
+        tmp_path: Path) -> None:
+    # Given a document whose first page links by name to the second and the third
+    named = _named_links(tmp_path / "named.pdf")
+
+    # When it is split into parts of two pages
+    out = tmp_path / "parts"
+    out.mkdir()
+    pdfops.split([named], out, {"pages_per_part": 2})
+
+    # Then each part names the destinations on its own pages, at their views, and its links
+    # by name lead there; a link by a name on the other part's page is dropped, as a link
+    # to that page is (every link by name led nowhere: audit FY); a GoToR's stays
+    first, second = out / "part-0001.pdf", out / "part-0002.pdf"
+    assert list(PdfReader(first).named_destinations) == ["chap2"]
+    assert list(PdfReader(second).named_destinations) == ["chap3"]
+    assert _named_link_targets(first) == [[(1, "/XYZ"), (-1, "chap2")], []]
+    assert _named_link_targets(second) == [[]]
+
+
 @pytest.mark.parametrize("style", ["string", "old"])
 def test_a_merge_tells_a_string_name_with_a_slash_from_an_old_style_name(
         tmp_path: Path, style: str) -> None:
