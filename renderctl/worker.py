@@ -1529,12 +1529,14 @@ def execute(job: RunJob, workdir: Path, after_call: Callable[[], None] | None = 
 
 def _staging_hint(fields: dict[str, Any], output: Path) -> dict[str, Any]:
     """``fields`` of a failed attempt whose output was given as ``/proc/self/fd/N/...`` (a
-    shared folder's private one), with what to do added to its error if what it says names
-    that path: a process the job started, which did not inherit N, could not open it, and
-    the record said only "cannot create ... No such file or directory" (audit FV)."""
+    shared folder's private one), with what to do added to its error if it, or what the job
+    wrote to stderr, names that path: a process the job started, which did not inherit N,
+    could not open it, and the record said only "cannot create ... No such file or
+    directory" (audit FV)."""
     where = str(output.parent)
-    said = " ".join(str(fields.get(k) or "") for k in ("error", "stderr_tail",
-                                                           "traceback_tail"))
+    # (Not the traceback: a job that failed for another reason, its output folder removed,
+    # has the path there too, from its own open.)
+    said = " ".join(str(fields.get(k) or "") for k in ("error", "stderr_tail"))
     if f"{where}/" not in said or not fields.get("error"):
         return fields
     n = output.parent.name
