@@ -217,12 +217,21 @@ def _whose(exc: OSError) -> str:
             continue
         if uid == me:
             continue  # (ours: its folder may be what refused a rename or an unlink)
-        if uid == 0:
+        if uid == 0 and _owner(os.path.dirname(where)) == me:
+            # (Root's file in a folder of ours: a root command wrote there. In a folder of
+            # root's, a queue root owns on purpose, root is whom to run as: review FZ.)
             return (f" ({where} belongs to root, and this runs as {named(me)}: a command "
                     f"run as root made it; have root remove it or `chown` it to you)")
         return (f" ({where} belongs to {named(uid)}, and this runs as {named(me)}: run "
                 "renderctl there as its owner, or give it back with `chown`)")
     return ""
+
+
+def _owner(path: str) -> int | None:
+    try:
+        return os.stat(path).st_uid
+    except (OSError, ValueError):
+        return None
 
 
 def _shortage(err: int | None) -> str:
@@ -264,13 +273,29 @@ _LINE_ENDS = re.compile(r"\r*\n")
 
 def _seen(line: str) -> str:
     """What a terminal shows of ``line`` redrawn after each CR: each part written over the
-    start of what was there (a shorter redraw leaves the rest of the longer one)."""
+    start of what was there (a shorter redraw leaves the rest of the longer one), an
+    erase-line escape (``ESC[K``, ``ESC[2K``: curl's, pip's) clearing the rest of the line
+    (review FZ: "\x1b[Kerror: resetfile.tar 45%")."""
     if "\r" not in line:
         return line
     shown = ""
     for part in line.split("\r"):
-        shown = part + shown[len(part):]
+        pieces = _ERASE_LINE.split(part)
+        if len(pieces) == 1:
+            shown = part + shown[len(part):]
+            continue
+        # Written up to the first erase, which clears from there on; what follows it is
+        # written from there as one more piece, to the next erase, and so on.
+        at = 0
+        for i, piece in enumerate(pieces):
+            shown = shown[:at] + piece + shown[at + len(piece):]
+            at += len(piece)
+            if i < len(pieces) - 1:
+                shown = shown[:at]
     return shown
+
+
+_ERASE_LINE = re.compile("\x1b\\[[02]?K")
 
 
 def displayable(text: str) -> str:

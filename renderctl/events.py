@@ -100,8 +100,12 @@ class LogTail:
 class EventLog:
     """Appends events; reads them back for `top` and tests."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, create: bool = True) -> None:
         self.path = Path(path)
+        # False: a log that is not there is not made (root reading a user's queue: one made
+        # would be root's, and the user's runner could not append to it; review FZ), and
+        # what would have gone there is dropped.
+        self._create = create
         self._fd = -1
         self._ident = (0, 0)  # (device, inode) of the file open as _fd
         self._torn = False  # whether the log ends in half a line (see _append)
@@ -129,7 +133,13 @@ class EventLog:
             self._close()
             # Without blocking, and a regular file only: a job runs as the runner does, and a
             # FIFO it put at the log's path held the runner in this open() for good.
-            fd, st = open_regular(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+            try:
+                fd, st = open_regular(self.path, os.O_WRONLY | os.O_APPEND
+                                      | (os.O_CREAT if self._create else 0))
+            except FileNotFoundError:
+                if self._create:
+                    raise
+                return
             self._fd = fd
             self._ident = (st.st_dev, st.st_ino)
             self._torn = st.st_size > 0 and _last_byte(self.path, st.st_size) != b"\n"

@@ -1026,8 +1026,9 @@ def _unavailable(name: str) -> GuardUnavailable:
     if mounted is None:
         why = f"no cgroup {'v1 memory' if v1 else 'v2'} hierarchy is mounted"
     elif not v1 and "memory" not in _controllers(mounted[0]):
-        why = ("the cgroup v2 hierarchy has no memory controller here: it is v1's, "
-               "--memory-guard cgroup-v1")
+        why = "the cgroup v2 hierarchy has no memory controller here" + (
+            ": it is v1's, --memory-guard cgroup-v1" if _usable_cgroup(True) is not None
+            else "")  # (not a pointer to a guard that fails too: review FZ)
     elif os.geteuid() != 0:
         why = ("its memory controller is not writable: run as root, or in a cgroup "
                "delegated to this user")

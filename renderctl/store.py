@@ -668,7 +668,7 @@ class Queue:
                             "(e.g. '.renderctl')")
         self.path = _queue_path(path)
         self.clock = clock
-        self.events = EventLog(self.path / "events.jsonl")
+        self.events = EventLog(self.path / "events.jsonl", create=settle)
         self._tmp_counter = _TMP_COUNTER
         # In spare names: another Queue object in a process of the same pid (a restarted
         # container's runner is pid 1 every time; tests reopen queues in one process) would
@@ -713,8 +713,15 @@ class Queue:
             self._create()
         elif not (self.path / "pending").is_dir():
             raise QueueIOError(f"{self.path} is not a renderctl queue (no pending/ folder)")
-        if settle:  # (False: an open that writes nothing, for root in a user's queue)
+        self._settled = settle
+        if settle:
             self.roll_forward()
+        elif n := self.unplaced_count():
+            # An open that writes nothing (root in a user's queue): what it would have
+            # settled is said, not hidden (review FZ: `show` called such a job unknown).
+            self.unplaced = (f"{n} accepted job(s) of an earlier submit may not be in "
+                             "pending/ yet: the next command of the queue's owner places "
+                             "them")
 
     def roll_forward(self, *, wait: bool = False) -> None:
         """Place committed batches no submit is placing, settle what a killed cancel took,
@@ -759,6 +766,8 @@ class Queue:
         the commands that must not go on without them (None if there are none)."""
         if self.unplaced is None:
             return None
+        if not self._settled:
+            return QueueIOError(self.unplaced)
         return QueueIOError(f"{self.unplaced_count()} accepted job(s) of an earlier submit "
                             f"are not yet in pending/ ({self.unplaced}); free room on the "
                             "queue's file system (`renderctl prune`, `dead purge`), and the "

@@ -1515,7 +1515,8 @@ def execute(job: RunJob, workdir: Path, after_call: Callable[[], None] | None = 
         fields = _judge_full(
             _execute(job, staging.output, workdir, after_call, before_check, staging.fds,
                      held=(staging.folder_fd, staging.folder_ident)), tmp)
-        if fields["outcome"] != Outcome.COMPLETED.value:
+        if fields["outcome"] == Outcome.FAILED.value and spec.get("kind") not in (
+                "command", *_OWN_KINDS):
             fields = _staging_hint(fields, staging.output)
         if fields["outcome"] == Outcome.COMPLETED.value:
             try:
@@ -1528,22 +1529,26 @@ def execute(job: RunJob, workdir: Path, after_call: Callable[[], None] | None = 
 
 
 def _staging_hint(fields: dict[str, Any], output: Path) -> dict[str, Any]:
-    """``fields`` of a failed attempt whose output was given as ``/proc/self/fd/N/...`` (a
-    shared folder's private one), with what to do added to its error if it, or what the job
-    wrote to stderr, names that path: a process the job started, which did not inherit N,
-    could not open it, and the record said only "cannot create ... No such file or
-    directory" (audit FV)."""
-    where = str(output.parent)
+    """``fields`` of a python job's failed attempt whose output was given as
+    ``/proc/self/fd/N/...`` (a shared folder's private one), with what to do added to its
+    error if it, or what the job wrote to stderr, names that folder, with "No such file or
+    directory" or as a process's that failed: a process the job started, which did not
+    inherit N, could not open it, and the record said only "cannot create ... No such
+    file or directory" (audit FV). (A command inherits N; the built-in kinds start no
+    process.)"""
+    said = " ".join(str(fields.get(k) or "") for k in ("error", "stderr_tail"))
     # (Not the traceback: a job that failed for another reason, its output folder removed,
     # has the path there too, from its own open.)
-    said = " ".join(str(fields.get(k) or "") for k in ("error", "stderr_tail"))
-    if f"{where}/" not in said or not fields.get("error"):
+    error = str(fields.get("error") or "")
+    if not error or not re.search(re.escape(str(output.parent)) + r"(?!\d)", said) \
+            or ("No such file or directory" not in said
+                and not error.startswith("CalledProcessError")):
         return fields
-    n = output.parent.name
     return {**fields, "error": f"{fields['error']} (the output is given as {output}, in "
-                               f"a shared output folder: a process the job starts must "
-                               f"inherit descriptor {n} to write there, subprocess's "
-                               f"pass_fds=({n},); or keep the output folder writable only "
+                               "a shared output folder: a process the job starts must "
+                               "inherit that descriptor to write there, subprocess's "
+                               "pass_fds with the number from the path it was given, or "
+                               "close_fds=False; or keep the output folder writable only "
                                "by renderctl's user)"}
 
 

@@ -1650,16 +1650,24 @@ def test_a_child_that_cannot_write_a_shared_folders_output_is_told_what_to_do(
     _pdf(pdf, "copied")
     job = {**py_job("py", "copy_via_child", output="shared/py.pdf"), "inputs": [str(pdf)],
            "max_attempts": 1}
+    # (and a command, which inherits the descriptor, failing for its own reason as it
+    # names the path: review FZ)
+    cmd = {"id": "cmd", "kind": "command", "output": "shared/cmd.pdf", "max_attempts": 1,
+           "argv": ["sh", "-c", 'echo "$0: No such file or directory" >&2; exit 3',
+                    "{output}"]}
 
-    # When it runs
-    res = run_cli("run", write_manifest([job]), *cli_args(queue, out, "--workers", "1"))
+    # When they run
+    res = run_cli("run", write_manifest([job, cmd]), *cli_args(queue, out, "--workers", "1"))
 
-    # Then it fails as README says it must, its error saying why and what to do (it said
-    # only that cp could not create /proc/self/fd/17/py.pdf: audit FV)
+    # Then the python job fails as README says it must, its error saying why and what to
+    # do (it said only that cp could not create /proc/self/fd/17/py.pdf: audit FV); the
+    # command's error is its own
     assert res.returncode == ExitCode.JOBS_FAILED, res.stdout + res.stderr
-    error = QueueView(queue).record("dead", "py")["attempts"][-1]["error"]
-    assert "in a shared output folder: a process the job starts must inherit descriptor" \
-        in error and "pass_fds=(" in error, error
+    view = QueueView(queue)
+    error = view.record("dead", "py")["attempts"][-1]["error"]
+    assert "in a shared output folder: a process the job starts must inherit that " \
+           "descriptor" in error and "pass_fds" in error, error
+    assert "shared output folder" not in view.record("dead", "cmd")["attempts"][-1]["error"]
 
 
 def test_a_folder_swapped_for_a_symlink_after_the_check_gets_no_folders_made_outside(

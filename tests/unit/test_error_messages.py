@@ -63,10 +63,18 @@ def test_a_file_root_made_tells_the_user_to_have_root_remove_it() -> None:
         os.chmod(folder, 0o755)
         record = folder / "a.json"
         record.write_text("{}")
+        os.chown(folder, 65534, 65534)
         with as_nobody():
             said = refused(record)
+        # (In a folder of root's too, a queue root owns on purpose, root is whom to run
+        # as: review FZ)
+        os.chown(folder, 0, 0)
+        with as_nobody():
+            in_roots = refused(record)
     finally:
         shutil.rmtree(folder)
+    assert f"{record} belongs to root (uid 0)" in in_roots, in_roots
+    assert "run renderctl there as its owner" in in_roots, in_roots
     # Then it says a root command made it, not "run renderctl there as its owner" (root is
     # refused there: review FX)
     assert f"{record} belongs to root, and this runs as nobody (uid 65534)" in said, said
@@ -124,3 +132,5 @@ def test_text_lines_are_what_a_terminal_shows() -> None:
     assert text_lines("a\r\nb\r\r\nc\n") == ["a", "b", "c"]
     assert text_lines("p 1%\rp 2%\rp 3%") == ["p 3%"]
     assert text_lines("page 1\fpage 2\n") == ["page 1\fpage 2"]
+    # (an erase-line escape clears the rest: review FZ)
+    assert text_lines("Downloading big.tar 45%\r\x1b[Kerror: reset\n") == ["error: reset"]
