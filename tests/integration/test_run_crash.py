@@ -360,7 +360,10 @@ def test_a_lease_whose_holder_is_unknown_is_taken_over_when_it_expires_not_befor
         tmp_path, write_manifest, holder=holder, expires_in_s=2)
     [work_note] = (queue / "control").glob("work.*")
     dead_work_root, dead_mp_dir = map(Path, work_note.read_text().split())
-    assert dead_work_root.is_dir()  # the dead runner's job folders, capture files and all
+    # (The dead runner's job folders: its reaper may have removed them already, as it
+    # removes them once a runner dies, or not yet; under load the full suite once found
+    # them gone here. The fork server's folder it leaves.)
+    assert dead_work_root.name.startswith("renderctl-work-")
     assert dead_mp_dir.name.startswith("pymp-") and dead_mp_dir.is_dir()  # its fork server's
 
     # When another runner starts on the queue (leases of 2 s: it watches one for 1 s at
