@@ -284,18 +284,22 @@ def _seen(line: str) -> str:
         if len(pieces) == 1:
             shown = part + shown[len(part):]
             continue
-        # Written up to the first erase, which clears from there on; what follows it is
-        # written from there as one more piece, to the next erase, and so on.
+        # Text and erases alternate: each text written at the cursor, each erase clearing
+        # from it to the end of the line (ESC[K) or the whole line, the cursor staying
+        # (ESC[2K: review GA, "error: bad input a long line" where a terminal shows
+        # "error: bad input").
         at = 0
         for i, piece in enumerate(pieces):
+            if i % 2:
+                shown = " " * at if piece == "2" else shown[:at]
+                continue
             shown = shown[:at] + piece + shown[at + len(piece):]
             at += len(piece)
-            if i < len(pieces) - 1:
-                shown = shown[:at]
+        shown = shown.rstrip(" ")
     return shown
 
 
-_ERASE_LINE = re.compile("\x1b\\[[02]?K")
+_ERASE_LINE = re.compile("\x1b\\[([02]?)K")
 
 
 def displayable(text: str) -> str:

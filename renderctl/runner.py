@@ -3720,7 +3720,8 @@ def _exists_message(final: Path, job_id: str) -> str:
         # (README, Housekeeping): say so, so that the fix (move it away) is obvious.
         return (f"{final} already exists: renderctl published it for an earlier life of "
                 "this job id that no record of this queue remembers (the job was replaced, "
-                "or its done record deleted); left untouched, move it away to render it again")
+                "or its done record deleted), or for a job of this id in another queue; "
+                "left untouched, move it away to render it again")
     return f"{final} already exists and renderctl did not publish it for this job; left untouched"
 
 

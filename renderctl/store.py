@@ -756,6 +756,12 @@ class Queue:
             self.unplaced = None
 
     @property
+    def settled(self) -> bool:
+        """Whether the open settled what killed commands left (False: one that writes
+        nothing, root's in a user's queue)."""
+        return self._settled
+
+    @property
     def replay_due(self) -> bool:
         """Whether a committed batch may be left unplaced: the open gave up on a held lock,
         or the disk had no room (see roll_forward)."""

@@ -276,8 +276,10 @@ def existing_queue(opt: Path | None, *, report_corrupt: bool = True,
         report_quarantines(q)
         unplaced = q.unplaced_error()
         if unplaced is not None:
-            if whole:
+            if whole and settle:
                 raise unplaced
+            # (Not settled: root reading a user's queue, which cannot place the batch, and
+            # must not fail for it: `show` and `wait` of a job placed already were 74.)
             out.err(f"warning: {unplaced}")
     return q
 
@@ -1839,7 +1841,8 @@ def metrics(queue: QueueOpt = None) -> None:
     q = existing_queue(queue)
     totals = load_totals(q)
     text = exposition(collect(q, totals))
-    save_totals(q, totals)
+    if q.settled:  # (root in a user's queue writes nothing there: not even this cache)
+        save_totals(q, totals)
     with stdout_result():
         sys.stdout.write(text)
 

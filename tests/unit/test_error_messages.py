@@ -134,3 +134,5 @@ def test_text_lines_are_what_a_terminal_shows() -> None:
     assert text_lines("page 1\fpage 2\n") == ["page 1\fpage 2"]
     # (an erase-line escape clears the rest: review FZ)
     assert text_lines("Downloading big.tar 45%\r\x1b[Kerror: reset\n") == ["error: reset"]
+    # (ESC[2K clears the whole line, the cursor staying: review GA)
+    assert text_lines("progress 100% of a long line\x1b[2K\rerror: bad\n") == ["error: bad"]
