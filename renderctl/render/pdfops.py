@@ -785,19 +785,29 @@ def split(inputs: list[Path], output: Path, params: Mapping[str, Any]) -> None:
                         output / f"part-{index + 1:0{width}d}.pdf", names)
 
 
-def _names_by_page(reader: PdfReader) -> dict[int, list[tuple[str, Destination]]]:
-    """``reader``'s string-named destinations by the object number of their page; none if
-    pypdf cannot read them (the parts go without, as before names were carried: a broken
-    name tree must not refuse pages that are whole)."""
+PartNames = dict[int, list[tuple[str, list[PdfObject]]]]
+
+
+def _names_by_page(reader: PdfReader) -> PartNames | None:
+    """``reader``'s string-named destinations by the object number of their page, each
+    with its view (not the Destination: 40,000 of them held ~130 MB of a job's ceiling;
+    review GB); None where they cannot all be read, and the parts go without names and
+    keep their links by name, as before names were carried (a broken name tree must not
+    refuse pages that are whole; a document with the old /Dests dictionary too, where pypdf
+    reads only that one and every string name would look missing: review GB)."""
+    if "/Dests" in reader.root_object:
+        return None
     try:
         dests = _string_names(reader)
-    except Exception:  # noqa: BLE001 - see above: names are the parts' extra, not their pages
-        return {}
-    by_page: dict[int, list[tuple[str, Destination]]] = {}
+    except MemoryError:
+        raise  # (the job's ceiling: said as such, not as a document without names)
+    except Exception:  # noqa: BLE001 - names are the parts' extra, never a reason to refuse
+        return None
+    by_page: PartNames = {}
     for name, dest in dests.items():
         page = dest.raw_get("/Page") if "/Page" in dest else None
         if isinstance(page, IndirectObject):
-            by_page.setdefault(page.idnum, []).append((name, dest))
+            by_page.setdefault(page.idnum, []).append((name, list(dest.dest_array[1:])))
     return by_page
 
 
@@ -814,7 +824,7 @@ def _named_target(annot: DictionaryObject) -> str | None:
 
 
 def _write_part(reader: PdfReader, numbers: range, path: Path,
-                names: Mapping[int, list[tuple[str, Destination]]]) -> None:
+                names: PartNames | None) -> None:
     """Pages ``numbers`` of ``reader`` as a PDF of their own at ``path``.
 
     The pages go in first without their annotations and page actions, then each
@@ -837,8 +847,8 @@ def _write_part(reader: PdfReader, numbers: range, path: Path,
     here: dict[str, ArrayObject] = {}
     for n, page in zip(numbers, added, strict=True):
         ref = reader.pages[n].indirect_reference
-        for name, dest in names.get(ref.idnum, ()) if ref is not None else ():
-            here[name] = ArrayObject([page.indirect_reference, *dest.dest_array[1:]])
+        for name, view in (names or {}).get(ref.idnum, ()) if ref is not None else ():
+            here[name] = ArrayObject([page.indirect_reference, *view])
     safe: dict[int, bool] = {}  # (see _leads_out)
     for n, page in zip(numbers, added, strict=True):
         annots = reader.pages[n].get("/Annots")
@@ -850,7 +860,7 @@ def _write_part(reader: PdfReader, numbers: range, path: Path,
             annot = ref.get_object()
             if not isinstance(annot, DictionaryObject):
                 continue
-            target = _named_target(annot)
+            target = _named_target(annot) if names is not None else None
             if target is not None and target not in here and annot.get("/Subtype") == "/Link":
                 continue
             if _leads_out(annot, own, safe):
@@ -865,6 +875,10 @@ def _write_part(reader: PdfReader, numbers: range, path: Path,
             page[NameObject("/Annots")] = kept
     if here:
         _write_name_tree(writer, here)
+        # Each link by name as the tree spells the name (a name read from UTF-16 or bytes
+        # no text encoding holds was written anew there, and a viewer matching bytes found
+        # nothing for the link's own spelling: review GB).
+        _rename_link_targets(added, {name: name for name in here})
     # "xb": the folder is ours and starts empty; never clobber whatever appeared in it.
     with path.open("xb") as fh:
         writer.write(fh)
