@@ -211,9 +211,8 @@ def _whose(exc: OSError) -> str:
     path = os.fsdecode(exc.filename)
     me = os.geteuid()
     for where in (path, os.path.dirname(path)):
-        try:
-            uid = os.stat(where).st_uid  # (a symlink's target: what was refused)
-        except (OSError, ValueError):
+        uid = _owner(where)  # (a symlink's target's: what was refused)
+        if uid is None:
             continue
         if uid == me:
             continue  # (ours: its folder may be what refused a rename or an unlink)

@@ -987,7 +987,7 @@ def _probe(own: Path, v1: bool) -> bool:
     probe = own / f"renderctl-probe-{os.getpid()}"
     try:
         if not v1:
-            if "memory" not in (own / "cgroup.controllers").read_text().split():
+            if "memory" not in _controllers(own):
                 return False
             _write(own / "cgroup.subtree_control", "+memory")
         probe.mkdir(exist_ok=True)
@@ -1007,7 +1007,7 @@ def available_memory_guard() -> GuardName:
         own = _own_cgroup_dir(v1)
         if own is None or not os.access(own, os.W_OK):
             continue
-        if v1 or "memory" in (own / "cgroup.controllers").read_text().split():
+        if v1 or "memory" in _controllers(own):
             return name  # type: ignore[return-value]
     return "sampling"
 

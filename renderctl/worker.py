@@ -2105,9 +2105,9 @@ def _not_found_said(program: str, workdir: Path) -> str:
             "dynamic loader) was not found")
 
 
-def _is_script_without_interpreter(program: str) -> bool:
-    """Whether ``program`` (found as exec would, on PATH) is text with no #! line."""
-    path = program if "/" in program else shutil.which(program) or program
+def _is_script_without_interpreter(program: str, workdir: Path) -> bool:
+    """Whether ``program`` (found as exec would: _program_path) is text with no #! line."""
+    path = _program_path(program, workdir) or program
     try:
         with open(path, "rb") as fh:
             head = fh.read(512)
@@ -2224,7 +2224,7 @@ def _start_and_wait(args: list[str], workdir: Path, pass_fds: tuple[int, ...],
                              + ")"}
         if exc.errno != errno.ENOEXEC:
             raise
-        if _is_script_without_interpreter(args[0]):
+        if _is_script_without_interpreter(args[0], workdir):
             return {"outcome": Outcome.INVALID_INPUT.value,
                     "error": f"command: {args[0]} is a script without a #! line"}
         # A binary half copied, or for another machine: perhaps mended by the next

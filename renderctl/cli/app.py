@@ -176,19 +176,26 @@ def queue_problem(path: Path, *, creating: bool) -> str | None:
     return "is not a renderctl queue and not empty (a new queue needs a missing or empty folder)"
 
 
-def foreign_queue_problem(path: Path) -> str | None:
-    """Why root must not write in ``path`` (None: it may): the queue belongs to another
-    user, whose renderctl could not read what root would leave there. Root's submit,
-    `dead retry` or run into a user's queue left records only root could read: the user's
-    runner stopped (exit 74) with its running job charged as a crash, and the jobs root
-    added ran nowhere (audit FV)."""
+def foreign_owner(path: Path) -> int | None:
+    """The uid of ``path``'s owner if we run as root and it is another user's (None: it
+    is root's, is not there yet, or we are not root)."""
     if os.geteuid() != 0:
         return None
     try:
         uid = os.stat(path).st_uid
     except OSError:
         return None  # (made now, by root, for root)
-    if uid == 0:
+    return uid or None
+
+
+def foreign_queue_problem(path: Path) -> str | None:
+    """Why root must not write in ``path`` (None: it may): the queue belongs to another
+    user, whose renderctl could not read what root would leave there. Root's submit,
+    `dead retry` or run into a user's queue left records only root could read: the user's
+    runner stopped (exit 74) with its running job charged as a crash, and the jobs root
+    added ran nowhere (audit FV)."""
+    uid = foreign_owner(path)
+    if uid is None:
         return None
     import pwd
 
@@ -270,7 +277,7 @@ def existing_queue(opt: Path | None, *, report_corrupt: bool = True,
     # (a killed submit's batch, a killed cancel) written as root, only root could read it,
     # and the owner's runner stopped at it, exit 74 (review FX). The owner's next command
     # settles it.
-    settle = foreign_queue_problem(queue_path(opt)) is None
+    settle = foreign_owner(queue_path(opt)) is None
     q = watch_locks(Queue(queue_path(opt), create=False, settle=settle))
     if report_corrupt:
         report_quarantines(q)
