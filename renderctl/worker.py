@@ -2092,27 +2092,27 @@ def _not_found_said(program: str, workdir: Path) -> str:
     path = _program_path(program, workdir)
     if path is None or not os.path.isfile(path):
         return f"command not found: {program}"
-    try:
-        with open(path, "rb") as fh:
-            head = fh.readline(512)
-    except OSError:
-        head = b""
+    head = _head(path)
     if head.startswith(b"#!"):
-        interpreter = head[2:].strip().split(b" ")[0].decode(errors="replace")
+        interpreter = head[2:].split(b"\n")[0].strip().split(b" ")[0].decode(errors="replace")
         return (f"command: {path}: its interpreter {interpreter} (its #! line) was not "
                 "found")
     return (f"command: {path} is there, but what it needs to start (its interpreter or "
             "dynamic loader) was not found")
 
 
-def _is_script_without_interpreter(program: str, workdir: Path) -> bool:
-    """Whether ``program`` (found as exec would: _program_path) is text with no #! line."""
-    path = _program_path(program, workdir) or program
+def _head(path: str) -> bytes:
+    """The first 512 bytes of the program at ``path`` (none if it cannot be read)."""
     try:
         with open(path, "rb") as fh:
-            head = fh.read(512)
+            return fh.read(512)
     except OSError:
-        return False
+        return b""
+
+
+def _is_script_without_interpreter(program: str, workdir: Path) -> bool:
+    """Whether ``program`` (found as exec would: _program_path) is text with no #! line."""
+    head = _head(_program_path(program, workdir) or program)
     return bool(head) and not head.startswith(b"#!") and b"\0" not in head \
         and not head.startswith(b"\x7fELF")
 

@@ -313,18 +313,29 @@ def _rename_link_targets(copies: list[PageObject], renamed: Mapping[str, str]) -
             annot = ref.get_object()
             if not isinstance(annot, DictionaryObject):
                 continue
-            action = annot.get("/A")
-            action = action.get_object() if action is not None else None
-            if isinstance(action, DictionaryObject) and action.get("/S") != "/GoTo":
-                action = None  # (a GoToR's /D names a destination in another file)
-            for holder, key in ((annot, "/Dest"), (action, "/D")):
-                if not isinstance(holder, DictionaryObject) or id(holder) in seen:
+            for holder, key, name in _name_holders(annot):
+                if id(holder) in seen:
                     continue
                 seen.add(id(holder))
-                target = holder.get(key)
-                if isinstance(target, (TextStringObject, ByteStringObject)) \
-                        and str(target) in renamed:
-                    holder[NameObject(key)] = TextStringObject(renamed[str(target)])
+                if name in renamed:
+                    holder[NameObject(key)] = TextStringObject(renamed[name])
+
+
+def _name_holders(annot: DictionaryObject) -> list[tuple[DictionaryObject, str, str]]:
+    """(the dictionary, its key, the name) of each place ``annot`` leads by a string name:
+    its /Dest, its GoTo action's /D (a GoToR's /D names a destination in another file)."""
+    action = annot.get("/A")
+    action = action.get_object() if action is not None else None
+    if not (isinstance(action, DictionaryObject) and action.get("/S") == "/GoTo"):
+        action = None
+    found: list[tuple[DictionaryObject, str, str]] = []
+    for holder, key in ((annot, "/Dest"), (action, "/D")):
+        if not isinstance(holder, DictionaryObject):
+            continue
+        target = holder.get(key)
+        if isinstance(target, (TextStringObject, ByteStringObject)):
+            found.append((holder, key, str(target)))
+    return found
 
 
 NAMES_PER_NODE = 1000  # pairs a name tree leaf holds, kids a node has
@@ -812,15 +823,12 @@ def _names_by_page(reader: PdfReader) -> PartNames | None:
 
 
 def _named_target(annot: DictionaryObject) -> str | None:
-    """The destination name a link leads to (its /Dest, or its GoTo action's /D), if a
-    string; None for a link to a page, another file's name (GoToR), or no link."""
-    action = annot.get("/A")
-    action = action.get_object() if action is not None else None
-    target = annot.get("/Dest")
-    if target is None and isinstance(action, DictionaryObject) \
-            and action.get("/S") == "/GoTo":
-        target = action.get("/D")
-    return str(target) if isinstance(target, (TextStringObject, ByteStringObject)) else None
+    """The destination name a link leads to (its /Dest, or else its GoTo action's /D), if
+    a string; None for a link to a page, another file's name (GoToR), or no link."""
+    holders = _name_holders(annot)
+    if "/Dest" in annot:
+        holders = [h for h in holders if h[1] == "/Dest"]
+    return holders[0][2] if holders else None
 
 
 def _write_part(reader: PdfReader, numbers: range, path: Path,
